@@ -1,0 +1,179 @@
+//! Durations as users write them on the command line and in the policy file.
+
+use std::time::Duration;
+
+/// The forms [`parse`] accepts, quoted in every error so the user can fix
+/// the value without reading docs.
+pub const ACCEPTED_FORMS: &str =
+    "seconds (90), a number with a unit (90s, 5m, 2h, 1d), units combined (1h30m), or Slurm's [[DD-]HH:]MM:SS (01:30:00)";
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid duration {value:?}: {reason}; accepted forms: {ACCEPTED_FORMS}")]
+pub struct DurationError {
+    pub value: String,
+    pub reason: &'static str,
+}
+
+/// The longest duration accepted anywhere (one year): guards against
+/// overflow in Slurm's minute- and second-based fields.
+pub const MAX: Duration = Duration::from_secs(366 * 24 * 3600);
+
+pub fn parse(s: &str) -> Result<Duration, DurationError> {
+    let err = |reason| DurationError {
+        value: s.to_string(),
+        reason,
+    };
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(err("it is empty"));
+    }
+    let secs = if t.contains(':') {
+        parse_clock(t).ok_or_else(|| err("not a valid [[DD-]HH:]MM:SS time"))?
+    } else {
+        parse_units(t).map_err(err)?
+    };
+    let d = Duration::from_secs(secs);
+    if d > MAX {
+        return Err(err("it is longer than one year"));
+    }
+    Ok(d)
+}
+
+fn parse_units(t: &str) -> Result<u64, &'static str> {
+    if t.bytes().all(|b| b.is_ascii_digit()) {
+        return t.parse().map_err(|_| "the number is too large");
+    }
+    let mut total: u64 = 0;
+    let mut num = String::new();
+    let mut last_rank = usize::MAX;
+    for c in t.chars() {
+        if c.is_ascii_digit() {
+            num.push(c);
+            continue;
+        }
+        let (rank, mult) = match c {
+            'd' => (3, 86_400),
+            'h' => (2, 3_600),
+            'm' => (1, 60),
+            's' => (0, 1),
+            _ => return Err(
+                "it contains a character that is neither a digit nor one of the units d, h, m, s",
+            ),
+        };
+        if num.is_empty() {
+            return Err("a unit has no number before it");
+        }
+        if rank >= last_rank {
+            return Err("units must go from largest to smallest, each at most once");
+        }
+        last_rank = rank;
+        let n: u64 = num.parse().map_err(|_| "the number is too large")?;
+        total = n
+            .checked_mul(mult)
+            .and_then(|v| total.checked_add(v))
+            .ok_or("the number is too large")?;
+        num.clear();
+    }
+    if !num.is_empty() {
+        return Err("the last number has no unit");
+    }
+    Ok(total)
+}
+
+fn parse_clock(t: &str) -> Option<u64> {
+    let (days, clock) = match t.split_once('-') {
+        Some((d, rest)) => (d.parse::<u64>().ok()?, rest),
+        None => (0, t),
+    };
+    let parts: Vec<&str> = clock.split(':').collect();
+    let nums: Vec<u64> = parts
+        .iter()
+        .map(|p| {
+            (!p.is_empty() && p.len() <= 2 && p.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| p.parse().ok())
+                .flatten()
+        })
+        .collect::<Option<_>>()?;
+    let (h, m, s) = match nums.as_slice() {
+        [m, s] => (0, *m, *s),
+        [h, m, s] => (*h, *m, *s),
+        _ => return None,
+    };
+    if m >= 60 || s >= 60 || (days > 0 && h >= 24) {
+        return None;
+    }
+    Some(days * 86_400 + h * 3_600 + m * 60 + s)
+}
+
+/// Renders a duration the way [`parse`] reads it back (e.g. `1h30m`, `45s`).
+pub fn format(d: Duration) -> String {
+    let mut s = d.as_secs();
+    if s == 0 {
+        return "0s".into();
+    }
+    let mut out = String::new();
+    for (unit, len) in [('d', 86_400), ('h', 3_600), ('m', 60), ('s', 1)] {
+        if s >= len {
+            out.push_str(&format!("{}{unit}", s / len));
+            s %= len;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn accepted_forms() {
+        for (s, secs) in [
+            ("90", 90),
+            ("90s", 90),
+            ("5m", 300),
+            ("2h", 7200),
+            ("1d", 86400),
+            ("1h30m", 5400),
+            ("1d2h3m4s", 93784),
+            ("01:30:00", 5400),
+            ("05:00", 300),
+            ("1-02:00:00", 93600),
+            (" 30s ", 30),
+        ] {
+            assert_eq!(parse(s).unwrap(), Duration::from_secs(secs), "{s}");
+        }
+    }
+
+    #[test]
+    fn refusals_say_why_and_list_the_forms() {
+        for (s, why) in [
+            ("", "empty"),
+            ("5x", "neither a digit"),
+            ("m", "no number"),
+            ("5m1h", "largest to smallest"),
+            ("5m5m", "largest to smallest"),
+            ("1h30", "no unit"),
+            ("1:99", "HH:]MM:SS"),
+            ("400d", "longer than one year"),
+            ("99999999999999999999", "too large"),
+        ] {
+            let e = parse(s).unwrap_err().to_string();
+            assert!(e.contains(why), "{s:?}: {e}");
+            assert!(e.contains("accepted forms"), "{e}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn format_round_trips(secs in 0u64..MAX.as_secs()) {
+            let d = Duration::from_secs(secs);
+            prop_assert_eq!(parse(&format(d)).unwrap(), d);
+        }
+
+        #[test]
+        fn never_panics(s in ".{0,24}") {
+            let _ = parse(&s);
+        }
+    }
+}

@@ -1,0 +1,8 @@
+//! onepool's decisions, in one pure crate that the slurmctld plugin, the
+//! SPANK plugin, the daemon, the CLI and the simulator all call: nothing
+//! here does I/O or knows about Slurm's C types, so every rule is tested
+//! once, fast, and behaves the same everywhere.
+
+pub mod annotation;
+pub mod duration;
+pub mod names;

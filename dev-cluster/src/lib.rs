@@ -1,0 +1,182 @@
+//! A real Slurm cluster in one folder: munged, MariaDB, slurmdbd, slurmctld
+//! and N slurmd (each with fake GPU device nodes), all on loopback, with
+//! onepool's plugins copied in from the build output.
+//!
+//! Used by the `onepool-devcluster` binary and by the integration tests,
+//! which bring one cluster up per test run (or reuse one that is up).
+
+pub mod error;
+pub mod layout;
+pub mod process;
+pub mod spec;
+pub mod templates;
+
+mod services;
+
+pub use error::{Error, Result};
+pub use layout::Layout;
+pub use spec::Spec;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use error::IoContext;
+
+/// Options for `up`.
+#[derive(Clone, Debug)]
+pub struct UpOptions {
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    /// Folder holding `libjob_submit_onepool.so` and `libspank_onepool.so`
+    /// (cargo's output folder). `None`: do not install plugins.
+    pub plugin_source: Option<PathBuf>,
+    /// Install missing Debian packages with apt-get (needs root).
+    pub install_packages: bool,
+}
+
+impl Default for UpOptions {
+    fn default() -> Self {
+        UpOptions {
+            nodes: 4,
+            gpus_per_node: 4,
+            plugin_source: None,
+            install_packages: true,
+        }
+    }
+}
+
+/// One cluster, identified by its state folder.
+pub struct Cluster {
+    pub layout: Layout,
+}
+
+/// The plugins the project builds, as (cargo's file name, Slurm's file name).
+pub const PLUGINS: &[(&str, &str)] = &[
+    ("libjob_submit_onepool.so", "job_submit_onepool.so"),
+    ("libspank_onepool.so", "spank_onepool.so"),
+];
+
+impl Cluster {
+    pub fn at(dir: impl AsRef<Path>) -> Result<Cluster> {
+        let dir = dir.as_ref();
+        fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
+        let root = dir
+            .canonicalize()
+            .ctx(|| format!("resolving {}", dir.display()))?;
+        Ok(Cluster {
+            layout: Layout::new(root),
+        })
+    }
+
+    /// The variables a shell needs to talk to this cluster.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![(
+            "SLURM_CONF".into(),
+            layout::display(&self.layout.slurm_conf()),
+        )]
+    }
+
+    /// A command for a Slurm client tool pointed at this cluster.
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        for (k, v) in self.env() {
+            c.env(k, v);
+        }
+        c
+    }
+
+    /// Runs a Slurm client tool against this cluster and returns its stdout.
+    pub fn run(&self, program: &str, args: &[&str]) -> Result<String> {
+        process::run(self.command(program).args(args), Duration::from_secs(60))
+    }
+
+    pub fn spec(&self) -> Result<Spec> {
+        Spec::load(&self.layout.cluster_json())?.ok_or_else(|| {
+            Error::Setup(format!(
+                "no cluster in {} (run `up` first)",
+                self.layout.root.display()
+            ))
+        })
+    }
+
+    /// Brings every service up (idempotent: running ones are kept unless the
+    /// plugins changed, which restarts the Slurm daemons that load them) and
+    /// waits until every node is idle.
+    pub fn up(&self, opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<Spec> {
+        let _lock = self.lock()?;
+        services::ensure_packages(opts.install_packages, progress)?;
+        for d in self.layout.all_dirs() {
+            fs::create_dir_all(&d).ctx(|| format!("creating {}", d.display()))?;
+        }
+        // munged insists on a 0755 socket folder.
+        fs::set_permissions(self.layout.munge_dir(), fs::Permissions::from_mode(0o755))
+            .ctx(|| "chmod munge dir".into())?;
+        let spec = Spec::load_or_create(&self.layout, opts)?;
+        let configs_changed = services::write_configs(&self.layout, &spec)?;
+        services::make_gpu_devices(&self.layout, &spec)?;
+        let plugins_changed = match &opts.plugin_source {
+            Some(src) => services::install_plugins(&self.layout, src)?,
+            None => false,
+        };
+        services::start_all(self, &spec, plugins_changed || configs_changed, progress)?;
+        Ok(spec)
+    }
+
+    /// Stops every process this cluster started (and the job steps its
+    /// slurmd spawned), by recorded PID and start time.
+    pub fn down(&self, progress: &mut dyn FnMut(&str)) -> Result<()> {
+        let _lock = self.lock()?;
+        services::stop_all(self, progress)
+    }
+
+    /// One line per service: name, running or not, PID.
+    pub fn status(&self) -> Vec<(String, Option<i32>)> {
+        services::service_names(self.spec().ok().as_ref())
+            .into_iter()
+            .map(|name| {
+                let pid = process::Tracked::read(&self.layout.pid_file(&name))
+                    .filter(|t| t.alive())
+                    .map(|t| t.pid);
+                (name, pid)
+            })
+            .collect()
+    }
+
+    /// An exclusive lock on the folder: concurrent `up`s (e.g. from test
+    /// processes) run one after the other instead of racing.
+    fn lock(&self) -> Result<FolderLock> {
+        FolderLock::take(&self.layout.lock_file())
+    }
+}
+
+struct FolderLock(fs::File);
+
+impl FolderLock {
+    fn take(path: &Path) -> Result<FolderLock> {
+        use std::os::fd::AsRawFd;
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .ctx(|| format!("opening {}", path.display()))?;
+        // SAFETY: flock on an fd we own; released when the File closes.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(Error::Io {
+                what: format!("locking {}", path.display()),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(FolderLock(f))
+    }
+}
+
+impl Drop for FolderLock {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}

@@ -1,0 +1,103 @@
+//! `onepool-devcluster`: a real Slurm cluster on one machine, for
+//! development, the demo and the integration tests.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use onepool_devcluster::{Cluster, UpOptions};
+
+#[derive(Parser)]
+#[command(name = "onepool-devcluster", version, about)]
+struct Cli {
+    /// State folder of the cluster (everything it writes goes there).
+    #[arg(long, env = "ONEPOOL_DEVCLUSTER_DIR", default_value = ".devcluster")]
+    dir: PathBuf,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what is missing, start every daemon, wait until all nodes are idle.
+    Up {
+        #[arg(long, default_value_t = 4)]
+        nodes: u32,
+        #[arg(long, default_value_t = 4)]
+        gpus_per_node: u32,
+        /// Folder with the built plugins (default: next to this binary).
+        #[arg(long)]
+        plugins: Option<PathBuf>,
+        /// Fail instead of running apt-get for missing packages.
+        #[arg(long)]
+        no_install: bool,
+    },
+    /// Stop every process this cluster started.
+    Down,
+    /// Show which daemons run, and sinfo when slurmctld is up.
+    Status,
+    /// Print `export` lines for a shell: eval "$(onepool-devcluster env)".
+    Env,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("onepool-devcluster: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> onepool_devcluster::Result<()> {
+    let cluster = Cluster::at(&cli.dir)?;
+    let mut say = |m: &str| eprintln!("onepool-devcluster: {m}");
+    match cli.cmd {
+        Cmd::Up {
+            nodes,
+            gpus_per_node,
+            plugins,
+            no_install,
+        } => {
+            let plugin_source =
+                plugins.or_else(|| std::env::current_exe().ok()?.parent().map(PathBuf::from));
+            let opts = UpOptions {
+                nodes,
+                gpus_per_node,
+                plugin_source,
+                install_packages: !no_install,
+            };
+            let spec = cluster.up(&opts, &mut say)?;
+            say(&format!(
+                "cluster {} is up: {} nodes x {} GPUs; run: eval \"$({} --dir {} env)\"",
+                spec.cluster,
+                spec.nodes,
+                spec.gpus_per_node,
+                std::env::args().next().unwrap_or_default(),
+                cluster.layout.root.display()
+            ));
+        }
+        Cmd::Down => cluster.down(&mut say)?,
+        Cmd::Status => {
+            let mut ctld_up = false;
+            for (name, pid) in cluster.status() {
+                match pid {
+                    Some(pid) => println!("{name:<16} running  pid {pid}"),
+                    None => println!("{name:<16} stopped"),
+                }
+                ctld_up |= name == "slurmctld" && pid.is_some();
+            }
+            if ctld_up {
+                print!("{}", cluster.run("sinfo", &["-N", "-o", "%N %P %t %G"])?);
+            }
+        }
+        Cmd::Env => {
+            for (k, v) in cluster.env() {
+                println!("export {k}={v}");
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,587 @@
+//! Starting and stopping the cluster's daemons, in dependency order.
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::error::{Error, IoContext, Result};
+use crate::layout::{display, Layout};
+use crate::process::{self, Tracked};
+use crate::spec::Spec;
+use crate::{templates, Cluster, PLUGINS};
+
+const NVIDIA_MAJOR: u32 = 195;
+
+pub(crate) fn service_names(spec: Option<&Spec>) -> Vec<String> {
+    let mut v: Vec<String> = ["munged", "mariadbd", "slurmdbd", "slurmctld"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    if let Some(spec) = spec {
+        v.extend(spec.node_names().iter().map(|n| format!("slurmd-{n}")));
+    }
+    v
+}
+
+/// Commands each package provides, to tell whether it is installed without
+/// asking dpkg about every one.
+fn missing_packages() -> Vec<&'static str> {
+    let probe: HashMap<&str, &str> = [
+        ("slurmctld", "/usr/sbin/slurmctld"),
+        ("slurmd", "/usr/sbin/slurmd"),
+        ("slurm-client", "/usr/bin/sbatch"),
+        ("slurmdbd", "/usr/sbin/slurmdbd"),
+        ("libslurm-dev", "/usr/include/slurm/slurm.h"),
+        ("munge", "/usr/sbin/munged"),
+        ("mariadb-server", "/usr/sbin/mariadbd"),
+        ("mariadb-client", "/usr/bin/mariadb"),
+        ("procps", "/usr/bin/pgrep"),
+    ]
+    .into_iter()
+    .collect();
+    templates::packages()
+        .into_iter()
+        .filter(|p| probe.get(p).is_some_and(|path| !Path::new(path).exists()))
+        .collect()
+}
+
+pub(crate) fn ensure_packages(install: bool, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    let missing = missing_packages();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let list = missing.join(" ");
+    // SAFETY: geteuid has no preconditions.
+    if !install || unsafe { libc::geteuid() } != 0 {
+        return Err(Error::Setup(format!(
+            "missing Debian packages: {list}; install them with `apt-get install {list}`"
+        )));
+    }
+    progress(&format!("installing {list} with apt-get"));
+    let apt = |args: &[&str]| {
+        process::run(
+            Command::new("apt-get")
+                .args(args)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+            Duration::from_secs(900),
+        )
+    };
+    apt(&["update", "-qq"])?;
+    let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    args.extend(templates::packages());
+    apt(&args)?;
+    Ok(())
+}
+
+/// Debian's plugin folder; Slurm's own plugins must stay on PluginDir.
+fn slurm_plugin_dir() -> Result<PathBuf> {
+    let candidates = [
+        "/usr/lib/x86_64-linux-gnu/slurm-wlm",
+        "/usr/lib/aarch64-linux-gnu/slurm-wlm",
+        "/usr/lib64/slurm",
+        "/usr/lib/slurm",
+    ];
+    candidates
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("select_cons_tres.so").exists())
+        .ok_or_else(|| {
+            Error::Setup(format!(
+                "no Slurm plugin folder found among {}",
+                candidates.join(", ")
+            ))
+        })
+}
+
+/// Renders every config file; returns whether any of them changed.
+pub(crate) fn write_configs(l: &Layout, spec: &Spec) -> Result<bool> {
+    let dir = display(&l.root);
+    let nodes: String = spec
+        .node_names()
+        .iter()
+        .zip(&spec.slurmd_ports)
+        .map(|(n, port)| {
+            format!(
+                "NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs={} RealMemory={} Gres=gpu:{} State=UNKNOWN\n",
+                spec.cpus_per_node, spec.memory_mb_per_node, spec.gpus_per_node
+            )
+        })
+        .collect();
+    let gpu_lines: String = spec
+        .node_names()
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let first = i as u32 * spec.gpus_per_node;
+            let last = first + spec.gpus_per_node - 1;
+            format!("NodeName={n} Name=gpu File={dir}/dev/nvidia[{first}-{last}]\n")
+        })
+        .collect();
+    let vars = vec![
+        ("DIR", dir.clone()),
+        ("CLUSTER", spec.cluster.clone()),
+        ("PARTITION", spec.partition.clone()),
+        ("CTLD_PORT", spec.ctld_port.to_string()),
+        ("DBD_PORT", spec.dbd_port.to_string()),
+        ("DB_PORT", spec.db_port.to_string()),
+        ("DB_PASSWORD", spec.db_password.clone()),
+        ("MUNGE_SOCKET", display(&l.munge_socket())),
+        ("SLURM_PLUGIN_DIR", display(&slurm_plugin_dir()?)),
+        ("NODES", nodes),
+        ("GPU_LINES", gpu_lines),
+    ];
+    let write = |path: PathBuf, template: &str, mode: u32| -> Result<bool> {
+        let text = templates::render(template, &vars).map_err(Error::Setup)?;
+        if fs::read_to_string(&path).ok().as_deref() == Some(text.as_str()) {
+            return Ok(false);
+        }
+        fs::write(&path, text).ctx(|| format!("writing {}", path.display()))?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode))
+            .ctx(|| format!("chmod {}", path.display()))?;
+        Ok(true)
+    };
+    let mut changed = write(l.slurm_conf(), templates::SLURM_CONF, 0o644)?;
+    changed |= write(l.slurmdbd_conf(), templates::SLURMDBD_CONF, 0o600)?;
+    changed |= write(l.gres_conf(), templates::GRES_CONF, 0o644)?;
+    changed |= write(l.plugstack_conf(), templates::PLUGSTACK_CONF, 0o644)?;
+    changed |= write(l.policy_slurm_conf(), templates::POLICY_SLURM_CONF, 0o644)?;
+    Ok(changed)
+}
+
+pub(crate) fn make_gpu_devices(l: &Layout, spec: &Spec) -> Result<()> {
+    for minor in 0..spec.nodes * spec.gpus_per_node {
+        let path = l.dev().join(format!("nvidia{minor}"));
+        if path.exists() {
+            continue;
+        }
+        let c =
+            std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("no NUL in path");
+        // SAFETY: mknod with a valid path; creates a character device node.
+        let rc = unsafe {
+            libc::mknod(
+                c.as_ptr(),
+                libc::S_IFCHR | 0o666,
+                libc::makedev(NVIDIA_MAJOR, minor),
+            )
+        };
+        if rc != 0 {
+            return Err(Error::Io {
+                what: format!(
+                    "mknod {} c {NVIDIA_MAJOR} {minor} (needs root)",
+                    path.display()
+                ),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Copies the built plugins in; returns whether any changed. A fresh copy
+/// (new inode) rather than an overwrite: a running daemon has the old file
+/// mapped, and rewriting it in place would crash it.
+pub(crate) fn install_plugins(l: &Layout, src: &Path) -> Result<bool> {
+    let mut changed = false;
+    for (built, slurm_name) in PLUGINS {
+        let from = src.join(built);
+        let bytes = fs::read(&from).ctx(|| {
+            format!(
+                "reading plugin {} (build it with `cargo build`)",
+                from.display()
+            )
+        })?;
+        let to = l.plugins().join(slurm_name);
+        if fs::read(&to).ok().as_deref() == Some(&bytes[..]) {
+            continue;
+        }
+        let tmp = l.plugins().join(format!(".{slurm_name}.new"));
+        fs::write(&tmp, &bytes).ctx(|| format!("writing {}", tmp.display()))?;
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
+            .ctx(|| "chmod plugin".into())?;
+        fs::rename(&tmp, &to).ctx(|| format!("installing {}", to.display()))?;
+        changed = true;
+    }
+    Ok(changed)
+}
+
+fn running(l: &Layout, name: &str) -> Option<Tracked> {
+    Tracked::read(&l.pid_file(name)).filter(|t| t.alive())
+}
+
+fn slurm_env(c: &mut Command, l: &Layout) {
+    c.env("SLURM_CONF", l.slurm_conf());
+}
+
+pub(crate) fn start_all(
+    cl: &Cluster,
+    spec: &Spec,
+    restart_slurm: bool,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let l = &cl.layout;
+    start_munge(l, progress)?;
+    start_mariadb(l, spec, progress)?;
+    start_slurmdbd(cl, progress)?;
+    register_cluster(cl, spec)?;
+    if restart_slurm {
+        for name in service_names(Some(spec))
+            .iter()
+            .filter(|n| n.starts_with("slurm") && *n != "slurmdbd")
+        {
+            if let Some(t) = running(l, name) {
+                progress(&format!(
+                    "plugins or configuration changed: restarting {name}"
+                ));
+                t.stop(Duration::from_secs(10));
+            }
+        }
+    }
+    start_slurmctld(cl, progress)?;
+    apply_qos(cl, templates::QOS_SACCTMGR)?;
+    for (node, _) in spec.node_names().iter().zip(&spec.slurmd_ports) {
+        let name = format!("slurmd-{node}");
+        if running(l, &name).is_none() {
+            fs::create_dir_all(l.spool().join(node)).ctx(|| "creating spool".into())?;
+            let mut c = Command::new("slurmd");
+            c.args(["-D", "-N", node, "-f"]).arg(l.slurm_conf());
+            slurm_env(&mut c, l);
+            process::spawn(
+                c,
+                &l.log_file(&format!("{name}.stdout")),
+                &l.pid_file(&name),
+            )?;
+            progress(&format!("started {name}"));
+        }
+    }
+    wait_nodes_idle(cl, spec, progress)
+}
+
+fn start_munge(l: &Layout, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    if running(l, "munged").is_some() {
+        return Ok(());
+    }
+    if !l.munge_key().exists() {
+        process::run(
+            Command::new("mungekey")
+                .arg("--create")
+                .arg(format!("--keyfile={}", display(&l.munge_key()))),
+            Duration::from_secs(30),
+        )?;
+    }
+    let _ = fs::remove_file(l.munge_socket());
+    let mut c = Command::new("munged");
+    c.arg("--foreground")
+        .arg("--force")
+        .arg(format!("--key-file={}", display(&l.munge_key())))
+        .arg(format!("--socket={}", display(&l.munge_socket())))
+        .arg(format!(
+            "--pid-file={}",
+            display(&l.run().join("munged.pid"))
+        ))
+        .arg(format!("--log-file={}", display(&l.log_file("munged"))))
+        .arg(format!(
+            "--seed-file={}",
+            display(&l.run().join("munged.seed"))
+        ));
+    process::spawn(c, &l.log_file("munged.stdout"), &l.pid_file("munged"))?;
+    let sock = l.munge_socket();
+    process::wait_for(
+        "munged's socket",
+        &l.log_file("munged"),
+        Duration::from_secs(20),
+        || sock.exists(),
+    )?;
+    progress("started munged");
+    Ok(())
+}
+
+fn mariadb_client(l: &Layout, sql: &str) -> Result<String> {
+    process::run(
+        Command::new("mariadb")
+            .arg("--no-defaults")
+            .arg(format!("--socket={}", display(&l.db_socket())))
+            .args(["-u", "root", "-N", "-e", sql]),
+        Duration::from_secs(30),
+    )
+}
+
+fn start_mariadb(l: &Layout, spec: &Spec, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    if running(l, "mariadbd").is_some() {
+        return Ok(());
+    }
+    if !l.db_dir().join("mysql").exists() {
+        progress("initialising MariaDB");
+        process::run(
+            Command::new("mariadb-install-db")
+                .arg("--no-defaults")
+                .arg(format!("--datadir={}", display(&l.db_dir())))
+                .args([
+                    "--user=root",
+                    "--auth-root-authentication-method=socket",
+                    "--skip-test-db",
+                ]),
+            Duration::from_secs(300),
+        )?;
+    }
+    let _ = fs::remove_file(l.db_socket());
+    let mut c = Command::new("mariadbd");
+    c.arg("--no-defaults")
+        .arg(format!("--datadir={}", display(&l.db_dir())))
+        .arg(format!("--socket={}", display(&l.db_socket())))
+        .arg(format!("--port={}", spec.db_port))
+        .arg("--bind-address=127.0.0.1")
+        .arg("--user=root")
+        .arg(format!(
+            "--pid-file={}",
+            display(&l.run().join("mariadbd.pid"))
+        ))
+        .arg(format!("--log-error={}", display(&l.log_file("mariadbd"))))
+        .args([
+            "--skip-name-resolve",
+            "--skip-log-bin",
+            "--innodb-buffer-pool-size=128M",
+            "--innodb-log-file-size=32M",
+            "--innodb-lock-wait-timeout=900",
+            "--max-connections=64",
+        ]);
+    process::spawn(c, &l.log_file("mariadbd.stdout"), &l.pid_file("mariadbd"))?;
+    process::wait_for(
+        "MariaDB to accept connections",
+        &l.log_file("mariadbd"),
+        Duration::from_secs(120),
+        || mariadb_client(l, "SELECT 1").is_ok(),
+    )?;
+    let pw = &spec.db_password;
+    mariadb_client(
+        l,
+        &format!(
+            "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{pw}'; \
+             ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{pw}'; \
+             GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;"
+        ),
+    )?;
+    progress("started MariaDB");
+    Ok(())
+}
+
+fn start_slurmdbd(cl: &Cluster, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    let l = &cl.layout;
+    if running(l, "slurmdbd").is_none() {
+        let mut c = Command::new("slurmdbd");
+        c.arg("-D");
+        slurm_env(&mut c, l);
+        process::spawn(c, &l.log_file("slurmdbd.stdout"), &l.pid_file("slurmdbd"))?;
+        progress("started slurmdbd");
+    }
+    process::wait_for(
+        "slurmdbd to answer sacctmgr",
+        &l.log_file("slurmdbd"),
+        Duration::from_secs(120),
+        || {
+            process::run(
+                cl.command("sacctmgr").args(["-n", "-P", "show", "cluster"]),
+                Duration::from_secs(15),
+            )
+            .is_ok()
+        },
+    )
+}
+
+fn register_cluster(cl: &Cluster, spec: &Spec) -> Result<()> {
+    let clusters = cl.run(
+        "sacctmgr",
+        &["-n", "-P", "show", "cluster", "format=cluster"],
+    )?;
+    if !clusters.lines().any(|c| c.trim() == spec.cluster) {
+        cl.run("sacctmgr", &["-i", "add", "cluster", &spec.cluster])?;
+    }
+    Ok(())
+}
+
+fn start_slurmctld(cl: &Cluster, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    let l = &cl.layout;
+    if running(l, "slurmctld").is_none() {
+        let mut c = Command::new("slurmctld");
+        c.arg("-D").arg("-f").arg(l.slurm_conf());
+        slurm_env(&mut c, l);
+        process::spawn(c, &l.log_file("slurmctld.stdout"), &l.pid_file("slurmctld"))?;
+        progress("started slurmctld");
+    }
+    process::wait_for(
+        "slurmctld to answer `scontrol ping`",
+        &l.log_file("slurmctld"),
+        Duration::from_secs(60),
+        || {
+            running(l, "slurmctld").is_some()
+                && cl
+                    .run("scontrol", &["ping"])
+                    .map(|o| o.contains("UP"))
+                    .unwrap_or(false)
+        },
+    )
+    .map_err(|e| match running(l, "slurmctld") {
+        None => Error::Setup(format!(
+            "slurmctld exited; see {}",
+            display(&l.log_file("slurmctld"))
+        )),
+        Some(_) => e,
+    })
+}
+
+/// Applies `add qos NAME set ...` lines: adds missing QOS, modifies existing
+/// ones to match, never removes a QOS.
+pub fn apply_qos(cl: &Cluster, script: &str) -> Result<()> {
+    let existing = cl.run("sacctmgr", &["-n", "-P", "show", "qos", "format=name"])?;
+    let existing: Vec<&str> = existing.lines().map(str::trim).collect();
+    let mut names = Vec::new();
+    for line in script
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let ["add", "qos", name, "set", settings @ ..] = words.as_slice() else {
+            return Err(Error::Setup(format!(
+                "QOS script line not of the form `add qos NAME set K=V...`: {line}"
+            )));
+        };
+        names.push(name.to_string());
+        let mut args: Vec<&str> = vec!["-i"];
+        if existing.contains(name) {
+            args.extend(["modify", "qos", "where", "name=", name]);
+        } else {
+            args.extend(["add", "qos", name]);
+        }
+        args.push("set");
+        args.extend(settings);
+        // sacctmgr wants `name=X` as one word.
+        let joined = args.join(" ").replace("name= ", "name=");
+        let argv: Vec<&str> = joined.split(' ').collect();
+        cl.run("sacctmgr", &argv)?;
+    }
+    // The dev cluster's own user (root) may use every QOS; the tests create
+    // other users with narrower rights.
+    if !names.is_empty() {
+        cl.run(
+            "sacctmgr",
+            &[
+                "-i",
+                "modify",
+                "user",
+                "where",
+                "name=root",
+                "set",
+                &format!("qos+={}", names.join(",")),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+fn wait_nodes_idle(cl: &Cluster, spec: &Spec, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    let l = &cl.layout;
+    let want = spec.nodes as usize;
+    process::wait_for(
+        "every node to be idle",
+        &l.log_file("slurmctld"),
+        Duration::from_secs(90),
+        || {
+            let Ok(out) = cl.run("sinfo", &["-h", "-N", "-o", "%N %t"]) else {
+                return false;
+            };
+            let states: Vec<&str> = out
+                .lines()
+                .filter_map(|line| line.split_whitespace().nth(1))
+                .collect();
+            states.len() == want
+                && states.iter().all(|s| {
+                    s.starts_with("idle") || s.starts_with("mix") || s.starts_with("alloc")
+                })
+        },
+    )?;
+    progress(&format!("{want} nodes up"));
+    Ok(())
+}
+
+pub(crate) fn stop_all(cl: &Cluster, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    let l = &cl.layout;
+    let spec = crate::Spec::load(&l.cluster_json())?;
+    if running(l, "slurmctld").is_some() {
+        // Let jobs end through Slurm first, so their steps go with them.
+        let _ = cl.run("scancel", &["--full", "--quiet", "--user", "root"]);
+        let _ = process::wait_for(
+            "jobs to end",
+            &l.log_file("slurmctld"),
+            Duration::from_secs(15),
+            || {
+                cl.run("squeue", &["-h", "-t", "running,completing"])
+                    .map(|o| o.trim().is_empty())
+                    .unwrap_or(true)
+            },
+        );
+    }
+    let mut names = service_names(spec.as_ref());
+    names.reverse();
+    for name in names {
+        if let Some(t) = running(l, &name) {
+            t.stop(Duration::from_secs(15));
+            progress(&format!("stopped {name}"));
+        }
+        let _ = fs::remove_file(l.pid_file(&name));
+    }
+    kill_orphaned_steps(l, progress);
+    Ok(())
+}
+
+/// slurmstepd daemonizes away from slurmd; find the ones of this cluster by
+/// the SLURM_CONF they inherited, and kill them with their job processes.
+fn kill_orphaned_steps(l: &Layout, progress: &mut dyn FnMut(&str)) {
+    let ours = format!("SLURM_CONF={}", display(&l.slurm_conf()));
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return;
+    };
+    let mut parent: HashMap<i32, i32> = HashMap::new();
+    let mut steps = Vec::new();
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) {
+            if let Some(ppid) = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 2..].split_whitespace().nth(1)?.parse().ok())
+            {
+                parent.insert(pid, ppid);
+            }
+        }
+        let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !cmd.starts_with(b"slurmstepd") {
+            continue;
+        }
+        let env = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        if env.split(|b| *b == 0).any(|v| v == ours.as_bytes()) {
+            steps.push(pid);
+        }
+    }
+    let mut victims = steps.clone();
+    let mut i = 0;
+    while i < victims.len() {
+        let p = victims[i];
+        victims.extend(parent.iter().filter(|(_, pp)| **pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    for pid in &victims {
+        if let Some(t) = Tracked::of(*pid) {
+            unsafe { libc::kill(t.pid, libc::SIGKILL) };
+        }
+    }
+    if !victims.is_empty() {
+        progress(&format!(
+            "killed {} leftover step process(es)",
+            victims.len()
+        ));
+    }
+}

@@ -1,0 +1,13 @@
+//! `job_submit_onepool.so`, loaded by slurmctld (`JobSubmitPlugins=onepool`).
+//!
+//! slurmctld calls `job_submit`/`job_modify` while it holds its job and
+//! node locks, so everything on those paths is in-memory work: no file,
+//! network or blocking call, no allocation handed to Slurm except through
+//! Slurm's own `xstrdup`, and no panic crosses back into C.
+
+mod entry;
+mod job_desc;
+
+slurm_sys::export_plugin_identity!(name: "onepool job submit plugin", type: "job_submit/onepool");
+
+pub(crate) const PLUGIN: &str = "job_submit/onepool";

@@ -1,0 +1,79 @@
+//! Types from the installed Slurm headers, and the few safe layers every
+//! onepool plugin shares: Slurm's allocator, Slurm's logger, a panic barrier
+//! for entry points, and run-time resolution of Slurm's functions from the
+//! process that loaded the plugin.
+//!
+//! Nothing here links against Slurm. The hosts that load plugins (slurmctld,
+//! slurmd, slurmstepd, srun, sbatch, salloc) carry Slurm's symbols in
+//! `libslurmfull.so`; plugins look them up there when first needed.
+
+pub mod bindings;
+pub mod guard;
+pub mod host;
+pub mod log;
+pub mod xstring;
+
+pub use bindings::SLURM_VERSION_NUMBER;
+
+/// `SLURM_VERSION_NUMBER` split into (major, minor, micro).
+pub const fn version() -> (u32, u32, u32) {
+    (
+        SLURM_VERSION_NUMBER >> 16,
+        (SLURM_VERSION_NUMBER >> 8) & 0xff,
+        SLURM_VERSION_NUMBER & 0xff,
+    )
+}
+
+/// Exports `plugin_name`, `plugin_type` (NUL-terminated byte arrays, which is
+/// what Slurm's `dlsym` lookups expect: a pointer variable would be read as
+/// the string itself) and `plugin_version` (the Slurm release the plugin was
+/// built against; Slurm refuses a mismatch).
+#[macro_export]
+macro_rules! export_plugin_identity {
+    (name: $name:literal, type: $ty:literal) => {
+        #[no_mangle]
+        #[used]
+        pub static plugin_name: [u8; $name.len() + 1] = $crate::__nul_terminated($name);
+        #[no_mangle]
+        #[used]
+        pub static plugin_type: [u8; $ty.len() + 1] = $crate::__nul_terminated($ty);
+        #[no_mangle]
+        #[used]
+        pub static plugin_version: u32 = $crate::SLURM_VERSION_NUMBER;
+    };
+}
+
+#[doc(hidden)]
+pub const fn __nul_terminated<const N: usize>(s: &str) -> [u8; N] {
+    let bytes = s.as_bytes();
+    assert!(
+        bytes.len() + 1 == N,
+        "array must be one byte longer than the string"
+    );
+    let mut out = [0u8; N];
+    let mut i = 0;
+    while i < bytes.len() {
+        assert!(bytes[i] != 0, "plugin identity must not contain NUL");
+        out[i] = bytes[i];
+        i += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_matches_installed_header() {
+        let (major, minor, _) = version();
+        assert!(major >= 22, "unexpected Slurm major {major}");
+        assert!(minor <= 12);
+    }
+
+    #[test]
+    fn identity_arrays_are_nul_terminated() {
+        const A: [u8; 6] = __nul_terminated("spank");
+        assert_eq!(&A, b"spank\0");
+    }
+}
