@@ -20,7 +20,7 @@ fn context() -> spank_context::Type {
         .unwrap_or(spank_context::S_CTX_ERROR)
 }
 
-fn argv<'a>(ac: c_int, av: *mut *mut c_char) -> Vec<String> {
+fn argv(ac: c_int, av: *mut *mut c_char) -> Vec<String> {
     (0..usize::try_from(ac).unwrap_or(0))
         // SAFETY: Slurm passes `ac` valid C strings in `av`.
         .filter_map(|i| unsafe { slurm_sys::xstring::read(*av.add(i)) })
@@ -49,6 +49,16 @@ pub extern "C" fn slurm_spank_init(sp: spank_t, ac: c_int, av: *mut *mut c_char)
             ));
             return FAIL;
         };
+        if context() == spank_context::S_CTX_SLURMD {
+            // Once per slurmd start: the admin's proof that the line in
+            // plugstack.conf took effect on this node.
+            log::info(&format!(
+                "{PLUGIN}: loaded in slurmd (built for Slurm {}.{:02}.{})",
+                slurm_sys::version().0,
+                slurm_sys::version().1,
+                slurm_sys::version().2
+            ));
+        }
         for i in 0..options::KEYS.len() {
             // SAFETY: the table is static; Slurm keeps the pointer.
             let rc = unsafe { register(sp, TABLE.entry(i)) };

@@ -1,0 +1,167 @@
+//! The foundation, on the real cluster: nodes and fake GPUs, GPU binding,
+//! QOS preemption, and both plugins loaded by every daemon and command that
+//! should load them.
+
+use std::time::Duration;
+
+use onepool_tests::{cluster, Cleanup};
+
+#[test]
+fn four_nodes_with_four_gpus_each_are_idle() {
+    let c = cluster();
+    let out = c.ok("sinfo", &["-h", "-N", "-o", "%N %t %G"]);
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 4, "sinfo: {out}");
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r[0], format!("node{}", i + 1));
+        assert_eq!(r[1], "idle", "{out}");
+        assert_eq!(r[2], "gpu:4", "{out}");
+    }
+}
+
+#[test]
+fn a_one_gpu_job_sees_exactly_one_gpu() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let out = c.ok(
+        "srun",
+        &[
+            "--gpus=1",
+            "bash",
+            "-c",
+            "echo CVD=$CUDA_VISIBLE_DEVICES GPUS=$SLURM_JOB_GPUS",
+        ],
+    );
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("CVD="))
+        .unwrap_or_else(|| panic!("no CVD line in {out:?}"));
+    let cvd = line
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .trim_start_matches("CVD=");
+    assert_eq!(cvd.split(',').count(), 1, "{line}");
+    assert!(cvd.parse::<u32>().is_ok(), "{line}");
+
+    let out = c.ok(
+        "srun",
+        &[
+            "--gpus=4",
+            "-N1",
+            "bash",
+            "-c",
+            "echo CVD=$CUDA_VISIBLE_DEVICES",
+        ],
+    );
+    let cvd = out.trim().trim_start_matches("CVD=");
+    assert_eq!(cvd.split(',').count(), 4, "{out}");
+}
+
+#[test]
+fn a_guaranteed_job_preempts_an_opportunistic_one() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let borrowers: Vec<u32> = (0..4)
+        .map(|_| {
+            c.sbatch(&[
+                "-q",
+                "opportunistic",
+                "--gpus=4",
+                "-N1",
+                "--wrap",
+                "sleep 600",
+            ])
+        })
+        .collect();
+    for b in &borrowers {
+        c.wait_state(*b, "RUNNING", Duration::from_secs(30));
+    }
+    let owner = c.sbatch(&["-q", "guaranteed", "--gpus=4", "-N1", "--wrap", "sleep 600"]);
+    let took = c.wait_state(owner, "RUNNING", Duration::from_secs(20));
+    eprintln!("guaranteed job running {took:?} after submission");
+    let gone: Vec<u32> = borrowers
+        .iter()
+        .copied()
+        .filter(|b| c.state(*b).is_none())
+        .collect();
+    assert_eq!(
+        gone.len(),
+        1,
+        "exactly one borrower yields 4 GPUs: {gone:?}"
+    );
+    c.wait_until(
+        "accounting to record the preemption",
+        Duration::from_secs(30),
+        || c.sacct_state(gone[0]).as_deref() == Some("PREEMPTED"),
+    );
+}
+
+#[test]
+fn job_submit_plugin_is_loaded_by_slurmctld() {
+    let c = cluster();
+    assert!(
+        c.log("slurmctld")
+            .contains("job_submit/onepool: loaded (built for Slurm"),
+        "no load line in slurmctld.log"
+    );
+    assert!(c
+        .ok("scontrol", &["show", "config"])
+        .lines()
+        .any(|l| l.starts_with("JobSubmitPlugins") && l.contains("onepool")));
+}
+
+#[test]
+fn spank_plugin_is_loaded_by_sbatch_srun_salloc_slurmd_and_slurmstepd() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    // The options exist in every submit command's --help.
+    for cmd in ["sbatch", "srun", "salloc"] {
+        let help = c.ok(cmd, &["--help"]);
+        for opt in [
+            "--workload=CLASS",
+            "--reclaim=immediate|graceful|requeue",
+            "--drain-timeout=DURATION",
+            "--endpoint=NAME",
+        ] {
+            assert!(help.contains(opt), "{cmd} --help lacks {opt}");
+        }
+    }
+    // slurmd loads it at start (and says so in its log).
+    for n in 1..=4 {
+        let log = c.log(&format!("slurmd-node{n}"));
+        assert!(
+            log.contains("spank/onepool: loaded in slurmd"),
+            "slurmd-node{n}.log has no load line"
+        );
+    }
+    // slurmstepd runs it for the tasks: the annotation reaches their environment.
+    let out = c.ok(
+        "srun",
+        &["--workload=training", "printenv", "ONEPOOL_WORKLOAD"],
+    );
+    assert_eq!(out.trim(), "training");
+    let out = c.ok(
+        "salloc",
+        &["--workload=agents", "srun", "printenv", "ONEPOOL_WORKLOAD"],
+    );
+    assert!(out.contains("agents"), "{out}");
+}
+
+#[test]
+fn spank_options_are_checked_on_the_submit_host() {
+    let c = cluster();
+    let r = c.run("sbatch", &["--drain-timeout=5x", "--wrap", "true"]);
+    assert!(!r.ok);
+    assert!(
+        r.stderr.contains("sbatch: error: --drain-timeout: invalid duration \"5x\": it contains a character that is neither a digit nor one of the units d, h, m, s; accepted forms: seconds (90), a number with a unit (90s, 5m, 2h, 1d), units combined (1h30m), or Slurm's [[DD-]HH:]MM:SS (01:30:00)"),
+        "{}",
+        r.stderr
+    );
+    let r = c.run("srun", &["--reclaim=later", "true"]);
+    assert!(!r.ok);
+    assert!(r.stderr.contains("srun: error: --reclaim: \"later\" is not a reclaim mode; use immediate, graceful or requeue"), "{}", r.stderr);
+}
