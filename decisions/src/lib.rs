@@ -6,3 +6,4 @@
 pub mod annotation;
 pub mod duration;
 pub mod names;
+pub mod policy;
