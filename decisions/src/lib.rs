@@ -7,3 +7,6 @@ pub mod annotation;
 pub mod duration;
 pub mod names;
 pub mod policy;
+pub mod classify;
+pub mod record;
+pub mod tres;

@@ -2,12 +2,22 @@
 //! decides on, copied out at the FFI boundary so the decision code never
 //! touches a raw pointer.
 
+use std::time::Duration;
+
+use onepool_decisions::annotation::Annotation;
+use onepool_decisions::classify::{JobRequest, ModifyRequest};
+use onepool_decisions::tres::{gpus_in, GpuRequest};
 use slurm_sys::bindings::job_desc_msg_t;
 use slurm_sys::xstring::read;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JobView {
+    pub job_id: u32,
     pub user_id: u32,
+    pub group_id: u32,
+    pub min_nodes: u32,
+    pub num_tasks: u32,
+    pub tres_per_task: Option<String>,
     pub account: Option<String>,
     pub partition: Option<String>,
     pub qos: Option<String>,
@@ -35,8 +45,20 @@ impl JobView {
                 .collect()
         };
         let time_limit_min = (d.time_limit != slurm_sys::bindings::NO_VAL).then_some(d.time_limit);
+        let count = |v: u32| {
+            if v == slurm_sys::bindings::NO_VAL {
+                0
+            } else {
+                v
+            }
+        };
         JobView {
+            job_id: d.job_id,
             user_id: d.user_id,
+            group_id: d.group_id,
+            min_nodes: count(d.min_nodes),
+            num_tasks: count(d.num_tasks),
+            tres_per_task: read(d.tres_per_task),
             account: read(d.account),
             partition: read(d.partition),
             qos: read(d.qos),
@@ -44,6 +66,47 @@ impl JobView {
             tres_per_job: read(d.tres_per_job),
             tres_per_node: read(d.tres_per_node),
             spank_env,
+        }
+    }
+}
+
+impl JobView {
+    fn gpu_request(&self) -> GpuRequest {
+        let count = |t: &Option<String>| t.as_deref().map(|s| gpus_in(s).0).filter(|n| *n > 0);
+        GpuRequest {
+            per_job: count(&self.tres_per_job),
+            per_node: count(&self.tres_per_node),
+            per_task: count(&self.tres_per_task),
+        }
+    }
+
+    pub fn gpus(&self) -> u64 {
+        self.gpu_request().total(self.min_nodes, self.num_tasks)
+    }
+
+    /// The decision's input; `annotation` was read from `spank_env`.
+    pub fn request(&self, annotation: Annotation) -> JobRequest {
+        JobRequest {
+            account: self.account.clone(),
+            partition: self.partition.clone(),
+            qos: self.qos.clone(),
+            annotation,
+            gpus: self.gpus(),
+            time_limit: self
+                .time_limit_min
+                .map(|m| Duration::from_secs(u64::from(m) * 60)),
+        }
+    }
+
+    /// For job_modify: only the fields the update sets.
+    pub fn modify_request(&self) -> ModifyRequest {
+        let r = self.gpu_request();
+        let any_gpu = r.per_job.is_some() || r.per_node.is_some() || r.per_task.is_some();
+        ModifyRequest {
+            account: self.account.clone(),
+            qos: self.qos.clone(),
+            partition: self.partition.clone(),
+            gpus: any_gpu.then(|| self.gpus()),
         }
     }
 }

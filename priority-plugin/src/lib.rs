@@ -5,8 +5,11 @@
 //! network or blocking call, no allocation handed to Slurm except through
 //! Slurm's own `xstrdup`, and no panic crosses back into C.
 
+mod active;
 mod entry;
 mod job_desc;
+mod nss;
+mod watcher;
 
 slurm_sys::export_plugin_identity!(name: "onepool job submit plugin", type: "job_submit/onepool");
 

@@ -77,3 +77,21 @@ mod tests {
         assert_eq!(&A, b"spank\0");
     }
 }
+
+/// Picks code by Slurm release, for API differences (e.g. `job_modify`
+/// gained `err_msg` in 23.02). The release is known only to this crate's
+/// build script; a macro defined under its cfg carries the choice to the
+/// crates that use it, without a build script of their own.
+///
+/// `slurm_sys::since_23_02! { { new-API items } else { old-API items } }`
+#[cfg(slurm_ge_23_02)]
+#[macro_export]
+macro_rules! since_23_02 {
+    ({ $($new:tt)* } else { $($old:tt)* }) => { $($new)* };
+}
+
+#[cfg(not(slurm_ge_23_02))]
+#[macro_export]
+macro_rules! since_23_02 {
+    ({ $($new:tt)* } else { $($old:tt)* }) => { $($old)* };
+}

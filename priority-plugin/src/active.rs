@@ -1,0 +1,52 @@
+//! The policy in force, swapped atomically by the watcher thread and read
+//! (one `Arc` clone under a read lock) on the submit path.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use onepool_decisions::policy::{self, Policy};
+
+use crate::nss::Snapshot;
+
+pub struct Active {
+    pub policy: Policy,
+    pub directory: Snapshot,
+}
+
+static ACTIVE: RwLock<Option<Arc<Active>>> = RwLock::new(None);
+
+pub fn get() -> Option<Arc<Active>> {
+    ACTIVE.read().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+pub fn set(a: Option<Active>) {
+    *ACTIVE.write().unwrap_or_else(|p| p.into_inner()) = a.map(Arc::new);
+}
+
+/// `$ONEPOOL_POLICY`, else `onepool.toml` beside `$SLURM_CONF`, else
+/// /etc/slurm/onepool.toml.
+pub fn policy_path() -> PathBuf {
+    if let Some(p) = std::env::var_os(policy::PATH_ENV) {
+        return PathBuf::from(p);
+    }
+    if let Some(dir) = std::env::var_os("SLURM_CONF")
+        .map(PathBuf::from)
+        .and_then(|c| c.parent().map(Path::to_path_buf))
+    {
+        return dir.join("onepool.toml");
+    }
+    PathBuf::from(policy::DEFAULT_PATH)
+}
+
+/// Reads and checks the policy file; `Err` carries every diagnostic line.
+pub fn load_file(path: &Path) -> Result<(Policy, Vec<String>), Vec<String>> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| vec![format!("{shown}: cannot read the policy: {e}")])?;
+    let loaded = policy::load(&text);
+    let lines = loaded.render(&shown, &text);
+    match loaded.policy {
+        Some(p) => Ok((p, lines)),
+        None => Err(lines),
+    }
+}
