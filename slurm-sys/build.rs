@@ -28,10 +28,7 @@ fn main() {
         ))
     });
     for h in ["slurm.h", "spank.h", "slurm_errno.h", "slurm_version.h"] {
-        println!(
-            "cargo:rerun-if-changed={}",
-            include.join("slurm").join(h).display()
-        );
+        println!("cargo:rerun-if-changed={}", include.join("slurm").join(h).display());
     }
 
     let version = read_version(&include);
@@ -39,13 +36,13 @@ fn main() {
     println!("cargo:version_number={version}");
     println!("cargo:include={}", include.display());
 
-    let wrapper =
-        "#include <slurm/slurm.h>\n#include <slurm/slurm_errno.h>\n#include <slurm/spank.h>\n";
+    let wrapper = "#include <slurm/slurm.h>\n#include <slurm/slurm_errno.h>\n#include <slurm/spank.h>\n";
     let builder = bindgen::Builder::default()
         .header_contents("onepool_slurm_wrapper.h", wrapper)
         .clang_arg(format!("-I{}", include.display()))
         .allowlist_type("job_desc_msg_t")
         .allowlist_type("update_node_msg_t")
+        .allowlist_type("submit_response_msg_t")
         .allowlist_type("spank_t")
         .allowlist_type("spank_option")
         .allowlist_type("spank_item_t")
@@ -76,23 +73,17 @@ fn main() {
 
     // bindgen panics when it cannot load libclang; turn that into the same
     // kind of actionable message as a missing header.
-    let generated =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || builder.generate()));
+    let generated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || builder.generate()));
     let bindings = match generated {
         Ok(Ok(b)) => b,
-        Ok(Err(e)) => fail(&format!(
-            "bindgen could not parse the Slurm headers in {}: {e}",
-            include.display()
-        )),
+        Ok(Err(e)) => fail(&format!("bindgen could not parse the Slurm headers in {}: {e}", include.display())),
         Err(_) => fail(&format!(
             "bindgen could not load libclang. Install it with \
              `apt-get install {LIBCLANG_PACKAGE}` (or set LIBCLANG_PATH)."
         )),
     };
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    bindings
-        .write_to_file(out.join("bindings.rs"))
-        .unwrap_or_else(|e| fail(&format!("cannot write bindings: {e}")));
+    bindings.write_to_file(out.join("bindings.rs")).unwrap_or_else(|e| fail(&format!("cannot write bindings: {e}")));
 }
 
 fn fail(msg: &str) -> ! {
@@ -109,10 +100,7 @@ fn find_include_dir() -> Result<PathBuf, String> {
     if let Ok(dir) = env::var("SLURM_INCLUDE_DIR") {
         candidates.push(PathBuf::from(dir));
     }
-    if let Ok(out) = std::process::Command::new("pkg-config")
-        .args(["--variable=includedir", "slurm"])
-        .output()
-    {
+    if let Ok(out) = std::process::Command::new("pkg-config").args(["--variable=includedir", "slurm"]).output() {
         if out.status.success() {
             let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
             if !dir.is_empty() {
@@ -123,23 +111,16 @@ fn find_include_dir() -> Result<PathBuf, String> {
     candidates.push(PathBuf::from("/usr/include"));
     candidates.push(PathBuf::from("/usr/local/include"));
     for dir in &candidates {
-        if dir.join("slurm").join("slurm.h").is_file()
-            && dir.join("slurm").join("spank.h").is_file()
-        {
+        if dir.join("slurm").join("slurm.h").is_file() && dir.join("slurm").join("spank.h").is_file() {
             return Ok(dir.clone());
         }
     }
-    Err(candidates
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", "))
+    Err(candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))
 }
 
 fn read_version(include: &Path) -> u32 {
     let path = include.join("slurm").join("slurm_version.h");
-    let text = fs::read_to_string(&path)
-        .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", path.display())));
+    let text = fs::read_to_string(&path).unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", path.display())));
     text.lines()
         .find_map(|l| {
             let rest = l.trim().strip_prefix("#define SLURM_VERSION_NUMBER")?;
@@ -165,8 +146,6 @@ fn emit_release_cfgs(version: u32) {
         println!("cargo:rustc-cfg=slurm_ge_24_05");
     }
     if !at_least(22, 5) {
-        println!(
-            "cargo:warning=Slurm {major}.{minor} is older than 22.05, the oldest release onepool is tested on"
-        );
+        println!("cargo:warning=Slurm {major}.{minor} is older than 22.05, the oldest release onepool is tested on");
     }
 }

@@ -24,11 +24,7 @@ pub enum ReclaimMode {
 }
 
 impl ReclaimMode {
-    pub const ALL: [ReclaimMode; 3] = [
-        ReclaimMode::Immediate,
-        ReclaimMode::Graceful,
-        ReclaimMode::Requeue,
-    ];
+    pub const ALL: [ReclaimMode; 3] = [ReclaimMode::Immediate, ReclaimMode::Graceful, ReclaimMode::Requeue];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -60,12 +56,7 @@ pub enum Key {
 }
 
 impl Key {
-    pub const ALL: [Key; 4] = [
-        Key::Workload,
-        Key::Reclaim,
-        Key::DrainTimeout,
-        Key::Endpoint,
-    ];
+    pub const ALL: [Key; 4] = [Key::Workload, Key::Reclaim, Key::DrainTimeout, Key::Endpoint];
 
     /// The option name (`--workload`).
     pub fn option(self) -> &'static str {
@@ -99,12 +90,8 @@ impl Key {
 
     pub fn usage(self) -> &'static str {
         match self {
-            Key::Workload => {
-                "onepool workload class of this job (e.g. training, inference, agents)"
-            }
-            Key::Reclaim => {
-                "what happens when the GPUs are reclaimed: immediate, graceful (drain) or requeue"
-            }
+            Key::Workload => "onepool workload class of this job (e.g. training, inference, agents)",
+            Key::Reclaim => "what happens when the GPUs are reclaimed: immediate, graceful (drain) or requeue",
             Key::DrainTimeout => "how long a graceful reclaim may drain (e.g. 90s, 5m)",
             Key::Endpoint => "marks the job as a replica of this inference endpoint",
         }
@@ -149,40 +136,27 @@ impl Annotation {
     /// Checks one value and stores it.
     pub fn set(&mut self, key: Key, value: &str) -> Result<(), AnnotationError> {
         if value.len() > MAX_VALUE_LEN {
-            return Err(AnnotationError::TooLong {
-                option: key.option(),
-                len: value.len(),
-            });
+            return Err(AnnotationError::TooLong { option: key.option(), len: value.len() });
         }
         let value = value.trim();
         match key {
             Key::Workload => {
-                names::check_class(value).map_err(|source| AnnotationError::Name {
-                    option: key.option(),
-                    source,
-                })?;
+                names::check_class(value).map_err(|source| AnnotationError::Name { option: key.option(), source })?;
                 self.workload = Some(value.to_string());
             }
             Key::Endpoint => {
-                names::check_endpoint(value).map_err(|source| AnnotationError::Name {
-                    option: key.option(),
-                    source,
-                })?;
+                names::check_endpoint(value)
+                    .map_err(|source| AnnotationError::Name { option: key.option(), source })?;
                 self.endpoint = Some(value.to_string());
             }
             Key::Reclaim => {
-                self.reclaim =
-                    Some(
-                        ReclaimMode::parse(value).ok_or_else(|| AnnotationError::Reclaim {
-                            value: value.to_string(),
-                        })?,
-                    );
+                self.reclaim = Some(
+                    ReclaimMode::parse(value).ok_or_else(|| AnnotationError::Reclaim { value: value.to_string() })?,
+                );
             }
             Key::DrainTimeout => {
-                self.drain_timeout = Some(
-                    duration::parse(value)
-                        .map_err(|source| AnnotationError::Duration { source })?,
-                );
+                self.drain_timeout =
+                    Some(duration::parse(value).map_err(|source| AnnotationError::Duration { source })?);
             }
         }
         Ok(())
@@ -203,9 +177,7 @@ impl Annotation {
     /// Reads the annotations out of a job's SPANK environment (`NAME=value`
     /// entries; Slurm may prefix names with `SLURM_SPANK_`). Entries that are
     /// not ours are ignored; every bad one of ours is reported.
-    pub fn from_spank_env<'a>(
-        entries: impl IntoIterator<Item = &'a str>,
-    ) -> Result<Annotation, Vec<AnnotationError>> {
+    pub fn from_spank_env<'a>(entries: impl IntoIterator<Item = &'a str>) -> Result<Annotation, Vec<AnnotationError>> {
         let mut a = Annotation::default();
         let mut errors = Vec::new();
         for entry in entries {
@@ -262,28 +234,18 @@ mod tests {
         a.set(Key::Reclaim, "graceful").unwrap();
         a.set(Key::DrainTimeout, "90s").unwrap();
         a.set(Key::Endpoint, "llama-70b").unwrap();
-        let env: Vec<String> = a
-            .to_env()
-            .iter()
-            .map(|(k, v)| format!("SLURM_SPANK_{k}={v}"))
-            .collect();
+        let env: Vec<String> = a.to_env().iter().map(|(k, v)| format!("SLURM_SPANK_{k}={v}")).collect();
         let back = Annotation::from_spank_env(env.iter().map(String::as_str)).unwrap();
         assert_eq!(back, a);
     }
 
     #[test]
     fn foreign_entries_are_ignored_and_bad_ones_all_reported() {
-        let r = Annotation::from_spank_env([
-            "OTHER=1",
-            "ONEPOOL_WORKLOAD=Bad Name",
-            "ONEPOOL_RECLAIM=later",
-            "garbage",
-        ]);
+        let r =
+            Annotation::from_spank_env(["OTHER=1", "ONEPOOL_WORKLOAD=Bad Name", "ONEPOOL_RECLAIM=later", "garbage"]);
         let errs = r.unwrap_err();
         assert_eq!(errs.len(), 2);
-        assert!(errs[0]
-            .to_string()
-            .starts_with("--workload: invalid workload class name"));
+        assert!(errs[0].to_string().starts_with("--workload: invalid workload class name"));
         assert_eq!(
             errs[1].to_string(),
             "--reclaim: \"later\" is not a reclaim mode; use immediate, graceful or requeue"
@@ -294,16 +256,12 @@ mod tests {
     fn oversized_value_is_refused_with_its_size() {
         let mut a = Annotation::default();
         let e = a.set(Key::Endpoint, &"x".repeat(5000)).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "--endpoint: the value is 5000 bytes long; at most 256 are accepted"
-        );
+        assert_eq!(e.to_string(), "--endpoint: the value is 5000 bytes long; at most 256 are accepted");
     }
 
     #[test]
     fn drain_timeout_with_immediate_is_contradictory() {
-        let r =
-            Annotation::from_spank_env(["ONEPOOL_RECLAIM=immediate", "ONEPOOL_DRAIN_TIMEOUT=5m"]);
+        let r = Annotation::from_spank_env(["ONEPOOL_RECLAIM=immediate", "ONEPOOL_DRAIN_TIMEOUT=5m"]);
         assert_eq!(r.unwrap_err(), vec![AnnotationError::DrainWithImmediate]);
     }
 

@@ -81,11 +81,12 @@ pub enum Verdict {
     Refuse(Refusal),
 }
 
+fn refusal(rule: Rule, message: String) -> Refusal {
+    Refusal { rule, message: format!("onepool: {message}") }
+}
+
 fn refuse(rule: Rule, message: String) -> Verdict {
-    Verdict::Refuse(Refusal {
-        rule,
-        message: format!("onepool: {message}"),
-    })
+    Verdict::Refuse(refusal(rule, message))
 }
 
 /// Decides a new job.
@@ -95,7 +96,7 @@ pub fn classify(policy: &Policy, dir: &dyn Directory, who: Submitter, job: &JobR
     }
     let class = match pick_class(policy, job) {
         Ok(c) => c,
-        Err(v) => return v,
+        Err(r) => return Verdict::Refuse(r),
     };
     if let Some(v) = check_entitlement(class, dir, who, job.account.as_deref()) {
         return v;
@@ -144,7 +145,7 @@ pub fn classify(policy: &Policy, dir: &dyn Directory, who: Submitter, job: &JobR
     }
     let (reclaim, drain_timeout) = match reclaim_for(class, &job.annotation) {
         Ok(r) => r,
-        Err(v) => return v,
+        Err(r) => return Verdict::Refuse(r),
     };
     let partition = partition_for(policy, class, job.partition.as_deref());
     Verdict::Accept(Placement {
@@ -162,11 +163,11 @@ pub fn classify(policy: &Policy, dir: &dyn Directory, who: Submitter, job: &JobR
     })
 }
 
-fn pick_class<'p>(policy: &'p Policy, job: &JobRequest) -> Result<&'p Class, Verdict> {
+fn pick_class<'p>(policy: &'p Policy, job: &JobRequest) -> Result<&'p Class, Refusal> {
     let by_qos = job.qos.as_deref().and_then(|q| policy.class_by_qos(q));
     if let Some(name) = &job.annotation.workload {
         let Some(class) = policy.class(name) else {
-            return Err(refuse(
+            return Err(refusal(
                 Rule::UnknownClass,
                 format!(
                     "--workload={name} is not a workload class here; use one of: {}",
@@ -175,7 +176,7 @@ fn pick_class<'p>(policy: &'p Policy, job: &JobRequest) -> Result<&'p Class, Ver
             ));
         };
         if let Some(other) = by_qos.filter(|c| c.name != class.name) {
-            return Err(refuse(
+            return Err(refusal(
                 Rule::Conflict,
                 format!(
                     "--workload={name} conflicts with --qos={} (the QOS of class {}); drop --qos, onepool sets it from the class",
@@ -188,65 +189,39 @@ fn pick_class<'p>(policy: &'p Policy, job: &JobRequest) -> Result<&'p Class, Ver
     if let Some(c) = by_qos {
         return Ok(c);
     }
-    if let Some(c) = job
-        .partition
-        .as_deref()
-        .and_then(|p| p.split(',').find_map(|p| policy.class_by_partition(p)))
-    {
+    if let Some(c) = job.partition.as_deref().and_then(|p| p.split(',').find_map(|p| policy.class_by_partition(p))) {
         return Ok(c);
     }
-    policy.class(&policy.pool.default_class).ok_or_else(|| {
-        refuse(
-            Rule::UnknownClass,
-            "the policy's default class is missing (policy error)".into(),
-        )
-    })
+    policy
+        .class(&policy.pool.default_class)
+        .ok_or_else(|| refusal(Rule::UnknownClass, "the policy's default class is missing (policy error)".into()))
 }
 
 fn entitled(e: &Entitlement, dir: &dyn Directory, who: Submitter, account: Option<&str>) -> bool {
     dir.is_admin(who.uid)
-        || dir
-            .user_name(who.uid)
-            .is_some_and(|u| e.users.iter().any(|x| x == u))
+        || dir.user_name(who.uid).is_some_and(|u| e.users.iter().any(|x| x == u))
         || account.is_some_and(|a| e.accounts.iter().any(|x| x == a))
         || e.groups.iter().any(|g| dir.in_group(who.uid, who.gid, g))
 }
 
-fn check_entitlement(
-    class: &Class,
-    dir: &dyn Directory,
-    who: Submitter,
-    account: Option<&str>,
-) -> Option<Verdict> {
+fn check_entitlement(class: &Class, dir: &dyn Directory, who: Submitter, account: Option<&str>) -> Option<Verdict> {
     let e = class.entitled.as_ref()?;
     if entitled(e, dir, who, account) {
         return None;
     }
-    let user = dir
-        .user_name(who.uid)
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("uid {}", who.uid));
+    let user = dir.user_name(who.uid).map(str::to_string).unwrap_or_else(|| format!("uid {}", who.uid));
     let how = if account.is_none() && !e.accounts.is_empty() {
-        format!(
-            "if you belong to one of its accounts, submit with --account={}",
-            e.accounts[0]
-        )
+        format!("if you belong to one of its accounts, submit with --account={}", e.accounts[0])
     } else {
         "use a flexible class (--workload) or ask an administrator to entitle you".to_string()
     };
-    let kind = if class.is_protected() {
-        "protected"
-    } else {
-        "restricted"
-    };
+    let kind = if class.is_protected() { "protected" } else { "restricted" };
     Some(refuse(
         Rule::NotEntitled,
         format!(
             "class {} is {kind} and {user}{} is not entitled to it (entitled: {}); {how}",
             class.name,
-            account
-                .map(|a| format!(" with account {a}"))
-                .unwrap_or_default(),
+            account.map(|a| format!(" with account {a}")).unwrap_or_default(),
             e.describe()
         ),
     ))
@@ -262,49 +237,35 @@ fn larger_class_hint(
     policy
         .classes
         .iter()
-        .filter(|c| {
-            c.name != current.name && c.max_gpus_per_job.is_none_or(|m| u64::from(m) >= job.gpus)
-        })
-        .find(|c| {
-            c.entitled
-                .as_ref()
-                .is_none_or(|e| entitled(e, dir, who, job.account.as_deref()))
-        })
+        .filter(|c| c.name != current.name && c.max_gpus_per_job.is_none_or(|m| u64::from(m) >= job.gpus))
+        .find(|c| c.entitled.as_ref().is_none_or(|e| entitled(e, dir, who, job.account.as_deref())))
         .map(|c| format!(", or use --workload={}", c.name))
         .unwrap_or_default()
 }
 
 fn max_hint(class: &Class) -> String {
-    class
-        .time_limit
-        .max
-        .map(|m| format!(", at most {}", duration::format(m)))
-        .unwrap_or_default()
+    class.time_limit.max.map(|m| format!(", at most {}", duration::format(m))).unwrap_or_default()
 }
 
 /// The reclaim behaviour: the class's, or a quicker one the user asked for.
-fn reclaim_for(
-    class: &Class,
-    a: &Annotation,
-) -> Result<(Option<ReclaimMode>, Option<Duration>), Verdict> {
+fn reclaim_for(class: &Class, a: &Annotation) -> Result<(Option<ReclaimMode>, Option<Duration>), Refusal> {
     match class.tier {
         Tier::Protected { .. } => {
             if a.reclaim.is_some() || a.drain_timeout.is_some() {
-                return Err(refuse(
+                return Err(refusal(
                     Rule::ReclaimNotAllowed,
-                    format!("class {} is protected and never reclaimed; drop --reclaim and --drain-timeout", class.name),
+                    format!(
+                        "class {} is protected and never reclaimed; drop --reclaim and --drain-timeout",
+                        class.name
+                    ),
                 ));
             }
             Ok((None, None))
         }
-        Tier::Flexible {
-            reclaim,
-            drain_timeout,
-            ..
-        } => {
+        Tier::Flexible { reclaim, drain_timeout, .. } => {
             let mode = a.reclaim.unwrap_or(reclaim);
             if mode != ReclaimMode::Immediate && reclaim == ReclaimMode::Immediate {
-                return Err(refuse(
+                return Err(refusal(
                     Rule::ReclaimNotAllowed,
                     format!(
                         "class {} is reclaimed immediately, so --reclaim={mode} cannot be honoured (its QOS gives no grace time); use a class with graceful reclaim",
@@ -315,7 +276,7 @@ fn reclaim_for(
             let drain = match (mode, a.drain_timeout) {
                 (ReclaimMode::Immediate, _) => None,
                 (_, Some(d)) if d > drain_timeout => {
-                    return Err(refuse(
+                    return Err(refusal(
                         Rule::ReclaimNotAllowed,
                         format!(
                             "--drain-timeout={} is longer than class {}'s {}, which is all the grace Slurm gives; ask for {} or less",
@@ -361,21 +322,12 @@ pub struct ModifyRequest {
 /// to, or past that class's GPU cap. GPU changes without a QOS change are
 /// capped by Slurm itself (the rendered QOS carries MaxTRESPerJob with
 /// DenyOnLimit): the job's current class is not visible to job_modify.
-pub fn check_modify(
-    policy: &Policy,
-    dir: &dyn Directory,
-    who: Submitter,
-    m: &ModifyRequest,
-) -> Result<(), Refusal> {
+pub fn check_modify(policy: &Policy, dir: &dyn Directory, who: Submitter, m: &ModifyRequest) -> Result<(), Refusal> {
     let class = m
         .qos
         .as_deref()
         .and_then(|q| policy.class_by_qos(q))
-        .or_else(|| {
-            m.partition
-                .as_deref()
-                .and_then(|p| policy.class_by_partition(p))
-        });
+        .or_else(|| m.partition.as_deref().and_then(|p| policy.class_by_partition(p)));
     let Some(class) = class else { return Ok(()) };
     if let Some(Verdict::Refuse(r)) = check_entitlement(class, dir, who, m.account.as_deref()) {
         return Err(r);

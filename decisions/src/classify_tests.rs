@@ -34,17 +34,11 @@ fn dir() -> Dir {
     d
 }
 
-const ALICE: Submitter = Submitter {
-    uid: 1000,
-    gid: 1000,
-};
+const ALICE: Submitter = Submitter { uid: 1000, gid: 1000 };
 const ROOT: Submitter = Submitter { uid: 0, gid: 0 };
 
 fn job(workload: Option<&str>) -> JobRequest {
-    let mut j = JobRequest {
-        gpus: 1,
-        ..Default::default()
-    };
+    let mut j = JobRequest { gpus: 1, ..Default::default() };
     j.annotation.workload = workload.map(str::to_string);
     j
 }
@@ -70,10 +64,7 @@ fn unannotated_job_gets_the_default_class_and_the_flexible_partition() {
     assert_eq!(p.qos, "op-agents");
     assert_eq!(p.partition.as_deref(), Some("gpu-flex"));
     assert_eq!(p.time_limit, Some(Duration::from_secs(4 * 3600)));
-    assert_eq!(
-        p.record.encode(),
-        "onepool:class=agents;tier=flexible;reclaim=immediate"
-    );
+    assert_eq!(p.record.encode(), "onepool:class=agents;tier=flexible;reclaim=immediate");
 }
 
 #[test]
@@ -81,15 +72,9 @@ fn annotation_beats_qos_beats_partition() {
     let pol = sample();
     let mut j = job(None);
     j.qos = Some("op-inference".into());
-    assert_eq!(
-        accepted(classify(&pol, &dir(), ALICE, &j)).class,
-        "inference"
-    );
+    assert_eq!(accepted(classify(&pol, &dir(), ALICE, &j)).class, "inference");
     j.annotation.workload = Some("inference".into());
-    assert_eq!(
-        accepted(classify(&pol, &dir(), ALICE, &j)).class,
-        "inference"
-    );
+    assert_eq!(accepted(classify(&pol, &dir(), ALICE, &j)).class, "inference");
     j.annotation.workload = Some("training".into());
     let r = refused(classify(&pol, &dir(), ALICE, &j));
     assert_eq!(r.rule, Rule::Conflict);
@@ -123,33 +108,18 @@ fn protected_class_needs_entitlement() {
     j.account = Some("core-ml".into());
     let p = accepted(classify(&pol, &dir(), ALICE, &j));
     assert_eq!(p.qos, "op-critical-training");
-    assert_eq!(
-        p.partition, None,
-        "protected work stays in the pool partition"
-    );
-    assert_eq!(
-        p.record.encode(),
-        "onepool:class=critical-training;tier=protected"
-    );
+    assert_eq!(p.partition, None, "protected work stays in the pool partition");
+    assert_eq!(p.record.encode(), "onepool:class=critical-training;tier=protected");
     // root is entitled everywhere.
     j.account = None;
-    assert!(matches!(
-        classify(&pol, &dir(), ROOT, &j),
-        Verdict::Accept(_)
-    ));
+    assert!(matches!(classify(&pol, &dir(), ROOT, &j), Verdict::Accept(_)));
 }
 
 #[test]
 fn group_entitlement() {
     let mut pol = sample();
-    pol.classes
-        .iter_mut()
-        .find(|c| c.name == "critical-training")
-        .unwrap()
-        .entitled
-        .as_mut()
-        .unwrap()
-        .groups = vec!["ml".into()];
+    pol.classes.iter_mut().find(|c| c.name == "critical-training").unwrap().entitled.as_mut().unwrap().groups =
+        vec!["ml".into()];
     let mut d = dir();
     let mut j = job(Some("critical-training"));
     j.time_limit = Some(Duration::from_secs(60));
@@ -184,7 +154,10 @@ fn time_limit_rules() {
     j.time_limit = Some(Duration::from_secs(8 * 86400));
     let r = refused(classify(&pol, &dir(), ALICE, &j));
     assert_eq!(r.rule, Rule::TimeLimitTooLong);
-    assert_eq!(r.message, "onepool: class critical-training allows a time limit of at most 7d and this job asks for 8d; lower --time");
+    assert_eq!(
+        r.message,
+        "onepool: class critical-training allows a time limit of at most 7d and this job asks for 8d; lower --time"
+    );
 }
 
 #[test]
@@ -200,10 +173,7 @@ fn reclaim_annotations() {
     j.annotation.drain_timeout = Some(Duration::from_secs(30));
     j.annotation.endpoint = Some("llm".into());
     let p = accepted(classify(&pol, &dir(), ALICE, &j));
-    assert_eq!(
-        p.record.encode(),
-        "onepool:class=inference;tier=flexible;reclaim=graceful;drain=30s;endpoint=llm"
-    );
+    assert_eq!(p.record.encode(), "onepool:class=inference;tier=flexible;reclaim=graceful;drain=30s;endpoint=llm");
 
     j.annotation.drain_timeout = Some(Duration::from_secs(300));
     let r = refused(classify(&pol, &dir(), ALICE, &j));
@@ -214,10 +184,7 @@ fn reclaim_annotations() {
 
     let mut j = job(Some("agents"));
     j.annotation.reclaim = Some(ReclaimMode::Graceful);
-    assert_eq!(
-        refused(classify(&pol, &dir(), ALICE, &j)).rule,
-        Rule::ReclaimNotAllowed
-    );
+    assert_eq!(refused(classify(&pol, &dir(), ALICE, &j)).rule, Rule::ReclaimNotAllowed);
 }
 
 #[test]
@@ -230,51 +197,24 @@ fn jobs_outside_the_pool_are_left_alone() {
 #[test]
 fn modify_refuses_escalation_into_protected_classes() {
     let pol = sample();
-    let m = ModifyRequest {
-        qos: Some("op-critical-training".into()),
-        ..Default::default()
-    };
+    let m = ModifyRequest { qos: Some("op-critical-training".into()), ..Default::default() };
     let r = check_modify(&pol, &dir(), ALICE, &m).unwrap_err();
     assert_eq!(r.rule, Rule::NotEntitled);
     assert!(check_modify(&pol, &dir(), ROOT, &m).is_ok());
-    let m = ModifyRequest {
-        qos: Some("op-agents".into()),
-        gpus: Some(9),
-        ..Default::default()
-    };
-    assert_eq!(
-        check_modify(&pol, &dir(), ALICE, &m).unwrap_err().rule,
-        Rule::GpuCap
-    );
+    let m = ModifyRequest { qos: Some("op-agents".into()), gpus: Some(9), ..Default::default() };
+    assert_eq!(check_modify(&pol, &dir(), ALICE, &m).unwrap_err().rule, Rule::GpuCap);
     assert!(check_modify(
         &pol,
         &dir(),
         ALICE,
-        &ModifyRequest {
-            qos: Some("op-training".into()),
-            ..Default::default()
-        }
+        &ModifyRequest { qos: Some("op-training".into()), ..Default::default() }
     )
     .is_ok());
 }
 
 fn arb_job() -> impl Strategy<Value = (JobRequest, u32, Option<usize>)> {
-    let classes = [
-        "critical-training",
-        "inference-baseline",
-        "training",
-        "inference",
-        "agents",
-        "nope",
-    ];
-    let qos = [
-        "op-critical-training",
-        "op-inference-baseline",
-        "op-training",
-        "op-inference",
-        "op-agents",
-        "normal",
-    ];
+    let classes = ["critical-training", "inference-baseline", "training", "inference", "agents", "nope"];
+    let qos = ["op-critical-training", "op-inference-baseline", "op-training", "op-inference", "op-agents", "normal"];
     (
         proptest::option::of(0..classes.len()),
         proptest::option::of(0..qos.len()),

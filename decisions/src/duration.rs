@@ -19,10 +19,7 @@ pub struct DurationError {
 pub const MAX: Duration = Duration::from_secs(366 * 24 * 3600);
 
 pub fn parse(s: &str) -> Result<Duration, DurationError> {
-    let err = |reason| DurationError {
-        value: s.to_string(),
-        reason,
-    };
+    let err = |reason| DurationError { value: s.to_string(), reason };
     let t = s.trim();
     if t.is_empty() {
         return Err(err("it is empty"));
@@ -56,9 +53,7 @@ fn parse_units(t: &str) -> Result<u64, &'static str> {
             'h' => (2, 3_600),
             'm' => (1, 60),
             's' => (0, 1),
-            _ => return Err(
-                "it contains a character that is neither a digit nor one of the units d, h, m, s",
-            ),
+            _ => return Err("it contains a character that is neither a digit nor one of the units d, h, m, s"),
         };
         if num.is_empty() {
             return Err("a unit has no number before it");
@@ -68,10 +63,7 @@ fn parse_units(t: &str) -> Result<u64, &'static str> {
         }
         last_rank = rank;
         let n: u64 = num.parse().map_err(|_| "the number is too large")?;
-        total = n
-            .checked_mul(mult)
-            .and_then(|v| total.checked_add(v))
-            .ok_or("the number is too large")?;
+        total = n.checked_mul(mult).and_then(|v| total.checked_add(v)).ok_or("the number is too large")?;
         num.clear();
     }
     if !num.is_empty() {
@@ -89,9 +81,7 @@ fn parse_clock(t: &str) -> Option<u64> {
     let nums: Vec<u64> = parts
         .iter()
         .map(|p| {
-            (!p.is_empty() && p.len() <= 2 && p.bytes().all(|b| b.is_ascii_digit()))
-                .then(|| p.parse().ok())
-                .flatten()
+            (!p.is_empty() && p.len() <= 2 && p.bytes().all(|b| b.is_ascii_digit())).then(|| p.parse().ok()).flatten()
         })
         .collect::<Option<_>>()?;
     let (h, m, s) = match nums.as_slice() {

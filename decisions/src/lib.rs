@@ -4,9 +4,10 @@
 //! once, fast, and behaves the same everywhere.
 
 pub mod annotation;
+pub mod classify;
 pub mod duration;
 pub mod names;
 pub mod policy;
-pub mod classify;
 pub mod record;
+pub mod render;
 pub mod tres;

@@ -14,12 +14,7 @@ pub const MAX_CLASS_NAME: usize = 32;
 pub const MAX_ENDPOINT_NAME: usize = 63;
 
 pub fn check(kind: &'static str, s: &str, max: usize) -> Result<(), NameError> {
-    let err = |reason| NameError {
-        kind,
-        value: s.chars().take(80).collect(),
-        reason,
-        max,
-    };
+    let err = |reason| NameError { kind, value: s.chars().take(80).collect(), reason, max };
     if s.is_empty() {
         return Err(err("it is empty"));
     }
@@ -29,13 +24,8 @@ pub fn check(kind: &'static str, s: &str, max: usize) -> Result<(), NameError> {
     if !s.starts_with(|c: char| c.is_ascii_lowercase()) {
         return Err(err("it does not start with a lowercase letter"));
     }
-    if !s
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-    {
-        return Err(err(
-            "it contains a character other than a-z, 0-9, '-' and '_'",
-        ));
+    if !s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_') {
+        return Err(err("it contains a character other than a-z, 0-9, '-' and '_'"));
     }
     Ok(())
 }
@@ -57,18 +47,9 @@ mod tests {
         assert!(check_class("training").is_ok());
         assert!(check_class("eval-2_b").is_ok());
         assert!(check_class("").unwrap_err().to_string().contains("empty"));
-        assert!(check_class("Training")
-            .unwrap_err()
-            .to_string()
-            .contains("lowercase"));
-        assert!(check_class("a b")
-            .unwrap_err()
-            .to_string()
-            .contains("other than"));
-        assert!(check_class(&"a".repeat(33))
-            .unwrap_err()
-            .to_string()
-            .contains("too long"));
+        assert!(check_class("Training").unwrap_err().to_string().contains("lowercase"));
+        assert!(check_class("a b").unwrap_err().to_string().contains("other than"));
+        assert!(check_class(&"a".repeat(33)).unwrap_err().to_string().contains("too long"));
         assert!(check_endpoint(&"a".repeat(63)).is_ok());
     }
 }

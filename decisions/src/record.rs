@@ -20,15 +20,8 @@ pub struct JobRecord {
 
 impl JobRecord {
     pub fn encode(&self) -> String {
-        let mut s = format!(
-            "{PREFIX}class={};tier={}",
-            self.class,
-            if self.protected {
-                "protected"
-            } else {
-                "flexible"
-            }
-        );
+        let mut s =
+            format!("{PREFIX}class={};tier={}", self.class, if self.protected { "protected" } else { "flexible" });
         if let Some(r) = self.reclaim {
             s.push_str(&format!(";reclaim={r}"));
         }
@@ -44,13 +37,8 @@ impl JobRecord {
     /// Reads a record back; `None` when the comment is not ours or is damaged.
     pub fn decode(s: &str) -> Option<JobRecord> {
         let body = s.trim().strip_prefix(PREFIX)?;
-        let mut r = JobRecord {
-            class: String::new(),
-            protected: false,
-            reclaim: None,
-            drain_timeout: None,
-            endpoint: None,
-        };
+        let mut r =
+            JobRecord { class: String::new(), protected: false, reclaim: None, drain_timeout: None, endpoint: None };
         let mut tier_seen = false;
         for field in body.split(';') {
             let (k, v) = field.split_once('=')?;
@@ -87,10 +75,7 @@ mod tests {
             drain_timeout: Some(Duration::from_secs(90)),
             endpoint: Some("llm".into()),
         };
-        assert_eq!(
-            r.encode(),
-            "onepool:class=inference;tier=flexible;reclaim=graceful;drain=1m30s;endpoint=llm"
-        );
+        assert_eq!(r.encode(), "onepool:class=inference;tier=flexible;reclaim=graceful;drain=1m30s;endpoint=llm");
         assert_eq!(JobRecord::decode(&r.encode()), Some(r));
         assert_eq!(JobRecord::decode("something else"), None);
         assert_eq!(JobRecord::decode("onepool:class=x"), None);

@@ -14,10 +14,7 @@ pub fn gpus_in(tres: &str) -> (u64, Option<String>) {
     let mut total = 0u64;
     let mut gpu_type = None;
     for entry in tres.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let e = entry
-            .strip_prefix("gres:")
-            .or_else(|| entry.strip_prefix("gres/"))
-            .unwrap_or(entry);
+        let e = entry.strip_prefix("gres:").or_else(|| entry.strip_prefix("gres/")).unwrap_or(entry);
         let mut parts = e.split([':', '=']);
         if parts.next() != Some("gpu") {
             continue;
@@ -45,15 +42,11 @@ impl GpuRequest {
     pub fn total(&self, nodes: u32, tasks: u32) -> u64 {
         let nodes = u64::from(nodes.max(1));
         let tasks = u64::from(tasks.max(1));
-        [
-            self.per_job,
-            self.per_node.map(|n| n.saturating_mul(nodes)),
-            self.per_task.map(|n| n.saturating_mul(tasks)),
-        ]
-        .into_iter()
-        .flatten()
-        .max()
-        .unwrap_or(0)
+        [self.per_job, self.per_node.map(|n| n.saturating_mul(nodes)), self.per_task.map(|n| n.saturating_mul(tasks))]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -75,20 +68,11 @@ mod tests {
 
     #[test]
     fn totals() {
-        let r = GpuRequest {
-            per_node: Some(2),
-            ..Default::default()
-        };
+        let r = GpuRequest { per_node: Some(2), ..Default::default() };
         assert_eq!(r.total(3, 1), 6);
-        let r = GpuRequest {
-            per_job: Some(4),
-            ..Default::default()
-        };
+        let r = GpuRequest { per_job: Some(4), ..Default::default() };
         assert_eq!(r.total(0, 0), 4);
-        let r = GpuRequest {
-            per_task: Some(1),
-            ..Default::default()
-        };
+        let r = GpuRequest { per_task: Some(1), ..Default::default() };
         assert_eq!(r.total(1, 8), 8);
         assert_eq!(GpuRequest::default().total(4, 4), 0);
     }

@@ -8,18 +8,10 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error("`{cmd}` failed ({status}): {output}")]
-    Command {
-        cmd: String,
-        status: String,
-        output: String,
-    },
+    #[error(transparent)]
+    Command(#[from] onepool_slurm_commands::CommandError),
     #[error("timed out after {secs}s waiting for {what}; see {log}")]
-    Timeout {
-        what: String,
-        secs: u64,
-        log: PathBuf,
-    },
+    Timeout { what: String, secs: u64, log: PathBuf },
     #[error("{0}")]
     Setup(String),
 }
@@ -32,9 +24,6 @@ pub(crate) trait IoContext<T> {
 
 impl<T> IoContext<T> for std::io::Result<T> {
     fn ctx(self, what: impl FnOnce() -> String) -> Result<T> {
-        self.map_err(|source| Error::Io {
-            what: what(),
-            source,
-        })
+        self.map_err(|source| Error::Io { what: what(), source })
     }
 }

@@ -33,6 +33,13 @@ impl Layout {
     pub fn plugstack_conf(&self) -> PathBuf {
         self.sub("etc/plugstack.conf")
     }
+    /// Beside slurm.conf, where job_submit/onepool looks for it.
+    pub fn policy(&self) -> PathBuf {
+        self.sub("etc/onepool.toml")
+    }
+    pub fn job_submit_lua(&self) -> PathBuf {
+        self.sub("etc/job_submit.lua")
+    }
     pub fn munge_key(&self) -> PathBuf {
         self.sub("etc/munge.key")
     }

@@ -11,6 +11,7 @@ pub mod process;
 pub mod spec;
 pub mod templates;
 
+mod policy_conf;
 mod services;
 
 pub use error::{Error, Result};
@@ -35,16 +36,13 @@ pub struct UpOptions {
     pub plugin_source: Option<PathBuf>,
     /// Install missing Debian packages with apt-get (needs root).
     pub install_packages: bool,
+    /// Policy file to run with (default: the shipped sample, etc/onepool.toml).
+    pub policy: Option<PathBuf>,
 }
 
 impl Default for UpOptions {
     fn default() -> Self {
-        UpOptions {
-            nodes: 4,
-            gpus_per_node: 4,
-            plugin_source: None,
-            install_packages: true,
-        }
+        UpOptions { nodes: 4, gpus_per_node: 4, plugin_source: None, install_packages: true, policy: None }
     }
 }
 
@@ -54,29 +52,20 @@ pub struct Cluster {
 }
 
 /// The plugins the project builds, as (cargo's file name, Slurm's file name).
-pub const PLUGINS: &[(&str, &str)] = &[
-    ("libjob_submit_onepool.so", "job_submit_onepool.so"),
-    ("libspank_onepool.so", "spank_onepool.so"),
-];
+pub const PLUGINS: &[(&str, &str)] =
+    &[("libjob_submit_onepool.so", "job_submit_onepool.so"), ("libspank_onepool.so", "spank_onepool.so")];
 
 impl Cluster {
     pub fn at(dir: impl AsRef<Path>) -> Result<Cluster> {
         let dir = dir.as_ref();
         fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
-        let root = dir
-            .canonicalize()
-            .ctx(|| format!("resolving {}", dir.display()))?;
-        Ok(Cluster {
-            layout: Layout::new(root),
-        })
+        let root = dir.canonicalize().ctx(|| format!("resolving {}", dir.display()))?;
+        Ok(Cluster { layout: Layout::new(root) })
     }
 
     /// The variables a shell needs to talk to this cluster.
     pub fn env(&self) -> Vec<(String, String)> {
-        vec![(
-            "SLURM_CONF".into(),
-            layout::display(&self.layout.slurm_conf()),
-        )]
+        vec![("SLURM_CONF".into(), layout::display(&self.layout.slurm_conf()))]
     }
 
     /// A command for a Slurm client tool pointed at this cluster.
@@ -94,12 +83,8 @@ impl Cluster {
     }
 
     pub fn spec(&self) -> Result<Spec> {
-        Spec::load(&self.layout.cluster_json())?.ok_or_else(|| {
-            Error::Setup(format!(
-                "no cluster in {} (run `up` first)",
-                self.layout.root.display()
-            ))
-        })
+        Spec::load(&self.layout.cluster_json())?
+            .ok_or_else(|| Error::Setup(format!("no cluster in {} (run `up` first)", self.layout.root.display())))
     }
 
     /// Brings every service up (idempotent: running ones are kept unless the
@@ -115,14 +100,33 @@ impl Cluster {
         fs::set_permissions(self.layout.munge_dir(), fs::Permissions::from_mode(0o755))
             .ctx(|| "chmod munge dir".into())?;
         let spec = Spec::load_or_create(&self.layout, opts)?;
-        let configs_changed = services::write_configs(&self.layout, &spec)?;
+        let policy = self.install_policy(opts)?;
+        let configs_changed = services::write_configs(&self.layout, &spec, &policy)?;
         services::make_gpu_devices(&self.layout, &spec)?;
         let plugins_changed = match &opts.plugin_source {
             Some(src) => services::install_plugins(&self.layout, src)?,
             None => false,
         };
-        services::start_all(self, &spec, plugins_changed || configs_changed, progress)?;
+        services::start_all(self, &spec, &policy, plugins_changed || configs_changed, progress)?;
         Ok(spec)
+    }
+
+    /// Checks the policy and puts it beside slurm.conf, where the plugin
+    /// reads it (and re-reads it when it changes).
+    fn install_policy(&self, opts: &UpOptions) -> Result<onepool_decisions::policy::Policy> {
+        let (name, text) = match &opts.policy {
+            Some(p) => (layout::display(p), fs::read_to_string(p).ctx(|| format!("reading {}", p.display()))?),
+            None => ("etc/onepool.toml".to_string(), templates::POLICY.to_string()),
+        };
+        let loaded = onepool_decisions::policy::load(&text);
+        let Some(policy) = loaded.policy.clone() else {
+            return Err(Error::Setup(format!("the policy has errors:\n{}", loaded.render(&name, &text).join("\n"))));
+        };
+        let dest = self.layout.policy();
+        if fs::read_to_string(&dest).ok().as_deref() != Some(text.as_str()) {
+            fs::write(&dest, &text).ctx(|| format!("writing {}", dest.display()))?;
+        }
+        Ok(policy)
     }
 
     /// Stops every process this cluster started (and the job steps its
@@ -137,9 +141,7 @@ impl Cluster {
         services::service_names(self.spec().ok().as_ref())
             .into_iter()
             .map(|name| {
-                let pid = process::Tracked::read(&self.layout.pid_file(&name))
-                    .filter(|t| t.alive())
-                    .map(|t| t.pid);
+                let pid = process::Tracked::read(&self.layout.pid_file(&name)).filter(|t| t.alive()).map(|t| t.pid);
                 (name, pid)
             })
             .collect()

@@ -31,6 +31,9 @@ enum Cmd {
         /// Fail instead of running apt-get for missing packages.
         #[arg(long)]
         no_install: bool,
+        /// Policy file for the cluster (default: the shipped etc/onepool.toml).
+        #[arg(long)]
+        policy: Option<PathBuf>,
     },
     /// Stop every process this cluster started.
     Down,
@@ -55,20 +58,9 @@ fn run(cli: Cli) -> onepool_devcluster::Result<()> {
     let cluster = Cluster::at(&cli.dir)?;
     let mut say = |m: &str| eprintln!("onepool-devcluster: {m}");
     match cli.cmd {
-        Cmd::Up {
-            nodes,
-            gpus_per_node,
-            plugins,
-            no_install,
-        } => {
-            let plugin_source =
-                plugins.or_else(|| std::env::current_exe().ok()?.parent().map(PathBuf::from));
-            let opts = UpOptions {
-                nodes,
-                gpus_per_node,
-                plugin_source,
-                install_packages: !no_install,
-            };
+        Cmd::Up { nodes, gpus_per_node, plugins, no_install, policy } => {
+            let plugin_source = plugins.or_else(|| std::env::current_exe().ok()?.parent().map(PathBuf::from));
+            let opts = UpOptions { nodes, gpus_per_node, plugin_source, install_packages: !no_install, policy };
             let spec = cluster.up(&opts, &mut say)?;
             say(&format!(
                 "cluster {} is up: {} nodes x {} GPUs; run: eval \"$({} --dir {} env)\"",

@@ -41,10 +41,7 @@ impl Tracked {
     pub fn read(pid_file: &Path) -> Option<Tracked> {
         let text = fs::read_to_string(pid_file).ok()?;
         let mut it = text.split_whitespace();
-        Some(Tracked {
-            pid: it.next()?.parse().ok()?,
-            start_ticks: it.next()?.parse().ok()?,
-        })
+        Some(Tracked { pid: it.next()?.parse().ok()?, start_ticks: it.next()?.parse().ok()? })
     }
 
     pub fn write(&self, pid_file: &Path) -> Result<()> {
@@ -76,11 +73,8 @@ impl Tracked {
 /// Starts `cmd` in its own session (so it outlives the launcher and no
 /// terminal signal reaches it), output appended to `log`, and records it.
 pub fn spawn(mut cmd: Command, log: &Path, pid_file: &Path) -> Result<Tracked> {
-    let out = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .ctx(|| format!("opening {}", log.display()))?;
+    let out =
+        fs::OpenOptions::new().create(true).append(true).open(log).ctx(|| format!("opening {}", log.display()))?;
     let err = out.try_clone().ctx(|| "dup log fd".into())?;
     cmd.stdin(Stdio::null()).stdout(out).stderr(err);
     // SAFETY: setsid is async-signal-safe.
@@ -96,59 +90,19 @@ pub fn spawn(mut cmd: Command, log: &Path, pid_file: &Path) -> Result<Tracked> {
     // The Child handle is dropped without wait(): the daemon is meant to
     // outlive us and is reaped by init once we exit.
     drop(child);
-    let tracked = Tracked::of(pid)
-        .ok_or_else(|| Error::Setup(format!("{program} exited at once; see {}", log.display())))?;
+    let tracked =
+        Tracked::of(pid).ok_or_else(|| Error::Setup(format!("{program} exited at once; see {}", log.display())))?;
     tracked.write(pid_file)?;
     Ok(tracked)
 }
 
 /// Runs a command to completion with a timeout, returning stdout.
 pub fn run(cmd: &mut Command, timeout: Duration) -> Result<String> {
-    let shown = format!("{:?}", cmd).replace('"', "");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .ctx(|| format!("running {shown}"))?;
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(_status) = child.try_wait().ctx(|| format!("waiting for {shown}"))? {
-            break;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(Error::Command {
-                cmd: shown,
-                status: format!("timed out after {timeout:?}"),
-                output: String::new(),
-            });
-        }
-        sleep(Duration::from_millis(20));
-    }
-    let out = child
-        .wait_with_output()
-        .ctx(|| format!("collecting {shown}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        return Err(Error::Command {
-            cmd: shown,
-            status: out.status.to_string(),
-            output: format!("{}{}", stdout.trim(), stderr.trim()),
-        });
-    }
-    Ok(stdout)
+    onepool_slurm_commands::run(cmd, timeout).map_err(Error::from)
 }
 
 /// Polls `ready` until it returns true or `timeout` passes.
-pub fn wait_for(
-    what: &str,
-    log: &Path,
-    timeout: Duration,
-    mut ready: impl FnMut() -> bool,
-) -> Result<()> {
+pub fn wait_for(what: &str, log: &Path, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
     let deadline = Instant::now() + timeout;
     let mut pause = Duration::from_millis(20);
     loop {
@@ -156,11 +110,7 @@ pub fn wait_for(
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(Error::Timeout {
-                what: what.to_string(),
-                secs: timeout.as_secs(),
-                log: log.to_path_buf(),
-            });
+            return Err(Error::Timeout { what: what.to_string(), secs: timeout.as_secs(), log: log.to_path_buf() });
         }
         sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(500));
@@ -175,14 +125,8 @@ mod tests {
     fn own_process_is_tracked_and_alive() {
         let me = Tracked::of(std::process::id() as i32).unwrap();
         assert!(me.alive());
-        let other = Tracked {
-            start_ticks: me.start_ticks + 1,
-            ..me
-        };
-        assert!(
-            !other.alive(),
-            "a reused PID with another start time is not ours"
-        );
+        let other = Tracked { start_ticks: me.start_ticks + 1, ..me };
+        assert!(!other.alive(), "a reused PID with another start time is not ours");
     }
 
     #[test]
@@ -190,10 +134,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("op-pid-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let f = dir.join("x.pid");
-        let t = Tracked {
-            pid: 42,
-            start_ticks: 4242,
-        };
+        let t = Tracked { pid: 42, start_ticks: 4242 };
         t.write(&f).unwrap();
         assert_eq!(Tracked::read(&f), Some(t));
         fs::remove_dir_all(&dir).unwrap();
@@ -215,11 +156,7 @@ mod tests {
 
     #[test]
     fn run_reports_failure_with_output() {
-        let e = run(
-            Command::new("sh").args(["-c", "echo nope >&2; exit 3"]),
-            Duration::from_secs(5),
-        )
-        .unwrap_err();
+        let e = run(Command::new("sh").args(["-c", "echo nope >&2; exit 3"]), Duration::from_secs(5)).unwrap_err();
         assert!(e.to_string().contains("nope"), "{e}");
     }
 }

@@ -11,15 +11,12 @@ use crate::error::{Error, IoContext, Result};
 use crate::layout::{display, Layout};
 use crate::process::{self, Tracked};
 use crate::spec::Spec;
-use crate::{templates, Cluster, PLUGINS};
+use crate::{policy_conf, templates, Cluster, PLUGINS};
 
 const NVIDIA_MAJOR: u32 = 195;
 
 pub(crate) fn service_names(spec: Option<&Spec>) -> Vec<String> {
-    let mut v: Vec<String> = ["munged", "mariadbd", "slurmdbd", "slurmctld"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut v: Vec<String> = ["munged", "mariadbd", "slurmdbd", "slurmctld"].iter().map(|s| s.to_string()).collect();
     if let Some(spec) = spec {
         v.extend(spec.node_names().iter().map(|n| format!("slurmd-{n}")));
     }
@@ -42,10 +39,7 @@ fn missing_packages() -> Vec<&'static str> {
     ]
     .into_iter()
     .collect();
-    templates::packages()
-        .into_iter()
-        .filter(|p| probe.get(p).is_some_and(|path| !Path::new(path).exists()))
-        .collect()
+    templates::packages().into_iter().filter(|p| probe.get(p).is_some_and(|path| !Path::new(path).exists())).collect()
 }
 
 pub(crate) fn ensure_packages(install: bool, progress: &mut dyn FnMut(&str)) -> Result<()> {
@@ -63,9 +57,7 @@ pub(crate) fn ensure_packages(install: bool, progress: &mut dyn FnMut(&str)) -> 
     progress(&format!("installing {list} with apt-get"));
     let apt = |args: &[&str]| {
         process::run(
-            Command::new("apt-get")
-                .args(args)
-                .env("DEBIAN_FRONTEND", "noninteractive"),
+            Command::new("apt-get").args(args).env("DEBIAN_FRONTEND", "noninteractive"),
             Duration::from_secs(900),
         )
     };
@@ -88,16 +80,11 @@ fn slurm_plugin_dir() -> Result<PathBuf> {
         .iter()
         .map(PathBuf::from)
         .find(|p| p.join("select_cons_tres.so").exists())
-        .ok_or_else(|| {
-            Error::Setup(format!(
-                "no Slurm plugin folder found among {}",
-                candidates.join(", ")
-            ))
-        })
+        .ok_or_else(|| Error::Setup(format!("no Slurm plugin folder found among {}", candidates.join(", "))))
 }
 
 /// Renders every config file; returns whether any of them changed.
-pub(crate) fn write_configs(l: &Layout, spec: &Spec) -> Result<bool> {
+pub(crate) fn write_configs(l: &Layout, spec: &Spec, policy: &onepool_decisions::policy::Policy) -> Result<bool> {
     let dir = display(&l.root);
     let nodes: String = spec
         .node_names()
@@ -133,22 +120,25 @@ pub(crate) fn write_configs(l: &Layout, spec: &Spec) -> Result<bool> {
         ("NODES", nodes),
         ("GPU_LINES", gpu_lines),
     ];
-    let write = |path: PathBuf, template: &str, mode: u32| -> Result<bool> {
-        let text = templates::render(template, &vars).map_err(Error::Setup)?;
-        if fs::read_to_string(&path).ok().as_deref() == Some(text.as_str()) {
-            return Ok(false);
-        }
-        fs::write(&path, text).ctx(|| format!("writing {}", path.display()))?;
-        fs::set_permissions(&path, fs::Permissions::from_mode(mode))
-            .ctx(|| format!("chmod {}", path.display()))?;
-        Ok(true)
-    };
-    let mut changed = write(l.slurm_conf(), templates::SLURM_CONF, 0o644)?;
-    changed |= write(l.slurmdbd_conf(), templates::SLURMDBD_CONF, 0o600)?;
-    changed |= write(l.gres_conf(), templates::GRES_CONF, 0o644)?;
-    changed |= write(l.plugstack_conf(), templates::PLUGSTACK_CONF, 0o644)?;
-    changed |= write(l.policy_slurm_conf(), templates::POLICY_SLURM_CONF, 0o644)?;
+    let text = |template: &str| templates::render(template, &vars).map_err(Error::Setup);
+    let (slurm_conf, policy_conf) = policy_conf::merge(&text(templates::SLURM_CONF)?, policy)?;
+    let mut changed = write_file(&l.slurm_conf(), &slurm_conf, 0o644)?;
+    changed |= write_file(&l.policy_slurm_conf(), &policy_conf, 0o644)?;
+    changed |= write_file(&l.slurmdbd_conf(), &text(templates::SLURMDBD_CONF)?, 0o600)?;
+    changed |= write_file(&l.gres_conf(), &text(templates::GRES_CONF)?, 0o644)?;
+    changed |= write_file(&l.plugstack_conf(), &text(templates::PLUGSTACK_CONF)?, 0o644)?;
+    changed |= write_file(&l.job_submit_lua(), templates::JOB_SUBMIT_LUA, 0o644)?;
     Ok(changed)
+}
+
+/// Writes `text` unless the file already holds it; returns whether it changed.
+fn write_file(path: &Path, text: &str, mode: u32) -> Result<bool> {
+    if fs::read_to_string(path).ok().as_deref() == Some(text) {
+        return Ok(false);
+    }
+    fs::write(path, text).ctx(|| format!("writing {}", path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).ctx(|| format!("chmod {}", path.display()))?;
+    Ok(true)
 }
 
 pub(crate) fn make_gpu_devices(l: &Layout, spec: &Spec) -> Result<()> {
@@ -157,22 +147,12 @@ pub(crate) fn make_gpu_devices(l: &Layout, spec: &Spec) -> Result<()> {
         if path.exists() {
             continue;
         }
-        let c =
-            std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("no NUL in path");
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("no NUL in path");
         // SAFETY: mknod with a valid path; creates a character device node.
-        let rc = unsafe {
-            libc::mknod(
-                c.as_ptr(),
-                libc::S_IFCHR | 0o666,
-                libc::makedev(NVIDIA_MAJOR, minor),
-            )
-        };
+        let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(NVIDIA_MAJOR, minor)) };
         if rc != 0 {
             return Err(Error::Io {
-                what: format!(
-                    "mknod {} c {NVIDIA_MAJOR} {minor} (needs root)",
-                    path.display()
-                ),
+                what: format!("mknod {} c {NVIDIA_MAJOR} {minor} (needs root)", path.display()),
                 source: std::io::Error::last_os_error(),
             });
         }
@@ -187,20 +167,15 @@ pub(crate) fn install_plugins(l: &Layout, src: &Path) -> Result<bool> {
     let mut changed = false;
     for (built, slurm_name) in PLUGINS {
         let from = src.join(built);
-        let bytes = fs::read(&from).ctx(|| {
-            format!(
-                "reading plugin {} (build it with `cargo build`)",
-                from.display()
-            )
-        })?;
+        let bytes =
+            fs::read(&from).ctx(|| format!("reading plugin {} (build it with `cargo build`)", from.display()))?;
         let to = l.plugins().join(slurm_name);
         if fs::read(&to).ok().as_deref() == Some(&bytes[..]) {
             continue;
         }
         let tmp = l.plugins().join(format!(".{slurm_name}.new"));
         fs::write(&tmp, &bytes).ctx(|| format!("writing {}", tmp.display()))?;
-        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
-            .ctx(|| "chmod plugin".into())?;
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755)).ctx(|| "chmod plugin".into())?;
         fs::rename(&tmp, &to).ctx(|| format!("installing {}", to.display()))?;
         changed = true;
     }
@@ -218,6 +193,7 @@ fn slurm_env(c: &mut Command, l: &Layout) {
 pub(crate) fn start_all(
     cl: &Cluster,
     spec: &Spec,
+    policy: &onepool_decisions::policy::Policy,
     restart_slurm: bool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<()> {
@@ -227,20 +203,29 @@ pub(crate) fn start_all(
     start_slurmdbd(cl, progress)?;
     register_cluster(cl, spec)?;
     if restart_slurm {
-        for name in service_names(Some(spec))
-            .iter()
-            .filter(|n| n.starts_with("slurm") && *n != "slurmdbd")
-        {
+        for name in service_names(Some(spec)).iter().filter(|n| n.starts_with("slurm") && *n != "slurmdbd") {
             if let Some(t) = running(l, name) {
-                progress(&format!(
-                    "plugins or configuration changed: restarting {name}"
-                ));
+                progress(&format!("plugins or configuration changed: restarting {name}"));
                 t.stop(Duration::from_secs(10));
             }
         }
     }
+    if !policy_conf::gpu_tres_known(cl)? {
+        // First start: let slurmctld register gres/gpu without the partition
+        // whose QOS needs it, then stop it for the real start below.
+        let full = fs::read_to_string(l.policy_slurm_conf()).ctx(|| "reading the policy settings".into())?;
+        write_file(&l.policy_slurm_conf(), &policy_conf::without_flexible_partition(&full), 0o644)?;
+        start_slurmctld(cl, progress)?;
+        process::wait_for("slurmctld to register gres/gpu", &l.log_file("slurmctld"), Duration::from_secs(30), || {
+            policy_conf::gpu_tres_known(cl).unwrap_or(false)
+        })?;
+        if let Some(t) = running(l, "slurmctld") {
+            t.stop(Duration::from_secs(10));
+        }
+        write_file(&l.policy_slurm_conf(), &full, 0o644)?;
+    }
+    policy_conf::apply_qos(cl, policy, progress)?;
     start_slurmctld(cl, progress)?;
-    apply_qos(cl, templates::QOS_SACCTMGR)?;
     for (node, _) in spec.node_names().iter().zip(&spec.slurmd_ports) {
         let name = format!("slurmd-{node}");
         if running(l, &name).is_none() {
@@ -248,11 +233,7 @@ pub(crate) fn start_all(
             let mut c = Command::new("slurmd");
             c.args(["-D", "-N", node, "-f"]).arg(l.slurm_conf());
             slurm_env(&mut c, l);
-            process::spawn(
-                c,
-                &l.log_file(&format!("{name}.stdout")),
-                &l.pid_file(&name),
-            )?;
+            process::spawn(c, &l.log_file(&format!("{name}.stdout")), &l.pid_file(&name))?;
             progress(&format!("started {name}"));
         }
     }
@@ -265,9 +246,7 @@ fn start_munge(l: &Layout, progress: &mut dyn FnMut(&str)) -> Result<()> {
     }
     if !l.munge_key().exists() {
         process::run(
-            Command::new("mungekey")
-                .arg("--create")
-                .arg(format!("--keyfile={}", display(&l.munge_key()))),
+            Command::new("mungekey").arg("--create").arg(format!("--keyfile={}", display(&l.munge_key()))),
             Duration::from_secs(30),
         )?;
     }
@@ -277,23 +256,12 @@ fn start_munge(l: &Layout, progress: &mut dyn FnMut(&str)) -> Result<()> {
         .arg("--force")
         .arg(format!("--key-file={}", display(&l.munge_key())))
         .arg(format!("--socket={}", display(&l.munge_socket())))
-        .arg(format!(
-            "--pid-file={}",
-            display(&l.run().join("munged.pid"))
-        ))
+        .arg(format!("--pid-file={}", display(&l.run().join("munged.pid"))))
         .arg(format!("--log-file={}", display(&l.log_file("munged"))))
-        .arg(format!(
-            "--seed-file={}",
-            display(&l.run().join("munged.seed"))
-        ));
+        .arg(format!("--seed-file={}", display(&l.run().join("munged.seed"))));
     process::spawn(c, &l.log_file("munged.stdout"), &l.pid_file("munged"))?;
     let sock = l.munge_socket();
-    process::wait_for(
-        "munged's socket",
-        &l.log_file("munged"),
-        Duration::from_secs(20),
-        || sock.exists(),
-    )?;
+    process::wait_for("munged's socket", &l.log_file("munged"), Duration::from_secs(20), || sock.exists())?;
     progress("started munged");
     Ok(())
 }
@@ -318,11 +286,7 @@ fn start_mariadb(l: &Layout, spec: &Spec, progress: &mut dyn FnMut(&str)) -> Res
             Command::new("mariadb-install-db")
                 .arg("--no-defaults")
                 .arg(format!("--datadir={}", display(&l.db_dir())))
-                .args([
-                    "--user=root",
-                    "--auth-root-authentication-method=socket",
-                    "--skip-test-db",
-                ]),
+                .args(["--user=root", "--auth-root-authentication-method=socket", "--skip-test-db"]),
             Duration::from_secs(300),
         )?;
     }
@@ -334,10 +298,7 @@ fn start_mariadb(l: &Layout, spec: &Spec, progress: &mut dyn FnMut(&str)) -> Res
         .arg(format!("--port={}", spec.db_port))
         .arg("--bind-address=127.0.0.1")
         .arg("--user=root")
-        .arg(format!(
-            "--pid-file={}",
-            display(&l.run().join("mariadbd.pid"))
-        ))
+        .arg(format!("--pid-file={}", display(&l.run().join("mariadbd.pid"))))
         .arg(format!("--log-error={}", display(&l.log_file("mariadbd"))))
         .args([
             "--skip-name-resolve",
@@ -348,12 +309,9 @@ fn start_mariadb(l: &Layout, spec: &Spec, progress: &mut dyn FnMut(&str)) -> Res
             "--max-connections=64",
         ]);
     process::spawn(c, &l.log_file("mariadbd.stdout"), &l.pid_file("mariadbd"))?;
-    process::wait_for(
-        "MariaDB to accept connections",
-        &l.log_file("mariadbd"),
-        Duration::from_secs(120),
-        || mariadb_client(l, "SELECT 1").is_ok(),
-    )?;
+    process::wait_for("MariaDB to accept connections", &l.log_file("mariadbd"), Duration::from_secs(120), || {
+        mariadb_client(l, "SELECT 1").is_ok()
+    })?;
     let pw = &spec.db_password;
     mariadb_client(
         l,
@@ -376,25 +334,13 @@ fn start_slurmdbd(cl: &Cluster, progress: &mut dyn FnMut(&str)) -> Result<()> {
         process::spawn(c, &l.log_file("slurmdbd.stdout"), &l.pid_file("slurmdbd"))?;
         progress("started slurmdbd");
     }
-    process::wait_for(
-        "slurmdbd to answer sacctmgr",
-        &l.log_file("slurmdbd"),
-        Duration::from_secs(120),
-        || {
-            process::run(
-                cl.command("sacctmgr").args(["-n", "-P", "show", "cluster"]),
-                Duration::from_secs(15),
-            )
-            .is_ok()
-        },
-    )
+    process::wait_for("slurmdbd to answer sacctmgr", &l.log_file("slurmdbd"), Duration::from_secs(120), || {
+        process::run(cl.command("sacctmgr").args(["-n", "-P", "show", "cluster"]), Duration::from_secs(15)).is_ok()
+    })
 }
 
 fn register_cluster(cl: &Cluster, spec: &Spec) -> Result<()> {
-    let clusters = cl.run(
-        "sacctmgr",
-        &["-n", "-P", "show", "cluster", "format=cluster"],
-    )?;
+    let clusters = cl.run("sacctmgr", &["-n", "-P", "show", "cluster", "format=cluster"])?;
     if !clusters.lines().any(|c| c.trim() == spec.cluster) {
         cl.run("sacctmgr", &["-i", "add", "cluster", &spec.cluster])?;
     }
@@ -410,98 +356,28 @@ fn start_slurmctld(cl: &Cluster, progress: &mut dyn FnMut(&str)) -> Result<()> {
         process::spawn(c, &l.log_file("slurmctld.stdout"), &l.pid_file("slurmctld"))?;
         progress("started slurmctld");
     }
-    process::wait_for(
-        "slurmctld to answer `scontrol ping`",
-        &l.log_file("slurmctld"),
-        Duration::from_secs(60),
-        || {
-            running(l, "slurmctld").is_some()
-                && cl
-                    .run("scontrol", &["ping"])
-                    .map(|o| o.contains("UP"))
-                    .unwrap_or(false)
-        },
-    )
+    process::wait_for("slurmctld to answer `scontrol ping`", &l.log_file("slurmctld"), Duration::from_secs(60), || {
+        running(l, "slurmctld").is_some() && cl.run("scontrol", &["ping"]).map(|o| o.contains("UP")).unwrap_or(false)
+    })
     .map_err(|e| match running(l, "slurmctld") {
-        None => Error::Setup(format!(
-            "slurmctld exited; see {}",
-            display(&l.log_file("slurmctld"))
-        )),
+        None => Error::Setup(format!("slurmctld exited; see {}", display(&l.log_file("slurmctld")))),
         Some(_) => e,
     })
-}
-
-/// Applies `add qos NAME set ...` lines: adds missing QOS, modifies existing
-/// ones to match, never removes a QOS.
-pub fn apply_qos(cl: &Cluster, script: &str) -> Result<()> {
-    let existing = cl.run("sacctmgr", &["-n", "-P", "show", "qos", "format=name"])?;
-    let existing: Vec<&str> = existing.lines().map(str::trim).collect();
-    let mut names = Vec::new();
-    for line in script
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-    {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let ["add", "qos", name, "set", settings @ ..] = words.as_slice() else {
-            return Err(Error::Setup(format!(
-                "QOS script line not of the form `add qos NAME set K=V...`: {line}"
-            )));
-        };
-        names.push(name.to_string());
-        let mut args: Vec<&str> = vec!["-i"];
-        if existing.contains(name) {
-            args.extend(["modify", "qos", "where", "name=", name]);
-        } else {
-            args.extend(["add", "qos", name]);
-        }
-        args.push("set");
-        args.extend(settings);
-        // sacctmgr wants `name=X` as one word.
-        let joined = args.join(" ").replace("name= ", "name=");
-        let argv: Vec<&str> = joined.split(' ').collect();
-        cl.run("sacctmgr", &argv)?;
-    }
-    // The dev cluster's own user (root) may use every QOS; the tests create
-    // other users with narrower rights.
-    if !names.is_empty() {
-        cl.run(
-            "sacctmgr",
-            &[
-                "-i",
-                "modify",
-                "user",
-                "where",
-                "name=root",
-                "set",
-                &format!("qos+={}", names.join(",")),
-            ],
-        )?;
-    }
-    Ok(())
 }
 
 fn wait_nodes_idle(cl: &Cluster, spec: &Spec, progress: &mut dyn FnMut(&str)) -> Result<()> {
     let l = &cl.layout;
     let want = spec.nodes as usize;
-    process::wait_for(
-        "every node to be idle",
-        &l.log_file("slurmctld"),
-        Duration::from_secs(90),
-        || {
-            let Ok(out) = cl.run("sinfo", &["-h", "-N", "-o", "%N %t"]) else {
-                return false;
-            };
-            let states: Vec<&str> = out
-                .lines()
-                .filter_map(|line| line.split_whitespace().nth(1))
-                .collect();
-            states.len() == want
-                && states.iter().all(|s| {
-                    s.starts_with("idle") || s.starts_with("mix") || s.starts_with("alloc")
-                })
-        },
-    )?;
+    process::wait_for("every node to be idle", &l.log_file("slurmctld"), Duration::from_secs(90), || {
+        let Ok(out) = cl.run("sinfo", &["-h", "-N", "-o", "%N %t"]) else {
+            return false;
+        };
+        // One line per node and partition: judge each node once.
+        let states: std::collections::BTreeMap<&str, &str> =
+            out.lines().filter_map(|line| line.split_once(' ')).map(|(n, s)| (n, s.trim())).collect();
+        states.len() == want
+            && states.values().all(|s| s.starts_with("idle") || s.starts_with("mix") || s.starts_with("alloc"))
+    })?;
     progress(&format!("{want} nodes up"));
     Ok(())
 }
@@ -511,17 +387,16 @@ pub(crate) fn stop_all(cl: &Cluster, progress: &mut dyn FnMut(&str)) -> Result<(
     let spec = crate::Spec::load(&l.cluster_json())?;
     if running(l, "slurmctld").is_some() {
         // Let jobs end through Slurm first, so their steps go with them.
-        let _ = cl.run("scancel", &["--full", "--quiet", "--user", "root"]);
-        let _ = process::wait_for(
-            "jobs to end",
-            &l.log_file("slurmctld"),
-            Duration::from_secs(15),
-            || {
-                cl.run("squeue", &["-h", "-t", "running,completing"])
-                    .map(|o| o.trim().is_empty())
-                    .unwrap_or(true)
-            },
-        );
+        if let Ok(ids) = cl.run("squeue", &["-h", "-o", "%i"]) {
+            let mut args = vec!["--quiet"];
+            args.extend(ids.split_whitespace());
+            if args.len() > 1 {
+                let _ = cl.run("scancel", &args);
+            }
+        }
+        let _ = process::wait_for("jobs to end", &l.log_file("slurmctld"), Duration::from_secs(15), || {
+            cl.run("squeue", &["-h", "-t", "running,completing"]).map(|o| o.trim().is_empty()).unwrap_or(true)
+        });
     }
     let mut names = service_names(spec.as_ref());
     names.reverse();
@@ -550,10 +425,7 @@ fn kill_orphaned_steps(l: &Layout, progress: &mut dyn FnMut(&str)) {
             continue;
         };
         if let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) {
-            if let Some(ppid) = stat
-                .rfind(')')
-                .and_then(|i| stat[i + 2..].split_whitespace().nth(1)?.parse().ok())
-            {
+            if let Some(ppid) = stat.rfind(')').and_then(|i| stat[i + 2..].split_whitespace().nth(1)?.parse().ok()) {
                 parent.insert(pid, ppid);
             }
         }
@@ -579,9 +451,6 @@ fn kill_orphaned_steps(l: &Layout, progress: &mut dyn FnMut(&str)) {
         }
     }
     if !victims.is_empty() {
-        progress(&format!(
-            "killed {} leftover step process(es)",
-            victims.len()
-        ));
+        progress(&format!("killed {} leftover step process(es)", victims.len()));
     }
 }

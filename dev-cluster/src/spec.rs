@@ -33,17 +33,11 @@ impl Spec {
 
     pub fn load(path: &Path) -> Result<Option<Spec>> {
         match fs::read_to_string(path) {
-            Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| {
-                Error::Setup(format!(
-                    "{}: {e} (delete the folder to start over)",
-                    path.display()
-                ))
-            }),
+            Ok(text) => serde_json::from_str(&text)
+                .map(Some)
+                .map_err(|e| Error::Setup(format!("{}: {e} (delete the folder to start over)", path.display()))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::Io {
-                what: format!("reading {}", path.display()),
-                source: e,
-            }),
+            Err(e) => Err(Error::Io { what: format!("reading {}", path.display()), source: e }),
         }
     }
 
@@ -94,21 +88,15 @@ fn cluster_name(root: &Path) -> String {
 /// Distinct loopback ports free right now (held open together while chosen
 /// so they differ from one another).
 fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").ctx(|| "finding a free port".into()))
-        .collect::<Result<_>>()?;
-    listeners
-        .iter()
-        .map(|l| Ok(l.local_addr().ctx(|| "local_addr".into())?.port()))
-        .collect()
+    let listeners: Vec<TcpListener> =
+        (0..n).map(|_| TcpListener::bind("127.0.0.1:0").ctx(|| "finding a free port".into())).collect::<Result<_>>()?;
+    listeners.iter().map(|l| Ok(l.local_addr().ctx(|| "local_addr".into())?.port())).collect()
 }
 
 fn random_hex(bytes: usize) -> Result<String> {
     let mut buf = vec![0u8; bytes];
     use std::io::Read;
-    fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .ctx(|| "reading /dev/urandom".into())?;
+    fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)).ctx(|| "reading /dev/urandom".into())?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
@@ -121,9 +109,7 @@ mod tests {
         let a = cluster_name(Path::new("/a/b"));
         assert_eq!(a, cluster_name(Path::new("/a/b")));
         assert_ne!(a, cluster_name(Path::new("/a/c")));
-        assert!(a
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()));
+        assert!(a.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()));
     }
 
     #[test]

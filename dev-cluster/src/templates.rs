@@ -5,9 +5,11 @@ pub const SLURM_CONF: &str = include_str!("../../etc/dev-cluster/slurm.conf.in")
 pub const SLURMDBD_CONF: &str = include_str!("../../etc/dev-cluster/slurmdbd.conf.in");
 pub const GRES_CONF: &str = include_str!("../../etc/dev-cluster/gres.conf.in");
 pub const PLUGSTACK_CONF: &str = include_str!("../../etc/dev-cluster/plugstack.conf.in");
-pub const POLICY_SLURM_CONF: &str = include_str!("../../etc/dev-cluster/policy-slurm.conf");
-pub const QOS_SACCTMGR: &str = include_str!("../../etc/dev-cluster/qos.sacctmgr");
 pub const PACKAGES: &str = include_str!("../../etc/dev-cluster/packages.txt");
+/// The sample policy; the dev cluster runs on it unless `up --policy` names another.
+pub const POLICY: &str = include_str!("../../etc/onepool.toml");
+/// The dev cluster's stand-in for a site's own job_submit plugin.
+pub const JOB_SUBMIT_LUA: &str = include_str!("../../etc/dev-cluster/job_submit.lua");
 
 /// Replaces every `@KEY@` with its value; an unknown placeholder is an error
 /// so a template and the launcher can't silently disagree.
@@ -41,11 +43,7 @@ pub fn render(template: &str, vars: &[(&str, String)]) -> Result<String, String>
 
 /// Package names from packages.txt (comments and blank lines dropped).
 pub fn packages() -> Vec<&'static str> {
-    PACKAGES
-        .lines()
-        .map(|l| l.split('#').next().unwrap_or("").trim())
-        .filter(|l| !l.is_empty())
-        .collect()
+    PACKAGES.lines().map(|l| l.split('#').next().unwrap_or("").trim()).filter(|l| !l.is_empty()).collect()
 }
 
 #[cfg(test)]
@@ -55,10 +53,7 @@ mod tests {
     #[test]
     fn renders_placeholders_and_refuses_unknown_ones() {
         let v = [("A", "1".to_string()), ("B_C", "x".into())];
-        assert_eq!(
-            render("a=@A@ b=@B_C@ mail@host", &v).unwrap(),
-            "a=1 b=x mail@host"
-        );
+        assert_eq!(render("a=@A@ b=@B_C@ mail@host", &v).unwrap(), "a=1 b=x mail@host");
         assert!(render("@NOPE@", &v).unwrap_err().contains("@NOPE@"));
     }
 
@@ -86,14 +81,7 @@ mod tests {
     #[test]
     fn package_list_has_the_daemons() {
         let p = packages();
-        for needed in [
-            "slurmctld",
-            "slurmd",
-            "slurmdbd",
-            "munge",
-            "mariadb-server",
-            "libclang-dev",
-        ] {
+        for needed in ["slurmctld", "slurmd", "slurmdbd", "munge", "mariadb-server", "libclang-dev"] {
             assert!(p.contains(&needed), "{needed} missing from packages.txt");
         }
     }

@@ -29,9 +29,7 @@ pub fn policy_path() -> PathBuf {
     if let Some(p) = std::env::var_os(policy::PATH_ENV) {
         return PathBuf::from(p);
     }
-    if let Some(dir) = std::env::var_os("SLURM_CONF")
-        .map(PathBuf::from)
-        .and_then(|c| c.parent().map(Path::to_path_buf))
+    if let Some(dir) = std::env::var_os("SLURM_CONF").map(PathBuf::from).and_then(|c| c.parent().map(Path::to_path_buf))
     {
         return dir.join("onepool.toml");
     }
@@ -41,8 +39,7 @@ pub fn policy_path() -> PathBuf {
 /// Reads and checks the policy file; `Err` carries every diagnostic line.
 pub fn load_file(path: &Path) -> Result<(Policy, Vec<String>), Vec<String>> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| vec![format!("{shown}: cannot read the policy: {e}")])?;
+    let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{shown}: cannot read the policy: {e}")])?;
     let loaded = policy::load(&text);
     let lines = loaded.render(&shown, &text);
     match loaded.policy {

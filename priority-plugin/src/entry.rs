@@ -30,20 +30,14 @@ pub extern "C" fn init() -> c_int {
                 }
                 let directory = Snapshot::resolve(&policy);
                 for u in &directory.unresolved {
-                    log::error(&format!(
-                        "{PLUGIN}: policy names {u}, which does not resolve on this host"
-                    ));
+                    log::error(&format!("{PLUGIN}: policy names {u}, which does not resolve on this host"));
                 }
                 let summary = format!(
                     "{} classes, {} GPUs, {} reserved{}",
                     policy.classes.len(),
                     policy.pool.total_gpus,
                     policy.reserved_gpus(),
-                    if policy.pool.audit {
-                        ", AUDIT MODE: nothing is changed or refused"
-                    } else {
-                        ""
-                    }
+                    if policy.pool.audit { ", AUDIT MODE: nothing is changed or refused" } else { "" }
                 );
                 active::set(Some(Active { policy, directory }));
                 watcher::start(path.clone());
@@ -91,16 +85,11 @@ fn code(rule: Rule) -> c_int {
 
 /// Hands `msg` to the submitting user (sbatch prints it) and logs it.
 fn refuse(err_msg: *mut *mut c_char, uid: u32, r: &Refusal) -> c_int {
-    log::info(&format!(
-        "{PLUGIN}: refused job of uid {uid}: {}",
-        r.message
-    ));
+    log::info(&format!("{PLUGIN}: refused job of uid {uid}: {}", r.message));
     if !err_msg.is_null() {
         // SAFETY: Slurm passes a valid `char **` that it will xfree.
         if let Err(e) = unsafe { xstring::replace(err_msg, &r.message) } {
-            log::error(&format!(
-                "{PLUGIN}: cannot hand the refusal message to Slurm: {e}"
-            ));
+            log::error(&format!("{PLUGIN}: cannot hand the refusal message to Slurm: {e}"));
         }
     }
     code(r.rule)
@@ -128,64 +117,41 @@ fn describe(p: &Placement) -> String {
         "class {} qos {}{}{} [{}]",
         p.class,
         p.qos,
-        p.partition
-            .as_deref()
-            .map(|x| format!(" partition {x}"))
-            .unwrap_or_default(),
-        p.time_limit
-            .map(|t| format!(" time limit {}", onepool_decisions::duration::format(t)))
-            .unwrap_or_default(),
+        p.partition.as_deref().map(|x| format!(" partition {x}")).unwrap_or_default(),
+        p.time_limit.map(|t| format!(" time limit {}", onepool_decisions::duration::format(t))).unwrap_or_default(),
         p.record.encode()
     )
 }
 
 #[no_mangle]
-pub extern "C" fn job_submit(
-    job_desc: *mut job_desc_msg_t,
-    submit_uid: u32,
-    err_msg: *mut *mut c_char,
-) -> c_int {
+pub extern "C" fn job_submit(job_desc: *mut job_desc_msg_t, submit_uid: u32, err_msg: *mut *mut c_char) -> c_int {
     guard(PLUGIN, "job_submit", FAIL, || {
         if job_desc.is_null() {
             return FAIL;
         }
         let Some(active) = active::get() else {
-            log::error(&format!(
-                "{PLUGIN}: no policy loaded; job accepted unchanged"
-            ));
+            log::error(&format!("{PLUGIN}: no policy loaded; job accepted unchanged"));
             return OK;
         };
         // SAFETY: slurmctld passes a valid job description.
         let job = unsafe { JobView::read(job_desc) };
         let audit = active.policy.pool.audit;
-        let who = Submitter {
-            uid: submit_uid,
-            gid: job.group_id,
-        };
+        let who = Submitter { uid: submit_uid, gid: job.group_id };
         let verdict = match Annotation::from_spank_env(job.spank_env.iter().map(String::as_str)) {
             Ok(a) => classify::classify(&active.policy, &active.directory, who, &job.request(a)),
             Err(errors) => {
                 let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
-                Verdict::Refuse(Refusal {
-                    rule: Rule::BadAnnotation,
-                    message: format!("onepool: {}", all.join("; ")),
-                })
+                Verdict::Refuse(Refusal { rule: Rule::BadAnnotation, message: format!("onepool: {}", all.join("; ")) })
             }
         };
         match verdict {
             Verdict::Outside => OK,
             Verdict::Accept(p) if audit => {
-                log::info(&format!(
-                    "{PLUGIN}: audit: uid {submit_uid}: would place: {}",
-                    describe(&p)
-                ));
+                log::info(&format!("{PLUGIN}: audit: uid {submit_uid}: would place: {}", describe(&p)));
                 OK
             }
             Verdict::Refuse(r) if audit => {
-                log::info(&format!(
-                    "{PLUGIN}: audit: uid {submit_uid}: would refuse: {}",
-                    r.message
-                ));
+                log::info(&format!("{PLUGIN}: audit: uid {submit_uid}: would refuse: {}", r.message));
                 OK
             }
             Verdict::Accept(p) => {
@@ -194,10 +160,7 @@ pub extern "C" fn job_submit(
                 match unsafe { apply(job_desc, &p) } {
                     Ok(()) => OK,
                     Err(e) => {
-                        let r = Refusal {
-                            rule: Rule::BadAnnotation,
-                            message: format!("onepool: internal error: {e}"),
-                        };
+                        let r = Refusal { rule: Rule::BadAnnotation, message: format!("onepool: internal error: {e}") };
                         refuse(err_msg, submit_uid, &r)
                     }
                 }
@@ -216,16 +179,8 @@ fn modify(job_desc: *mut job_desc_msg_t, submit_uid: u32) -> Result<(), Refusal>
     };
     // SAFETY: slurmctld passes a valid job description.
     let job = unsafe { JobView::read(job_desc) };
-    let who = Submitter {
-        uid: submit_uid,
-        gid: job.group_id,
-    };
-    match classify::check_modify(
-        &active.policy,
-        &active.directory,
-        who,
-        &job.modify_request(),
-    ) {
+    let who = Submitter { uid: submit_uid, gid: job.group_id };
+    match classify::check_modify(&active.policy, &active.directory, who, &job.modify_request()) {
         Err(r) if active.policy.pool.audit => {
             log::info(&format!(
                 "{PLUGIN}: audit: uid {submit_uid}: would refuse update of job {}: {}",
@@ -234,10 +189,7 @@ fn modify(job_desc: *mut job_desc_msg_t, submit_uid: u32) -> Result<(), Refusal>
             Ok(())
         }
         Err(r) => {
-            log::info(&format!(
-                "{PLUGIN}: refused update of job {} by uid {submit_uid}: {}",
-                job.job_id, r.message
-            ));
+            log::info(&format!("{PLUGIN}: refused update of job {} by uid {submit_uid}: {}", job.job_id, r.message));
             Err(r)
         }
         Ok(()) => Ok(()),

@@ -12,7 +12,8 @@ use slurm_sys::xstring::read;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JobView {
-    pub job_id: u32,
+    /// The job as `scontrol update` names it (`job_id` is NO_VAL there).
+    pub job_id: String,
     pub user_id: u32,
     pub group_id: u32,
     pub min_nodes: u32,
@@ -40,9 +41,7 @@ impl JobView {
         let spank_env = if d.spank_job_env.is_null() {
             Vec::new()
         } else {
-            (0..n)
-                .filter_map(|i| read(*d.spank_job_env.add(i)))
-                .collect()
+            (0..n).filter_map(|i| read(*d.spank_job_env.add(i))).collect()
         };
         let time_limit_min = (d.time_limit != slurm_sys::bindings::NO_VAL).then_some(d.time_limit);
         let count = |v: u32| {
@@ -53,7 +52,7 @@ impl JobView {
             }
         };
         JobView {
-            job_id: d.job_id,
+            job_id: read(d.job_id_str).unwrap_or_else(|| d.job_id.to_string()),
             user_id: d.user_id,
             group_id: d.group_id,
             min_nodes: count(d.min_nodes),
@@ -92,9 +91,7 @@ impl JobView {
             qos: self.qos.clone(),
             annotation,
             gpus: self.gpus(),
-            time_limit: self
-                .time_limit_min
-                .map(|m| Duration::from_secs(u64::from(m) * 60)),
+            time_limit: self.time_limit_min.map(|m| Duration::from_secs(u64::from(m) * 60)),
         }
     }
 

@@ -14,8 +14,7 @@ fn uid_of(name: &str) -> Option<u32> {
     let mut out: *mut libc::passwd = std::ptr::null_mut();
     let mut buf = vec![0 as libc::c_char; 16 * 1024];
     // SAFETY: reentrant lookup into our own buffers.
-    let rc =
-        unsafe { libc::getpwnam_r(c.as_ptr(), &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
+    let rc = unsafe { libc::getpwnam_r(c.as_ptr(), &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
     (rc == 0 && !out.is_null()).then_some(pw.pw_uid)
 }
 
@@ -26,8 +25,7 @@ fn group(name: &str) -> Option<(u32, Vec<String>)> {
     let mut out: *mut libc::group = std::ptr::null_mut();
     let mut buf = vec![0 as libc::c_char; 256 * 1024];
     // SAFETY: reentrant lookup into our own buffers.
-    let rc =
-        unsafe { libc::getgrnam_r(c.as_ptr(), &mut gr, buf.as_mut_ptr(), buf.len(), &mut out) };
+    let rc = unsafe { libc::getgrnam_r(c.as_ptr(), &mut gr, buf.as_mut_ptr(), buf.len(), &mut out) };
     if rc != 0 || out.is_null() {
         return None;
     }
@@ -87,9 +85,7 @@ impl Directory for Snapshot {
         self.names.get(&uid).map(String::as_str)
     }
     fn in_group(&self, uid: u32, gid: u32, group: &str) -> bool {
-        self.groups
-            .get(group)
-            .is_some_and(|(g, members)| *g == gid || members.contains(&uid))
+        self.groups.get(group).is_some_and(|(g, members)| *g == gid || members.contains(&uid))
     }
 }
 

@@ -6,7 +6,7 @@
 //! thread refreshes the user/group snapshot.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
@@ -26,23 +26,21 @@ static THREAD: Mutex<Option<JoinHandle<()>>> = Mutex::new(None);
 
 type Stamp = Option<(u64, i64, i64, u64)>;
 
-fn stamp(path: &PathBuf) -> Stamp {
-    std::fs::metadata(path)
-        .ok()
-        .map(|m| (m.len(), m.mtime(), m.mtime_nsec(), m.ino()))
+fn stamp(path: &Path) -> Stamp {
+    std::fs::metadata(path).ok().map(|m| (m.len(), m.mtime(), m.mtime_nsec(), m.ino()))
 }
 
 pub fn start(path: PathBuf) {
     STOP.store(false, Ordering::SeqCst);
-    let handle = std::thread::Builder::new()
-        .name("onepool-policy".into())
-        .spawn(move || {
-            // A panic here must not take slurmctld down: catch, log, stop watching.
-            slurm_sys::guard::guard(PLUGIN, "policy watcher", (), || run(path));
-        });
+    let handle = std::thread::Builder::new().name("onepool-policy".into()).spawn(move || {
+        // A panic here must not take slurmctld down: catch, log, stop watching.
+        slurm_sys::guard::guard(PLUGIN, "policy watcher", (), || run(path));
+    });
     match handle {
         Ok(h) => *THREAD.lock().unwrap_or_else(|p| p.into_inner()) = Some(h),
-        Err(e) => log::error(&format!("{PLUGIN}: cannot start the policy watcher ({e}); policy edits need a slurmctld restart")),
+        Err(e) => log::error(&format!(
+            "{PLUGIN}: cannot start the policy watcher ({e}); policy edits need a slurmctld restart"
+        )),
     }
 }
 
@@ -69,17 +67,14 @@ fn run(path: PathBuf) {
         } else if last_directory.elapsed() >= DIRECTORY_REFRESH {
             if let Some(cur) = active::get() {
                 let directory = Snapshot::resolve(&cur.policy);
-                active::set(Some(Active {
-                    policy: cur.policy.clone(),
-                    directory,
-                }));
+                active::set(Some(Active { policy: cur.policy.clone(), directory }));
             }
             last_directory = Instant::now();
         }
     }
 }
 
-fn reload(path: &PathBuf) {
+fn reload(path: &Path) {
     match active::load_file(path) {
         Ok((policy, warnings)) => {
             for w in warnings {
@@ -87,9 +82,7 @@ fn reload(path: &PathBuf) {
             }
             let directory = Snapshot::resolve(&policy);
             for u in &directory.unresolved {
-                log::error(&format!(
-                    "{PLUGIN}: policy names {u}, which does not resolve on this host"
-                ));
+                log::error(&format!("{PLUGIN}: policy names {u}, which does not resolve on this host"));
             }
             let classes = policy.classes.len();
             let audit = policy.pool.audit;
@@ -104,10 +97,7 @@ fn reload(path: &PathBuf) {
             for l in &lines {
                 log::error(&format!("{PLUGIN}: {l}"));
             }
-            log::error(&format!(
-                "{PLUGIN}: keeping the previous policy: {} has errors",
-                path.display()
-            ));
+            log::error(&format!("{PLUGIN}: keeping the previous policy: {} has errors", path.display()));
         }
     }
 }

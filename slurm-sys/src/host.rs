@@ -22,10 +22,7 @@ const ABSENT: usize = 1;
 
 impl HostSymbol {
     pub const fn new(name: &'static CStr) -> Self {
-        HostSymbol {
-            name,
-            addr: AtomicUsize::new(UNRESOLVED),
-        }
+        HostSymbol { name, addr: AtomicUsize::new(UNRESOLVED) }
     }
 
     pub fn name(&self) -> &'static str {
@@ -66,10 +63,8 @@ macro_rules! host_fn {
 pub type LogFn = unsafe extern "C" fn(fmt: *const c_char, ...);
 pub type XstrdupFn = unsafe extern "C" fn(s: *const c_char) -> *mut c_char;
 pub type XfreeFn = unsafe extern "C" fn(item: *mut *mut c_void);
-pub type SpankOptionRegisterFn = unsafe extern "C" fn(
-    sp: crate::bindings::spank_t,
-    opt: *mut crate::bindings::spank_option,
-) -> c_int;
+pub type SpankOptionRegisterFn =
+    unsafe extern "C" fn(sp: crate::bindings::spank_t, opt: *mut crate::bindings::spank_option) -> c_int;
 pub type SpankJobControlSetenvFn = unsafe extern "C" fn(
     sp: crate::bindings::spank_t,
     name: *const c_char,
@@ -77,17 +72,10 @@ pub type SpankJobControlSetenvFn = unsafe extern "C" fn(
     overwrite: c_int,
 ) -> c_int;
 pub type SpankSetenvFn = SpankJobControlSetenvFn;
-pub type SpankGetenvFn = unsafe extern "C" fn(
-    sp: crate::bindings::spank_t,
-    name: *const c_char,
-    buf: *mut c_char,
-    len: c_int,
-) -> c_int;
-pub type SpankGetItemFn = unsafe extern "C" fn(
-    sp: crate::bindings::spank_t,
-    item: crate::bindings::spank_item::Type,
-    ...
-) -> c_int;
+pub type SpankGetenvFn =
+    unsafe extern "C" fn(sp: crate::bindings::spank_t, name: *const c_char, buf: *mut c_char, len: c_int) -> c_int;
+pub type SpankGetItemFn =
+    unsafe extern "C" fn(sp: crate::bindings::spank_t, item: crate::bindings::spank_item::Type, ...) -> c_int;
 pub type SpankContextFn = unsafe extern "C" fn() -> crate::bindings::spank_context::Type;
 pub type SpankOptionGetoptFn = unsafe extern "C" fn(
     sp: crate::bindings::spank_t,

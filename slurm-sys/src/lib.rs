@@ -17,11 +17,7 @@ pub use bindings::SLURM_VERSION_NUMBER;
 
 /// `SLURM_VERSION_NUMBER` split into (major, minor, micro).
 pub const fn version() -> (u32, u32, u32) {
-    (
-        SLURM_VERSION_NUMBER >> 16,
-        (SLURM_VERSION_NUMBER >> 8) & 0xff,
-        SLURM_VERSION_NUMBER & 0xff,
-    )
+    (SLURM_VERSION_NUMBER >> 16, (SLURM_VERSION_NUMBER >> 8) & 0xff, SLURM_VERSION_NUMBER & 0xff)
 }
 
 /// Exports `plugin_name`, `plugin_type` (NUL-terminated byte arrays, which is
@@ -46,10 +42,7 @@ macro_rules! export_plugin_identity {
 #[doc(hidden)]
 pub const fn __nul_terminated<const N: usize>(s: &str) -> [u8; N] {
     let bytes = s.as_bytes();
-    assert!(
-        bytes.len() + 1 == N,
-        "array must be one byte longer than the string"
-    );
+    assert!(bytes.len() + 1 == N, "array must be one byte longer than the string");
     let mut out = [0u8; N];
     let mut i = 0;
     while i < bytes.len() {
@@ -58,24 +51,6 @@ pub const fn __nul_terminated<const N: usize>(s: &str) -> [u8; N] {
         i += 1;
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn version_matches_installed_header() {
-        let (major, minor, _) = version();
-        assert!(major >= 22, "unexpected Slurm major {major}");
-        assert!(minor <= 12);
-    }
-
-    #[test]
-    fn identity_arrays_are_nul_terminated() {
-        const A: [u8; 6] = __nul_terminated("spank");
-        assert_eq!(&A, b"spank\0");
-    }
 }
 
 /// Picks code by Slurm release, for API differences (e.g. `job_modify`
@@ -94,4 +69,22 @@ macro_rules! since_23_02 {
 #[macro_export]
 macro_rules! since_23_02 {
     ({ $($new:tt)* } else { $($old:tt)* }) => { $($old)* };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_matches_installed_header() {
+        let (major, minor, _) = version();
+        assert!(major >= 22, "unexpected Slurm major {major}");
+        assert!(minor <= 12);
+    }
+
+    #[test]
+    fn identity_arrays_are_nul_terminated() {
+        const A: [u8; 6] = __nul_terminated("spank");
+        assert_eq!(&A, b"spank\0");
+    }
 }

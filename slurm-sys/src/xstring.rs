@@ -18,9 +18,7 @@ pub enum XstringError {
 impl std::fmt::Display for XstringError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            XstringError::NoSlurmAllocator => {
-                f.write_str("slurm_xstrdup is not available in this process")
-            }
+            XstringError::NoSlurmAllocator => f.write_str("slurm_xstrdup is not available in this process"),
             XstringError::AllocationFailed => f.write_str("slurm_xstrdup returned NULL"),
         }
     }

@@ -20,9 +20,7 @@ pub fn parse<'a>(args: impl IntoIterator<Item = &'a str>) -> Result<PluginArgs, 
                 Ok(()) => out.default_workload = Some(v.to_string()),
                 Err(e) => errors.push(format!("plugstack.conf argument {a:?}: {e}")),
             },
-            _ => errors.push(format!(
-                "plugstack.conf argument {a:?} is not recognised; known arguments: {KNOWN}"
-            )),
+            _ => errors.push(format!("plugstack.conf argument {a:?} is not recognised; known arguments: {KNOWN}")),
         }
     }
     if errors.is_empty() {
@@ -38,25 +36,11 @@ mod tests {
 
     #[test]
     fn parses_and_reports_every_bad_argument() {
-        assert_eq!(
-            parse(["default_workload=agents"])
-                .unwrap()
-                .default_workload
-                .as_deref(),
-            Some("agents")
-        );
+        assert_eq!(parse(["default_workload=agents"]).unwrap().default_workload.as_deref(), Some("agents"));
         assert_eq!(parse([]).unwrap(), PluginArgs::default());
         let e = parse(["default_workload=Bad", "colour=blue"]).unwrap_err();
         assert_eq!(e.len(), 2);
-        assert!(
-            e[0].contains("invalid workload class name \"Bad\""),
-            "{}",
-            e[0]
-        );
-        assert!(
-            e[1].contains("\"colour=blue\" is not recognised"),
-            "{}",
-            e[1]
-        );
+        assert!(e[0].contains("invalid workload class name \"Bad\""), "{}", e[0]);
+        assert!(e[1].contains("\"colour=blue\" is not recognised"), "{}", e[1]);
     }
 }

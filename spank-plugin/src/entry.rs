@@ -15,9 +15,7 @@ const FAIL: c_int = -1;
 
 fn context() -> spank_context::Type {
     // SAFETY: spank_context() takes no arguments and only reads Slurm state.
-    host::spank_context()
-        .map(|f| unsafe { f() })
-        .unwrap_or(spank_context::S_CTX_ERROR)
+    host::spank_context().map(|f| unsafe { f() }).unwrap_or(spank_context::S_CTX_ERROR)
 }
 
 fn argv(ac: c_int, av: *mut *mut c_char) -> Vec<String> {
@@ -44,9 +42,7 @@ pub extern "C" fn slurm_spank_init(sp: spank_t, ac: c_int, av: *mut *mut c_char)
         // table, which sbatch/salloc ignore in 22.05) also makes slurmstepd
         // run the callbacks with the values forwarded from the submit host.
         let Some(register) = host::spank_option_register() else {
-            log::error(&format!(
-                "{PLUGIN}: spank_option_register is not available in this process"
-            ));
+            log::error(&format!("{PLUGIN}: spank_option_register is not available in this process"));
             return FAIL;
         };
         if context() == spank_context::S_CTX_SLURMD {
@@ -63,10 +59,7 @@ pub extern "C" fn slurm_spank_init(sp: spank_t, ac: c_int, av: *mut *mut c_char)
             // SAFETY: the table is static; Slurm keeps the pointer.
             let rc = unsafe { register(sp, TABLE.entry(i)) };
             if rc != 0 {
-                log::error(&format!(
-                    "{PLUGIN}: cannot register --{} (error {rc})",
-                    options::KEYS[i].option()
-                ));
+                log::error(&format!("{PLUGIN}: cannot register --{} (error {rc})", options::KEYS[i].option()));
                 return FAIL;
             }
         }
@@ -77,11 +70,7 @@ pub extern "C" fn slurm_spank_init(sp: spank_t, ac: c_int, av: *mut *mut c_char)
 /// On the submit host: pass the annotations to slurmctld through the job's
 /// SPANK environment, where job_submit/onepool reads them.
 #[no_mangle]
-pub extern "C" fn slurm_spank_init_post_opt(
-    sp: spank_t,
-    _ac: c_int,
-    _av: *mut *mut c_char,
-) -> c_int {
+pub extern "C" fn slurm_spank_init_post_opt(sp: spank_t, _ac: c_int, _av: *mut *mut c_char) -> c_int {
     guard(PLUGIN, "slurm_spank_init_post_opt", FAIL, || {
         let ctx = context();
         if ctx != spank_context::S_CTX_LOCAL && ctx != spank_context::S_CTX_ALLOCATOR {
@@ -100,7 +89,9 @@ pub extern "C" fn slurm_spank_init_post_opt(
         }
         let Some(setenv) = host::spank_job_control_setenv() else {
             if !annotation.is_empty() {
-                log::error(&format!("{PLUGIN}: this command cannot pass job annotations (no spank_job_control_setenv)"));
+                log::error(&format!(
+                    "{PLUGIN}: this command cannot pass job annotations (no spank_job_control_setenv)"
+                ));
                 return FAIL;
             }
             return OK;
@@ -110,9 +101,7 @@ pub extern "C" fn slurm_spank_init_post_opt(
             // SAFETY: valid spank handle and NUL-terminated strings.
             let rc = unsafe { setenv(sp, n.as_ptr(), v.as_ptr(), 1) };
             if rc != 0 {
-                log::error(&format!(
-                    "{PLUGIN}: cannot pass {name} to the job (spank error {rc})"
-                ));
+                log::error(&format!("{PLUGIN}: cannot pass {name} to the job (spank error {rc})"));
                 return FAIL;
             }
         }
@@ -139,9 +128,7 @@ pub extern "C" fn slurm_spank_user_init(sp: spank_t, _ac: c_int, _av: *mut *mut 
             // SAFETY: valid spank handle and NUL-terminated strings.
             let rc = unsafe { setenv(sp, n.as_ptr(), v.as_ptr(), 1) };
             if rc != 0 {
-                log::error(&format!(
-                    "{PLUGIN}: cannot export {name} to the job (spank error {rc})"
-                ));
+                log::error(&format!("{PLUGIN}: cannot export {name} to the job (spank error {rc})"));
             }
         }
         OK
@@ -171,9 +158,7 @@ fn from_job_env(sp: spank_t) -> Annotation {
         Ok(a) => a,
         Err(errors) => {
             for e in errors {
-                log::error(&format!(
-                    "{PLUGIN}: ignoring a bad annotation in the job environment: {e}"
-                ));
+                log::error(&format!("{PLUGIN}: ignoring a bad annotation in the job environment: {e}"));
             }
             Annotation::default()
         }

@@ -22,15 +22,8 @@ pub struct State {
 }
 
 pub static STATE: Mutex<State> = Mutex::new(State {
-    annotation: Annotation {
-        workload: None,
-        reclaim: None,
-        drain_timeout: None,
-        endpoint: None,
-    },
-    args: PluginArgs {
-        default_workload: None,
-    },
+    annotation: Annotation { workload: None, reclaim: None, drain_timeout: None, endpoint: None },
+    args: PluginArgs { default_workload: None },
 });
 
 /// Locks the state, recovering it after a panic elsewhere: a poisoned lock
@@ -61,38 +54,18 @@ const fn opt(
 
 /// Index = the option's `val`, which is how the callback tells them apart;
 /// the names must equal `Key::option()` (checked by a test).
-pub const KEYS: [Key; 4] = [
-    Key::Workload,
-    Key::Reclaim,
-    Key::DrainTimeout,
-    Key::Endpoint,
-];
+pub const KEYS: [Key; 4] = [Key::Workload, Key::Reclaim, Key::DrainTimeout, Key::Endpoint];
 
 pub static TABLE: OptionTable = OptionTable(UnsafeCell::new([
-    opt(
-        c"workload",
-        c"CLASS",
-        c"onepool workload class of this job (e.g. training, inference, agents)",
-        0,
-    ),
+    opt(c"workload", c"CLASS", c"onepool workload class of this job (e.g. training, inference, agents)", 0),
     opt(
         c"reclaim",
         c"immediate|graceful|requeue",
         c"what happens when the GPUs are reclaimed: cancel, drain, or requeue",
         1,
     ),
-    opt(
-        c"drain-timeout",
-        c"DURATION",
-        c"how long a graceful reclaim may drain, e.g. 90s or 5m",
-        2,
-    ),
-    opt(
-        c"endpoint",
-        c"NAME",
-        c"marks the job as a replica of this inference endpoint",
-        3,
-    ),
+    opt(c"drain-timeout", c"DURATION", c"how long a graceful reclaim may drain, e.g. 90s or 5m", 2),
+    opt(c"endpoint", c"NAME", c"marks the job as a replica of this inference endpoint", 3),
 ]));
 
 impl OptionTable {
@@ -105,9 +78,7 @@ impl OptionTable {
 extern "C" fn option_callback(val: c_int, optarg: *const c_char, _remote: c_int) -> c_int {
     slurm_sys::guard::guard(PLUGIN, "option callback", -1, || {
         let Some(key) = usize::try_from(val).ok().and_then(|i| KEYS.get(i).copied()) else {
-            slurm_sys::log::error(&format!(
-                "{PLUGIN}: callback for unknown option value {val}"
-            ));
+            slurm_sys::log::error(&format!("{PLUGIN}: callback for unknown option value {val}"));
             return -1;
         };
         // SAFETY: Slurm passes the option's argument as a C string (or NULL).
@@ -130,14 +101,8 @@ mod tests {
     fn table_names_match_the_shared_keys() {
         for (i, key) in KEYS.iter().enumerate() {
             let o = unsafe { &*TABLE.entry(i) };
-            assert_eq!(
-                unsafe { slurm_sys::xstring::read(o.name) }.as_deref(),
-                Some(key.option())
-            );
-            assert_eq!(
-                unsafe { slurm_sys::xstring::read(o.arginfo) }.as_deref(),
-                Some(key.arginfo())
-            );
+            assert_eq!(unsafe { slurm_sys::xstring::read(o.name) }.as_deref(), Some(key.option()));
+            assert_eq!(unsafe { slurm_sys::xstring::read(o.arginfo) }.as_deref(), Some(key.arginfo()));
             assert_eq!(o.val, i as c_int);
         }
     }
@@ -148,10 +113,6 @@ mod tests {
         assert_eq!(state().annotation.workload.as_deref(), Some("agents"));
         assert_eq!(option_callback(2, c"soon".as_ptr(), 0), -1);
         assert_eq!(option_callback(9, c"x".as_ptr(), 0), -1);
-        assert_eq!(
-            option_callback(1, std::ptr::null(), 0),
-            -1,
-            "a missing argument is refused"
-        );
+        assert_eq!(option_callback(1, std::ptr::null(), 0), -1, "a missing argument is refused");
     }
 }

@@ -9,11 +9,8 @@ use onepool_tests::{cluster, Cleanup};
 #[test]
 fn four_nodes_with_four_gpus_each_are_idle() {
     let c = cluster();
-    let out = c.ok("sinfo", &["-h", "-N", "-o", "%N %t %G"]);
-    let rows: Vec<Vec<&str>> = out
-        .lines()
-        .map(|l| l.split_whitespace().collect())
-        .collect();
+    let out = c.ok("sinfo", &["-h", "-N", "-p", "gpu", "-o", "%N %t %G"]);
+    let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
     assert_eq!(rows.len(), 4, "sinfo: {out}");
     for (i, r) in rows.iter().enumerate() {
         assert_eq!(r[0], format!("node{}", i + 1));
@@ -26,37 +23,13 @@ fn four_nodes_with_four_gpus_each_are_idle() {
 fn a_one_gpu_job_sees_exactly_one_gpu() {
     let c = cluster();
     let _cleanup = Cleanup(c);
-    let out = c.ok(
-        "srun",
-        &[
-            "--gpus=1",
-            "bash",
-            "-c",
-            "echo CVD=$CUDA_VISIBLE_DEVICES GPUS=$SLURM_JOB_GPUS",
-        ],
-    );
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("CVD="))
-        .unwrap_or_else(|| panic!("no CVD line in {out:?}"));
-    let cvd = line
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .trim_start_matches("CVD=");
+    let out = c.ok("srun", &["--gpus=1", "bash", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES GPUS=$SLURM_JOB_GPUS"]);
+    let line = out.lines().find(|l| l.starts_with("CVD=")).unwrap_or_else(|| panic!("no CVD line in {out:?}"));
+    let cvd = line.split_whitespace().next().unwrap().trim_start_matches("CVD=");
     assert_eq!(cvd.split(',').count(), 1, "{line}");
     assert!(cvd.parse::<u32>().is_ok(), "{line}");
 
-    let out = c.ok(
-        "srun",
-        &[
-            "--gpus=4",
-            "-N1",
-            "bash",
-            "-c",
-            "echo CVD=$CUDA_VISIBLE_DEVICES",
-        ],
-    );
+    let out = c.ok("srun", &["--gpus=4", "-N1", "bash", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"]);
     let cvd = out.trim().trim_start_matches("CVD=");
     assert_eq!(cvd.split(',').count(), 4, "{out}");
 }
@@ -65,47 +38,30 @@ fn a_one_gpu_job_sees_exactly_one_gpu() {
 fn a_guaranteed_job_preempts_an_opportunistic_one() {
     let c = cluster();
     let _cleanup = Cleanup(c);
-    let borrowers: Vec<u32> = (0..4)
-        .map(|_| {
-            c.sbatch(&[
-                "-q",
-                "opportunistic",
-                "--gpus=4",
-                "-N1",
-                "--wrap",
-                "sleep 600",
-            ])
-        })
-        .collect();
-    for b in &borrowers {
-        c.wait_state(*b, "RUNNING", Duration::from_secs(30));
+    // Opportunistic work holds every GPU flexible work may hold (12), and
+    // baseline serving the 4 reserved ones.
+    let borrowers: Vec<u32> =
+        (0..3).map(|_| c.sbatch(&["-q", "op-agents", "--gpus=4", "-N1", "--wrap", "sleep 600"])).collect();
+    let baseline = c.sbatch(&["-q", "op-inference-baseline", "--gpus=4", "-N1", "--wrap", "sleep 600"]);
+    for j in borrowers.iter().chain([&baseline]) {
+        c.wait_state(*j, "RUNNING", Duration::from_secs(30));
     }
-    let owner = c.sbatch(&["-q", "guaranteed", "--gpus=4", "-N1", "--wrap", "sleep 600"]);
-    let took = c.wait_state(owner, "RUNNING", Duration::from_secs(20));
+    let owner = c.sbatch(&["-q", "op-critical-training", "--time=1:00:00", "--gpus=4", "-N1", "--wrap", "sleep 600"]);
+    let took = c.wait_state(owner, "RUNNING", Duration::from_secs(40));
     eprintln!("guaranteed job running {took:?} after submission");
-    let gone: Vec<u32> = borrowers
-        .iter()
-        .copied()
-        .filter(|b| c.state(*b).is_none())
-        .collect();
-    assert_eq!(
-        gone.len(),
-        1,
-        "exactly one borrower yields 4 GPUs: {gone:?}"
-    );
-    c.wait_until(
-        "accounting to record the preemption",
-        Duration::from_secs(30),
-        || c.sacct_state(gone[0]).as_deref() == Some("PREEMPTED"),
-    );
+    let gone: Vec<u32> = borrowers.iter().copied().filter(|b| c.state(*b).is_none()).collect();
+    assert_eq!(gone.len(), 1, "exactly one borrower yields 4 GPUs: {gone:?}");
+    assert_eq!(c.state(baseline).as_deref(), Some("RUNNING"), "protected work is never preempted");
+    c.wait_until("accounting to record the preemption", Duration::from_secs(30), || {
+        c.sacct_state(gone[0]).as_deref() == Some("PREEMPTED")
+    });
 }
 
 #[test]
 fn job_submit_plugin_is_loaded_by_slurmctld() {
     let c = cluster();
     assert!(
-        c.log("slurmctld")
-            .contains("job_submit/onepool: loaded (built for Slurm"),
+        c.log("slurmctld").contains("job_submit/onepool: loaded (built for Slurm"),
         "no load line in slurmctld.log"
     );
     assert!(c
@@ -121,33 +77,21 @@ fn spank_plugin_is_loaded_by_sbatch_srun_salloc_slurmd_and_slurmstepd() {
     // The options exist in every submit command's --help.
     for cmd in ["sbatch", "srun", "salloc"] {
         let help = c.ok(cmd, &["--help"]);
-        for opt in [
-            "--workload=CLASS",
-            "--reclaim=immediate|graceful|requeue",
-            "--drain-timeout=DURATION",
-            "--endpoint=NAME",
-        ] {
+        for opt in
+            ["--workload=CLASS", "--reclaim=immediate|graceful|requeue", "--drain-timeout=DURATION", "--endpoint=NAME"]
+        {
             assert!(help.contains(opt), "{cmd} --help lacks {opt}");
         }
     }
     // slurmd loads it at start (and says so in its log).
     for n in 1..=4 {
         let log = c.log(&format!("slurmd-node{n}"));
-        assert!(
-            log.contains("spank/onepool: loaded in slurmd"),
-            "slurmd-node{n}.log has no load line"
-        );
+        assert!(log.contains("spank/onepool: loaded in slurmd"), "slurmd-node{n}.log has no load line");
     }
     // slurmstepd runs it for the tasks: the annotation reaches their environment.
-    let out = c.ok(
-        "srun",
-        &["--workload=training", "printenv", "ONEPOOL_WORKLOAD"],
-    );
+    let out = c.ok("srun", &["--workload=training", "printenv", "ONEPOOL_WORKLOAD"]);
     assert_eq!(out.trim(), "training");
-    let out = c.ok(
-        "salloc",
-        &["--workload=agents", "srun", "printenv", "ONEPOOL_WORKLOAD"],
-    );
+    let out = c.ok("salloc", &["--workload=agents", "srun", "printenv", "ONEPOOL_WORKLOAD"]);
     assert!(out.contains("agents"), "{out}");
 }
 
@@ -163,5 +107,10 @@ fn spank_options_are_checked_on_the_submit_host() {
     );
     let r = c.run("srun", &["--reclaim=later", "true"]);
     assert!(!r.ok);
-    assert!(r.stderr.contains("srun: error: --reclaim: \"later\" is not a reclaim mode; use immediate, graceful or requeue"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("srun: error: --reclaim: \"later\" is not a reclaim mode; use immediate, graceful or requeue"),
+        "{}",
+        r.stderr
+    );
 }

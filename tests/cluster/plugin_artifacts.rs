@@ -8,17 +8,8 @@ use onepool_tests::build_dir;
 
 fn dynamic_symbols(file: &str, extra: &[&str]) -> String {
     let path = build_dir().join(file);
-    assert!(
-        path.exists(),
-        "{} missing: run `cargo build --workspace` first",
-        path.display()
-    );
-    let out = Command::new("nm")
-        .arg("-D")
-        .args(extra)
-        .arg(&path)
-        .output()
-        .expect("nm");
+    assert!(path.exists(), "{} missing: run `cargo build --workspace` first", path.display());
+    let out = Command::new("nm").arg("-D").args(extra).arg(&path).output().expect("nm");
     assert!(out.status.success());
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -32,18 +23,8 @@ fn defines(symbols: &str, name: &str) -> bool {
 
 fn installed_version_number() -> u32 {
     let h = std::fs::read_to_string("/usr/include/slurm/slurm_version.h").expect("slurm_version.h");
-    let line = h
-        .lines()
-        .find(|l| l.starts_with("#define SLURM_VERSION_NUMBER"))
-        .unwrap();
-    u32::from_str_radix(
-        line.split_whitespace()
-            .nth(2)
-            .unwrap()
-            .trim_start_matches("0x"),
-        16,
-    )
-    .unwrap()
+    let line = h.lines().find(|l| l.starts_with("#define SLURM_VERSION_NUMBER")).unwrap();
+    u32::from_str_radix(line.split_whitespace().nth(2).unwrap().trim_start_matches("0x"), 16).unwrap()
 }
 
 /// dlopen in this process, which has no Slurm library at all: proves the
@@ -52,19 +33,12 @@ fn loaded_identity(file: &str) -> (String, u32) {
     let path = CString::new(build_dir().join(file).to_str().unwrap()).unwrap();
     unsafe {
         let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
-        assert!(
-            !h.is_null(),
-            "dlopen {file} failed: {:?}",
-            std::ffi::CStr::from_ptr(libc::dlerror())
-        );
+        assert!(!h.is_null(), "dlopen {file} failed: {:?}", std::ffi::CStr::from_ptr(libc::dlerror()));
         let ty = libc::dlsym(h, c"plugin_type".as_ptr()) as *const i8;
         let ver = libc::dlsym(h, c"plugin_version".as_ptr()) as *const u32;
         assert!(!ty.is_null() && !ver.is_null());
         // plugin_type is an array: the symbol's address is the string itself.
-        let out = (
-            std::ffi::CStr::from_ptr(ty).to_string_lossy().into_owned(),
-            *ver,
-        );
+        let out = (std::ffi::CStr::from_ptr(ty).to_string_lossy().into_owned(), *ver);
         libc::dlclose(h);
         out
     }
@@ -73,15 +47,7 @@ fn loaded_identity(file: &str) -> (String, u32) {
 #[test]
 fn job_submit_plugin_exports_its_api() {
     let syms = dynamic_symbols("libjob_submit_onepool.so", &[]);
-    for s in [
-        "plugin_name",
-        "plugin_type",
-        "plugin_version",
-        "init",
-        "fini",
-        "job_submit",
-        "job_modify",
-    ] {
+    for s in ["plugin_name", "plugin_type", "plugin_version", "init", "fini", "job_submit", "job_modify"] {
         assert!(defines(&syms, s), "{s} not exported:\n{syms}");
     }
     assert_eq!(
@@ -103,31 +69,16 @@ fn spank_plugin_exports_its_api() {
     ] {
         assert!(defines(&syms, s), "{s} not exported:\n{syms}");
     }
-    assert_eq!(
-        loaded_identity("libspank_onepool.so"),
-        ("spank".to_string(), installed_version_number())
-    );
+    assert_eq!(loaded_identity("libspank_onepool.so"), ("spank".to_string(), installed_version_number()));
 }
 
 #[test]
 fn plugins_leave_no_slurm_symbol_for_the_loader() {
     for file in ["libjob_submit_onepool.so", "libspank_onepool.so"] {
         let undefined = dynamic_symbols(file, &["--undefined-only"]);
-        let slurm: Vec<&str> = undefined
-            .lines()
-            .filter(|l| l.contains("slurm") || l.contains("spank"))
-            .collect();
-        assert!(
-            slurm.is_empty(),
-            "{file} needs Slurm symbols at load time: {slurm:?}"
-        );
-        let ldd = Command::new("ldd")
-            .arg(build_dir().join(file))
-            .output()
-            .unwrap();
-        assert!(
-            !String::from_utf8_lossy(&ldd.stdout).contains("libslurm"),
-            "{file} links a Slurm library"
-        );
+        let slurm: Vec<&str> = undefined.lines().filter(|l| l.contains("slurm") || l.contains("spank")).collect();
+        assert!(slurm.is_empty(), "{file} needs Slurm symbols at load time: {slurm:?}");
+        let ldd = Command::new("ldd").arg(build_dir().join(file)).output().unwrap();
+        assert!(!String::from_utf8_lossy(&ldd.stdout).contains("libslurm"), "{file} links a Slurm library");
     }
 }

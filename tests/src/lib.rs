@@ -8,6 +8,8 @@
 //! Tests that share the cluster must run one at a time
 //! (`--test-threads=1`): each leaves it idle for the next.
 
+pub mod libslurm;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -25,17 +27,26 @@ pub struct TestCluster {
 /// (target/debug/deps/NAME-HASH).
 pub fn build_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .expect("test binary lives in target/<profile>/deps")
-        .to_path_buf()
+    exe.parent().and_then(|deps| deps.parent()).expect("test binary lives in target/<profile>/deps").to_path_buf()
 }
 
 pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ sits in the workspace")
-        .to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ sits in the workspace").to_path_buf()
+}
+
+/// The shipped sample policy with one change: borrowers may be reclaimed
+/// after 10 s instead of 2 minutes, so preemption tests take seconds (and
+/// still show that the minimum run time holds).
+pub const TEST_MIN_RUNTIME_SECS: u64 = 10;
+
+fn test_policy() -> PathBuf {
+    let sample = std::fs::read_to_string(workspace_root().join("etc/onepool.toml")).expect("etc/onepool.toml");
+    let from = "min_runtime_before_reclaim = \"2m\"";
+    assert!(sample.contains(from), "etc/onepool.toml no longer says {from}; update the test harness");
+    let text = sample.replace(from, &format!("min_runtime_before_reclaim = \"{TEST_MIN_RUNTIME_SECS}s\""));
+    let path = workspace_root().join("target").join("onepool-test-policy.toml");
+    std::fs::write(&path, text).expect("writing the test policy");
+    path
 }
 
 /// The shared cluster, up and idle.
@@ -54,18 +65,10 @@ pub fn cluster() -> &'static TestCluster {
             );
         }
         let cluster = Cluster::at(&dir).expect("cluster folder");
-        let opts = UpOptions {
-            plugin_source: Some(plugins),
-            ..UpOptions::default()
-        };
+        let opts = UpOptions { plugin_source: Some(plugins), policy: Some(test_policy()), ..UpOptions::default() };
         let spec = cluster
             .up(&opts, &mut |m| eprintln!("test-cluster: {m}"))
-            .unwrap_or_else(|e| {
-                panic!(
-                    "bringing up the test cluster in {} failed: {e}",
-                    dir.display()
-                )
-            });
+            .unwrap_or_else(|e| panic!("bringing up the test cluster in {} failed: {e}", dir.display()));
         let tc = TestCluster { cluster, spec };
         tc.cancel_all();
         tc
@@ -101,21 +104,13 @@ impl TestCluster {
 
     /// Runs a Slurm command (as the current user) and returns what it said.
     pub fn run(&self, program: &str, args: &[&str]) -> Ran {
-        self.cmd(program)
-            .args(args)
-            .output()
-            .unwrap_or_else(|e| panic!("running {program}: {e}"))
-            .into()
+        self.cmd(program).args(args).output().unwrap_or_else(|e| panic!("running {program}: {e}")).into()
     }
 
     /// Runs a command that must succeed; returns stdout.
     pub fn ok(&self, program: &str, args: &[&str]) -> String {
         let r = self.run(program, args);
-        assert!(
-            r.ok,
-            "{program} {args:?} failed ({:?}): {}{}",
-            r.code, r.stdout, r.stderr
-        );
+        assert!(r.ok, "{program} {args:?} failed ({:?}): {}{}", r.code, r.stdout, r.stderr);
         r.stdout
     }
 
@@ -124,12 +119,7 @@ impl TestCluster {
         let mut all = vec!["--parsable", "-o", "/dev/null"];
         all.extend_from_slice(args);
         let out = self.ok("sbatch", &all);
-        out.trim()
-            .split(';')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap_or_else(|_| panic!("sbatch printed {out:?}"))
+        out.trim().split(';').next().unwrap().parse().unwrap_or_else(|_| panic!("sbatch printed {out:?}"))
     }
 
     /// The job's state from squeue (`None` once it left the queue).
@@ -141,37 +131,21 @@ impl TestCluster {
 
     /// The job's final state as accounting recorded it.
     pub fn sacct_state(&self, job: u32) -> Option<String> {
-        let out = self.ok(
-            "sacct",
-            &["-X", "-n", "-P", "-j", &job.to_string(), "-o", "State"],
-        );
-        out.lines()
-            .next()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
+        let out = self.ok("sacct", &["-X", "-n", "-P", "-j", &job.to_string(), "-o", "State"]);
+        out.lines().next().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
     }
 
-    pub fn wait_until(
-        &self,
-        what: &str,
-        timeout: Duration,
-        mut f: impl FnMut() -> bool,
-    ) -> Duration {
+    pub fn wait_until(&self, what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
         let t0 = Instant::now();
         while !f() {
-            assert!(
-                t0.elapsed() < timeout,
-                "timed out after {timeout:?} waiting for {what}"
-            );
+            assert!(t0.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
             sleep(Duration::from_millis(100));
         }
         t0.elapsed()
     }
 
     pub fn wait_state(&self, job: u32, want: &str, timeout: Duration) -> Duration {
-        self.wait_until(&format!("job {job} to be {want}"), timeout, || {
-            self.state(job).as_deref() == Some(want)
-        })
+        self.wait_until(&format!("job {job} to be {want}"), timeout, || self.state(job).as_deref() == Some(want))
     }
 
     /// Cancels every job and waits until the nodes are idle again.
@@ -183,11 +157,9 @@ impl TestCluster {
             args.extend(ids);
             let _ = self.run("scancel", &args);
         }
-        self.wait_until(
-            "all jobs to leave the queue",
-            Duration::from_secs(60),
-            || self.ok("squeue", &["-h", "-o", "%i"]).trim().is_empty(),
-        );
+        self.wait_until("all jobs to leave the queue", Duration::from_secs(60), || {
+            self.ok("squeue", &["-h", "-o", "%i"]).trim().is_empty()
+        });
         self.wait_until("all nodes to be idle", Duration::from_secs(60), || {
             let out = self.ok("sinfo", &["-h", "-N", "-o", "%t"]);
             out.lines().all(|l| l.trim() == "idle")
@@ -196,6 +168,70 @@ impl TestCluster {
 
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.cluster.layout.log_file(name)).unwrap_or_default()
+    }
+}
+
+/// A real Unix user with a Slurm account association, created once.
+#[derive(Debug, Clone)]
+pub struct User {
+    pub name: String,
+    pub uid: u32,
+    pub account: String,
+}
+
+impl TestCluster {
+    /// Creates (if needed) a Unix user and its Slurm account and association.
+    pub fn user(&self, name: &str, account: &str) -> User {
+        if !Command::new("id").arg("-u").arg(name).output().map(|o| o.status.success()).unwrap_or(false) {
+            let out = Command::new("useradd")
+                .args(["--no-create-home", "--shell", "/bin/sh", name])
+                .output()
+                .expect("useradd");
+            assert!(
+                out.status.success() || out.status.code() == Some(9),
+                "useradd {name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let uid: u32 = String::from_utf8_lossy(&Command::new("id").arg("-u").arg(name).output().unwrap().stdout)
+            .trim()
+            .parse()
+            .unwrap();
+        let accounts = self.ok("sacctmgr", &["-n", "-P", "show", "account", "format=account"]);
+        if !accounts.lines().any(|a| a.trim() == account) {
+            self.ok("sacctmgr", &["-i", "add", "account", account, "Description=test", "Organization=test"]);
+        }
+        let assocs = self.ok("sacctmgr", &["-n", "-P", "show", "assoc", "format=account,user"]);
+        if !assocs.lines().any(|l| l.trim() == format!("{account}|{name}")) {
+            self.ok("sacctmgr", &["-i", "add", "user", name, &format!("Account={account}")]);
+        }
+        User { name: name.to_string(), uid, account: account.to_string() }
+    }
+
+    /// Runs a Slurm command as `user`, in /tmp.
+    pub fn run_as(&self, user: &User, program: &str, args: &[&str]) -> Ran {
+        let mut c = Command::new("runuser");
+        c.args(["-u", &user.name, "--", "env"]);
+        for (k, v) in self.cluster.env() {
+            c.arg(format!("{k}={v}"));
+        }
+        c.arg(program).args(args).current_dir("/tmp");
+        c.output().unwrap_or_else(|e| panic!("runuser {program}: {e}")).into()
+    }
+
+    /// `scontrol show job` as key=value pairs.
+    pub fn job_fields(&self, job: u32) -> std::collections::HashMap<String, String> {
+        let out = self.ok("scontrol", &["-o", "show", "job", &job.to_string()]);
+        out.split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// slurmctld still answers (after every bad-input case).
+    pub fn assert_ctld_up(&self) {
+        let out = self.ok("scontrol", &["ping"]);
+        assert!(out.contains("UP"), "slurmctld is down: {out}");
     }
 }
 

@@ -22,20 +22,10 @@ pub struct Diagnostic {
 
 impl Diagnostic {
     pub fn error(span: Option<Range<usize>>, message: impl Into<String>) -> Diagnostic {
-        Diagnostic {
-            severity: Severity::Error,
-            span,
-            message: message.into(),
-            help: None,
-        }
+        Diagnostic { severity: Severity::Error, span, message: message.into(), help: None }
     }
     pub fn warning(span: Option<Range<usize>>, message: impl Into<String>) -> Diagnostic {
-        Diagnostic {
-            severity: Severity::Warning,
-            span,
-            message: message.into(),
-            help: None,
-        }
+        Diagnostic { severity: Severity::Warning, span, message: message.into(), help: None }
     }
     pub fn help(mut self, help: impl Into<String>) -> Diagnostic {
         self.help = Some(help.into());
@@ -80,12 +70,7 @@ pub fn line_col(source: &str, offset: usize) -> (usize, usize) {
     let offset = offset.min(source.len());
     let before = &source[..source.floor_char_boundary_compat(offset)];
     let line = before.matches('\n').count() + 1;
-    let col = before
-        .rsplit('\n')
-        .next()
-        .map(|l| l.chars().count())
-        .unwrap_or(0)
-        + 1;
+    let col = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
     (line, col)
 }
 
@@ -118,9 +103,6 @@ mod tests {
     #[test]
     fn rendering() {
         let d = Diagnostic::error(Some(6..8), "bad").help("fix it");
-        assert_eq!(
-            d.render("p.toml", "a = 1\nbb = 2\n"),
-            "p.toml:2:1: error: bad; fix it"
-        );
+        assert_eq!(d.render("p.toml", "a = 1\nbb = 2\n"), "p.toml:2:1: error: bad; fix it");
     }
 }

@@ -99,10 +99,7 @@ impl Loaded {
     }
     /// All diagnostics as `file:line:col: severity: message` lines.
     pub fn render(&self, file: &str, source: &str) -> Vec<String> {
-        self.diagnostics
-            .iter()
-            .map(|d| d.render(file, source))
-            .collect()
+        self.diagnostics.iter().map(|d| d.render(file, source)).collect()
     }
 }
 
@@ -112,23 +109,17 @@ struct Checker {
 
 impl Checker {
     fn error(&mut self, span: Range<usize>, msg: impl Into<String>, help: impl Into<String>) {
-        self.diags
-            .push(Diagnostic::error(Some(span), msg).help(help));
+        self.diags.push(Diagnostic::error(Some(span), msg).help(help));
     }
     fn warn(&mut self, span: Range<usize>, msg: impl Into<String>, help: impl Into<String>) {
-        self.diags
-            .push(Diagnostic::warning(Some(span), msg).help(help));
+        self.diags.push(Diagnostic::warning(Some(span), msg).help(help));
     }
     fn duration(&mut self, v: &Option<Spanned<String>>, what: &str) -> Option<Duration> {
         let v = v.as_ref()?;
         match duration::parse(v.get_ref()) {
             Ok(d) => Some(d),
             Err(e) => {
-                self.error(
-                    v.span(),
-                    format!("{what}: {e}"),
-                    "write it in one of the accepted forms",
-                );
+                self.error(v.span(), format!("{what}: {e}"), "write it in one of the accepted forms");
                 None
             }
         }
@@ -150,10 +141,7 @@ pub fn load(source: &str) -> Loaded {
             } else {
                 "fix the TOML syntax"
             };
-            return Loaded {
-                policy: None,
-                diagnostics: vec![Diagnostic::error(e.span(), msg).help(help)],
-            };
+            return Loaded { policy: None, diagnostics: vec![Diagnostic::error(e.span(), msg).help(help)] };
         }
     };
     let mut ck = Checker { diags: Vec::new() };
@@ -163,8 +151,7 @@ pub fn load(source: &str) -> Loaded {
     let mut ranks: BTreeMap<u32, String> = BTreeMap::new();
     if raw.classes.is_empty() {
         ck.diags.push(
-            Diagnostic::error(None, "no workload class is defined")
-                .help("add at least one [classes.NAME] table"),
+            Diagnostic::error(None, "no workload class is defined").help("add at least one [classes.NAME] table"),
         );
     }
     // Uniqueness is checked on the raw tables, so a class with another
@@ -182,10 +169,7 @@ pub fn load(source: &str) -> Loaded {
             if let Some(other) = ranks.insert(*r.get_ref(), name.clone()) {
                 ck.error(
                     r.span(),
-                    format!(
-                        "rank {} is used by classes {other:?} and {name:?}",
-                        r.get_ref()
-                    ),
+                    format!("rank {} is used by classes {other:?} and {name:?}", r.get_ref()),
                     "give every flexible class its own rank (1 = highest)",
                 );
             }
@@ -199,16 +183,8 @@ pub fn load(source: &str) -> Loaded {
     }
     classes.sort_by_key(|c| (c.rank().map_or(0, |r| r + 1), c.name.clone()));
     let has_errors = ck.diags.iter().any(|d| d.is_error());
-    ck.diags
-        .sort_by_key(|d| (d.span.as_ref().map_or(0, |s| s.start), d.severity));
-    Loaded {
-        policy: if has_errors {
-            None
-        } else {
-            pool.map(|pool| Policy { pool, classes })
-        },
-        diagnostics: ck.diags,
-    }
+    ck.diags.sort_by_key(|d| (d.span.as_ref().map_or(0, |s| s.start), d.severity));
+    Loaded { policy: if has_errors { None } else { pool.map(|pool| Policy { pool, classes }) }, diagnostics: ck.diags }
 }
 
 fn check_pool(ck: &mut Checker, raw: &Spanned<RawPool>) -> Option<Pool> {
@@ -221,11 +197,7 @@ fn check_pool(ck: &mut Checker, raw: &Spanned<RawPool>) -> Option<Pool> {
         );
     }
     if *p.total_gpus.get_ref() == 0 {
-        ck.error(
-            p.total_gpus.span(),
-            "total_gpus is 0",
-            "give the number of GPUs in the pool's partitions",
-        );
+        ck.error(p.total_gpus.span(), "total_gpus is 0", "give the number of GPUs in the pool's partitions");
     }
     let min_runtime = ck.duration(&p.min_runtime_before_reclaim, "min_runtime_before_reclaim");
     let mut ok = true;
@@ -233,11 +205,7 @@ fn check_pool(ck: &mut Checker, raw: &Spanned<RawPool>) -> Option<Pool> {
         ok = false;
     }
     if let Some(fp) = &p.flexible_partition {
-        if p.partitions
-            .get_ref()
-            .iter()
-            .any(|q| q.get_ref() == fp.get_ref())
-        {
+        if p.partitions.get_ref().iter().any(|q| q.get_ref() == fp.get_ref()) {
             ck.error(
                 fp.span(),
                 format!("flexible_partition {:?} is also one of the pool's partitions", fp.get_ref()),
@@ -246,22 +214,13 @@ fn check_pool(ck: &mut Checker, raw: &Spanned<RawPool>) -> Option<Pool> {
         }
     }
     ok.then(|| Pool {
-        partitions: p
-            .partitions
-            .get_ref()
-            .iter()
-            .map(|s| s.get_ref().clone())
-            .collect(),
+        partitions: p.partitions.get_ref().iter().map(|s| s.get_ref().clone()).collect(),
         gpu_types: p.gpu_types.iter().map(|s| s.get_ref().clone()).collect(),
         total_gpus: *p.total_gpus.get_ref(),
         default_class: p.default_class.get_ref().clone(),
         min_runtime_before_reclaim: min_runtime.unwrap_or_default(),
         flexible_partition: p.flexible_partition.as_ref().map(|s| s.get_ref().clone()),
-        nodes: p
-            .nodes
-            .as_ref()
-            .map(|s| s.get_ref().clone())
-            .unwrap_or_else(|| "ALL".into()),
+        nodes: p.nodes.as_ref().map(|s| s.get_ref().clone()).unwrap_or_else(|| "ALL".into()),
         audit: p.audit,
     })
 }
@@ -269,16 +228,10 @@ fn check_pool(ck: &mut Checker, raw: &Spanned<RawPool>) -> Option<Pool> {
 fn valid_qos_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 64
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
 }
 
-fn check_class(
-    ck: &mut Checker,
-    n: &String,
-    raw: &Spanned<RawClass>,
-    pool: Option<&Pool>,
-) -> Option<Class> {
+fn check_class(ck: &mut Checker, n: &String, raw: &Spanned<RawClass>, pool: Option<&Pool>) -> Option<Class> {
     let c = raw.get_ref();
     let mut ok = true;
     if let Err(e) = names::check_class(n) {
@@ -290,6 +243,13 @@ fn check_class(
             c.qos.span(),
             format!("{:?} is not a valid QOS name", c.qos.get_ref()),
             "use letters, digits, '-', '_' or '.'",
+        );
+        ok = false;
+    } else if c.qos.get_ref().eq_ignore_ascii_case(super::FLEXIBLE_CAP_QOS) {
+        ck.error(
+            c.qos.span(),
+            format!("QOS {:?} is onepool's own partition QOS of the flexible partition", c.qos.get_ref()),
+            "give the class another QOS",
         );
         ok = false;
     }
@@ -314,9 +274,7 @@ fn check_class(
         if t.required && t.default.is_some() {
             ck.warn(
                 tl.unwrap().span(),
-                format!(
-                    "class {n}: time_limit.required is set, so time_limit.default is never used"
-                ),
+                format!("class {n}: time_limit.required is set, so time_limit.default is never used"),
                 "drop one of them",
             );
         }
@@ -325,22 +283,14 @@ fn check_class(
         if *cap.get_ref() > pool.total_gpus {
             ck.warn(
                 cap.span(),
-                format!(
-                    "class {n}: max_gpus_per_job {} exceeds the pool's {} GPUs",
-                    cap.get_ref(),
-                    pool.total_gpus
-                ),
+                format!("class {n}: max_gpus_per_job {} exceeds the pool's {} GPUs", cap.get_ref(), pool.total_gpus),
                 "lower it to at most total_gpus",
             );
         }
     }
     let entitled = c.entitled.as_ref().map(|e| {
         let e = e.get_ref();
-        Entitlement {
-            accounts: e.accounts.clone(),
-            users: e.users.clone(),
-            groups: e.groups.clone(),
-        }
+        Entitlement { accounts: e.accounts.clone(), users: e.users.clone(), groups: e.groups.clone() }
     });
     let tier = match c.tier.get_ref().as_str() {
         "protected" => {
@@ -351,7 +301,13 @@ fn check_class(
                 ("grace_time", c.grace_time.as_ref().map(|s| s.span())),
             ] {
                 if let Some(span) = present {
-                    ck.error(span, format!("class {n} is protected, so `{key}` does not apply (protected work is never reclaimed)"), format!("remove `{key}`, or make the class flexible"));
+                    ck.error(
+                        span,
+                        format!(
+                            "class {n} is protected, so `{key}` does not apply (protected work is never reclaimed)"
+                        ),
+                        format!("remove `{key}`, or make the class flexible"),
+                    );
                     ok = false;
                 }
             }
@@ -365,9 +321,9 @@ fn check_class(
                     ok = false;
                 }
                 Some(e)
-                    if entitled.as_ref().is_some_and(|e| {
-                        e.accounts.is_empty() && e.users.is_empty() && e.groups.is_empty()
-                    }) =>
+                    if entitled
+                        .as_ref()
+                        .is_some_and(|e| e.accounts.is_empty() && e.users.is_empty() && e.groups.is_empty()) =>
                 {
                     ck.warn(
                         e.span(),
@@ -388,10 +344,7 @@ fn check_class(
                         );
                         ok = false;
                     }
-                    Capacity {
-                        lendable: v.lendable,
-                        reserved: v.reserved,
-                    }
+                    Capacity { lendable: v.lendable, reserved: v.reserved }
                 }
                 None => {
                     ck.error(
@@ -417,11 +370,7 @@ fn check_class(
             let rank = match &c.rank {
                 Some(r) if *r.get_ref() >= 1 => *r.get_ref(),
                 Some(r) => {
-                    ck.error(
-                        r.span(),
-                        format!("class {n}: rank must be 1 or more"),
-                        "1 is the highest flexible rank",
-                    );
+                    ck.error(r.span(), format!("class {n}: rank must be 1 or more"), "1 is the highest flexible rank");
                     ok = false;
                     0
                 }
@@ -456,9 +405,7 @@ fn check_class(
                 (ReclaimMode::Immediate, Some(d), _) => {
                     ck.error(
                         d.span(),
-                        format!(
-                            "class {n} is reclaimed immediately, so drain_timeout never applies"
-                        ),
+                        format!("class {n} is reclaimed immediately, so drain_timeout never applies"),
                         "remove drain_timeout, or use reclaim = \"graceful\"",
                     );
                     ok = false;
@@ -466,7 +413,11 @@ fn check_class(
                 }
                 (ReclaimMode::Immediate, None, _) => Duration::ZERO,
                 (_, None, _) => {
-                    ck.error(c.reclaim.as_ref().unwrap().span(), format!("class {n} is reclaimed with a notice ({reclaim}) but has no drain_timeout"), "add drain_timeout = \"60s\" (how long the job may take to yield)");
+                    ck.error(
+                        c.reclaim.as_ref().unwrap().span(),
+                        format!("class {n} is reclaimed with a notice ({reclaim}) but has no drain_timeout"),
+                        "add drain_timeout = \"60s\" (how long the job may take to yield)",
+                    );
                     ok = false;
                     Duration::ZERO
                 }
@@ -495,25 +446,15 @@ fn check_class(
                     "remove grace_time",
                 );
             }
-            Tier::Flexible {
-                rank,
-                reclaim,
-                drain_timeout,
-                grace_time,
-            }
+            Tier::Flexible { rank, reclaim, drain_timeout, grace_time }
         }
         other => {
-            ck.error(
-                c.tier.span(),
-                format!("class {n}: {other:?} is not a tier"),
-                "use \"protected\" or \"flexible\"",
-            );
+            ck.error(c.tier.span(), format!("class {n}: {other:?} is not a tier"), "use \"protected\" or \"flexible\"");
             return None;
         }
     };
     if tl.is_some_and(|t| {
-        (t.get_ref().default.is_some() && tl_default.is_none())
-            || (t.get_ref().max.is_some() && tl_max.is_none())
+        (t.get_ref().default.is_some() && tl_default.is_none()) || (t.get_ref().max.is_some() && tl_max.is_none())
     }) {
         ok = false;
     }
@@ -540,16 +481,10 @@ fn check_pool_against_classes(ck: &mut Checker, raw: &RawPolicy, pool: &Pool, cl
     if !known.contains(&pool.default_class.as_str()) {
         ck.error(
             p.default_class.span(),
-            format!(
-                "default_class {:?} is not a defined class",
-                pool.default_class
-            ),
+            format!("default_class {:?} is not a defined class", pool.default_class),
             format!("use one of: {}", known.join(", ")),
         );
-    } else if classes
-        .iter()
-        .any(|c| c.name == pool.default_class && c.is_protected())
-    {
+    } else if classes.iter().any(|c| c.name == pool.default_class && c.is_protected()) {
         ck.warn(p.default_class.span(), format!("default_class {:?} is protected: every job that does not name a class is refused unless its owner is entitled", pool.default_class), "make the default a flexible class");
     }
     let mut protected_total: u32 = 0;
@@ -573,7 +508,9 @@ fn check_pool_against_classes(ck: &mut Checker, raw: &RawPolicy, pool: &Pool, cl
     if reserved_total > 0 && pool.flexible_partition.is_none() {
         ck.error(
             raw.pool.span(),
-            format!("{reserved_total} GPUs are reserved, but the pool has no flexible_partition to cap flexible jobs in"),
+            format!(
+                "{reserved_total} GPUs are reserved, but the pool has no flexible_partition to cap flexible jobs in"
+            ),
             "add flexible_partition = \"NAME\" (a partition over the same nodes; render prints it)",
         );
     }

@@ -12,3 +12,5 @@ pub use model::{Capacity, Class, Entitlement, Policy, Pool, Tier, TimeLimitRule}
 pub const DEFAULT_PATH: &str = "/etc/slurm/onepool.toml";
 /// Environment variable that overrides [`DEFAULT_PATH`].
 pub const PATH_ENV: &str = "ONEPOOL_POLICY";
+/// Partition QOS of the flexible partition (see `render`); no class may use it.
+pub const FLEXIBLE_CAP_QOS: &str = "onepool-flexible-cap";

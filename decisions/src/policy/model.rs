@@ -46,15 +46,8 @@ pub struct Class {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tier {
-    Protected {
-        capacity: Capacity,
-    },
-    Flexible {
-        rank: u32,
-        reclaim: ReclaimMode,
-        drain_timeout: Duration,
-        grace_time: Duration,
-    },
+    Protected { capacity: Capacity },
+    Flexible { rank: u32, reclaim: ReclaimMode, drain_timeout: Duration, grace_time: Duration },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -81,11 +74,7 @@ pub struct Entitlement {
 impl Entitlement {
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();
-        for (what, list) in [
-            ("accounts", &self.accounts),
-            ("users", &self.users),
-            ("groups", &self.groups),
-        ] {
+        for (what, list) in [("accounts", &self.accounts), ("users", &self.users), ("groups", &self.groups)] {
             if !list.is_empty() {
                 parts.push(format!("{what} {}", list.join(", ")));
             }
@@ -131,9 +120,7 @@ impl Policy {
         self.classes.iter().find(|c| c.qos == qos)
     }
     pub fn class_by_partition(&self, partition: &str) -> Option<&Class> {
-        self.classes
-            .iter()
-            .find(|c| c.match_partitions.iter().any(|p| p == partition))
+        self.classes.iter().find(|c| c.match_partitions.iter().any(|p| p == partition))
     }
     pub fn class_names(&self) -> Vec<&str> {
         self.classes.iter().map(|c| c.name.as_str()).collect()

@@ -1,0 +1,97 @@
+//! `--format json`: the rendered configuration and the changes as data for
+//! configuration-management tools (argv lists, no shell quoting).
+
+use onepool_decisions::policy::{Diagnostic, Severity};
+use onepool_decisions::render::live::{Changes, ConfChange, PartitionChange, QosChange};
+use onepool_decisions::render::{ConfLine, FlexiblePartition, QosSpec, Rendered};
+use serde_json::{json, Map, Value};
+
+/// Which parts to include.
+#[derive(Clone, Copy)]
+pub struct Parts {
+    pub sacctmgr: bool,
+    pub slurm_conf: bool,
+}
+
+pub fn rendered(policy: &str, r: &Rendered, parts: Parts) -> Value {
+    let mut out = Map::new();
+    out.insert("policy".into(), json!(policy));
+    if parts.sacctmgr {
+        out.insert("sacctmgr".into(), json!(r.sacctmgr_commands()));
+        out.insert("qos".into(), r.all_qos().map(qos).collect());
+        out.insert("site_qos".into(), r.site_qos.iter().map(|s| json!({"class": s.class, "qos": s.qos})).collect());
+    }
+    if parts.slurm_conf {
+        out.insert("slurm_conf".into(), r.slurm_conf.iter().map(conf_line).collect());
+        out.insert("flexible_partition".into(), r.flexible_partition.as_ref().map_or(Value::Null, partition));
+    }
+    Value::Object(out)
+}
+
+pub fn changes(policy: &str, c: &Changes, parts: Parts) -> Value {
+    let mut out = Map::new();
+    out.insert("policy".into(), json!(policy));
+    out.insert("up_to_date".into(), json!(c.is_empty()));
+    if parts.sacctmgr {
+        out.insert("sacctmgr".into(), json!(c.sacctmgr_commands()));
+        out.insert("qos".into(), c.qos.iter().map(qos_change).collect());
+    }
+    if parts.slurm_conf {
+        out.insert("slurm_conf".into(), c.slurm_conf.iter().map(conf_change).collect());
+        out.insert("partition".into(), c.partition.as_ref().map_or(Value::Null, partition_change));
+    }
+    out.insert("problems".into(), c.problems.iter().map(problem).collect());
+    Value::Object(out)
+}
+
+fn qos(q: &QosSpec) -> Value {
+    json!({
+        "name": q.name,
+        "class": q.class,
+        "why": q.why,
+        "priority": q.priority,
+        "preempt": q.preempt,
+        "preempt_mode": q.preempt_mode.map(|m| m.as_str()),
+        "grace_time_s": q.grace_time.as_secs(),
+        "grp_gpus": q.grp_gpus,
+        "max_gpus_per_job": q.max_gpus_per_job,
+        "deny_on_limit": q.deny_on_limit,
+    })
+}
+
+fn conf_line(l: &ConfLine) -> Value {
+    json!({"key": l.key, "value": l.value, "why": l.why})
+}
+
+fn partition(p: &FlexiblePartition) -> Value {
+    json!({"name": p.name, "nodes": p.nodes, "qos": p.qos.name, "line": p.line()})
+}
+
+fn qos_change(c: &QosChange) -> Value {
+    let action = match c {
+        QosChange::Add(_) => "add",
+        QosChange::Modify { .. } => "modify",
+    };
+    json!({"action": action, "name": c.name(), "why": c.why(), "command": c.command()})
+}
+
+fn conf_change(c: &ConfChange) -> Value {
+    json!({"key": c.key, "live": c.live, "value": c.value, "why": c.why})
+}
+
+fn partition_change(c: &PartitionChange) -> Value {
+    match c {
+        PartitionChange::Missing { line, why } => json!({"change": "create", "line": line, "why": why}),
+        PartitionChange::WrongQos { name, live_qos, qos } => {
+            json!({"change": "set_qos", "name": name, "live_qos": live_qos, "qos": qos})
+        }
+    }
+}
+
+fn problem(d: &Diagnostic) -> Value {
+    let severity = match d.severity {
+        Severity::Error => "error",
+        Severity::Warning => "warning",
+    };
+    json!({"severity": severity, "message": d.message, "help": d.help})
+}

@@ -1,0 +1,208 @@
+//! The rendered configuration against the live cluster: what to add or
+//! change, never what to delete. QOS the policy does not name, the site's
+//! other plugins, flags and parameters are left as they are.
+
+use super::{LiveConfig, LivePartition, LiveQos};
+use crate::policy::Diagnostic;
+use crate::render::qos::{modify_command, same_name, shell_line, QosPreemptMode, QosSetting, QosSpec};
+use crate::render::Rendered;
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Changes {
+    /// Additions first (in creation order), then modifications, so that
+    /// every QOS a `Preempt=` list names exists when the list is set.
+    pub qos: Vec<QosChange>,
+    pub slurm_conf: Vec<ConfChange>,
+    pub partition: Option<PartitionChange>,
+    /// What the changes cannot fix: a QOS the site must create, a partition
+    /// the pool names that does not exist.
+    pub problems: Vec<Diagnostic>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QosChange {
+    Add(QosSpec),
+    Modify {
+        /// As the cluster spells it.
+        name: String,
+        why: String,
+        settings: Vec<QosSetting>,
+    },
+}
+
+/// A slurm.conf key whose live value does not do what onepool needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfChange {
+    pub key: &'static str,
+    /// `None`: not set (or not shown by `scontrol show config`).
+    pub live: Option<String>,
+    /// The value to set, the site's own list items kept.
+    pub value: String,
+    pub why: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartitionChange {
+    /// The flexible partition does not exist: `line` creates it.
+    Missing { line: String, why: String },
+    /// It exists but flexible jobs there are not capped.
+    WrongQos { name: String, live_qos: Option<String>, qos: String },
+}
+
+impl QosChange {
+    pub fn name(&self) -> &str {
+        match self {
+            QosChange::Add(spec) => &spec.name,
+            QosChange::Modify { name, .. } => name,
+        }
+    }
+    pub fn why(&self) -> &str {
+        match self {
+            QosChange::Add(spec) => &spec.why,
+            QosChange::Modify { why, .. } => why,
+        }
+    }
+    pub fn command(&self) -> Vec<String> {
+        match self {
+            QosChange::Add(spec) => spec.add_command(),
+            QosChange::Modify { name, settings, .. } => modify_command(name, settings),
+        }
+    }
+}
+
+impl Changes {
+    /// True when the cluster already matches (problems aside).
+    pub fn is_empty(&self) -> bool {
+        self.qos.is_empty() && self.slurm_conf.is_empty() && self.partition.is_none()
+    }
+    pub fn has_errors(&self) -> bool {
+        self.problems.iter().any(Diagnostic::is_error)
+    }
+    pub fn sacctmgr_commands(&self) -> Vec<Vec<String>> {
+        self.qos.iter().map(QosChange::command).collect()
+    }
+    /// One command a line, each under a comment naming its class.
+    pub fn sacctmgr_text(&self) -> String {
+        let mut out = String::new();
+        for change in &self.qos {
+            out.push_str(&format!("# {}\n{}\n", change.why(), shell_line(&change.command())));
+        }
+        out
+    }
+    /// The slurm.conf lines to set, each with why and what is there now.
+    pub fn slurm_conf_text(&self) -> String {
+        let mut out = String::new();
+        for c in &self.slurm_conf {
+            let now = c.live.as_deref().unwrap_or("not set");
+            out.push_str(&format!("# {} (now: {now})\n{}={}\n", c.why, c.key, c.value));
+        }
+        match &self.partition {
+            Some(PartitionChange::Missing { line, why }) => {
+                out.push_str(&format!("# {why}\n{line}\n"));
+            }
+            Some(PartitionChange::WrongQos { name, live_qos, qos }) => {
+                out.push_str(&format!(
+                    "# partition {name} has QOS={}: add QOS={qos} to its PartitionName line (`scontrol update PartitionName={name} QOS={qos}` applies it until slurmctld restarts)\n",
+                    live_qos.as_deref().unwrap_or("N/A")
+                ));
+            }
+            None => {}
+        }
+        out
+    }
+}
+
+/// Only the changes that bring the live cluster to `rendered`.
+pub fn diff(
+    rendered: &Rendered,
+    live_qos: &[LiveQos],
+    live_config: &LiveConfig,
+    live_partitions: &[LivePartition],
+) -> Changes {
+    let find_qos = |name: &str| live_qos.iter().find(|q| same_name(&q.name, name));
+    let mut changes = Changes::default();
+    let mut modified = Vec::new();
+    for spec in rendered.all_qos() {
+        match find_qos(&spec.name) {
+            None => changes.qos.push(QosChange::Add(spec.clone())),
+            Some(live) => {
+                let settings = spec.settings_from(live);
+                if !settings.is_empty() {
+                    modified.push(QosChange::Modify { name: live.name.clone(), why: spec.why.clone(), settings });
+                }
+            }
+        }
+    }
+    changes.qos.extend(modified);
+
+    for site in &rendered.site_qos {
+        if find_qos(&site.qos).is_none() {
+            changes.problems.push(
+                Diagnostic::error(
+                    None,
+                    format!(
+                        "class {} maps to QOS {:?}, which does not exist on the cluster (the policy says the site manages it: manage_qos = false)",
+                        site.class, site.qos
+                    ),
+                )
+                .help(format!(
+                    "create it (sacctmgr -i add qos {}) or set manage_qos = true in [classes.{}] so that onepool creates it",
+                    site.qos, site.class
+                )),
+            );
+        }
+    }
+
+    for line in &rendered.slurm_conf {
+        let live = live_config.get(line.key);
+        if let Some(value) = line.needed_change(live) {
+            changes.slurm_conf.push(ConfChange {
+                key: line.key,
+                live: live.map(str::to_string),
+                value,
+                why: line.why.clone(),
+            });
+        }
+    }
+    let requeued: Vec<&str> = rendered
+        .all_qos()
+        .filter(|q| q.preempt_mode == Some(QosPreemptMode::Requeue))
+        .filter_map(|q| q.class.as_deref())
+        .collect();
+    if !requeued.is_empty() && live_config.get("JobRequeue").map(str::trim) == Some("0") {
+        changes.problems.push(
+            Diagnostic::warning(
+                None,
+                format!(
+                    "JobRequeue=0: reclaimed jobs of class {} are cancelled, not requeued, unless submitted with --requeue",
+                    requeued.join(", ")
+                ),
+            )
+            .help("set JobRequeue=1 in slurm.conf (Slurm's default), or submit those jobs with sbatch --requeue"),
+        );
+    }
+
+    let find_partition = |name: &str| live_partitions.iter().find(|p| p.name == name);
+    if let Some(fp) = &rendered.flexible_partition {
+        match find_partition(&fp.name) {
+            None => changes.partition = Some(PartitionChange::Missing { line: fp.line(), why: fp.why.clone() }),
+            Some(live) if !live.qos.as_deref().is_some_and(|q| same_name(q, &fp.qos.name)) => {
+                changes.partition = Some(PartitionChange::WrongQos {
+                    name: fp.name.clone(),
+                    live_qos: live.qos.clone(),
+                    qos: fp.qos.name.clone(),
+                })
+            }
+            Some(_) => {}
+        }
+    }
+    for p in &rendered.pool_partitions {
+        if find_partition(p).is_none() {
+            changes.problems.push(
+                Diagnostic::error(None, format!("the pool's partition {p:?} does not exist on the cluster"))
+                    .help("define it in slurm.conf, or correct pool.partitions in the policy"),
+            );
+        }
+    }
+    changes
+}

@@ -1,0 +1,130 @@
+//! Parsers for the text `sacctmgr` and `scontrol` print.
+
+use std::time::Duration;
+
+use super::{LiveConfig, LivePartition, LiveQos};
+use crate::duration;
+use crate::render::conf::list_items;
+
+/// A line of command output that does not read as expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{command}` output, line {line}: {message}: {text:?}")]
+pub struct ParseError {
+    pub command: String,
+    pub line: usize,
+    pub message: String,
+    pub text: String,
+}
+
+const QOS_FIELDS: usize = 8;
+
+/// Output of [`super::SHOW_QOS`]: `Name|Priority|Preempt|PreemptMode|
+/// GraceTime|GrpTRES|MaxTRESPerJob|Flags`, one QOS a line.
+pub fn parse_sacctmgr_qos(text: &str) -> Result<Vec<LiveQos>, ParseError> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let err = |message: String| ParseError {
+            command: super::SHOW_QOS.join(" "),
+            line: n + 1,
+            message,
+            text: line.to_string(),
+        };
+        let mut fields: Vec<&str> = line.split('|').map(str::trim).collect();
+        // `-p` (rather than `-P`) ends every line with a '|'.
+        if fields.len() == QOS_FIELDS + 1 && fields[QOS_FIELDS].is_empty() {
+            fields.pop();
+        }
+        let [name, priority, preempt, mode, grace, grp, max, flags] = fields[..] else {
+            return Err(err(format!(
+                "expected {QOS_FIELDS} '|'-separated fields (Name,Priority,Preempt,PreemptMode,GraceTime,GrpTRES,MaxTRESPerJob,Flags), found {}",
+                fields.len()
+            )));
+        };
+        if name.is_empty() {
+            return Err(err("the QOS name is empty".into()));
+        }
+        let priority = if priority.is_empty() {
+            0
+        } else {
+            priority.parse().map_err(|_| err(format!("Priority {priority:?} is not a whole number")))?
+        };
+        let grace_time = if grace.is_empty() {
+            Duration::ZERO
+        } else {
+            duration::parse(grace).map_err(|e| err(format!("GraceTime: {e}")))?
+        };
+        out.push(LiveQos {
+            name: name.to_string(),
+            priority,
+            preempt: owned(list_items(preempt)),
+            preempt_mode: if mode.is_empty() { "cluster".to_string() } else { mode.to_ascii_lowercase() },
+            grace_time,
+            grp_tres: tres_list(grp).map_err(|m| err(format!("GrpTRES: {m}")))?,
+            max_tres_per_job: tres_list(max).map_err(|m| err(format!("MaxTRESPerJob: {m}")))?,
+            flags: owned(list_items(flags)),
+        });
+    }
+    Ok(out)
+}
+
+fn owned(items: Vec<&str>) -> Vec<String> {
+    items.into_iter().map(str::to_string).collect()
+}
+
+/// `cpu=4,gres/gpu=8` → pairs.
+fn tres_list(s: &str) -> Result<Vec<(String, String)>, String> {
+    list_items(s)
+        .into_iter()
+        .map(|item| match item.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => Err(format!("{item:?} is not TRES=LIMIT")),
+        })
+        .collect()
+}
+
+/// Output of [`super::SHOW_CONFIG`]: `Key = value` lines; the header, the
+/// section titles and anything else without a one-word key are skipped.
+/// When a key repeats (plugin sections), the first value is kept.
+pub fn parse_scontrol_config(text: &str) -> LiveConfig {
+    let mut config = LiveConfig::default();
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let key = key.trim();
+        if key.is_empty() || key.contains(char::is_whitespace) {
+            continue;
+        }
+        config.values.entry(key.to_string()).or_insert_with(|| value.trim().to_string());
+    }
+    config
+}
+
+/// Output of [`super::SHOW_PARTITIONS`]: `Key=Value` words, one partition a line.
+pub fn parse_scontrol_partitions(text: &str) -> Result<Vec<LivePartition>, ParseError> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let words: Vec<(&str, &str)> = line.split_whitespace().filter_map(|w| w.split_once('=')).collect();
+        let get = |key: &str| words.iter().find(|(k, _)| k.eq_ignore_ascii_case(key)).map(|(_, v)| v.to_string());
+        let Some(name) = get("PartitionName") else {
+            return Err(ParseError {
+                command: super::SHOW_PARTITIONS.join(" "),
+                line: n + 1,
+                message: "no PartitionName= on the line".into(),
+                text: line.to_string(),
+            });
+        };
+        out.push(LivePartition {
+            name,
+            nodes: get("Nodes").filter(|v| !v.is_empty() && v != "(null)"),
+            qos: get("QoS").filter(|v| !v.is_empty() && v != "N/A" && v != "(null)"),
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,115 @@
+//! The dev cluster configures itself from the policy, exactly as an admin
+//! would from `onepool policy render --against-live`: the slurm.conf
+//! settings the policy needs are merged with the site's own (the launcher's
+//! template stands for the site), and the QOS are brought to the policy
+//! through the same diff against what sacctmgr reports.
+
+use std::collections::{BTreeMap, HashSet};
+
+use onepool_decisions::policy::{Policy, FLEXIBLE_CAP_QOS};
+use onepool_decisions::render::live::{self, LiveConfig, LivePartition};
+use onepool_decisions::render::render;
+
+use crate::error::{Error, Result};
+use crate::Cluster;
+
+/// The `Key=Value` settings and partitions of a slurm.conf text.
+fn read_site(conf: &str) -> (LiveConfig, Vec<LivePartition>) {
+    let mut values = BTreeMap::new();
+    let mut partitions = Vec::new();
+    for line in conf.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
+        let Some((key, value)) = line.split_once('=') else { continue };
+        match key {
+            "PartitionName" => {
+                let field = |name: &str| {
+                    line.split_whitespace().find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')).map(str::to_string)
+                };
+                partitions.push(LivePartition {
+                    name: value.split_whitespace().next().unwrap_or_default().to_string(),
+                    nodes: field("Nodes"),
+                    qos: field("QOS"),
+                });
+            }
+            "NodeName" => {}
+            _ => {
+                values.insert(key.to_string(), value.to_string());
+            }
+        }
+    }
+    (LiveConfig { values }, partitions)
+}
+
+/// (slurm.conf without the keys the policy sets, the policy's settings
+/// merged with the site's values) — so no key is set twice.
+pub(crate) fn merge(site_conf: &str, policy: &Policy) -> Result<(String, String)> {
+    let rendered = render(policy);
+    let (site, partitions) = read_site(site_conf);
+    let changes = live::diff(&rendered, &[], &site, &partitions);
+    let problems: Vec<String> = changes.problems.iter().filter(|d| d.is_error()).map(ToString::to_string).collect();
+    if !problems.is_empty() {
+        return Err(Error::Setup(format!("the policy does not fit the dev cluster: {}", problems.join("; "))));
+    }
+    let overridden: HashSet<&str> = changes.slurm_conf.iter().map(|c| c.key).collect();
+    let kept: Vec<&str> =
+        site_conf.lines().filter(|l| l.split_once('=').is_none_or(|(k, _)| !overridden.contains(k.trim()))).collect();
+    let header = "# Written by onepool-devcluster from `onepool policy render` of the cluster's\n\
+                  # onepool.toml, merged with the site settings in slurm.conf.\n";
+    Ok((kept.join("\n") + "\n", format!("{header}{}", changes.slurm_conf_text())))
+}
+
+/// Brings the QOS to the policy (adding or modifying only what differs,
+/// from what sacctmgr reports) and lets the site's accounts use them: with
+/// AccountingStorageEnforce=qos a job's QOS must be in its association's
+/// list, and accounts made under root inherit root's. Needs only slurmdbd,
+/// so it runs before slurmctld reads a partition that names one of them.
+pub(crate) fn apply_qos(cl: &Cluster, policy: &Policy, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    let rendered = render(policy);
+    let live_qos = live::parse_sacctmgr_qos(&cl.run(live::SHOW_QOS[0], &live::SHOW_QOS[1..])?)
+        .map_err(|e| Error::Setup(format!("reading `{}`: {e}", live::SHOW_QOS.join(" "))))?;
+    let changes = live::diff(&rendered, &live_qos, &LiveConfig::default(), &[]);
+    for argv in changes.sacctmgr_commands() {
+        let args: Vec<&str> = argv.iter().skip(1).map(String::as_str).collect();
+        cl.run("sacctmgr", &args)?;
+    }
+    if !changes.qos.is_empty() {
+        progress(&format!("applied {} QOS change(s) from the policy", changes.qos.len()));
+    }
+    let names: Vec<&str> = rendered.all_qos().map(|q| q.name.as_str()).filter(|n| *n != FLEXIBLE_CAP_QOS).collect();
+    let list = format!("qos+={}", names.join(","));
+    cl.run("sacctmgr", &["-i", "modify", "account", "where", "name=root", "set", &list])?;
+    cl.run("sacctmgr", &["-i", "modify", "user", "where", "name=root", "set", &list])?;
+    Ok(())
+}
+
+/// QOS limits on GPUs can only be created once slurmdbd knows the gres/gpu
+/// TRES, which slurmctld registers the first time it starts.
+pub(crate) fn gpu_tres_known(cl: &Cluster) -> Result<bool> {
+    let out = cl.run("sacctmgr", &["-n", "-P", "show", "tres", "format=type,name"])?;
+    Ok(out.lines().any(|l| l.trim() == "gres|gpu"))
+}
+
+/// The policy's slurm.conf settings without the flexible partition, for
+/// slurmctld's very first start (its partition QOS cannot exist yet).
+pub(crate) fn without_flexible_partition(include: &str) -> String {
+    include.lines().filter(|l| !l.starts_with("PartitionName=")).map(|l| format!("{l}\n")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SITE: &str = "ClusterName=x\nJobSubmitPlugins=lua\nPrologFlags=Contain\nNodeName=n1 CPUs=1\nPartitionName=gpu Nodes=ALL Default=YES\nInclude /x/onepool-slurm.conf\n";
+
+    #[test]
+    fn policy_settings_are_merged_and_never_set_twice() {
+        let policy = onepool_decisions::policy::load(include_str!("../../etc/onepool.toml")).policy.unwrap();
+        let (conf, include) = merge(SITE, &policy).unwrap();
+        assert!(!conf.contains("JobSubmitPlugins"), "{conf}");
+        // Contain already implies Alloc: the site's value stays as it is.
+        assert!(conf.contains("PrologFlags=Contain") && !include.contains("PrologFlags"), "{conf}{include}");
+        assert!(conf.contains("ClusterName=x") && conf.contains("Include /x/onepool-slurm.conf"));
+        assert!(include.contains("\nJobSubmitPlugins=lua,onepool\n"), "{include}");
+        assert!(include.contains("PartitionName=gpu-flex Nodes=ALL QOS=onepool-flexible-cap"), "{include}");
+        assert!(include.contains("PreemptType=preempt/qos"), "{include}");
+    }
+}

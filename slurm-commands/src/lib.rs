@@ -1,0 +1,11 @@
+//! Slurm's client commands, run the way every onepool tool needs them: with
+//! a timeout (a slurmctld or slurmdbd that does not answer must not hang an
+//! admin's shell, a daemon or a test), both pipes drained while waiting, and
+//! failures that say which command failed, what it printed, and whether
+//! trying again can help.
+
+pub mod fake;
+pub mod live;
+pub mod runner;
+
+pub use runner::{run, CommandError, Runner, SystemRunner};

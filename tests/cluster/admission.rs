@@ -1,0 +1,352 @@
+//! job_submit/onepool in the real slurmctld, with real Unix users and Slurm
+//! accounts: classification and rewriting, refusals with the exact message
+//! sbatch prints, escalation through `scontrol update`, forged annotations,
+//! a site Lua plugin beside it, reserved capacity, preemption through the
+//! QOS the plugin chose, audit mode and policy reload.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use onepool_tests::{build_dir, cluster, Cleanup, TestCluster, User};
+
+fn alice(c: &TestCluster) -> User {
+    c.user("op-alice", "core-ml")
+}
+fn bob(c: &TestCluster) -> User {
+    c.user("op-bob", "research")
+}
+
+/// sbatch as `u`; returns the job id.
+fn submit(c: &TestCluster, u: &User, args: &[&str]) -> u32 {
+    let mut all = vec!["--parsable", "-o", "/dev/null"];
+    all.extend_from_slice(args);
+    let r = c.run_as(u, "sbatch", &all);
+    assert!(r.ok, "sbatch {args:?} as {} failed: {}", u.name, r.stderr);
+    r.stdout.trim().parse().unwrap_or_else(|_| panic!("sbatch printed {:?}", r.stdout))
+}
+
+/// sbatch as `u` that must be refused; returns stderr.
+fn refused(c: &TestCluster, u: &User, args: &[&str]) -> String {
+    let r = c.run_as(u, "sbatch", args);
+    assert!(!r.ok, "sbatch {args:?} as {} was accepted: {}", u.name, r.stdout);
+    c.assert_ctld_up();
+    r.stderr
+}
+
+#[test]
+fn a_flexible_job_is_rewritten_to_its_class() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let bob = bob(c);
+    let j = submit(c, &bob, &["--hold", "--workload=inference", "--gpus=1", "--wrap", "true"]);
+    let f = c.job_fields(j);
+    assert_eq!(f["QOS"], "op-inference");
+    assert_eq!(f["Partition"], "gpu-flex");
+    assert_eq!(f["TimeLimit"], "1-00:00:00");
+    assert_eq!(f["AdminComment"], "onepool:class=inference;tier=flexible;reclaim=graceful;drain=1m");
+
+    let j = submit(c, &bob, &["--hold", "--wrap", "true"]);
+    let f = c.job_fields(j);
+    assert_eq!(f["QOS"], "op-agents", "no annotation: the policy's default class");
+    assert_eq!(f["AdminComment"], "onepool:class=agents;tier=flexible;reclaim=immediate");
+
+    let j = submit(c, &bob, &["--hold", "-q", "op-training", "--wrap", "true"]);
+    assert_eq!(c.job_fields(j)["AdminComment"], "onepool:class=training;tier=flexible;reclaim=requeue;drain=2m");
+}
+
+#[test]
+fn an_entitled_user_gets_the_protected_class() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let alice = alice(c);
+    let j = submit(
+        c,
+        &alice,
+        &[
+            "--hold",
+            "--account=core-ml",
+            "--workload=critical-training",
+            "--time=2:00:00",
+            "--gpus=4",
+            "--wrap",
+            "true",
+        ],
+    );
+    let f = c.job_fields(j);
+    assert_eq!(f["QOS"], "op-critical-training");
+    assert_eq!(f["Partition"], "gpu");
+    assert_eq!(f["AdminComment"], "onepool:class=critical-training;tier=protected");
+}
+
+#[test]
+fn refusals_tell_the_user_what_and_how_to_fix() {
+    let c = cluster();
+    let (alice, bob) = (alice(c), bob(c));
+    let e = refused(c, &bob, &["--workload=critical-training", "--time=1:00:00", "--wrap", "true"]);
+    assert!(
+        e.contains(&format!(
+            "sbatch: error: onepool: class critical-training is protected and uid {} is not entitled to it (entitled: accounts core-ml); if you belong to one of its accounts, submit with --account=core-ml\n",
+            bob.uid
+        )),
+        "{e}"
+    );
+    assert!(e.contains("Batch job submission failed: Access/permission denied"), "{e}");
+
+    let e = refused(c, &bob, &["--workload=agents", "--gpus=8", "--wrap", "true"]);
+    assert!(
+        e.contains("sbatch: error: onepool: class agents allows at most 4 GPUs per job and this job asks for 8; ask for 4 or fewer, or use --workload=training\n"),
+        "{e}"
+    );
+
+    let e = refused(c, &bob, &["--workload=gaming", "--wrap", "true"]);
+    assert!(
+        e.contains("sbatch: error: onepool: --workload=gaming is not a workload class here; use one of: critical-training, inference-baseline, training, inference, agents\n"),
+        "{e}"
+    );
+
+    let e = refused(c, &alice, &["--account=core-ml", "--workload=critical-training", "--wrap", "true"]);
+    assert!(
+        e.contains("sbatch: error: onepool: class critical-training requires a time limit; add --time (e.g. --time=4:00:00), at most 7d\n"),
+        "{e}"
+    );
+    assert!(
+        e.contains("Batch job submission failed: Requested time limit is invalid (missing or exceeds some limit)"),
+        "{e}"
+    );
+
+    let e = refused(c, &bob, &["--workload=agents", "--reclaim=graceful", "--wrap", "true"]);
+    assert!(
+        e.contains(
+            "sbatch: error: onepool: class agents is reclaimed immediately, so --reclaim=graceful cannot be honoured"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn escalation_through_scontrol_update_is_refused() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let bob = bob(c);
+    let j = submit(c, &bob, &["--hold", "--workload=agents", "--gpus=1", "--wrap", "true"]);
+    let before = c.log("slurmctld").len();
+    let r = c.run_as(&bob, "scontrol", &["update", &format!("JobId={j}"), "QOS=op-critical-training"]);
+    assert!(!r.ok, "escalation was accepted");
+    assert!(r.stderr.contains("Access/permission denied"), "{}", r.stderr);
+    assert_eq!(c.job_fields(j)["QOS"], "op-agents");
+    let log = c.log("slurmctld");
+    assert!(
+        log[before..].contains(&format!(
+            "job_submit/onepool: refused update of job {j} by uid {}: onepool: class critical-training is protected",
+            bob.uid
+        )),
+        "no refusal line in slurmctld.log"
+    );
+    // Raising GPUs past the class cap: job_modify cannot see the job's class
+    // in 22.05 (the job record is opaque), so the update goes through, but
+    // the class QOS's MaxTRESPerJob (rendered from the policy) keeps the job
+    // from ever running with them.
+    c.ok("scontrol", &["update", &format!("JobId={j}"), "QOS=op-agents"]);
+    let r = c.run_as(&bob, "scontrol", &["update", &format!("JobId={j}"), "TresPerJob=gres:gpu:8"]);
+    assert!(r.ok, "{}", r.stderr);
+    c.ok("scontrol", &["release", &j.to_string()]);
+    c.wait_until("the over-cap job to be held back by its QOS", Duration::from_secs(15), || {
+        c.job_fields(j).get("Reason").map(String::as_str) == Some("QOSMaxGRESPerJob")
+    });
+    assert_eq!(c.state(j).as_deref(), Some("PENDING"));
+    // An administrator may move it.
+    c.ok("scontrol", &["update", &format!("JobId={j}"), "QOS=op-critical-training"]);
+    assert_eq!(c.job_fields(j)["QOS"], "op-critical-training");
+    c.assert_ctld_up();
+}
+
+fn raw_submit(c: &TestCluster, u: &User, args: &[&str]) -> onepool_tests::Ran {
+    let bin: PathBuf = build_dir().join("raw_submit");
+    let mut all = vec![bin.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let mut cmd = std::process::Command::new("runuser");
+    cmd.args(["-u", &u.name, "--", "env"]);
+    for (k, v) in c.cluster.env() {
+        cmd.arg(format!("{k}={v}"));
+    }
+    cmd.args(&all).current_dir("/tmp");
+    cmd.output().unwrap().into()
+}
+
+#[test]
+fn forged_and_oversized_annotations_are_refused_centrally() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let bob = bob(c);
+    let before = c.log("slurmctld").len();
+    let r = raw_submit(c, &bob, &["ONEPOOL_WORKLOAD=Bad Class"]);
+    assert!(!r.ok, "{}", r.stdout);
+    let big = format!("ONEPOOL_ENDPOINT={}", "x".repeat(5000));
+    let r = raw_submit(c, &bob, &[&big, "ONEPOOL_RECLAIM=later"]);
+    assert!(!r.ok, "{}", r.stdout);
+    let log = c.log("slurmctld");
+    let log = &log[before..];
+    assert!(log.contains("onepool: --workload: invalid workload class name \"Bad Class\""), "{log}");
+    assert!(
+        log.contains("onepool: --endpoint: the value is 5000 bytes long; at most 256 are accepted; --reclaim: \"later\" is not a reclaim mode"),
+        "{log}"
+    );
+    c.assert_ctld_up();
+    // A well-formed one through the same path is classified as usual.
+    let r = raw_submit(c, &bob, &["SLURM_SPANK_ONEPOOL_WORKLOAD=inference"]);
+    assert!(r.ok, "{}{}", r.stdout, r.stderr);
+    let j: u32 = r.stdout.trim().parse().unwrap();
+    assert_eq!(c.sacct_or_fields_qos(j), "op-inference");
+}
+
+trait QosOf {
+    fn sacct_or_fields_qos(&self, job: u32) -> String;
+}
+
+impl QosOf for TestCluster {
+    /// The job's QOS, while it is known to slurmctld or else from accounting.
+    fn sacct_or_fields_qos(&self, job: u32) -> String {
+        let r = self.run("scontrol", &["-o", "show", "job", &job.to_string()]);
+        if r.ok {
+            if let Some(q) = r.stdout.split_whitespace().find_map(|kv| kv.strip_prefix("QOS=")) {
+                return q.to_string();
+            }
+        }
+        self.ok("sacct", &["-X", "-n", "-P", "-j", &job.to_string(), "-o", "QOS"]).trim().to_string()
+    }
+}
+
+#[test]
+fn a_site_lua_plugin_beside_it_still_works() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let bob = bob(c);
+    let e = refused(c, &bob, &["-J", "forbidden-job", "--wrap", "true"]);
+    assert!(e.contains("site policy: job names starting with 'forbidden' are not allowed"), "{e}");
+    let j = submit(c, &bob, &["--hold", "-J", "allowed", "--wrap", "true"]);
+    assert_eq!(c.job_fields(j)["QOS"], "op-agents", "onepool ran after lua");
+}
+
+#[test]
+fn reserved_capacity_is_never_held_by_flexible_jobs() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let bob = bob(c);
+    let jobs: Vec<u32> =
+        (0..4).map(|_| submit(c, &bob, &["--workload=agents", "--gpus=4", "-N1", "--wrap", "sleep 600"])).collect();
+    c.wait_until("three flexible jobs to run", Duration::from_secs(30), || {
+        jobs.iter().filter(|j| c.state(**j).as_deref() == Some("RUNNING")).count() == 3
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let pending: Vec<u32> = jobs.iter().copied().filter(|j| c.state(*j).as_deref() == Some("PENDING")).collect();
+    assert_eq!(pending.len(), 1, "the fourth 4-GPU flexible job must wait: 4 GPUs are reserved");
+    let reason = c.job_fields(pending[0])["Reason"].clone();
+    assert!(reason.contains("QOSGrp"), "pending reason: {reason}");
+    // The reserved GPUs are there for their owner at once, without preemption.
+    let base = c.sbatch(&["--workload=inference-baseline", "--gpus=4", "-N1", "--wrap", "sleep 600"]);
+    c.wait_state(base, "RUNNING", Duration::from_secs(15));
+    let running = jobs.iter().filter(|j| c.state(**j).as_deref() == Some("RUNNING")).count();
+    assert_eq!(running, 3, "no borrower was preempted for reserved capacity");
+}
+
+#[test]
+fn a_protected_job_preempts_a_borrower_through_the_qos_the_plugin_chose() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let (alice, bob) = (alice(c), bob(c));
+    let borrowers: Vec<u32> =
+        (0..3).map(|_| submit(c, &bob, &["--workload=agents", "--gpus=4", "-N1", "--wrap", "sleep 600"])).collect();
+    for b in &borrowers {
+        c.wait_state(*b, "RUNNING", Duration::from_secs(30));
+    }
+    // 8 GPUs on 2 nodes: 4 are free (reserved for protected work), 4 must be reclaimed.
+    let owner = submit(
+        c,
+        &alice,
+        &[
+            "--account=core-ml",
+            "--workload=critical-training",
+            "--time=1:00:00",
+            "--gpus=8",
+            "--gpus-per-node=4",
+            "-N2",
+            "--wrap",
+            "sleep 600",
+        ],
+    );
+    let took = c.wait_state(owner, "RUNNING", Duration::from_secs(40));
+    eprintln!("protected job running {took:?} after submission");
+    // Borrowers younger than the policy's minimum run time are not reclaimed.
+    assert!(took >= Duration::from_secs(onepool_tests::TEST_MIN_RUNTIME_SECS / 2), "reclaimed after {took:?}");
+    let gone: Vec<u32> = borrowers.iter().copied().filter(|b| c.state(*b).is_none()).collect();
+    assert_eq!(gone.len(), 1, "one borrower yields: {gone:?}");
+    c.wait_until("accounting to record the preemption", Duration::from_secs(30), || {
+        c.sacct_state(gone[0]).as_deref() == Some("PREEMPTED")
+    });
+}
+
+/// Rewrites the cluster's policy file and waits until slurmctld logs `expect`.
+fn edit_policy(c: &TestCluster, text: &str, expect: &str) {
+    let path = c.cluster.layout.etc().join("onepool.toml");
+    let before = c.log("slurmctld").len();
+    std::fs::write(&path, text).unwrap();
+    c.wait_until(&format!("slurmctld.log to say {expect:?}"), Duration::from_secs(20), || {
+        c.log("slurmctld")[before..].contains(expect)
+    });
+}
+
+struct RestorePolicy<'a>(&'a TestCluster, String);
+
+impl Drop for RestorePolicy<'_> {
+    fn drop(&mut self) {
+        edit_policy(self.0, &self.1, "reloaded policy");
+    }
+}
+
+#[test]
+fn audit_mode_decides_and_logs_but_changes_nothing() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let bob = bob(c);
+    let path = c.cluster.layout.etc().join("onepool.toml");
+    let original = std::fs::read_to_string(&path).unwrap();
+    let _restore = RestorePolicy(c, original.clone());
+    edit_policy(c, &original.replace("audit = false", "audit = true"), "(5 classes, audit mode)");
+    let before = c.log("slurmctld").len();
+    let j = submit(c, &bob, &["--hold", "--workload=critical-training", "--time=1:00:00", "--wrap", "true"]);
+    let f = c.job_fields(j);
+    assert_eq!(f["QOS"], "normal", "audit mode must not rewrite");
+    assert_eq!(f.get("AdminComment"), None, "audit mode must not record a class");
+    let log = c.log("slurmctld");
+    assert!(
+        log[before..].contains(&format!(
+            "job_submit/onepool: audit: uid {}: would refuse: onepool: class critical-training is protected",
+            bob.uid
+        )),
+        "no audit line"
+    );
+}
+
+#[test]
+fn a_broken_policy_edit_keeps_the_last_good_one_and_a_fix_is_picked_up() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let bob = bob(c);
+    let path = c.cluster.layout.etc().join("onepool.toml");
+    let original = std::fs::read_to_string(&path).unwrap();
+    let _restore = RestorePolicy(c, original.clone());
+    let broken = original.replace("total_gpus = 16", "total_gpus = \"sixteen\"");
+    edit_policy(c, &broken, "keeping the previous policy");
+    let log = c.log("slurmctld");
+    assert!(
+        log.contains("onepool.toml:11:14: error: invalid type: string \"sixteen\", expected u32"),
+        "no located error in slurmctld.log"
+    );
+    let j = submit(c, &bob, &["--hold", "--wrap", "true"]);
+    assert_eq!(c.job_fields(j)["QOS"], "op-agents", "the old policy still applies");
+    // A fixed edit that changes a rule is picked up without a restart.
+    edit_policy(c, &original.replace("default_class = \"agents\"", "default_class = \"training\""), "reloaded policy");
+    let j = submit(c, &bob, &["--hold", "--wrap", "true"]);
+    assert_eq!(c.job_fields(j)["QOS"], "op-training");
+    c.assert_ctld_up();
+}
