@@ -81,7 +81,7 @@ fn render_prints_the_qos_commands_and_the_slurm_conf_fragment() {
     let stdout = text(&out.stdout);
     for line in [
         "sacctmgr -i add qos op-agents set Priority=1000 PreemptMode=cancel MaxTRESPerJob=gres/gpu=4 Flags=DenyOnLimit",
-        "sacctmgr -i add qos op-training set Priority=3000 Preempt=op-inference,op-agents PreemptMode=requeue GraceTime=120 MaxTRESPerJob=gres/gpu=16 Flags=DenyOnLimit",
+        "sacctmgr -i add qos op-training set Priority=3000 Preempt=op-inference,op-agents PreemptMode=requeue GraceTime=120 MaxTRESPerJob=gres/gpu=12 Flags=DenyOnLimit",
         "sacctmgr -i add qos op-critical-training set Priority=10000 Preempt=op-training,op-inference,op-agents PreemptMode=cancel GrpTRES=gres/gpu=8 MaxTRESPerJob=gres/gpu=8 Flags=DenyOnLimit",
         "sacctmgr -i add qos onepool-flexible-cap set GrpTRES=gres/gpu=12 Flags=DenyOnLimit",
         "JobSubmitPlugins=onepool",

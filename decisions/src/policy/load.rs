@@ -514,6 +514,23 @@ fn check_pool_against_classes(ck: &mut Checker, raw: &RawPolicy, pool: &Pool, cl
             "add flexible_partition = \"NAME\" (a partition over the same nodes; render prints it)",
         );
     }
+    let flexible_cap = pool.total_gpus.saturating_sub(reserved_total);
+    for (name, class) in &raw.classes {
+        let Some(c) = classes.iter().find(|c| &c.name == name) else { continue };
+        if let (false, Some(cap), Some(span)) =
+            (c.is_protected(), c.max_gpus_per_job, class.get_ref().max_gpus_per_job.as_ref().map(|s| s.span()))
+        {
+            if reserved_total > 0 && cap > flexible_cap {
+                ck.warn(
+                    span,
+                    format!(
+                        "class {name} allows {cap} GPUs per job, but flexible work may hold at most {flexible_cap} GPUs together ({reserved_total} are reserved): larger jobs would never start"
+                    ),
+                    format!("lower max_gpus_per_job to {flexible_cap} or less"),
+                );
+            }
+        }
+    }
 }
 
 #[cfg(test)]

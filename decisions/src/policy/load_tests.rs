@@ -131,3 +131,12 @@ fn the_flexible_partition_qos_name_is_not_a_class_qos() {
         vec!["p.toml:14:5: error: QOS \"onepool-flexible-cap\" is onepool's own partition QOS of the flexible partition; give the class another QOS".to_string()]
     );
 }
+
+#[test]
+fn a_flexible_cap_beyond_what_flexible_work_may_hold_is_a_warning() {
+    let src = SAMPLE.replace("max_gpus_per_job = 12\ntime_limit = { default = \"1d\" }", "max_gpus_per_job = 16\ntime_limit = { default = \"1d\" }");
+    assert_ne!(src, SAMPLE);
+    let e = errors_of(&src);
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].contains("warning: class training allows 16 GPUs per job, but flexible work may hold at most 12 GPUs together (4 are reserved): larger jobs would never start; lower max_gpus_per_job to 12 or less"), "{}", e[0]);
+}

@@ -26,7 +26,7 @@ fn the_sample_renders_one_qos_per_class_lowest_rank_first() {
         [
             "sacctmgr -i add qos op-agents set Priority=1000 PreemptMode=cancel MaxTRESPerJob=gres/gpu=4 Flags=DenyOnLimit",
             "sacctmgr -i add qos op-inference set Priority=2000 Preempt=op-agents PreemptMode=cancel GraceTime=60 MaxTRESPerJob=gres/gpu=4 Flags=DenyOnLimit",
-            "sacctmgr -i add qos op-training set Priority=3000 Preempt=op-inference,op-agents PreemptMode=requeue GraceTime=120 MaxTRESPerJob=gres/gpu=16 Flags=DenyOnLimit",
+            "sacctmgr -i add qos op-training set Priority=3000 Preempt=op-inference,op-agents PreemptMode=requeue GraceTime=120 MaxTRESPerJob=gres/gpu=12 Flags=DenyOnLimit",
             "sacctmgr -i add qos op-critical-training set Priority=10000 Preempt=op-training,op-inference,op-agents PreemptMode=cancel GrpTRES=gres/gpu=8 MaxTRESPerJob=gres/gpu=8 Flags=DenyOnLimit",
             "sacctmgr -i add qos op-inference-baseline set Priority=10000 Preempt=op-training,op-inference,op-agents PreemptMode=cancel GrpTRES=gres/gpu=4 MaxTRESPerJob=gres/gpu=4 Flags=DenyOnLimit",
             "sacctmgr -i add qos onepool-flexible-cap set GrpTRES=gres/gpu=12 Flags=DenyOnLimit",

@@ -213,7 +213,7 @@ fn only_the_fields_that_differ_are_modified_and_additions_come_first() {
         [
             "sacctmgr -i add qos op-inference set Priority=2000 Preempt=op-agents PreemptMode=cancel GraceTime=60 MaxTRESPerJob=gres/gpu=4 Flags=DenyOnLimit",
             "sacctmgr -i modify qos where name=op-agents set Priority=1000",
-            "sacctmgr -i modify qos where name=op-training set Preempt=op-inference,op-agents PreemptMode=requeue MaxTRESPerJob=gres/gpu=16",
+            "sacctmgr -i modify qos where name=op-training set Preempt=op-inference,op-agents PreemptMode=requeue MaxTRESPerJob=gres/gpu=12",
             "sacctmgr -i modify qos where name=op-critical-training set GrpTRES=gres/gpu=8 Flags+=DenyOnLimit",
             "sacctmgr -i modify qos where name=op-inference-baseline set MaxTRESPerJob=gres/gpu=4 Flags+=DenyOnLimit",
             "sacctmgr -i modify qos where name=onepool-flexible-cap set GraceTime=0 MaxTRESPerJob=gres/gpu=-1",
