@@ -38,11 +38,28 @@ pub struct UpOptions {
     pub install_packages: bool,
     /// Policy file to run with (default: the shipped sample, etc/onepool.toml).
     pub policy: Option<PathBuf>,
+    /// Replaces the JobSubmitPlugins list (`""`: none), e.g. to compare
+    /// plugins in a benchmark. `None`: the site's list merged with onepool.
+    pub job_submit_plugins: Option<String>,
+    /// The site's job_submit.lua (default: etc/dev-cluster/job_submit.lua).
+    pub job_submit_lua: Option<PathBuf>,
+    /// slurm.conf lines that replace the template's settings of the same
+    /// keys (e.g. `MinJobAge=5` for a benchmark that submits many jobs).
+    pub site_conf: Option<PathBuf>,
 }
 
 impl Default for UpOptions {
     fn default() -> Self {
-        UpOptions { nodes: 4, gpus_per_node: 4, plugin_source: None, install_packages: true, policy: None }
+        UpOptions {
+            nodes: 4,
+            gpus_per_node: 4,
+            plugin_source: None,
+            install_packages: true,
+            policy: None,
+            job_submit_plugins: None,
+            job_submit_lua: None,
+            site_conf: None,
+        }
     }
 }
 
@@ -101,7 +118,7 @@ impl Cluster {
             .ctx(|| "chmod munge dir".into())?;
         let spec = Spec::load_or_create(&self.layout, opts)?;
         let policy = self.install_policy(opts)?;
-        let configs_changed = services::write_configs(&self.layout, &spec, &policy)?;
+        let configs_changed = services::write_configs(&self.layout, &spec, &policy, opts)?;
         services::make_gpu_devices(&self.layout, &spec)?;
         let plugins_changed = match &opts.plugin_source {
             Some(src) => services::install_plugins(&self.layout, src)?,

@@ -34,6 +34,15 @@ enum Cmd {
         /// Policy file for the cluster (default: the shipped etc/onepool.toml).
         #[arg(long)]
         policy: Option<PathBuf>,
+        /// Replace the JobSubmitPlugins list ("" = none), e.g. for benchmarks.
+        #[arg(long)]
+        job_submit_plugins: Option<String>,
+        /// The site's job_submit.lua (default: etc/dev-cluster/job_submit.lua).
+        #[arg(long)]
+        job_submit_lua: Option<PathBuf>,
+        /// slurm.conf lines replacing the template's settings of the same keys.
+        #[arg(long)]
+        site_conf: Option<PathBuf>,
     },
     /// Stop every process this cluster started.
     Down,
@@ -58,9 +67,27 @@ fn run(cli: Cli) -> onepool_devcluster::Result<()> {
     let cluster = Cluster::at(&cli.dir)?;
     let mut say = |m: &str| eprintln!("onepool-devcluster: {m}");
     match cli.cmd {
-        Cmd::Up { nodes, gpus_per_node, plugins, no_install, policy } => {
+        Cmd::Up {
+            nodes,
+            gpus_per_node,
+            plugins,
+            no_install,
+            policy,
+            job_submit_plugins,
+            job_submit_lua,
+            site_conf,
+        } => {
             let plugin_source = plugins.or_else(|| std::env::current_exe().ok()?.parent().map(PathBuf::from));
-            let opts = UpOptions { nodes, gpus_per_node, plugin_source, install_packages: !no_install, policy };
+            let opts = UpOptions {
+                nodes,
+                gpus_per_node,
+                plugin_source,
+                install_packages: !no_install,
+                policy,
+                job_submit_plugins,
+                job_submit_lua,
+                site_conf,
+            };
             let spec = cluster.up(&opts, &mut say)?;
             say(&format!(
                 "cluster {} is up: {} nodes x {} GPUs; run: eval \"$({} --dir {} env)\"",

@@ -41,7 +41,7 @@ fn read_site(conf: &str) -> (LiveConfig, Vec<LivePartition>) {
 
 /// (slurm.conf without the keys the policy sets, the policy's settings
 /// merged with the site's values) — so no key is set twice.
-pub(crate) fn merge(site_conf: &str, policy: &Policy) -> Result<(String, String)> {
+pub(crate) fn merge(site_conf: &str, policy: &Policy, job_submit_plugins: Option<&str>) -> Result<(String, String)> {
     let rendered = render(policy);
     let (site, partitions) = read_site(site_conf);
     let changes = live::diff(&rendered, &[], &site, &partitions);
@@ -49,12 +49,40 @@ pub(crate) fn merge(site_conf: &str, policy: &Policy) -> Result<(String, String)
     if !problems.is_empty() {
         return Err(Error::Setup(format!("the policy does not fit the dev cluster: {}", problems.join("; "))));
     }
-    let overridden: HashSet<&str> = changes.slurm_conf.iter().map(|c| c.key).collect();
+    let mut overridden: HashSet<&str> = changes.slurm_conf.iter().map(|c| c.key).collect();
+    let mut include = changes.slurm_conf_text();
+    if let Some(list) = job_submit_plugins {
+        overridden.insert("JobSubmitPlugins");
+        include = replace_setting(&include, "JobSubmitPlugins", list);
+    }
     let kept: Vec<&str> =
         site_conf.lines().filter(|l| l.split_once('=').is_none_or(|(k, _)| !overridden.contains(k.trim()))).collect();
     let header = "# Written by onepool-devcluster from `onepool policy render` of the cluster's\n\
                   # onepool.toml, merged with the site settings in slurm.conf.\n";
-    Ok((kept.join("\n") + "\n", format!("{header}{}", changes.slurm_conf_text())))
+    Ok((kept.join("\n") + "\n", format!("{header}{include}")))
+}
+
+/// The site text with `extra`'s `Key=Value` lines replacing its own
+/// settings of those keys, placed before the final `Include`.
+pub(crate) fn override_settings(site: &str, extra: &str) -> String {
+    let key = |l: &str| l.split_once('=').map(|(k, _)| k.trim().to_string());
+    let extra_lines: Vec<&str> = extra.lines().filter(|l| !l.trim().is_empty()).collect();
+    let keys: HashSet<String> = extra_lines.iter().filter_map(|l| key(l)).collect();
+    let mut out: Vec<&str> = site.lines().filter(|l| key(l).is_none_or(|k| !keys.contains(&k))).collect();
+    let at = out.iter().rposition(|l| l.starts_with("Include ")).unwrap_or(out.len());
+    out.splice(at..at, extra_lines);
+    out.join("\n") + "\n"
+}
+
+/// Sets `key` to `value` in a slurm.conf text (or drops it when `value` is
+/// empty, which is how Slurm spells "no plugins").
+fn replace_setting(text: &str, key: &str, value: &str) -> String {
+    let mut out: Vec<String> =
+        text.lines().filter(|l| l.split_once('=').is_none_or(|(k, _)| k != key)).map(str::to_string).collect();
+    if !value.is_empty() {
+        out.push(format!("# set by `onepool-devcluster up --job-submit-plugins`\n{key}={value}"));
+    }
+    out.join("\n") + "\n"
 }
 
 /// Brings the QOS to the policy (adding or modifying only what differs,
@@ -103,7 +131,7 @@ mod tests {
     #[test]
     fn policy_settings_are_merged_and_never_set_twice() {
         let policy = onepool_decisions::policy::load(include_str!("../../etc/onepool.toml")).policy.unwrap();
-        let (conf, include) = merge(SITE, &policy).unwrap();
+        let (conf, include) = merge(SITE, &policy, None).unwrap();
         assert!(!conf.contains("JobSubmitPlugins"), "{conf}");
         // Contain already implies Alloc: the site's value stays as it is.
         assert!(conf.contains("PrologFlags=Contain") && !include.contains("PrologFlags"), "{conf}{include}");
@@ -111,5 +139,12 @@ mod tests {
         assert!(include.contains("\nJobSubmitPlugins=lua,onepool\n"), "{include}");
         assert!(include.contains("PartitionName=gpu-flex Nodes=ALL QOS=onepool-flexible-cap"), "{include}");
         assert!(include.contains("PreemptType=preempt/qos"), "{include}");
+        let (conf, include) = merge(SITE, &policy, Some("")).unwrap();
+        assert!(!conf.contains("JobSubmitPlugins") && !include.contains("JobSubmitPlugins"), "{include}");
+        let (_, include) = merge(SITE, &policy, Some("lua")).unwrap();
+        let site = override_settings(SITE, "ClusterName=y\nMinJobAge=5\n");
+        assert!(site.contains("ClusterName=y\n") && !site.contains("ClusterName=x"), "{site}");
+        assert!(site.ends_with("MinJobAge=5\nInclude /x/onepool-slurm.conf\n"), "{site}");
+        assert!(include.contains("\nJobSubmitPlugins=lua\n"), "{include}");
     }
 }

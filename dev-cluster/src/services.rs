@@ -84,7 +84,12 @@ fn slurm_plugin_dir() -> Result<PathBuf> {
 }
 
 /// Renders every config file; returns whether any of them changed.
-pub(crate) fn write_configs(l: &Layout, spec: &Spec, policy: &onepool_decisions::policy::Policy) -> Result<bool> {
+pub(crate) fn write_configs(
+    l: &Layout,
+    spec: &Spec,
+    policy: &onepool_decisions::policy::Policy,
+    opts: &crate::UpOptions,
+) -> Result<bool> {
     let dir = display(&l.root);
     let nodes: String = spec
         .node_names()
@@ -121,13 +126,22 @@ pub(crate) fn write_configs(l: &Layout, spec: &Spec, policy: &onepool_decisions:
         ("GPU_LINES", gpu_lines),
     ];
     let text = |template: &str| templates::render(template, &vars).map_err(Error::Setup);
-    let (slurm_conf, policy_conf) = policy_conf::merge(&text(templates::SLURM_CONF)?, policy)?;
+    let mut site = text(templates::SLURM_CONF)?;
+    if let Some(p) = &opts.site_conf {
+        site =
+            policy_conf::override_settings(&site, &fs::read_to_string(p).ctx(|| format!("reading {}", p.display()))?);
+    }
+    let (slurm_conf, policy_conf) = policy_conf::merge(&site, policy, opts.job_submit_plugins.as_deref())?;
     let mut changed = write_file(&l.slurm_conf(), &slurm_conf, 0o644)?;
     changed |= write_file(&l.policy_slurm_conf(), &policy_conf, 0o644)?;
     changed |= write_file(&l.slurmdbd_conf(), &text(templates::SLURMDBD_CONF)?, 0o600)?;
     changed |= write_file(&l.gres_conf(), &text(templates::GRES_CONF)?, 0o644)?;
     changed |= write_file(&l.plugstack_conf(), &text(templates::PLUGSTACK_CONF)?, 0o644)?;
-    changed |= write_file(&l.job_submit_lua(), templates::JOB_SUBMIT_LUA, 0o644)?;
+    let lua = match &opts.job_submit_lua {
+        Some(p) => fs::read_to_string(p).ctx(|| format!("reading {}", p.display()))?,
+        None => templates::JOB_SUBMIT_LUA.to_string(),
+    };
+    changed |= write_file(&l.job_submit_lua(), &lua, 0o644)?;
     Ok(changed)
 }
 

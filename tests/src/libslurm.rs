@@ -27,6 +27,8 @@ fn sym<T: Copy>(lib: *mut c_void, name: &CStr) -> T {
 pub struct Job {
     pub name: String,
     pub qos: Option<String>,
+    pub partition: Option<String>,
+    pub time_limit_min: Option<u32>,
     pub gpus: Option<u32>,
     pub hold: bool,
     pub spank_env: Vec<String>,
@@ -65,6 +67,7 @@ impl LibSlurm {
         let spank: Vec<CString> = job.spank_env.iter().map(|s| c(s)).collect();
         let mut spank_ptrs: Vec<*mut c_char> = spank.iter().map(|s| s.as_ptr() as *mut c_char).collect();
         let qos = job.qos.as_deref().map(c);
+        let partition = job.partition.as_deref().map(c);
         let tres = job.gpus.map(|g| c(&format!("gres:gpu:{g}")));
         d.name = name.as_ptr() as *mut c_char;
         d.script = script.as_ptr() as *mut c_char;
@@ -85,6 +88,12 @@ impl LibSlurm {
         }
         if let Some(q) = &qos {
             d.qos = q.as_ptr() as *mut c_char;
+        }
+        if let Some(p) = &partition {
+            d.partition = p.as_ptr() as *mut c_char;
+        }
+        if let Some(t) = job.time_limit_min {
+            d.time_limit = t;
         }
         if let Some(t) = &tres {
             d.tres_per_job = t.as_ptr() as *mut c_char;

@@ -134,7 +134,10 @@ fn the_flexible_partition_qos_name_is_not_a_class_qos() {
 
 #[test]
 fn a_flexible_cap_beyond_what_flexible_work_may_hold_is_a_warning() {
-    let src = SAMPLE.replace("max_gpus_per_job = 12\ntime_limit = { default = \"1d\" }", "max_gpus_per_job = 16\ntime_limit = { default = \"1d\" }");
+    let src = SAMPLE.replace(
+        "max_gpus_per_job = 12\ntime_limit = { default = \"1d\" }",
+        "max_gpus_per_job = 16\ntime_limit = { default = \"1d\" }",
+    );
     assert_ne!(src, SAMPLE);
     let e = errors_of(&src);
     assert_eq!(e.len(), 1, "{e:?}");
