@@ -35,6 +35,7 @@ fn main() {
     emit_release_cfgs(version);
     println!("cargo:version_number={version}");
     println!("cargo:include={}", include.display());
+    println!("cargo:rustc-env=SLURM_SYS_INCLUDE={}", include.display());
 
     let wrapper = "#include <slurm/slurm.h>\n#include <slurm/slurm_errno.h>\n#include <slurm/spank.h>\n";
     let builder = bindgen::Builder::default()

@@ -1,5 +1,6 @@
 //! `onepool`: the administrator's command for the shared GPU pool.
 
+mod gpus;
 mod policy;
 
 use std::process::ExitCode;
@@ -7,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "onepool", version, about = "One prioritized GPU pool on Slurm: policy tools")]
+#[command(name = "onepool", version, about = "One prioritized GPU pool on Slurm: policy and GPU tools")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -18,6 +19,9 @@ enum Command {
     /// Check the policy file, or render the Slurm configuration that enforces it
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
+    /// List this host's GPUs by device minor number (/dev/nvidiaN) and the processes holding them
+    #[command(after_help = gpus::EXIT_STATUS_HELP)]
+    Gpus(gpus::GpusArgs),
 }
 
 /// Exit status when the command could not do its work at all (unreadable
@@ -28,6 +32,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Policy(cmd) => policy::run(cmd),
+        Command::Gpus(args) => gpus::run(&args),
     };
     match result {
         Ok(code) => code,

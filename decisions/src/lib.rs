@@ -6,6 +6,9 @@
 pub mod annotation;
 pub mod classify;
 pub mod duration;
+pub mod gres_conf;
+pub mod handoff;
+pub mod hostlist;
 pub mod names;
 pub mod policy;
 pub mod record;

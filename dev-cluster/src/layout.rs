@@ -37,6 +37,10 @@ impl Layout {
     pub fn policy(&self) -> PathBuf {
         self.sub("etc/onepool.toml")
     }
+    /// The fake GPU source's "processes on GPUs" file (a test aid).
+    pub fn gpu_processes(&self) -> PathBuf {
+        self.sub("gpu-processes")
+    }
     pub fn job_submit_lua(&self) -> PathBuf {
         self.sub("etc/job_submit.lua")
     }

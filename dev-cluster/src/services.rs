@@ -156,6 +156,16 @@ fn write_file(path: &Path, text: &str, mode: u32) -> Result<bool> {
 }
 
 pub(crate) fn make_gpu_devices(l: &Layout, spec: &Spec) -> Result<()> {
+    let procs = l.gpu_processes();
+    if !procs.exists() {
+        let text = format!(
+            "# Fake GPU source of this dev cluster: `<device minor> <pid>` per process on a GPU.\ngpus 0-{}\n",
+            spec.nodes * spec.gpus_per_node - 1
+        );
+        fs::write(&procs, text).ctx(|| format!("writing {}", procs.display()))?;
+        // Jobs of any user may add their (test) processes.
+        fs::set_permissions(&procs, fs::Permissions::from_mode(0o666)).ctx(|| "chmod gpu-processes".into())?;
+    }
     for minor in 0..spec.nodes * spec.gpus_per_node {
         let path = l.dev().join(format!("nvidia{minor}"));
         if path.exists() {

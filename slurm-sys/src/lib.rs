@@ -15,6 +15,10 @@ pub mod xstring;
 
 pub use bindings::SLURM_VERSION_NUMBER;
 
+/// `NODE_STATE_DRAIN` is `SLURM_BIT(9)` in slurm.h, a macro bindgen cannot
+/// evaluate; the value is checked against the header by a test.
+pub const NODE_STATE_DRAIN: u32 = 1 << 9;
+
 /// `SLURM_VERSION_NUMBER` split into (major, minor, micro).
 pub const fn version() -> (u32, u32, u32) {
     (SLURM_VERSION_NUMBER >> 16, (SLURM_VERSION_NUMBER >> 8) & 0xff, SLURM_VERSION_NUMBER & 0xff)
@@ -80,6 +84,13 @@ mod tests {
         let (major, minor, _) = version();
         assert!(major >= 22, "unexpected Slurm major {major}");
         assert!(minor <= 12);
+    }
+
+    #[test]
+    fn hand_written_constants_match_the_header() {
+        let h = std::fs::read_to_string(concat!(env!("SLURM_SYS_INCLUDE"), "/slurm/slurm.h")).unwrap();
+        assert!(h.contains("#define NODE_STATE_DRAIN      SLURM_BIT(9)"), "NODE_STATE_DRAIN changed in slurm.h");
+        assert_eq!(NODE_STATE_DRAIN, 0x200);
     }
 
     #[test]

@@ -1,26 +1,77 @@
 //! plugstack.conf arguments: `required /path/spank_onepool.so KEY=VALUE...`.
+//! Every bad argument is reported (in the log of the daemon or command that
+//! loaded the plugin) with the accepted forms.
 
-use onepool_decisions::names;
+use std::path::PathBuf;
+use std::time::Duration;
 
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+use onepool_decisions::handoff::DirtyPrologAction;
+use onepool_decisions::{duration, names};
+use onepool_gpu::SourceSpec;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginArgs {
     /// Class given to jobs submitted without `--workload` (else the
     /// slurmctld plugin's policy default applies).
     pub default_workload: Option<String>,
+    /// Where GPU processes come from: NVML, or a fake file on GPU-less dev
+    /// clusters (a test aid), or nowhere (check off).
+    pub gpu_source: SourceSpec,
+    /// How long the epilog/prolog waits for GPUs to be released.
+    pub handoff_timeout: Duration,
+    pub prolog_dirty: DirtyPrologAction,
+    /// Fail prolog/epilog when NVML is missing (default: skip the check).
+    pub require_gpu_source: bool,
+    /// gres.conf that maps Slurm's GPU indices to device files (default:
+    /// beside slurm.conf).
+    pub gres_conf: Option<PathBuf>,
 }
 
-pub const KNOWN: &str = "default_workload=CLASS";
+impl Default for PluginArgs {
+    fn default() -> Self {
+        PluginArgs {
+            default_workload: None,
+            gpu_source: SourceSpec::Nvml,
+            handoff_timeout: Duration::from_secs(30),
+            prolog_dirty: DirtyPrologAction::Fail,
+            require_gpu_source: false,
+            gres_conf: None,
+        }
+    }
+}
+
+pub const KNOWN: &str = "default_workload=CLASS, gpu_source=nvml|fake:PATH|none, handoff_timeout=DURATION, \
+                         prolog_dirty=fail|run, require_gpu_source=yes|no, gres_conf=PATH";
 
 pub fn parse<'a>(args: impl IntoIterator<Item = &'a str>) -> Result<PluginArgs, Vec<String>> {
     let mut out = PluginArgs::default();
     let mut errors = Vec::new();
     for a in args {
+        let mut bad = |why: String| errors.push(format!("plugstack.conf argument {a:?}: {why}"));
         match a.split_once('=') {
             Some(("default_workload", v)) => match names::check_class(v) {
                 Ok(()) => out.default_workload = Some(v.to_string()),
-                Err(e) => errors.push(format!("plugstack.conf argument {a:?}: {e}")),
+                Err(e) => bad(e.to_string()),
             },
-            _ => errors.push(format!("plugstack.conf argument {a:?} is not recognised; known arguments: {KNOWN}")),
+            Some(("gpu_source", v)) => match SourceSpec::parse(v) {
+                Ok(s) => out.gpu_source = s,
+                Err(e) => bad(e.to_string()),
+            },
+            Some(("handoff_timeout", v)) => match duration::parse(v) {
+                Ok(d) => out.handoff_timeout = d,
+                Err(e) => bad(e.to_string()),
+            },
+            Some(("prolog_dirty", v)) => match DirtyPrologAction::parse(v) {
+                Some(p) => out.prolog_dirty = p,
+                None => bad("use fail (the job does not start on a held GPU) or run".into()),
+            },
+            Some(("require_gpu_source", v)) => match v {
+                "yes" => out.require_gpu_source = true,
+                "no" => out.require_gpu_source = false,
+                _ => bad("use yes or no".into()),
+            },
+            Some(("gres_conf", v)) if !v.is_empty() => out.gres_conf = Some(PathBuf::from(v)),
+            _ => bad(format!("not recognised; known arguments: {KNOWN}")),
         }
     }
     if errors.is_empty() {
@@ -36,11 +87,18 @@ mod tests {
 
     #[test]
     fn parses_and_reports_every_bad_argument() {
-        assert_eq!(parse(["default_workload=agents"]).unwrap().default_workload.as_deref(), Some("agents"));
+        let a = parse(["default_workload=agents", "gpu_source=fake:/tmp/gpus", "handoff_timeout=5s", "prolog_dirty=run"])
+            .unwrap();
+        assert_eq!(a.default_workload.as_deref(), Some("agents"));
+        assert_eq!(a.gpu_source, SourceSpec::Fake("/tmp/gpus".into()));
+        assert_eq!(a.handoff_timeout, Duration::from_secs(5));
+        assert_eq!(a.prolog_dirty, DirtyPrologAction::Run);
         assert_eq!(parse([]).unwrap(), PluginArgs::default());
-        let e = parse(["default_workload=Bad", "colour=blue"]).unwrap_err();
-        assert_eq!(e.len(), 2);
+        let e = parse(["default_workload=Bad", "colour=blue", "handoff_timeout=soon", "prolog_dirty=maybe"]).unwrap_err();
+        assert_eq!(e.len(), 4);
         assert!(e[0].contains("invalid workload class name \"Bad\""), "{}", e[0]);
-        assert!(e[1].contains("\"colour=blue\" is not recognised"), "{}", e[1]);
+        assert!(e[1].contains("\"colour=blue\": not recognised; known arguments: default_workload=CLASS"), "{}", e[1]);
+        assert!(e[2].contains("accepted forms"), "{}", e[2]);
+        assert!(e[3].contains("use fail"), "{}", e[3]);
     }
 }

@@ -7,7 +7,7 @@ use onepool_decisions::annotation::{Annotation, Key};
 use slurm_sys::bindings::{spank_context, spank_t};
 use slurm_sys::{guard::guard, host, log};
 
-use crate::args;
+use crate::{args, handoff};
 use crate::options::{self, state, PLUGIN, TABLE};
 
 const OK: c_int = 0;
@@ -41,6 +41,10 @@ pub extern "C" fn slurm_spank_init(sp: spank_t, ac: c_int, av: *mut *mut c_char)
         // Registering in every context (not via a static `spank_options`
         // table, which sbatch/salloc ignore in 22.05) also makes slurmstepd
         // run the callbacks with the values forwarded from the submit host.
+        if context() == spank_context::S_CTX_JOB_SCRIPT {
+            // Prolog/epilog: no options there, only the hand-off check.
+            return OK;
+        }
         let Some(register) = host::spank_option_register() else {
             log::error(&format!("{PLUGIN}: spank_option_register is not available in this process"));
             return FAIL;
@@ -48,12 +52,8 @@ pub extern "C" fn slurm_spank_init(sp: spank_t, ac: c_int, av: *mut *mut c_char)
         if context() == spank_context::S_CTX_SLURMD {
             // Once per slurmd start: the admin's proof that the line in
             // plugstack.conf took effect on this node.
-            log::info(&format!(
-                "{PLUGIN}: loaded in slurmd (built for Slurm {}.{:02}.{})",
-                slurm_sys::version().0,
-                slurm_sys::version().1,
-                slurm_sys::version().2
-            ));
+            let (ma, mi, mc) = slurm_sys::version();
+            log::info(&format!("{PLUGIN}: loaded in slurmd (built for Slurm {ma}.{mi:02}.{mc}); {}", gpu_source_status()));
         }
         for i in 0..options::KEYS.len() {
             // SAFETY: the table is static; Slurm keeps the pointer.
@@ -167,4 +167,36 @@ fn from_job_env(sp: spank_t) -> Annotation {
 
 fn cstr(s: &str) -> CString {
     log::to_cstring_lossy(s)
+}
+
+/// The departing job's GPUs must be free before Slurm hands them on.
+#[no_mangle]
+pub extern "C" fn slurm_spank_job_epilog(sp: spank_t, _ac: c_int, _av: *mut *mut c_char) -> c_int {
+    guard(PLUGIN, "slurm_spank_job_epilog", FAIL, || {
+        let args = state().args.clone();
+        handoff::run(sp, handoff::Phase::Epilog, &args)
+    })
+}
+
+/// Second line of defence: the incoming job's GPUs are clean.
+#[no_mangle]
+pub extern "C" fn slurm_spank_job_prolog(sp: spank_t, _ac: c_int, _av: *mut *mut c_char) -> c_int {
+    guard(PLUGIN, "slurm_spank_job_prolog", FAIL, || {
+        let args = state().args.clone();
+        handoff::run(sp, handoff::Phase::Prolog, &args)
+    })
+}
+
+/// Said once per slurmd start, so an admin sees whether hand-off checks
+/// will run on this node (without a driver they are skipped, not failed).
+fn gpu_source_status() -> String {
+    let spec = state().args.gpu_source.clone();
+    match onepool_gpu::open(&spec) {
+        Ok(Some(mut s)) => match s.devices() {
+            Ok(d) => format!("GPU hand-off checks use {} ({} GPUs visible)", s.describe(), d.len()),
+            Err(e) => format!("GPU hand-off checks: {e}"),
+        },
+        Ok(None) => "GPU hand-off checks are off (gpu_source=none)".to_string(),
+        Err(e) => format!("GPU hand-off checks: {e}"),
+    }
 }

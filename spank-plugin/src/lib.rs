@@ -16,6 +16,7 @@
 
 mod args;
 mod entry;
+mod handoff;
 mod options;
 
 slurm_sys::export_plugin_identity!(name: "onepool", type: "spank");

@@ -5,7 +5,7 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::{c_char, c_int};
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 
 use onepool_decisions::annotation::{Annotation, Key};
 use slurm_sys::bindings::spank_option;
@@ -21,10 +21,7 @@ pub struct State {
     pub args: PluginArgs,
 }
 
-pub static STATE: Mutex<State> = Mutex::new(State {
-    annotation: Annotation { workload: None, reclaim: None, drain_timeout: None, endpoint: None },
-    args: PluginArgs { default_workload: None },
-});
+pub static STATE: LazyLock<Mutex<State>> = LazyLock::new(|| Mutex::new(State::default()));
 
 /// Locks the state, recovering it after a panic elsewhere: a poisoned lock
 /// must not make every later callback fail.

@@ -1,0 +1,121 @@
+//! The GPU hand-off check on the real cluster, with the fake GPU source
+//! (this machine has no NVIDIA driver): a straggler a job leaves on its GPU
+//! is killed by the job's epilog; a GPU held by something else drains the
+//! node with a reason naming the GPU and the holder, and protected work
+//! runs on clean GPUs elsewhere; with no GPU source at all jobs still run.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use onepool_tests::{cluster, Cleanup, TestCluster};
+
+/// The job script's own GPU as a device minor: in the dev cluster node k
+/// holds minors 4(k-1)..4k-1, in Slurm's index order.
+const MINOR_OF_MY_GPU: &str = r#"minor=$(( (${SLURMD_NODENAME#node} - 1) * 4 + ${SLURM_JOB_GPUS%%,*} ))"#;
+
+fn fake_file(c: &TestCluster) -> std::path::PathBuf {
+    c.cluster.layout.gpu_processes()
+}
+
+fn pid_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+fn drained_reason(c: &TestCluster, node: &str) -> Option<String> {
+    let out = c.ok("sinfo", &["-h", "-R", "-N", "-o", "%N|%E"]);
+    out.lines().find_map(|l| l.split_once('|').filter(|(n, _)| *n == node).map(|(_, r)| r.to_string()))
+}
+
+struct Resume<'a>(&'a TestCluster, String, Option<Child>);
+
+impl Drop for Resume<'_> {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.2.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = self.0.run("scontrol", &["update", &format!("NodeName={}", self.1), "State=RESUME"]);
+    }
+}
+
+#[test]
+fn a_straggler_left_on_the_gpu_is_killed_by_the_epilog() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let fake = fake_file(c);
+    let out = std::env::temp_dir().join(format!("onepool-straggler-{}", std::process::id()));
+    let script = format!(
+        "{MINOR_OF_MY_GPU}\nsetsid sleep 1000 </dev/null >/dev/null 2>&1 &\necho \"$minor $!\" >> {}\necho \"$SLURMD_NODENAME $minor $!\" > {}\n",
+        fake.display(),
+        out.display()
+    );
+    let job = c.sbatch(&["--gpus=1", "--wrap", &script]);
+    c.wait_until("the job to finish", Duration::from_secs(30), || c.state(job).is_none());
+    let said = std::fs::read_to_string(&out).expect("the job wrote its straggler");
+    let f: Vec<&str> = said.split_whitespace().collect();
+    let (node, minor, pid): (&str, u32, u32) = (f[0], f[1].parse().unwrap(), f[2].parse().unwrap());
+    assert!(!pid_alive(pid), "the straggler {pid} survived the epilog");
+    assert_eq!(drained_reason(c, node), None, "a cleaned-up GPU must not drain the node");
+    let log = c.log(&format!("slurmd-{node}"));
+    assert!(
+        log.contains(&format!("spank/onepool: epilog of job {job}: killing /dev/nvidia{minor} held by pid {pid} (sleep) of job {job}")),
+        "no kill line in slurmd-{node}.log"
+    );
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn a_gpu_held_by_a_foreign_process_drains_the_node_and_protected_work_runs_elsewhere() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let fake = fake_file(c);
+    // A job takes a GPU; while it runs, something that is not a Slurm job
+    // grabs the same GPU.
+    let job = c.sbatch(&["--gpus=1", "-w", "node2", "--wrap", "sleep 600"]);
+    c.wait_state(job, "RUNNING", Duration::from_secs(30));
+    let index: u32 = c.job_fields(job)["JOB_GPUS"].split(',').next().unwrap().parse().unwrap_or(0);
+    let minor = 4 + index;
+    let holder = Command::new("sleep").arg("1000").env_remove("SLURM_JOB_ID").spawn().unwrap();
+    let holder_pid = holder.id();
+    let _resume = Resume(c, "node2".into(), Some(holder));
+    writeln!(OpenOptions::new().append(true).open(&fake).unwrap(), "{minor} {holder_pid}").unwrap();
+    c.ok("scancel", &[&job.to_string()]);
+    c.wait_until("node2 to be drained by the epilog", Duration::from_secs(30), || drained_reason(c, "node2").is_some());
+    let reason = drained_reason(c, "node2").unwrap();
+    assert!(
+        reason.contains(&format!("onepool: after job {job}: /dev/nvidia{minor} held by pid {holder_pid} (sleep), not a Slurm job")),
+        "sinfo -R reason: {reason}"
+    );
+    // Protected work submitted now runs on clean GPUs elsewhere, not held.
+    let owner = c.sbatch(&["-q", "op-critical-training", "--time=10:00", "--gpus=4", "-N1", "--wrap", "sleep 60"]);
+    c.wait_state(owner, "RUNNING", Duration::from_secs(30));
+    let node = c.job_fields(owner)["NodeList"].clone();
+    assert_ne!(node, "node2");
+}
+
+#[test]
+fn without_any_gpu_source_jobs_still_run() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let plugstack = c.cluster.layout.plugstack_conf();
+    let original = std::fs::read_to_string(&plugstack).unwrap();
+    // slurmstepd reads plugstack.conf for every job: NVML, with no driver here.
+    let nvml = original.replace(&format!("gpu_source=fake:{}", fake_file(c).display()), "gpu_source=nvml");
+    assert_ne!(nvml, original);
+    std::fs::write(&plugstack, &nvml).unwrap();
+    struct Restore(std::path::PathBuf, String);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, &self.1);
+        }
+    }
+    let _restore = Restore(plugstack, original);
+    let out = c.ok("srun", &["--gpus=1", "bash", "-c", "echo ran on $SLURMD_NODENAME"]);
+    assert!(out.contains("ran on node"), "{out}");
+    let job = c.sbatch(&["--gpus=2", "--wrap", "true"]);
+    c.wait_until("the batch job to finish", Duration::from_secs(30), || c.state(job).is_none());
+    assert_eq!(c.sacct_state(job).as_deref(), Some("COMPLETED"));
+    assert!(c.ok("sinfo", &["-h", "-R"]).trim().is_empty(), "no node may be drained for lacking NVML");
+}
