@@ -24,7 +24,11 @@ pub fn gpu_files(gres_conf: &str, node: &str) -> Result<Vec<String>, String> {
             continue;
         }
         if let Some(nodes) = field("NodeName") {
-            if !hostlist::expand(nodes).map_err(|e| format!("gres.conf line {}: NodeName {e}", n + 1))?.iter().any(|h| h == node) {
+            if !hostlist::expand(nodes)
+                .map_err(|e| format!("gres.conf line {}: NodeName {e}", n + 1))?
+                .iter()
+                .any(|h| h == node)
+            {
                 continue;
             }
         }

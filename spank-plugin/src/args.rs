@@ -87,14 +87,16 @@ mod tests {
 
     #[test]
     fn parses_and_reports_every_bad_argument() {
-        let a = parse(["default_workload=agents", "gpu_source=fake:/tmp/gpus", "handoff_timeout=5s", "prolog_dirty=run"])
-            .unwrap();
+        let a =
+            parse(["default_workload=agents", "gpu_source=fake:/tmp/gpus", "handoff_timeout=5s", "prolog_dirty=run"])
+                .unwrap();
         assert_eq!(a.default_workload.as_deref(), Some("agents"));
         assert_eq!(a.gpu_source, SourceSpec::Fake("/tmp/gpus".into()));
         assert_eq!(a.handoff_timeout, Duration::from_secs(5));
         assert_eq!(a.prolog_dirty, DirtyPrologAction::Run);
         assert_eq!(parse([]).unwrap(), PluginArgs::default());
-        let e = parse(["default_workload=Bad", "colour=blue", "handoff_timeout=soon", "prolog_dirty=maybe"]).unwrap_err();
+        let e =
+            parse(["default_workload=Bad", "colour=blue", "handoff_timeout=soon", "prolog_dirty=maybe"]).unwrap_err();
         assert_eq!(e.len(), 4);
         assert!(e[0].contains("invalid workload class name \"Bad\""), "{}", e[0]);
         assert!(e[1].contains("\"colour=blue\": not recognised; known arguments: default_workload=CLASS"), "{}", e[1]);

@@ -7,8 +7,8 @@ use onepool_decisions::annotation::{Annotation, Key};
 use slurm_sys::bindings::{spank_context, spank_t};
 use slurm_sys::{guard::guard, host, log};
 
-use crate::{args, handoff};
 use crate::options::{self, state, PLUGIN, TABLE};
+use crate::{args, handoff};
 
 const OK: c_int = 0;
 const FAIL: c_int = -1;
@@ -53,7 +53,10 @@ pub extern "C" fn slurm_spank_init(sp: spank_t, ac: c_int, av: *mut *mut c_char)
             // Once per slurmd start: the admin's proof that the line in
             // plugstack.conf took effect on this node.
             let (ma, mi, mc) = slurm_sys::version();
-            log::info(&format!("{PLUGIN}: loaded in slurmd (built for Slurm {ma}.{mi:02}.{mc}); {}", gpu_source_status()));
+            log::info(&format!(
+                "{PLUGIN}: loaded in slurmd (built for Slurm {ma}.{mi:02}.{mc}); {}",
+                gpu_source_status()
+            ));
         }
         for i in 0..options::KEYS.len() {
             // SAFETY: the table is static; Slurm keeps the pointer.
@@ -171,19 +174,19 @@ fn cstr(s: &str) -> CString {
 
 /// The departing job's GPUs must be free before Slurm hands them on.
 #[no_mangle]
-pub extern "C" fn slurm_spank_job_epilog(sp: spank_t, _ac: c_int, _av: *mut *mut c_char) -> c_int {
-    guard(PLUGIN, "slurm_spank_job_epilog", FAIL, || {
-        let args = state().args.clone();
-        handoff::run(sp, handoff::Phase::Epilog, &args)
+pub extern "C" fn slurm_spank_job_epilog(sp: spank_t, ac: c_int, av: *mut *mut c_char) -> c_int {
+    guard(PLUGIN, "slurm_spank_job_epilog", FAIL, || match job_script_args(ac, av) {
+        Some(args) => handoff::run(sp, handoff::Phase::Epilog, &args),
+        None => FAIL,
     })
 }
 
 /// Second line of defence: the incoming job's GPUs are clean.
 #[no_mangle]
-pub extern "C" fn slurm_spank_job_prolog(sp: spank_t, _ac: c_int, _av: *mut *mut c_char) -> c_int {
-    guard(PLUGIN, "slurm_spank_job_prolog", FAIL, || {
-        let args = state().args.clone();
-        handoff::run(sp, handoff::Phase::Prolog, &args)
+pub extern "C" fn slurm_spank_job_prolog(sp: spank_t, ac: c_int, av: *mut *mut c_char) -> c_int {
+    guard(PLUGIN, "slurm_spank_job_prolog", FAIL, || match job_script_args(ac, av) {
+        Some(args) => handoff::run(sp, handoff::Phase::Prolog, &args),
+        None => FAIL,
     })
 }
 
@@ -198,5 +201,20 @@ fn gpu_source_status() -> String {
         },
         Ok(None) => "GPU hand-off checks are off (gpu_source=none)".to_string(),
         Err(e) => format!("GPU hand-off checks: {e}"),
+    }
+}
+
+/// The job_script context does not always run `slurm_spank_init` first, so
+/// prolog and epilog read the plugstack.conf arguments they are given.
+fn job_script_args(ac: c_int, av: *mut *mut c_char) -> Option<args::PluginArgs> {
+    let raw = argv(ac, av);
+    match args::parse(raw.iter().map(String::as_str)) {
+        Ok(a) => Some(a),
+        Err(errors) => {
+            for e in errors {
+                log::error(&format!("{PLUGIN}: {e}"));
+            }
+            None
+        }
     }
 }

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use onepool_decisions::handoff::{self, DirtyPrologAction, Holder, Plan};
 use onepool_decisions::gres_conf;
+use onepool_decisions::handoff::{self, DirtyPrologAction, Holder, Plan};
 use onepool_gpu::{devfile, GpuDevice, GpuError, GpuSource};
 use slurm_sys::bindings::{spank_item, spank_t, update_node_msg_t};
 use slurm_sys::NODE_STATE_DRAIN;
@@ -80,7 +80,11 @@ fn job_minors(args: &PluginArgs, node: &str, indices: &[u32], devices: &[GpuDevi
     };
     indices
         .iter()
-        .map(|i| all.get(*i as usize).copied().ok_or_else(|| format!("GPU index {i} is not among the {} GPUs of {node}", all.len())))
+        .map(|i| {
+            all.get(*i as usize)
+                .copied()
+                .ok_or_else(|| format!("GPU index {i} is not among the {} GPUs of {node}", all.len()))
+        })
         .collect()
 }
 
@@ -181,6 +185,7 @@ pub fn run(sp: spank_t, phase: Phase, args: &PluginArgs) -> c_int {
             return if args.require_gpu_source { FAIL } else { OK };
         }
     };
+    log::debug(&format!("{PLUGIN}: {stage} of job {job} on {node}: GPU indices {indices:?} are devices {minors:?}"));
     let plan = settle(&mut *source, phase, job, &minors, args.handoff_timeout);
     let plan = match plan {
         Ok(p) => p,
@@ -191,7 +196,10 @@ pub fn run(sp: spank_t, phase: Phase, args: &PluginArgs) -> c_int {
         return OK;
     }
     let reason = plan.drain_reason(job).unwrap_or_default();
-    log::error(&format!("{PLUGIN}: {stage} of job {job} on {node}: GPU still held after {:?}: {reason}", args.handoff_timeout));
+    log::error(&format!(
+        "{PLUGIN}: {stage} of job {job} on {node}: GPU still held after {:?}: {reason}",
+        args.handoff_timeout
+    ));
     if let Err(e) = drain(&node, &reason) {
         log::error(&format!("{PLUGIN}: cannot drain {node}: {e}"));
     }
@@ -203,7 +211,13 @@ pub fn run(sp: spank_t, phase: Phase, args: &PluginArgs) -> c_int {
 
 /// Kills what may be killed and re-checks until the GPUs are clean or the
 /// timeout passes (CUDA contexts linger a while after SIGKILL).
-fn settle(source: &mut dyn GpuSource, phase: Phase, job: u32, minors: &[u32], timeout: Duration) -> Result<Plan, GpuError> {
+fn settle(
+    source: &mut dyn GpuSource,
+    phase: Phase,
+    job: u32,
+    minors: &[u32],
+    timeout: Duration,
+) -> Result<Plan, GpuError> {
     let deadline = Instant::now() + timeout;
     let mut killed: HashSet<u32> = HashSet::new();
     loop {

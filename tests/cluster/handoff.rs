@@ -60,7 +60,9 @@ fn a_straggler_left_on_the_gpu_is_killed_by_the_epilog() {
     assert_eq!(drained_reason(c, node), None, "a cleaned-up GPU must not drain the node");
     let log = c.log(&format!("slurmd-{node}"));
     assert!(
-        log.contains(&format!("spank/onepool: epilog of job {job}: killing /dev/nvidia{minor} held by pid {pid} (sleep) of job {job}")),
+        log.contains(&format!(
+            "spank/onepool: epilog of job {job}: killing /dev/nvidia{minor} held by pid {pid} (sleep) of job {job}"
+        )),
         "no kill line in slurmd-{node}.log"
     );
     let _ = std::fs::remove_file(out);
@@ -73,9 +75,20 @@ fn a_gpu_held_by_a_foreign_process_drains_the_node_and_protected_work_runs_elsew
     let fake = fake_file(c);
     // A job takes a GPU; while it runs, something that is not a Slurm job
     // grabs the same GPU.
-    let job = c.sbatch(&["--gpus=1", "-w", "node2", "--wrap", "sleep 600"]);
-    c.wait_state(job, "RUNNING", Duration::from_secs(30));
-    let index: u32 = c.job_fields(job)["JOB_GPUS"].split(',').next().unwrap().parse().unwrap_or(0);
+    let said = std::env::temp_dir().join(format!("onepool-gpus-{}", std::process::id()));
+    let _ = std::fs::remove_file(&said);
+    let job = c.sbatch(&[
+        "--gpus=1",
+        "-w",
+        "node2",
+        "--wrap",
+        &format!("echo $SLURM_JOB_GPUS > {}; sleep 600", said.display()),
+    ]);
+    c.wait_until("the job to say which GPU it has", Duration::from_secs(30), || {
+        std::fs::read_to_string(&said).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let index: u32 = std::fs::read_to_string(&said).unwrap().trim().parse().unwrap();
+    let _ = std::fs::remove_file(&said);
     let minor = 4 + index;
     let holder = Command::new("sleep").arg("1000").env_remove("SLURM_JOB_ID").spawn().unwrap();
     let holder_pid = holder.id();
@@ -85,7 +98,9 @@ fn a_gpu_held_by_a_foreign_process_drains_the_node_and_protected_work_runs_elsew
     c.wait_until("node2 to be drained by the epilog", Duration::from_secs(30), || drained_reason(c, "node2").is_some());
     let reason = drained_reason(c, "node2").unwrap();
     assert!(
-        reason.contains(&format!("onepool: after job {job}: /dev/nvidia{minor} held by pid {holder_pid} (sleep), not a Slurm job")),
+        reason.contains(&format!(
+            "onepool: after job {job}: /dev/nvidia{minor} held by pid {holder_pid} (sleep), not a Slurm job"
+        )),
         "sinfo -R reason: {reason}"
     );
     // Protected work submitted now runs on clean GPUs elsewhere, not held.
@@ -118,4 +133,26 @@ fn without_any_gpu_source_jobs_still_run() {
     c.wait_until("the batch job to finish", Duration::from_secs(30), || c.state(job).is_none());
     assert_eq!(c.sacct_state(job).as_deref(), Some("COMPLETED"));
     assert!(c.ok("sinfo", &["-h", "-R"]).trim().is_empty(), "no node may be drained for lacking NVML");
+}
+
+#[test]
+fn the_prolog_cleans_up_leftovers_of_jobs_that_no_longer_run() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    // A process left by a long-gone job sits on node3's first GPU (minor 8).
+    let mut orphan = Command::new("sleep").arg("1000").env("SLURM_JOB_ID", "999999").spawn().unwrap();
+    let pid = orphan.id();
+    writeln!(OpenOptions::new().append(true).open(fake_file(c)).unwrap(), "8 {pid}").unwrap();
+    let job = c.sbatch(&["--gpus=4", "-w", "node3", "--wrap", "true"]);
+    c.wait_until("the job to finish", Duration::from_secs(30), || c.state(job).is_none());
+    assert_eq!(c.sacct_state(job).as_deref(), Some("COMPLETED"));
+    let _ = orphan.wait();
+    assert!(!pid_alive(pid));
+    assert!(
+        c.log("slurmd-node3").contains(&format!(
+            "spank/onepool: prolog of job {job}: killing /dev/nvidia8 held by pid {pid} (sleep) of job 999999"
+        )),
+        "no kill line in slurmd-node3.log"
+    );
+    assert_eq!(drained_reason(c, "node3"), None);
 }
