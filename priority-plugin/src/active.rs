@@ -47,3 +47,38 @@ pub fn load_file(path: &Path) -> Result<(Policy, Vec<String>), Vec<String>> {
         None => Err(lines),
     }
 }
+
+/// Loads the policy at `path` and puts it in force with a fresh user/group
+/// snapshot, logging warnings and unresolved names; returns a one-line
+/// summary. On errors every diagnostic is logged and nothing changes.
+pub fn load_and_install(path: &Path) -> Result<String, ()> {
+    use slurm_sys::log;
+
+    use crate::PLUGIN;
+    match load_file(path) {
+        Ok((policy, warnings)) => {
+            for w in warnings {
+                log::info(&format!("{PLUGIN}: {w}"));
+            }
+            let directory = Snapshot::resolve(&policy);
+            for u in &directory.unresolved {
+                log::error(&format!("{PLUGIN}: policy names {u}, which does not resolve on this host"));
+            }
+            let summary = format!(
+                "{} classes, {} GPUs, {} reserved{}",
+                policy.classes.len(),
+                policy.pool.total_gpus,
+                policy.reserved_gpus(),
+                if policy.pool.audit { ", audit mode: nothing is changed or refused" } else { "" }
+            );
+            set(Some(Active { policy, directory }));
+            Ok(summary)
+        }
+        Err(lines) => {
+            for l in &lines {
+                log::error(&format!("{PLUGIN}: {l}"));
+            }
+            Err(())
+        }
+    }
+}

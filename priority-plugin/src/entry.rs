@@ -7,9 +7,8 @@ use onepool_decisions::classify::{self, Placement, Refusal, Rule, Submitter, Ver
 use slurm_sys::bindings::{job_desc_msg_t, slurm_err_t, SLURM_ERROR, SLURM_SUCCESS};
 use slurm_sys::{guard::guard, log, xstring};
 
-use crate::active::{self, Active};
+use crate::active;
 use crate::job_desc::JobView;
-use crate::nss::Snapshot;
 use crate::{watcher, PLUGIN};
 
 const OK: c_int = SLURM_SUCCESS as c_int;
@@ -23,23 +22,8 @@ pub extern "C" fn init() -> c_int {
     guard(PLUGIN, "init", FAIL, || {
         let (ma, mi, mc) = slurm_sys::version();
         let path = active::policy_path();
-        match active::load_file(&path) {
-            Ok((policy, warnings)) => {
-                for w in warnings {
-                    log::info(&format!("{PLUGIN}: {w}"));
-                }
-                let directory = Snapshot::resolve(&policy);
-                for u in &directory.unresolved {
-                    log::error(&format!("{PLUGIN}: policy names {u}, which does not resolve on this host"));
-                }
-                let summary = format!(
-                    "{} classes, {} GPUs, {} reserved{}",
-                    policy.classes.len(),
-                    policy.pool.total_gpus,
-                    policy.reserved_gpus(),
-                    if policy.pool.audit { ", AUDIT MODE: nothing is changed or refused" } else { "" }
-                );
-                active::set(Some(Active { policy, directory }));
+        match active::load_and_install(&path) {
+            Ok(summary) => {
                 watcher::start(path.clone());
                 log::info(&format!(
                     "{PLUGIN}: loaded (built for Slurm {ma}.{mi:02}.{mc}); policy {} ({summary})",
@@ -47,10 +31,7 @@ pub extern "C" fn init() -> c_int {
                 ));
                 OK
             }
-            Err(lines) => {
-                for l in &lines {
-                    log::error(&format!("{PLUGIN}: {l}"));
-                }
+            Err(()) => {
                 log::error(&format!(
                     "{PLUGIN}: not started: fix {} (check it with `onepool policy check`)",
                     path.display()

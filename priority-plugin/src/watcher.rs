@@ -75,29 +75,8 @@ fn run(path: PathBuf) {
 }
 
 fn reload(path: &Path) {
-    match active::load_file(path) {
-        Ok((policy, warnings)) => {
-            for w in warnings {
-                log::info(&format!("{PLUGIN}: {w}"));
-            }
-            let directory = Snapshot::resolve(&policy);
-            for u in &directory.unresolved {
-                log::error(&format!("{PLUGIN}: policy names {u}, which does not resolve on this host"));
-            }
-            let classes = policy.classes.len();
-            let audit = policy.pool.audit;
-            active::set(Some(Active { policy, directory }));
-            log::info(&format!(
-                "{PLUGIN}: reloaded policy {} ({classes} classes{})",
-                path.display(),
-                if audit { ", audit mode" } else { "" }
-            ));
-        }
-        Err(lines) => {
-            for l in &lines {
-                log::error(&format!("{PLUGIN}: {l}"));
-            }
-            log::error(&format!("{PLUGIN}: keeping the previous policy: {} has errors", path.display()));
-        }
+    match active::load_and_install(path) {
+        Ok(summary) => log::info(&format!("{PLUGIN}: reloaded policy {} ({summary})", path.display())),
+        Err(()) => log::error(&format!("{PLUGIN}: keeping the previous policy: {} has errors", path.display())),
     }
 }

@@ -311,7 +311,7 @@ fn audit_mode_decides_and_logs_but_changes_nothing() {
     let path = c.cluster.layout.etc().join("onepool.toml");
     let original = std::fs::read_to_string(&path).unwrap();
     let _restore = RestorePolicy(c, original.clone());
-    edit_policy(c, &original.replace("audit = false", "audit = true"), "(5 classes, audit mode)");
+    edit_policy(c, &original.replace("audit = false", "audit = true"), "audit mode: nothing is changed or refused)");
     let before = c.log("slurmctld").len();
     let j = submit(c, &bob, &["--hold", "--workload=critical-training", "--time=1:00:00", "--wrap", "true"]);
     let f = c.job_fields(j);
@@ -349,4 +349,40 @@ fn a_broken_policy_edit_keeps_the_last_good_one_and_a_fix_is_picked_up() {
     let j = submit(c, &bob, &["--hold", "--wrap", "true"]);
     assert_eq!(c.job_fields(j)["QOS"], "op-training");
     c.assert_ctld_up();
+}
+
+#[test]
+fn a_broken_policy_at_start_stops_slurmctld_with_every_error_in_its_log() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let l = &c.cluster.layout;
+    let sample = std::fs::read_to_string(l.policy()).unwrap();
+    let broken =
+        sample.replace("default_class = \"agents\"", "default_class = \"nope\"").replace("rank = 3", "rank = 2");
+    let path = std::env::temp_dir().join(format!("onepool-broken-{}.toml", std::process::id()));
+    std::fs::write(&path, &broken).unwrap();
+    onepool_devcluster::process::Tracked::read(&l.pid_file("slurmctld"))
+        .expect("slurmctld runs")
+        .stop(Duration::from_secs(15));
+    let out = std::process::Command::new("timeout")
+        .args(["60", "slurmctld", "-D", "-f"])
+        .arg(l.slurm_conf())
+        .env("SLURM_CONF", l.slurm_conf())
+        .env("ONEPOOL_POLICY", &path)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    // Bring the cluster back before asserting, so later tests find it up.
+    c.cluster.up(&onepool_tests::up_options(), &mut |_| {}).expect("restarting slurmctld");
+    let _ = std::fs::remove_file(&path);
+    assert!(!out.status.success(), "slurmctld started with a broken policy");
+    let shown = path.display().to_string();
+    for want in [
+        format!("job_submit/onepool: {shown}:"),
+        "error: default_class \"nope\" is not a defined class".to_string(),
+        "error: rank 2 is used by classes".to_string(),
+        format!("job_submit/onepool: not started: fix {shown} (check it with `onepool policy check`)"),
+    ] {
+        assert!(said.contains(&want), "slurmctld's output lacks {want:?}:\n{said}");
+    }
 }

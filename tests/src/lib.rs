@@ -49,6 +49,11 @@ fn test_policy() -> PathBuf {
     path
 }
 
+/// How the harness brings the cluster up (also to restart what a test stopped).
+pub fn up_options() -> UpOptions {
+    UpOptions { plugin_source: Some(build_dir()), policy: Some(test_policy()), ..UpOptions::default() }
+}
+
 /// The shared cluster, up and idle.
 pub fn cluster() -> &'static TestCluster {
     static C: OnceLock<TestCluster> = OnceLock::new();
@@ -65,9 +70,8 @@ pub fn cluster() -> &'static TestCluster {
             );
         }
         let cluster = Cluster::at(&dir).expect("cluster folder");
-        let opts = UpOptions { plugin_source: Some(plugins), policy: Some(test_policy()), ..UpOptions::default() };
         let spec = cluster
-            .up(&opts, &mut |m| eprintln!("test-cluster: {m}"))
+            .up(&up_options(), &mut |m| eprintln!("test-cluster: {m}"))
             .unwrap_or_else(|e| panic!("bringing up the test cluster in {} failed: {e}", dir.display()));
         let tc = TestCluster { cluster, spec };
         tc.cancel_all();
