@@ -386,3 +386,30 @@ fn a_broken_policy_at_start_stops_slurmctld_with_every_error_in_its_log() {
         assert!(said.contains(&want), "slurmctld's output lacks {want:?}:\n{said}");
     }
 }
+
+#[test]
+fn render_against_the_live_cluster_prints_only_what_differs() {
+    let c = cluster();
+    let onepool = build_dir().join("onepool");
+    let policy = c.cluster.layout.policy();
+    let render = || {
+        let out = c
+            .cmd(onepool.to_str().unwrap())
+            .args(["policy", "render", "--against-live"])
+            .arg(&policy)
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    // The dev cluster configured itself from this policy.
+    let (ok, out) = render();
+    assert!(ok && out.contains("already matches") && out.contains("nothing to change"), "{out}");
+    // Someone changes a QOS by hand: only that field comes back.
+    c.ok("sacctmgr", &["-i", "modify", "qos", "where", "name=op-agents", "set", "Priority=5"]);
+    let (ok, out) = render();
+    assert!(ok, "{out}");
+    let commands: Vec<&str> = out.lines().filter(|l| l.starts_with("sacctmgr")).collect();
+    assert_eq!(commands, ["sacctmgr -i modify qos where name=op-agents set Priority=1000"], "{out}");
+    c.ok("sacctmgr", &["-i", "modify", "qos", "where", "name=op-agents", "set", "Priority=1000"]);
+    assert!(render().1.contains("nothing to change"));
+}

@@ -105,6 +105,13 @@ fn spank_options_are_checked_on_the_submit_host() {
         "{}",
         r.stderr
     );
+    let r = c.run("salloc", &["--endpoint=Bad Name", "true"]);
+    assert!(!r.ok);
+    assert!(
+        r.stderr.contains("salloc: error: --endpoint: invalid endpoint name \"Bad Name\": it does not start with a lowercase letter (use 1-63 characters: lowercase letters, digits, '-' or '_', starting with a letter)"),
+        "{}",
+        r.stderr
+    );
     let r = c.run("srun", &["--reclaim=later", "true"]);
     assert!(!r.ok);
     assert!(
@@ -113,4 +120,33 @@ fn spank_options_are_checked_on_the_submit_host() {
         "{}",
         r.stderr
     );
+}
+
+#[test]
+fn a_second_cluster_in_another_folder_does_not_collide_and_down_leaves_nothing() {
+    let c = cluster();
+    let dir = onepool_tests::workspace_root().join("target").join("second-cluster");
+    let second = onepool_devcluster::Cluster::at(&dir).unwrap();
+    let opts = onepool_devcluster::UpOptions { nodes: 2, ..onepool_tests::up_options() };
+    let spec = second.up(&opts, &mut |_| {}).expect("second cluster up");
+    assert_ne!(spec.cluster, c.spec.cluster);
+    assert_ne!(spec.ctld_port, c.spec.ctld_port);
+    // Idempotent: a second `up` changes nothing and keeps the same daemons.
+    let before = second.status();
+    second.up(&opts, &mut |_| {}).unwrap();
+    assert_eq!(second.status(), before);
+    let out = second.run("srun", &["--gpus=1", "printenv", "SLURM_CLUSTER_NAME"]).unwrap();
+    assert_eq!(out.trim(), spec.cluster);
+    // Both answer, each with its own nodes.
+    assert_eq!(second.run("sinfo", &["-h", "-N", "-p", "gpu", "-o", "%N"]).unwrap().lines().count(), 2);
+    assert_eq!(c.ok("sinfo", &["-h", "-N", "-p", "gpu", "-o", "%N"]).lines().count(), 4);
+    let pids: Vec<i32> = second.status().iter().filter_map(|(_, p)| *p).collect();
+    assert_eq!(pids.len(), 4 + 2, "munged, mariadbd, slurmdbd, slurmctld and 2 slurmd");
+    second.down(&mut |_| {}).unwrap();
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(stat.is_empty() || stat.contains(") Z "), "pid {pid} still runs after down");
+    }
+    assert!(second.status().iter().all(|(_, p)| p.is_none()));
+    c.assert_ctld_up();
 }
