@@ -44,6 +44,7 @@ fn bench(c: &mut Criterion) {
                 qos: None,
                 annotation: a,
                 gpus: 2,
+                gpu_type: None,
                 time_limit: Some(Duration::from_secs(3600)),
             };
             black_box(classify(&policy, &NoDirectory, who, &job))

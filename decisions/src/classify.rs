@@ -40,6 +40,8 @@ pub struct JobRequest {
     pub qos: Option<String>,
     pub annotation: Annotation,
     pub gpus: u64,
+    /// The GPU type the job names (`--gpus=a100:2`), if any.
+    pub gpu_type: Option<String>,
     pub time_limit: Option<Duration>,
 }
 
@@ -91,7 +93,7 @@ fn refuse(rule: Rule, message: String) -> Verdict {
 
 /// Decides a new job.
 pub fn classify(policy: &Policy, dir: &dyn Directory, who: Submitter, job: &JobRequest) -> Verdict {
-    if !policy.covers_partition(job.partition.as_deref()) {
+    if !policy.covers_partition(job.partition.as_deref()) || !policy.covers_gpu_type(job.gpu_type.as_deref()) {
         return Verdict::Outside;
     }
     let class = match pick_class(policy, job) {

@@ -195,6 +195,17 @@ fn jobs_outside_the_pool_are_left_alone() {
 }
 
 #[test]
+fn jobs_for_gpu_types_outside_the_pool_are_left_alone() {
+    let mut pol = sample();
+    pol.pool.gpu_types = vec!["h200".into()];
+    let mut j = job(Some("gaming"));
+    j.gpu_type = Some("t4".into());
+    assert_eq!(classify(&pol, &dir(), ALICE, &j), Verdict::Outside);
+    j.gpu_type = Some("h200".into());
+    assert_eq!(refused(classify(&pol, &dir(), ALICE, &j)).rule, Rule::UnknownClass);
+}
+
+#[test]
 fn modify_refuses_escalation_into_protected_classes() {
     let pol = sample();
     let m = ModifyRequest { qos: Some("op-critical-training".into()), ..Default::default() };

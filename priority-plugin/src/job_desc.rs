@@ -91,6 +91,10 @@ impl JobView {
             qos: self.qos.clone(),
             annotation,
             gpus: self.gpus(),
+            gpu_type: [&self.tres_per_job, &self.tres_per_node, &self.tres_per_task]
+                .into_iter()
+                .flatten()
+                .find_map(|t| gpus_in(t).1),
             time_limit: self.time_limit_min.map(|m| Duration::from_secs(u64::from(m) * 60)),
         }
     }

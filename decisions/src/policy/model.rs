@@ -138,6 +138,15 @@ impl Policy {
     pub fn flexible_cap(&self) -> u32 {
         self.pool.total_gpus.saturating_sub(self.reserved_gpus())
     }
+    /// Whether a job asking for this GPU type draws on the pool (no type, or
+    /// a pool that lists none, always does).
+    pub fn covers_gpu_type(&self, gpu_type: Option<&str>) -> bool {
+        match gpu_type {
+            None => true,
+            Some(t) => self.pool.gpu_types.is_empty() || self.pool.gpu_types.iter().any(|g| g == t),
+        }
+    }
+
     /// Whether the job's partition is in the pool (no partition = Slurm's
     /// default, which the pool is assumed to cover when it lists one).
     pub fn covers_partition(&self, partition: Option<&str>) -> bool {
