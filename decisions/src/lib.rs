@@ -4,6 +4,7 @@
 //! once, fast, and behaves the same everywhere.
 
 pub mod annotation;
+pub mod autoscale;
 pub mod classify;
 pub mod duration;
 pub mod gres_conf;

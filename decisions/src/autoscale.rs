@@ -1,0 +1,260 @@
+//! How many replicas an inference endpoint should have, from the router's
+//! own signals (requests in flight plus requests queued), in the manner of
+//! Knative's KPA: a long *stable* window smooths normal traffic, a short
+//! *panic* window reacts to bursts, and while panicking the endpoint never
+//! shrinks. Scale-down is further held back by a stabilization delay, so a
+//! dip does not drain replicas that the next minute needs again (each
+//! replica costs a model load to bring back).
+//!
+//! Time is passed in as seconds (`f64`), so the live daemon and the
+//! simulator drive the same code with real or simulated clocks.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScalingPolicy {
+    /// Concurrent requests (in flight + queued) one replica should carry.
+    pub target_per_replica: f64,
+    pub min: u32,
+    pub max: u32,
+    pub stable_window: Duration,
+    pub panic_window: Duration,
+    /// Panic when the panic window wants this many times the ready replicas.
+    pub panic_threshold: f64,
+    /// A lower count is only applied once it has been wanted this long.
+    pub scale_down_delay: Duration,
+}
+
+impl Default for ScalingPolicy {
+    fn default() -> Self {
+        ScalingPolicy {
+            target_per_replica: 8.0,
+            min: 1,
+            max: 8,
+            stable_window: Duration::from_secs(60),
+            panic_window: Duration::from_secs(6),
+            panic_threshold: 2.0,
+            scale_down_delay: Duration::from_secs(120),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Stable,
+    Panic,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Recommendation {
+    pub replicas: u32,
+    pub mode: Mode,
+    pub stable_load: f64,
+    pub panic_load: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Autoscaler {
+    policy: ScalingPolicy,
+    samples: VecDeque<(f64, f64)>,
+    panic_until: Option<f64>,
+    panic_floor: u32,
+    wanted: VecDeque<(f64, u32)>,
+}
+
+fn mean_since(samples: &VecDeque<(f64, f64)>, since: f64) -> f64 {
+    let (sum, n) = samples.iter().filter(|(t, _)| *t >= since).fold((0.0, 0u32), |(s, n), (_, v)| (s + v, n + 1));
+    if n == 0 {
+        0.0
+    } else {
+        sum / f64::from(n)
+    }
+}
+
+impl Autoscaler {
+    pub fn new(policy: ScalingPolicy) -> Autoscaler {
+        Autoscaler { policy, samples: VecDeque::new(), panic_until: None, panic_floor: 0, wanted: VecDeque::new() }
+    }
+
+    pub fn policy(&self) -> &ScalingPolicy {
+        &self.policy
+    }
+
+    /// One observation of the endpoint's load (in flight + queued).
+    pub fn record(&mut self, now: f64, load: f64) {
+        self.samples.push_back((now, load.max(0.0)));
+        let oldest = now - self.policy.stable_window.as_secs_f64();
+        while self.samples.front().is_some_and(|(t, _)| *t < oldest) {
+            self.samples.pop_front();
+        }
+    }
+
+    fn replicas_for(&self, load: f64) -> u32 {
+        let r = (load / self.policy.target_per_replica.max(f64::MIN_POSITIVE)).ceil();
+        if r >= f64::from(u32::MAX) {
+            u32::MAX
+        } else {
+            r as u32
+        }
+    }
+
+    /// The replica count to aim for now, given how many are ready.
+    pub fn recommend(&mut self, now: f64, ready: u32) -> Recommendation {
+        let p = &self.policy;
+        let stable_load = mean_since(&self.samples, now - p.stable_window.as_secs_f64());
+        let panic_load = mean_since(&self.samples, now - p.panic_window.as_secs_f64());
+        let want_stable = self.replicas_for(stable_load);
+        let want_panic = self.replicas_for(panic_load);
+        let bursting = if ready == 0 {
+            want_panic > 0
+        } else {
+            f64::from(want_panic) / f64::from(ready) >= self.policy.panic_threshold
+        };
+        if bursting {
+            if self.panic_until.is_none() {
+                self.panic_floor = ready;
+            }
+            self.panic_until = Some(now + self.policy.stable_window.as_secs_f64());
+        }
+        let panicking = self.panic_until.is_some_and(|until| now < until);
+        let (replicas, mode) = if panicking {
+            // Never shrink while panicking: the burst may still be arriving.
+            self.panic_floor = self.panic_floor.max(want_panic).max(want_stable);
+            (self.panic_floor, Mode::Panic)
+        } else {
+            self.panic_until = None;
+            self.panic_floor = 0;
+            (want_stable, Mode::Stable)
+        };
+        let replicas = self.stabilize_down(now, replicas);
+        Recommendation {
+            replicas: replicas.clamp(self.policy.min, self.policy.max.max(self.policy.min)),
+            mode,
+            stable_load,
+            panic_load,
+        }
+    }
+
+    /// The highest count wanted within the scale-down delay: a lower one
+    /// takes effect only after it has been wanted for the whole delay.
+    fn stabilize_down(&mut self, now: f64, wanted: u32) -> u32 {
+        self.wanted.push_back((now, wanted));
+        let oldest = now - self.policy.scale_down_delay.as_secs_f64();
+        while self.wanted.front().is_some_and(|(t, _)| *t < oldest) {
+            self.wanted.pop_front();
+        }
+        self.wanted.iter().map(|(_, w)| *w).max().unwrap_or(wanted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn scaler() -> Autoscaler {
+        Autoscaler::new(ScalingPolicy {
+            target_per_replica: 10.0,
+            min: 1,
+            max: 20,
+            stable_window: Duration::from_secs(60),
+            panic_window: Duration::from_secs(6),
+            panic_threshold: 2.0,
+            scale_down_delay: Duration::from_secs(30),
+        })
+    }
+
+    /// Feeds `load` once a second from `from` to `to` and returns the last recommendation.
+    fn run(a: &mut Autoscaler, from: u32, to: u32, load: f64, ready: &mut u32) -> Recommendation {
+        let mut last = None;
+        for t in from..to {
+            a.record(f64::from(t), load);
+            let r = a.recommend(f64::from(t), *ready);
+            *ready = r.replicas;
+            last = Some(r);
+        }
+        last.unwrap()
+    }
+
+    #[test]
+    fn steady_load_gets_load_over_target() {
+        let mut a = scaler();
+        let mut ready = 4;
+        let r = run(&mut a, 0, 120, 40.0, &mut ready);
+        assert_eq!((r.replicas, r.mode), (4, Mode::Stable));
+    }
+
+    #[test]
+    fn a_burst_panics_and_scales_at_once_then_holds() {
+        let mut a = scaler();
+        let mut ready = 2;
+        run(&mut a, 0, 120, 20.0, &mut ready);
+        assert_eq!(ready, 2);
+        // Load jumps 5x: within the panic window the count follows it.
+        let r = run(&mut a, 120, 126, 100.0, &mut ready);
+        assert_eq!(r.mode, Mode::Panic);
+        assert!(r.replicas >= 8, "{r:?}");
+        // The burst ends: no shrinking while panicking...
+        let peak = ready;
+        let r = run(&mut a, 126, 150, 10.0, &mut ready);
+        assert_eq!((r.mode, r.replicas), (Mode::Panic, peak));
+        // ...and after the panic and the scale-down delay, back to the load.
+        let r = run(&mut a, 150, 400, 10.0, &mut ready);
+        assert_eq!((r.mode, r.replicas), (Mode::Stable, 1));
+    }
+
+    #[test]
+    fn scale_down_waits_for_the_delay() {
+        let mut a = scaler();
+        let mut ready = 5;
+        run(&mut a, 0, 120, 50.0, &mut ready);
+        assert_eq!(ready, 5);
+        // Load halves: the stable average drifts down, but no lower count
+        // applies before it has been wanted for 30 s.
+        let mut first_drop = None;
+        for t in 120..300 {
+            a.record(f64::from(t), 25.0);
+            let r = a.recommend(f64::from(t), ready);
+            if r.replicas < 5 && first_drop.is_none() {
+                first_drop = Some(t);
+            }
+            ready = r.replicas;
+        }
+        assert!(first_drop.unwrap() >= 120 + 30, "{first_drop:?}");
+        assert_eq!(ready, 3);
+    }
+
+    #[test]
+    fn bounds_hold() {
+        let mut a = scaler();
+        let mut ready = 1;
+        assert_eq!(run(&mut a, 0, 100, 0.0, &mut ready).replicas, 1, "min");
+        assert_eq!(run(&mut a, 100, 200, 10_000.0, &mut ready).replicas, 20, "max");
+    }
+
+    proptest! {
+        /// Whatever the load, the recommendation stays within [min, max].
+        #[test]
+        fn always_within_bounds(loads in proptest::collection::vec(0.0f64..1e6, 1..200)) {
+            let mut a = scaler();
+            let mut ready = 1;
+            for (t, l) in loads.iter().enumerate() {
+                a.record(t as f64, *l);
+                let r = a.recommend(t as f64, ready);
+                prop_assert!((1..=20).contains(&r.replicas));
+                ready = r.replicas;
+            }
+        }
+
+        /// More steady load never asks for fewer replicas.
+        #[test]
+        fn monotone_in_steady_load(l1 in 0.0f64..500.0, extra in 0.0f64..500.0) {
+            let (mut a, mut b) = (scaler(), scaler());
+            let (mut ra, mut rb) = (1, 1);
+            let x = run(&mut a, 0, 200, l1, &mut ra);
+            let y = run(&mut b, 0, 200, l1 + extra, &mut rb);
+            prop_assert!(y.replicas >= x.replicas);
+        }
+    }
+}
