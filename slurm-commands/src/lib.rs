@@ -4,8 +4,10 @@
 //! failures that say which command failed, what it printed, and whether
 //! trying again can help.
 
+pub mod adapter;
 pub mod fake;
 pub mod live;
 pub mod runner;
+pub mod state;
 
 pub use runner::{run, CommandError, Runner, SystemRunner};

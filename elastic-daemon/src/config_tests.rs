@@ -1,0 +1,50 @@
+use super::*;
+
+#[test]
+fn the_example_parses() {
+    let src = include_str!("../onepoold.example.toml");
+    let c = parse("onepoold.example.toml", src).unwrap();
+    assert_eq!(c.endpoints.len(), 1);
+    assert_eq!(c.control_socket_mode, 0o600);
+    assert!(c.endpoints[0].health.is_some());
+}
+
+#[test]
+fn every_problem_is_reported_with_line_and_column() {
+    let src = r#"control_socket = "/tmp/x.sock"
+metrics_address = "0.0.0.0:9464"
+
+[[endpoint]]
+name = "chat"
+listen = "not-an-address"
+queue_timeout = "soon"
+
+[[endpoint]]
+name = "chat"
+listen = "127.0.0.1:8000"
+replica_concurrency = 0
+"#;
+    let e = parse("r.toml", src).unwrap_err();
+    let all = e.to_string();
+    assert!(all.contains("r.toml:2:19: error: metrics_address 0.0.0.0:9464 is not a loopback"), "{all}");
+    assert!(all.contains("r.toml:6:10: error: listen = \"not-an-address\""), "{all}");
+    assert!(all.contains("r.toml:7:17: error: queue_timeout"), "{all}");
+    assert!(all.contains("r.toml:10:8: error: endpoint \"chat\" is defined twice"), "{all}");
+    assert!(all.contains("r.toml:12:23: error: replica_concurrency = 0 is out of range"), "{all}");
+    assert_eq!(e.0.len(), 5, "{all}");
+}
+
+#[test]
+fn syntax_and_unknown_keys_have_a_place() {
+    let e =
+        parse("r.toml", "control_socket = \"/s\"\n[[endpoint]]\nname = \"a\"\nlisten = \"127.0.0.1:1\"\nqueue = 3\n")
+            .unwrap_err();
+    assert!(e.0[0].starts_with("r.toml:5:1: error: unknown field `queue`"), "{}", e);
+}
+
+#[test]
+fn durations_accept_milliseconds() {
+    assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+    assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+    assert!(parse_duration("xms").is_err());
+}

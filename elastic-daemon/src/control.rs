@@ -1,0 +1,269 @@
+//! The control API: JSON over HTTP/1.1 on a unix socket. Replicas enter an
+//! endpoint only through here (or the daemon itself), so the socket is the
+//! trust boundary: file mode 0600 by default, and every connection's peer
+//! uid (SO_PEERCRED) must be root or the daemon's own.
+//!
+//! - `GET  /v1/state`
+//! - `POST /v1/endpoints/NAME/replicas`        `{"address": "10.0.0.5:8000", "concurrency": 8, "ready": false}`
+//! - `POST /v1/endpoints/NAME/replicas/remove` `{"address": "..."}`
+//! - `POST /v1/endpoints/NAME/replicas/drain`  `{"address": "...", "deadline": "30s"}`
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+
+use crate::daemon::Router;
+
+/// Only root and the daemon's own user may change the router.
+pub fn peer_allowed(peer_uid: u32, own_uid: u32) -> bool {
+    peer_uid == 0 || peer_uid == own_uid
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("control socket {path}: {action}: {source}")]
+    Io { path: String, action: &'static str, source: std::io::Error },
+    #[error("control socket {path} exists and is not a socket; remove it or choose another control_socket")]
+    NotASocket { path: String },
+    #[error("control request: {0}")]
+    Http(String),
+}
+
+/// Binds the socket (replacing a stale one from an earlier run) and sets
+/// its mode before anyone can connect through the listener.
+pub fn bind(path: &Path, mode: u32) -> Result<UnixListener, ControlError> {
+    let p = path.display().to_string();
+    let io = |action, source| ControlError::Io { path: p.clone(), action, source };
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(ControlError::NotASocket { path: p });
+        }
+        std::fs::remove_file(path).map_err(|e| io("removing the stale socket", e))?;
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| io("creating its folder", e))?;
+    }
+    // The umask makes the socket private from the moment it exists; the
+    // chmod then sets the configured mode.
+    // SAFETY: umask only swaps the process's file-creation mask.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    let listener = bound.map_err(|e| io("binding", e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| io("setting its mode", e))?;
+    Ok(listener)
+}
+
+/// Serves the control API until `shutdown` turns true.
+pub async fn serve(listener: UnixListener, router: Arc<Router>, mut shutdown: watch::Receiver<bool>) {
+    // SAFETY: geteuid has no preconditions.
+    let own_uid = unsafe { libc::geteuid() };
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!("control socket accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = crate::daemon::stopped(&mut shutdown) => return,
+        };
+        let uid = match stream.peer_cred() {
+            Ok(c) => c.uid(),
+            Err(e) => {
+                tracing::warn!("control socket: cannot read the peer's credentials: {e}");
+                continue;
+            }
+        };
+        if !peer_allowed(uid, own_uid) {
+            tracing::warn!(
+                uid,
+                "control socket: refused a connection from a uid that is neither root nor the daemon's"
+            );
+            continue;
+        }
+        let router = router.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let router = router.clone();
+                async move { Ok::<_, Infallible>(handle(req, &router).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    r
+}
+
+fn error(status: StatusCode, message: impl std::fmt::Display) -> Response<Full<Bytes>> {
+    reply(status, json!({ "error": message.to_string() }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddBody {
+    address: SocketAddr,
+    concurrency: Option<u32>,
+    ready: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplicaBody {
+    address: SocketAddr,
+    deadline: Option<String>,
+}
+
+async fn handle(req: Request<Incoming>, router: &Router) -> Response<Full<Bytes>> {
+    let (parts, body) = req.into_parts();
+    let body = match Limited::new(body, 64 * 1024).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("request body: {e}")),
+    };
+    let segments: Vec<&str> = parts.uri.path().trim_matches('/').split('/').collect();
+    match (&parts.method, segments.as_slice()) {
+        (&Method::GET, ["v1", "state"]) => {
+            let eps: Vec<_> = router.endpoints.values().map(|e| e.endpoint.snapshot()).collect();
+            reply(StatusCode::OK, json!({ "endpoints": eps }))
+        }
+        (&Method::POST, ["v1", "endpoints", name, "replicas", rest @ ..]) => {
+            let Some(ep) = router.endpoints.get(*name) else {
+                let known: Vec<_> = router.endpoints.keys().collect();
+                return error(StatusCode::NOT_FOUND, format!("no endpoint {name:?}; configured: {known:?}"));
+            };
+            match rest {
+                [] => {
+                    let b: AddBody = match serde_json::from_slice(&body) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            return error(
+                                StatusCode::BAD_REQUEST,
+                                format!(
+                                "body: {e}; expected {{\"address\": \"IP:PORT\", \"concurrency\": N, \"ready\": BOOL}}"
+                            ),
+                            )
+                        }
+                    };
+                    let ready = b.ready.unwrap_or(!ep.health_checked);
+                    match ep.endpoint.add(b.address, b.concurrency, ready) {
+                        Ok(id) => {
+                            tracing::info!(endpoint = %name, address = %b.address, ready, "replica added");
+                            reply(StatusCode::CREATED, json!({ "id": id }))
+                        }
+                        Err(e) => error(StatusCode::CONFLICT, e),
+                    }
+                }
+                [action @ ("remove" | "drain")] => {
+                    let b: ReplicaBody = match serde_json::from_slice(&body) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            return error(
+                                StatusCode::BAD_REQUEST,
+                                format!("body: {e}; expected {{\"address\": \"IP:PORT\", \"deadline\": \"30s\"}}"),
+                            )
+                        }
+                    };
+                    if *action == "remove" {
+                        return match ep.endpoint.remove(b.address) {
+                            Ok(r) => {
+                                tracing::info!(endpoint = %name, address = %b.address, in_flight = r.in_flight, "replica removed");
+                                reply(StatusCode::OK, json!({ "removed": r }))
+                            }
+                            Err(e) => error(StatusCode::NOT_FOUND, e),
+                        };
+                    }
+                    let deadline = match b.deadline.as_deref().map(crate::config::parse_duration) {
+                        None => Duration::from_secs(30),
+                        Some(Ok(d)) => d,
+                        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, format!("deadline: {e}")),
+                    };
+                    tracing::info!(endpoint = %name, address = %b.address, ?deadline, "drain started");
+                    match ep.endpoint.drain(b.address, deadline).await {
+                        Ok(outcome) => {
+                            tracing::info!(endpoint = %name, address = %b.address, ?outcome, "drain ended");
+                            reply(StatusCode::OK, serde_json::to_value(outcome).unwrap_or(Value::Null))
+                        }
+                        Err(e) => error(StatusCode::NOT_FOUND, e),
+                    }
+                }
+                _ => error(StatusCode::NOT_FOUND, format!("no such path {}", parts.uri.path())),
+            }
+        }
+        _ => error(
+            StatusCode::NOT_FOUND,
+            format!("no such request {} {}; see `GET /v1/state`", parts.method, parts.uri.path()),
+        ),
+    }
+}
+
+/// One control request from a client (the CLI, tests): returns the status
+/// and the JSON answer.
+pub async fn request(
+    socket: &Path,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> Result<(StatusCode, Value), ControlError> {
+    let p = socket.display().to_string();
+    let stream = UnixStream::connect(socket).await.map_err(|source| ControlError::Io {
+        path: p.clone(),
+        action: "connecting",
+        source,
+    })?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| ControlError::Http(e.to_string()))?;
+    tokio::spawn(conn);
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::HOST, "onepoold")
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| ControlError::Http(e.to_string()))?;
+    let resp = sender.send_request(req).await.map_err(|e| ControlError::Http(e.to_string()))?;
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.map_err(|e| ControlError::Http(e.to_string()))?.to_bytes();
+    let value = serde_json::from_slice(&bytes).map_err(|e| ControlError::Http(format!("answer is not JSON: {e}")))?;
+    Ok((status, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_root_and_own_uid_are_allowed() {
+        assert!(peer_allowed(0, 1000));
+        assert!(peer_allowed(1000, 1000));
+        assert!(!peer_allowed(1001, 1000));
+        assert!(!peer_allowed(65534, 0));
+    }
+}

@@ -1,0 +1,179 @@
+//! Starting and stopping the whole router from a [`Config`]: one proxy
+//! listener per endpoint, health checkers, the control socket and the
+//! metrics listener. The binary and the integration tests share this.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+use crate::control::{self, ControlError};
+use crate::endpoint::{Endpoint, QueueSettings};
+use crate::metrics::Metrics;
+
+pub struct RoutedEndpoint {
+    pub endpoint: Arc<Endpoint>,
+    /// Replicas start as "starting" and wait for health checks when true.
+    pub health_checked: bool,
+    /// The address the listener is bound to (the configured port, or the
+    /// one the kernel chose for port 0).
+    pub listen: SocketAddr,
+}
+
+pub struct Router {
+    pub endpoints: BTreeMap<String, RoutedEndpoint>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("endpoint {endpoint:?}: cannot listen on {address}: {source}; is another process using it?")]
+    Listen { endpoint: String, address: SocketAddr, source: std::io::Error },
+    #[error("metrics: cannot listen on {address}: {source}")]
+    Metrics { address: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Control(#[from] ControlError),
+}
+
+pub struct Daemon {
+    pub router: Arc<Router>,
+    pub metrics: Arc<Metrics>,
+    pub metrics_address: Option<SocketAddr>,
+    pub control_socket: PathBuf,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Daemon {
+    /// Binds every listener first, so a bad address fails the start
+    /// before anything serves.
+    pub async fn start(config: Config) -> Result<Daemon, StartError> {
+        let metrics = Arc::new(Metrics::new());
+        let (tx, rx) = watch::channel(false);
+        let mut endpoints = BTreeMap::new();
+        let mut listeners = Vec::new();
+        for e in &config.endpoints {
+            let listener = TcpListener::bind(e.listen).await.map_err(|source| StartError::Listen {
+                endpoint: e.name.clone(),
+                address: e.listen,
+                source,
+            })?;
+            let listen = listener.local_addr().unwrap_or(e.listen);
+            let endpoint = Endpoint::new(
+                &e.name,
+                e.replica_concurrency,
+                QueueSettings { size: e.queue_size, timeout: e.queue_timeout },
+                e.thresholds,
+                metrics.clone(),
+            );
+            endpoints.insert(
+                e.name.clone(),
+                RoutedEndpoint { endpoint: endpoint.clone(), health_checked: e.health.is_some(), listen },
+            );
+            listeners.push((listener, endpoint, e.clone()));
+        }
+        let metrics_listener = match config.metrics_address {
+            Some(address) => {
+                Some(TcpListener::bind(address).await.map_err(|source| StartError::Metrics { address, source })?)
+            }
+            None => None,
+        };
+        let metrics_address = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+        let control_listener = control::bind(&config.control_socket, config.control_socket_mode)?;
+        let router = Arc::new(Router { endpoints });
+        let mut tasks = Vec::new();
+        for (listener, endpoint, e) in listeners {
+            if let Some(check) = e.health.clone() {
+                tasks.push(tokio::spawn(crate::health::run(endpoint.clone(), check, rx.clone())));
+            }
+            let serve = crate::proxy::serve(
+                listener,
+                endpoint,
+                e.proxy.clone(),
+                metrics.clone(),
+                rx.clone(),
+                config.shutdown_grace,
+            );
+            tasks.push(tokio::spawn(serve));
+        }
+        tasks.push(tokio::spawn(control::serve(control_listener, router.clone(), rx.clone())));
+        if let Some(l) = metrics_listener {
+            tasks.push(tokio::spawn(serve_metrics(l, metrics.clone(), rx.clone())));
+        }
+        Ok(Daemon { router, metrics, metrics_address, control_socket: config.control_socket, shutdown: tx, tasks })
+    }
+
+    pub fn endpoint(&self, name: &str) -> Option<&RoutedEndpoint> {
+        self.router.endpoints.get(name)
+    }
+
+    /// Stops accepting everywhere, lets in-flight requests finish (each
+    /// listener waits up to the configured grace), then returns.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        let _ = std::fs::remove_file(&self.control_socket);
+    }
+}
+
+async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = crate::daemon::stopped(&mut shutdown) => return,
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                let metrics = metrics.clone();
+                async move {
+                    let mut r = if req.uri().path() == "/metrics" {
+                        let mut r = Response::new(Full::new(Bytes::from(metrics.encode())));
+                        r.headers_mut().insert(
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static(
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            ),
+                        );
+                        r
+                    } else {
+                        Response::new(Full::new(Bytes::from_static(b"metrics are at /metrics\n")))
+                    };
+                    if req.uri().path() != "/metrics" {
+                        *r.status_mut() = StatusCode::NOT_FOUND;
+                    }
+                    Ok::<_, Infallible>(r)
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+/// Resolves once `shutdown` turns true (or its sender is gone).
+pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|s| *s).await;
+}

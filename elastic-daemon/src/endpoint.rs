@@ -1,0 +1,391 @@
+//! One endpoint at run time: its replica pool behind a lock, the bounded
+//! FIFO of requests waiting for a free replica, and drains. Waiting uses
+//! oneshot channels and `Notify`, never polling: a released slot is handed
+//! straight to the oldest waiter that can use it.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::{oneshot, Notify};
+
+use crate::metrics::{replica_labels, EndpointLabels, Metrics};
+use crate::registry::{HealthThresholds, Pool, RegistryError, Replica, ReplicaId, ReplicaState, Transition};
+
+#[derive(Clone, Debug)]
+pub struct QueueSettings {
+    /// Requests that may wait at once; one more gets 503.
+    pub size: usize,
+    /// How long a request waits for a replica before it gets 503.
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AcquireError {
+    #[error("every replica is busy and the queue is full")]
+    QueueFull,
+    #[error("no replica became free within the queue timeout")]
+    TimedOut,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum DrainOutcome {
+    /// Every in-flight request finished.
+    Drained { millis: u64 },
+    /// The deadline passed with requests still in flight.
+    TimedOut { in_flight: u32 },
+    /// The replica was removed while draining.
+    Removed { in_flight: u32 },
+}
+
+struct Waiter {
+    id: u64,
+    exclude: Vec<ReplicaId>,
+    tx: oneshot::Sender<ReplicaId>,
+}
+
+struct Inner {
+    pool: Pool,
+    waiters: VecDeque<Waiter>,
+    next_waiter: u64,
+    /// Woken when a draining replica's last request ends (or it is removed).
+    drains: HashMap<ReplicaId, Arc<Notify>>,
+    peak_queue: usize,
+}
+
+pub struct Endpoint {
+    name: String,
+    default_limit: u32,
+    queue: QueueSettings,
+    inner: Mutex<Inner>,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EndpointSnapshot {
+    pub name: String,
+    pub queued: usize,
+    pub peak_queued: usize,
+    pub replicas: Vec<Replica>,
+}
+
+impl Endpoint {
+    pub fn new(
+        name: &str,
+        default_limit: u32,
+        queue: QueueSettings,
+        thresholds: HealthThresholds,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Endpoint> {
+        Arc::new(Endpoint {
+            name: name.to_string(),
+            default_limit,
+            queue,
+            inner: Mutex::new(Inner {
+                pool: Pool::new(name, thresholds),
+                waiters: VecDeque::new(),
+                next_waiter: 0,
+                drains: HashMap::new(),
+                peak_queue: 0,
+            }),
+            metrics,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn queue_settings(&self) -> &QueueSettings {
+        &self.queue
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves counters that are still
+        // consistent enough to serve; keep routing rather than cascade.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn snapshot(&self) -> EndpointSnapshot {
+        let g = self.lock();
+        EndpointSnapshot {
+            name: self.name.clone(),
+            queued: g.waiters.len(),
+            peak_queued: g.peak_queue,
+            replicas: g.pool.replicas().to_vec(),
+        }
+    }
+
+    pub fn add(&self, address: SocketAddr, limit: Option<u32>, ready: bool) -> Result<ReplicaId, RegistryError> {
+        let mut g = self.lock();
+        let id = g.pool.add(address, limit.unwrap_or(self.default_limit), ready)?;
+        self.metrics.in_flight.get_or_create(&replica_labels(&self.name, &address.to_string())).set(0);
+        self.dispatch(&mut g);
+        Ok(id)
+    }
+
+    pub fn remove(&self, address: SocketAddr) -> Result<Replica, RegistryError> {
+        let mut g = self.lock();
+        let r = g.pool.remove(address)?;
+        if let Some(n) = g.drains.remove(&r.id) {
+            n.notify_waiters();
+        }
+        Ok(r)
+    }
+
+    /// Records a health-check result; a replica that became ready takes
+    /// waiting requests at once.
+    pub fn health_result(&self, id: ReplicaId, ok: bool) -> Option<Transition> {
+        let mut g = self.lock();
+        let t = g.pool.health_result(id, ok);
+        if matches!(t, Some(Transition { to: ReplicaState::Ready, .. })) {
+            self.dispatch(&mut g);
+        }
+        t
+    }
+
+    /// The replica said it is draining (the launcher's 503 with
+    /// `x-onepool-draining: 1`): no new requests go to it from now on.
+    pub fn backend_draining(&self, id: ReplicaId) {
+        let mut g = self.lock();
+        if let Some(t) = g.pool.begin_drain(id, Instant::now()) {
+            tracing::info!(endpoint = %self.name, replica = id, from = ?t.from, "replica reports draining; out of rotation");
+        }
+    }
+
+    /// Replicas to health-check: every one not draining.
+    pub fn health_targets(&self) -> Vec<(ReplicaId, SocketAddr)> {
+        let g = self.lock();
+        g.pool.replicas().iter().filter(|r| r.state != ReplicaState::Draining).map(|r| (r.id, r.address)).collect()
+    }
+
+    /// A replica for one request: at once if one has room, else after
+    /// waiting in the bounded queue. `exclude` lists replicas this request
+    /// already failed on.
+    pub async fn acquire(self: &Arc<Self>, exclude: &[ReplicaId]) -> Result<Lease, AcquireError> {
+        let (waiter_id, rx) = {
+            let mut g = self.lock();
+            if let Some(id) = g.pool.choose(exclude) {
+                return Ok(self.lease(&g, id));
+            }
+            if g.waiters.len() >= self.queue.size {
+                return Err(AcquireError::QueueFull);
+            }
+            let (tx, rx) = oneshot::channel();
+            let wid = g.next_waiter;
+            g.next_waiter += 1;
+            g.waiters.push_back(Waiter { id: wid, exclude: exclude.to_vec(), tx });
+            g.peak_queue = g.peak_queue.max(g.waiters.len());
+            self.set_queue_gauge(&g);
+            (wid, rx)
+        };
+        // The guard owns the receiver so that a request dropped mid-wait
+        // (client gone) leaves the queue, or gives back a slot it was handed.
+        let mut guard = WaiterGuard { endpoint: self, id: waiter_id, rx: Some(rx) };
+        let granted = {
+            let rx = guard.rx.as_mut().expect("set above");
+            tokio::time::timeout(self.queue.timeout, rx).await
+        };
+        match granted {
+            Ok(Ok(id)) => {
+                guard.rx = None;
+                let g = self.lock();
+                Ok(self.lease(&g, id))
+            }
+            // The sender is dropped only after a send or with its queue
+            // entry; neither leaves a slot behind.
+            Ok(Err(_)) => {
+                guard.rx = None;
+                Err(AcquireError::TimedOut)
+            }
+            Err(_) => {
+                let mut rx = guard.rx.take().expect("set above");
+                let mut g = self.lock();
+                if let Some(i) = g.waiters.iter().position(|w| w.id == waiter_id) {
+                    g.waiters.remove(i);
+                    self.set_queue_gauge(&g);
+                    return Err(AcquireError::TimedOut);
+                }
+                // Handed a slot just as the timeout fired: use it.
+                match rx.try_recv() {
+                    Ok(id) => Ok(self.lease(&g, id)),
+                    Err(_) => Err(AcquireError::TimedOut),
+                }
+            }
+        }
+    }
+
+    fn lease(self: &Arc<Self>, g: &Inner, id: ReplicaId) -> Lease {
+        let address = g.pool.get(id).map(|r| r.address).unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+        if let Some(r) = g.pool.get(id) {
+            self.metrics
+                .in_flight
+                .get_or_create(&replica_labels(&self.name, &address.to_string()))
+                .set(r.in_flight as i64);
+        }
+        Lease { endpoint: self.clone(), id, address, released: false }
+    }
+
+    fn set_queue_gauge(&self, g: &Inner) {
+        self.metrics
+            .queue_depth
+            .get_or_create(&EndpointLabels { endpoint: self.name.clone() })
+            .set(g.waiters.len() as i64);
+    }
+
+    /// Hands free slots to waiters, oldest first; a waiter whose excluded
+    /// replicas are the only free ones lets the next one go ahead.
+    fn dispatch(&self, g: &mut Inner) {
+        let mut i = 0;
+        while i < g.waiters.len() {
+            let Some(id) = ({
+                let exclude = std::mem::take(&mut g.waiters[i].exclude);
+                let id = g.pool.choose(&exclude);
+                g.waiters[i].exclude = exclude;
+                id
+            }) else {
+                i += 1;
+                continue;
+            };
+            let w = g.waiters.remove(i).expect("index checked above");
+            if w.tx.send(id).is_err() {
+                // The waiter is gone (its guard removes it under this lock, so
+                // this is rare); give the slot back and try the next one.
+                g.pool.release(id);
+            }
+        }
+        self.set_queue_gauge(g);
+    }
+
+    fn release(&self, id: ReplicaId) {
+        let mut g = self.lock();
+        self.release_locked(&mut g, id);
+    }
+
+    fn release_locked(&self, g: &mut Inner, id: ReplicaId) {
+        let drained = g.pool.release(id);
+        if let Some(r) = g.pool.get(id) {
+            self.metrics
+                .in_flight
+                .get_or_create(&replica_labels(&self.name, &r.address.to_string()))
+                .set(r.in_flight as i64);
+        }
+        if drained {
+            if let Some(n) = g.drains.get(&id) {
+                n.notify_waiters();
+            }
+        }
+        self.dispatch(g);
+    }
+
+    /// Stops new requests to the replica at once, then waits until its
+    /// in-flight requests are done or `deadline` passes.
+    pub async fn drain(&self, address: SocketAddr, deadline: Duration) -> Result<DrainOutcome, RegistryError> {
+        let started = Instant::now();
+        let notify = {
+            let mut g = self.lock();
+            let id = g.pool.find(address)?.id;
+            g.pool.begin_drain(id, started);
+            g.drains.entry(id).or_insert_with(|| Arc::new(Notify::new())).clone()
+        };
+        let labels = replica_labels(&self.name, &address.to_string());
+        let outcome = loop {
+            // Register interest before looking, so a release between the
+            // look and the wait is not missed.
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let in_flight = {
+                let g = self.lock();
+                match g.pool.find(address) {
+                    Ok(r) => r.in_flight,
+                    Err(_) => break DrainOutcome::Removed { in_flight: 0 },
+                }
+            };
+            if in_flight == 0 {
+                break DrainOutcome::Drained { millis: started.elapsed().as_millis() as u64 };
+            }
+            let left = deadline.saturating_sub(started.elapsed());
+            if left.is_zero() || tokio::time::timeout(left, notified).await.is_err() {
+                let g = self.lock();
+                let in_flight = g.pool.find(address).map(|r| r.in_flight).unwrap_or(0);
+                if in_flight == 0 {
+                    break DrainOutcome::Drained { millis: started.elapsed().as_millis() as u64 };
+                }
+                break DrainOutcome::TimedOut { in_flight };
+            }
+        };
+        let name = match &outcome {
+            DrainOutcome::Drained { .. } => "drained",
+            DrainOutcome::TimedOut { .. } => "timed_out",
+            DrainOutcome::Removed { .. } => "removed",
+        };
+        self.metrics
+            .drains
+            .get_or_create(&crate::metrics::DrainLabels {
+                endpoint: labels.endpoint.clone(),
+                replica: labels.replica.clone(),
+                outcome: name.to_string(),
+            })
+            .inc();
+        self.metrics.drain_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+        Ok(outcome)
+    }
+}
+
+/// Takes a waiter out of the queue when its request is dropped mid-wait,
+/// or gives back the slot it was handed and never used.
+struct WaiterGuard<'a> {
+    endpoint: &'a Endpoint,
+    id: u64,
+    rx: Option<oneshot::Receiver<ReplicaId>>,
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else { return };
+        let mut g = self.endpoint.lock();
+        if let Some(i) = g.waiters.iter().position(|w| w.id == self.id) {
+            g.waiters.remove(i);
+            self.endpoint.set_queue_gauge(&g);
+        } else if let Ok(id) = rx.try_recv() {
+            self.endpoint.release_locked(&mut g, id);
+        }
+    }
+}
+
+/// One request's claim on a replica; dropping it ends the request there.
+pub struct Lease {
+    endpoint: Arc<Endpoint>,
+    id: ReplicaId,
+    address: SocketAddr,
+    released: bool,
+}
+
+impl Lease {
+    pub fn id(&self) -> ReplicaId {
+        self.id
+    }
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+    pub fn endpoint(&self) -> &Arc<Endpoint> {
+        &self.endpoint
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if !self.released {
+            self.released = true;
+            self.endpoint.release(self.id);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "endpoint_tests.rs"]
+mod tests;

@@ -1,0 +1,156 @@
+use super::*;
+
+fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+fn endpoint(limit: u32, queue: usize, timeout_ms: u64) -> Arc<Endpoint> {
+    Endpoint::new(
+        "chat",
+        limit,
+        QueueSettings { size: queue, timeout: Duration::from_millis(timeout_ms) },
+        HealthThresholds::default(),
+        Arc::new(Metrics::new()),
+    )
+}
+
+#[tokio::test]
+async fn full_queue_is_refused_at_once() {
+    let e = endpoint(1, 1, 5_000);
+    e.add(addr(1), None, true).unwrap();
+    let held = e.acquire(&[]).await.unwrap();
+    let e2 = e.clone();
+    let waiting = tokio::spawn(async move { e2.acquire(&[]).await.map(|l| l.address()) });
+    while e.snapshot().queued == 0 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(e.acquire(&[]).await.err(), Some(AcquireError::QueueFull));
+    drop(held);
+    assert_eq!(waiting.await.unwrap(), Ok(addr(1)));
+    assert_eq!(e.snapshot().queued, 0);
+    assert_eq!(e.snapshot().peak_queued, 1);
+}
+
+#[tokio::test]
+async fn waiting_too_long_times_out_and_leaves_the_queue() {
+    let e = endpoint(1, 4, 50);
+    e.add(addr(1), None, true).unwrap();
+    let _held = e.acquire(&[]).await.unwrap();
+    assert_eq!(e.acquire(&[]).await.err(), Some(AcquireError::TimedOut));
+    assert_eq!(e.snapshot().queued, 0);
+}
+
+#[tokio::test]
+async fn waiters_are_served_in_order() {
+    let e = endpoint(1, 8, 5_000);
+    e.add(addr(1), None, true).unwrap();
+    let held = e.acquire(&[]).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..4 {
+        let e2 = e.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let l = e2.acquire(&[]).await.unwrap();
+            tx.send(i).unwrap();
+            drop(l);
+        });
+        while e.snapshot().queued != i + 1 {
+            tokio::task::yield_now().await;
+        }
+    }
+    drop(held);
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        order.push(rx.recv().await.unwrap());
+    }
+    assert_eq!(order, vec![0, 1, 2, 3]);
+}
+
+#[tokio::test]
+async fn replica_becoming_ready_serves_the_queue() {
+    let e = endpoint(1, 4, 5_000);
+    let id = e.add(addr(1), None, false).unwrap();
+    let e2 = e.clone();
+    let waiting = tokio::spawn(async move { e2.acquire(&[]).await.map(|l| l.id()) });
+    while e.snapshot().queued == 0 {
+        tokio::task::yield_now().await;
+    }
+    e.health_result(id, true);
+    e.health_result(id, true);
+    assert_eq!(waiting.await.unwrap(), Ok(id));
+}
+
+#[tokio::test]
+async fn dropped_waiter_leaves_the_queue() {
+    let e = endpoint(1, 4, 5_000);
+    e.add(addr(1), None, true).unwrap();
+    let held = e.acquire(&[]).await.unwrap();
+    let e2 = e.clone();
+    let waiting = tokio::spawn(async move { e2.acquire(&[]).await.map(|l| l.id()) });
+    while e.snapshot().queued == 0 {
+        tokio::task::yield_now().await;
+    }
+    waiting.abort();
+    let _ = waiting.await;
+    assert_eq!(e.snapshot().queued, 0);
+    drop(held);
+    assert_eq!(e.snapshot().replicas[0].in_flight, 0);
+}
+
+#[tokio::test]
+async fn drain_waits_for_in_flight_then_reports_drained() {
+    let e = endpoint(4, 4, 5_000);
+    e.add(addr(1), None, true).unwrap();
+    e.add(addr(2), None, true).unwrap();
+    let a = e.acquire(&[]).await.unwrap();
+    assert_eq!(a.address(), addr(1));
+    let e2 = e.clone();
+    let drain = tokio::spawn(async move { e2.drain(addr(1), Duration::from_secs(5)).await });
+    while e.snapshot().replicas[0].state != ReplicaState::Draining {
+        tokio::task::yield_now().await;
+    }
+    for _ in 0..3 {
+        assert_eq!(e.acquire(&[]).await.unwrap().address(), addr(2));
+    }
+    drop(a);
+    assert!(matches!(drain.await.unwrap().unwrap(), DrainOutcome::Drained { .. }));
+}
+
+#[tokio::test]
+async fn drain_times_out_with_what_was_in_flight() {
+    let e = endpoint(4, 4, 5_000);
+    e.add(addr(1), None, true).unwrap();
+    let _a = e.acquire(&[]).await.unwrap();
+    let _b = e.acquire(&[]).await.unwrap();
+    let out = e.drain(addr(1), Duration::from_millis(30)).await.unwrap();
+    assert_eq!(out, DrainOutcome::TimedOut { in_flight: 2 });
+}
+
+#[tokio::test]
+async fn drain_of_idle_replica_is_immediate_and_unknown_is_an_error() {
+    let e = endpoint(4, 4, 5_000);
+    e.add(addr(1), None, true).unwrap();
+    assert!(matches!(e.drain(addr(1), Duration::ZERO).await.unwrap(), DrainOutcome::Drained { .. }));
+    assert!(e.drain(addr(2), Duration::ZERO).await.is_err());
+}
+
+#[tokio::test]
+async fn retry_excluding_the_failed_replica_waits_for_another() {
+    let e = endpoint(1, 4, 5_000);
+    e.add(addr(1), None, true).unwrap();
+    e.add(addr(2), None, true).unwrap();
+    let a = e.acquire(&[]).await.unwrap();
+    let b = e.acquire(&[]).await.unwrap();
+    let (aid, bid) = (a.id(), b.id());
+    let e2 = e.clone();
+    let retry = tokio::spawn(async move { e2.acquire(&[bid]).await.map(|l| l.id()) });
+    while e.snapshot().queued == 0 {
+        tokio::task::yield_now().await;
+    }
+    // b frees first, but the waiter excludes it.
+    drop(b);
+    tokio::task::yield_now().await;
+    assert_eq!(e.snapshot().queued, 1);
+    drop(a);
+    assert_eq!(retry.await.unwrap(), Ok(aid));
+}

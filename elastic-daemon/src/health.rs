@@ -1,0 +1,71 @@
+//! Active health checks: every interval, a GET to each replica's health
+//! path; the registry turns consecutive results into state changes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Uri};
+use http_body_util::Full;
+use tokio::sync::watch;
+
+use crate::endpoint::Endpoint;
+use crate::proxy::backend_client;
+
+#[derive(Clone, Debug)]
+pub struct HealthCheck {
+    pub path: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+/// Checks `endpoint`'s replicas until `shutdown` turns true.
+pub async fn run(endpoint: Arc<Endpoint>, check: HealthCheck, mut shutdown: watch::Receiver<bool>) {
+    let client = backend_client(check.timeout);
+    let mut tick = tokio::time::interval(check.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = crate::daemon::stopped(&mut shutdown) => return,
+        }
+        let probes = endpoint.health_targets().into_iter().map(|(id, address)| {
+            let client = client.clone();
+            let path = check.path.clone();
+            async move {
+                let ok = match format!("http://{address}{path}").parse::<Uri>() {
+                    Ok(uri) => {
+                        let mut req = Request::new(Full::new(Bytes::new()));
+                        *req.uri_mut() = uri;
+                        matches!(
+                            tokio::time::timeout(check.timeout, client.request(req)).await,
+                            Ok(Ok(r)) if r.status().is_success()
+                        )
+                    }
+                    Err(_) => false,
+                };
+                (id, address, ok)
+            }
+        });
+        // Probed together so one slow replica does not delay the others.
+        for (id, address, ok) in futures_join_all(probes).await {
+            if let Some(t) = endpoint.health_result(id, ok) {
+                tracing::info!(endpoint = %endpoint.name(), %address, from = ?t.from, to = ?t.to, "replica health changed");
+            }
+        }
+    }
+}
+
+async fn futures_join_all<F: std::future::Future + Send + 'static>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F::Output: Send,
+{
+    let handles: Vec<_> = futs.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        if let Ok(v) = h.await {
+            out.push(v);
+        }
+    }
+    out
+}

@@ -1,0 +1,13 @@
+//! onepoold's library: the inference router (registry, queue, reverse
+//! proxy), its control socket, metrics and configuration. The binary in
+//! `main.rs` only reads the config and starts [`daemon::Daemon`].
+
+pub mod config;
+pub mod control;
+pub mod daemon;
+pub mod endpoint;
+pub mod health;
+pub mod metrics;
+pub mod proxy;
+pub mod registry;
+pub mod trace;

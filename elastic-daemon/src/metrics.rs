@@ -1,0 +1,105 @@
+//! Prometheus metrics per endpoint and replica. They are the autoscaler's
+//! signals too (request rate, queue depth), so they are updated where the
+//! router decides, not sampled afterwards.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    pub endpoint: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReplicaLabels {
+    pub endpoint: String,
+    pub replica: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub endpoint: String,
+    /// Empty when the router answered without a replica (queue full, bad request).
+    pub replica: String,
+    /// "2xx", "3xx", "4xx", "5xx".
+    pub class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DrainLabels {
+    pub endpoint: String,
+    pub replica: String,
+    /// "drained", "timed_out" or "removed".
+    pub outcome: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 1 ms .. ~65 s: covers a proxied health check up to a long generation.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+fn drain_histogram() -> Histogram {
+    // 10 ms .. ~1.4 h: drains wait for the longest in-flight stream.
+    Histogram::new(exponential_buckets(0.01, 2.0, 20))
+}
+
+/// Every metric the router exports, registered once.
+pub struct Metrics {
+    pub requests: Family<RequestLabels, Counter>,
+    pub in_flight: Family<ReplicaLabels, Gauge>,
+    pub queue_depth: Family<EndpointLabels, Gauge>,
+    pub latency: HistogramFamily<ReplicaLabels>,
+    pub drains: Family<DrainLabels, Counter>,
+    pub drain_seconds: HistogramFamily<ReplicaLabels>,
+    registry: Registry,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let requests = Family::<RequestLabels, Counter>::default();
+        let in_flight = Family::<ReplicaLabels, Gauge>::default();
+        let queue_depth = Family::<EndpointLabels, Gauge>::default();
+        let latency: HistogramFamily<ReplicaLabels> = Family::new_with_constructor(latency_histogram);
+        let drains = Family::<DrainLabels, Counter>::default();
+        let drain_seconds: HistogramFamily<ReplicaLabels> = Family::new_with_constructor(drain_histogram);
+        let mut registry = Registry::with_prefix("onepool_router");
+        registry.register("requests", "Requests answered, by replica and status class", requests.clone());
+        registry.register("in_flight", "Requests a replica is serving now", in_flight.clone());
+        registry.register("queue_depth", "Requests waiting for a free replica", queue_depth.clone());
+        registry.register("request_duration_seconds", "Time from request to the last response byte", latency.clone());
+        registry.register("drains", "Replica drains, by outcome", drains.clone());
+        registry.register("drain_duration_seconds", "How long drains took", drain_seconds.clone());
+        Metrics { requests, in_flight, queue_depth, latency, drains, drain_seconds, registry }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn count_request(&self, endpoint: &str, replica: &str, status: u16) {
+        let class = format!("{}xx", status / 100);
+        self.requests
+            .get_or_create(&RequestLabels { endpoint: endpoint.to_string(), replica: replica.to_string(), class })
+            .inc();
+    }
+}
+
+pub fn replica_labels(endpoint: &str, replica: &str) -> ReplicaLabels {
+    ReplicaLabels { endpoint: endpoint.to_string(), replica: replica.to_string() }
+}

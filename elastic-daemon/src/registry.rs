@@ -1,0 +1,224 @@
+//! The replicas of one endpoint and the pure decisions about them: which
+//! replica takes the next request (least outstanding requests among ready
+//! replicas with room), when health checks move a replica in or out, and
+//! what draining means for its counters. No I/O and no waiting here, so
+//! every rule is unit-tested; `endpoint.rs` adds the queue and the waiting.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use serde::Serialize;
+
+pub type ReplicaId = u64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaState {
+    /// Added, waiting for enough passing health checks.
+    Starting,
+    /// Takes new requests.
+    Ready,
+    /// Takes no new requests; the ones in flight finish.
+    Draining,
+    /// Failed enough health checks in a row; takes no requests until it
+    /// passes enough in a row again.
+    Out,
+}
+
+/// Consecutive results needed before a replica changes state (pingora
+/// style), so one lost probe neither adds nor drops a replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HealthThresholds {
+    pub healthy_after: u32,
+    pub unhealthy_after: u32,
+}
+
+impl Default for HealthThresholds {
+    fn default() -> Self {
+        HealthThresholds { healthy_after: 2, unhealthy_after: 3 }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Replica {
+    pub id: ReplicaId,
+    pub address: SocketAddr,
+    pub state: ReplicaState,
+    pub in_flight: u32,
+    /// Most requests this replica serves at once.
+    pub limit: u32,
+    /// Requests handed to this replica since it was added.
+    pub served: u64,
+    pub peak_in_flight: u32,
+    #[serde(skip)]
+    passes: u32,
+    #[serde(skip)]
+    failures: u32,
+    #[serde(skip)]
+    pub drain_started: Option<Instant>,
+}
+
+impl Replica {
+    fn has_room(&self) -> bool {
+        self.state == ReplicaState::Ready && self.in_flight < self.limit
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    #[error("replica {address} is already in endpoint {endpoint:?}; remove it first to change its settings")]
+    Duplicate { endpoint: String, address: SocketAddr },
+    #[error("replica {address} is not in endpoint {endpoint:?}; `GET /v1/state` lists the replicas")]
+    UnknownReplica { endpoint: String, address: SocketAddr },
+    #[error("replica {address}: a concurrency limit of 0 would never serve a request; use 1 or more")]
+    ZeroLimit { address: SocketAddr },
+}
+
+/// What a state change did, for logging and for waking waiters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transition {
+    pub from: ReplicaState,
+    pub to: ReplicaState,
+}
+
+#[derive(Debug)]
+pub struct Pool {
+    endpoint: String,
+    replicas: Vec<Replica>,
+    next_id: ReplicaId,
+    thresholds: HealthThresholds,
+}
+
+impl Pool {
+    pub fn new(endpoint: &str, thresholds: HealthThresholds) -> Pool {
+        Pool { endpoint: endpoint.to_string(), replicas: Vec::new(), next_id: 1, thresholds }
+    }
+
+    pub fn replicas(&self) -> &[Replica] {
+        &self.replicas
+    }
+
+    pub fn get(&self, id: ReplicaId) -> Option<&Replica> {
+        self.replicas.iter().find(|r| r.id == id)
+    }
+
+    fn get_mut(&mut self, id: ReplicaId) -> Option<&mut Replica> {
+        self.replicas.iter_mut().find(|r| r.id == id)
+    }
+
+    pub fn find(&self, address: SocketAddr) -> Result<&Replica, RegistryError> {
+        self.replicas
+            .iter()
+            .find(|r| r.address == address)
+            .ok_or_else(|| RegistryError::UnknownReplica { endpoint: self.endpoint.clone(), address })
+    }
+
+    /// Adds a replica. `ready` skips the health checks (for endpoints that
+    /// have none, or a replica the caller has already checked).
+    pub fn add(&mut self, address: SocketAddr, limit: u32, ready: bool) -> Result<ReplicaId, RegistryError> {
+        if limit == 0 {
+            return Err(RegistryError::ZeroLimit { address });
+        }
+        if self.replicas.iter().any(|r| r.address == address) {
+            return Err(RegistryError::Duplicate { endpoint: self.endpoint.clone(), address });
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.replicas.push(Replica {
+            id,
+            address,
+            state: if ready { ReplicaState::Ready } else { ReplicaState::Starting },
+            in_flight: 0,
+            limit,
+            served: 0,
+            peak_in_flight: 0,
+            passes: 0,
+            failures: 0,
+            drain_started: None,
+        });
+        Ok(id)
+    }
+
+    pub fn remove(&mut self, address: SocketAddr) -> Result<Replica, RegistryError> {
+        let i = self
+            .replicas
+            .iter()
+            .position(|r| r.address == address)
+            .ok_or_else(|| RegistryError::UnknownReplica { endpoint: self.endpoint.clone(), address })?;
+        Ok(self.replicas.remove(i))
+    }
+
+    /// Picks the ready replica with room and the fewest requests in flight,
+    /// skipping `exclude` (replicas a retried request already failed on),
+    /// and counts the request on it. Ties go to the replica that has served
+    /// fewer requests, so equal replicas share the load evenly.
+    pub fn choose(&mut self, exclude: &[ReplicaId]) -> Option<ReplicaId> {
+        let r = self
+            .replicas
+            .iter_mut()
+            .filter(|r| r.has_room() && !exclude.contains(&r.id))
+            .min_by_key(|r| (r.in_flight, r.served))?;
+        r.in_flight += 1;
+        r.served += 1;
+        r.peak_in_flight = r.peak_in_flight.max(r.in_flight);
+        Some(r.id)
+    }
+
+    /// A request on `id` finished. Returns true when that made a draining
+    /// replica drained. A replica removed meanwhile is ignored.
+    pub fn release(&mut self, id: ReplicaId) -> bool {
+        match self.get_mut(id) {
+            Some(r) => {
+                r.in_flight = r.in_flight.saturating_sub(1);
+                r.in_flight == 0 && r.state == ReplicaState::Draining
+            }
+            None => false,
+        }
+    }
+
+    /// Stops new requests to the replica at once. Draining is final: only
+    /// removing and adding the replica again brings it back.
+    pub fn begin_drain(&mut self, id: ReplicaId, now: Instant) -> Option<Transition> {
+        let r = self.get_mut(id)?;
+        if r.state == ReplicaState::Draining {
+            return None;
+        }
+        let from = r.state;
+        r.state = ReplicaState::Draining;
+        r.drain_started = Some(now);
+        Some(Transition { from, to: ReplicaState::Draining })
+    }
+
+    /// Records one health-check result and moves the replica in or out when
+    /// enough consecutive results agree. Draining replicas keep their state.
+    pub fn health_result(&mut self, id: ReplicaId, ok: bool) -> Option<Transition> {
+        let t = self.thresholds;
+        let r = self.get_mut(id)?;
+        if ok {
+            r.passes = r.passes.saturating_add(1);
+            r.failures = 0;
+        } else {
+            r.failures = r.failures.saturating_add(1);
+            r.passes = 0;
+        }
+        let from = r.state;
+        let to = match from {
+            ReplicaState::Starting | ReplicaState::Out if r.passes >= t.healthy_after => ReplicaState::Ready,
+            ReplicaState::Ready if r.failures >= t.unhealthy_after => ReplicaState::Out,
+            other => other,
+        };
+        if to == from {
+            return None;
+        }
+        r.state = to;
+        Some(Transition { from, to })
+    }
+
+    pub fn total_in_flight(&self) -> u32 {
+        self.replicas.iter().map(|r| r.in_flight).sum()
+    }
+}
+
+#[cfg(test)]
+#[path = "registry_tests.rs"]
+mod tests;

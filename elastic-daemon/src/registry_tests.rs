@@ -1,0 +1,141 @@
+use super::*;
+
+fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+fn pool() -> Pool {
+    Pool::new("chat", HealthThresholds { healthy_after: 2, unhealthy_after: 3 })
+}
+
+#[test]
+fn choose_prefers_least_outstanding() {
+    let mut p = pool();
+    let a = p.add(addr(1), 4, true).unwrap();
+    let b = p.add(addr(2), 4, true).unwrap();
+    assert_eq!(p.choose(&[]), Some(a));
+    assert_eq!(p.choose(&[]), Some(b));
+    assert_eq!(p.choose(&[]), Some(a));
+    p.release(a);
+    p.release(a);
+    // a has 0 in flight, b has 1.
+    assert_eq!(p.choose(&[]), Some(a));
+    assert_eq!(p.get(a).unwrap().peak_in_flight, 2);
+    assert_eq!(p.get(a).unwrap().served, 3);
+}
+
+#[test]
+fn ties_go_to_the_replica_that_served_fewer() {
+    let mut p = pool();
+    let a = p.add(addr(1), 4, true).unwrap();
+    let b = p.add(addr(2), 4, true).unwrap();
+    for _ in 0..10 {
+        let id = p.choose(&[]).unwrap();
+        p.release(id);
+    }
+    assert_eq!(p.get(a).unwrap().served, 5);
+    assert_eq!(p.get(b).unwrap().served, 5);
+}
+
+#[test]
+fn limit_is_respected_and_none_when_full() {
+    let mut p = pool();
+    let a = p.add(addr(1), 2, true).unwrap();
+    assert_eq!(p.choose(&[]), Some(a));
+    assert_eq!(p.choose(&[]), Some(a));
+    assert_eq!(p.choose(&[]), None);
+    p.release(a);
+    assert_eq!(p.choose(&[]), Some(a));
+}
+
+#[test]
+fn exclude_skips_replicas() {
+    let mut p = pool();
+    let a = p.add(addr(1), 2, true).unwrap();
+    let b = p.add(addr(2), 2, true).unwrap();
+    assert_eq!(p.choose(&[a]), Some(b));
+    assert_eq!(p.choose(&[a, b]), None);
+}
+
+#[test]
+fn only_ready_replicas_are_chosen() {
+    let mut p = pool();
+    let a = p.add(addr(1), 2, false).unwrap();
+    assert_eq!(p.get(a).unwrap().state, ReplicaState::Starting);
+    assert_eq!(p.choose(&[]), None);
+}
+
+#[test]
+fn duplicate_and_zero_limit_are_refused() {
+    let mut p = pool();
+    p.add(addr(1), 2, true).unwrap();
+    let e = p.add(addr(1), 2, true).unwrap_err();
+    assert!(matches!(e, RegistryError::Duplicate { .. }));
+    assert!(e.to_string().contains("remove it first"));
+    assert!(matches!(p.add(addr(2), 0, true), Err(RegistryError::ZeroLimit { .. })));
+}
+
+#[test]
+fn remove_unknown_is_an_error_naming_the_endpoint() {
+    let mut p = pool();
+    let e = p.remove(addr(9)).unwrap_err();
+    assert!(e.to_string().contains("\"chat\""), "{e}");
+}
+
+#[test]
+fn health_needs_consecutive_passes_to_go_in() {
+    let mut p = pool();
+    let a = p.add(addr(1), 2, false).unwrap();
+    assert_eq!(p.health_result(a, true), None);
+    assert_eq!(p.health_result(a, false), None);
+    assert_eq!(p.health_result(a, true), None);
+    let t = p.health_result(a, true).unwrap();
+    assert_eq!((t.from, t.to), (ReplicaState::Starting, ReplicaState::Ready));
+}
+
+#[test]
+fn health_needs_consecutive_failures_to_go_out_and_back() {
+    let mut p = pool();
+    let a = p.add(addr(1), 2, true).unwrap();
+    assert_eq!(p.health_result(a, false), None);
+    assert_eq!(p.health_result(a, false), None);
+    assert_eq!(p.health_result(a, true), None);
+    assert_eq!(p.health_result(a, false), None);
+    assert_eq!(p.health_result(a, false), None);
+    let t = p.health_result(a, false).unwrap();
+    assert_eq!(t.to, ReplicaState::Out);
+    assert_eq!(p.choose(&[]), None);
+    p.health_result(a, true);
+    assert_eq!(p.health_result(a, true).unwrap().to, ReplicaState::Ready);
+    assert_eq!(p.choose(&[]), Some(a));
+}
+
+#[test]
+fn draining_stops_new_requests_and_ignores_health() {
+    let mut p = pool();
+    let a = p.add(addr(1), 4, true).unwrap();
+    let b = p.add(addr(2), 4, true).unwrap();
+    assert_eq!(p.choose(&[]), Some(a));
+    let t = p.begin_drain(a, Instant::now()).unwrap();
+    assert_eq!(t.from, ReplicaState::Ready);
+    assert_eq!(p.begin_drain(a, Instant::now()), None);
+    for _ in 0..3 {
+        assert_eq!(p.choose(&[]), Some(b));
+    }
+    for _ in 0..5 {
+        assert_eq!(p.health_result(a, true), None);
+    }
+    assert_eq!(p.get(a).unwrap().state, ReplicaState::Draining);
+    assert!(p.release(a), "last request out drains the replica");
+    assert!(!p.release(b));
+}
+
+#[test]
+fn release_of_removed_replica_is_ignored() {
+    let mut p = pool();
+    let a = p.add(addr(1), 4, true).unwrap();
+    p.choose(&[]);
+    p.remove(addr(1)).unwrap();
+    assert!(!p.release(a));
+    assert_eq!(p.total_in_flight(), 0);
+}

@@ -1,0 +1,393 @@
+//! The router in-process against real local backends.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use onepool_daemon::control;
+use onepool_daemon::registry::ReplicaState;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_loaded_replica_gets_the_next_request() {
+    let (a, b) = (backend(Mode::Normal).await, backend(Mode::Normal).await);
+    let h = Harness::new(endpoint_config(8, 8, Duration::from_secs(5)), &[a.addr, b.addr]).await;
+    let c = client();
+    // One long request occupies a; every short one then goes to b.
+    let long = {
+        let (c, url) = (c.clone(), format!("{}/sleep/800", h.url));
+        tokio::spawn(async move { get(&c, &url).await })
+    };
+    until("the long request is in flight", || a.stats.in_flight.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
+    for _ in 0..10 {
+        let (s, body) = get(&c, &format!("{}/ok", h.url)).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(body, b.addr.to_string());
+    }
+    assert_eq!(long.await.unwrap().0, StatusCode::OK);
+    assert_eq!((a.stats.served(), b.stats.served()), (1, 10));
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_limit_queue_and_503_when_full() {
+    let a = backend(Mode::Normal).await;
+    let h = Harness::new(endpoint_config(2, 2, Duration::from_secs(10)), &[a.addr]).await;
+    let c = client();
+    let mut waiting = Vec::new();
+    for _ in 0..4 {
+        let (c, url) = (c.clone(), format!("{}/sleep/400", h.url));
+        waiting.push(tokio::spawn(async move { get(&c, &url).await.0 }));
+    }
+    until("two requests queue", || h.snapshot().queued == 2).await;
+    assert_eq!(h.snapshot().replicas[0].in_flight, 2);
+    let (s, headers, _) = send(&c, "GET", &format!("{}/ok", h.url)).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers.get("retry-after").unwrap(), "10");
+    for w in waiting {
+        assert_eq!(w.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(a.stats.peak(), 2);
+    assert_eq!(a.stats.served(), 4);
+    assert_eq!(h.snapshot().queued, 0);
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_past_the_queue_timeout_gets_503() {
+    let a = backend(Mode::Normal).await;
+    let h = Harness::new(endpoint_config(1, 4, Duration::from_millis(100)), &[a.addr]).await;
+    let c = client();
+    let busy = {
+        let (c, url) = (c.clone(), format!("{}/sleep/600", h.url));
+        tokio::spawn(async move { get(&c, &url).await.0 })
+    };
+    until("the replica is busy", || h.snapshot().replicas[0].in_flight == 1).await;
+    let (s, headers, _) = send(&c, "GET", &format!("{}/ok", h.url)).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(headers.contains_key("retry-after"));
+    assert_eq!(busy.await.unwrap(), StatusCode::OK);
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_under_concurrent_load_loses_no_request() {
+    let backends = [backend(Mode::Normal).await, backend(Mode::Normal).await, backend(Mode::Normal).await];
+    let addrs: Vec<_> = backends.iter().map(|b| b.addr).collect();
+    let h = Harness::new(endpoint_config(20, 500, Duration::from_secs(20)), &addrs).await;
+    let c = client();
+    let mut requests = Vec::new();
+    for i in 0..200u64 {
+        let (c, url) = (c.clone(), format!("{}/sleep/{}", h.url, 20 + i % 30));
+        requests.push(tokio::spawn(async move { get(&c, &url).await.0 }));
+    }
+    let total = || backends.iter().map(|b| b.stats.served()).sum::<u64>();
+    until("some requests are served", || total() >= 40).await;
+    let socket = h.daemon.control_socket.clone();
+    let drained = addrs[0];
+    let drain = tokio::spawn(async move {
+        let body = json!({ "address": drained.to_string(), "deadline": "10s" });
+        control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas/drain", Some(body)).await.unwrap()
+    });
+    until("the replica is draining", || h.snapshot().replicas[0].state == ReplicaState::Draining).await;
+    // Nothing is handed to a draining replica, so this count is final.
+    let served_before_drain = h.snapshot().replicas[0].served;
+    let (status, outcome) = drain.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(outcome["outcome"], "drained", "{outcome}");
+    for r in requests {
+        assert_eq!(r.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(backends[0].stats.served(), served_before_drain);
+    assert_eq!(total(), 200);
+    assert!(served_before_drain < 200);
+    let s = h.snapshot();
+    assert_eq!(s.replicas.iter().map(|r| r.served).sum::<u64>(), 200);
+    assert!(s.replicas.iter().all(|r| r.in_flight == 0));
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_response_passes_through_incrementally() {
+    let a = backend(Mode::Normal).await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[a.addr]).await;
+    let req = Request::get(format!("{}/stream", h.url)).body(Full::new(Bytes::new())).unwrap();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    // The backend holds its last chunk until we have seen the first one.
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame()).await.expect("first chunk is not held back");
+    assert_eq!(first.unwrap().unwrap().into_data().unwrap(), Bytes::from_static(b"data: first\n\n"));
+    assert_eq!(h.snapshot().replicas[0].in_flight, 1, "the stream holds its replica");
+    a.release_stream.notify_one();
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(rest, Bytes::from_static(b"data: last\n\n"));
+    until("the stream's replica is released", || h.snapshot().replicas[0].in_flight == 0).await;
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_prior_knowledge_is_served() {
+    let a = backend(Mode::Normal).await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[a.addr]).await;
+    let c: HttpClient = Client::builder(TokioExecutor::new()).http2_only(true).build_http();
+    let (s, body) = get(&c, &format!("{}/ok", h.url)).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(body, a.addr.to_string());
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_refused_is_retried_even_for_post() {
+    let dead = closed_port().await;
+    let a = backend(Mode::Normal).await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[dead, a.addr]).await;
+    let c = client();
+    for _ in 0..4 {
+        let (s, _, body) = send(&c, "POST", &format!("{}/ok", h.url)).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(body, a.addr.to_string());
+    }
+    assert_eq!(a.stats.served(), 4);
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_status_takes_replica_out_and_retries() {
+    let d = backend(Mode::Draining).await;
+    let a = backend(Mode::Normal).await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[d.addr, a.addr]).await;
+    let c = client();
+    for _ in 0..5 {
+        let (s, _, body) = send(&c, "POST", &format!("{}/ok", h.url)).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(body, a.addr.to_string());
+    }
+    assert_eq!(d.stats.served(), 1, "out of rotation after its first draining answer");
+    assert_eq!(h.snapshot().replicas[0].state, ReplicaState::Draining);
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_reset_is_retried_when_safe_else_502() {
+    let (reset, count) = resetting_backend().await;
+    let a = backend(Mode::Normal).await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[reset, a.addr]).await;
+    let c = client();
+    let (s, body) = get(&c, &format!("{}/ok", h.url)).await;
+    assert_eq!((s, body), (StatusCode::OK, a.addr.to_string()));
+    assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Both replicas have served one; the tie goes to the first, which resets.
+    let (s, _, _) = send(&c, "POST", &format!("{}/ok", h.url)).await;
+    assert_eq!(s, StatusCode::BAD_GATEWAY);
+    assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let (s, _) = get(&c, &format!("{}/ok", h.url)).await;
+    assert_eq!(s, StatusCode::OK);
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_backend_times_out_with_504_and_others_are_fine() {
+    let a = backend(Mode::Normal).await;
+    let mut cfg = endpoint_config(8, 8, Duration::from_secs(5));
+    cfg.proxy.request_timeout = Duration::from_millis(300);
+    let h = Harness::new(cfg, &[a.addr]).await;
+    let c = client();
+    let hung = {
+        let (c, url) = (c.clone(), format!("{}/hang", h.url));
+        tokio::spawn(async move { get(&c, &url).await.0 })
+    };
+    for _ in 0..5 {
+        assert_eq!(get(&c, &format!("{}/ok", h.url)).await.0, StatusCode::OK);
+    }
+    assert_eq!(hung.await.unwrap(), StatusCode::GATEWAY_TIMEOUT);
+    until("the hung request's slot is back", || h.snapshot().replicas[0].in_flight == 0).await;
+    h.daemon.shutdown().await;
+}
+
+async fn raw(addr: &str, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_request_gets_400_and_others_are_unaffected() {
+    let a = backend(Mode::Normal).await;
+    let h = Harness::new(endpoint_config(8, 8, Duration::from_secs(5)), &[a.addr]).await;
+    let addr = h.url.trim_start_matches("http://").to_string();
+    let answer = raw(&addr, b"GET / HTTP/1.1\r\nHost: x\r\nthis is not a header\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+    let answer = raw(&addr, b"\x16\x03\x01 not http at all\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 400") || answer.is_empty(), "{answer:?}");
+    assert_eq!(get(&client(), &format!("{}/ok", h.url)).await.0, StatusCode::OK);
+    assert_eq!(a.stats.served(), 1);
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_headers_get_431() {
+    let a = backend(Mode::Normal).await;
+    let h = Harness::new(endpoint_config(8, 8, Duration::from_secs(5)), &[a.addr]).await;
+    let addr = h.url.trim_start_matches("http://").to_string();
+    let big = format!("GET /ok HTTP/1.1\r\nHost: x\r\nx-big: {}\r\n\r\n", "a".repeat(20_000));
+    let answer = raw(&addr, big.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer:?}");
+    assert_eq!(get(&client(), &format!("{}/ok", h.url)).await.0, StatusCode::OK);
+    assert_eq!(a.stats.served(), 1);
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowloris_is_cut_off_while_others_succeed() {
+    let a = backend(Mode::Normal).await;
+    let mut cfg = endpoint_config(8, 8, Duration::from_secs(5));
+    cfg.proxy.header_read_timeout = Duration::from_millis(300);
+    let h = Harness::new(cfg, &[a.addr]).await;
+    let addr = h.url.trim_start_matches("http://").to_string();
+    let slow = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        // One header byte every 50 ms, for at most 5 s.
+        for _ in 0..100 {
+            if s.write_all(b"x").await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let mut buf = [0u8; 64];
+            match tokio::time::timeout(Duration::from_millis(1), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                _ => {}
+            }
+        }
+        started.elapsed()
+    });
+    let c = client();
+    for _ in 0..5 {
+        assert_eq!(get(&c, &format!("{}/ok", h.url)).await.0, StatusCode::OK);
+    }
+    let took = slow.await.unwrap();
+    assert!(took < Duration::from_secs(4), "slow client kept its connection for {took:?}");
+    assert_eq!(a.stats.served(), 5);
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_socket_adds_drains_removes_and_reports() {
+    let a = backend(Mode::Normal).await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[]).await;
+    let socket = h.daemon.control_socket.clone();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600);
+    let body = json!({ "address": a.addr.to_string(), "concurrency": 3 });
+    let (s, v) =
+        control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas", Some(body.clone())).await.unwrap();
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, v) = control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas", Some(body)).await.unwrap();
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert!(v["error"].as_str().unwrap().contains("already"), "{v}");
+    assert_eq!(get(&client(), &format!("{}/ok", h.url)).await.0, StatusCode::OK);
+    let (s, v) = control::request(&socket, Method::GET, "/v1/state", None).await.unwrap();
+    assert_eq!(s, StatusCode::OK);
+    let r = &v["endpoints"][0]["replicas"][0];
+    assert_eq!(
+        (r["state"].as_str(), r["limit"].as_u64(), r["served"].as_u64()),
+        (Some("ready"), Some(3), Some(1)),
+        "{v}"
+    );
+    let drain = json!({ "address": a.addr.to_string(), "deadline": "1s" });
+    let (s, v) =
+        control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas/drain", Some(drain)).await.unwrap();
+    assert_eq!((s, v["outcome"].as_str()), (StatusCode::OK, Some("drained")), "{v}");
+    let (s, _, _) = send(&client(), "GET", &format!("{}/ok", h.url)).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "no replica takes requests after the drain");
+    let rm = json!({ "address": a.addr.to_string() });
+    let (s, _) = control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas/remove", Some(rm)).await.unwrap();
+    assert_eq!(s, StatusCode::OK);
+    let (s, v) = control::request(&socket, Method::POST, "/v1/endpoints/nope/replicas", Some(json!({}))).await.unwrap();
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(v["error"].as_str().unwrap().contains("\"chat\""), "{v}");
+    h.daemon.shutdown().await;
+}
+
+#[test]
+fn control_socket_refuses_other_uids() {
+    // Switching uid needs root and another account; the check itself:
+    assert!(control::peer_allowed(0, 4242));
+    assert!(control::peer_allowed(4242, 4242));
+    assert!(!control::peer_allowed(4243, 4242));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_bring_replicas_in() {
+    let a = backend(Mode::Normal).await;
+    let mut cfg = endpoint_config(4, 4, Duration::from_secs(5));
+    cfg.health = Some(onepool_daemon::health::HealthCheck {
+        path: "/health".into(),
+        interval: Duration::from_millis(20),
+        timeout: Duration::from_millis(500),
+    });
+    let h = Harness::new(cfg, &[]).await;
+    let socket = h.daemon.control_socket.clone();
+    let (s, _) = control::request(
+        &socket,
+        Method::POST,
+        "/v1/endpoints/chat/replicas",
+        Some(json!({ "address": a.addr.to_string() })),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s, StatusCode::CREATED);
+    assert_eq!(h.snapshot().replicas[0].state, ReplicaState::Starting);
+    // A request sent now waits in the queue until the replica is ready.
+    let (s, body) = get(&client(), &format!("{}/ok", h.url)).await;
+    assert_eq!((s, body), (StatusCode::OK, a.addr.to_string()));
+    assert_eq!(h.snapshot().replicas[0].state, ReplicaState::Ready);
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served() {
+    let a = backend(Mode::Normal).await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[a.addr]).await;
+    assert_eq!(get(&client(), &format!("{}/ok", h.url)).await.0, StatusCode::OK);
+    let url = format!("http://{}/metrics", h.daemon.metrics_address.unwrap());
+    let (s, text) = get(&client(), &url).await;
+    assert_eq!(s, StatusCode::OK);
+    let line = format!("onepool_router_requests_total{{endpoint=\"chat\",replica=\"{}\",class=\"2xx\"}} 1", a.addr);
+    assert!(text.contains(&line), "{text}");
+    assert!(text.contains("onepool_router_queue_depth"), "{text}");
+    assert!(text.contains("onepool_router_request_duration_seconds_count"), "{text}");
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_in_flight_requests_finish() {
+    let a = backend(Mode::Normal).await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[a.addr]).await;
+    let c = client();
+    let slow = {
+        let (c, url) = (c.clone(), format!("{}/sleep/300", h.url));
+        tokio::spawn(async move { get(&c, &url).await.0 })
+    };
+    until("the request is in flight", || a.stats.in_flight.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
+    let url = h.url.clone();
+    h.daemon.shutdown().await;
+    assert_eq!(slow.await.unwrap(), StatusCode::OK);
+    let refused = Client::builder(TokioExecutor::new())
+        .build_http::<Full<Bytes>>()
+        .request(Request::get(format!("{url}/ok")).body(Full::new(Bytes::new())).unwrap())
+        .await;
+    assert!(refused.is_err(), "no new connections after shutdown");
+}

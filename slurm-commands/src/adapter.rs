@@ -1,0 +1,154 @@
+//! The one interface through which onepool's daemon acts on Slurm: submit,
+//! cancel, update, and read jobs and nodes. The command-line implementation
+//! runs sbatch/scancel/scontrol/squeue/sinfo with timeouts; every failure
+//! says whether trying again can help.
+
+use crate::runner::{CommandError, Runner};
+use crate::state::{parse_jobs, parse_nodes, JobInfo, NodeInfo, StateError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SlurmError {
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("`{cmd}` printed {output:?}, not a job id")]
+    NoJobId { cmd: String, output: String },
+}
+
+impl SlurmError {
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            SlurmError::Command(e) => e.is_retryable(),
+            SlurmError::State(_) | SlurmError::NoJobId { .. } => false,
+        }
+    }
+}
+
+pub trait Slurm {
+    /// `sbatch --parsable ARGS`; the new job's id.
+    fn submit(&self, args: &[&str]) -> Result<u32, SlurmError>;
+    /// `scancel [--signal=SIG] JOB`.
+    fn cancel(&self, job: u32, signal: Option<&str>) -> Result<(), SlurmError>;
+    /// `scontrol update JobId=JOB K=V...` (e.g. `NodeList=` to shrink).
+    fn update_job(&self, job: u32, settings: &[(&str, &str)]) -> Result<(), SlurmError>;
+    /// Every job slurmctld knows.
+    fn jobs(&self) -> Result<Vec<JobInfo>, SlurmError>;
+    fn nodes(&self) -> Result<Vec<NodeInfo>, SlurmError>;
+}
+
+/// Slurm through its command-line tools.
+pub struct Commands<R: Runner> {
+    pub runner: R,
+}
+
+impl<R: Runner> Slurm for Commands<R> {
+    fn submit(&self, args: &[&str]) -> Result<u32, SlurmError> {
+        let mut argv = vec!["sbatch", "--parsable"];
+        argv.extend_from_slice(args);
+        let out = self.runner.run(&argv)?;
+        // `--parsable` prints `ID` or `ID;CLUSTER`.
+        out.trim()
+            .split(';')
+            .next()
+            .and_then(|id| id.parse().ok())
+            .ok_or_else(|| SlurmError::NoJobId { cmd: argv.join(" "), output: out.trim().to_string() })
+    }
+
+    fn cancel(&self, job: u32, signal: Option<&str>) -> Result<(), SlurmError> {
+        let sig = signal.map(|s| format!("--signal={s}"));
+        let id = job.to_string();
+        let mut argv = vec!["scancel"];
+        argv.extend(sig.as_deref());
+        argv.push(&id);
+        self.runner.run(&argv)?;
+        Ok(())
+    }
+
+    fn update_job(&self, job: u32, settings: &[(&str, &str)]) -> Result<(), SlurmError> {
+        let pairs: Vec<String> =
+            std::iter::once(format!("JobId={job}")).chain(settings.iter().map(|(k, v)| format!("{k}={v}"))).collect();
+        let mut argv = vec!["scontrol", "update"];
+        argv.extend(pairs.iter().map(String::as_str));
+        self.runner.run(&argv)?;
+        Ok(())
+    }
+
+    fn jobs(&self) -> Result<Vec<JobInfo>, SlurmError> {
+        Ok(parse_jobs(&self.runner.run(&["squeue", "--json"])?)?)
+    }
+
+    fn nodes(&self) -> Result<Vec<NodeInfo>, SlurmError> {
+        Ok(parse_nodes(&self.runner.run(&["sinfo", "--json"])?)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+
+    type Answer = Box<dyn Fn(&str) -> Result<String, CommandError>>;
+
+    /// Records the commands and answers from a script.
+    struct Script {
+        seen: RefCell<Vec<String>>,
+        answer: Answer,
+    }
+
+    impl Runner for Script {
+        fn run(&self, argv: &[&str]) -> Result<String, CommandError> {
+            let cmd = argv.join(" ");
+            self.seen.borrow_mut().push(cmd.clone());
+            (self.answer)(&cmd)
+        }
+    }
+
+    fn slurm(answer: impl Fn(&str) -> Result<String, CommandError> + 'static) -> Commands<Script> {
+        Commands { runner: Script { seen: RefCell::new(Vec::new()), answer: Box::new(answer) } }
+    }
+
+    #[test]
+    fn commands_and_their_parsing() {
+        let s = slurm(|cmd| {
+            Ok(match cmd {
+                c if c.starts_with("sbatch") => "4242;cluster\n".into(),
+                _ => String::new(),
+            })
+        });
+        assert_eq!(s.submit(&["--qos=op-inference", "replica.sh"]).unwrap(), 4242);
+        s.cancel(4242, Some("USR1")).unwrap();
+        s.update_job(4242, &[("NodeList", "node[1-2]")]).unwrap();
+        assert_eq!(
+            *s.runner.seen.borrow(),
+            [
+                "sbatch --parsable --qos=op-inference replica.sh",
+                "scancel --signal=USR1 4242",
+                "scontrol update JobId=4242 NodeList=node[1-2]"
+            ]
+        );
+    }
+
+    #[test]
+    fn failures_say_whether_to_retry() {
+        let s = slurm(|cmd| {
+            Err(CommandError::Failed {
+                cmd: cmd.into(),
+                status: "exit status: 1".into(),
+                stdout: String::new(),
+                stderr: if cmd.starts_with("squeue") {
+                    "slurm_load_jobs error: Unable to contact slurm controller (connect failure)".into()
+                } else {
+                    "Invalid job id specified".into()
+                },
+            })
+        });
+        assert!(s.jobs().unwrap_err().is_retryable());
+        assert!(!s.cancel(1, None).unwrap_err().is_retryable());
+        let s = slurm(|_| Ok("Submitted batch job 7\n".into()));
+        let e = s.submit(&["x.sh"]).unwrap_err();
+        assert!(!e.is_retryable());
+        assert!(e.to_string().contains("not a job id"), "{e}");
+    }
+}

@@ -1,0 +1,173 @@
+//! The cluster's jobs and nodes as `squeue --json` and `sinfo --json`
+//! report them (Slurm 22.05: OpenAPI v0.0.38 shape). Only the fields onepool
+//! reads are declared; unknown ones are ignored, so newer releases that add
+//! fields still parse. 22.05's `squeue --json` ignores `-j`/`-t`: callers
+//! filter the returned list themselves.
+
+use serde::Deserialize;
+
+use onepool_decisions::record::JobRecord;
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct JobInfo {
+    pub job_id: u32,
+    pub job_state: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub user_name: String,
+    #[serde(default)]
+    pub user_id: u32,
+    #[serde(default)]
+    pub qos: String,
+    #[serde(default)]
+    pub partition: String,
+    /// Allocated nodes (a Slurm host list), empty while pending.
+    #[serde(default)]
+    pub nodes: String,
+    #[serde(default)]
+    pub batch_host: String,
+    #[serde(default)]
+    pub admin_comment: String,
+    #[serde(default)]
+    pub submit_time: u64,
+    #[serde(default)]
+    pub start_time: u64,
+    #[serde(default)]
+    pub end_time: u64,
+    /// Non-zero while Slurm is preempting the job (its GraceTime runs).
+    #[serde(default)]
+    pub preempt_time: u64,
+    /// Minutes.
+    #[serde(default)]
+    pub time_limit: u64,
+    #[serde(default)]
+    pub tres_per_job: String,
+    #[serde(default)]
+    pub tres_per_node: String,
+    #[serde(default)]
+    pub state_reason: String,
+}
+
+impl JobInfo {
+    pub fn is_running(&self) -> bool {
+        self.job_state == "RUNNING"
+    }
+    pub fn is_pending(&self) -> bool {
+        self.job_state == "PENDING"
+    }
+    /// Slurm has picked this running job as a preemption victim (its grace
+    /// time runs). A job that already ended keeps its preempt_time.
+    pub fn is_being_preempted(&self) -> bool {
+        self.preempt_time != 0 && self.is_running()
+    }
+    /// What job_submit/onepool recorded on the job, if anything.
+    pub fn record(&self) -> Option<JobRecord> {
+        JobRecord::decode(&self.admin_comment)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    /// `idle`, `mixed`, `allocated`, `down`, ...
+    pub state: String,
+    /// e.g. `DRAIN`.
+    #[serde(default)]
+    pub state_flags: Vec<String>,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub gres: String,
+    #[serde(default)]
+    pub gres_used: String,
+    #[serde(default)]
+    pub partitions: Vec<String>,
+    #[serde(default)]
+    pub address: String,
+}
+
+impl NodeInfo {
+    pub fn is_drained(&self) -> bool {
+        self.state_flags.iter().any(|f| f.starts_with("DRAIN"))
+    }
+}
+
+#[derive(Deserialize)]
+struct Jobs {
+    jobs: Vec<JobInfo>,
+    #[serde(default)]
+    errors: Vec<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct Nodes {
+    nodes: Vec<NodeInfo>,
+    #[serde(default)]
+    errors: Vec<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what}: {detail}")]
+pub struct StateError {
+    pub what: &'static str,
+    pub detail: String,
+}
+
+fn reported(what: &'static str, errors: &[serde_json::Value]) -> Result<(), StateError> {
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(StateError { what, detail: format!("Slurm reported errors: {}", serde_json::Value::from(errors.to_vec())) })
+    }
+}
+
+pub fn parse_jobs(json: &str) -> Result<Vec<JobInfo>, StateError> {
+    let j: Jobs =
+        serde_json::from_str(json).map_err(|e| StateError { what: "squeue --json", detail: e.to_string() })?;
+    reported("squeue --json", &j.errors)?;
+    Ok(j.jobs)
+}
+
+pub fn parse_nodes(json: &str) -> Result<Vec<NodeInfo>, StateError> {
+    let n: Nodes =
+        serde_json::from_str(json).map_err(|e| StateError { what: "sinfo --json", detail: e.to_string() })?;
+    reported("sinfo --json", &n.errors)?;
+    Ok(n.nodes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_running_replica_as_22_05_reports_it() {
+        let jobs = parse_jobs(include_str!("../tests/fixtures/squeue-22.05-running.json")).unwrap();
+        assert_eq!(jobs.len(), 1);
+        let j = &jobs[0];
+        assert!(j.is_running() && !j.is_being_preempted());
+        assert_eq!(
+            (j.nodes.as_str(), j.batch_host.as_str(), j.tres_per_job.as_str()),
+            ("node1", "node1", "gres:gpu:2")
+        );
+        assert_eq!(j.qos, "op-inference");
+        let r = j.record().expect("onepool's record");
+        assert_eq!((r.class.as_str(), r.endpoint.as_deref()), ("inference", Some("llm")));
+    }
+
+    #[test]
+    fn nodes_as_22_05_reports_them() {
+        let nodes = parse_nodes(include_str!("../tests/fixtures/sinfo-22.05.json")).unwrap();
+        assert_eq!(nodes.len(), 4);
+        assert_eq!(nodes[0].gres, "gpu:4");
+        assert!(nodes[0].partitions.contains(&"gpu-flex".to_string()));
+        assert!(!nodes[0].is_drained());
+    }
+
+    #[test]
+    fn garbage_and_reported_errors_are_errors() {
+        assert!(parse_jobs("not json").unwrap_err().to_string().starts_with("squeue --json:"));
+        let e = parse_jobs(r#"{"jobs": [], "errors": [{"error": "boom"}]}"#).unwrap_err();
+        assert!(e.to_string().contains("boom"), "{e}");
+    }
+}
