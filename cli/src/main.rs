@@ -2,13 +2,14 @@
 
 mod gpus;
 mod policy;
+mod simulate;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "onepool", version, about = "One prioritized GPU pool on Slurm: policy and GPU tools")]
+#[command(name = "onepool", version, about = "One prioritized GPU pool on Slurm: policy, GPU and simulation tools")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -22,6 +23,8 @@ enum Command {
     /// List this host's GPUs by device minor number (/dev/nvidiaN) and the processes holding them
     #[command(after_help = gpus::EXIT_STATUS_HELP)]
     Gpus(gpus::GpusArgs),
+    /// Compare separate GPU islands with one shared pool on your own job history and inference traces
+    Simulate(simulate::SimulateArgs),
 }
 
 /// Exit status when the command could not do its work at all (unreadable
@@ -33,6 +36,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Policy(cmd) => policy::run(cmd),
         Command::Gpus(args) => gpus::run(&args),
+        Command::Simulate(args) => simulate::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,99 @@
+//! `onepool simulate`: separate islands vs one shared pool on a scenario
+//! (policy, fleet, job history, inference traces); see the
+//! onepool-simulator crate.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{anyhow, Context};
+use clap::{Args, ValueEnum};
+use onepool_simulator::compare::{self, Settings};
+use onepool_simulator::input::OnBadRow;
+use onepool_simulator::report::{self, Report};
+use onepool_simulator::{scenario, svg};
+
+#[derive(Args)]
+pub struct SimulateArgs {
+    /// Scenario file (TOML: policy, fleet, jobs, endpoints)
+    pub scenario: PathBuf,
+    /// Print the report as JSON
+    #[arg(long)]
+    pub json: bool,
+    /// Write SVG plots (demand vs allocation, GPUs needed) into this folder
+    #[arg(long, value_name = "DIR")]
+    pub plots: Option<PathBuf>,
+    /// What a malformed input row does: reported and left out, or stop
+    #[arg(long, value_enum, default_value_t = BadRowArg::Skip)]
+    pub on_bad_row: BadRowArg,
+    /// Also search the smallest shared pool that meets every target
+    #[arg(long)]
+    pub search: bool,
+    /// Simulate the shared pool on this many nodes (the fleet's mix) instead of the scenario's
+    #[arg(long)]
+    pub nodes: Option<u32>,
+    /// Only the shared run: do not size separate islands (for timing)
+    #[arg(long)]
+    pub shared_only: bool,
+    /// Autoscaler period in seconds
+    #[arg(long, default_value_t = 2.0)]
+    pub tick: f64,
+    /// Print every job's simulated submit, start and end (shared run), to compare with sacct
+    #[arg(long)]
+    pub job_log: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BadRowArg {
+    Skip,
+    Abort,
+}
+
+pub fn run(a: &SimulateArgs) -> anyhow::Result<ExitCode> {
+    let on_bad = match a.on_bad_row {
+        BadRowArg::Skip => OnBadRow::Skip,
+        BadRowArg::Abort => OnBadRow::Abort,
+    };
+    if !(a.tick > 0.0 && a.tick.is_finite()) {
+        return Err(anyhow!("--tick must be a positive number of seconds"));
+    }
+    let sc = scenario::load(&a.scenario, on_bad).map_err(|e| anyhow!(e))?;
+    let fleet = match a.nodes {
+        Some(0) => return Err(anyhow!("--nodes must be at least 1")),
+        Some(n) => sc.fleet.scaled(n),
+        None => sc.fleet.clone(),
+    };
+    let settings = Settings {
+        tick_s: a.tick,
+        max_p95_wait_s: sc.max_p95_wait_s,
+        job_log: a.job_log,
+        separate: !a.shared_only,
+        ..Settings::default()
+    };
+    let (cmp, shared) = compare::compare(&sc.workload, &sc.policy, &fleet, &settings, a.search);
+    let files = match &a.plots {
+        Some(dir) => svg::write_all(dir, &cmp).with_context(|| format!("writing plots into {}", dir.display()))?,
+        None => Vec::new(),
+    };
+    let r = Report::new(fleet.gpus(), &sc.bad_rows, &sc.ignored, cmp);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", report::table(&r));
+    }
+    for f in files {
+        eprintln!("wrote {}", f.display());
+    }
+    if a.job_log {
+        eprintln!("job\tclass\tsubmit\tstart\tend\treclaimed");
+        for e in &shared.job_log {
+            eprintln!(
+                "{}\t{}\t{:.1}\t{:.1}\t{:.1}\t{}",
+                e.job, sc.workload.classes[e.class], e.submit, e.start, e.end, e.reclaimed
+            );
+        }
+    }
+    if !a.json && r.skipped_rows > 0 {
+        eprintln!("onepool: {} malformed input rows were skipped (listed above)", r.skipped_rows);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,128 @@
+//! Readers for the simulator's inputs. Every reader reports each malformed
+//! row as `file:line: what is wrong`; with [`OnBadRow::Skip`] the row is
+//! left out and counted, with [`OnBadRow::Abort`] the first one stops the
+//! read. Nothing is dropped silently: the caller prints [`Rows::skipped`].
+
+pub mod azure;
+pub mod jobs;
+
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnBadRow {
+    /// Report the row, leave it out, go on.
+    #[default]
+    Skip,
+    /// Stop at the first malformed row.
+    Abort,
+}
+
+/// One malformed row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadRow {
+    pub file: String,
+    pub line: usize,
+    pub what: String,
+}
+
+impl fmt::Display for BadRow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: {}", self.file, self.line, self.what)
+    }
+}
+
+/// What a reader kept, and what it left out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rows<T> {
+    pub rows: Vec<T>,
+    /// Malformed rows (reported as errors).
+    pub skipped: Vec<BadRow>,
+    /// Well-formed rows that are not simulated (job steps, jobs that never
+    /// ran or hold no GPU), by reason, with their count.
+    pub ignored: Vec<(String, usize)>,
+}
+
+impl<T> Rows<T> {
+    fn new() -> Rows<T> {
+        Rows { rows: Vec::new(), skipped: Vec::new(), ignored: Vec::new() }
+    }
+    fn ignore(&mut self, why: &str) {
+        match self.ignored.iter_mut().find(|(w, _)| w == why) {
+            Some((_, n)) => *n += 1,
+            None => self.ignored.push((why.to_string(), 1)),
+        }
+    }
+    /// Records a malformed row; `Err` when the caller asked to abort.
+    fn bad(&mut self, file: &str, line: usize, what: impl Into<String>, on_bad: OnBadRow) -> Result<(), BadRow> {
+        let b = BadRow { file: file.to_string(), line, what: what.into() };
+        if on_bad == OnBadRow::Abort {
+            return Err(b);
+        }
+        self.skipped.push(b);
+        Ok(())
+    }
+}
+
+/// Seconds since the Unix epoch from a plain number of seconds or a
+/// `YYYY-MM-DD[T ]HH:MM:SS[.fraction]` time (taken as UTC).
+pub fn parse_time(s: &str) -> Option<f64> {
+    let s = s.trim();
+    if let Ok(v) = s.parse::<f64>() {
+        return v.is_finite().then_some(v);
+    }
+    let (date, time) = s.split_once(['T', ' '])?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (y, m, dd) = (d.next()??, d.next()??, d.next()??);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&dd) {
+        return None;
+    }
+    let mut t = time.splitn(3, ':');
+    let (hh, mm) = (t.next()?.parse::<i64>().ok()?, t.next()?.parse::<i64>().ok()?);
+    let ss: f64 = t.next()?.parse().ok()?;
+    if !(0..24).contains(&hh) || !(0..60).contains(&mm) || !(0.0..61.0).contains(&ss) {
+        return None;
+    }
+    Some((days_from_civil(y, m, dd) * 86_400 + hh * 3_600 + mm * 60) as f64 + ss)
+}
+
+/// Days since 1970-01-01 (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// A duration in seconds: a number of seconds, or any form onepool's
+/// duration parser accepts (`90s`, `2h`, `1d12h`, `1-12:00:00`, ...).
+pub fn parse_duration(s: &str) -> Option<f64> {
+    let s = s.trim();
+    if let Ok(v) = s.parse::<f64>() {
+        return (v.is_finite() && v >= 0.0).then_some(v);
+    }
+    onepool_decisions::duration::parse(s).ok().map(|d| d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times() {
+        assert_eq!(parse_time("0"), Some(0.0));
+        assert_eq!(parse_time("1970-01-02T00:00:01"), Some(86_401.0));
+        assert_eq!(parse_time("2023-11-16 18:15:46.5"), Some(1_700_158_546.5));
+        assert_eq!(parse_time("Unknown"), None);
+        assert_eq!(parse_time("2023-13-01T00:00:00"), None);
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90"), Some(90.0));
+        assert_eq!(parse_duration("2h"), Some(7200.0));
+        assert_eq!(parse_duration("-1"), None);
+    }
+}

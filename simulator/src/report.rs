@@ -1,0 +1,141 @@
+//! The comparison as a terminal table and as JSON.
+
+use serde::Serialize;
+
+use crate::compare::{ClassFigures, Comparison};
+use crate::input::BadRow;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub fleet_gpus: u64,
+    pub skipped_rows: usize,
+    pub skipped: Vec<String>,
+    pub ignored: Vec<(String, usize)>,
+    pub comparison: Comparison,
+}
+
+impl Report {
+    pub fn new(fleet_gpus: u64, bad: &[BadRow], ignored: &[(String, usize)], comparison: Comparison) -> Report {
+        Report {
+            fleet_gpus,
+            skipped_rows: bad.len(),
+            skipped: bad.iter().map(|b| b.to_string()).collect(),
+            ignored: ignored.to_vec(),
+            comparison,
+        }
+    }
+}
+
+fn secs(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.0}ms", s * 1000.0)
+    } else if s < 120.0 {
+        format!("{s:.1}s")
+    } else if s < 7200.0 {
+        format!("{:.1}m", s / 60.0)
+    } else {
+        format!("{:.1}h", s / 3600.0)
+    }
+}
+
+fn opt_gpus(g: Option<u64>) -> String {
+    g.map(|g| g.to_string()).unwrap_or_else(|| "unmet".into())
+}
+
+fn service(f: &ClassFigures) -> String {
+    let mut parts = Vec::new();
+    if f.jobs_started > 0 || f.unstarted_jobs > 0 {
+        parts.push(format!("wait {}/{}", secs(f.wait_mean_s), secs(f.wait_p95_s)));
+    }
+    if let Some(slo) = f.slo_p99_s {
+        parts.push(format!("p99 {} (SLO {})", secs(f.p99_queue_delay_s), secs(slo)));
+    }
+    if f.unstarted_jobs > 0 {
+        parts.push(format!("{} never started", f.unstarted_jobs));
+    }
+    if f.unserved > 0 {
+        parts.push(format!("{} unserved", f.unserved));
+    }
+    if f.failed_requests > 0 {
+        parts.push(format!("{} cut off", f.failed_requests));
+    }
+    parts.join(", ")
+}
+
+/// The terminal table.
+pub fn table(r: &Report) -> String {
+    let c = &r.comparison;
+    let mut out = String::new();
+    out.push_str(&format!("window {:.1} h; shared pool simulated on {} GPUs\n\n", c.window_hours, c.shared_fleet_gpus));
+    let header = [
+        "class",
+        "separate GPUs",
+        "shared peak",
+        "GPU-h used",
+        "borrowed GPU-h",
+        "reclaims",
+        "time to capacity mean/max",
+        "service separate",
+        "service shared",
+        "target",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
+    for row in &c.classes {
+        let s = &row.shared;
+        if !s.has_work {
+            continue;
+        }
+        rows.push(vec![
+            s.class.clone(),
+            if row.own_island { opt_gpus(row.separate_gpus_needed) } else { "-".into() },
+            s.peak_gpus.to_string(),
+            format!("{:.1}", s.gpu_hours_used),
+            format!("{:.1}", s.borrowed_gpu_hours),
+            s.reclaims.to_string(),
+            format!("{}/{}", secs(s.time_to_capacity_mean_s), secs(s.time_to_capacity_max_s)),
+            row.separate.as_ref().map(service).unwrap_or_else(|| "-".into()),
+            service(s),
+            if s.meets_target { "met".into() } else { "MISSED".into() },
+        ]);
+    }
+    let widths: Vec<usize> =
+        (0..header.len()).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
+    for (k, row) in rows.iter().enumerate() {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(s, w)| format!("{s:<w$}")).collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+        if k == 0 {
+            out.push_str(&widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("  "));
+            out.push('\n');
+        }
+    }
+    out.push_str(&format!(
+        "\nGPUs needed: separate islands {}, one shared pool {}\n",
+        opt_gpus(c.separate_gpus),
+        match (c.shared_gpus_needed, c.shared_searched) {
+            (Some(g), _) => g.to_string(),
+            (None, true) => "unmet at every size tried".into(),
+            (None, false) => "not searched (use --search)".into(),
+        }
+    ));
+    out.push_str(&format!(
+        "idle GPU-hours in the window: separate {:.1}, shared {:.1}\n",
+        c.separate_idle_gpu_hours, c.shared_idle_gpu_hours
+    ));
+    out.push_str(&format!(
+        "search: {} runs in {:.2} s; shared run {:.2} s\n",
+        c.search_runs, c.search_seconds, c.shared_run_seconds
+    ));
+    out.push_str("wait = training wait mean/p95; p99 = inference p99 queueing delay\n");
+    out.push_str(&format!("skipped rows: {}\n", r.skipped_rows));
+    for s in r.skipped.iter().take(20) {
+        out.push_str(&format!("  {s}\n"));
+    }
+    if r.skipped.len() > 20 {
+        out.push_str(&format!("  ... and {} more (all in --json)\n", r.skipped.len() - 20));
+    }
+    for (why, n) in &r.ignored {
+        out.push_str(&format!("not simulated: {n} ({why})\n"));
+    }
+    out
+}

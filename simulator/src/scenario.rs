@@ -1,0 +1,345 @@
+//! The scenario file (TOML): the policy, the fleet, the job histories and
+//! the inference endpoints with their service models. Paths are relative
+//! to the scenario file.
+//!
+//! ```toml
+//! policy = "../etc/onepool.toml"
+//!
+//! [fleet]                       # or: groups = [{ count = 4, gpus_per_node = 8, gpu_type = "a100" }, ...]
+//! nodes = 4
+//! gpus_per_node = 4
+//!
+//! [targets]
+//! max_p95_wait = "1h"           # batch classes: p95 wait to meet (default 1h)
+//!
+//! [[jobs]]
+//! file = "jobs.csv"             # formats: csv (see input::jobs), sacct (sacct -P), sacct-json
+//! format = "csv"
+//! keep_times = false            # false: shift so the first submission is at t=0
+//!
+//! [[endpoints]]
+//! name = "chat"
+//! trace = "../data/azure-llm-inference-2023-conv.csv"
+//! class = "inference"           # --workload of its replicas
+//! gpus_per_replica = 1
+//! gpu_type = "a100"             # optional
+//! max_concurrent = 16           # requests one replica serves at once
+//! prefill_tokens_per_s = 8000   # per request: context/prefill + generated/decode seconds
+//! decode_tokens_per_s = 40
+//! startup = "2m"                # GPUs held to ready
+//! slo_p99 = "2s"                # p99 queueing delay to meet
+//! min_replicas = 1              # optional; max_replicas too (default: what the GPUs hold)
+//! target_per_replica = 11.2     # autoscaler target load (default 0.7 x max_concurrent)
+//! baseline_class = "inference-baseline"  # optional: in the shared pool the first
+//! baseline_replicas = 2         #   replicas run in this (protected) class
+//! keep_times = false
+//! ```
+//!
+//! Batch jobs are classified by onepool's classifier as an unprivileged
+//! user with the job's account (so protected classes need an entitled
+//! account); replicas as root, as the daemon submits them. Refused jobs
+//! and jobs outside the pool are counted and reported, never simulated.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use onepool_decisions::annotation::Annotation;
+use onepool_decisions::autoscale::ScalingPolicy;
+use onepool_decisions::classify::{classify, Directory, JobRequest, Submitter, Verdict};
+use onepool_decisions::policy::{self, Policy};
+use serde::Deserialize;
+
+use crate::engine::{Endpoint, Job, Req, Workload};
+use crate::fleet::{Fleet, NodeGroup};
+use crate::input::{self, azure, jobs, BadRow, OnBadRow, Rows};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    policy: PathBuf,
+    fleet: RawFleet,
+    #[serde(default)]
+    targets: RawTargets,
+    #[serde(default)]
+    jobs: Vec<RawJobs>,
+    #[serde(default)]
+    endpoints: Vec<RawEndpoint>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFleet {
+    nodes: Option<u32>,
+    gpus_per_node: Option<u32>,
+    gpu_type: Option<String>,
+    groups: Option<Vec<NodeGroup>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawTargets {
+    max_p95_wait: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJobs {
+    file: PathBuf,
+    #[serde(default = "csv")]
+    format: String,
+    #[serde(default)]
+    keep_times: bool,
+}
+
+fn csv() -> String {
+    "csv".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEndpoint {
+    name: String,
+    trace: PathBuf,
+    class: String,
+    gpus_per_replica: u32,
+    gpu_type: Option<String>,
+    max_concurrent: u32,
+    prefill_tokens_per_s: f64,
+    decode_tokens_per_s: f64,
+    startup: String,
+    slo_p99: String,
+    min_replicas: Option<u32>,
+    max_replicas: Option<u32>,
+    target_per_replica: Option<f64>,
+    baseline_class: Option<String>,
+    #[serde(default)]
+    baseline_replicas: u32,
+    #[serde(default)]
+    keep_times: bool,
+}
+
+/// A loaded scenario: the workload, classified, and what was left out.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub policy: Policy,
+    pub fleet: Fleet,
+    pub workload: Workload,
+    pub max_p95_wait_s: f64,
+    /// Malformed rows, in file order.
+    pub bad_rows: Vec<BadRow>,
+    /// Rows not simulated, by reason (`refused: ...`, `outside the pool`, `job steps`, ...).
+    pub ignored: Vec<(String, usize)>,
+}
+
+struct Nobody;
+impl Directory for Nobody {
+    fn user_name(&self, _: u32) -> Option<&str> {
+        None
+    }
+    fn in_group(&self, _: u32, _: u32, _: &str) -> bool {
+        false
+    }
+}
+const USER: Submitter = Submitter { uid: 65_534, gid: 65_534 };
+const DAEMON: Submitter = Submitter { uid: 0, gid: 0 };
+
+fn count(ignored: &mut Vec<(String, usize)>, why: String, n: usize) {
+    match ignored.iter_mut().find(|(w, _)| *w == why) {
+        Some((_, k)) => *k += n,
+        None => ignored.push((why, n)),
+    }
+}
+
+fn take<T>(
+    r: Result<Rows<T>, BadRow>,
+    bad_rows: &mut Vec<BadRow>,
+    ignored: &mut Vec<(String, usize)>,
+) -> Result<Vec<T>, String> {
+    let r = r.map_err(|b| format!("{b} (stopping: --on-bad-row=abort)"))?;
+    bad_rows.extend(r.skipped);
+    for (w, n) in r.ignored {
+        count(ignored, w, n);
+    }
+    Ok(r.rows)
+}
+
+fn read(base: &Path, p: &Path) -> Result<(String, String), String> {
+    let path = base.join(p);
+    let shown = path.display().to_string();
+    std::fs::read_to_string(&path).map(|t| (shown.clone(), t)).map_err(|e| format!("{shown}: {e}"))
+}
+
+/// Reads a scenario file and everything it names.
+pub fn load(path: &Path, on_bad: OnBadRow) -> Result<Scenario, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let raw: Raw = toml::from_str(&text).map_err(|e| format!("{}: {}", path.display(), e.message()))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let (pfile, ptext) = read(base, &raw.policy)?;
+    let loaded = policy::load(&ptext);
+    let Some(policy) = loaded.policy.clone() else {
+        return Err(format!("the policy has errors:\n{}", loaded.render(&pfile, &ptext).join("\n")));
+    };
+    let fleet = match (raw.fleet.groups, raw.fleet.nodes, raw.fleet.gpus_per_node) {
+        (Some(g), None, None) => Fleet { groups: g },
+        (None, Some(n), Some(g)) => {
+            Fleet { groups: vec![NodeGroup { count: n, gpus_per_node: g, gpu_type: raw.fleet.gpu_type }] }
+        }
+        _ => return Err("[fleet] needs either groups = [...] or nodes and gpus_per_node".into()),
+    };
+    fleet.check()?;
+    let max_wait = match raw.targets.max_p95_wait {
+        Some(s) => input::parse_duration(&s).ok_or_else(|| format!("targets.max_p95_wait {s:?} is not a duration"))?,
+        None => 3600.0,
+    };
+    let mut bad_rows = Vec::new();
+    let mut ignored = Vec::new();
+    let mut rows: Vec<jobs::JobRow> = Vec::new();
+    for j in &raw.jobs {
+        let (f, t) = read(base, &j.file)?;
+        let r = match j.format.as_str() {
+            "csv" => jobs::read_csv(&f, &t, on_bad),
+            "sacct" => jobs::read_sacct(&f, &t, on_bad),
+            "sacct-json" => jobs::read_sacct_json(&f, &t, on_bad),
+            other => return Err(format!("jobs format {other:?}: use csv, sacct or sacct-json")),
+        };
+        let mut got = take(r, &mut bad_rows, &mut ignored)?;
+        if !j.keep_times {
+            let first = got.iter().map(|r| r.submit).fold(f64::INFINITY, f64::min);
+            got.iter_mut().for_each(|r| r.submit -= first);
+        }
+        rows.extend(got);
+    }
+    let class_idx = |name: &str| policy.classes.iter().position(|c| c.name == name);
+    let mut work_jobs = Vec::new();
+    for r in rows {
+        let req = JobRequest {
+            account: r.account.clone(),
+            partition: r.partition.clone(),
+            qos: r.qos.clone(),
+            annotation: Annotation { workload: r.class.clone(), ..Annotation::default() },
+            gpus: u64::from(r.gpus),
+            gpu_type: r.gpu_type.clone(),
+            time_limit: Some(Duration::from_secs_f64(r.duration.ceil().max(1.0))),
+        };
+        match classify(&policy, &Nobody, USER, &req) {
+            Verdict::Accept(p) => {
+                let c = class_idx(&p.class).ok_or("classifier returned an unknown class")?;
+                work_jobs.push(Job {
+                    submit: r.submit,
+                    duration: r.duration,
+                    gpus: r.gpus,
+                    per_node: r.gpus_per_node.unwrap_or(r.gpus),
+                    gpu_type: r.gpu_type,
+                    class: c,
+                    island: c,
+                    reclaim: p.record.reclaim,
+                    drain: p.record.drain_timeout,
+                });
+            }
+            Verdict::Outside => count(&mut ignored, "outside the pool (partition or GPU type)".into(), 1),
+            Verdict::Refuse(f) => count(&mut ignored, format!("refused by the policy: {}", f.message), 1),
+        }
+    }
+    work_jobs.sort_by(|a, b| a.submit.total_cmp(&b.submit));
+    let mut endpoints = Vec::new();
+    for e in raw.endpoints {
+        let (f, t) = read(base, &e.trace)?;
+        let mut reqs = take(azure::read(&f, &t, on_bad), &mut bad_rows, &mut ignored)?;
+        if !e.keep_times {
+            let first = reqs.first().map(|r| r.t).unwrap_or(0.0);
+            reqs.iter_mut().for_each(|r| r.t -= first);
+        }
+        if e.prefill_tokens_per_s <= 0.0 || e.decode_tokens_per_s <= 0.0 || e.max_concurrent == 0 {
+            return Err(format!("endpoint {}: token rates and max_concurrent must be positive", e.name));
+        }
+        let req = JobRequest {
+            annotation: Annotation {
+                workload: Some(e.class.clone()),
+                endpoint: Some(e.name.clone()),
+                ..Annotation::default()
+            },
+            gpus: u64::from(e.gpus_per_replica),
+            gpu_type: e.gpu_type.clone(),
+            ..JobRequest::default()
+        };
+        let p = match classify(&policy, &Nobody, DAEMON, &req) {
+            Verdict::Accept(p) => p,
+            Verdict::Outside => return Err(format!("endpoint {}: its replicas are outside the pool", e.name)),
+            Verdict::Refuse(r) => return Err(format!("endpoint {}: {}", e.name, r.message)),
+        };
+        let c = class_idx(&p.class).ok_or("classifier returned an unknown class")?;
+        let baseline = match &e.baseline_class {
+            Some(b) => {
+                let breq = JobRequest {
+                    annotation: Annotation { workload: Some(b.clone()), ..req.annotation.clone() },
+                    ..req.clone()
+                };
+                match classify(&policy, &Nobody, DAEMON, &breq) {
+                    Verdict::Accept(bp) => {
+                        Some((class_idx(&bp.class).ok_or("classifier returned an unknown class")?, e.baseline_replicas))
+                    }
+                    Verdict::Outside => {
+                        return Err(format!("endpoint {}: baseline replicas are outside the pool", e.name))
+                    }
+                    Verdict::Refuse(r) => return Err(format!("endpoint {} baseline: {}", e.name, r.message)),
+                }
+            }
+            None => None,
+        };
+        let dur = |s: &str, what: &str| {
+            input::parse_duration(s).ok_or_else(|| format!("endpoint {}: {what} {s:?} is not a duration", e.name))
+        };
+        let (pre, dec) = (e.prefill_tokens_per_s, e.decode_tokens_per_s);
+        let requests: Arc<[Req]> = reqs
+            .iter()
+            .map(|r| Req {
+                t: r.t,
+                service: (f64::from(r.context_tokens) / pre + f64::from(r.generated_tokens) / dec) as f32,
+            })
+            .collect();
+        endpoints.push(Endpoint {
+            name: e.name.clone(),
+            class: c,
+            island: c,
+            gpus_per_replica: e.gpus_per_replica.max(1),
+            gpu_type: e.gpu_type,
+            max_concurrent: e.max_concurrent,
+            startup_s: dur(&e.startup, "startup")?,
+            slo_p99_s: dur(&e.slo_p99, "slo_p99")?,
+            scaling: ScalingPolicy {
+                target_per_replica: e.target_per_replica.unwrap_or(0.7 * f64::from(e.max_concurrent)),
+                min: e.min_replicas.unwrap_or(1),
+                max: e.max_replicas.unwrap_or(u32::MAX),
+                ..ScalingPolicy::default()
+            },
+            reclaim: p.record.reclaim,
+            drain: p.record.drain_timeout,
+            baseline,
+            requests,
+        });
+    }
+    let workload = build_workload(&policy, work_jobs, endpoints);
+    Ok(Scenario { policy, fleet, workload, max_p95_wait_s: max_wait, bad_rows, ignored })
+}
+
+/// Puts classified work together and sets the reporting window.
+pub fn build_workload(policy: &Policy, jobs: Vec<Job>, endpoints: Vec<Endpoint>) -> Workload {
+    let classes: Vec<String> = policy.classes.iter().map(|c| c.name.clone()).collect();
+    let mut t0 = f64::INFINITY;
+    let mut t1 = f64::NEG_INFINITY;
+    for j in &jobs {
+        t0 = t0.min(j.submit);
+        t1 = t1.max(j.submit + j.duration);
+    }
+    for e in &endpoints {
+        for r in e.requests.iter() {
+            t0 = t0.min(r.t);
+            t1 = t1.max(r.t + f64::from(r.service));
+        }
+    }
+    if !t0.is_finite() {
+        (t0, t1) = (0.0, 0.0);
+    }
+    Workload { islands: classes.clone(), classes, jobs, endpoints, t0, t1 }
+}
