@@ -3,6 +3,7 @@
 mod gpus;
 mod policy;
 mod simulate;
+mod status;
 
 use std::process::ExitCode;
 
@@ -25,6 +26,8 @@ enum Command {
     Gpus(gpus::GpusArgs),
     /// Compare separate GPU islands with one shared pool on your own job history and inference traces
     Simulate(simulate::SimulateArgs),
+    /// The pool per class (from Slurm) and the inference endpoints (from onepoold)
+    Status(status::StatusArgs),
 }
 
 /// Exit status when the command could not do its work at all (unreadable
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
         Command::Policy(cmd) => policy::run(cmd),
         Command::Gpus(args) => gpus::run(&args),
         Command::Simulate(args) => simulate::run(&args),
+        Command::Status(args) => status::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -4,48 +4,60 @@
 //! fields still parse. 22.05's `squeue --json` ignores `-j`/`-t`: callers
 //! filter the returned list themselves.
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 use onepool_decisions::record::JobRecord;
+
+/// Slurm prints `null` for some unset fields (e.g. a pending job's counts):
+/// read those as the field's default.
+fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct JobInfo {
     pub job_id: u32,
     pub job_state: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub user_name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub user_id: u32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub qos: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub partition: String,
     /// Allocated nodes (a Slurm host list), empty while pending.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub nodes: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub batch_host: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub admin_comment: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub submit_time: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub start_time: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub end_time: u64,
     /// Non-zero while Slurm is preempting the job (its GraceTime runs).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub preempt_time: u64,
     /// Minutes.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub time_limit: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub tres_per_job: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub tres_per_node: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
+    pub tres_per_task: String,
+    #[serde(default, deserialize_with = "nullable")]
+    pub node_count: u32,
+    #[serde(default, deserialize_with = "nullable")]
+    pub tasks: u32,
+    #[serde(default, deserialize_with = "nullable")]
     pub state_reason: String,
 }
 
@@ -61,6 +73,18 @@ impl JobInfo {
     pub fn is_being_preempted(&self) -> bool {
         self.preempt_time != 0 && self.is_running()
     }
+    /// GPUs the job asks for (or holds, once running).
+    pub fn gpus(&self) -> u64 {
+        use onepool_decisions::tres::{gpus_in, GpuRequest};
+        let n = |t: &str| Some(gpus_in(t).0).filter(|n| *n > 0);
+        GpuRequest {
+            per_job: n(&self.tres_per_job),
+            per_node: n(&self.tres_per_node),
+            per_task: n(&self.tres_per_task),
+        }
+        .total(self.node_count, self.tasks)
+    }
+
     /// What job_submit/onepool recorded on the job, if anything.
     pub fn record(&self) -> Option<JobRecord> {
         JobRecord::decode(&self.admin_comment)
@@ -73,17 +97,17 @@ pub struct NodeInfo {
     /// `idle`, `mixed`, `allocated`, `down`, ...
     pub state: String,
     /// e.g. `DRAIN`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub state_flags: Vec<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub reason: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub gres: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub gres_used: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub partitions: Vec<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     pub address: String,
 }
 
@@ -151,6 +175,7 @@ mod tests {
             ("node1", "node1", "gres:gpu:2")
         );
         assert_eq!(j.qos, "op-inference");
+        assert_eq!(j.gpus(), 2);
         let r = j.record().expect("onepool's record");
         assert_eq!((r.class.as_str(), r.endpoint.as_deref()), ("inference", Some("llm")));
     }
@@ -162,6 +187,14 @@ mod tests {
         assert_eq!(nodes[0].gres, "gpu:4");
         assert!(nodes[0].partitions.contains(&"gpu-flex".to_string()));
         assert!(!nodes[0].is_drained());
+    }
+
+    #[test]
+    fn null_fields_read_as_defaults() {
+        let jobs =
+            parse_jobs(r#"{"jobs": [{"job_id": 1, "job_state": "PENDING", "node_count": null, "nodes": null}]}"#)
+                .unwrap();
+        assert_eq!((jobs[0].node_count, jobs[0].nodes.as_str()), (0, ""));
     }
 
     #[test]

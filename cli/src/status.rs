@@ -1,0 +1,302 @@
+//! `onepool status`: the pool per class, from Slurm (jobs and the classes
+//! job_submit/onepool recorded on them), and the inference endpoints, from
+//! onepoold's control socket. Each part is shown when its source answers;
+//! a source that does not is named, with why.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use onepool_decisions::policy::{self, Policy, Tier};
+use onepool_slurm_commands::adapter::{Commands, Slurm};
+use onepool_slurm_commands::state::JobInfo;
+use onepool_slurm_commands::SystemRunner;
+use serde_json::{json, Value};
+
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    /// onepoold's control socket.
+    #[arg(long, env = "ONEPOOL_CONTROL_SOCKET", default_value = "/run/onepool/onepoold.sock")]
+    pub socket: PathBuf,
+    /// The policy file (classes, their QOS and capacity).
+    #[arg(long, env = "ONEPOOL_POLICY", default_value = policy::DEFAULT_PATH)]
+    pub policy: PathBuf,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Per class: what runs and what waits, in jobs and GPUs.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ClassUse {
+    pub running: u32,
+    pub running_gpus: u64,
+    pub pending: u32,
+    pub pending_gpus: u64,
+    /// Running jobs Slurm is preempting (their grace time runs).
+    pub reclaiming: u32,
+}
+
+/// Adds up the jobs job_submit/onepool classified, by class.
+pub fn pool_use(jobs: &[JobInfo]) -> BTreeMap<String, ClassUse> {
+    let mut by_class: BTreeMap<String, ClassUse> = BTreeMap::new();
+    for j in jobs {
+        let Some(r) = j.record() else { continue };
+        let u = by_class.entry(r.class).or_default();
+        if j.is_running() {
+            u.running += 1;
+            u.running_gpus += j.gpus();
+            u.reclaiming += u32::from(j.is_being_preempted());
+        } else if j.is_pending() {
+            u.pending += 1;
+            u.pending_gpus += j.gpus();
+        }
+    }
+    by_class
+}
+
+/// GPUs flexible work holds beyond what is not protected: borrowed from
+/// lendable protected capacity, and reclaimed when the owners need it.
+pub fn borrowed(policy: &Policy, uses: &BTreeMap<String, ClassUse>) -> u64 {
+    let protected: u64 = policy
+        .classes
+        .iter()
+        .map(|c| match &c.tier {
+            Tier::Protected { capacity } => u64::from(capacity.total()),
+            Tier::Flexible { .. } => 0,
+        })
+        .sum();
+    let flexible: u64 = policy
+        .classes
+        .iter()
+        .filter(|c| !c.is_protected())
+        .filter_map(|c| uses.get(&c.name))
+        .map(|u| u.running_gpus)
+        .sum();
+    flexible.saturating_sub(u64::from(policy.pool.total_gpus).saturating_sub(protected))
+}
+
+pub fn pool_table(policy: &Policy, uses: &BTreeMap<String, ClassUse>) -> String {
+    let mut out = format!(
+        "POOL {} GPUs: {} reserved, flexible work capped at {}; borrowed now: {} GPUs\n",
+        policy.pool.total_gpus,
+        policy.reserved_gpus(),
+        policy.flexible_cap(),
+        borrowed(policy, uses)
+    );
+    out.push_str(&format!(
+        "{:<20} {:<13} {:>4} {:<24} {:>8} {:>5} {:>8} {:>9} {:>10}\n",
+        "CLASS", "TIER", "RANK", "QOS", "RUNNING", "GPUS", "PENDING", "PEND_GPUS", "RECLAIMING"
+    ));
+    for c in &policy.classes {
+        let u = uses.get(&c.name).cloned().unwrap_or_default();
+        let (tier, rank) = match &c.tier {
+            Tier::Protected { capacity } => (format!("protected({})", capacity.total()), "-".to_string()),
+            Tier::Flexible { rank, .. } => ("flexible".to_string(), rank.to_string()),
+        };
+        out.push_str(&format!(
+            "{:<20} {:<13} {:>4} {:<24} {:>8} {:>5} {:>8} {:>9} {:>10}\n",
+            c.name, tier, rank, c.qos, u.running, u.running_gpus, u.pending, u.pending_gpus, u.reclaiming
+        ));
+    }
+    out
+}
+
+/// `GET path` on the control socket (HTTP/1.1, one request per connection).
+pub fn control_get(socket: &Path, path: &str) -> anyhow::Result<Value> {
+    let mut s = UnixStream::connect(socket)
+        .with_context(|| format!("cannot reach onepoold at {} (is it running? --socket)", socket.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: onepoold\r\nConnection: close\r\n\r\n")?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).context("reading onepoold's answer")?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").context("onepoold's answer has no HTTP header")?;
+    let status = head.lines().next().unwrap_or_default();
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(body)?
+    } else {
+        body.to_string()
+    };
+    if !status.contains(" 200 ") {
+        bail!("onepoold answered {status}: {}", body.trim());
+    }
+    serde_json::from_str(&body).context("onepoold's answer is not JSON")
+}
+
+fn dechunk(mut body: &str) -> anyhow::Result<String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").context("malformed chunked answer")?;
+        let n = usize::from_str_radix(size.trim(), 16).context("malformed chunk size")?;
+        if n == 0 {
+            return Ok(out);
+        }
+        out.push_str(rest.get(..n).context("truncated chunk")?);
+        body = rest.get(n + 2..).context("truncated chunk")?;
+    }
+}
+
+pub fn endpoints_table(state: &Value) -> String {
+    let mut out = format!(
+        "{:<16} {:>6} {:<22} {:<9} {:>10} {:>8}\n",
+        "ENDPOINT", "QUEUED", "REPLICA", "STATE", "IN_FLIGHT", "SERVED"
+    );
+    for ep in state["endpoints"].as_array().into_iter().flatten() {
+        let name = ep["name"].as_str().unwrap_or("?");
+        let queued = ep["queued"].as_u64().unwrap_or(0);
+        let replicas = ep["replicas"].as_array().cloned().unwrap_or_default();
+        if replicas.is_empty() {
+            out.push_str(&format!("{name:<16} {queued:>6} {:<22} {:<9} {:>10} {:>8}\n", "(none)", "-", "-", "-"));
+        }
+        for r in replicas {
+            out.push_str(&format!(
+                "{:<16} {:>6} {:<22} {:<9} {:>10} {:>8}\n",
+                name,
+                queued,
+                r["address"].as_str().unwrap_or("?"),
+                r["state"].as_str().unwrap_or("?"),
+                format!("{}/{}", r["in_flight"].as_u64().unwrap_or(0), r["limit"].as_u64().unwrap_or(0)),
+                r["served"].as_u64().unwrap_or(0)
+            ));
+        }
+    }
+    out
+}
+
+pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
+    let mut failed = false;
+    let mut report = json!({});
+    match load_policy(&args.policy).and_then(|p| {
+        let slurm = Commands { runner: SystemRunner::new(Duration::from_secs(30)) };
+        Ok((p, slurm.jobs()?))
+    }) {
+        Ok((policy, jobs)) => {
+            let uses = pool_use(&jobs);
+            if args.json {
+                report["pool"] = json!({
+                    "total_gpus": policy.pool.total_gpus,
+                    "reserved_gpus": policy.reserved_gpus(),
+                    "borrowed_gpus": borrowed(&policy, &uses),
+                    "classes": uses.iter().map(|(k, u)| (k.clone(), json!({
+                        "running": u.running, "running_gpus": u.running_gpus,
+                        "pending": u.pending, "pending_gpus": u.pending_gpus, "reclaiming": u.reclaiming,
+                    }))).collect::<serde_json::Map<_, _>>(),
+                });
+            } else {
+                print!("{}", pool_table(&policy, &uses));
+            }
+        }
+        Err(e) => {
+            failed = true;
+            eprintln!("onepool: pool: {e:#}");
+        }
+    }
+    match control_get(&args.socket, "/v1/state") {
+        Ok(state) => {
+            if args.json {
+                report["endpoints"] = state["endpoints"].clone();
+            } else {
+                println!();
+                print!("{}", endpoints_table(&state));
+            }
+        }
+        Err(e) => {
+            failed = true;
+            eprintln!("onepool: endpoints: {e:#}");
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(if failed { ExitCode::from(crate::EXIT_TROUBLE) } else { ExitCode::SUCCESS })
+}
+
+fn load_policy(path: &Path) -> anyhow::Result<Policy> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the policy {}", path.display()))?;
+    let loaded = policy::load(&text);
+    match loaded.policy {
+        Some(p) => Ok(p),
+        None => bail!("{} has errors (run `onepool policy check`)", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixListener;
+
+    use super::*;
+
+    fn job(id: u32, state: &str, comment: &str, tres: &str, preempt: u64) -> JobInfo {
+        serde_json::from_value(json!({
+            "job_id": id, "job_state": state, "admin_comment": comment, "tres_per_job": tres,
+            "node_count": 1, "preempt_time": preempt,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn pool_use_and_borrowed_gpus() {
+        let policy = policy::load(include_str!("../../etc/onepool.toml")).policy.unwrap();
+        let jobs = [
+            job(1, "RUNNING", "onepool:class=agents;tier=flexible;reclaim=immediate", "gres:gpu:4", 0),
+            job(2, "RUNNING", "onepool:class=agents;tier=flexible;reclaim=immediate", "gres:gpu:4", 9),
+            job(3, "RUNNING", "onepool:class=training;tier=flexible;reclaim=requeue;drain=2m", "gres:gpu:4", 0),
+            job(4, "PENDING", "onepool:class=critical-training;tier=protected", "gres:gpu:8", 0),
+            job(5, "RUNNING", "", "gres:gpu:4", 0),
+        ];
+        let uses = pool_use(&jobs);
+        assert_eq!(
+            uses["agents"],
+            ClassUse { running: 2, running_gpus: 8, pending: 0, pending_gpus: 0, reclaiming: 1 }
+        );
+        assert_eq!(uses["critical-training"].pending_gpus, 8);
+        assert!(!uses.contains_key(""), "jobs onepool did not classify are not counted");
+        // 12 flexible GPUs run; 16 - 12 protected = 4 unprotected: 8 borrowed.
+        assert_eq!(borrowed(&policy, &uses), 8);
+        let t = pool_table(&policy, &uses);
+        assert!(t.starts_with("POOL 16 GPUs: 4 reserved, flexible work capped at 12; borrowed now: 8 GPUs\n"), "{t}");
+        assert!(
+            t.lines().any(|l| l.starts_with("agents")
+                && l.split_whitespace().collect::<Vec<_>>()[4..] == ["2", "8", "0", "0", "1"]),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn control_socket_state_is_read_and_shown() {
+        let dir = std::env::temp_dir().join(format!("onepool-status-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("c.sock");
+        let _ = std::fs::remove_file(&sock);
+        let listener = UnixListener::bind(&sock).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 1024];
+            let n = c.read(&mut buf).unwrap();
+            assert!(String::from_utf8_lossy(&buf[..n]).starts_with("GET /v1/state HTTP/1.1\r\n"));
+            let body = r#"{"endpoints":[{"name":"llm","queued":3,"peak_queued":5,"replicas":[{"id":1,"address":"10.0.0.5:8000","state":"draining","in_flight":2,"limit":8,"served":41,"peak_in_flight":8}]}]}"#;
+            let chunked = format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
+            write!(
+                c,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{chunked}"
+            )
+            .unwrap();
+        });
+        let state = control_get(&sock, "/v1/state").unwrap();
+        server.join().unwrap();
+        let t = endpoints_table(&state);
+        assert!(
+            t.lines().nth(1).unwrap().split_whitespace().collect::<Vec<_>>()
+                == ["llm", "3", "10.0.0.5:8000", "draining", "2/8", "41"],
+            "{t}"
+        );
+        let e = control_get(&dir.join("nope.sock"), "/v1/state").unwrap_err();
+        assert!(format!("{e:#}").contains("cannot reach onepoold at"), "{e:#}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
