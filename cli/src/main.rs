@@ -2,6 +2,7 @@
 
 mod gpus;
 mod policy;
+mod replica;
 mod simulate;
 mod status;
 
@@ -28,6 +29,8 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// The pool per class (from Slurm) and the inference endpoints (from onepoold)
     Status(status::StatusArgs),
+    /// Run an inference replica's server and drain it gracefully on Slurm's preemption notice
+    Replica(replica::ReplicaArgs),
 }
 
 /// Exit status when the command could not do its work at all (unreadable
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         Command::Gpus(args) => gpus::run(&args),
         Command::Simulate(args) => simulate::run(&args),
         Command::Status(args) => status::run(&args),
+        Command::Replica(args) => replica::run_replica(&args),
     };
     match result {
         Ok(code) => code,

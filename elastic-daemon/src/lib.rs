@@ -7,6 +7,7 @@ pub mod control;
 pub mod daemon;
 pub mod endpoint;
 pub mod health;
+pub mod launcher;
 pub mod metrics;
 pub mod proxy;
 pub mod registry;

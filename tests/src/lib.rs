@@ -126,6 +126,14 @@ impl TestCluster {
         out.trim().split(';').next().unwrap().parse().unwrap_or_else(|_| panic!("sbatch printed {out:?}"))
     }
 
+    /// `sbatch --parsable ARGS` with the job's output in `log`.
+    pub fn sbatch_with_output(&self, args: &[&str], log: &std::path::Path) -> u32 {
+        let mut all = vec!["--parsable", "-o", log.to_str().expect("UTF-8 path")];
+        all.extend_from_slice(args);
+        let out = self.ok("sbatch", &all);
+        out.trim().split(';').next().unwrap().parse().unwrap_or_else(|_| panic!("sbatch printed {out:?}"))
+    }
+
     /// The job's state from squeue (`None` once it left the queue).
     pub fn state(&self, job: u32) -> Option<String> {
         let out = self.ok("squeue", &["-h", "-j", &job.to_string(), "-o", "%T"]);

@@ -1,0 +1,59 @@
+//! `onepool replica -- CMD ...`: the main process of an inference replica's
+//! batch script (see onepool_daemon::launcher). Submit replicas with
+//! `--signal=B:USR1@<drain timeout>` in a QOS whose GraceTime covers it, and
+//! `exec onepool replica ...` so the notice reaches this process.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use onepool_daemon::launcher::{run, Front, LauncherConfig, Outcome};
+
+#[derive(clap::Args)]
+pub struct ReplicaArgs {
+    /// Where the router reaches this replica.
+    #[arg(long, env = "ONEPOOL_REPLICA_LISTEN", default_value = "0.0.0.0:8000")]
+    pub listen: SocketAddr,
+    /// Where the model server listens; it is told the port in ONEPOOL_BACKEND_PORT.
+    #[arg(long, env = "ONEPOOL_REPLICA_BACKEND", default_value = "127.0.0.1:8001")]
+    pub backend: SocketAddr,
+    /// Longest drain after the notice (default: the job's --drain-timeout, else 30s).
+    #[arg(long, env = "ONEPOOL_DRAIN_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub drain_timeout: Duration,
+    /// Time the server gets between SIGTERM and SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub stop_grace: Duration,
+    /// The model server's command line.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    onepool_decisions::duration::parse(s).map_err(|e| e.to_string())
+}
+
+pub fn run_replica(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).with_ansi(ansi).init();
+    let cfg = LauncherConfig {
+        listen: args.listen,
+        backend: args.backend,
+        drain_timeout: args.drain_timeout,
+        stop_grace: args.stop_grace,
+        command: args.command.clone(),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let outcome = rt.block_on(run(cfg, Arc::new(Front::default()))).context("onepool replica")?;
+    match &outcome {
+        Outcome::Drained { waited } => {
+            eprintln!("onepool replica: drained in {:.1}s; server stopped", waited.as_secs_f64())
+        }
+        Outcome::TimedOut { in_flight } => {
+            eprintln!("onepool replica: drain timed out with {in_flight} request(s) in flight; server stopped")
+        }
+        Outcome::ServerExited(code) => eprintln!("onepool replica: the server exited ({code:?})"),
+    }
+    Ok(ExitCode::from(u8::try_from(outcome.exit_code()).unwrap_or(1)))
+}

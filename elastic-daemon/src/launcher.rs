@@ -1,0 +1,268 @@
+//! The replica launcher (`onepool replica -- CMD ...`): the batch script's
+//! main process on a compute node. It runs the model server, fronts it with
+//! a small proxy that counts requests in flight, and on Slurm's preemption
+//! notice (the `--signal=B:USR1@N` the daemon submits replicas with) or a
+//! SIGTERM it drains: new requests get 503 with `x-onepool-draining: 1`
+//! (the router takes the replica out and retries them elsewhere, so no
+//! unauthenticated call to the daemon is needed), requests in flight finish
+//! up to the drain timeout, then the server is stopped and the launcher
+//! exits, so the job ends and Slurm hands the GPUs to the preemptor at once
+//! instead of at its next periodic kill.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::process::ExitStatus;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::Notify;
+
+use crate::proxy::DRAINING_HEADER;
+
+#[derive(Debug, Clone)]
+pub struct LauncherConfig {
+    /// Where the router reaches this replica.
+    pub listen: SocketAddr,
+    /// Where the model server listens (on this node).
+    pub backend: SocketAddr,
+    /// Longest drain after the notice; Slurm's GraceTime must cover it.
+    pub drain_timeout: Duration,
+    /// How long the server gets between SIGTERM and SIGKILL.
+    pub stop_grace: Duration,
+    /// The model server's command line.
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LauncherError {
+    #[error("no server command given (onepool replica [OPTIONS] -- CMD ARGS...)")]
+    NoCommand,
+    #[error("cannot start `{cmd}`: {source}")]
+    Spawn {
+        cmd: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot watch signals: {0}")]
+    Signals(#[source] std::io::Error),
+}
+
+/// How the launcher ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The server exited by itself.
+    ServerExited(Option<i32>),
+    /// Drained after a notice: every request in flight finished.
+    Drained { waited: Duration },
+    /// The drain timeout passed with requests still in flight.
+    TimedOut { in_flight: u64 },
+}
+
+impl Outcome {
+    /// The process exit code: 0 for a clean drain.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Outcome::ServerExited(code) => code.unwrap_or(1),
+            Outcome::Drained { .. } => 0,
+            Outcome::TimedOut { .. } => 1,
+        }
+    }
+}
+
+/// What the front proxy shares with the drain.
+#[derive(Default)]
+pub struct Front {
+    in_flight: AtomicU64,
+    draining: AtomicBool,
+    idle: Notify,
+    /// Requests answered "draining" (for logs and tests).
+    pub turned_away: AtomicU64,
+}
+
+impl Front {
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+    /// Waits until nothing is in flight or `timeout` passes.
+    pub async fn wait_idle(&self, timeout: Duration) -> Result<Duration, u64> {
+        let t0 = Instant::now();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.idle.notified();
+            if self.in_flight() == 0 {
+                return Ok(t0.elapsed());
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(self.in_flight());
+            }
+        }
+    }
+}
+
+/// Decrements the in-flight count when the response body ends or is dropped
+/// (streams count until their last frame).
+struct Guard(Arc<Front>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+struct GuardedBody {
+    inner: Incoming,
+    _guard: Guard,
+}
+
+impl Body for GuardedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+type FrontBody = UnsyncBoxBody<Bytes, hyper::Error>;
+
+fn plain(status: StatusCode, text: &str, draining: bool) -> Response<FrontBody> {
+    let mut r = Response::new(Full::new(Bytes::from(text.to_string())).map_err(|never| match never {}).boxed_unsync());
+    *r.status_mut() = status;
+    if draining {
+        r.headers_mut().insert(DRAINING_HEADER, http::HeaderValue::from_static("1"));
+        r.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+    }
+    r
+}
+
+async fn front(
+    req: Request<Incoming>,
+    state: Arc<Front>,
+    client: Client<HttpConnector, Incoming>,
+    backend: SocketAddr,
+) -> Response<FrontBody> {
+    if state.is_draining() {
+        state.turned_away.fetch_add(1, Ordering::SeqCst);
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "replica is draining; retry elsewhere\n", true);
+    }
+    state.in_flight.fetch_add(1, Ordering::SeqCst);
+    let guard = Guard(state.clone());
+    let (mut parts, body) = req.into_parts();
+    let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    parts.uri = match format!("http://{backend}{path}").parse() {
+        Ok(u) => u,
+        Err(_) => return plain(StatusCode::BAD_REQUEST, "bad request target\n", false),
+    };
+    match client.request(Request::from_parts(parts, body)).await {
+        Ok(resp) => {
+            let (parts, inner) = resp.into_parts();
+            Response::from_parts(parts, GuardedBody { inner, _guard: guard }.boxed_unsync())
+        }
+        Err(e) => plain(StatusCode::BAD_GATEWAY, &format!("model server unreachable: {e}\n"), false),
+    }
+}
+
+/// Serves the front proxy until the process ends.
+pub async fn serve_front(listener: TcpListener, backend: SocketAddr, state: Arc<Front>) {
+    let client: Client<HttpConnector, Incoming> = Client::builder(TokioExecutor::new()).build_http();
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let (state, client) = (state.clone(), client.clone());
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let (state, client) = (state.clone(), client.clone());
+                async move { Ok::<_, std::convert::Infallible>(front(req, state, client, backend).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+        });
+    }
+}
+
+async fn stop(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
+    if let Some(pid) = child.id() {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    }
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => status.ok(),
+        Err(_) => {
+            let _ = child.kill().await;
+            child.wait().await.ok()
+        }
+    }
+}
+
+/// Runs the server behind the front proxy until it exits or a notice
+/// (SIGUSR1, SIGTERM, SIGINT) drains it.
+pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, LauncherError> {
+    let (program, args) = cfg.command.split_first().ok_or(LauncherError::NoCommand)?;
+    let listener =
+        TcpListener::bind(cfg.listen).await.map_err(|source| LauncherError::Listen { addr: cfg.listen, source })?;
+    let mut usr1 = signal(SignalKind::user_defined1()).map_err(LauncherError::Signals)?;
+    let mut term = signal(SignalKind::terminate()).map_err(LauncherError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(LauncherError::Signals)?;
+    let mut child = Command::new(program)
+        .args(args)
+        .env("ONEPOOL_BACKEND_PORT", cfg.backend.port().to_string())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| LauncherError::Spawn { cmd: cfg.command.join(" "), source })?;
+    let front_task = tokio::spawn(serve_front(listener, cfg.backend, state.clone()));
+    let which = tokio::select! {
+        status = child.wait() => {
+            front_task.abort();
+            return Ok(Outcome::ServerExited(status.ok().and_then(|s| s.code())));
+        }
+        _ = usr1.recv() => "SIGUSR1",
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    state.start_draining();
+    tracing::info!(signal = which, in_flight = state.in_flight(), "notice received: draining");
+    let outcome = match state.wait_idle(cfg.drain_timeout).await {
+        Ok(waited) => Outcome::Drained { waited },
+        Err(in_flight) => Outcome::TimedOut { in_flight },
+    };
+    tracing::info!(
+        ?outcome,
+        turned_away = state.turned_away.load(Ordering::SeqCst),
+        "drain finished; stopping the server"
+    );
+    stop(&mut child, cfg.stop_grace).await;
+    front_task.abort();
+    Ok(outcome)
+}

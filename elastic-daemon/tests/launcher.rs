@@ -1,0 +1,95 @@
+//! The replica launcher in-process, in front of a real server process: a
+//! notice drains it (requests in flight finish, new ones are turned away
+//! with the draining status the router understands), then the server is
+//! stopped; a drain that outlasts its timeout says how much was in flight.
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use onepool_daemon::launcher::{run, Front, LauncherConfig, Outcome};
+
+/// A model-server stand-in: answers `GET /?sleep=S` after S seconds.
+const SERVER: &str = r#"
+import http.server, os, time, urllib.parse
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+        time.sleep(float(q.get("sleep", ["0"])[0]))
+        body = b"ok\n"
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["ONEPOOL_BACKEND_PORT"])), H).serve_forever()
+"#;
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// (status, draining header) of a GET through the launcher.
+async fn get(addr: SocketAddr, path: &str) -> Option<(u16, bool)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, text.to_ascii_lowercase().contains("x-onepool-draining: 1")))
+}
+
+async fn launch(drain: Duration) -> (SocketAddr, Arc<Front>, tokio::task::JoinHandle<Outcome>) {
+    let listen = free_addr();
+    let cfg = LauncherConfig {
+        listen,
+        backend: free_addr(),
+        drain_timeout: drain,
+        stop_grace: Duration::from_secs(5),
+        command: vec!["python3".into(), "-c".into(), SERVER.into()],
+    };
+    let front = Arc::new(Front::default());
+    let f = front.clone();
+    let task = tokio::spawn(async move { run(cfg, f).await.expect("launcher runs") });
+    for _ in 0..100 {
+        if get(listen, "/").await == Some((200, false)) {
+            return (listen, front, task);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the server behind the launcher never answered");
+}
+
+fn notice() {
+    // SAFETY: raising a signal the launcher has a handler for.
+    unsafe { libc::raise(libc::SIGUSR1) };
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_drains_in_flight_requests_turns_new_ones_away_and_stops_the_server() {
+    // A clean drain: the slow request finishes, the late one is turned away.
+    let (addr, front, task) = launch(Duration::from_secs(10)).await;
+    let slow = tokio::spawn(async move { get(addr, "/?sleep=1.5").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(front.in_flight(), 1);
+    notice();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(get(addr, "/").await, Some((503, true)), "new requests get the draining status");
+    assert_eq!(slow.await.unwrap(), Some((200, false)), "the request in flight finished");
+    match task.await.unwrap() {
+        Outcome::Drained { waited } => {
+            assert!(waited >= Duration::from_millis(900) && waited < Duration::from_secs(5), "{waited:?}")
+        }
+        other => panic!("expected a clean drain, got {other:?}"),
+    }
+    assert!(front.turned_away.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+    assert!(get(addr, "/").await.is_none(), "the launcher is gone");
+
+    // A drain that outlasts its timeout reports what was still in flight.
+    let (addr, _front, task) = launch(Duration::from_millis(500)).await;
+    let slow = tokio::spawn(async move { get(addr, "/?sleep=30").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    notice();
+    assert_eq!(task.await.unwrap(), Outcome::TimedOut { in_flight: 1 });
+    slow.abort();
+}

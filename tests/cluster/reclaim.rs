@@ -1,0 +1,101 @@
+//! Graceful reclaim through Slurm's own preemption, with the real replica
+//! launcher: supplemental replicas (submitted with `--signal=B:USR1@N` in
+//! the flexible inference QOS) hold the flexible GPUs; a protected job
+//! arrives; Slurm picks a victim and sends the notice; the victim's launcher
+//! turns new requests away, lets the one in flight finish, stops the server
+//! and exits; the protected job starts without waiting for GraceTime.
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use onepool_tests::{build_dir, cluster, Cleanup};
+
+const SERVER: &str = r#"
+import http.server, os, time, urllib.parse
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+        time.sleep(float(q.get("sleep", ["0"])[0]))
+        body = b"ok\n"
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["ONEPOOL_BACKEND_PORT"])), H).serve_forever()
+"#;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Status of a GET, or None when the connection failed.
+fn get(port: u16, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    buf.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[test]
+fn a_protected_job_gets_a_gracefully_drained_replica_s_gpus_at_once_and_no_request_is_lost() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = std::env::temp_dir().join(format!("onepool-reclaim-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let server = dir.join("server.py");
+    std::fs::write(&server, SERVER).unwrap();
+    let launcher = build_dir().join("onepool");
+    let base = c.sbatch(&["--workload=inference-baseline", "--gpus=4", "-N1", "--wrap", "sleep 600"]);
+    let mut replicas = Vec::new();
+    for i in 0..3 {
+        let port = free_port();
+        let backend = free_port();
+        let log = dir.join(format!("replica-{i}.log"));
+        let script = format!(
+            "exec {} replica --listen 127.0.0.1:{port} --backend 127.0.0.1:{backend} --drain-timeout 30s -- python3 {}",
+            launcher.display(),
+            server.display()
+        );
+        let job = c.sbatch_with_output(
+            &["--workload=inference", "--endpoint=llm", "--gpus=4", "-N1", "--signal=B:USR1@60", "--wrap", &script],
+            &log,
+        );
+        replicas.push((job, port, log));
+    }
+    for (job, port, _) in &replicas {
+        c.wait_state(*job, "RUNNING", Duration::from_secs(30));
+        c.wait_until("the replica to answer", Duration::from_secs(30), || get(*port, "/") == Some(200));
+    }
+    c.wait_state(base, "RUNNING", Duration::from_secs(30));
+    // Past the policy's minimum run time, every replica may be reclaimed.
+    std::thread::sleep(Duration::from_secs(onepool_tests::TEST_MIN_RUNTIME_SECS + 1));
+    // A 3-second request in flight on every replica.
+    let in_flight: Vec<_> = replicas
+        .iter()
+        .map(|(_, port, _)| {
+            let p = *port;
+            std::thread::spawn(move || get(p, "/?sleep=3"))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let owner = c.sbatch(&["--workload=critical-training", "--time=10:00", "--gpus=4", "-N1", "--wrap", "sleep 60"]);
+    let took = c.wait_state(owner, "RUNNING", Duration::from_secs(60));
+    eprintln!("protected job running {took:?} after submission (the victim drained a 3 s request first)");
+    let answers: Vec<Option<u16>> = in_flight.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(answers.iter().all(|a| *a == Some(200)), "a request in flight was lost: {answers:?}");
+    let victims: Vec<&(u32, u16, std::path::PathBuf)> =
+        replicas.iter().filter(|(j, _, _)| c.state(*j).is_none()).collect();
+    assert_eq!(victims.len(), 1, "one replica yields its 4 GPUs");
+    let (victim, _, log) = victims[0];
+    c.wait_until("the victim's log", Duration::from_secs(10), || {
+        std::fs::read_to_string(log).is_ok_and(|l| l.contains("drained in"))
+    });
+    eprintln!("victim {victim}: {}", std::fs::read_to_string(log).unwrap().trim());
+    // Graceful and fast: well before GraceTime (60 s) and Slurm's periodic kill.
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(t0.elapsed() >= Duration::from_secs(2), "the in-flight request was allowed to finish first");
+    let _ = std::fs::remove_dir_all(&dir);
+}
