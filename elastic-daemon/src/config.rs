@@ -24,12 +24,16 @@ pub struct Config {
     /// How long in-flight requests may run on after SIGTERM.
     pub shutdown_grace: Duration,
     pub endpoints: Vec<EndpointConfig>,
+    /// Shared listeners that pick the endpoint per request.
+    pub listeners: Vec<ListenerConfig>,
 }
 
 #[derive(Clone, Debug)]
 pub struct EndpointConfig {
     pub name: String,
-    pub listen: SocketAddr,
+    /// The endpoint's own listener; `None` when only shared listeners
+    /// (`[[listener]]`) reach it.
+    pub listen: Option<SocketAddr>,
     pub replica_concurrency: u32,
     pub queue_size: usize,
     pub queue_timeout: Duration,
@@ -37,6 +41,45 @@ pub struct EndpointConfig {
     pub health: Option<HealthCheck>,
     pub thresholds: HealthThresholds,
 }
+
+/// One shared listener: every request is routed to an endpoint by its
+/// `Host`, its path prefix, or the OpenAI `model` field of its JSON body.
+#[derive(Clone, Debug)]
+pub struct ListenerConfig {
+    pub listen: SocketAddr,
+    pub routes: Routes,
+    pub conn: ConnSettings,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Routes {
+    /// Host (lower case, no port) to endpoint name.
+    Host(Vec<(String, String)>),
+    Path(Vec<PathRoute>),
+    Model {
+        /// The most body bytes read to find `model`; a larger body gets 413.
+        max_body: usize,
+        /// How long the client may take to send that body.
+        body_timeout: Duration,
+        /// Model name to endpoint name.
+        routes: Vec<(String, String)>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PathRoute {
+    /// Starts with '/', no trailing '/' except for "/" itself; matches on
+    /// whole segments ("/chat" matches "/chat/x", not "/chatty").
+    pub prefix: String,
+    /// Forward without the prefix ("/chat/v1/x" goes out as "/v1/x").
+    pub strip: bool,
+    pub endpoint: String,
+}
+
+pub use crate::proxy::ConnSettings;
+
+/// The paths whose JSON body names the `model` when routing by model.
+pub const MODEL_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
 
 #[derive(Debug, thiserror::Error)]
 #[error("{}", .0.join("\n"))]
@@ -51,13 +94,38 @@ struct RawConfig {
     shutdown_grace: Option<Spanned<String>>,
     #[serde(default)]
     endpoint: Vec<Spanned<RawEndpoint>>,
+    #[serde(default)]
+    listener: Vec<Spanned<RawListener>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawListener {
+    listen: Spanned<String>,
+    by: Spanned<String>,
+    max_model_body: Option<Spanned<i64>>,
+    model_body_timeout: Option<Spanned<String>>,
+    header_read_timeout: Option<Spanned<String>>,
+    max_header_bytes: Option<Spanned<i64>>,
+    #[serde(default)]
+    route: Vec<Spanned<RawRoute>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    endpoint: Spanned<String>,
+    host: Option<Spanned<String>>,
+    path: Option<Spanned<String>>,
+    model: Option<Spanned<String>>,
+    strip_prefix: Option<Spanned<bool>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawEndpoint {
     name: Spanned<String>,
-    listen: Spanned<String>,
+    listen: Option<Spanned<String>>,
     replica_concurrency: Option<Spanned<i64>>,
     queue_size: Option<Spanned<i64>>,
     queue_timeout: Option<Spanned<String>>,
@@ -203,13 +271,11 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
         if names.insert(name.clone(), e.name.span()).is_some() {
             c.error(e.name.span(), format!("endpoint {name:?} is defined twice; endpoint names must be unique"));
         }
-        let listen = c.address(&e.listen, "listen");
-        if let Some(l) = listen {
-            if let Some(other) = listens.insert(l, name.clone()) {
-                c.error(
-                    e.listen.span(),
-                    format!("listen {l} is also used by endpoint {other:?}; give each endpoint its own address"),
-                );
+        let listen = e.listen.as_ref().and_then(|l| c.address(l, "listen"));
+        // Port 0 lets the kernel choose, so it never collides.
+        if let (Some(l), Some(raw)) = (listen.filter(|l| l.port() != 0), &e.listen) {
+            if let Some(other) = listens.insert(l, format!("endpoint {name:?}")) {
+                c.error(raw.span(), format!("listen {l} is also used by {other}; give each its own address"));
             }
         }
         let retry = e.retry.as_ref();
@@ -243,7 +309,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
         };
         endpoints.push(EndpointConfig {
             name,
-            listen: listen.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+            listen,
             replica_concurrency: c.number(&e.replica_concurrency, "replica_concurrency", 1, 100_000, 8) as u32,
             queue_size: c.number(&e.queue_size, "queue_size", 0, 1_000_000, 256) as usize,
             queue_timeout: c.duration(&e.queue_timeout, "queue_timeout", Duration::from_secs(10)),
@@ -251,6 +317,20 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
             health,
             thresholds,
         });
+    }
+    let listeners = listeners(&mut c, &raw.listener, &names, &mut listens);
+    for e in &raw.endpoint {
+        let e = e.get_ref();
+        let name = e.name.get_ref();
+        let routed = listeners.iter().any(|l| l.routes.endpoints().any(|n| n == name));
+        if e.listen.is_none() && !routed {
+            c.error(
+                e.name.span(),
+                format!(
+                    "endpoint {name:?} has no listen and no [[listener.route]] names it; clients could not reach it"
+                ),
+            );
+        }
     }
     if c.diags.iter().any(|d| d.is_error()) {
         return Err(ConfigError(c.diags.iter().map(|d| d.render(file, source)).collect()));
@@ -261,7 +341,163 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
         metrics_address,
         shutdown_grace,
         endpoints,
+        listeners,
     })
+}
+
+impl Routes {
+    /// The endpoint names the routes lead to, in configuration order.
+    pub fn endpoints(&self) -> impl Iterator<Item = &str> {
+        let v: Vec<&str> = match self {
+            Routes::Host(r) | Routes::Model { routes: r, .. } => r.iter().map(|(_, e)| e.as_str()).collect(),
+            Routes::Path(r) => r.iter().map(|p| p.endpoint.as_str()).collect(),
+        };
+        v.into_iter()
+    }
+}
+
+fn valid_host(h: &str) -> bool {
+    !h.is_empty()
+        && h.len() <= 253
+        && h.split('.').all(|l| !l.is_empty() && l.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '-'))
+}
+
+/// Checks `[[listener]]` tables; endpoint names must be known already.
+fn listeners(
+    c: &mut Checker,
+    raw: &[Spanned<RawListener>],
+    endpoints: &BTreeMap<String, Range<usize>>,
+    listens: &mut BTreeMap<SocketAddr, String>,
+) -> Vec<ListenerConfig> {
+    let mut out = Vec::new();
+    for l in raw {
+        let span = l.span();
+        let l = l.get_ref();
+        let listen = c.address(&l.listen, "listen");
+        if let Some(a) = listen.filter(|a| a.port() != 0) {
+            if let Some(other) = listens.insert(a, format!("[[listener]] {a}")) {
+                c.error(l.listen.span(), format!("listen {a} is also used by {other}; give each its own address"));
+            }
+        }
+        let at = listen.map(|a| a.to_string()).unwrap_or_else(|| l.listen.get_ref().clone());
+        let by = l.by.get_ref().as_str();
+        if !matches!(by, "host" | "path" | "model") {
+            c.error(l.by.span(), format!("by = {by:?}: a listener routes by \"host\", \"path\" or \"model\""));
+        }
+        for (v, key) in [
+            (l.max_model_body.as_ref().map(|v| v.span()), "max_model_body"),
+            (l.model_body_timeout.as_ref().map(|v| v.span()), "model_body_timeout"),
+        ] {
+            if let (Some(s), false) = (v, by == "model") {
+                c.error(s, format!("{key} applies only to a listener with by = \"model\""));
+            }
+        }
+        let conn = ConnSettings {
+            header_read_timeout: c.duration(&l.header_read_timeout, "header_read_timeout", Duration::from_secs(10)),
+            max_header_bytes: c.number(&l.max_header_bytes, "max_header_bytes", 8192, 1 << 20, 16384) as usize,
+        };
+        let max_body = c.number(&l.max_model_body, "max_model_body", 1, 1 << 30, 1 << 20) as usize;
+        let body_timeout = c.duration(&l.model_body_timeout, "model_body_timeout", Duration::from_secs(30));
+        if l.route.is_empty() {
+            c.diags.push(Diagnostic::error(
+                Some(span.clone()),
+                format!("listener {at} has no [[listener.route]]; add at least one with {by} = ... and endpoint = ..."),
+            ));
+        }
+        let mut seen: BTreeMap<String, ()> = BTreeMap::new();
+        let mut pairs = Vec::new();
+        let mut paths = Vec::new();
+        for r in &l.route {
+            let rspan = r.span();
+            let r = r.get_ref();
+            let endpoint = r.endpoint.get_ref();
+            if !endpoints.contains_key(endpoint) {
+                let known: Vec<&String> = endpoints.keys().collect();
+                c.error(
+                    r.endpoint.span(),
+                    format!("route to unknown endpoint {endpoint:?}; the [[endpoint]] names are {known:?}"),
+                );
+            }
+            for (v, key) in [(&r.host, "host"), (&r.path, "path"), (&r.model, "model")] {
+                if let (Some(v), true) = (v, key != by) {
+                    c.error(
+                        v.span(),
+                        format!("{key} in a route of listener {at}, which routes by {by:?}; use {by} = ..."),
+                    );
+                }
+            }
+            if let (Some(s), false) = (&r.strip_prefix, by == "path") {
+                c.error(s.span(), "strip_prefix applies only to routes of a listener with by = \"path\"".into());
+            }
+            let key = match by {
+                "host" => r.host.as_ref(),
+                "path" => r.path.as_ref(),
+                "model" => r.model.as_ref(),
+                _ => continue,
+            };
+            let Some(key) = key else {
+                c.error(rspan, format!("this route of listener {at} names no {by}; add {by} = ..."));
+                continue;
+            };
+            let value = match by {
+                "host" => {
+                    let h = key.get_ref().to_ascii_lowercase();
+                    if !valid_host(&h) {
+                        c.error(
+                            key.span(),
+                            format!(
+                                "host {:?} is not a host name (letters, digits, '-' and dots; no port)",
+                                key.get_ref()
+                            ),
+                        );
+                    }
+                    h
+                }
+                "path" => {
+                    let p = key.get_ref();
+                    if !p.starts_with('/') || p.contains(['?', '#']) || p.contains("//") {
+                        c.error(key.span(), format!("path {p:?} must start with '/' and hold no '?', '#' or '//'"));
+                    }
+                    let p = p.trim_end_matches('/');
+                    if p.is_empty() {
+                        "/".to_string()
+                    } else {
+                        p.to_string()
+                    }
+                }
+                _ => {
+                    if key.get_ref().is_empty() {
+                        c.error(key.span(), "model is empty; give the name clients send in \"model\"".into());
+                    }
+                    key.get_ref().clone()
+                }
+            };
+            if seen.insert(value.clone(), ()).is_some() {
+                c.error(
+                    key.span(),
+                    format!("{by} {value:?} is routed twice on listener {at}; each {by} needs one route"),
+                );
+                continue;
+            }
+            if by == "path" {
+                let strip = r.strip_prefix.as_ref().map(|s| *s.get_ref()).unwrap_or(false);
+                paths.push(PathRoute { prefix: value, strip, endpoint: endpoint.clone() });
+            } else {
+                pairs.push((value, endpoint.clone()));
+            }
+        }
+        let routes = match by {
+            "host" => Routes::Host(pairs),
+            "path" => Routes::Path(paths),
+            _ => Routes::Model { max_body, body_timeout, routes: pairs },
+        };
+        out.push(ListenerConfig {
+            listen: listen.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+            routes,
+            conn,
+        });
+    }
+    out
 }
 
 /// Reads and parses the file at `path`.

@@ -7,6 +7,15 @@ fn the_example_parses() {
     assert_eq!(c.endpoints.len(), 1);
     assert_eq!(c.control_socket_mode, 0o600);
     assert!(c.endpoints[0].health.is_some());
+    assert_eq!(c.listeners.len(), 1);
+    assert_eq!(
+        c.listeners[0].routes,
+        Routes::Model {
+            max_body: 1 << 20,
+            body_timeout: Duration::from_secs(30),
+            routes: vec![("llama-3-8b-instruct".into(), "chat".into())]
+        }
+    );
 }
 
 #[test]

@@ -1,8 +1,9 @@
-//! Starting and stopping the whole router from a [`Config`]: one proxy
-//! listener per endpoint, health checkers, the control socket and the
+//! Starting and stopping the whole router from a [`Config`]: a proxy
+//! listener per endpoint that has one, the shared (routed) listeners,
+//! health checkers, the control socket and the
 //! metrics listener. The binary and the integration tests share this.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -22,14 +23,16 @@ use crate::config::Config;
 use crate::control::{self, ControlError};
 use crate::endpoint::{Endpoint, QueueSettings};
 use crate::metrics::Metrics;
+use crate::proxy::{Dispatch, Target};
 
 pub struct RoutedEndpoint {
     pub endpoint: Arc<Endpoint>,
     /// Replicas start as "starting" and wait for health checks when true.
     pub health_checked: bool,
-    /// The address the listener is bound to (the configured port, or the
-    /// one the kernel chose for port 0).
-    pub listen: SocketAddr,
+    /// The address the endpoint's own listener is bound to (the
+    /// configured port, or the one the kernel chose for port 0); `None`
+    /// when only shared listeners reach it.
+    pub listen: Option<SocketAddr>,
 }
 
 pub struct Router {
@@ -40,6 +43,8 @@ pub struct Router {
 pub enum StartError {
     #[error("endpoint {endpoint:?}: cannot listen on {address}: {source}; is another process using it?")]
     Listen { endpoint: String, address: SocketAddr, source: std::io::Error },
+    #[error("[[listener]]: cannot listen on {address}: {source}; is another process using it?")]
+    SharedListen { address: SocketAddr, source: std::io::Error },
     #[error("metrics: cannot listen on {address}: {source}")]
     Metrics { address: SocketAddr, source: std::io::Error },
     #[error(transparent)]
@@ -51,6 +56,8 @@ pub struct Daemon {
     pub metrics: Arc<Metrics>,
     pub metrics_address: Option<SocketAddr>,
     pub control_socket: PathBuf,
+    /// The shared listeners' bound addresses, in configuration order.
+    pub listeners: Vec<SocketAddr>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -62,14 +69,18 @@ impl Daemon {
         let metrics = Arc::new(Metrics::new());
         let (tx, rx) = watch::channel(false);
         let mut endpoints = BTreeMap::new();
+        let mut targets = HashMap::new();
         let mut listeners = Vec::new();
         for e in &config.endpoints {
-            let listener = TcpListener::bind(e.listen).await.map_err(|source| StartError::Listen {
-                endpoint: e.name.clone(),
-                address: e.listen,
-                source,
-            })?;
-            let listen = listener.local_addr().unwrap_or(e.listen);
+            let listener = match e.listen {
+                None => None,
+                Some(address) => Some(TcpListener::bind(address).await.map_err(|source| StartError::Listen {
+                    endpoint: e.name.clone(),
+                    address,
+                    source,
+                })?),
+            };
+            let listen = listener.as_ref().map(|l| l.local_addr()).transpose().ok().flatten().or(e.listen);
             let endpoint = Endpoint::new(
                 &e.name,
                 e.replica_concurrency,
@@ -81,7 +92,19 @@ impl Daemon {
                 e.name.clone(),
                 RoutedEndpoint { endpoint: endpoint.clone(), health_checked: e.health.is_some(), listen },
             );
-            listeners.push((listener, endpoint, e.clone()));
+            let target = Target::new(endpoint.clone(), e.proxy.clone(), metrics.clone());
+            targets.insert(e.name.clone(), target.clone());
+            if let Some(l) = listener {
+                listeners.push((l, Arc::new(Dispatch::Single(target)), e.proxy.conn()));
+            }
+        }
+        let mut shared = Vec::new();
+        for l in &config.listeners {
+            let listener = TcpListener::bind(l.listen)
+                .await
+                .map_err(|source| StartError::SharedListen { address: l.listen, source })?;
+            shared.push(listener.local_addr().unwrap_or(l.listen));
+            listeners.push((listener, Arc::new(Dispatch::routed(&l.routes, &targets)), l.conn.clone()));
         }
         let metrics_listener = match config.metrics_address {
             Some(address) => {
@@ -93,25 +116,29 @@ impl Daemon {
         let control_listener = control::bind(&config.control_socket, config.control_socket_mode)?;
         let router = Arc::new(Router { endpoints });
         let mut tasks = Vec::new();
-        for (listener, endpoint, e) in listeners {
+        for e in &config.endpoints {
             if let Some(check) = e.health.clone() {
-                tasks.push(tokio::spawn(crate::health::run(endpoint.clone(), check, rx.clone())));
+                let endpoint = router.endpoints[&e.name].endpoint.clone();
+                tasks.push(tokio::spawn(crate::health::run(endpoint, check, rx.clone())));
             }
-            let serve = crate::proxy::serve(
-                listener,
-                endpoint,
-                e.proxy.clone(),
-                metrics.clone(),
-                rx.clone(),
-                config.shutdown_grace,
-            );
+        }
+        for (listener, dispatch, conn) in listeners {
+            let serve = crate::proxy::serve(listener, dispatch, conn, rx.clone(), config.shutdown_grace);
             tasks.push(tokio::spawn(serve));
         }
         tasks.push(tokio::spawn(control::serve(control_listener, router.clone(), rx.clone())));
         if let Some(l) = metrics_listener {
             tasks.push(tokio::spawn(serve_metrics(l, metrics.clone(), rx.clone())));
         }
-        Ok(Daemon { router, metrics, metrics_address, control_socket: config.control_socket, shutdown: tx, tasks })
+        Ok(Daemon {
+            router,
+            metrics,
+            metrics_address,
+            control_socket: config.control_socket,
+            listeners: shared,
+            shutdown: tx,
+            tasks,
+        })
     }
 
     pub fn endpoint(&self, name: &str) -> Option<&RoutedEndpoint> {

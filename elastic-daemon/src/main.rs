@@ -66,7 +66,13 @@ fn main() -> ExitCode {
             }
         };
         for (name, e) in &daemon.router.endpoints {
-            tracing::info!(endpoint = %name, listen = %e.listen, "serving");
+            match e.listen {
+                Some(listen) => tracing::info!(endpoint = %name, %listen, "serving"),
+                None => tracing::info!(endpoint = %name, "serving on shared listeners only"),
+            }
+        }
+        for listen in &daemon.listeners {
+            tracing::info!(%listen, "serving routed requests");
         }
         let (mut term, mut int) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
             (Ok(t), Ok(i)) => (t, i),

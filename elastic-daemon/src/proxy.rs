@@ -1,8 +1,11 @@
-//! The reverse proxy: one listener per endpoint, HTTP/1.1 and HTTP/2 (h2c
-//! prior knowledge) from clients, HTTP/1.1 to replicas. Response bodies
+//! The reverse proxy: a listener per endpoint, or a shared listener that
+//! picks the endpoint by `Host`, path prefix or the OpenAI `model` field;
+//! HTTP/1.1 and HTTP/2 (h2c prior knowledge) from clients, HTTP/1.1 to
+//! replicas. Response bodies
 //! stream through frame by frame; the replica's lease ends with the last
 //! frame (or when the client goes away), so drains wait for streams too.
 
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -26,6 +29,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::config::{Routes, MODEL_PATHS};
 use crate::endpoint::{AcquireError, Endpoint, Lease};
 use crate::metrics::{replica_labels, Metrics};
 
@@ -54,6 +58,23 @@ pub struct ProxySettings {
     pub idempotent: bool,
 }
 
+/// What a listener applies to each connection, before any routing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConnSettings {
+    /// Longest time a client may take to send its request head (slowloris).
+    pub header_read_timeout: Duration,
+    /// Largest request head in bytes; larger gets 431. At least 8192.
+    pub max_header_bytes: usize,
+}
+
+impl ProxySettings {
+    /// An endpoint's own listener takes its connection limits from the
+    /// endpoint.
+    pub fn conn(&self) -> ConnSettings {
+        ConnSettings { header_read_timeout: self.header_read_timeout, max_header_bytes: self.max_header_bytes }
+    }
+}
+
 pub fn backend_client(connect_timeout: Duration) -> BackendClient {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(connect_timeout));
@@ -61,32 +82,80 @@ pub fn backend_client(connect_timeout: Duration) -> BackendClient {
     Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector)
 }
 
-struct Ctx {
+/// One endpoint as the proxy sees it: shared by its own listener and by
+/// every shared listener that routes to it (one backend connection pool).
+pub struct Target {
     endpoint: Arc<Endpoint>,
     settings: ProxySettings,
     client: BackendClient,
     metrics: Arc<Metrics>,
 }
 
-/// Serves one endpoint on `listener` until `shutdown` turns true, then
+impl Target {
+    pub fn new(endpoint: Arc<Endpoint>, settings: ProxySettings, metrics: Arc<Metrics>) -> Arc<Target> {
+        let client = backend_client(settings.connect_timeout);
+        Arc::new(Target { endpoint, settings, client, metrics })
+    }
+}
+
+/// How a listener picks the endpoint for a request.
+pub enum Dispatch {
+    /// An endpoint's own listener.
+    Single(Arc<Target>),
+    /// By `Host` (or HTTP/2 `:authority`), lower case, port ignored.
+    Host(HashMap<String, Arc<Target>>),
+    /// By path prefix on whole segments, longest first.
+    Path(Vec<(String, bool, Arc<Target>)>),
+    /// By the `model` field of POSTs to [`MODEL_PATHS`].
+    Model { max_body: usize, body_timeout: Duration, models: BTreeMap<String, Arc<Target>> },
+}
+
+impl Dispatch {
+    /// Builds a shared listener's dispatch; every route's endpoint must be
+    /// in `targets` (the configuration checked that).
+    pub fn routed(routes: &Routes, targets: &HashMap<String, Arc<Target>>) -> Dispatch {
+        let t = |name: &str| targets.get(name).expect("routes name configured endpoints").clone();
+        match routes {
+            Routes::Host(r) => Dispatch::Host(r.iter().map(|(h, e)| (h.clone(), t(e))).collect()),
+            Routes::Path(r) => {
+                let mut v: Vec<_> = r.iter().map(|p| (p.prefix.clone(), p.strip, t(&p.endpoint))).collect();
+                v.sort_by_key(|p| std::cmp::Reverse(p.0.len()));
+                Dispatch::Path(v)
+            }
+            Routes::Model { max_body, body_timeout, routes } => Dispatch::Model {
+                max_body: *max_body,
+                body_timeout: *body_timeout,
+                models: routes.iter().map(|(m, e)| (m.clone(), t(e))).collect(),
+            },
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            Dispatch::Single(t) => t.endpoint.name(),
+            Dispatch::Host(_) => "(by host)",
+            Dispatch::Path(_) => "(by path)",
+            Dispatch::Model { .. } => "(by model)",
+        }
+    }
+}
+
+/// Serves `dispatch` on `listener` until `shutdown` turns true, then
 /// stops accepting and lets open requests finish for up to `grace`.
 pub async fn serve(
     listener: TcpListener,
-    endpoint: Arc<Endpoint>,
-    settings: ProxySettings,
-    metrics: Arc<Metrics>,
+    dispatch: Arc<Dispatch>,
+    conn: ConnSettings,
     mut shutdown: watch::Receiver<bool>,
     grace: Duration,
 ) {
-    let client = backend_client(settings.connect_timeout);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(settings.header_read_timeout)
-        .max_buf_size(settings.max_header_bytes.max(8192));
-    builder.http2().timer(TokioTimer::new()).max_header_list_size(settings.max_header_bytes as u32);
-    let ctx = Arc::new(Ctx { endpoint, settings, client, metrics });
+        .header_read_timeout(conn.header_read_timeout)
+        .max_buf_size(conn.max_header_bytes.max(8192));
+    builder.http2().timer(TokioTimer::new()).max_header_list_size(conn.max_header_bytes as u32);
     let graceful = GracefulShutdown::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -95,7 +164,7 @@ pub async fn serve(
                 Err(e) => {
                     // Out of file descriptors and the like: back off a moment
                     // instead of spinning on the error.
-                    tracing::warn!(endpoint = %ctx.endpoint.name(), "accept failed: {e}");
+                    tracing::warn!(listener = %dispatch.name(), "accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -103,10 +172,10 @@ pub async fn serve(
             _ = crate::daemon::stopped(&mut shutdown) => break,
         };
         let _ = stream.set_nodelay(true);
-        let ctx = ctx.clone();
+        let dispatch = dispatch.clone();
         let svc = service_fn(move |req| {
-            let ctx = ctx.clone();
-            async move { Ok::<_, Infallible>(handle(req, &ctx, peer).await) }
+            let dispatch = dispatch.clone();
+            async move { Ok::<_, Infallible>(route(req, &dispatch, peer).await) }
         });
         let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
         let conn = graceful.watch(conn);
@@ -118,7 +187,7 @@ pub async fn serve(
     }
     drop(listener);
     if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
-        tracing::warn!(endpoint = %ctx.endpoint.name(), "shutdown grace period over; closing open connections");
+        tracing::warn!(listener = %dispatch.name(), "shutdown grace period over; closing open connections");
     }
 }
 
@@ -133,7 +202,7 @@ fn error_response(status: StatusCode, message: &str) -> Response<ProxyBody> {
     r
 }
 
-fn unavailable(ctx: &Ctx, message: &str) -> Response<ProxyBody> {
+fn unavailable(ctx: &Target, message: &str) -> Response<ProxyBody> {
     let mut r = error_response(StatusCode::SERVICE_UNAVAILABLE, message);
     let secs = ctx.endpoint.queue_settings().timeout.as_secs().max(1);
     r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -144,11 +213,168 @@ fn is_safe(method: &Method) -> bool {
     matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
-async fn handle(req: Request<Incoming>, ctx: &Ctx, peer: SocketAddr) -> Response<ProxyBody> {
+fn json_response(status: StatusCode, body: serde_json::Value) -> Response<ProxyBody> {
+    let mut r = Response::new(full(body.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// An OpenAI-style error answer, which OpenAI clients show as it is.
+fn openai_error(status: StatusCode, message: &str) -> Response<ProxyBody> {
+    json_response(status, serde_json::json!({ "error": { "message": message, "type": "invalid_request_error" } }))
+}
+
+/// The host a request names, lower case, without a port.
+fn request_host(parts: &http::request::Parts) -> Option<String> {
+    let raw = match parts.headers.get(header::HOST).and_then(|v| v.to_str().ok()) {
+        Some(h) => h,
+        None => parts.uri.authority()?.as_str(),
+    };
+    let host = match raw.rsplit_once(':') {
+        Some((h, port)) if !h.ends_with(']') || raw.starts_with('[') => {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                raw
+            }
+        }
+        _ => raw,
+    };
+    Some(host.trim_end_matches('.').to_ascii_lowercase())
+}
+
+/// Whether `prefix` matches `path` on whole segments.
+fn prefix_matches(prefix: &str, path: &str) -> bool {
+    prefix == "/" || (path.starts_with(prefix) && matches!(path.as_bytes().get(prefix.len()), None | Some(b'/')))
+}
+
+fn strip_prefix(uri: &Uri, prefix: &str) -> Result<Uri, String> {
+    let rest = &uri.path()[if prefix == "/" { 0 } else { prefix.len() }..];
+    let path = if rest.is_empty() { "/" } else { rest };
+    let pq = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(pq.parse().map_err(|e| format!("request target {pq:?}: {e}"))?);
+    Uri::from_parts(parts).map_err(|e| format!("request target {pq:?}: {e}"))
+}
+
+#[derive(serde::Deserialize)]
+struct ModelField {
+    model: Option<serde_json::Value>,
+}
+
+/// Picks the endpoint for one request, then proxies it there.
+async fn route(req: Request<Incoming>, dispatch: &Dispatch, peer: SocketAddr) -> Response<ProxyBody> {
+    match dispatch {
+        Dispatch::Single(t) => handle(req, t, peer).await,
+        Dispatch::Host(hosts) => {
+            let (parts, body) = req.into_parts();
+            let Some(host) = request_host(&parts) else {
+                return error_response(
+                    StatusCode::BAD_REQUEST,
+                    "the request names no host; this listener routes by Host",
+                );
+            };
+            match hosts.get(&host) {
+                Some(t) => handle(Request::from_parts(parts, body), t, peer).await,
+                None => error_response(StatusCode::NOT_FOUND, &format!("no endpoint is served for host {host:?} here")),
+            }
+        }
+        Dispatch::Path(routes) => {
+            let (mut parts, body) = req.into_parts();
+            let Some((prefix, strip, t)) = routes.iter().find(|(p, _, _)| prefix_matches(p, parts.uri.path())) else {
+                let known: Vec<&str> = routes.iter().map(|(p, _, _)| p.as_str()).collect();
+                let msg =
+                    format!("no endpoint is served under {:?}; the path prefixes here are {known:?}", parts.uri.path());
+                return error_response(StatusCode::NOT_FOUND, &msg);
+            };
+            if *strip {
+                match strip_prefix(&parts.uri, prefix) {
+                    Ok(u) => parts.uri = u,
+                    Err(msg) => return error_response(StatusCode::BAD_REQUEST, &msg),
+                }
+            }
+            handle(Request::from_parts(parts, body), t, peer).await
+        }
+        Dispatch::Model { max_body, body_timeout, models } => {
+            route_by_model(req, *max_body, *body_timeout, models, peer).await
+        }
+    }
+}
+
+async fn route_by_model(
+    req: Request<Incoming>,
+    max_body: usize,
+    body_timeout: Duration,
+    models: &BTreeMap<String, Arc<Target>>,
+    peer: SocketAddr,
+) -> Response<ProxyBody> {
+    let known = || models.keys().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ");
+    let path = req.uri().path();
+    if req.method() == Method::GET && path == "/v1/models" {
+        let data: Vec<_> =
+            models.keys().map(|m| serde_json::json!({ "id": m, "object": "model", "owned_by": "onepool" })).collect();
+        return json_response(StatusCode::OK, serde_json::json!({ "object": "list", "data": data }));
+    }
+    if !MODEL_PATHS.contains(&path) {
+        let msg = format!(
+            "this listener routes by the \"model\" of POST {}; {path:?} is not one of them",
+            MODEL_PATHS.join(", ")
+        );
+        return openai_error(StatusCode::NOT_FOUND, &msg);
+    }
+    if req.method() != Method::POST {
+        let mut r = openai_error(StatusCode::METHOD_NOT_ALLOWED, &format!("{path} takes POST"));
+        r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("POST"));
+        return r;
+    }
+    let (parts, body) = req.into_parts();
+    let body = match tokio::time::timeout(body_timeout, Limited::new(body, max_body).collect()).await {
+        Err(_) => return openai_error(StatusCode::REQUEST_TIMEOUT, "request body not received in time"),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            let msg = format!(
+                "request body larger than {max_body} bytes, the most this listener reads to find \"model\" (max_model_body)"
+            );
+            return openai_error(StatusCode::PAYLOAD_TOO_LARGE, &msg);
+        }
+        Ok(Err(_)) => return openai_error(StatusCode::BAD_REQUEST, "request body could not be read"),
+        Ok(Ok(c)) => c.to_bytes(),
+    };
+    let model = match serde_json::from_slice::<ModelField>(&body) {
+        Err(e) => return openai_error(StatusCode::BAD_REQUEST, &format!("request body is not a JSON object: {e}")),
+        Ok(ModelField { model: None }) => {
+            let msg = format!("the request names no \"model\"; the models served here are {}", known());
+            return openai_error(StatusCode::NOT_FOUND, &msg);
+        }
+        Ok(ModelField { model: Some(serde_json::Value::String(m)) }) => m,
+        Ok(ModelField { model: Some(other) }) => {
+            let msg = format!("\"model\" must be a string, not {other}; the models served here are {}", known());
+            return openai_error(StatusCode::BAD_REQUEST, &msg);
+        }
+    };
+    let Some(t) = models.get(&model) else {
+        let msg = format!("model {model:?} is not served here; the models served here are {}", known());
+        return openai_error(StatusCode::NOT_FOUND, &msg);
+    };
+    let name = t.endpoint.name();
+    if body.len() > t.settings.max_request_body {
+        let msg = format!("request body larger than {} bytes", t.settings.max_request_body);
+        t.metrics.count_request(name, "", 413);
+        return error_response(StatusCode::PAYLOAD_TOO_LARGE, &msg);
+    }
+    forward(parts, body, t, peer, Instant::now()).await
+}
+
+/// Reads the request body (bounded), then proxies the request to one of
+/// the target's replicas.
+async fn handle(req: Request<Incoming>, ctx: &Target, peer: SocketAddr) -> Response<ProxyBody> {
     let start = Instant::now();
-    let name = ctx.endpoint.name().to_string();
+    let name = ctx.endpoint.name();
     let answer = |r: Response<ProxyBody>| {
-        ctx.metrics.count_request(&name, "", r.status().as_u16());
+        ctx.metrics.count_request(name, "", r.status().as_u16());
         r
     };
     let (parts, body) = req.into_parts();
@@ -165,6 +391,21 @@ async fn handle(req: Request<Incoming>, ctx: &Ctx, peer: SocketAddr) -> Response
         }
         Ok(Err(_)) => return answer(error_response(StatusCode::BAD_REQUEST, "request body could not be read")),
         Ok(Ok(c)) => c.to_bytes(),
+    };
+    forward(parts, body, ctx, peer, start).await
+}
+
+async fn forward(
+    parts: http::request::Parts,
+    body: Bytes,
+    ctx: &Target,
+    peer: SocketAddr,
+    start: Instant,
+) -> Response<ProxyBody> {
+    let name = ctx.endpoint.name();
+    let answer = |r: Response<ProxyBody>| {
+        ctx.metrics.count_request(name, "", r.status().as_u16());
+        r
     };
     let retry_any = ctx.settings.idempotent || is_safe(&parts.method);
     let mut tried = Vec::new();
@@ -193,13 +434,13 @@ async fn handle(req: Request<Incoming>, ctx: &Ctx, peer: SocketAddr) -> Response
                 // Not retried: the replica may still be working on it, and a
                 // second attempt would double the wait.
                 let r = error_response(StatusCode::GATEWAY_TIMEOUT, "the replica did not answer in time");
-                ctx.metrics.count_request(&name, &replica, 504);
+                ctx.metrics.count_request(name, &replica, 504);
                 return r;
             }
             Ok(Err(e)) => {
                 let not_sent = e.is_connect();
                 tracing::info!(endpoint = %name, %replica, not_sent, "replica request failed: {e}");
-                ctx.metrics.count_request(&name, &replica, 502);
+                ctx.metrics.count_request(name, &replica, 502);
                 let r = error_response(StatusCode::BAD_GATEWAY, "the replica failed before answering");
                 if not_sent || retry_any {
                     last_failure = Some(r);
@@ -212,12 +453,12 @@ async fn handle(req: Request<Incoming>, ctx: &Ctx, peer: SocketAddr) -> Response
                     && resp.headers().get(DRAINING_HEADER).is_some_and(|v| v.as_bytes() == b"1")
                 {
                     ctx.endpoint.backend_draining(lease.id());
-                    ctx.metrics.count_request(&name, &replica, 503);
+                    ctx.metrics.count_request(name, &replica, 503);
                     last_failure =
                         Some(unavailable(ctx, "the replica is draining and no other one could take the request"));
                     continue;
                 }
-                ctx.metrics.count_request(&name, &replica, resp.status().as_u16());
+                ctx.metrics.count_request(name, &replica, resp.status().as_u16());
                 return client_response(resp, lease, ctx, start);
             }
         }
@@ -286,7 +527,7 @@ fn backend_request(
     Ok(req)
 }
 
-fn client_response(resp: Response<Incoming>, lease: Lease, ctx: &Ctx, start: Instant) -> Response<ProxyBody> {
+fn client_response(resp: Response<Incoming>, lease: Lease, ctx: &Target, start: Instant) -> Response<ProxyBody> {
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     let body = LeasedBody { inner: body, lease: Some(lease), start, metrics: ctx.metrics.clone() };

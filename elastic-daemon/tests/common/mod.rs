@@ -83,7 +83,8 @@ fn text(s: impl Into<Bytes>) -> TestBody {
     Full::new(s.into()).boxed_unsync()
 }
 
-/// Paths: `/ok`, `/sleep/MS`, `/tokens/N` (0.1 ms per token, at most
+/// Answers carry `x-seen-path` and `x-seen-body-bytes`. Paths: `/ok`,
+/// `/sleep/MS`, `/tokens/N` (0.1 ms per token, at most
 /// 100 ms), `/stream`, `/hang`, `/health`.
 pub async fn backend(mode: Mode) -> Backend {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -128,7 +129,8 @@ async fn answer(
         r.headers_mut().insert("x-onepool-draining", "1".parse().unwrap());
         return r;
     }
-    let _ = req.into_body().collect().await;
+    let seen = req.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
+    let body_len = req.into_body().collect().await.map(|b| b.to_bytes().len()).unwrap_or(0);
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match parts.as_slice() {
         ["sleep", ms] => tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await,
@@ -152,7 +154,11 @@ async fn answer(
         _ => {}
     }
     drop(guard);
-    Response::new(text(addr.to_string()))
+    let mut r = Response::new(text(addr.to_string()));
+    // What arrived, for routing tests: the request target and body size.
+    r.headers_mut().insert("x-seen-path", seen.parse().unwrap());
+    r.headers_mut().insert("x-seen-body-bytes", body_len.into());
+    r
 }
 
 /// A backend that reads a request and closes the connection without answering.
@@ -201,7 +207,7 @@ pub fn proxy_settings() -> ProxySettings {
 pub fn endpoint_config(limit: u32, queue: usize, queue_timeout: Duration) -> EndpointConfig {
     EndpointConfig {
         name: "chat".into(),
-        listen: "127.0.0.1:0".parse().unwrap(),
+        listen: Some("127.0.0.1:0".parse().unwrap()),
         replica_concurrency: limit,
         queue_size: queue,
         queue_timeout,
@@ -223,6 +229,7 @@ pub async fn start(endpoint: EndpointConfig) -> Daemon {
         metrics_address: Some("127.0.0.1:0".parse().unwrap()),
         shutdown_grace: Duration::from_secs(2),
         endpoints: vec![endpoint],
+        listeners: Vec::new(),
     };
     Daemon::start(config).await.unwrap()
 }
@@ -239,7 +246,7 @@ impl Harness {
         for r in replicas {
             ep.endpoint.add(*r, None, true).unwrap();
         }
-        let url = format!("http://{}", ep.listen);
+        let url = format!("http://{}", ep.listen.unwrap());
         Harness { daemon, url }
     }
 

@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# Router benchmark: added latency and maximum throughput of onepoold against
+# nginx, both proxying the same backend, and against the backend directly,
+# side by side in one run.
+#
+#   bash bench/router.sh                 # defaults below
+#   DURATION=10 CONNS=64 bash bench/router.sh
+#
+# Pinning (taskset): the proxy under test (nginx or onepoold) on core
+# $PROXY_CPU, the backend and the load generator (wrk) on core $LOAD_CPU;
+# the same for both proxies. nginx runs one worker process and onepoold one
+# tokio worker thread (the runtime sizes itself to the one core it may use).
+#
+# Maximum throughput: wrk, $CONNS connections, $DURATION s, one thread.
+# Latency at half load: wrk has no rate limit (wrk2 is not in Debian), so
+# each of $HALF_CONNS connections waits $HALF_DELAY_MS ms (wrk's delay()
+# hook) before each request; $HALF_CONNS is chosen so that the offered rate
+# is about half of the lower proxy maximum, the same for all three targets.
+# The achieved rate is printed beside each figure. Latencies are wrk's
+# --latency distribution (no coordinated-omission correction).
+#
+# Needs: Debian (apt-get installs nginx and wrk if missing), cargo, curl.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+DURATION=${DURATION:-10}
+CONNS=${CONNS:-64}
+HALF_DELAY_MS=${HALF_DELAY_MS:-2}
+WARMUP=${WARMUP:-2}
+PROXY_CPU=${PROXY_CPU:-1}
+LOAD_CPU=${LOAD_CPU:-0}
+BACKEND_PORT=${BACKEND_PORT:-18080}
+NGINX_PORT=${NGINX_PORT:-18081}
+ONEPOOLD_PORT=${ONEPOOLD_PORT:-18082}
+
+need=()
+command -v nginx >/dev/null || need+=(nginx)
+command -v wrk >/dev/null || need+=(wrk)
+if ((${#need[@]})); then
+    echo "== installing ${need[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+command -v taskset >/dev/null || { echo "taskset (util-linux) is missing" >&2; exit 1; }
+
+echo "== building onepoold and the bench backend (release)"
+cargo build --release -q -p onepool-daemon --bin onepoold --example bench_backend
+TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+ONEPOOLD=$TARGET_DIR/release/onepoold
+BACKEND=$TARGET_DIR/release/examples/bench_backend
+
+TMP=$(mktemp -d /tmp/onepool-bench.XXXXXX)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+wait_port() {
+    for _ in $(seq 100); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+        sleep 0.05
+    done
+    echo "nothing listens on 127.0.0.1:$1" >&2
+    return 1
+}
+
+# --- backend
+taskset -c "$LOAD_CPU" "$BACKEND" "127.0.0.1:$BACKEND_PORT" 2>"$TMP/backend.log" &
+PIDS+=($!)
+wait_port "$BACKEND_PORT"
+
+# --- nginx: one worker, keep-alive to the backend, no access log
+mkdir -p "$TMP/nginx"
+cat >"$TMP/nginx/nginx.conf" <<EOF
+daemon off;
+master_process on;
+worker_processes 1;
+pid $TMP/nginx/nginx.pid;
+error_log $TMP/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $TMP/nginx/body;
+    proxy_temp_path $TMP/nginx/proxy;
+    fastcgi_temp_path $TMP/nginx/fastcgi;
+    uwsgi_temp_path $TMP/nginx/uwsgi;
+    scgi_temp_path $TMP/nginx/scgi;
+    keepalive_requests 1000000;
+    upstream backend {
+        server 127.0.0.1:$BACKEND_PORT;
+        keepalive 256;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:$NGINX_PORT;
+        location / {
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+EOF
+taskset -c "$PROXY_CPU" nginx -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" &
+NGINX_PID=$!
+PIDS+=("$NGINX_PID")
+wait_port "$NGINX_PORT"
+
+# --- onepoold: one endpoint, the backend added through the control socket
+cat >"$TMP/onepoold.toml" <<EOF
+control_socket = "$TMP/onepoold.sock"
+shutdown_grace = "1s"
+
+[[endpoint]]
+name = "bench"
+listen = "127.0.0.1:$ONEPOOLD_PORT"
+replica_concurrency = 100000
+queue_size = 100000
+EOF
+ONEPOOLD_LOG=warn taskset -c "$PROXY_CPU" "$ONEPOOLD" --config "$TMP/onepoold.toml" 2>"$TMP/onepoold.log" &
+ONEPOOLD_PID=$!
+PIDS+=("$ONEPOOLD_PID")
+wait_port "$ONEPOOLD_PORT"
+curl -sS --fail --unix-socket "$TMP/onepoold.sock" -H 'content-type: application/json' \
+    -d "{\"address\": \"127.0.0.1:$BACKEND_PORT\", \"ready\": true}" \
+    http://onepoold/v1/endpoints/bench/replicas >/dev/null
+
+WORKERS=$(ls /proc/"$ONEPOOLD_PID"/task | while read -r t; do cat "/proc/$ONEPOOLD_PID/task/$t/comm"; done | grep -c '^tokio-r' || true)
+NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | wc -l)
+for port in "$BACKEND_PORT" "$NGINX_PORT" "$ONEPOOLD_PORT"; do
+    body=$(curl -sS --fail "http://127.0.0.1:$port/")
+    [ "$body" = "hello, world" ] || { echo "127.0.0.1:$port answered ${body@Q}" >&2; exit 1; }
+done
+
+# CPU time (ticks) of a process and its children (nginx's worker).
+HZ=$(getconf CLK_TCK)
+cpu_ticks() {
+    local total=0 p
+    for p in "$1" $(pgrep -P "$1" || true); do
+        total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+    done
+    echo "$total"
+}
+
+echo 'function delay() return '"$HALF_DELAY_MS"' end' >"$TMP/pace.lua"
+
+# run NAME URL CONNS [pace] -> "rps p50_us p99_us cpu_us_per_req"
+run() {
+    local url=$2 conns=$3 pace=${4:-} pid=${5:-} args=() before after out
+    [ -n "$pace" ] && args=(-s "$TMP/pace.lua")
+    taskset -c "$LOAD_CPU" wrk -t1 -c"$conns" -d"${WARMUP}s" "${args[@]}" "$url" >/dev/null
+    before=$([ -n "$pid" ] && cpu_ticks "$pid" || echo 0)
+    out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$conns" -d"${DURATION}s" --latency "${args[@]}" "$url")
+    after=$([ -n "$pid" ] && cpu_ticks "$pid" || echo 0)
+    echo "$out" >"$TMP/wrk-$1.txt"
+    if grep -q 'Non-2xx\|Socket errors' <<<"$out"; then
+        echo "$1: wrk saw errors:" >&2
+        echo "$out" >&2
+        exit 1
+    fi
+    awk -v ticks=$((after - before)) -v hz="$HZ" -v dur="$DURATION" '
+        function us(v) {
+            if (v ~ /us$/) return v + 0
+            if (v ~ /ms$/) return (v + 0) * 1000
+            if (v ~ /s$/) return (v + 0) * 1000000
+        }
+        /^ +50%/ { p50 = us($2) }
+        /^ +99%/ { p99 = us($2) }
+        /^Requests\/sec:/ { rps = $2 }
+        END {
+            cpu = (ticks > 0 && rps > 0) ? ticks / hz * 1000000 / (rps * dur) : 0
+            printf "%.0f %.0f %.0f %.1f\n", rps, p50, p99, cpu
+        }' <<<"$out"
+}
+
+echo "== maximum throughput: wrk -t1 -c$CONNS -d${DURATION}s (after ${WARMUP}s warm-up)"
+read -r D_RPS D_P50 D_P99 _ < <(run direct-max "http://127.0.0.1:$BACKEND_PORT/" "$CONNS")
+read -r N_RPS N_P50 N_P99 N_CPU < <(run nginx-max "http://127.0.0.1:$NGINX_PORT/" "$CONNS" "" "$NGINX_PID")
+read -r O_RPS O_P50 O_P99 O_CPU < <(run onepoold-max "http://127.0.0.1:$ONEPOOLD_PORT/" "$CONNS" "" "$ONEPOOLD_PID")
+
+LOW=$((N_RPS < O_RPS ? N_RPS : O_RPS))
+HALF=$((LOW / 2))
+# Each paced connection sends one request per (delay + about 0.1 ms).
+HALF_CONNS=${HALF_CONNS:-$(awk -v r="$HALF" -v d="$HALF_DELAY_MS" 'BEGIN { c = int(r * (d + 0.1) / 1000 + 0.5); print (c < 1 ? 1 : c) }')}
+echo "== half load: about $HALF req/s offered (half of the lower proxy maximum, $LOW):" \
+    "wrk -t1 -c$HALF_CONNS, ${HALF_DELAY_MS} ms delay before each request"
+read -r DH_RPS DH_P50 DH_P99 _ < <(run direct-half "http://127.0.0.1:$BACKEND_PORT/" "$HALF_CONNS" pace)
+read -r NH_RPS NH_P50 NH_P99 NH_CPU < <(run nginx-half "http://127.0.0.1:$NGINX_PORT/" "$HALF_CONNS" pace "$NGINX_PID")
+read -r OH_RPS OH_P50 OH_P99 OH_CPU < <(run onepoold-half "http://127.0.0.1:$ONEPOOLD_PORT/" "$HALF_CONNS" pace "$ONEPOOLD_PID")
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+added() { echo $(($1 - $2)); }
+
+echo
+echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) cores ($(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1))"
+echo "pinning: proxy (nginx $(nginx -v 2>&1 | sed 's/.*nginx\///'), $NGINX_WORKERS worker; onepoold, $WORKERS tokio worker) on core $PROXY_CPU;" \
+    "backend and wrk on core $LOAD_CPU"
+echo
+echo "| target | max req/s | vs direct | vs nginx | proxy CPU µs/req | half-load req/s | p50 µs | p99 µs | added p50 µs | added p99 µs |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+echo "| direct | $D_RPS | 1.00 | $(ratio "$D_RPS" "$N_RPS") | - | $DH_RPS | $DH_P50 | $DH_P99 | 0 | 0 |"
+echo "| nginx | $N_RPS | $(ratio "$N_RPS" "$D_RPS") | 1.00 | $N_CPU | $NH_RPS | $NH_P50 | $NH_P99 |" \
+    "$(added "$NH_P50" "$DH_P50") | $(added "$NH_P99" "$DH_P99") |"
+echo "| onepoold | $O_RPS | $(ratio "$O_RPS" "$D_RPS") | $(ratio "$O_RPS" "$N_RPS") | $O_CPU | $OH_RPS | $OH_P50 | $OH_P99 |" \
+    "$(added "$OH_P50" "$DH_P50") | $(added "$OH_P99" "$DH_P99") |"
+echo
+echo "max-load latency (wrk -c$CONNS): direct p50/p99 $D_P50/$D_P99 µs, nginx $N_P50/$N_P99 µs, onepoold $O_P50/$O_P99 µs"
+echo "goal (reported, not gated): onepoold throughput >= nginx: $(awk -v o="$O_RPS" -v n="$N_RPS" 'BEGIN { print (o >= n ? "met" : "not met") }');" \
+    "added p99 at half load < 1000 µs: $(a=$(added "$OH_P99" "$DH_P99"); if ((a < 0)); then echo 'inconclusive (direct p99 above proxied: noise)'; elif ((a < 1000)); then echo met; else echo 'not met'; fi)"
+busy=$(ps -eo pcpu=,comm= --sort=-pcpu | awk -v me="$$" '$1 > 20 && $2 !~ /^(wrk|nginx|onepoold|bench_backend)$/ { printf "%s %s%%; ", $2, $1 }')
+[ -z "$busy" ] || echo "warning: other busy processes during the run: $busy(figures are noisy)"

@@ -1,0 +1,42 @@
+//! A small, fast HTTP/1.1 backend for `bench/router.sh`: answers every
+//! request with a fixed 13-byte body, keep-alive, on one thread.
+//!
+//!     cargo run --release -p onepool-daemon --example bench_backend -- 127.0.0.1:18080
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+const BODY: &[u8] = b"hello, world\n";
+
+fn main() {
+    let addr: SocketAddr = match std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:18080".into()).parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("usage: bench_backend [IP:PORT]: {e}");
+            std::process::exit(2);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    rt.block_on(async move {
+        let listener = TcpListener::bind(addr).await.unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+        eprintln!("bench_backend: listening on {addr}");
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(async move {
+                let svc = service_fn(|_req: Request<Incoming>| async {
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(BODY))))
+                });
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+            });
+        }
+    });
+}
