@@ -14,4 +14,5 @@ pub mod names;
 pub mod policy;
 pub mod record;
 pub mod render;
+pub mod replicas;
 pub mod tres;
