@@ -15,4 +15,5 @@ pub mod policy;
 pub mod record;
 pub mod render;
 pub mod replicas;
+pub mod trace;
 pub mod tres;

@@ -3,7 +3,9 @@
 //! line (`2023-11-16 18:15:46.6805900,374,44`). A timestamp may also be a
 //! plain number of seconds. Rows need not be sorted; they are sorted here.
 
-use super::{parse_time, BadRow, OnBadRow, Rows};
+use onepool_decisions::trace::{parse_azure_row, AZURE_HEADER};
+
+use super::{BadRow, OnBadRow, Rows};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Request {
@@ -17,8 +19,7 @@ pub fn read(file: &str, text: &str, on_bad: OnBadRow) -> Result<Rows<Request>, B
     let mut out = Rows::new();
     let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
     if let Some((i, h)) = lines.next() {
-        let cols: Vec<&str> = h.split(',').map(str::trim).collect();
-        if cols != ["TIMESTAMP", "ContextTokens", "GeneratedTokens"] {
+        if h.trim() != AZURE_HEADER {
             return Err(BadRow {
                 file: file.into(),
                 line: i + 1,
@@ -27,19 +28,12 @@ pub fn read(file: &str, text: &str, on_bad: OnBadRow) -> Result<Rows<Request>, B
         }
     }
     for (i, line) in lines {
-        let mut f = line.split(',').map(str::trim);
-        let r = (|| -> Result<Request, String> {
-            let (Some(t), Some(c), Some(g), None) = (f.next(), f.next(), f.next(), f.next()) else {
-                return Err("expected 3 fields: TIMESTAMP,ContextTokens,GeneratedTokens".into());
-            };
-            Ok(Request {
-                t: parse_time(t).ok_or_else(|| format!("TIMESTAMP {t:?} is not a time"))?,
-                context_tokens: c.parse().map_err(|_| format!("ContextTokens {c:?} is not a whole number"))?,
-                generated_tokens: g.parse().map_err(|_| format!("GeneratedTokens {g:?} is not a whole number"))?,
-            })
-        })();
-        match r {
-            Ok(r) => out.rows.push(r),
+        match parse_azure_row(line) {
+            Ok(r) => out.rows.push(Request {
+                t: r.t,
+                context_tokens: r.context_tokens,
+                generated_tokens: r.generated_tokens,
+            }),
             Err(what) => out.bad(file, i + 1, what, on_bad)?,
         }
     }
@@ -58,7 +52,10 @@ mod tests {
         assert_eq!(r.rows.len(), 2);
         assert_eq!(r.rows[0].t, 1_700_158_546.25);
         assert_eq!(r.skipped.len(), 2);
-        assert_eq!(r.skipped[0].to_string(), "t.csv:4: TIMESTAMP \"noon\" is not a time");
+        assert_eq!(
+            r.skipped[0].to_string(),
+            "t.csv:4: TIMESTAMP \"noon\" is not a time (YYYY-MM-DD HH:MM:SS[.fraction])"
+        );
         assert_eq!(r.skipped[1].line, 5);
         assert!(read("t.csv", "a,b,c\n", OnBadRow::Skip).is_err());
     }

@@ -63,38 +63,7 @@ impl<T> Rows<T> {
     }
 }
 
-/// Seconds since the Unix epoch from a plain number of seconds or a
-/// `YYYY-MM-DD[T ]HH:MM:SS[.fraction]` time (taken as UTC).
-pub fn parse_time(s: &str) -> Option<f64> {
-    let s = s.trim();
-    if let Ok(v) = s.parse::<f64>() {
-        return v.is_finite().then_some(v);
-    }
-    let (date, time) = s.split_once(['T', ' '])?;
-    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
-    let (y, m, dd) = (d.next()??, d.next()??, d.next()??);
-    if !(1..=12).contains(&m) || !(1..=31).contains(&dd) {
-        return None;
-    }
-    let mut t = time.splitn(3, ':');
-    let (hh, mm) = (t.next()?.parse::<i64>().ok()?, t.next()?.parse::<i64>().ok()?);
-    let ss: f64 = t.next()?.parse().ok()?;
-    if !(0..24).contains(&hh) || !(0..60).contains(&mm) || !(0.0..61.0).contains(&ss) {
-        return None;
-    }
-    Some((days_from_civil(y, m, dd) * 86_400 + hh * 3_600 + mm * 60) as f64 + ss)
-}
-
-/// Days since 1970-01-01 (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
+pub use onepool_decisions::trace::parse_time;
 
 /// A duration in seconds: a number of seconds, or any form onepool's
 /// duration parser accepts (`90s`, `2h`, `1d12h`, `1-12:00:00`, ...).

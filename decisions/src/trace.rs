@@ -1,0 +1,97 @@
+//! The Azure LLM inference trace format (`TIMESTAMP,ContextTokens,GeneratedTokens`,
+//! e.g. `2023-11-16 18:15:46.6805900,374,44`), one row at a time, for the
+//! router's replay tests and the simulator alike; each caller decides what
+//! a bad row means (abort, or skip and count).
+
+/// The header line the format starts with.
+pub const AZURE_HEADER: &str = "TIMESTAMP,ContextTokens,GeneratedTokens";
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AzureRow {
+    /// Seconds since the Unix epoch (UTC assumed; only differences matter).
+    pub t: f64,
+    pub context_tokens: u32,
+    pub generated_tokens: u32,
+}
+
+/// One data row; the error says what is wrong with it.
+pub fn parse_azure_row(line: &str) -> Result<AzureRow, String> {
+    let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+    let [t, c, g] = fields.as_slice() else {
+        return Err(format!("{} fields; expected 3 ({AZURE_HEADER})", fields.len()));
+    };
+    Ok(AzureRow {
+        t: parse_time(t).ok_or_else(|| format!("TIMESTAMP {t:?} is not a time (YYYY-MM-DD HH:MM:SS[.fraction])"))?,
+        context_tokens: c.parse().map_err(|_| format!("ContextTokens {c:?} is not a whole number"))?,
+        generated_tokens: g.parse().map_err(|_| format!("GeneratedTokens {g:?} is not a whole number"))?,
+    })
+}
+
+/// Seconds since the Unix epoch from a plain number of seconds or a
+/// `YYYY-MM-DD[T ]HH:MM:SS[.fraction]` time (taken as UTC).
+pub fn parse_time(s: &str) -> Option<f64> {
+    let s = s.trim();
+    if let Ok(v) = s.parse::<f64>() {
+        return v.is_finite().then_some(v);
+    }
+    let (date, time) = s.split_once(['T', ' '])?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (y, m, dd) = (d.next()??, d.next()??, d.next()??);
+    if d.next().is_some() || !(1..=12).contains(&m) || !(1..=31).contains(&dd) {
+        return None;
+    }
+    let mut t = time.split(':');
+    let (hh, mm) = (t.next()?.parse::<i64>().ok()?, t.next()?.parse::<i64>().ok()?);
+    let ss: f64 = t.next()?.parse().ok()?;
+    if t.next().is_some() || !(0..24).contains(&hh) || !(0..60).contains(&mm) || !(0.0..61.0).contains(&ss) {
+        return None;
+    }
+    Some((days_from_civil(y, m, dd) * 86_400 + hh * 3_600 + mm * 60) as f64 + ss)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_and_errors() {
+        let r = parse_azure_row("2023-11-16 18:15:46.25,374,44").unwrap();
+        assert_eq!((r.t, r.context_tokens, r.generated_tokens), (1_700_158_546.25, 374, 44));
+        assert_eq!(parse_azure_row("5,1,2").unwrap().t, 5.0);
+        assert_eq!(
+            parse_azure_row("5,1").unwrap_err(),
+            "2 fields; expected 3 (TIMESTAMP,ContextTokens,GeneratedTokens)"
+        );
+        assert!(parse_azure_row("noon,1,1").unwrap_err().starts_with("TIMESTAMP \"noon\" is not a time"));
+        assert!(parse_azure_row("5,x,1").unwrap_err().contains("ContextTokens"));
+    }
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(days_from_civil(1970, 1, 1), 0);
+        assert_eq!(days_from_civil(2000, 3, 1), 11_017);
+        assert_eq!(parse_time("1970-01-02T00:00:01"), Some(86_401.0));
+        assert_eq!(parse_time("2023-13-01 00:00:00"), None);
+    }
+
+    #[test]
+    fn the_real_trace_parses() {
+        let text = include_str!("../../data/azure-llm-inference-2023-conv.csv");
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some(AZURE_HEADER));
+        let rows: Vec<AzureRow> = lines.map(|l| parse_azure_row(l).unwrap()).collect();
+        assert_eq!(rows.len(), 19_366);
+        assert!(rows.last().unwrap().t - rows[0].t < 3_700.0, "one hour");
+    }
+}
