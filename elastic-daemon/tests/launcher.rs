@@ -9,19 +9,8 @@ use std::time::Duration;
 
 use onepool_daemon::launcher::{run, Front, LauncherConfig, Outcome};
 
-/// A model-server stand-in: answers `GET /?sleep=S` after S seconds.
-const SERVER: &str = r#"
-import http.server, os, time, urllib.parse
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
-        time.sleep(float(q.get("sleep", ["0"])[0]))
-        body = b"ok\n"
-        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a): pass
-http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["ONEPOOL_BACKEND_PORT"])), H).serve_forever()
-"#;
+/// The dev cluster's stand-in model server (answers `GET /?sleep=S` after S seconds).
+const SERVER: &str = include_str!("../../etc/dev-cluster/stand-in-model-server.py");
 
 fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()

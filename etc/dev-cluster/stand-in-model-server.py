@@ -1,0 +1,48 @@
+# A stand-in for a model server on GPU-less dev clusters and in tests
+# (python3, standard library only). It listens on 127.0.0.1:$ONEPOOL_BACKEND_PORT
+# (set by `onepool replica`) and:
+#   - waits $ONEPOOL_MODEL_LOAD_SECONDS (default 0) before answering, like a
+#     model load; /health answers 503 until then, 200 after;
+#   - answers GET /?sleep=S after S seconds;
+#   - answers POST (OpenAI-style JSON with "max_tokens") after
+#     max_tokens * $ONEPOOL_SECONDS_PER_TOKEN (default 0.001) seconds, so
+#     latency follows the requests' generated tokens.
+import http.server, json, os, threading, time, urllib.parse
+
+loaded = threading.Event()
+threading.Timer(float(os.environ.get("ONEPOOL_MODEL_LOAD_SECONDS", "0")), loaded.set).start()
+per_token = float(os.environ.get("ONEPOOL_SECONDS_PER_TOKEN", "0.001"))
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def answer(self, status, body):
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        url = urllib.parse.urlparse(self.path)
+        if url.path == "/health":
+            return self.answer(200 if loaded.is_set() else 503, b"ok\n" if loaded.is_set() else b"loading\n")
+        loaded.wait()
+        time.sleep(float(urllib.parse.parse_qs(url.query).get("sleep", ["0"])[0]))
+        self.answer(200, b"ok\n")
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0") or 0))
+        loaded.wait()
+        try:
+            tokens = int(json.loads(body or b"{}").get("max_tokens", 16))
+        except (ValueError, AttributeError):
+            return self.answer(400, b"bad JSON\n")
+        time.sleep(tokens * per_token)
+        self.answer(200, json.dumps({"choices": [{"text": "x" * min(tokens, 64)}], "usage": {"completion_tokens": tokens}}).encode())
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["ONEPOOL_BACKEND_PORT"])), Handler).serve_forever()
