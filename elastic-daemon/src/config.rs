@@ -26,6 +26,9 @@ pub struct Config {
     pub endpoints: Vec<EndpointConfig>,
     /// Shared listeners that pick the endpoint per request.
     pub listeners: Vec<ListenerConfig>,
+    /// SLURM_CONF for the Slurm commands the replica controllers run
+    /// (`None`: the daemon's own environment decides).
+    pub slurm_conf: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug)]
@@ -40,6 +43,47 @@ pub struct EndpointConfig {
     pub proxy: ProxySettings,
     pub health: Option<HealthCheck>,
     pub thresholds: HealthThresholds,
+    /// Replicas onepoold runs itself as Slurm jobs (`[endpoint.replicas]`);
+    /// `None`: replicas come only through the control socket.
+    pub replicas: Option<ReplicaSettings>,
+}
+
+/// `[endpoint.replicas]`: how onepoold submits, scales and drains the
+/// endpoint's replica jobs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplicaSettings {
+    /// The model server's command line (a shell command), run under
+    /// `onepool replica`; it listens on `$ONEPOOL_BACKEND_PORT`.
+    pub command: String,
+    /// GPUs per replica (one node each).
+    pub gpus: u32,
+    /// Baseline replicas (protected class), always kept.
+    pub min: u32,
+    /// Baseline plus supplemental (flexible class) replicas at most.
+    pub max: u32,
+    /// Requests in flight plus queued that one replica should carry.
+    pub target_per_replica: f64,
+    pub drain_timeout: Duration,
+    /// Longest model load: a replica not ready this long after it started
+    /// running is cancelled and replaced.
+    pub startup_timeout: Duration,
+    pub baseline_workload: String,
+    pub supplemental_workload: String,
+    /// Ports for the replicas' listeners (each replica takes a pair: the
+    /// launcher's port and, one above, its server's).
+    pub port_range: (u16, u16),
+    /// The `onepool` binary on the compute nodes.
+    pub launcher: String,
+    pub poll_interval: Duration,
+    /// The jobs' `--time`; `None`: the class's default.
+    pub time_limit: Option<Duration>,
+    /// Autoscaler windows (Knative KPA style).
+    pub stable_window: Duration,
+    pub panic_window: Duration,
+    pub panic_threshold: f64,
+    pub scale_down_delay: Duration,
+    /// sbatch `-o` of the replica jobs.
+    pub output: String,
 }
 
 /// One shared listener: every request is routed to an endpoint by its
@@ -92,6 +136,7 @@ struct RawConfig {
     control_socket_mode: Option<Spanned<String>>,
     metrics_address: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
+    slurm_conf: Option<Spanned<String>>,
     #[serde(default)]
     endpoint: Vec<Spanned<RawEndpoint>>,
     #[serde(default)]
@@ -136,6 +181,30 @@ struct RawEndpoint {
     max_request_body: Option<Spanned<i64>>,
     retry: Option<RawRetry>,
     health: Option<RawHealth>,
+    replicas: Option<Spanned<RawReplicas>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReplicas {
+    command: Spanned<String>,
+    gpus: Option<Spanned<i64>>,
+    min: Option<Spanned<i64>>,
+    max: Option<Spanned<i64>>,
+    target_per_replica: Option<Spanned<f64>>,
+    drain_timeout: Option<Spanned<String>>,
+    startup_timeout: Option<Spanned<String>>,
+    baseline_workload: Option<Spanned<String>>,
+    supplemental_workload: Option<Spanned<String>>,
+    port_range: Option<Spanned<String>>,
+    launcher: Option<Spanned<String>>,
+    poll_interval: Option<Spanned<String>>,
+    time_limit: Option<Spanned<String>>,
+    stable_window: Option<Spanned<String>>,
+    panic_window: Option<Spanned<String>>,
+    panic_threshold: Option<Spanned<f64>>,
+    scale_down_delay: Option<Spanned<String>>,
+    output: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -307,6 +376,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
                 (Some(check), t)
             }
         };
+        let replicas = e.replicas.as_ref().map(|r| replica_settings(&mut c, r));
         endpoints.push(EndpointConfig {
             name,
             listen,
@@ -316,6 +386,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
             proxy,
             health,
             thresholds,
+            replicas,
         });
     }
     let listeners = listeners(&mut c, &raw.listener, &names, &mut listens);
@@ -342,7 +413,100 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
         shutdown_grace,
         endpoints,
         listeners,
+        slurm_conf: raw.slurm_conf.map(|s| PathBuf::from(s.into_inner())),
     })
+}
+
+fn positive(c: &mut Checker, v: &Option<Spanned<f64>>, key: &str, default: f64) -> f64 {
+    let Some(v) = v else { return default };
+    let x = *v.get_ref();
+    if !(x.is_finite() && x > 0.0) {
+        c.error(v.span(), format!("{key} = {x} must be a number above zero"));
+        return default;
+    }
+    x
+}
+
+fn workload(c: &mut Checker, v: &Option<Spanned<String>>, key: &str, default: &str) -> String {
+    let Some(v) = v else { return default.to_string() };
+    let w = v.get_ref();
+    if w.is_empty() || !w.chars().all(|ch| ch.is_ascii_alphanumeric() || "-_".contains(ch)) {
+        c.error(v.span(), format!("{key} = {w:?} is not a workload class name (letters, digits, '-', '_')"));
+    }
+    w.clone()
+}
+
+/// Checks one `[endpoint.replicas]` table.
+fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> ReplicaSettings {
+    let span = r.span();
+    let r = r.get_ref();
+    if r.command.get_ref().trim().is_empty() {
+        c.error(r.command.span(), "replicas.command is empty; give the model server's command line".into());
+    }
+    let min = c.number(&r.min, "replicas.min", 0, 1000, 1) as u32;
+    let max = c.number(&r.max, "replicas.max", 1, 1000, i64::from(min.max(1))) as u32;
+    if max < min {
+        let s = r.max.as_ref().map(|m| m.span()).unwrap_or(span.clone());
+        c.error(s, format!("replicas.max = {max} is below replicas.min = {min}"));
+    }
+    let port_range = match &r.port_range {
+        None => (18000, 18999),
+        Some(p) => {
+            let parsed = p.get_ref().split_once('-').and_then(|(a, b)| {
+                let (a, b) = (a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?);
+                (a > 0 && a < b).then_some((a, b))
+            });
+            match parsed {
+                Some((a, b)) if u32::from(b - a) + 1 >= 2 * max => (a, b),
+                Some((a, b)) => {
+                    c.error(
+                        p.span(),
+                        format!("port_range {a}-{b} holds too few ports: each of max = {max} replicas takes two"),
+                    );
+                    (a, b)
+                }
+                None => {
+                    c.error(
+                        p.span(),
+                        format!(
+                            "port_range = {:?}: expected \"FIRST-LAST\" with FIRST below LAST, like \"18000-18999\"",
+                            p.get_ref()
+                        ),
+                    );
+                    (18000, 18999)
+                }
+            }
+        }
+    };
+    let launcher = r.launcher.as_ref().map(|l| l.get_ref().clone()).unwrap_or_else(|| "onepool".into());
+    if let (Some(l), true) = (&r.launcher, launcher.is_empty()) {
+        c.error(l.span(), "replicas.launcher is empty; give the path of the onepool binary".into());
+    }
+    let output = r.output.as_ref().map(|o| o.get_ref().clone()).unwrap_or_else(|| "/dev/null".into());
+    if let (Some(o), true) = (&r.output, output.is_empty()) {
+        c.error(o.span(), "replicas.output is empty; give an sbatch -o path (default /dev/null)".into());
+    }
+    let defaults = onepool_decisions::autoscale::ScalingPolicy::default();
+    ReplicaSettings {
+        command: r.command.get_ref().clone(),
+        gpus: c.number(&r.gpus, "replicas.gpus", 1, 64, 1) as u32,
+        min,
+        max,
+        target_per_replica: positive(c, &r.target_per_replica, "replicas.target_per_replica", 8.0),
+        drain_timeout: c.duration(&r.drain_timeout, "replicas.drain_timeout", Duration::from_secs(30)),
+        startup_timeout: c.duration(&r.startup_timeout, "replicas.startup_timeout", Duration::from_secs(300)),
+        baseline_workload: workload(c, &r.baseline_workload, "replicas.baseline_workload", "inference-baseline"),
+        supplemental_workload: workload(c, &r.supplemental_workload, "replicas.supplemental_workload", "inference"),
+        port_range,
+        launcher,
+        poll_interval: c.duration(&r.poll_interval, "replicas.poll_interval", Duration::from_secs(2)),
+        time_limit: r.time_limit.as_ref().map(|_| c.duration(&r.time_limit, "replicas.time_limit", Duration::ZERO)),
+        stable_window: c.duration(&r.stable_window, "replicas.stable_window", defaults.stable_window),
+        panic_window: c.duration(&r.panic_window, "replicas.panic_window", defaults.panic_window),
+        panic_threshold: positive(c, &r.panic_threshold, "replicas.panic_threshold", defaults.panic_threshold),
+        scale_down_delay: c.duration(&r.scale_down_delay, "replicas.scale_down_delay", defaults.scale_down_delay),
+        output,
+    }
 }
 
 impl Routes {

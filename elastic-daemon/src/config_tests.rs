@@ -7,6 +7,8 @@ fn the_example_parses() {
     assert_eq!(c.endpoints.len(), 1);
     assert_eq!(c.control_socket_mode, 0o600);
     assert!(c.endpoints[0].health.is_some());
+    let r = c.endpoints[0].replicas.as_ref().expect("[endpoint.replicas]");
+    assert_eq!((r.min, r.max, r.port_range), (1, 4, (18000, 18999)));
     assert_eq!(c.listeners.len(), 1);
     assert_eq!(
         c.listeners[0].routes,

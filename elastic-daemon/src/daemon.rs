@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::control::{self, ControlError};
+use crate::controller::{Controller, ControllerView, SharedSlurm};
 use crate::endpoint::{Endpoint, QueueSettings};
 use crate::metrics::Metrics;
 use crate::proxy::{Dispatch, Target};
@@ -58,6 +59,9 @@ pub struct Daemon {
     pub control_socket: PathBuf,
     /// The shared listeners' bound addresses, in configuration order.
     pub listeners: Vec<SocketAddr>,
+    /// The replica controllers' views, by endpoint (endpoints with
+    /// `[endpoint.replicas]` only).
+    controllers: BTreeMap<String, Arc<Mutex<ControllerView>>>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -122,6 +126,22 @@ impl Daemon {
                 tasks.push(tokio::spawn(crate::health::run(endpoint, check, rx.clone())));
             }
         }
+        let mut controllers = BTreeMap::new();
+        if config.endpoints.iter().any(|e| e.replicas.is_some()) {
+            let runner = onepool_slurm_commands::SystemRunner {
+                timeout: Duration::from_secs(30),
+                env: config.slurm_conf.iter().map(|p| ("SLURM_CONF".to_string(), p.display().to_string())).collect(),
+            };
+            let slurm: SharedSlurm = Arc::new(onepool_slurm_commands::adapter::Commands { runner });
+            for e in &config.endpoints {
+                let Some(settings) = e.replicas.clone() else { continue };
+                let routed = &router.endpoints[&e.name];
+                let (controller, view) =
+                    Controller::new(&e.name, routed.endpoint.clone(), routed.health_checked, settings, slurm.clone());
+                controllers.insert(e.name.clone(), view);
+                tasks.push(tokio::spawn(controller.run(rx.clone())));
+            }
+        }
         for (listener, dispatch, conn) in listeners {
             let serve = crate::proxy::serve(listener, dispatch, conn, rx.clone(), config.shutdown_grace);
             tasks.push(tokio::spawn(serve));
@@ -136,6 +156,7 @@ impl Daemon {
             metrics_address,
             control_socket: config.control_socket,
             listeners: shared,
+            controllers,
             shutdown: tx,
             tasks,
         })
@@ -145,7 +166,14 @@ impl Daemon {
         self.router.endpoints.get(name)
     }
 
-    /// Stops accepting everywhere, lets in-flight requests finish (each
+    /// What the endpoint's replica controller did so far; `None` when the
+    /// endpoint has no `[endpoint.replicas]`.
+    pub fn replica_view(&self, name: &str) -> Option<ControllerView> {
+        self.controllers.get(name).map(|v| v.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    /// Stops accepting everywhere (replica jobs keep running; the next
+    /// start re-adopts them), lets in-flight requests finish (each
     /// listener waits up to the configured grace), then returns.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);

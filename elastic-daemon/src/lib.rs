@@ -1,9 +1,12 @@
 //! onepoold's library: the inference router (registry, queue, reverse
 //! proxy), its control socket, metrics and configuration. The binary in
-//! `main.rs` only reads the config and starts [`daemon::Daemon`].
+//! `main.rs` only reads the config and starts [`daemon::Daemon`]; the
+//! replica controllers (`controller.rs`) run endpoints' replicas as Slurm
+//! jobs.
 
 pub mod config;
 pub mod control;
+pub mod controller;
 pub mod daemon;
 pub mod endpoint;
 pub mod health;
@@ -12,3 +15,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod registry;
 pub mod trace;
+
+/// The async runtime the daemon runs on, for callers that start it
+/// in-process (the integration tests).
+pub use tokio;

@@ -214,6 +214,7 @@ pub fn endpoint_config(limit: u32, queue: usize, queue_timeout: Duration) -> End
         proxy: proxy_settings(),
         health: None,
         thresholds: HealthThresholds::default(),
+        replicas: None,
     }
 }
 
@@ -230,6 +231,7 @@ pub async fn start(endpoint: EndpointConfig) -> Daemon {
         shutdown_grace: Duration::from_secs(2),
         endpoints: vec![endpoint],
         listeners: Vec::new(),
+        slurm_conf: None,
     };
     Daemon::start(config).await.unwrap()
 }

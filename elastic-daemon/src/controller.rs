@@ -1,0 +1,524 @@
+//! onepoold's Slurm side for one endpoint with `[endpoint.replicas]`: every
+//! poll it reads the jobs from Slurm, keeps only the replica jobs this
+//! daemon owns, brings running ones into the router, feeds the router's
+//! load to the autoscaler and carries out what
+//! [`onepool_decisions::replicas::reconcile`] decides (submit, drain,
+//! cancel).
+//!
+//! **Ownership.** A job is this endpoint's replica only when all hold: its
+//! name is `onepool-<endpoint>-<port>` with the port in `port_range`, it
+//! was submitted by the daemon's own uid, and job_submit/onepool's record
+//! (in `admin_comment`, which users cannot set) names this endpoint and the
+//! baseline or supplemental class. Nothing else is ever cancelled, drained
+//! or routed to. The port in the name is how a restarted daemon finds the
+//! replica's listener again, so restarts re-adopt replicas instead of
+//! duplicating or orphaning them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use onepool_decisions::autoscale::{Autoscaler, ScalingPolicy};
+use onepool_decisions::replicas::{reconcile, Action, EndpointTarget, Kind, Phase, Replica};
+use onepool_slurm_commands::adapter::{Slurm, SlurmError};
+use onepool_slurm_commands::state::JobInfo;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::config::ReplicaSettings;
+use crate::endpoint::Endpoint;
+use crate::registry::{RegistryError, ReplicaState};
+
+/// The Slurm adapter the controllers share (called on blocking threads).
+pub type SharedSlurm = Arc<dyn Slurm + Send + Sync>;
+
+/// The replica job's name: the port it listens on is part of it.
+pub fn job_name(endpoint: &str, port: u16) -> String {
+    format!("onepool-{endpoint}-{port}")
+}
+
+/// The port encoded in a replica job's name, if the name is this endpoint's.
+pub fn port_from_name(endpoint: &str, name: &str) -> Option<u16> {
+    let port = name.strip_prefix("onepool-")?.strip_prefix(endpoint)?.strip_prefix('-')?;
+    if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    port.parse().ok()
+}
+
+/// The job's port and kind when the job is one of this endpoint's replicas
+/// submitted by `uid`; `None` for every job onepoold must leave alone.
+pub fn owned(job: &JobInfo, endpoint: &str, uid: u32, s: &ReplicaSettings) -> Option<(u16, Kind)> {
+    if job.user_id != uid {
+        return None;
+    }
+    let port = port_from_name(endpoint, &job.name)?;
+    if port < s.port_range.0 || port >= s.port_range.1 {
+        return None;
+    }
+    let record = job.record()?;
+    if record.endpoint.as_deref() != Some(endpoint) {
+        return None;
+    }
+    if record.class == s.baseline_workload {
+        Some((port, Kind::Baseline))
+    } else if record.class == s.supplemental_workload {
+        Some((port, Kind::Supplemental))
+    } else {
+        None
+    }
+}
+
+fn quote(s: &str) -> String {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"/._-+=:,@".contains(&b)) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// sbatch's arguments (after `--parsable`) for one replica on `port`.
+pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16) -> Vec<String> {
+    let class = match kind {
+        Kind::Baseline => &s.baseline_workload,
+        Kind::Supplemental => &s.supplemental_workload,
+    };
+    let drain_secs = s.drain_timeout.as_secs_f64().ceil().max(1.0) as u64;
+    let script = format!(
+        "exec {} replica --listen 0.0.0.0:{port} --backend 127.0.0.1:{} --drain-timeout {} -- {}",
+        quote(&s.launcher),
+        port + 1,
+        onepool_decisions::duration::format(Duration::from_secs(drain_secs)),
+        s.command
+    );
+    let mut args = vec![
+        "-J".to_string(),
+        job_name(endpoint, port),
+        format!("--workload={class}"),
+        format!("--endpoint={endpoint}"),
+        format!("--gpus={}", s.gpus),
+        "-N1".to_string(),
+        format!("--signal=B:USR1@{drain_secs}"),
+    ];
+    if let Some(t) = s.time_limit {
+        args.push(format!("--time={}", t.as_secs().div_ceil(60).max(1)));
+    }
+    args.extend(["-o".to_string(), s.output.clone(), "--wrap".to_string(), script]);
+    args
+}
+
+/// One replica job as the controller sees it (for tests and status).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReplicaJob {
+    pub job: u32,
+    pub port: u16,
+    /// "baseline" or "supplemental".
+    pub kind: &'static str,
+    /// "pending", "starting", "serving" or "draining"; "cancelled" once
+    /// scancel was sent and the job has not left the queue yet.
+    pub phase: &'static str,
+    /// Where the router reaches it, once it runs.
+    pub address: Option<SocketAddr>,
+}
+
+/// What the controller did so far; updated after every poll.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ControllerView {
+    /// Polls done (successful or not).
+    pub rounds: u64,
+    pub jobs: Vec<ReplicaJob>,
+    /// Replica jobs submitted by this controller since it started.
+    pub submitted: Vec<u32>,
+    /// The last failed Slurm call, if the last poll had one.
+    pub last_error: Option<String>,
+}
+
+struct Tracked {
+    port: u16,
+    kind: Kind,
+    /// In the router at this address.
+    address: Option<SocketAddr>,
+    drain_started: Option<Instant>,
+    cancelled: bool,
+}
+
+pub struct Controller {
+    name: String,
+    endpoint: Arc<Endpoint>,
+    /// Replicas join as "starting" and wait for health checks when true.
+    health_checked: bool,
+    settings: ReplicaSettings,
+    slurm: SharedSlurm,
+    uid: u32,
+    tracked: BTreeMap<u32, Tracked>,
+    autoscaler: Autoscaler,
+    started: Instant,
+    /// Live replicas found at the first poll: kept until the scale-down
+    /// delay has passed, so a restart does not shrink the endpoint.
+    adopted: Option<u32>,
+    next_pair: u32,
+    submit_after: Option<Instant>,
+    view: Arc<Mutex<ControllerView>>,
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, SlurmError> + Send + 'static) -> Result<T, String> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("{e}{}", if e.is_retryable() { " (retryable)" } else { "" })),
+        Err(e) => Err(format!("the Slurm call failed: {e}")),
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Live {
+    Pending,
+    Running,
+}
+
+fn live(job: &JobInfo) -> Option<Live> {
+    match job.job_state.as_str() {
+        "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" => Some(Live::Pending),
+        "RUNNING" | "SUSPENDED" => Some(Live::Running),
+        // Completing, completed, cancelled, failed, preempted...: gone.
+        _ => None,
+    }
+}
+
+impl Controller {
+    pub fn new(
+        name: &str,
+        endpoint: Arc<Endpoint>,
+        health_checked: bool,
+        settings: ReplicaSettings,
+        slurm: SharedSlurm,
+    ) -> (Controller, Arc<Mutex<ControllerView>>) {
+        let view = Arc::new(Mutex::new(ControllerView::default()));
+        let autoscaler = Autoscaler::new(ScalingPolicy {
+            target_per_replica: settings.target_per_replica,
+            min: settings.min,
+            max: settings.max,
+            stable_window: settings.stable_window,
+            panic_window: settings.panic_window,
+            panic_threshold: settings.panic_threshold,
+            scale_down_delay: settings.scale_down_delay,
+        });
+        let c = Controller {
+            name: name.to_string(),
+            endpoint,
+            health_checked,
+            settings,
+            slurm,
+            // SAFETY: getuid has no preconditions.
+            uid: unsafe { libc::getuid() },
+            tracked: BTreeMap::new(),
+            autoscaler,
+            started: Instant::now(),
+            adopted: None,
+            next_pair: 0,
+            submit_after: None,
+            view: view.clone(),
+        };
+        (c, view)
+    }
+
+    /// Polls until `shutdown` turns true. Stopping leaves every replica job
+    /// running: the next start re-adopts them.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            let error = self.round().await.err();
+            if let Some(e) = &error {
+                tracing::warn!(endpoint = %self.name, "replica controller: {e}");
+            }
+            {
+                let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
+                v.rounds += 1;
+                v.last_error = error;
+                v.jobs = self.jobs_view();
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.settings.poll_interval) => {}
+                _ = crate::daemon::stopped(&mut shutdown) => return,
+            }
+        }
+    }
+
+    fn jobs_view(&self) -> Vec<ReplicaJob> {
+        let snap = self.endpoint.snapshot();
+        self.tracked
+            .iter()
+            .map(|(job, t)| {
+                let state = t.address.and_then(|a| snap.replicas.iter().find(|r| r.address == a)).map(|r| r.state);
+                ReplicaJob {
+                    job: *job,
+                    port: t.port,
+                    kind: match t.kind {
+                        Kind::Baseline => "baseline",
+                        Kind::Supplemental => "supplemental",
+                    },
+                    phase: if t.cancelled {
+                        "cancelled"
+                    } else if t.drain_started.is_some() || state == Some(ReplicaState::Draining) {
+                        "draining"
+                    } else {
+                        match state {
+                            Some(ReplicaState::Ready | ReplicaState::Out) => "serving",
+                            Some(ReplicaState::Starting) => "starting",
+                            _ if t.address.is_some() => "starting",
+                            _ => "pending",
+                        }
+                    },
+                    address: t.address,
+                }
+            })
+            .collect()
+    }
+
+    /// One poll: read, adopt, route, decide, act.
+    async fn round(&mut self) -> Result<(), String> {
+        let slurm = self.slurm.clone();
+        let jobs = blocking(move || slurm.jobs()).await?;
+        let now = Instant::now();
+        let mut seen: HashMap<u32, (JobInfo, Live)> = HashMap::new();
+        for j in jobs {
+            let Some((port, kind)) = owned(&j, &self.name, self.uid, &self.settings) else { continue };
+            let Some(l) = live(&j) else { continue };
+            self.tracked.entry(j.job_id).or_insert_with(|| {
+                tracing::info!(endpoint = %self.name, job = j.job_id, port, ?kind, state = %j.job_state, "adopted a replica job");
+                Tracked { port, kind, address: None, drain_started: None, cancelled: false }
+            });
+            seen.insert(j.job_id, (j, l));
+        }
+        // Jobs that left the queue leave the router.
+        let gone: Vec<u32> = self.tracked.keys().filter(|id| !seen.contains_key(id)).copied().collect();
+        for id in gone {
+            if let Some(t) = self.tracked.remove(&id) {
+                if let Some(a) = t.address {
+                    let _ = self.endpoint.remove(a);
+                }
+                tracing::info!(endpoint = %self.name, job = id, "replica job ended; out of the router");
+            }
+        }
+        self.route_running(&seen).await?;
+        if self.adopted.is_none() {
+            let n = self.tracked.values().filter(|t| !t.cancelled && t.drain_started.is_none()).count() as u32;
+            self.adopted = Some(n);
+        }
+        // What reconcile needs.
+        let snap = self.endpoint.snapshot();
+        let unix = unix_now();
+        let mut replicas = Vec::new();
+        for (id, t) in &self.tracked {
+            let Some((j, l)) = seen.get(id) else { continue };
+            if t.cancelled {
+                continue;
+            }
+            let r = t.address.and_then(|a| snap.replicas.iter().find(|r| r.address == a));
+            let mut in_flight = r.map(|r| r.in_flight).unwrap_or(0);
+            let phase = match (l, r.map(|r| r.state)) {
+                (Live::Pending, _) => Phase::Pending,
+                _ if t.drain_started.is_some() => Phase::Draining,
+                (_, Some(ReplicaState::Draining)) => Phase::Draining,
+                (_, Some(ReplicaState::Ready | ReplicaState::Out)) => Phase::Serving,
+                _ => Phase::Starting,
+            };
+            // A drain past its timeout ends like a finished one.
+            if t.drain_started.is_some_and(|d| now.duration_since(d) >= self.settings.drain_timeout) {
+                in_flight = 0;
+            }
+            let running = *l == Live::Running && j.start_time > 0;
+            let age = if running { Duration::from_secs(unix.saturating_sub(j.start_time)) } else { Duration::ZERO };
+            // Slurm prints huge values for UNLIMITED.
+            let time_left = (running && j.time_limit > 0 && j.time_limit < 1 << 31)
+                .then(|| Duration::from_secs((j.start_time + j.time_limit * 60).saturating_sub(unix)));
+            replicas.push(Replica {
+                job: *id,
+                kind: t.kind,
+                phase,
+                in_flight,
+                age,
+                time_left,
+                being_preempted: j.is_being_preempted(),
+            });
+        }
+        let load = snap.queued as f64 + f64::from(snap.replicas.iter().map(|r| r.in_flight).sum::<u32>());
+        let secs = now.duration_since(self.started).as_secs_f64();
+        self.autoscaler.record(secs, load);
+        let ready = replicas.iter().filter(|r| r.phase == Phase::Serving).count() as u32;
+        let rec = self.autoscaler.recommend(secs, ready);
+        let mut desired = rec.replicas;
+        if now.duration_since(self.started) < self.settings.scale_down_delay {
+            desired = desired.max(self.adopted.unwrap_or(0));
+        }
+        let s = &self.settings;
+        let target = EndpointTarget {
+            min: s.min,
+            max: s.max,
+            desired,
+            renew_before: s.startup_timeout + s.drain_timeout + Duration::from_secs(60),
+            startup_timeout: s.startup_timeout,
+        };
+        let mut errors = Vec::new();
+        for action in reconcile(&target, &replicas) {
+            let r = match action {
+                Action::Submit(kind) => self.submit(kind).await,
+                Action::Drain { job } => {
+                    self.drain(job);
+                    Ok(())
+                }
+                Action::Cancel { job } => self.cancel(job).await,
+            };
+            if let Err(e) = r {
+                errors.push(e);
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+
+    /// Running replicas not yet in the router join it at their node's
+    /// address (as "starting" when health checks will bring them in).
+    async fn route_running(&mut self, seen: &HashMap<u32, (JobInfo, Live)>) -> Result<(), String> {
+        let need: Vec<u32> = self
+            .tracked
+            .iter()
+            .filter(|(id, t)| {
+                t.address.is_none()
+                    && !t.cancelled
+                    && t.drain_started.is_none()
+                    && seen.get(id).is_some_and(|(_, l)| *l == Live::Running)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        if need.is_empty() {
+            return Ok(());
+        }
+        let slurm = self.slurm.clone();
+        let nodes = blocking(move || slurm.nodes()).await?;
+        for id in need {
+            let (job, _) = &seen[&id];
+            let host = if job.batch_host.is_empty() { job.nodes.as_str() } else { job.batch_host.as_str() };
+            let Some(node) = nodes.iter().find(|n| n.name == host) else { continue };
+            let host = if node.address.is_empty() { node.name.as_str() } else { node.address.as_str() };
+            let port = self.tracked[&id].port;
+            let address = match host.parse::<IpAddr>() {
+                Ok(ip) => Some(SocketAddr::new(ip, port)),
+                Err(_) => tokio::net::lookup_host((host, port)).await.ok().and_then(|mut a| a.next()),
+            };
+            let Some(address) = address else {
+                tracing::warn!(endpoint = %self.name, job = id, host, "cannot resolve the replica's node address");
+                continue;
+            };
+            match self.endpoint.add(address, None, !self.health_checked) {
+                Ok(_) | Err(RegistryError::Duplicate { .. }) => {
+                    tracing::info!(endpoint = %self.name, job = id, %address, "replica job running; in the router");
+                    if let Some(t) = self.tracked.get_mut(&id) {
+                        t.address = Some(address);
+                    }
+                }
+                Err(e) => tracing::warn!(endpoint = %self.name, job = id, "cannot add the replica: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// A port pair (launcher, server) no tracked job uses, taken in turn
+    /// through the range so a port that failed is not retried at once.
+    fn free_port(&mut self) -> Option<u16> {
+        let (lo, hi) = self.settings.port_range;
+        let ports = u32::from(hi) - u32::from(lo) + 1;
+        let pairs = ports / 2;
+        for k in 0..pairs {
+            let i = (self.next_pair + k) % pairs;
+            let p = lo + (2 * i) as u16;
+            if !self.tracked.values().any(|t| t.port.abs_diff(p) <= 1) {
+                self.next_pair = i + 1;
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    async fn submit(&mut self, kind: Kind) -> Result<(), String> {
+        if self.submit_after.is_some_and(|t| Instant::now() < t) {
+            return Ok(());
+        }
+        let port = self.free_port().ok_or_else(|| "no free port pair left in port_range".to_string())?;
+        let args = sbatch_args(&self.name, &self.settings, kind, port);
+        let slurm = self.slurm.clone();
+        let r = blocking(move || {
+            let a: Vec<&str> = args.iter().map(String::as_str).collect();
+            slurm.submit(&a)
+        })
+        .await;
+        match r {
+            Ok(job) => {
+                tracing::info!(endpoint = %self.name, job, port, ?kind, "submitted a replica job");
+                self.tracked.insert(job, Tracked { port, kind, address: None, drain_started: None, cancelled: false });
+                self.view.lock().unwrap_or_else(|e| e.into_inner()).submitted.push(job);
+                Ok(())
+            }
+            Err(e) => {
+                // Do not hammer slurmctld with a submission it refuses.
+                self.submit_after = Some(Instant::now() + self.settings.poll_interval.max(Duration::from_secs(1)) * 5);
+                Err(format!("submitting a {kind:?} replica: {e}"))
+            }
+        }
+    }
+
+    /// Out of the router at once; reconcile cancels it once nothing is in
+    /// flight (or the drain timeout passed).
+    fn drain(&mut self, job: u32) {
+        let Some(t) = self.tracked.get_mut(&job) else { return };
+        if t.drain_started.is_some() || t.cancelled {
+            return;
+        }
+        t.drain_started = Some(Instant::now());
+        tracing::info!(endpoint = %self.name, job, "draining a replica job");
+        if let Some(address) = t.address {
+            let endpoint = self.endpoint.clone();
+            let deadline = self.settings.drain_timeout;
+            tokio::spawn(async move {
+                let _ = endpoint.drain(address, deadline).await;
+            });
+        }
+    }
+
+    async fn cancel(&mut self, job: u32) -> Result<(), String> {
+        let Some(t) = self.tracked.get_mut(&job) else { return Ok(()) };
+        if t.cancelled {
+            return Ok(());
+        }
+        if let Some(a) = t.address.take() {
+            let _ = self.endpoint.remove(a);
+        }
+        // Never back into the router, whatever scancel says.
+        t.drain_started.get_or_insert_with(Instant::now);
+        let slurm = self.slurm.clone();
+        let r = blocking(move || slurm.cancel(job, None)).await;
+        if let Some(t) = self.tracked.get_mut(&job) {
+            t.cancelled = r.is_ok();
+        }
+        match r {
+            Ok(()) => {
+                tracing::info!(endpoint = %self.name, job, "cancelled a replica job");
+                Ok(())
+            }
+            Err(e) => Err(format!("cancelling replica job {job}: {e}")),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "controller_tests.rs"]
+mod tests;

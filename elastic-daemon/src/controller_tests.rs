@@ -1,0 +1,112 @@
+use super::*;
+
+fn settings() -> ReplicaSettings {
+    let c = crate::config::parse(
+        "t.toml",
+        r#"control_socket = "/tmp/x.sock"
+[[endpoint]]
+name = "llm"
+listen = "127.0.0.1:0"
+[endpoint.replicas]
+command = "python3 /srv/server.py --model 'x y'"
+gpus = 2
+min = 1
+max = 3
+time_limit = "1h"
+launcher = "/opt/onepool/bin/onepool"
+port_range = "18000-18099"
+"#,
+    )
+    .unwrap();
+    c.endpoints[0].replicas.clone().unwrap()
+}
+
+fn job(id: u32, name: &str, uid: u32, comment: &str) -> JobInfo {
+    let json = serde_json::json!({"jobs": [{
+        "job_id": id, "job_state": "RUNNING", "name": name, "user_id": uid, "admin_comment": comment,
+    }]});
+    onepool_slurm_commands::state::parse_jobs(&json.to_string()).unwrap().remove(0)
+}
+
+#[test]
+fn names_carry_the_port_and_only_this_endpoint_s_parse() {
+    assert_eq!(job_name("llm", 18000), "onepool-llm-18000");
+    assert_eq!(port_from_name("llm", "onepool-llm-18000"), Some(18000));
+    assert_eq!(port_from_name("llm-2", "onepool-llm-2-18000"), Some(18000));
+    assert_eq!(port_from_name("llm", "onepool-llm-2-18000"), None);
+    assert_eq!(port_from_name("llm", "onepool-llm-+18000"), None);
+    assert_eq!(port_from_name("llm", "onepool-llm-"), None);
+    assert_eq!(port_from_name("llm", "other-llm-18000"), None);
+}
+
+#[test]
+fn only_jobs_of_our_uid_name_and_record_are_owned() {
+    let s = settings();
+    let base = "onepool:class=inference-baseline;tier=protected;endpoint=llm";
+    let supp = "onepool:class=inference;tier=flexible;reclaim=graceful;drain=1m;endpoint=llm";
+    assert_eq!(owned(&job(1, "onepool-llm-18000", 7, base), "llm", 7, &s), Some((18000, Kind::Baseline)));
+    assert_eq!(owned(&job(2, "onepool-llm-18002", 7, supp), "llm", 7, &s), Some((18002, Kind::Supplemental)));
+    // Another user's job, however it is named and annotated.
+    assert_eq!(owned(&job(3, "onepool-llm-18000", 8, base), "llm", 7, &s), None);
+    // No record (users can name jobs anything), another endpoint's record,
+    // another class, a port outside the range.
+    assert_eq!(owned(&job(4, "onepool-llm-18000", 7, ""), "llm", 7, &s), None);
+    assert_eq!(owned(&job(5, "onepool-llm-18000", 7, &supp.replace("=llm", "=other")), "llm", 7, &s), None);
+    assert_eq!(owned(&job(6, "onepool-llm-18000", 7, &supp.replace("=inference;", "=agents;")), "llm", 7, &s), None);
+    assert_eq!(owned(&job(7, "onepool-llm-19000", 7, supp), "llm", 7, &s), None);
+}
+
+#[test]
+fn sbatch_arguments() {
+    let s = settings();
+    let a = sbatch_args("llm", &s, Kind::Supplemental, 18004);
+    assert_eq!(
+        a,
+        [
+            "-J",
+            "onepool-llm-18004",
+            "--workload=inference",
+            "--endpoint=llm",
+            "--gpus=2",
+            "-N1",
+            "--signal=B:USR1@30",
+            "--time=60",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "exec /opt/onepool/bin/onepool replica --listen 0.0.0.0:18004 --backend 127.0.0.1:18005 \
+             --drain-timeout 30s -- python3 /srv/server.py --model 'x y'",
+        ]
+    );
+    let a = sbatch_args("llm", &ReplicaSettings { launcher: "/a b/onepool".into(), ..s }, Kind::Baseline, 18000);
+    assert_eq!(a[2], "--workload=inference-baseline");
+    assert!(a.last().unwrap().starts_with("exec '/a b/onepool' replica"), "{a:?}");
+}
+
+#[test]
+fn bad_replica_settings_are_reported_at_their_place() {
+    let src = r#"control_socket = "/tmp/x.sock"
+[[endpoint]]
+name = "llm"
+listen = "127.0.0.1:0"
+[endpoint.replicas]
+command = "serve"
+min = 3
+max = 2
+port_range = "9000"
+target_per_replica = 0
+poll_interval = "often"
+"#;
+    let e = crate::config::parse("t.toml", src).unwrap_err().to_string();
+    for want in [
+        "t.toml:8:7: error: replicas.max = 2 is below replicas.min = 3",
+        "t.toml:9:14: error: port_range = \"9000\"",
+        "t.toml:10:22: error: replicas.target_per_replica = 0",
+        "t.toml:11:17: error: replicas.poll_interval",
+    ] {
+        assert!(e.contains(want), "{want:?} not in:\n{e}");
+    }
+    let s = settings();
+    assert_eq!((s.baseline_workload.as_str(), s.supplemental_workload.as_str()), ("inference-baseline", "inference"));
+    assert_eq!((s.poll_interval, s.output.as_str()), (Duration::from_secs(2), "/dev/null"));
+}
