@@ -12,12 +12,12 @@ use tokio::signal::unix::{signal, SignalKind};
 const DEFAULT_CONFIG: &str = "/etc/slurm/onepoold.toml";
 
 fn usage() -> String {
-    format!("usage: onepoold [--config FILE]   (default {DEFAULT_CONFIG}, or $ONEPOOLD_CONFIG)")
+    format!("usage: onepoold [--config FILE]   (default {DEFAULT_CONFIG}, or $ONEPOOL_DAEMON_CONFIG)")
 }
 
 fn config_path() -> Result<PathBuf, String> {
     let mut args = std::env::args().skip(1);
-    let mut path = std::env::var_os("ONEPOOLD_CONFIG").map(PathBuf::from);
+    let mut path = std::env::var_os("ONEPOOL_DAEMON_CONFIG").map(PathBuf::from);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--config" | "-c" => path = Some(args.next().ok_or_else(usage)?.into()),
