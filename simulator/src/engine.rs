@@ -912,6 +912,7 @@ impl Sim<'_> {
                 if node_pos[node] != usize::MAX {
                     view[node_pos[node]].1.push(Holder {
                         job: j,
+                        priority: m.classes[l.class].priority,
                         lowest_gpu: mask.trailing_zeros(),
                         gpus: mask.count_ones(),
                         eligible: old_enough && !l.being_reclaimed && l.st == St::Running,
