@@ -4,13 +4,12 @@
 //! a source that does not is named, with why.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use onepool_daemon::control;
 use onepool_decisions::policy::{self, Policy, Tier};
 use onepool_slurm_commands::adapter::{Commands, Slurm};
 use onepool_slurm_commands::state::JobInfo;
@@ -106,39 +105,19 @@ pub fn pool_table(policy: &Policy, uses: &BTreeMap<String, ClassUse>) -> String 
     out
 }
 
-/// `GET path` on the control socket (HTTP/1.1, one request per connection).
+/// `GET path` on onepoold's control socket, through the daemon's own client.
 pub fn control_get(socket: &Path, path: &str) -> anyhow::Result<Value> {
-    let mut s = UnixStream::connect(socket)
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let answer = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), control::request(socket, http::Method::GET, path, None)).await
+    });
+    let (status, value) = answer
+        .map_err(|_| anyhow::anyhow!("onepoold at {} did not answer within 10 s", socket.display()))?
         .with_context(|| format!("cannot reach onepoold at {} (is it running? --socket)", socket.display()))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: onepoold\r\nConnection: close\r\n\r\n")?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).context("reading onepoold's answer")?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").context("onepoold's answer has no HTTP header")?;
-    let status = head.lines().next().unwrap_or_default();
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        dechunk(body)?
-    } else {
-        body.to_string()
-    };
-    if !status.contains(" 200 ") {
-        bail!("onepoold answered {status}: {}", body.trim());
+    if !status.is_success() {
+        bail!("onepoold answered {status}: {value}");
     }
-    serde_json::from_str(&body).context("onepoold's answer is not JSON")
-}
-
-fn dechunk(mut body: &str) -> anyhow::Result<String> {
-    let mut out = String::new();
-    loop {
-        let (size, rest) = body.split_once("\r\n").context("malformed chunked answer")?;
-        let n = usize::from_str_radix(size.trim(), 16).context("malformed chunk size")?;
-        if n == 0 {
-            return Ok(out);
-        }
-        out.push_str(rest.get(..n).context("truncated chunk")?);
-        body = rest.get(n + 2..).context("truncated chunk")?;
-    }
+    Ok(value)
 }
 
 pub fn endpoints_table(state: &Value) -> String {
@@ -227,6 +206,7 @@ fn load_policy(path: &Path) -> anyhow::Result<Policy> {
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read, Write};
     use std::os::unix::net::UnixListener;
 
     use super::*;
