@@ -136,7 +136,8 @@ pub extern "C" fn job_submit(job_desc: *mut job_desc_msg_t, submit_uid: u32, err
                 OK
             }
             Verdict::Accept(p) => {
-                log::verbose(&format!("{PLUGIN}: uid {submit_uid}: {}", describe(&p)));
+                // No per-job log line: slurmctld holds its locks here, and the
+                // decision is on the job itself (AdminComment).
                 // SAFETY: valid job description for this call.
                 match unsafe { apply(job_desc, &p) } {
                     Ok(()) => OK,
