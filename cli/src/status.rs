@@ -144,6 +144,53 @@ pub fn endpoints_table(state: &Value) -> String {
             ));
         }
     }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    out.push_str(&replica_jobs_table(state, now));
+    out
+}
+
+/// The replica jobs onepoold runs, per endpoint with `[endpoint.replicas]`;
+/// drains show how long they may still take (`now`: Unix seconds).
+pub fn replica_jobs_table(state: &Value, now: u64) -> String {
+    let mut out = String::new();
+    for ep in state["endpoints"].as_array().into_iter().flatten() {
+        let Some(v) = ep.get("replica_jobs").filter(|v| v.is_object()) else { continue };
+        let name = ep["name"].as_str().unwrap_or("?");
+        out.push_str(&format!(
+            "\n{name}: {} replicas wanted (min {}, max {}); load {:.1} in flight + queued; {:.1} requests/s\n",
+            v["desired"].as_u64().unwrap_or(0),
+            v["min"].as_u64().unwrap_or(0),
+            v["max"].as_u64().unwrap_or(0),
+            v["load"].as_f64().unwrap_or(0.0),
+            v["rate"].as_f64().unwrap_or(0.0),
+        ));
+        if let Some(e) = v["last_error"].as_str() {
+            out.push_str(&format!("  last Slurm error: {e}\n"));
+        }
+        out.push_str(&format!(
+            "  {:>8} {:<13} {:<10} {:<10} {:<22} {}\n",
+            "JOBID", "KIND", "PHASE", "NODE", "ADDRESS", "DRAIN"
+        ));
+        for j in v["jobs"].as_array().into_iter().flatten() {
+            let drain = match j["drain_deadline"].as_u64() {
+                Some(d) => {
+                    let by = if j["preempted"].as_bool() == Some(true) { "preempted by Slurm; " } else { "" };
+                    format!("{by}released within {}s", d.saturating_sub(now))
+                }
+                None if j["preempted"].as_bool() == Some(true) => "preempted by Slurm".to_string(),
+                None => "-".to_string(),
+            };
+            out.push_str(&format!(
+                "  {:>8} {:<13} {:<10} {:<10} {:<22} {}\n",
+                j["job"].as_u64().unwrap_or(0),
+                j["kind"].as_str().unwrap_or("?"),
+                j["phase"].as_str().unwrap_or("?"),
+                j["node"].as_str().unwrap_or("-"),
+                j["address"].as_str().unwrap_or("-"),
+                drain
+            ));
+        }
+    }
     out
 }
 
@@ -275,8 +322,33 @@ mod tests {
                 == ["llm", "3", "10.0.0.5:8000", "draining", "2/8", "41"],
             "{t}"
         );
+        assert!(!t.contains("replicas wanted"), "no replica jobs without [endpoint.replicas]: {t}");
         let e = control_get(&dir.join("nope.sock"), "/v1/state").unwrap_err();
         assert!(format!("{e:#}").contains("cannot reach onepoold at"), "{e:#}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn replica_jobs_show_their_phase_node_and_drain_deadline() {
+        let state = json!({"endpoints": [{"name": "chat", "queued": 0, "replicas": [], "replica_jobs": {
+        "desired": 2, "min": 1, "max": 3, "load": 7.5, "rate": 12.25, "rounds": 9, "submitted": [], "last_error": null,
+        "jobs": [
+            {"job": 41, "port": 18000, "kind": "baseline", "phase": "serving", "address": "10.0.0.5:18000",
+             "node": "node1", "preempted": false, "drain_deadline": null},
+            {"job": 42, "port": 18002, "kind": "supplemental", "phase": "draining", "address": "10.0.0.6:18002",
+             "node": "node2", "preempted": true, "drain_deadline": 1030},
+            {"job": 43, "port": 18004, "kind": "supplemental", "phase": "pending", "address": null,
+             "node": null, "preempted": false, "drain_deadline": null}
+        ]}}]});
+        let t = replica_jobs_table(&state, 1000);
+        let lines: Vec<&str> = t.lines().filter(|l| !l.is_empty()).collect();
+        assert_eq!(lines[0], "chat: 2 replicas wanted (min 1, max 3); load 7.5 in flight + queued; 12.2 requests/s");
+        assert!(lines[1].split_whitespace().eq(["JOBID", "KIND", "PHASE", "NODE", "ADDRESS", "DRAIN"]), "{t}");
+        assert!(lines[2].split_whitespace().eq(["41", "baseline", "serving", "node1", "10.0.0.5:18000", "-"]), "{t}");
+        assert!(
+            lines[3].ends_with("draining   node2      10.0.0.6:18002         preempted by Slurm; released within 30s"),
+            "{t}"
+        );
+        assert!(lines[4].split_whitespace().eq(["43", "supplemental", "pending", "-", "-", "-"]), "{t}");
     }
 }

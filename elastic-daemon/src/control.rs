@@ -3,7 +3,7 @@
 //! trust boundary: file mode 0600 by default, and every connection's peer
 //! uid (SO_PEERCRED) must be root or the daemon's own.
 //!
-//! - `GET  /v1/state`
+//! - `GET  /v1/state`  endpoints, their replicas and (with `[endpoint.replicas]`) the replica jobs
 //! - `POST /v1/endpoints/NAME/replicas`        `{"address": "10.0.0.5:8000", "concurrency": 8, "ready": false}`
 //! - `POST /v1/endpoints/NAME/replicas/remove` `{"address": "..."}`
 //! - `POST /v1/endpoints/NAME/replicas/drain`  `{"address": "...", "deadline": "30s"}`
@@ -149,7 +149,17 @@ async fn handle(req: Request<Incoming>, router: &Router) -> Response<Full<Bytes>
     let segments: Vec<&str> = parts.uri.path().trim_matches('/').split('/').collect();
     match (&parts.method, segments.as_slice()) {
         (&Method::GET, ["v1", "state"]) => {
-            let eps: Vec<_> = router.endpoints.values().map(|e| e.endpoint.snapshot()).collect();
+            let eps: Vec<_> = router
+                .endpoints
+                .values()
+                .map(|e| {
+                    let mut v = json!(e.endpoint.snapshot());
+                    if let Some(view) = &e.replica_jobs {
+                        v["replica_jobs"] = json!(*view.lock().unwrap_or_else(|p| p.into_inner()));
+                    }
+                    v
+                })
+                .collect();
             reply(StatusCode::OK, json!({ "endpoints": eps }))
         }
         (&Method::POST, ["v1", "endpoints", name, "replicas", rest @ ..]) => {

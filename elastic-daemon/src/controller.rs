@@ -120,6 +120,13 @@ pub struct ReplicaJob {
     pub phase: &'static str,
     /// Where the router reaches it, once it runs.
     pub address: Option<SocketAddr>,
+    /// The node it runs on.
+    pub node: Option<String>,
+    /// Slurm picked it as a preemption victim (its grace time runs).
+    pub preempted: bool,
+    /// While draining: when it is released at the latest (Unix seconds),
+    /// the earlier of onepoold's drain timeout and Slurm's preemption end.
+    pub drain_deadline: Option<u64>,
 }
 
 /// What the controller did so far; updated after every poll.
@@ -128,6 +135,14 @@ pub struct ControllerView {
     /// Polls done (successful or not).
     pub rounds: u64,
     pub jobs: Vec<ReplicaJob>,
+    pub min: u32,
+    pub max: u32,
+    /// Replicas the autoscaler wants now (baseline included).
+    pub desired: u32,
+    /// In flight plus queued, as the autoscaler saw it last.
+    pub load: f64,
+    /// Requests answered per second over the last poll.
+    pub rate: f64,
     /// Replica jobs submitted by this controller since it started.
     pub submitted: Vec<u32>,
     /// The last failed Slurm call, if the last poll had one.
@@ -140,7 +155,12 @@ struct Tracked {
     /// In the router at this address.
     address: Option<SocketAddr>,
     drain_started: Option<Instant>,
+    /// The same moment in Unix seconds, for status.
+    drain_started_unix: Option<u64>,
     cancelled: bool,
+    node: Option<String>,
+    /// Slurm's preemption deadline (Unix seconds), once it picked this job.
+    preempt_end: Option<u64>,
 }
 
 pub struct Controller {
@@ -159,6 +179,8 @@ pub struct Controller {
     adopted: Option<u32>,
     next_pair: u32,
     submit_after: Option<Instant>,
+    /// Requests served by all replicas at the last poll, and when.
+    last_served: Option<(u64, Instant)>,
     view: Arc<Mutex<ControllerView>>,
 }
 
@@ -167,6 +189,21 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, SlurmError> +
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(format!("{e}{}", if e.is_retryable() { " (retryable)" } else { "" })),
         Err(e) => Err(format!("the Slurm call failed: {e}")),
+    }
+}
+
+impl Tracked {
+    fn new(port: u16, kind: Kind) -> Tracked {
+        Tracked {
+            port,
+            kind,
+            address: None,
+            drain_started: None,
+            drain_started_unix: None,
+            cancelled: false,
+            node: None,
+            preempt_end: None,
+        }
     }
 }
 
@@ -221,6 +258,7 @@ impl Controller {
             adopted: None,
             next_pair: 0,
             submit_after: None,
+            last_served: None,
             view: view.clone(),
         };
         (c, view)
@@ -242,6 +280,8 @@ impl Controller {
                 v.rounds += 1;
                 v.last_error = error;
                 v.jobs = self.jobs_view();
+                v.min = self.settings.min;
+                v.max = self.settings.max;
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.settings.poll_interval) => {}
@@ -276,6 +316,15 @@ impl Controller {
                         }
                     },
                     address: t.address,
+                    node: t.node.clone(),
+                    preempted: t.preempt_end.is_some(),
+                    drain_deadline: match (t.drain_started_unix, t.preempt_end) {
+                        (Some(d), p) => {
+                            let ours = d + self.settings.drain_timeout.as_secs();
+                            Some(p.map_or(ours, |p| p.min(ours)))
+                        }
+                        (None, p) => p,
+                    },
                 }
             })
             .collect()
@@ -292,8 +341,15 @@ impl Controller {
             let Some(l) = live(&j) else { continue };
             self.tracked.entry(j.job_id).or_insert_with(|| {
                 tracing::info!(endpoint = %self.name, job = j.job_id, port, ?kind, state = %j.job_state, "adopted a replica job");
-                Tracked { port, kind, address: None, drain_started: None, cancelled: false }
+                Tracked::new(port, kind)
             });
+            if let Some(t) = self.tracked.get_mut(&j.job_id) {
+                if l == Live::Running && !j.nodes.is_empty() {
+                    t.node = Some(if j.batch_host.is_empty() { j.nodes.clone() } else { j.batch_host.clone() });
+                }
+                // Slurm's kill comes at end_time once it preempts the job.
+                t.preempt_end = j.is_being_preempted().then_some(j.end_time).filter(|e| *e > 0);
+            }
             seen.insert(j.job_id, (j, l));
         }
         // Jobs that left the queue leave the router.
@@ -349,6 +405,13 @@ impl Controller {
             });
         }
         let load = snap.queued as f64 + f64::from(snap.replicas.iter().map(|r| r.in_flight).sum::<u32>());
+        let served: u64 = snap.replicas.iter().map(|r| r.served).sum();
+        let rate = match self.last_served {
+            // Removed replicas take their counts along: no negative rates.
+            Some((before, at)) if served >= before && now > at => (served - before) as f64 / (now - at).as_secs_f64(),
+            _ => 0.0,
+        };
+        self.last_served = Some((served, now));
         let secs = now.duration_since(self.started).as_secs_f64();
         self.autoscaler.record(secs, load);
         let ready = replicas.iter().filter(|r| r.phase == Phase::Serving).count() as u32;
@@ -356,6 +419,12 @@ impl Controller {
         let mut desired = rec.replicas;
         if now.duration_since(self.started) < self.settings.scale_down_delay {
             desired = desired.max(self.adopted.unwrap_or(0));
+        }
+        {
+            let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
+            v.desired = desired.clamp(self.settings.min, self.settings.max.max(self.settings.min));
+            v.load = load;
+            v.rate = rate;
         }
         let s = &self.settings;
         let target = EndpointTarget {
@@ -464,7 +533,7 @@ impl Controller {
         match r {
             Ok(job) => {
                 tracing::info!(endpoint = %self.name, job, port, ?kind, "submitted a replica job");
-                self.tracked.insert(job, Tracked { port, kind, address: None, drain_started: None, cancelled: false });
+                self.tracked.insert(job, Tracked::new(port, kind));
                 self.view.lock().unwrap_or_else(|e| e.into_inner()).submitted.push(job);
                 Ok(())
             }
@@ -484,6 +553,7 @@ impl Controller {
             return;
         }
         t.drain_started = Some(Instant::now());
+        t.drain_started_unix = Some(unix_now());
         tracing::info!(endpoint = %self.name, job, "draining a replica job");
         if let Some(address) = t.address {
             let endpoint = self.endpoint.clone();
@@ -504,6 +574,7 @@ impl Controller {
         }
         // Never back into the router, whatever scancel says.
         t.drain_started.get_or_insert_with(Instant::now);
+        t.drain_started_unix.get_or_insert_with(unix_now);
         let slurm = self.slurm.clone();
         let r = blocking(move || slurm.cancel(job, None)).await;
         if let Some(t) = self.tracked.get_mut(&job) {

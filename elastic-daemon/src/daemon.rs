@@ -34,6 +34,8 @@ pub struct RoutedEndpoint {
     /// configured port, or the one the kernel chose for port 0); `None`
     /// when only shared listeners reach it.
     pub listen: Option<SocketAddr>,
+    /// The replica controller's view (endpoints with `[endpoint.replicas]`).
+    pub replica_jobs: Option<Arc<Mutex<ControllerView>>>,
 }
 
 pub struct Router {
@@ -59,9 +61,6 @@ pub struct Daemon {
     pub control_socket: PathBuf,
     /// The shared listeners' bound addresses, in configuration order.
     pub listeners: Vec<SocketAddr>,
-    /// The replica controllers' views, by endpoint (endpoints with
-    /// `[endpoint.replicas]` only).
-    controllers: BTreeMap<String, Arc<Mutex<ControllerView>>>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -94,7 +93,12 @@ impl Daemon {
             );
             endpoints.insert(
                 e.name.clone(),
-                RoutedEndpoint { endpoint: endpoint.clone(), health_checked: e.health.is_some(), listen },
+                RoutedEndpoint {
+                    endpoint: endpoint.clone(),
+                    health_checked: e.health.is_some(),
+                    listen,
+                    replica_jobs: None,
+                },
             );
             let target = Target::new(endpoint.clone(), e.proxy.clone(), metrics.clone());
             targets.insert(e.name.clone(), target.clone());
@@ -118,15 +122,7 @@ impl Daemon {
         };
         let metrics_address = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
         let control_listener = control::bind(&config.control_socket, config.control_socket_mode)?;
-        let router = Arc::new(Router { endpoints });
-        let mut tasks = Vec::new();
-        for e in &config.endpoints {
-            if let Some(check) = e.health.clone() {
-                let endpoint = router.endpoints[&e.name].endpoint.clone();
-                tasks.push(tokio::spawn(crate::health::run(endpoint, check, rx.clone())));
-            }
-        }
-        let mut controllers = BTreeMap::new();
+        let mut runs = Vec::new();
         if config.endpoints.iter().any(|e| e.replicas.is_some()) {
             let runner = onepool_slurm_commands::SystemRunner {
                 timeout: Duration::from_secs(30),
@@ -135,12 +131,23 @@ impl Daemon {
             let slurm: SharedSlurm = Arc::new(onepool_slurm_commands::adapter::Commands { runner });
             for e in &config.endpoints {
                 let Some(settings) = e.replicas.clone() else { continue };
-                let routed = &router.endpoints[&e.name];
+                let Some(routed) = endpoints.get_mut(&e.name) else { continue };
                 let (controller, view) =
                     Controller::new(&e.name, routed.endpoint.clone(), routed.health_checked, settings, slurm.clone());
-                controllers.insert(e.name.clone(), view);
-                tasks.push(tokio::spawn(controller.run(rx.clone())));
+                routed.replica_jobs = Some(view);
+                runs.push(controller);
             }
+        }
+        let router = Arc::new(Router { endpoints });
+        let mut tasks = Vec::new();
+        for e in &config.endpoints {
+            if let Some(check) = e.health.clone() {
+                let endpoint = router.endpoints[&e.name].endpoint.clone();
+                tasks.push(tokio::spawn(crate::health::run(endpoint, check, rx.clone())));
+            }
+        }
+        for controller in runs {
+            tasks.push(tokio::spawn(controller.run(rx.clone())));
         }
         for (listener, dispatch, conn) in listeners {
             let serve = crate::proxy::serve(listener, dispatch, conn, rx.clone(), config.shutdown_grace);
@@ -156,7 +163,6 @@ impl Daemon {
             metrics_address,
             control_socket: config.control_socket,
             listeners: shared,
-            controllers,
             shutdown: tx,
             tasks,
         })
@@ -169,7 +175,8 @@ impl Daemon {
     /// What the endpoint's replica controller did so far; `None` when the
     /// endpoint has no `[endpoint.replicas]`.
     pub fn replica_view(&self, name: &str) -> Option<ControllerView> {
-        self.controllers.get(name).map(|v| v.lock().unwrap_or_else(|e| e.into_inner()).clone())
+        let view = self.router.endpoints.get(name)?.replica_jobs.as_ref()?;
+        Some(view.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
     /// Stops accepting everywhere (replica jobs keep running; the next
