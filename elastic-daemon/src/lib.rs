@@ -16,6 +16,7 @@ pub mod proxy;
 pub mod registry;
 pub mod trace;
 
-/// The async runtime the daemon runs on, for callers that start it
-/// in-process (the integration tests).
-pub use tokio;
+/// The async runtime the daemon runs on and the HTTP types of its control
+/// client, for callers that start it in-process or talk to its control
+/// socket (the CLI, the integration tests).
+pub use {http, tokio};

@@ -8,6 +8,7 @@
 //! Tests that share the cluster must run one at a time
 //! (`--test-threads=1`): each leaves it idle for the next.
 
+pub mod elastic;
 pub mod libslurm;
 
 use std::path::PathBuf;

@@ -1,0 +1,349 @@
+//! onepoold's elastic control on the real cluster, end to end: replicas as
+//! Slurm jobs under load, Slurm's own preemption reclaiming a supplemental
+//! replica for protected training (graceful: nothing lost; immediate: only
+//! the victim's requests in flight fail), re-expansion once the training
+//! ends, scale-down that drains before it cancels, and a daemon killed with
+//! SIGKILL in the middle of a drain. Another user's protected job runs
+//! through every test and is never touched.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use onepool_daemon::controller::ControllerView;
+use onepool_daemon::daemon::Daemon;
+use onepool_daemon::registry::ReplicaState;
+use onepool_daemon::tokio::runtime::Runtime;
+use onepool_tests::elastic::{completion, control_state, daemon_config, queue, scratch, wait, Load};
+use onepool_tests::{build_dir, cluster, Cleanup, TestCluster, TEST_MIN_RUNTIME_SECS};
+
+const ENDPOINT: &str = "chat";
+
+fn runtime() -> Runtime {
+    onepool_daemon::tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap()
+}
+
+fn start(rt: &Runtime, config: &Path) -> Daemon {
+    let cfg = onepool_daemon::config::load(config).unwrap_or_else(|e| panic!("{e}"));
+    rt.block_on(Daemon::start(cfg)).expect("onepoold starts")
+}
+
+fn view(d: &Daemon) -> ControllerView {
+    d.replica_view(ENDPOINT).expect("the endpoint has a replica controller")
+}
+
+/// Ports of the replicas the router sends requests to.
+fn ready_ports(d: &Daemon) -> BTreeSet<u16> {
+    let snap = d.endpoint(ENDPOINT).unwrap().endpoint.snapshot();
+    snap.replicas.iter().filter(|r| r.state == ReplicaState::Ready).map(|r| r.address.port()).collect()
+}
+
+/// Jobs of `kind` the daemon serves from.
+fn serving(d: &Daemon, kind: &str) -> Vec<u32> {
+    let ready = ready_ports(d);
+    view(d)
+        .jobs
+        .iter()
+        .filter(|j| j.kind == kind && j.phase == "serving" && ready.contains(&j.port))
+        .map(|j| j.job)
+        .collect()
+}
+
+/// Another user's protected job (4 GPUs) that no test may touch.
+fn foreign_job(c: &TestCluster) -> u32 {
+    let alice = c.user("op-alice", "core-ml");
+    let r = c.run_as(
+        &alice,
+        "sbatch",
+        &[
+            "--parsable",
+            "-o",
+            "/dev/null",
+            "--account=core-ml",
+            "--workload=critical-training",
+            "--time=30:00",
+            "--gpus=4",
+            "-N1",
+            "--wrap",
+            "sleep 900",
+        ],
+    );
+    assert!(r.ok, "sbatch as op-alice: {}{}", r.stdout, r.stderr);
+    let id: u32 = r.stdout.trim().split(';').next().unwrap().parse().unwrap();
+    c.wait_state(id, "RUNNING", Duration::from_secs(30));
+    id
+}
+
+fn assert_untouched(c: &TestCluster, id: u32) {
+    assert_eq!(c.state(id).as_deref(), Some("RUNNING"), "job {id} is not onepoold's and must keep running");
+}
+
+/// Submits protected training for 4 GPUs; returns its id and how long it took to run.
+fn protected_training(c: &TestCluster) -> (u32, Duration) {
+    let t0 = Instant::now();
+    let id = c.sbatch(&["--workload=critical-training", "--time=10:00", "--gpus=4", "-N1", "--wrap", "sleep 600"]);
+    c.wait_state(id, "RUNNING", Duration::from_secs(90));
+    (id, t0.elapsed())
+}
+
+#[test]
+fn graceful_reclaim_loses_no_request_serving_expands_again_and_scale_down_drains_first() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("elastic-graceful");
+    let config = dir.join("onepoold.toml");
+    std::fs::write(&config, daemon_config(c, &dir, ENDPOINT, &[("scale_down_delay", "15s")])).unwrap();
+    let foreign = foreign_job(c);
+    let rt = runtime();
+    let d = start(&rt, &config);
+    let port = d.endpoint(ENDPOINT).unwrap().listen.unwrap().port();
+    let t0 = Instant::now();
+    wait("the baseline replica to serve", Duration::from_secs(60), || serving(&d, "baseline").len() == 1);
+    eprintln!("{:>5.1}s baseline replica serving", t0.elapsed().as_secs_f64());
+
+    // 20 clients, 1.5 s completions: 5 replicas' worth, max is 3.
+    let load = Load::start(port, 20, 1.5);
+    wait("two supplemental replicas to serve", Duration::from_secs(60), || serving(&d, "supplemental").len() == 2);
+    eprintln!("{:>5.1}s two supplemental replicas serving (load started)", t0.elapsed().as_secs_f64());
+    let supplemental: BTreeSet<u32> = serving(&d, "supplemental").into_iter().collect();
+    // Borrowers may be reclaimed only after the policy's minimum run time.
+    std::thread::sleep(Duration::from_secs(TEST_MIN_RUNTIME_SECS + 1));
+    assert_eq!(load.failed(), 0, "{:?}", load.statuses);
+
+    let (training, took) = protected_training(c);
+    eprintln!("{:>5.1}s protected training RUNNING {took:?} after submission", t0.elapsed().as_secs_f64());
+    let victims: Vec<u32> =
+        supplemental.iter().copied().filter(|j| c.state(*j).as_deref() != Some("RUNNING")).collect();
+    assert_eq!(victims.len(), 1, "one supplemental replica yields its GPUs: {victims:?}");
+    // Graceful and fast: the longest request in flight (1.5 s) plus Slurm's
+    // notice and scheduling, far from GraceTime (20 s) or the periodic kill.
+    assert!(took < Duration::from_secs(8), "time to capacity {took:?}");
+    assert_eq!(serving(&d, "baseline").len(), 1, "the baseline replica keeps serving");
+    // The daemon wants its replica back: a replacement waits for GPUs.
+    wait("a replacement supplemental replica job", Duration::from_secs(20), || {
+        let q = queue(c);
+        view(&d).jobs.iter().any(|j| {
+            j.kind == "supplemental"
+                && !supplemental.contains(&j.job)
+                && q.iter().any(|x| x.id == j.job && x.state == "PENDING")
+        })
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(load.failed(), 0, "no request fails under graceful reclaim: {:?}", load.statuses);
+
+    // Training ends: serving expands into the GPUs again.
+    c.ok("scancel", &[&training.to_string()]);
+    let ended = Instant::now();
+    wait("serving to expand again", Duration::from_secs(60), || serving(&d, "supplemental").len() == 2);
+    eprintln!(
+        "{:>5.1}s two supplemental replicas serving again, {:?} after training ended",
+        t0.elapsed().as_secs_f64(),
+        ended.elapsed()
+    );
+    let (sent, statuses) = load.finish();
+    eprintln!("under load through the reclaim: {sent} requests sent, answers {statuses:?}");
+    assert_eq!(statuses.get(&200).copied(), Some(sent), "every request was served: {statuses:?}");
+
+    // Scale-down: a trickle of load needs only the baseline replica; the
+    // supplemental ones are drained, then cancelled, and nothing is lost.
+    let trickle = Load::start(port, 1, 0.2);
+    let before: BTreeSet<u32> = serving(&d, "supplemental").into_iter().collect();
+    let down = wait("scale-down to the baseline replica", Duration::from_secs(90), || {
+        let q = queue(c);
+        before.iter().all(|j| !q.iter().any(|x| x.id == *j))
+    });
+    eprintln!(
+        "{:>5.1}s scaled down to the baseline replica ({down:?} after the load fell)",
+        t0.elapsed().as_secs_f64()
+    );
+    for j in &before {
+        let state = c.sacct_state(*j);
+        assert!(
+            state.as_deref().is_some_and(|s| s.starts_with("CANCELLED")),
+            "supplemental job {j} was released by scancel after its drain: {state:?}"
+        );
+    }
+    let (sent, statuses) = trickle.finish();
+    assert_eq!(statuses.get(&200).copied(), Some(sent), "scale-down lost nothing: {statuses:?}");
+    assert_eq!(serving(&d, "baseline").len(), 1);
+    wait("the daemon to track only the baseline replica", Duration::from_secs(10), || {
+        view(&d).jobs.iter().all(|j| j.kind == "baseline")
+    });
+    assert_untouched(c, foreign);
+    rt.block_on(d.shutdown());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn immediate_reclaim_fails_only_the_victim_s_requests_in_flight() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("elastic-immediate");
+    let config = dir.join("onepoold.toml");
+    // Supplemental replicas in the agents class: reclaim = "immediate" (GraceTime 0).
+    let text = daemon_config(c, &dir, ENDPOINT, &[("supplemental_workload", "agents")]);
+    std::fs::write(&config, text).unwrap();
+    let foreign = foreign_job(c);
+    let rt = runtime();
+    let d = start(&rt, &config);
+    let port = d.endpoint(ENDPOINT).unwrap().listen.unwrap().port();
+    wait("the baseline replica to serve", Duration::from_secs(60), || serving(&d, "baseline").len() == 1);
+    // 12 clients with 8 s completions: every replica full (4 each).
+    let load = Load::start(port, 12, 8.0);
+    wait("two supplemental replicas to serve", Duration::from_secs(60), || serving(&d, "supplemental").len() == 2);
+    let supplemental: BTreeSet<u32> = serving(&d, "supplemental").into_iter().collect();
+    std::thread::sleep(Duration::from_secs(TEST_MIN_RUNTIME_SECS + 1));
+    // Wait until requests are in flight everywhere.
+    wait("every replica busy", Duration::from_secs(30), || {
+        let snap = d.endpoint(ENDPOINT).unwrap().endpoint.snapshot();
+        snap.replicas.len() == 3 && snap.replicas.iter().all(|r| r.in_flight > 0)
+    });
+    let failed_before = load.failed();
+    let (training, took) = protected_training(c);
+    eprintln!("immediate: protected training RUNNING {took:?} after submission");
+    assert!(took < Duration::from_secs(5), "GraceTime 0: {took:?}");
+    let victims: Vec<u32> =
+        supplemental.iter().copied().filter(|j| c.state(*j).as_deref() != Some("RUNNING")).collect();
+    assert_eq!(victims.len(), 1, "{victims:?}");
+    // Requests queued behind the victim are served by the others; only what
+    // was in flight on it (at most replica_concurrency = 4) fails.
+    std::thread::sleep(Duration::from_secs(10));
+    let (sent, statuses) = load.finish();
+    let failed: u64 = statuses.iter().filter(|(s, _)| **s != 200).map(|(_, n)| n).sum();
+    eprintln!("immediate: {sent} requests sent, answers {statuses:?}");
+    assert_eq!(failed_before, 0);
+    assert!((1..=4).contains(&failed), "only the victim's requests in flight fail: {statuses:?}");
+    assert_eq!(c.state(training).as_deref(), Some("RUNNING"));
+    assert_untouched(c, foreign);
+    rt.block_on(d.shutdown());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+struct Onepoold(Child);
+
+impl Onepoold {
+    fn spawn(config: &Path, log: &Path) -> Onepoold {
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+        let child = Command::new(build_dir().join("onepoold"))
+            .args(["--config", config.to_str().unwrap()])
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("starting onepoold");
+        Onepoold(child)
+    }
+
+    fn kill9(&mut self) {
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Onepoold {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Replica jobs in onepoold's state: (job, kind, phase).
+fn jobs_of(state: &serde_json::Value) -> Vec<(u32, String, String)> {
+    state["endpoints"][0]["replica_jobs"]["jobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|j| {
+            (
+                j["job"].as_u64().unwrap_or(0) as u32,
+                j["kind"].as_str().unwrap_or("").to_string(),
+                j["phase"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Replica jobs in Slurm (by the name onepoold gives them).
+fn replica_jobs_in_slurm(c: &TestCluster) -> Vec<onepool_tests::elastic::Queued> {
+    queue(c).into_iter().filter(|q| q.name.starts_with(&format!("onepool-{ENDPOINT}-"))).collect()
+}
+
+#[test]
+fn sigkill_of_onepoold_mid_drain_neither_delays_the_protected_job_nor_orphans_or_duplicates_replicas() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("elastic-sigkill");
+    let config = dir.join("onepoold.toml");
+    // A fixed port: clients keep the endpoint's address across the restart.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let text = daemon_config(c, &dir, ENDPOINT, &[]).replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
+    std::fs::write(&config, text).unwrap();
+    let socket = dir.join("onepoold.sock");
+    let log = dir.join("onepoold.log");
+    let foreign = foreign_job(c);
+    let mut daemon = Onepoold::spawn(&config, &log);
+    wait("onepoold's control socket", Duration::from_secs(20), || control_state(&socket).is_some());
+    let serving_count = |kind: &str| {
+        control_state(&socket)
+            .map(|s| jobs_of(&s).iter().filter(|(_, k, p)| k == kind && p == "serving").count())
+            .unwrap_or(0)
+    };
+    wait("the baseline replica to serve", Duration::from_secs(60), || serving_count("baseline") == 1);
+    // Long completions (15 s): the victim's drain is still running when
+    // the daemon dies.
+    let load = Load::start(port, 12, 15.0);
+    wait("two supplemental replicas to serve", Duration::from_secs(60), || serving_count("supplemental") == 2);
+    std::thread::sleep(Duration::from_secs(TEST_MIN_RUNTIME_SECS + 1));
+    let before: BTreeSet<u32> = replica_jobs_in_slurm(c).iter().map(|q| q.id).collect();
+    assert_eq!(before.len(), 3, "{before:?}");
+
+    let t0 = Instant::now();
+    let training =
+        c.sbatch(&["--workload=critical-training", "--time=10:00", "--gpus=4", "-N1", "--wrap", "sleep 600"]);
+    wait("onepoold to see a replica draining", Duration::from_secs(20), || {
+        control_state(&socket).is_some_and(|s| jobs_of(&s).iter().any(|(_, _, p)| p == "draining"))
+    });
+    daemon.kill9();
+    eprintln!("onepoold SIGKILLed {:?} after the protected job's submission", t0.elapsed());
+    // Slurm enforces without the daemon: the victim's launcher drains what it
+    // has (the router's connections died with it) and exits.
+    c.wait_state(training, "RUNNING", Duration::from_secs(60));
+    let took = t0.elapsed();
+    eprintln!("protected training RUNNING {took:?} after submission, onepoold dead");
+    assert!(took < Duration::from_secs(20), "drain timeout 20 s bounds it: {took:?}");
+    let (_, statuses) = load.finish();
+    eprintln!("clients while the router died: {statuses:?}");
+
+    // Restart: every live replica job is re-adopted, none duplicated.
+    let survivors: BTreeSet<u32> = replica_jobs_in_slurm(c).iter().map(|q| q.id).collect();
+    // The victim is gone; the dead daemon may already have submitted its
+    // replacement (pending: the training holds the GPUs).
+    let victims: Vec<&u32> = before.difference(&survivors).collect();
+    assert_eq!(victims.len(), 1, "one victim: {survivors:?} of {before:?}");
+    assert!(survivors.len() <= 3, "{survivors:?}");
+    let mut daemon = Onepoold::spawn(&config, &log);
+    wait("the restarted onepoold to adopt every replica job", Duration::from_secs(30), || {
+        control_state(&socket).is_some_and(|s| {
+            let adopted: BTreeSet<u32> = jobs_of(&s).iter().map(|j| j.0).collect();
+            survivors.is_subset(&adopted)
+        })
+    });
+    wait("both survivors serving again", Duration::from_secs(30), || {
+        serving_count("baseline") == 1 && serving_count("supplemental") == 1
+    });
+    assert_eq!(completion(port, 0.1), Some(200), "the endpoint serves again");
+    // A few more polls: at most one replacement (max 3), never a duplicate.
+    std::thread::sleep(Duration::from_secs(5));
+    let now = replica_jobs_in_slurm(c);
+    let state = control_state(&socket).unwrap();
+    let tracked: BTreeSet<u32> = jobs_of(&state).iter().map(|j| j.0).collect();
+    let in_slurm: BTreeSet<u32> = now.iter().map(|q| q.id).collect();
+    assert_eq!(tracked, in_slurm, "every replica job in Slurm is tracked by the daemon, and only those");
+    assert!(in_slurm.len() <= 3, "never more than max: {now:?}");
+    assert_eq!(now.iter().filter(|q| q.qos == "op-inference-baseline").count(), 1, "one baseline: {now:?}");
+    assert_eq!(c.state(training).as_deref(), Some("RUNNING"));
+    assert_untouched(c, foreign);
+    daemon.kill9();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,208 @@
+//! What the onepoold tests on the real cluster share: an endpoint
+//! configuration whose replicas run the dev cluster's stand-in model server
+//! under `onepool replica`, HTTP clients that count what they got, and
+//! reading onepoold's state (in-process or through its control socket).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::{build_dir, workspace_root, TestCluster};
+
+/// The dev cluster's stand-in model server: `POST {"max_tokens": N}` takes
+/// N x `$ONEPOOL_SECONDS_PER_TOKEN` (0.001 s by default).
+pub fn stand_in_server() -> PathBuf {
+    workspace_root().join("etc/dev-cluster/stand-in-model-server.py")
+}
+
+/// A scratch folder for one test (removed by the test when it passes).
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("onepool-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// An onepoold configuration with one endpoint `name` whose replicas are
+/// Slurm jobs; `replicas` holds `[endpoint.replicas]` keys that replace or
+/// add to the defaults below.
+pub fn daemon_config(c: &TestCluster, dir: &Path, name: &str, replicas: &[(&str, &str)]) -> String {
+    let slurm_conf = c.cluster.env().into_iter().find(|(k, _)| k == "SLURM_CONF").expect("SLURM_CONF").1;
+    let mut keys: BTreeMap<&str, String> = [
+        ("command", format!("python3 {}", stand_in_server().display())),
+        ("gpus", "4".into()),
+        ("min", "1".into()),
+        ("max", "3".into()),
+        ("target_per_replica", "4".into()),
+        ("drain_timeout", "20s".into()),
+        ("startup_timeout", "60s".into()),
+        ("port_range", "18500-18599".into()),
+        ("launcher", build_dir().join("onepool").display().to_string()),
+        ("poll_interval", "500ms".into()),
+        ("stable_window", "6s".into()),
+        ("panic_window", "2s".into()),
+        ("scale_down_delay", "60s".into()),
+        ("output", format!("{}/replica-%j.log", dir.display())),
+    ]
+    .into_iter()
+    .collect();
+    for (k, v) in replicas {
+        keys.insert(k, v.to_string());
+    }
+    let mut text = format!(
+        r#"control_socket = "{dir}/onepoold.sock"
+shutdown_grace = "1s"
+slurm_conf = "{slurm_conf}"
+
+[[endpoint]]
+name = "{name}"
+listen = "127.0.0.1:0"
+replica_concurrency = 4
+queue_size = 1000
+queue_timeout = "120s"
+request_timeout = "120s"
+
+[endpoint.retry]
+attempts = 3
+
+[endpoint.health]
+path = "/health"
+interval = "500ms"
+timeout = "1s"
+healthy_after = 1
+
+[endpoint.replicas]
+"#,
+        dir = dir.display()
+    );
+    for (k, v) in keys {
+        let quoted = v.parse::<f64>().is_ok() && !k.ends_with("range");
+        text.push_str(&if quoted { format!("{k} = {v}\n") } else { format!("{k} = {v:?}\n") });
+    }
+    text
+}
+
+/// Status of one request, or `None` when the connection failed.
+pub fn request(port: u16, method: &str, path: &str, body: &str) -> Option<u16> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(180))).ok()?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    buf.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A completion request that takes `secs` on the stand-in server.
+pub fn completion(port: u16, secs: f64) -> Option<u16> {
+    let tokens = (secs * 1000.0).round() as u64;
+    request(port, "POST", "/v1/completions", &format!("{{\"model\": \"m\", \"max_tokens\": {tokens}}}"))
+}
+
+/// Clients sending completions back to back until stopped; every answer
+/// is counted by status (0: the connection failed).
+pub struct Load {
+    stop: Arc<AtomicBool>,
+    pub sent: Arc<AtomicU64>,
+    pub statuses: Arc<Mutex<BTreeMap<u16, u64>>>,
+    clients: Vec<JoinHandle<()>>,
+}
+
+impl Load {
+    pub fn start(port: u16, clients: usize, secs: f64) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let statuses = Arc::new(Mutex::new(BTreeMap::new()));
+        let clients = (0..clients)
+            .map(|_| {
+                let (stop, sent, statuses) = (stop.clone(), sent.clone(), statuses.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::SeqCst) {
+                        sent.fetch_add(1, Ordering::SeqCst);
+                        let status = completion(port, secs).unwrap_or(0);
+                        if status == 0 {
+                            // Nothing listens (the router is down): do not spin.
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                        *statuses.lock().unwrap().entry(status).or_default() += 1;
+                    }
+                })
+            })
+            .collect();
+        Load { stop, sent, statuses, clients }
+    }
+
+    /// Stops sending, waits for every answer, returns (sent, statuses).
+    pub fn finish(self) -> (u64, BTreeMap<u16, u64>) {
+        self.stop.store(true, Ordering::SeqCst);
+        for c in self.clients {
+            c.join().unwrap();
+        }
+        let statuses = self.statuses.lock().unwrap().clone();
+        (self.sent.load(Ordering::SeqCst), statuses)
+    }
+
+    /// Answers other than 200 so far.
+    pub fn failed(&self) -> u64 {
+        self.statuses.lock().unwrap().iter().filter(|(s, _)| **s != 200).map(|(_, n)| n).sum()
+    }
+}
+
+/// Polls `f` every 200 ms; panics with `what` after `timeout`.
+pub fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    t0.elapsed()
+}
+
+/// One line of squeue: id, name, QOS, state.
+#[derive(Debug, Clone)]
+pub struct Queued {
+    pub id: u32,
+    pub name: String,
+    pub qos: String,
+    pub state: String,
+}
+
+pub fn queue(c: &TestCluster) -> Vec<Queued> {
+    c.ok("squeue", &["-h", "-o", "%i|%j|%q|%T"])
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.trim().split('|').collect();
+            Some(Queued {
+                id: f.first()?.parse().ok()?,
+                name: f.get(1)?.to_string(),
+                qos: f.get(2)?.to_string(),
+                state: f.get(3)?.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// onepoold's `/v1/state` through its control socket.
+pub fn control_state(socket: &Path) -> Option<serde_json::Value> {
+    let rt = onepool_daemon::tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+    let r = rt.block_on(async {
+        onepool_daemon::tokio::time::timeout(
+            Duration::from_secs(5),
+            onepool_daemon::control::request(socket, onepool_daemon::http::Method::GET, "/v1/state", None),
+        )
+        .await
+    });
+    match r {
+        Ok(Ok((status, v))) if status.is_success() => Some(v),
+        _ => None,
+    }
+}
