@@ -89,3 +89,69 @@ fn a_protected_job_gets_a_gracefully_drained_replica_s_gpus_at_once_and_no_reque
     assert!(t0.elapsed() >= Duration::from_secs(2), "the in-flight request was allowed to finish first");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Requeue: flexible training (etc/examples/requeue-training.sbatch, the
+/// pattern the README gives users) gets the notice, saves a checkpoint,
+/// requeues itself and releases the GPUs at once; run again, it resumes
+/// from the checkpoint.
+#[test]
+fn reclaimed_flexible_training_checkpoints_on_the_notice_is_requeued_and_resumes() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = std::env::temp_dir().join(format!("onepool-requeue-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = onepool_tests::workspace_root().join("etc/examples/requeue-training.sbatch");
+    let mut jobs = Vec::new();
+    for i in 0..3 {
+        let ckpt = format!("--export=ALL,CKPT={}/ckpt-{i}", dir.display());
+        let log = dir.join(format!("train-{i}.log"));
+        let job = c.sbatch_with_output(
+            &[
+                "--workload=training",
+                "--gpus=4",
+                "-N1",
+                "--requeue",
+                "--signal=B:USR1@60",
+                "--open-mode=append",
+                &ckpt,
+                script.to_str().unwrap(),
+            ],
+            &log,
+        );
+        jobs.push((job, log));
+    }
+    for (job, _) in &jobs {
+        c.wait_state(*job, "RUNNING", Duration::from_secs(30));
+    }
+    std::thread::sleep(Duration::from_secs(onepool_tests::TEST_MIN_RUNTIME_SECS + 1));
+    // 8 GPUs of protected training: one free node and one borrower's.
+    let owner = c.sbatch(&["--workload=critical-training", "--time=10:00", "--gpus=8", "-N2", "--wrap", "sleep 8"]);
+    let took = c.wait_state(owner, "RUNNING", Duration::from_secs(60));
+    eprintln!("requeue: protected job running {took:?} after submission");
+    assert!(took < Duration::from_secs(10), "the victim requeued itself at the notice: {took:?}");
+    let victims: Vec<&(u32, std::path::PathBuf)> =
+        jobs.iter().filter(|(j, _)| c.state(*j).as_deref() != Some("RUNNING")).collect();
+    assert_eq!(victims.len(), 1, "one borrower yields");
+    let (victim, log) = victims[0];
+    c.wait_state(*victim, "PENDING", Duration::from_secs(10));
+    let f = c.job_fields(*victim);
+    assert_eq!(f.get("Restarts").map(String::as_str), Some("1"), "{f:?}");
+    let text = std::fs::read_to_string(log).unwrap();
+    let step: u64 = text
+        .lines()
+        .find_map(|l| l.split("checkpoint at step ").nth(1)?.split(';').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no checkpoint in the victim's log:\n{text}"));
+    assert!(step > 0, "{text}");
+    // Slurm holds a requeued batch job ~2 minutes (BeginTime: the node's
+    // credentials must expire first); the test does not wait for that.
+    assert_eq!(f.get("Reason").map(String::as_str), Some("BeginTime"), "{f:?}");
+    c.ok("scontrol", &["update", &format!("JobId={victim}"), "StartTime=now"]);
+    // It runs again once the protected job (8 s) ends, from its checkpoint.
+    c.wait_state(*victim, "RUNNING", Duration::from_secs(60));
+    c.wait_until("the resumed run's first line", Duration::from_secs(20), || {
+        std::fs::read_to_string(log).is_ok_and(|t| t.contains(&format!("start: step {step}, restart 1")))
+    });
+    eprintln!("requeue: victim {victim} checkpointed at step {step}, requeued, resumed from it");
+    let _ = std::fs::remove_dir_all(&dir);
+}
