@@ -1,0 +1,788 @@
+//! `onepool-demo`: the scenario behind `scripts/demo.sh`, on a dev cluster
+//! that is up. onepoold runs one inference endpoint and keeps its replicas
+//! as Slurm jobs itself: a baseline replica in the protected class, and
+//! supplemental ones in the flexible class when the load (the Azure LLM
+//! conversation trace, replayed) asks for them. A protected training job
+//! then needs GPUs a supplemental replica holds: Slurm preempts it, its
+//! launcher drains, the training starts; when the training ends, onepoold's
+//! pending replica takes the GPUs back. The demo prints a timeline and the
+//! requests sent, served and failed, and fails loudly (non-zero exit) when
+//! a step does not happen or a request is lost. onepoold is stopped and the
+//! demo's jobs are cancelled on every way out; the cluster keeps running.
+
+use std::fs;
+use std::io::{IsTerminal, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use onepool_devcluster::process::Tracked;
+use onepool_devcluster::Cluster;
+
+#[path = "../demo/load.rs"]
+mod load;
+#[path = "../demo/watch.rs"]
+mod watch;
+
+use load::{Load, Trace};
+use watch::{Kind, Target, Timeline, Watch};
+
+const ENDPOINT: &str = "chat";
+/// GPUs per replica (one node of the dev cluster).
+const GPUS: u32 = 4;
+/// Trace seconds per wall second in the light and the heavy phase.
+const LIGHT: f64 = 1.0;
+const HEAVY: f64 = 5.0;
+const LIGHT_SECS: u64 = 15;
+/// The demo policy's min_runtime_before_reclaim (PreemptExemptTime).
+const MIN_RUNTIME_SECS: f64 = 10.0;
+const TRAINING_SECS: u64 = 20;
+const SCALE_DOWN_DELAY_SECS: u64 = 20;
+const MODEL_LOAD_SECS: u32 = 3;
+const SECONDS_PER_TOKEN: f64 = 0.004;
+/// The other user's job, which onepoold must leave alone.
+const OTHER_USER: &str = "op-ana";
+const OTHER_ACCOUNT: &str = "research";
+const OTHER_JOB: &str = "research-finetune";
+const TRAINING_JOB: &str = "critical-training";
+
+static ABORT: AtomicBool = AtomicBool::new(false);
+
+#[derive(Parser)]
+#[command(name = "onepool-demo", about = "onepoold autoscaling and graceful reclaim on a dev cluster that is up")]
+struct Args {
+    /// The dev cluster's state folder (`onepool-devcluster --dir`).
+    #[arg(long, env = "ONEPOOL_DEVCLUSTER_DIR", default_value = ".devcluster")]
+    dir: PathBuf,
+    /// Folder with onepoold and onepool (default: beside this binary).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// The Azure LLM inference trace to replay.
+    #[arg(long, default_value = "data/azure-llm-inference-2023-conv.csv")]
+    trace: PathBuf,
+    /// The stand-in model server the replicas run.
+    #[arg(long, default_value = "etc/dev-cluster/stand-in-model-server.py")]
+    server: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("\nonepool-demo: FAILED: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn step(text: &str) {
+    if std::io::stdout().is_terminal() {
+        println!("\n\x1b[1m== {text}\x1b[0m");
+    } else {
+        println!("\n== {text}");
+    }
+    let _ = std::io::stdout().flush();
+}
+
+/// A Slurm client command (SLURM_CONF is in this process's environment).
+fn slurm(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    onepool_slurm_commands::run(Command::new(program).args(args), Duration::from_secs(30))
+        .with_context(|| format!("{program} {}", args.join(" ")))
+}
+
+fn uid_of(user: &str) -> Option<u32> {
+    let out = Command::new("id").args(["-u", user]).stderr(Stdio::null()).output().ok()?;
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok().filter(|_| out.status.success())
+}
+
+/// `squeue -h -j JOB -o %T`: the job's state, `None` once it left the queue.
+fn job_state(job: u32) -> Option<String> {
+    let out = slurm("squeue", &["-h", "-j", &job.to_string(), "-o", "%T"]).ok()?;
+    Some(out.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0").context("picking a free port")?.local_addr()?.port())
+}
+
+/// A TOML basic string (JSON's escapes are TOML's).
+fn toml_str(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
+}
+
+struct Paths {
+    root: PathBuf,
+    log: PathBuf,
+    bin: PathBuf,
+    socket: PathBuf,
+    config: PathBuf,
+    pid_file: PathBuf,
+    onepoold_log: PathBuf,
+}
+
+struct Demo {
+    paths: Paths,
+    rt: tokio::runtime::Runtime,
+    onepoold: Option<Child>,
+    watch: Option<Watch>,
+    load: Option<Arc<Load>>,
+    uid: u32,
+    cleaned: bool,
+}
+
+impl Demo {
+    /// Polls `ready` every 100 ms; fails after `timeout`, on Ctrl-C, or when
+    /// onepoold exits. Returns how long it waited.
+    fn wait(&mut self, what: &str, timeout: Duration, mut ready: impl FnMut(&Demo) -> bool) -> anyhow::Result<f64> {
+        let t = Instant::now();
+        loop {
+            if ABORT.load(Ordering::SeqCst) {
+                bail!("interrupted while waiting for {what}");
+            }
+            if let Some(c) = self.onepoold.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    self.onepoold = None;
+                    bail!(
+                        "onepoold exited ({status}) while the demo waited for {what}; its log: {}",
+                        self.paths.onepoold_log.display()
+                    );
+                }
+            }
+            if ready(self) {
+                return Ok(t.elapsed().as_secs_f64());
+            }
+            if t.elapsed() > timeout {
+                bail!(
+                    "timed out after {} s waiting for {what}; see {} and {}/replica-*.out",
+                    timeout.as_secs(),
+                    self.paths.onepoold_log.display(),
+                    self.paths.log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn sleep(&mut self, what: &str, secs: f64) -> anyhow::Result<()> {
+        let until = Instant::now() + Duration::from_secs_f64(secs);
+        self.wait(what, Duration::from_secs_f64(secs + 5.0), |_| Instant::now() >= until).map(|_| ())
+    }
+
+    fn watch(&self) -> &Watch {
+        self.watch.as_ref().expect("the watcher runs")
+    }
+
+    fn load(&self) -> &Arc<Load> {
+        self.load.as_ref().expect("the load runs")
+    }
+
+    /// `onepool status`: the pool per class from Slurm, the endpoint from
+    /// onepoold's control socket.
+    fn show_status(&self) {
+        let policy = self.paths.root.join("etc/onepool.toml");
+        let out = Command::new(self.paths.bin.join("onepool"))
+            .arg("status")
+            .arg("--socket")
+            .arg(&self.paths.socket)
+            .arg("--policy")
+            .arg(&policy)
+            .output();
+        match out {
+            Ok(o) => {
+                println!("$ onepool status");
+                print!("{}", String::from_utf8_lossy(&o.stdout));
+                if !o.status.success() {
+                    eprint!("{}", String::from_utf8_lossy(&o.stderr));
+                }
+            }
+            Err(e) => eprintln!("onepool-demo: cannot run onepool status: {e}"),
+        }
+    }
+
+    fn show_queue(&self) {
+        match slurm("squeue", &["-o", "%.6i %.20j %.7u %.22q %.9P %.8T %N"]) {
+            Ok(q) => print!("$ squeue\n{q}"),
+            Err(e) => eprintln!("onepool-demo: {e:#}"),
+        }
+    }
+
+    fn start_onepoold(&mut self) -> anyhow::Result<()> {
+        let log = fs::File::create(&self.paths.onepoold_log)
+            .with_context(|| format!("creating {}", self.paths.onepoold_log.display()))?;
+        let child = Command::new(self.paths.bin.join("onepoold"))
+            .arg("--config")
+            .arg(&self.paths.config)
+            .env("ONEPOOLD_LOG", "info")
+            // A log file, not a terminal: no colour codes.
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", self.paths.bin.join("onepoold").display()))?;
+        if let Some(t) = Tracked::of(child.id() as i32) {
+            t.write(&self.paths.pid_file)?;
+        }
+        self.onepoold = Some(child);
+        let socket = self.paths.socket.clone();
+        let handle = self.rt.handle().clone();
+        self.wait("onepoold's control socket", Duration::from_secs(15), |_| {
+            handle.block_on(async {
+                matches!(
+                    tokio::time::timeout(
+                        Duration::from_secs(1),
+                        onepool_daemon::control::request(&socket, http::Method::GET, "/v1/state", None)
+                    )
+                    .await,
+                    Ok(Ok((s, _))) if s.is_success()
+                )
+            })
+        })?;
+        Ok(())
+    }
+
+    /// SIGTERM to onepoold; it stops routing (its replica jobs keep running
+    /// until the demo cancels them).
+    fn stop_onepoold(&mut self) -> Option<String> {
+        let mut child = self.onepoold.take()?;
+        let pid = child.id() as i32;
+        // SAFETY: kill(2) on our own child, not yet reaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(15) {
+            if let Ok(Some(status)) = child.try_wait() {
+                let _ = fs::remove_file(&self.paths.pid_file);
+                return Some(format!("onepoold stopped ({status}) {:.1} s after SIGTERM", t.elapsed().as_secs_f64()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = fs::remove_file(&self.paths.pid_file);
+        Some("onepoold did not stop within 15 s of SIGTERM; killed".to_string())
+    }
+
+    /// Stops the load and onepoold and cancels the demo's jobs; idempotent.
+    fn cleanup(&mut self, verbose: bool) {
+        if self.cleaned {
+            return;
+        }
+        self.cleaned = true;
+        if let Some(l) = &self.load {
+            l.stop();
+        }
+        if let Some(msg) = self.stop_onepoold() {
+            if verbose {
+                println!("{msg}");
+            }
+        }
+        if let Some(mut w) = self.watch.take() {
+            w.stop();
+        }
+        match cancel_demo_jobs(self.uid) {
+            Ok(0) => {}
+            Ok(n) if verbose => println!("cancelled the demo's {n} job(s)"),
+            Ok(_) => {}
+            Err(e) => eprintln!("onepool-demo: cancelling the demo's jobs: {e:#}"),
+        }
+    }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        if !self.cleaned {
+            eprintln!("onepool-demo: stopping onepoold and cancelling the demo's jobs");
+        }
+        self.cleanup(false);
+    }
+}
+
+/// The demo's jobs still in the queue: onepoold's replicas of the demo
+/// endpoint (our uid), the training job, the other user's job.
+fn demo_jobs(uid: u32) -> anyhow::Result<Vec<u32>> {
+    let other = uid_of(OTHER_USER);
+    let q = slurm("squeue", &["-h", "-o", "%i|%j|%U"])?;
+    Ok(q.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.trim().split('|').collect();
+            let (id, name, owner) = (f.first()?.parse::<u32>().ok()?, *f.get(1)?, f.get(2)?.parse::<u32>().ok()?);
+            let replica = owner == uid && onepool_daemon::controller::port_from_name(ENDPOINT, name).is_some();
+            let ours = replica || (owner == uid && name == TRAINING_JOB) || (Some(owner) == other && name == OTHER_JOB);
+            ours.then_some(id)
+        })
+        .collect())
+}
+
+/// Cancels the demo's jobs and waits (up to 30 s) until they left the queue.
+fn cancel_demo_jobs(uid: u32) -> anyhow::Result<usize> {
+    let jobs = demo_jobs(uid)?;
+    if jobs.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<String> = jobs.iter().map(u32::to_string).collect();
+    let mut args = vec!["--quiet"];
+    args.extend(ids.iter().map(String::as_str));
+    // scancel fails for a job that ended meanwhile; what is left is checked below.
+    let _ = slurm("scancel", &args);
+    let t = Instant::now();
+    loop {
+        let left = demo_jobs(uid)?;
+        if left.is_empty() {
+            return Ok(jobs.len());
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            bail!("jobs {left:?} are still in the queue 30 s after scancel");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The other user (created like the integration tests create theirs) and
+/// their Slurm association.
+fn ensure_other_user() -> anyhow::Result<()> {
+    if uid_of(OTHER_USER).is_none() {
+        let out = Command::new("useradd")
+            .args(["--no-create-home", "--shell", "/bin/sh", OTHER_USER])
+            .output()
+            .context("useradd")?;
+        // 9: created meanwhile.
+        if !out.status.success() && out.status.code() != Some(9) {
+            bail!("useradd {OTHER_USER}: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+    }
+    let accounts = slurm("sacctmgr", &["-n", "-P", "show", "account", "format=account"])?;
+    if !accounts.lines().any(|a| a.trim() == OTHER_ACCOUNT) {
+        slurm("sacctmgr", &["-i", "add", "account", OTHER_ACCOUNT, "Description=demo", "Organization=demo"])?;
+    }
+    let assocs = slurm("sacctmgr", &["-n", "-P", "show", "assoc", "format=account,user"])?;
+    if !assocs.lines().any(|l| l.trim() == format!("{OTHER_ACCOUNT}|{OTHER_USER}")) {
+        slurm("sacctmgr", &["-i", "add", "user", OTHER_USER, &format!("Account={OTHER_ACCOUNT}")])?;
+    }
+    Ok(())
+}
+
+/// sbatch as the other user; slurmctld may need a moment to learn a new
+/// association from slurmdbd, so a refusal is retried for 15 s.
+fn submit_as_other_user(slurm_conf: &str, args: &[&str]) -> anyhow::Result<u32> {
+    let t = Instant::now();
+    loop {
+        let out = Command::new("runuser")
+            .args(["-u", OTHER_USER, "--", "env", &format!("SLURM_CONF={slurm_conf}"), "sbatch", "--parsable"])
+            .args(args)
+            .current_dir("/tmp")
+            .output()
+            .context("runuser sbatch")?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if out.status.success() {
+            return stdout
+                .trim()
+                .split(';')
+                .next()
+                .and_then(|s| s.parse().ok())
+                .with_context(|| format!("sbatch printed {stdout:?}, not a job id"));
+        }
+        if t.elapsed() > Duration::from_secs(15) || ABORT.load(Ordering::SeqCst) {
+            bail!("sbatch as {OTHER_USER}: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn config(p: &Paths, listen: SocketAddr, slurm_conf: &str, server: &Path) -> String {
+    let command = format!(
+        "env ONEPOOL_MODEL_LOAD_SECONDS={MODEL_LOAD_SECS} ONEPOOL_SECONDS_PER_TOKEN={SECONDS_PER_TOKEN} python3 {}",
+        server.display()
+    );
+    format!(
+        r#"# Written by onepool-demo: one endpoint whose replicas onepoold runs as Slurm jobs.
+control_socket = {socket}
+shutdown_grace = "5s"
+slurm_conf = {slurm_conf}
+
+[[endpoint]]
+name = "{ENDPOINT}"
+listen = "{listen}"
+replica_concurrency = 16
+queue_size = 2000
+queue_timeout = "60s"
+request_timeout = "120s"
+
+[endpoint.retry]
+attempts = 2
+
+[endpoint.health]
+path = "/health"
+interval = "500ms"
+timeout = "1s"
+healthy_after = 1
+unhealthy_after = 3
+
+[endpoint.replicas]
+command = {command}
+gpus = {GPUS}
+min = 1
+max = 3
+target_per_replica = 6
+drain_timeout = "30s"
+startup_timeout = "60s"
+baseline_workload = "inference-baseline"
+supplemental_workload = "inference"
+port_range = "19400-19499"
+launcher = {launcher}
+poll_interval = "500ms"
+stable_window = "10s"
+panic_window = "2s"
+scale_down_delay = "{SCALE_DOWN_DELAY_SECS}s"
+output = {output}
+"#,
+        socket = toml_str(&p.socket.display().to_string()),
+        slurm_conf = toml_str(slurm_conf),
+        command = toml_str(&command),
+        launcher = toml_str(&p.bin.join("onepool").display().to_string()),
+        output = toml_str(&p.log.join("replica-%j.out").display().to_string()),
+    )
+}
+
+fn run(args: &Args) -> anyhow::Result<()> {
+    let started = Instant::now();
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if uid != 0 {
+        bail!("run the demo as root (it submits protected jobs and adds a demo user), as README.md says");
+    }
+    let cluster = Cluster::at(&args.dir)?;
+    let spec = cluster.spec()?;
+    if (spec.nodes, spec.gpus_per_node) != (4, GPUS) {
+        bail!(
+            "the scenario is sized for 4 nodes x {GPUS} GPUs (one replica per node); this cluster has {} x {}",
+            spec.nodes,
+            spec.gpus_per_node
+        );
+    }
+    let root = cluster.layout.root.clone();
+    let slurm_conf = cluster
+        .env()
+        .into_iter()
+        .find(|(k, _)| k == "SLURM_CONF")
+        .map(|(_, v)| v)
+        .context("the cluster names no SLURM_CONF")?;
+    // Every Slurm command below (and onepool status) talks to this cluster.
+    std::env::set_var("SLURM_CONF", &slurm_conf);
+    slurm("scontrol", &["ping"]).context("slurmctld does not answer; bring the cluster up first")?;
+    let bin = match &args.bin_dir {
+        Some(b) => b.clone(),
+        None => std::env::current_exe()?.parent().map(Path::to_path_buf).context("no folder for this binary")?,
+    };
+    for b in ["onepoold", "onepool"] {
+        if !bin.join(b).is_file() {
+            bail!("{} is missing; build first: cargo build --workspace", bin.join(b).display());
+        }
+    }
+    let trace = Trace::load(&args.trace)?;
+    let demo_dir = root.join("demo");
+    fs::create_dir_all(&demo_dir).with_context(|| format!("creating {}", demo_dir.display()))?;
+    let server = demo_dir.join("stand-in-model-server.py");
+    fs::copy(&args.server, &server).with_context(|| format!("copying {}", args.server.display()))?;
+    let paths = Paths {
+        socket: demo_dir.join("onepoold.sock"),
+        config: demo_dir.join("onepoold.toml"),
+        pid_file: demo_dir.join("onepoold.pid"),
+        onepoold_log: cluster.layout.log().join("onepoold.log"),
+        log: cluster.layout.log(),
+        root: root.clone(),
+        bin,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.spawn(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+            return;
+        };
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        ABORT.store(true, Ordering::SeqCst);
+    });
+    // A onepoold left over from an interrupted run would re-adopt its jobs.
+    if let Some(t) = Tracked::read(&paths.pid_file) {
+        t.stop(Duration::from_secs(10));
+        let _ = fs::remove_file(&paths.pid_file);
+    }
+    let leftover = cancel_demo_jobs(uid)?;
+    if leftover > 0 {
+        println!("cancelled {leftover} job(s) left over from an earlier run of the demo");
+    }
+    // The scenario needs every GPU: its jobs fill the pool exactly.
+    let others = slurm("squeue", &["-h", "-o", "%i %j %u %T"])?;
+    if !others.trim().is_empty() {
+        bail!(
+            "the cluster runs other jobs; the demo needs all its GPUs (cancel them, or use another --dir):\n{}",
+            others.trim_end()
+        );
+    }
+    let tl = Arc::new(Timeline::new());
+    let mut d = Demo { paths, rt, onepoold: None, watch: None, load: None, uid, cleaned: false };
+    let watch = Watch::start(
+        tl.clone(),
+        Target { endpoint: ENDPOINT.to_string(), socket: d.paths.socket.clone(), slurm_conf: slurm_conf.clone(), uid },
+        d.rt.handle().clone(),
+    );
+    d.watch = Some(watch);
+
+    // 1. The pool.
+    let policy_text = fs::read_to_string(cluster.layout.policy())
+        .with_context(|| format!("reading {}", cluster.layout.policy().display()))?;
+    let policy = onepool_decisions::policy::load(&policy_text).policy.context("the cluster's policy has errors")?;
+    step(&format!(
+        "The pool: {} nodes x {} GPUs; flexible work runs in gpu-flex, capped at {} GPUs so the {} reserved stay free",
+        spec.nodes,
+        spec.gpus_per_node,
+        policy.flexible_cap(),
+        policy.reserved_gpus()
+    ));
+    print!("$ sinfo\n{}", slurm("sinfo", &["-o", "%P %D %t %G"])?);
+
+    // 2. Someone else's job, which onepoold must leave alone.
+    step(&format!("{OTHER_USER} (account {OTHER_ACCOUNT}) runs a flexible training job on one node"));
+    ensure_other_user()?;
+    let other = submit_as_other_user(
+        &slurm_conf,
+        &["--workload=training", "--gpus=4", "-N1", "-J", OTHER_JOB, "-o", "/dev/null", "--wrap", "sleep 1800"],
+    )?;
+    d.watch().follow(other, &format!("{OTHER_USER}'s training job {other}"), false);
+    tl.note(format!("{OTHER_USER} submitted training job {other} (class training, 4 GPUs)"));
+    d.wait(&format!("{OTHER_USER}'s job {other} to run"), Duration::from_secs(60), |_| {
+        job_state(other).as_deref() == Some("RUNNING")
+    })?;
+
+    // 3. onepoold.
+    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+    fs::write(&d.paths.config, config(&d.paths, listen, &slurm_conf, &server))
+        .with_context(|| format!("writing {}", d.paths.config.display()))?;
+    step(&format!(
+        "onepoold starts: endpoint {ENDPOINT:?} at http://{listen}, 1 baseline replica (protected, reserved GPUs), up to 2 supplemental (flexible, idle GPUs), {GPUS} GPUs each"
+    ));
+    println!(
+        "config {}; log {}; replicas' logs {}/replica-JOB.out",
+        d.paths.config.display(),
+        d.paths.onepoold_log.display(),
+        d.paths.log.display()
+    );
+    d.start_onepoold()?;
+    tl.note(format!("onepoold started (pid {})", d.onepoold.as_ref().map(|c| c.id()).unwrap_or(0)));
+    d.wait("the baseline replica to serve", Duration::from_secs(90), |d| {
+        !d.watch().seen().serving(Kind::Baseline).is_empty()
+    })?;
+
+    // 4. Load: light, then heavy.
+    step("Load: the Azure LLM conversation trace (2023, CC-BY 4.0, see data/NOTICE.md) replayed as POST {\"max_tokens\": GeneratedTokens}");
+    println!(
+        "each request takes GeneratedTokens x {SECONDS_PER_TOKEN} s on the stand-in model server (mean {:.2} s); \
+         onepoold asks for one replica per 6 requests in flight or queued",
+        trace.rows.iter().map(|r| f64::from(r.1)).sum::<f64>() / trace.rows.len() as f64 * SECONDS_PER_TOKEN
+    );
+    let light_end = LIGHT_SECS as f64 * LIGHT;
+    let light_rate = trace.rate(0.0, light_end) * LIGHT;
+    let heavy_rate = trace.rate(light_end, light_end + 60.0 * HEAVY) * HEAVY;
+    let load = Load::start(d.rt.handle(), trace, listen, tl.t0);
+    d.load = Some(load.clone());
+    load.phase("light", LIGHT);
+    tl.note(format!("load: light, the trace at {LIGHT}x (~{light_rate:.1} requests/s): the baseline replica copes"));
+    d.sleep("the light phase", LIGHT_SECS as f64)?;
+    load.phase("heavy", HEAVY);
+    tl.note(format!("load: heavy, the trace at {HEAVY}x (~{heavy_rate:.0} requests/s)"));
+    d.wait("two supplemental replicas to serve", Duration::from_secs(90), |d| {
+        d.watch().seen().serving(Kind::Supplemental).len() >= 2
+    })?;
+    // Past the policy's minimum run time, a supplemental replica may be reclaimed.
+    let reclaimable_at = {
+        let s = d.watch().seen();
+        s.serving(Kind::Supplemental).iter().filter_map(|j| j.running).fold(0.0, f64::max) + MIN_RUNTIME_SECS + 1.0
+    };
+    let until = (reclaimable_at - tl.now()).max(2.0);
+    d.sleep("the replicas' minimum run time", until)?;
+    println!();
+    d.show_queue();
+    println!();
+    d.show_status();
+
+    // 5. Protected training arrives.
+    step("Critical training (protected, 4 GPUs) arrives; every GPU is taken");
+    let t_submit = Instant::now();
+    let training = slurm(
+        "sbatch",
+        &[
+            "--parsable",
+            "--workload=critical-training",
+            "--time=10",
+            "--gpus=4",
+            "-N1",
+            "-J",
+            TRAINING_JOB,
+            "-o",
+            "/dev/null",
+            "--wrap",
+            &format!("sleep {TRAINING_SECS}"),
+        ],
+    )?
+    .trim()
+    .split(';')
+    .next()
+    .and_then(|s| s.parse::<u32>().ok())
+    .context("sbatch printed no job id")?;
+    d.watch().follow(training, &format!("critical training job {training}"), true);
+    tl.note(format!("critical training job {training} submitted ({GPUS} GPUs, class critical-training)"));
+    d.wait("the training job to run", Duration::from_secs(90), |_| job_state(training).as_deref() == Some("RUNNING"))?;
+    let time_to_capacity = t_submit.elapsed().as_secs_f64();
+    let node = slurm("squeue", &["-h", "-j", &training.to_string(), "-o", "%N"]).unwrap_or_default();
+    tl.note(format!(
+        "critical training job {training} RUNNING on {} {time_to_capacity:.1} s after submission",
+        node.trim()
+    ));
+    let preempted = |d: &Demo| -> Vec<(u32, Kind, String)> {
+        let s = d.watch().seen();
+        s.jobs.values().filter(|j| j.preempted.is_some()).map(|j| (j.id, j.kind, j.label.clone())).collect()
+    };
+    d.wait("the victim Slurm preempted", Duration::from_secs(10), |d| !preempted(d).is_empty())
+        .context("the training job runs, but no job was seen being preempted (were GPUs free?)")?;
+    let (victim, victim_kind, victim_label) = preempted(&d)[0].clone();
+    println!();
+    d.show_status();
+    if victim_kind != Kind::Supplemental {
+        bail!("Slurm preempted {victim_label}, not a supplemental replica");
+    }
+    d.wait(&format!("{victim_label} to end"), Duration::from_secs(45), |d| {
+        d.watch().seen().job(victim).is_some_and(|j| j.ended.is_some())
+    })?;
+    let victim_log = d.paths.log.join(format!("replica-{victim}.out"));
+    println!("{victim_label}'s launcher ({}):", victim_log.display());
+    for line in fs::read_to_string(&victim_log).unwrap_or_default().lines() {
+        // Without the timestamp: the timeline has the times.
+        let line = match line.split_once("Z ") {
+            Some((stamp, rest)) if stamp.len() < 40 && stamp.starts_with("20") => rest.trim_start(),
+            _ => line,
+        };
+        println!("    {line}");
+    }
+
+    // 6. Training ends; the replicas expand again.
+    step(&format!(
+        "Training runs {TRAINING_SECS} s and ends; onepoold's pending supplemental replica takes the GPUs back"
+    ));
+    d.wait("the training job to end", Duration::from_secs(TRAINING_SECS + 60), |d| {
+        d.watch().seen().job(training).is_some_and(|j| j.ended.is_some())
+    })?;
+    d.wait("two supplemental replicas to serve again", Duration::from_secs(90), |d| {
+        d.watch().seen().serving(Kind::Supplemental).len() >= 2
+    })?;
+    d.sleep("the load on three replicas", 5.0)?;
+
+    // 7. The load ends; onepoold scales back to the baseline.
+    step(&format!(
+        "The load ends; {SCALE_DOWN_DELAY_SECS} s later (scale_down_delay) onepoold drains the supplemental replicas"
+    ));
+    load.pause();
+    tl.note("load: stopped; waiting for the requests in flight");
+    d.wait("the requests in flight", Duration::from_secs(150), |d| d.load().in_flight() == 0)?;
+    tl.note("load: every request answered");
+    d.wait("onepoold to scale back to the baseline", Duration::from_secs(SCALE_DOWN_DELAY_SECS + 60), |d| {
+        let s = d.watch().seen();
+        let scaled_back = s.replicas().all(|j| j.kind == Kind::Baseline || j.ended.is_some());
+        scaled_back
+    })?;
+    let other_state = job_state(other);
+
+    // 8. Summary.
+    step("Timeline (seconds since the demo started)");
+    for (t, e) in tl.events() {
+        println!("  {t:>6.1}s  {e}");
+    }
+    step("onepoold's replica jobs");
+    println!(
+        "  {:>6}  {:<12} {:<6} {:>9} {:>8} {:>8} {:>8}  {:<10} {:>7}",
+        "JOB", "KIND", "NODE", "SUBMITTED", "RUNNING", "SERVING", "ENDED", "STATE", "ROUTED"
+    );
+    {
+        let s = d.watch().seen();
+        let t = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
+        for j in s.replicas() {
+            println!(
+                "  {:>6}  {:<12} {:<6} {:>9} {:>8} {:>8} {:>8}  {:<10} {:>7}",
+                j.id,
+                if j.kind == Kind::Baseline { "baseline" } else { "supplemental" },
+                j.node,
+                format!("{:.1}", j.seen),
+                t(j.running),
+                t(j.serving),
+                t(j.ended),
+                if j.ended.is_some() { j.state.as_str() } else { "live" },
+                j.served
+            );
+        }
+    }
+    step("Requests");
+    println!(
+        "  {:<7} {:>6} {:>12} {:>6} {:>7} {:>7} {:>8} {:>8}",
+        "PHASE", "SPEED", "SECONDS", "SENT", "SERVED", "FAILED", "P50_S", "P99_S"
+    );
+    for p in load.phases() {
+        let lat = |q| load_latency(&p, q);
+        println!(
+            "  {:<7} {:>5}x {:>12} {:>6} {:>7} {:>7} {:>8} {:>8}",
+            p.name,
+            p.speed,
+            format!("{:.1}-{:.1}", p.start, p.end.unwrap_or(p.start)),
+            p.sent,
+            p.served,
+            p.failed,
+            lat(0.5),
+            lat(0.99)
+        );
+    }
+    let (sent, served, failed) = load.totals();
+    println!("\nrequests sent {sent}, served (2xx) {served}, failed {failed}");
+    for (why, n) in load.failures() {
+        println!("  failed: {n} x {why}");
+    }
+    println!("time to capacity: critical training job {training} RUNNING {time_to_capacity:.1} s after submission (the victim drained first)");
+    println!("{OTHER_USER}'s job {other}: {}", other_state.clone().unwrap_or_else(|| "gone".into()));
+
+    step("Cleaning up: onepoold stops (SIGTERM), the demo's jobs are cancelled; the cluster keeps running");
+    d.cleanup(true);
+    let dc = d.paths.bin.join("onepool-devcluster");
+    println!(
+        "cluster: {}   (eval \"$({} --dir {} env)\" to use it; '{} --dir {} down' to stop it)",
+        root.display(),
+        dc.display(),
+        root.display(),
+        dc.display(),
+        root.display()
+    );
+    println!("demo wall time {:.0} s", started.elapsed().as_secs_f64());
+
+    let mut problems = Vec::new();
+    if failed > 0 {
+        problems.push(format!("{failed} request(s) failed; under graceful reclaim none may"));
+    }
+    if sent == 0 || served + failed != sent {
+        problems.push(format!("{sent} sent but {served} served and {failed} failed"));
+    }
+    if other_state.as_deref() != Some("RUNNING") {
+        problems.push(format!("{OTHER_USER}'s job {other} is {other_state:?}, not RUNNING: it must be left alone"));
+    }
+    if !problems.is_empty() {
+        bail!("{}", problems.join("; "));
+    }
+    Ok(())
+}
+
+fn load_latency(p: &load::Phase, q: f64) -> String {
+    p.latency(q).map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
+}
