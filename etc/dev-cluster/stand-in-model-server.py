@@ -6,8 +6,12 @@
 #   - answers GET /?sleep=S after S seconds;
 #   - answers POST (OpenAI-style JSON with "max_tokens") after
 #     max_tokens * $ONEPOOL_SECONDS_PER_TOKEN (default 0.001) seconds, so
-#     latency follows the requests' generated tokens.
-import http.server, json, os, threading, time, urllib.parse
+#     latency follows the requests' generated tokens;
+#   - on SIGTERM, per $ONEPOOL_STANDIN_ON_SIGTERM: "exit" (default: at once,
+#     requests in flight are lost), "finish" (stop accepting, finish what is
+#     in flight, then exit) or "ignore" (keep serving until killed). The
+#     reclaim benchmark compares Slurm's native grace time with these.
+import http.server, json, os, signal, sys, threading, time, urllib.parse
 
 loaded = threading.Event()
 threading.Timer(float(os.environ.get("ONEPOOL_MODEL_LOAD_SECONDS", "0")), loaded.set).start()
@@ -45,4 +49,39 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["ONEPOOL_BACKEND_PORT"])), Handler).serve_forever()
+in_flight = 0
+lock = threading.Lock()
+
+
+class Server(http.server.ThreadingHTTPServer):
+    def process_request_thread(self, request, client_address):
+        global in_flight
+        with lock:
+            in_flight += 1
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with lock:
+                in_flight -= 1
+
+
+server = Server(("127.0.0.1", int(os.environ["ONEPOOL_BACKEND_PORT"])), Handler)
+mode = os.environ.get("ONEPOOL_STANDIN_ON_SIGTERM", "exit")
+
+
+def on_sigterm(signum, frame):
+    if mode == "ignore":
+        print("stand-in server: SIGTERM ignored", flush=True)
+        return
+    if mode == "finish":
+        # Stop accepting at once; exit when the last request is answered.
+        server.socket.close()
+        print(f"stand-in server: SIGTERM, finishing {in_flight} request(s)", flush=True)
+        while in_flight > 0:
+            time.sleep(0.05)
+    print("stand-in server: SIGTERM, exiting", flush=True)
+    os._exit(0)
+
+
+signal.signal(signal.SIGTERM, on_sigterm)
+server.serve_forever()

@@ -24,11 +24,17 @@ pub struct TestCluster {
     pub spec: Spec,
 }
 
-/// cargo's output folder (target/debug), found from the test binary
-/// (target/debug/deps/NAME-HASH).
+/// cargo's output folder (target/debug), found from the running binary:
+/// a test (target/debug/deps/NAME-HASH) or one of this crate's programs
+/// (target/debug/NAME).
 pub fn build_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    exe.parent().and_then(|deps| deps.parent()).expect("test binary lives in target/<profile>/deps").to_path_buf()
+    let dir = exe.parent().expect("the binary lives in a folder");
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().expect("target/<profile>/deps").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
 }
 
 pub fn workspace_root() -> PathBuf {

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Reclaim benchmark: time to capacity (protected job submitted -> RUNNING)
+# and the victim's requests lost, side by side in one run, for onepool's
+# graceful and immediate reclaim and three ways Slurm's native GraceTime
+# plays out; then the autoscaler's reaction to a load step. A real cluster
+# of its own in target/reclaim-bench-cluster, stopped at the end.
+#
+#   bash bench/reclaim.sh [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+bash scripts/install-deps.sh
+cargo build --quiet --workspace --bins
+dir=$PWD/target/reclaim-bench-cluster
+trap './target/debug/onepool-devcluster --dir "$dir" down >/dev/null || true' EXIT
+./target/debug/reclaim_bench "$dir" "$rounds"
