@@ -2,6 +2,7 @@
 //! every endpoint, and on SIGTERM or SIGINT stops accepting and lets
 //! in-flight requests finish up to `shutdown_grace`.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -30,6 +31,8 @@ fn config_path() -> Result<PathBuf, String> {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
+        // Colour codes only on a terminal: logs usually go to files/journald.
+        .with_ansi(std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("ONEPOOLD_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Which borrower does Slurm 22.05's preempt/qos pick, and can anything
+# steer it? Three borrowers (flexible, 4 GPUs each, started 3 s apart, the
+# MIDDLE one given the lowest job priority with scontrol) and one protected
+# job fill the 4 nodes; a protected job for 4 GPUs then needs one borrower's
+# node. Repeated under SchedulerParameters variants; prints the victim each
+# time (oldest / middle+lowest priority / youngest). Its own cluster in
+# target/victim-order-cluster, stopped at the end.
+#
+#   bash bench/victim-order.sh [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-2}
+bash scripts/install-deps.sh
+cargo build --quiet --workspace
+dc=./target/debug/onepool-devcluster
+dir=$PWD/target/victim-order-cluster
+mkdir -p "$dir"
+sed 's/^min_runtime_before_reclaim = .*/min_runtime_before_reclaim = "5s"/' etc/onepool.toml > "$dir/policy.toml"
+trap '"$dc" --dir "$dir" down >/dev/null 2>&1 || true' EXIT
+
+state() { squeue -h -j "$1" -o %T 2>/dev/null; }
+wait_running() { for _ in $(seq 1 300); do [ "$(state "$1")" = RUNNING ] && return 0; sleep 0.2; done; echo "job $1 never ran" >&2; exit 1; }
+
+for variant in "default" "preempt_youngest_first" "preempt_strict_order" "preempt_strict_order,preempt_reorder_count=5"; do
+    params="bf_interval=2"
+    [ "$variant" != default ] && params="$params,$variant"
+    echo "SchedulerParameters=$params" > "$dir/site.conf"
+    "$dc" --dir "$dir" down >/dev/null 2>&1 || true
+    "$dc" --dir "$dir" up --no-install --policy "$dir/policy.toml" --site-conf "$dir/site.conf" >/dev/null
+    eval "$("$dc" --dir "$dir" env)"
+    scontrol show config | grep -q "SchedulerParameters *= *$params" || { echo "SchedulerParameters not applied" >&2; exit 1; }
+    for r in $(seq 1 "$rounds"); do
+        base=$(sbatch --parsable -o /dev/null --workload=inference-baseline --gpus=4 -N1 --wrap 'sleep 600')
+        wait_running "$base"
+        b=()
+        for i in 1 2 3; do
+            j=$(sbatch --parsable -o /dev/null --workload=inference --gpus=4 -N1 --wrap 'sleep 600')
+            wait_running "$j"
+            b+=("$j")
+            sleep 3
+        done
+        scontrol update JobId="${b[1]}" Priority=1
+        prios=$(for j in "${b[@]}"; do printf '%s ' "$(squeue -h -j "$j" -o %Q)"; done)
+        sleep 6   # past the minimum run time (5 s)
+        owner=$(sbatch --parsable -o /dev/null --workload=critical-training --time=10 --gpus=4 -N1 --wrap 'sleep 600')
+        wait_running "$owner"
+        victim=none
+        for k in 0 1 2; do
+            [ "$(state "${b[$k]}")" != RUNNING ] && victim=$k
+        done
+        case $victim in
+            0) what="oldest (first started, lowest job id)" ;;
+            1) what="middle (lowest job priority)" ;;
+            2) what="youngest (last started)" ;;
+            *) what="none" ;;
+        esac
+        node=$(sacct -n -X -P -j "${b[$victim]:-0}" -o NodeList 2>/dev/null | head -1)
+        printf '%-48s round %s: victim %s on %s; borrowers\x27 priorities (oldest first) %s\n' "$variant" "$r" "$what" "$node" "$prios"
+        scancel $(squeue -h -o %i) 2>/dev/null || true
+        for _ in $(seq 1 100); do [ -z "$(squeue -h -o %i)" ] && break; sleep 0.2; done
+        sleep 2
+    done
+done
