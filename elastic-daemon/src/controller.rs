@@ -99,6 +99,9 @@ pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16) -
         format!("--endpoint={endpoint}"),
         format!("--gpus={}", s.gpus),
         "-N1".to_string(),
+        // A replica lost with its node is replaced at once by a new job; a
+        // requeued one would wait Slurm's BeginTime (~2 minutes) first.
+        "--no-requeue".to_string(),
         format!("--signal=B:USR1@{drain_secs}"),
     ];
     if let Some(t) = s.time_limit {
@@ -351,6 +354,17 @@ impl Controller {
                 t.preempt_end = j.is_being_preempted().then_some(j.end_time).filter(|e| *e > 0);
             }
             seen.insert(j.job_id, (j, l));
+        }
+        // A job back in the queue (requeued by an admin or after a node
+        // failure) runs elsewhere next time: out of the router until then.
+        for (id, t) in self.tracked.iter_mut() {
+            if t.address.is_some() && seen.get(id).is_some_and(|(_, l)| *l == Live::Pending) {
+                if let Some(a) = t.address.take() {
+                    let _ = self.endpoint.remove(a);
+                }
+                t.node = None;
+                tracing::info!(endpoint = %self.name, job = id, "replica job is pending again; out of the router");
+            }
         }
         // Jobs that left the queue leave the router.
         let gone: Vec<u32> = self.tracked.keys().filter(|id| !seen.contains_key(id)).copied().collect();

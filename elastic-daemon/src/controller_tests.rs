@@ -69,6 +69,7 @@ fn sbatch_arguments() {
             "--endpoint=llm",
             "--gpus=2",
             "-N1",
+            "--no-requeue",
             "--signal=B:USR1@30",
             "--time=60",
             "-o",

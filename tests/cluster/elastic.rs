@@ -347,3 +347,96 @@ fn sigkill_of_onepoold_mid_drain_neither_delays_the_protected_job_nor_orphans_or
     daemon.kill9();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Long-running service care: a replica near its time limit gets a
+/// successor first and is drained only once the successor serves; a
+/// replica lost with its node is replaced at once. Under a trickle of load
+/// the whole time, nothing fails and the endpoint never goes without a
+/// serving replica for longer than a replica's start-up.
+#[test]
+fn replicas_are_renewed_before_their_time_limit_and_replaced_after_a_node_failure() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("elastic-renew");
+    let config = dir.join("onepoold.toml");
+    // 2 GPUs per replica: two baseline jobs fit the protected QOS at once
+    // (its 4 reserved GPUs), which a renewal needs. Successors start
+    // startup + drain + 60 s = 90 s before the 2-minute limit.
+    let replicas = [
+        ("gpus", "2"),
+        ("min", "1"),
+        ("max", "1"),
+        ("time_limit", "2m"),
+        ("startup_timeout", "20s"),
+        ("drain_timeout", "10s"),
+    ];
+    std::fs::write(&config, daemon_config(c, &dir, ENDPOINT, &replicas)).unwrap();
+    let foreign = foreign_job(c);
+    let rt = runtime();
+    let d = start(&rt, &config);
+    let port = d.endpoint(ENDPOINT).unwrap().listen.unwrap().port();
+    let t0 = Instant::now();
+    wait("the baseline replica to serve", Duration::from_secs(60), || serving(&d, "baseline").len() == 1);
+    let first = serving(&d, "baseline")[0];
+    let trickle = Load::start(port, 2, 0.3);
+    // Longest stretch with no replica in the router's rotation.
+    let mut gap = Duration::ZERO;
+    let mut none_since: Option<Instant> = None;
+    let mut track_gap = |d: &Daemon| {
+        if ready_ports(d).is_empty() {
+            let since = *none_since.get_or_insert_with(Instant::now);
+            gap = gap.max(since.elapsed());
+        } else {
+            none_since = None;
+        }
+    };
+
+    // Renewal: ~30 s after the first started, a successor; once it serves,
+    // the first drains and is cancelled, well before its time limit.
+    wait("the successor to serve and the first replica to go", Duration::from_secs(90), || {
+        track_gap(&d);
+        let s = serving(&d, "baseline");
+        s.len() == 1 && s[0] != first && c.state(first).is_none()
+    });
+    let second = serving(&d, "baseline")[0];
+    let end = c.sacct_state(first);
+    eprintln!("{:>5.1}s replica {first} renewed by {second}; the first ended {end:?}", t0.elapsed().as_secs_f64());
+    assert!(
+        end.as_deref().is_some_and(|s| s.starts_with("CANCELLED")),
+        "drained and cancelled, not timed out: {end:?}"
+    );
+
+    // Node failure: the node of the serving replica goes down; the job
+    // ends (NODE_FAIL, never requeued) and a new one serves elsewhere.
+    let node = view(&d).jobs.iter().find(|j| j.job == second).and_then(|j| j.node.clone()).expect("the replica's node");
+    let failed_at = Instant::now();
+    // Drained first: the dev cluster's ReturnToService=2 would otherwise
+    // put the node (whose slurmd still answers) back in service at once.
+    c.ok("scontrol", &["update", &format!("NodeName={node}"), "State=DRAIN", "Reason=onepool-test node failure"]);
+    c.ok("scontrol", &["update", &format!("NodeName={node}"), "State=DOWN", "Reason=onepool-test node failure"]);
+    let replaced = wait("a replacement replica serving on another node", Duration::from_secs(60), || {
+        track_gap(&d);
+        let v = view(&d);
+        serving(&d, "baseline")
+            .iter()
+            .any(|j| *j != second && v.jobs.iter().any(|x| x.job == *j && x.node.as_deref() != Some(&node)))
+    });
+    c.ok("scontrol", &["update", &format!("NodeName={node}"), "State=RESUME"]);
+    let lost = c.sacct_state(second);
+    eprintln!(
+        "{:>5.1}s {node} down: replica {second} ended {lost:?}; a replacement served {replaced:?} later",
+        t0.elapsed().as_secs_f64()
+    );
+    let _ = failed_at;
+    assert!(replaced < Duration::from_secs(20), "below min for at most a replica's start-up (20 s): {replaced:?}");
+    let (sent, statuses) = trickle.finish();
+    eprintln!("trickle: {sent} sent, {statuses:?}; longest time without a replica in rotation {gap:?}");
+    // The renewal never left the endpoint without a replica.
+    assert_untouched(c, foreign);
+    let ok = statuses.get(&200).copied().unwrap_or(0);
+    // Requests in flight on the failed node's replica are lost with it
+    // (the router retries only what never reached a replica).
+    assert!(sent - ok <= 2, "at most the 2 requests in flight on the failed node fail: {statuses:?}");
+    rt.block_on(d.shutdown());
+    let _ = std::fs::remove_dir_all(&dir);
+}
