@@ -19,9 +19,10 @@ use std::sync::Arc;
 
 use onepool_decisions::annotation::ReclaimMode;
 use onepool_decisions::autoscale::{Autoscaler, ScalingPolicy};
+use serde::Serialize;
 
 use crate::fleet::Fleet;
-use crate::slurm::{pick_victims, Holder, SlurmModel, IMMEDIATE_FREE_S};
+use crate::slurm::{pick_victims, Holder, SlurmModel, IMMEDIATE_FREE_S, REQUEUE_HOLD_S};
 
 /// A batch job, classified.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,6 +67,44 @@ pub struct Endpoint {
     pub requests: Arc<[Req]>,
 }
 
+/// What a batch job that is reclaimed and not requeued (immediate reclaim,
+/// or graceful after its drain) does next. Slurm ends it (PREEMPTED) and
+/// does nothing more; whether its owner submits it again is not Slurm's
+/// doing, so it is a model input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Cancelled {
+    /// Its owner submits it again at once, from the beginning: the work it
+    /// did is lost and done again (the islands do all the work too, so the
+    /// comparison stays like for like).
+    #[default]
+    Resubmit,
+    /// It ends, as Slurm leaves it: its work is never done (what a replay of
+    /// the same jobs on a cluster shows, with nobody resubmitting).
+    Drop,
+}
+
+impl Cancelled {
+    pub fn parse(s: &str) -> Option<Cancelled> {
+        match s {
+            "resubmit" => Some(Cancelled::Resubmit),
+            "drop" => Some(Cancelled::Drop),
+            _ => None,
+        }
+    }
+}
+
+/// How one class's batch jobs behave when reclaimed (scenario `[victims]`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct VictimModel {
+    pub cancelled: Cancelled,
+    /// Seconds from the reclaim notice until a graceful or requeue batch
+    /// victim gives its GPUs back by itself (checkpoint saved and requeued,
+    /// or drained and exited). `None`: it holds them to its drain timeout,
+    /// the latest Slurm allows.
+    pub release_after_s: Option<f64>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Workload {
     /// Class names, as in the policy.
@@ -74,6 +113,8 @@ pub struct Workload {
     /// Sorted by submit time.
     pub jobs: Vec<Job>,
     pub endpoints: Vec<Endpoint>,
+    /// Per class (same order as `classes`): what its reclaimed batch jobs do.
+    pub victims: Vec<VictimModel>,
     /// Start of the window every run reports on (first submission or request).
     pub t0: f64,
     /// End of the window: when all work would be done with unlimited GPUs.
@@ -88,6 +129,7 @@ impl Workload {
             islands: self.islands.clone(),
             jobs: self.jobs.iter().filter(|j| j.island == island).cloned().collect(),
             endpoints: self.endpoints.iter().filter(|e| e.island == island).cloned().collect(),
+            victims: self.victims.clone(),
             t0: self.t0,
             t1: self.t1,
         }
@@ -127,6 +169,20 @@ pub struct ClassStats {
     pub waits: Vec<f64>,
     pub time_to_capacity: Vec<f64>,
     pub reclaims: u32,
+    /// GPU-seconds of reclaimed batch runs that did not advance the job's
+    /// work: a cancelled run's whole run; a requeued run's time from the
+    /// notice to the release (it checkpointed at the notice).
+    pub lost_gpu_s: f64,
+    /// Reclaimed batch jobs that ended there (`Cancelled::Drop`), and the
+    /// GPU-seconds of work they never did.
+    pub dropped_jobs: u64,
+    pub dropped_gpu_s: f64,
+    /// Shared pool, protected classes: the capacity (GrpTRES) and, inside
+    /// the window, GPU-seconds of it the class did not hold, and of its
+    /// reserved part (which no flexible job may use either).
+    pub capacity: Option<u32>,
+    pub unused_capacity_gpu_s: f64,
+    pub unused_reserved_gpu_s: f64,
     /// Queueing delays of this class's requests (seconds).
     pub delays: Vec<f32>,
     pub failed_requests: u64,
@@ -195,6 +251,10 @@ struct Live {
     drain: Option<std::time::Duration>,
     /// The pending job waits for GPUs its preemption frees until then.
     reclaim_wait: f64,
+    /// When it was told it is reclaimed (its notice).
+    notice: f64,
+    /// A requeued job may not start before this (Slurm's BeginTime).
+    not_before: f64,
     /// A replica that already runs when the trace starts: ready at once.
     warm: bool,
 }
@@ -324,6 +384,12 @@ pub fn run(w: &Workload, cfg: &Config) -> RunResult {
         }
         None => f64::INFINITY,
     };
+    let mut stats = vec![ClassStats::default(); n];
+    if let Some(m) = model {
+        for (s, q) in stats.iter_mut().zip(&m.classes) {
+            s.capacity = q.protected.then(|| q.grp_gpus.unwrap_or(0));
+        }
+    }
     let mut sim = Sim {
         w,
         cfg,
@@ -343,7 +409,7 @@ pub fn run(w: &Workload, cfg: &Config) -> RunResult {
         eps: Vec::new(),
         used: vec![0; n],
         demand: vec![0.0; n],
-        stats: vec![ClassStats::default(); n],
+        stats,
         dirty: false,
         wake_at: f64::INFINITY,
         batch_left: w.jobs.len(),
@@ -491,6 +557,11 @@ impl Sim<'_> {
             if borrowed > 0.0 && self.model.is_some_and(|m| !m.classes[c].protected) {
                 s.borrowed_gpu_s += borrowed * u / flex_used * dt;
             }
+            if let Some(q) = self.model.map(|m| &m.classes[c]).filter(|q| q.protected) {
+                let cap = f64::from(q.grp_gpus.unwrap_or(0));
+                s.unused_capacity_gpu_s += (cap - u).max(0.0) * in_win;
+                s.unused_reserved_gpu_s += (f64::from(q.reserved) - u).max(0.0) * in_win;
+            }
             if u == 0.0 && d == 0.0 {
                 continue;
             }
@@ -545,6 +616,8 @@ impl Sim<'_> {
             reclaim,
             drain,
             reclaim_wait: f64::NEG_INFINITY,
+            notice: 0.0,
+            not_before: f64::NEG_INFINITY,
             warm: false,
         });
         let id = self.live.len() - 1;
@@ -613,34 +686,64 @@ impl Sim<'_> {
     /// Frees a job's GPUs (it ended, drained, or was reclaimed).
     fn release(&mut self, id: usize) {
         let class = self.live[id].class;
-        let reclaimed = self.live[id].being_reclaimed;
         let gpus = self.gpus(id);
+        // A batch victim whose work ends before it is made to stop simply
+        // completes (on Slurm: COMPLETED, not requeued).
+        let finished = matches!(self.live[id].kind, Kind::Batch { .. })
+            && self.now - self.live[id].start >= self.live[id].remaining;
+        let reclaimed = self.live[id].being_reclaimed && !finished;
         for (node, mask) in std::mem::take(&mut self.live[id].alloc) {
             self.free[node] |= mask;
         }
         self.used[class] -= gpus;
         self.dirty = true;
+        let victims = self.w.victims.get(class).copied().unwrap_or_default();
+        let now = self.now;
         let l = &mut self.live[id];
         l.gen += 1;
         l.ready = false;
-        let ran = self.now - l.start;
+        let ran = now - l.start;
         if self.cfg.job_log {
-            self.log.push(JobLogEntry { job: id, class, submit: l.submit, start: l.start, end: self.now, reclaimed });
+            self.log.push(JobLogEntry { job: id, class, submit: l.submit, start: l.start, end: now, reclaimed });
         }
+        let g = f64::from(gpus);
         match l.kind {
-            Kind::Batch { .. } if reclaimed => {
-                // Requeued: resumes with what it had left; cancelled: starts over.
-                if l.reclaim == Some(ReclaimMode::Requeue) {
-                    l.remaining = (l.remaining - ran).max(0.0);
-                }
+            Kind::Batch { .. } if reclaimed && l.reclaim == Some(ReclaimMode::Requeue) => {
+                // Checkpointed at the notice: resumes with the work it had
+                // left then, once Slurm lets a requeued job start again.
+                self.stats[class].lost_gpu_s += g * (now - l.notice).max(0.0);
+                l.remaining = (l.remaining - (l.notice - l.start).max(0.0)).max(0.0);
                 l.st = St::Pending;
                 l.being_reclaimed = false;
-                l.submit = self.now;
+                l.submit = now;
+                l.not_before = now + REQUEUE_HOLD_S;
+                let at = l.not_before;
                 self.pending[class].push_back(id);
+                self.push(at, Ev::Wake);
+            }
+            Kind::Batch { .. } if reclaimed => {
+                // Cancelled: the run's work is lost.
+                self.stats[class].lost_gpu_s += g * ran.max(0.0);
+                l.being_reclaimed = false;
+                match victims.cancelled {
+                    Cancelled::Resubmit => {
+                        l.st = St::Pending;
+                        l.submit = now;
+                        self.pending[class].push_back(id);
+                    }
+                    Cancelled::Drop => {
+                        l.st = St::Done;
+                        let s = &mut self.stats[class];
+                        s.dropped_jobs += 1;
+                        s.dropped_gpu_s += g * l.remaining;
+                        self.demand[class] -= g;
+                        self.batch_left -= 1;
+                    }
+                }
             }
             Kind::Batch { .. } => {
                 l.st = St::Done;
-                self.demand[class] -= f64::from(gpus);
+                self.demand[class] -= g;
                 self.batch_left -= 1;
             }
             Kind::Replica { ep } => {
@@ -859,16 +962,22 @@ impl Sim<'_> {
     fn schedule(&mut self) {
         for k in 0..self.order.len() {
             let class = self.order[k];
-            while let Some(&id) = self.pending[class].front() {
+            let mut i = 0;
+            while let Some(&id) = self.pending[class].get(i) {
                 if self.live[id].st != St::Pending {
-                    self.pending[class].pop_front();
+                    self.pending[class].remove(i);
+                    continue;
+                }
+                if self.live[id].not_before > self.now {
+                    // Held (a requeued job's BeginTime): it blocks no one.
+                    i += 1;
                     continue;
                 }
                 if !self.within_limits(id) {
                     break;
                 }
                 if let Some(a) = self.place(id) {
-                    self.pending[class].pop_front();
+                    self.pending[class].remove(i);
                     self.start(id, a);
                     continue;
                 }
@@ -933,6 +1042,7 @@ impl Sim<'_> {
             let vclass = self.live[v].class;
             self.stats[vclass].reclaims += 1;
             self.live[v].being_reclaimed = true;
+            self.live[v].notice = self.now;
             let gen = self.live[v].gen;
             let free_at = match (self.live[v].kind, self.live[v].reclaim) {
                 (_, None | Some(ReclaimMode::Immediate)) => self.now + IMMEDIATE_FREE_S,
@@ -940,14 +1050,17 @@ impl Sim<'_> {
                     // Graceful: stop sending it requests; free when drained or at the drain timeout.
                     self.eps[ep].active.retain(|&x| x != v);
                     self.live[v].st = St::Draining;
-                    let limit = self.now + m.batch_free_after(self.live[v].reclaim, self.live[v].drain, vclass);
+                    let limit = self.now + m.batch_free_after(self.live[v].reclaim, self.live[v].drain, vclass, None);
                     if self.live[v].inflight == 0 || !self.live[v].ready {
                         self.now + IMMEDIATE_FREE_S
                     } else {
                         limit
                     }
                 }
-                (Kind::Batch { .. }, mode) => self.now + m.batch_free_after(mode, self.live[v].drain, vclass),
+                (Kind::Batch { .. }, mode) => {
+                    let by_itself = self.w.victims.get(vclass).and_then(|v| v.release_after_s);
+                    self.now + m.batch_free_after(mode, self.live[v].drain, vclass, by_itself)
+                }
             };
             if let Kind::Replica { ep } = self.live[v].kind {
                 self.eps[ep].active.retain(|&x| x != v);

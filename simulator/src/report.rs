@@ -62,6 +62,14 @@ fn service(f: &ClassFigures) -> String {
     parts.join(", ")
 }
 
+fn lost(f: &ClassFigures) -> String {
+    if f.dropped_jobs > 0 {
+        format!("{:.1} ({} dropped, {:.1} never done)", f.lost_gpu_hours, f.dropped_jobs, f.dropped_gpu_hours)
+    } else {
+        format!("{:.1}", f.lost_gpu_hours)
+    }
+}
+
 /// The terminal table.
 pub fn table(r: &Report) -> String {
     let c = &r.comparison;
@@ -74,6 +82,9 @@ pub fn table(r: &Report) -> String {
         "GPU-h used",
         "borrowed GPU-h",
         "reclaims",
+        "lost GPU-h",
+        "idle GPU-h separate",
+        "unused capacity GPU-h",
         "time to capacity mean/max",
         "service separate",
         "service shared",
@@ -92,6 +103,13 @@ pub fn table(r: &Report) -> String {
             format!("{:.1}", s.gpu_hours_used),
             format!("{:.1}", s.borrowed_gpu_hours),
             s.reclaims.to_string(),
+            lost(s),
+            row.separate_idle_gpu_hours.map(|h| format!("{h:.1}")).unwrap_or_else(|| "-".into()),
+            match (s.unused_capacity_gpu_hours, s.unused_reserved_gpu_hours) {
+                (Some(u), Some(r)) if r > 0.0 => format!("{u:.1} (reserved {r:.1})"),
+                (Some(u), _) => format!("{u:.1}"),
+                _ => "-".into(),
+            },
             format!("{}/{}", secs(s.time_to_capacity_mean_s), secs(s.time_to_capacity_max_s)),
             row.separate.as_ref().map(service).unwrap_or_else(|| "-".into()),
             service(s),
@@ -119,7 +137,8 @@ pub fn table(r: &Report) -> String {
         }
     ));
     out.push_str(&format!(
-        "idle GPU-hours in the window: separate {:.1}, shared {:.1}\n",
+        "idle GPU-hours in the window: separate {:.1} (each island's own, per class above), shared {:.1} (one pool: \
+         any class may use them within its limits)\n",
         c.separate_idle_gpu_hours, c.shared_idle_gpu_hours
     ));
     out.push_str(&format!(
@@ -127,6 +146,11 @@ pub fn table(r: &Report) -> String {
         c.search_runs, c.search_seconds, c.shared_run_seconds
     ));
     out.push_str("wait = training wait mean/p95; p99 = inference p99 queueing delay\n");
+    out.push_str(
+        "lost = GPU-hours of reclaimed runs that did not advance their job (a cancelled run's whole run, a requeued \
+         run's notice to release); unused capacity = a protected class's GPUs it did not hold (lent or idle), in \
+         brackets of its reserved ones\n",
+    );
     out.push_str(&format!("skipped rows: {}\n", r.skipped_rows));
     for s in r.skipped.iter().take(20) {
         out.push_str(&format!("  {s}\n"));

@@ -33,13 +33,30 @@
 //! baseline_class = "inference-baseline"  # optional: in the shared pool the first
 //! baseline_replicas = 2         #   replicas run in this (protected) class
 //! keep_times = false
+//!
+//! [victims]                     # optional: what reclaimed batch jobs do (model inputs)
+//! cancelled = "resubmit"        # a batch job reclaimed and not requeued (immediate, or
+//!                               #   graceful after its drain): "resubmit" (default) = its
+//!                               #   owner submits it again at once, from the beginning;
+//!                               #   "drop" = it ends, as Slurm leaves it (PREEMPTED)
+//! release_after = "20s"         # graceful/requeue batch victims give their GPUs back this
+//!                               #   long after the notice (default: at their drain timeout)
+//! [victims.class.agents]        # per class, overriding the two above
+//! cancelled = "drop"
 //! ```
+//!
+//! `cancelled = "resubmit"` keeps the comparison like for like (the islands
+//! do all the work; so does the shared pool, plus the work it lost);
+//! `"drop"` replays what Slurm alone does (bench/validate-simulator.sh) and
+//! flatters the shared pool, since dropped work is never done. Either way
+//! the report gives each class's lost GPU-hours and dropped jobs.
 //!
 //! Batch jobs are classified by onepool's classifier as an unprivileged
 //! user with the job's account (so protected classes need an entitled
 //! account); replicas as root, as the daemon submits them. Refused jobs
 //! and jobs outside the pool are counted and reported, never simulated.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,10 +64,11 @@ use std::time::Duration;
 use onepool_decisions::annotation::Annotation;
 use onepool_decisions::autoscale::ScalingPolicy;
 use onepool_decisions::classify::{classify, Directory, JobRequest, Submitter, Verdict};
-use onepool_decisions::policy::{self, Policy};
+use onepool_decisions::policy::{self, Policy, Tier};
 use serde::Deserialize;
+use toml::Spanned;
 
-use crate::engine::{Endpoint, Job, Req, Workload};
+use crate::engine::{Cancelled, Endpoint, Job, Req, VictimModel, Workload};
 use crate::fleet::{Fleet, NodeGroup};
 use crate::input::{self, azure, jobs, BadRow, OnBadRow, Rows};
 
@@ -65,6 +83,24 @@ struct Raw {
     jobs: Vec<RawJobs>,
     #[serde(default)]
     endpoints: Vec<RawEndpoint>,
+    #[serde(default)]
+    victims: RawVictims,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawVictims {
+    cancelled: Option<Spanned<String>>,
+    release_after: Option<Spanned<String>>,
+    #[serde(default)]
+    class: BTreeMap<Spanned<String>, RawVictimClass>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawVictimClass {
+    cancelled: Option<Spanned<String>>,
+    release_after: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -173,7 +209,11 @@ fn read(base: &Path, p: &Path) -> Result<(String, String), String> {
 /// Reads a scenario file and everything it names.
 pub fn load(path: &Path, on_bad: OnBadRow) -> Result<Scenario, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let raw: Raw = toml::from_str(&text).map_err(|e| format!("{}: {}", path.display(), e.message()))?;
+    let at = |span: Option<std::ops::Range<usize>>| match span {
+        Some(r) => format!("{}:{}", path.display(), text[..r.start.min(text.len())].matches('\n').count() + 1),
+        None => path.display().to_string(),
+    };
+    let raw: Raw = toml::from_str(&text).map_err(|e| format!("{}: {}", at(e.span()), e.message()))?;
     let base = path.parent().unwrap_or(Path::new("."));
     let (pfile, ptext) = read(base, &raw.policy)?;
     let loaded = policy::load(&ptext);
@@ -319,8 +359,71 @@ pub fn load(path: &Path, on_bad: OnBadRow) -> Result<Scenario, String> {
             requests,
         });
     }
-    let workload = build_workload(&policy, work_jobs, endpoints);
+    let mut workload = build_workload(&policy, work_jobs, endpoints);
+    workload.victims = victims(&policy, &raw.victims).map_err(|(span, e)| format!("{}: {e}", at(span)))?;
     Ok(Scenario { policy, fleet, workload, max_p95_wait_s: max_wait, bad_rows, ignored })
+}
+
+type SpanErr = (Option<std::ops::Range<usize>>, String);
+
+/// The `[victims]` table, per class of the policy.
+fn victims(policy: &Policy, raw: &RawVictims) -> Result<Vec<VictimModel>, SpanErr> {
+    let cancelled = |v: &Spanned<String>, key: &str| {
+        Cancelled::parse(v.get_ref())
+            .ok_or_else(|| (Some(v.span()), format!("{key} {:?}: use \"resubmit\" or \"drop\"", v.get_ref())))
+    };
+    let duration = |v: &Spanned<String>, key: &str| {
+        input::parse_duration(v.get_ref()).ok_or_else(|| {
+            (Some(v.span()), format!("{key} {:?} is not a duration (e.g. \"30s\", \"2m\")", v.get_ref()))
+        })
+    };
+    let all = VictimModel {
+        cancelled: raw.cancelled.as_ref().map(|v| cancelled(v, "victims.cancelled")).transpose()?.unwrap_or_default(),
+        release_after_s: raw.release_after.as_ref().map(|v| duration(v, "victims.release_after")).transpose()?,
+    };
+    let mut out = vec![all; policy.classes.len()];
+    for (name, c) in &raw.class {
+        let key = format!("victims.class.{}", name.get_ref());
+        let Some(i) = policy.classes.iter().position(|k| k.name == *name.get_ref()) else {
+            return Err((Some(name.span()), format!("{key}: the policy has no class {:?}", name.get_ref())));
+        };
+        let (mode, drain) = match policy.classes[i].tier {
+            Tier::Protected { .. } => {
+                return Err((Some(name.span()), format!("{key}: a protected class is never reclaimed")));
+            }
+            Tier::Flexible { reclaim, drain_timeout, .. } => (reclaim, drain_timeout),
+        };
+        if let Some(v) = &c.cancelled {
+            if mode == onepool_decisions::annotation::ReclaimMode::Requeue {
+                return Err((
+                    Some(v.span()),
+                    format!("{key}.cancelled: its jobs are requeued when reclaimed, never cancelled"),
+                ));
+            }
+            out[i].cancelled = cancelled(v, &format!("{key}.cancelled"))?;
+        }
+        if let Some(v) = &c.release_after {
+            if mode == onepool_decisions::annotation::ReclaimMode::Immediate {
+                return Err((
+                    Some(v.span()),
+                    format!("{key}.release_after: its jobs are reclaimed immediately (no notice to act on)"),
+                ));
+            }
+            let d = duration(v, &format!("{key}.release_after"))?;
+            if d > drain.as_secs_f64() {
+                return Err((
+                    Some(v.span()),
+                    format!(
+                        "{key}.release_after {:?} is longer than the class's drain timeout ({} s): Slurm ends the job then",
+                        v.get_ref(),
+                        drain.as_secs()
+                    ),
+                ));
+            }
+            out[i].release_after_s = Some(d);
+        }
+    }
+    Ok(out)
 }
 
 /// Puts classified work together and sets the reporting window.
@@ -341,5 +444,6 @@ pub fn build_workload(policy: &Policy, jobs: Vec<Job>, endpoints: Vec<Endpoint>)
     if !t0.is_finite() {
         (t0, t1) = (0.0, 0.0);
     }
-    Workload { islands: classes.clone(), classes, jobs, endpoints, t0, t1 }
+    let victims = vec![VictimModel::default(); classes.len()];
+    Workload { islands: classes.clone(), classes, jobs, endpoints, victims, t0, t1 }
 }

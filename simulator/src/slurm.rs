@@ -32,9 +32,18 @@
 //!   [`IMMEDIATE_FREE_S`] after the preemptor's submission. Graceful
 //!   reclaim frees them when the victim has drained: an inference replica
 //!   when its in-flight requests finish, at most the class drain timeout;
-//!   a batch job at its drain timeout (it uses its notice to checkpoint).
-//!   A requeued job starts again later with the work it had left; a
-//!   cancelled one is resubmitted from the beginning (its work is lost).
+//!   a batch job when it gives them back by itself (the scenario's
+//!   `[victims]` `release_after`: checkpoint saved and requeued, or drained
+//!   and exited), at the latest at its drain timeout (GraceTime; the
+//!   default when `release_after` is not given). A victim whose work ends
+//!   first simply completes.
+//! - **After.** A requeued job checkpointed at its notice: it keeps the work
+//!   it had done until then and may start again [`REQUEUE_HOLD_S`] after it
+//!   was requeued (Reason=BeginTime, measured). A cancelled one (immediate,
+//!   or graceful after its drain) ends PREEMPTED; Slurm does nothing more.
+//!   Whether its owner resubmits it (from the beginning: its work is lost)
+//!   or it is dropped is the scenario's `[victims] cancelled` (default
+//!   resubmit), a model input, not Slurm's behaviour.
 //!
 //! ## Replay
 //!
@@ -49,11 +58,16 @@
 use std::time::Duration;
 
 use onepool_decisions::annotation::ReclaimMode;
-use onepool_decisions::policy::Policy;
+use onepool_decisions::policy::{Policy, Tier};
 use onepool_decisions::render;
 
 /// Seconds from an immediate reclaim decision to free GPUs (measured).
 pub const IMMEDIATE_FREE_S: f64 = 0.5;
+
+/// Seconds a requeued batch job is held (Reason=BeginTime) before it may
+/// start again: Slurm 22.05 sets its begin time past the job credential's
+/// lifetime (120 s by default) so the old run's credential has expired.
+pub const REQUEUE_HOLD_S: f64 = 121.0;
 
 /// One class's QOS as Slurm enforces it.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +78,8 @@ pub struct ClassQos {
     /// Indices (into [`SlurmModel::classes`]) of the classes this one preempts.
     pub preempts: Vec<usize>,
     pub grp_gpus: Option<u32>,
+    /// Protected classes: the part of the capacity flexible work never holds.
+    pub reserved: u32,
     pub grace_s: f64,
 }
 
@@ -93,6 +109,10 @@ impl SlurmModel {
                     priority: spec.map(|s| s.priority).unwrap_or(if c.is_protected() { u32::MAX } else { 0 }),
                     preempts: spec.map(|s| s.preempt.iter().filter_map(|q| by_qos(q)).collect()).unwrap_or_default(),
                     grp_gpus: spec.and_then(|s| s.grp_gpus),
+                    reserved: match c.tier {
+                        Tier::Protected { capacity } => capacity.reserved,
+                        Tier::Flexible { .. } => 0,
+                    },
                     grace_s: spec.map(|s| s.grace_time.as_secs_f64()).unwrap_or(0.0),
                 }
             })
@@ -120,12 +140,23 @@ impl SlurmModel {
         o
     }
 
-    /// Seconds from the reclaim decision until a batch victim's GPUs are free.
-    pub fn batch_free_after(&self, mode: Option<ReclaimMode>, drain: Option<Duration>, victim_class: usize) -> f64 {
+    /// Seconds from the reclaim decision until a batch victim's GPUs are
+    /// free: at once for an immediate reclaim; for a graceful or requeue
+    /// one when the victim gives them back by itself (`by_itself`: it saved
+    /// its checkpoint and requeued, or drained and exited), at the latest at
+    /// its drain timeout (GraceTime).
+    pub fn batch_free_after(
+        &self,
+        mode: Option<ReclaimMode>,
+        drain: Option<Duration>,
+        victim_class: usize,
+        by_itself: Option<f64>,
+    ) -> f64 {
         match mode {
             None | Some(ReclaimMode::Immediate) => IMMEDIATE_FREE_S,
             Some(_) => {
-                drain.map(|d| d.as_secs_f64()).unwrap_or(self.classes[victim_class].grace_s).max(IMMEDIATE_FREE_S)
+                let limit = drain.map(|d| d.as_secs_f64()).unwrap_or(self.classes[victim_class].grace_s);
+                by_itself.map_or(limit, |b| b.min(limit)).max(IMMEDIATE_FREE_S)
             }
         }
     }
