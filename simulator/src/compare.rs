@@ -85,9 +85,10 @@ pub struct ClassFigures {
     /// "drop"`) and the GPU-hours of work they never did.
     pub dropped_jobs: u64,
     pub dropped_gpu_hours: f64,
-    /// Shared pool, protected classes: GPU-hours of the class's capacity it
-    /// did not hold in the window (lent to flexible work or idle), and of
+    /// Shared pool, protected classes: the capacity (GrpTRES), GPU-hours of
+    /// it the class did not hold in the window (lent to flexible work or idle), and of
     /// its reserved part (no flexible job may hold that either).
+    pub capacity_gpus: Option<u32>,
     pub unused_capacity_gpu_hours: Option<f64>,
     pub unused_reserved_gpu_hours: Option<f64>,
     pub time_to_capacity_mean_s: f64,
@@ -126,6 +127,7 @@ pub fn figures(w: &Workload, s: &Settings, c: usize, st: &ClassStats) -> ClassFi
         lost_gpu_hours: st.lost_gpu_s / 3600.0,
         dropped_jobs: st.dropped_jobs,
         dropped_gpu_hours: st.dropped_gpu_s / 3600.0,
+        capacity_gpus: st.capacity,
         unused_capacity_gpu_hours: st.capacity.map(|_| st.unused_capacity_gpu_s / 3600.0),
         unused_reserved_gpu_hours: st.capacity.map(|_| st.unused_reserved_gpu_s / 3600.0),
         time_to_capacity_mean_s: if ttc.is_empty() { 0.0 } else { ttc.iter().sum::<f64>() / ttc.len() as f64 },

@@ -46,7 +46,8 @@ pub fn demand_vs_allocation(c: &Comparison) -> String {
         let color = COLORS[k % COLORS.len()];
         let n = row.demand.len().max(row.alloc.len()).max(1);
         let span_h = (n as f64 * c.bucket_s / 3600.0).max(hours);
-        let ymax = row.demand.iter().chain(&row.alloc).copied().fold(1.0, f64::max) * 1.1;
+        let cap = row.shared.capacity_gpus.map(f64::from);
+        let ymax = row.demand.iter().chain(&row.alloc).chain(&cap).copied().fold(1.0, f64::max) * 1.1;
         let x = |i: f64| left + i * c.bucket_s / 3600.0 / span_h * pw;
         let y = |v: f64| y0 + ph - v / ymax * ph;
         let _ = writeln!(s, r##"<rect x="{left}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>"##);
@@ -97,6 +98,25 @@ pub fn demand_vs_allocation(c: &Comparison) -> String {
             );
         }
         let _ = writeln!(s, r##"<path d="{line}" fill="none" stroke="#000" stroke-dasharray="5,3"/>"##);
+        let mut notes = Vec::new();
+        if let Some(cap) = cap {
+            // A protected class's capacity: the gap down to what it held is its unused capacity.
+            let _ = writeln!(
+                s,
+                r##"<line x1="{left}" x2="{}" y1="{yc}" y2="{yc}" stroke="#d62728" stroke-dasharray="2,3"/>"##,
+                left + pw,
+                yc = y(cap)
+            );
+            notes.push(format!("capacity {cap} (dotted)"));
+            notes.push(format!("unused: {:.1} GPU-h", row.shared.unused_capacity_gpu_hours.unwrap_or(0.0)));
+        }
+        if row.shared.lost_gpu_hours > 0.0 {
+            notes.push(format!("lost: {:.1} GPU-h", row.shared.lost_gpu_hours));
+        }
+        for (i, n) in notes.iter().enumerate() {
+            let _ =
+                writeln!(s, r#"<text x="{}" y="{}">{}</text>"#, left + pw + 12.0, y0 + 64.0 + 16.0 * i as f64, esc(n));
+        }
         let _ = writeln!(
             s,
             r#"<text x="{}" y="{}" font-weight="bold">{}</text><text x="{}" y="{}">separate: {}</text><text x="{}" y="{}">shared peak: {}</text>"#,
