@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Which borrower does Slurm 22.05's preempt/qos pick, and can anything
+# Which borrower (agents class: GraceTime 0) does Slurm 22.05's preempt/qos pick, and can anything
 # steer it? Three borrowers (flexible, 4 GPUs each, started 3 s apart, the
 # MIDDLE one given the lowest job priority with scontrol) and one protected
 # job fill the 4 nodes; a protected job for 4 GPUs then needs one borrower's
 # node. Repeated under SchedulerParameters variants; prints the victim each
-# time (oldest / middle+lowest priority / youngest). Its own cluster in
+# time (oldest / middle+lowest priority / youngest); then the same with
+# mixed ranks (agents, agents, training youngest) to see whether the order
+# still respects the classes' ranks. Its own cluster in
 # target/victim-order-cluster, stopped at the end.
 #
 #   bash bench/victim-order.sh [ROUNDS]
@@ -20,6 +22,11 @@ sed 's/^min_runtime_before_reclaim = .*/min_runtime_before_reclaim = "5s"/' etc/
 trap '"$dc" --dir "$dir" down >/dev/null 2>&1 || true' EXIT
 
 state() { squeue -h -j "$1" -o %T 2>/dev/null; }
+clear_queue() {
+    scancel $(squeue -h -o %i) 2>/dev/null || true
+    for _ in $(seq 1 100); do [ -z "$(squeue -h -o %i)" ] && break; sleep 0.2; done
+    sleep 2
+}
 wait_running() { for _ in $(seq 1 300); do [ "$(state "$1")" = RUNNING ] && return 0; sleep 0.2; done; echo "job $1 never ran" >&2; exit 1; }
 
 for variant in "default" "preempt_youngest_first" "preempt_strict_order" "preempt_strict_order,preempt_reorder_count=5"; do
@@ -35,7 +42,7 @@ for variant in "default" "preempt_youngest_first" "preempt_strict_order" "preemp
         wait_running "$base"
         b=()
         for i in 1 2 3; do
-            j=$(sbatch --parsable -o /dev/null --workload=inference --gpus=4 -N1 --wrap 'sleep 600')
+            j=$(sbatch --parsable -o /dev/null --workload=agents --gpus=4 -N1 --wrap 'sleep 600')
             wait_running "$j"
             b+=("$j")
             sleep 3
@@ -57,8 +64,39 @@ for variant in "default" "preempt_youngest_first" "preempt_strict_order" "preemp
         esac
         node=$(sacct -n -X -P -j "${b[$victim]:-0}" -o NodeList 2>/dev/null | head -1)
         printf '%-48s round %s: victim %s on %s; borrowers\x27 priorities (oldest first) %s\n' "$variant" "$r" "$what" "$node" "$prios"
-        scancel $(squeue -h -o %i) 2>/dev/null || true
-        for _ in $(seq 1 100); do [ -z "$(squeue -h -o %i)" ] && break; sleep 0.2; done
-        sleep 2
+        clear_queue
+        # Mixed ranks: does the order still put the lowest rank first?
+        # Oldest: agents (rank 3); then agents; youngest: training (rank 1).
+        base=$(sbatch --parsable -o /dev/null --workload=inference-baseline --gpus=4 -N1 --wrap 'sleep 600')
+        wait_running "$base"
+        b=()
+        for w in agents agents training; do
+            j=$(sbatch --parsable -o /dev/null --workload=$w --gpus=4 -N1 --requeue --wrap 'sleep 600')
+            wait_running "$j"
+            b+=("$j")
+            sleep 3
+        done
+        sleep 6
+        owner=$(sbatch --parsable -o /dev/null --workload=critical-training --time=10 --gpus=4 -N1 --wrap 'sleep 600')
+        # training (requeue, GraceTime 2m) would make the protected job wait: look at who got the notice.
+        for _ in $(seq 1 50); do
+            hit=""
+            for k in 0 1 2; do
+                [ "$(state "${b[$k]}")" != RUNNING ] && hit=$k
+            done
+            [ -n "$hit" ] && break
+            pt=$(squeue --json 2>/dev/null | python3 -c 'import json,sys; print(" ".join(str(j["job_id"]) for j in json.load(sys.stdin)["jobs"] if j.get("preempt_time")))')
+            for k in 0 1 2; do case " $pt " in *" ${b[$k]} "*) hit=$k ;; esac; done
+            [ -n "$hit" ] && break
+            sleep 0.2
+        done
+        case $hit in
+            0) what="oldest agents (rank 3)" ;;
+            1) what="younger agents (rank 3)" ;;
+            2) what="youngest, training (rank 1, should yield last)" ;;
+            *) what="none within 10 s" ;;
+        esac
+        printf '%-48s round %s: mixed ranks: victim %s\n' "$variant" "$r" "$what"
+        clear_queue
     done
 done
