@@ -29,6 +29,10 @@ pub struct Config {
     /// SLURM_CONF for the Slurm commands the replica controllers run
     /// (`None`: the daemon's own environment decides).
     pub slurm_conf: Option<PathBuf>,
+    /// The policy file the replica settings are checked against (`None`:
+    /// `$ONEPOOL_POLICY`, else `onepool.toml` beside `slurm_conf`, else
+    /// /etc/slurm/onepool.toml).
+    pub policy: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug)]
@@ -137,6 +141,7 @@ struct RawConfig {
     metrics_address: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
     slurm_conf: Option<Spanned<String>>,
+    policy: Option<Spanned<String>>,
     #[serde(default)]
     endpoint: Vec<Spanned<RawEndpoint>>,
     #[serde(default)]
@@ -414,6 +419,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
         endpoints,
         listeners,
         slurm_conf: raw.slurm_conf.map(|s| PathBuf::from(s.into_inner())),
+        policy: raw.policy.map(|s| PathBuf::from(s.into_inner())),
     })
 }
 

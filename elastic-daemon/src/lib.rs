@@ -12,6 +12,7 @@ pub mod endpoint;
 pub mod health;
 pub mod launcher;
 pub mod metrics;
+pub mod policy_check;
 pub mod proxy;
 pub mod registry;
 pub mod trace;

@@ -53,6 +53,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let findings = onepool_daemon::policy_check::check(&config);
+    for w in &findings.warnings {
+        tracing::warn!("{w}");
+    }
+    if !findings.errors.is_empty() {
+        for e in &findings.errors {
+            eprintln!("error: {e}");
+        }
+        eprintln!("onepoold: not started: the replica settings do not fit the policy");
+        return ExitCode::FAILURE;
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

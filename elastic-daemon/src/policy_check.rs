@@ -1,0 +1,228 @@
+//! onepoold's replica settings against the policy Slurm enforces. The
+//! policy decides what happens to a replica job (its class's QOS, GraceTime
+//! and limits); onepoold only submits into it, so a mismatch would fail at
+//! the worst moment: a drain timeout longer than the class's GraceTime gets
+//! the replica killed mid-drain, a class that does not exist or has the
+//! wrong tier gets every submission refused or unprotected. These are
+//! checked at start-up, all at once.
+
+use std::path::{Path, PathBuf};
+
+use onepool_decisions::annotation::ReclaimMode;
+use onepool_decisions::duration;
+use onepool_decisions::policy::{self, Policy, Tier};
+
+use crate::config::{Config, ReplicaSettings};
+
+/// Where the policy is: the configured path, else `$ONEPOOL_POLICY`, else
+/// `onepool.toml` beside `slurm_conf`, else the default path.
+pub fn policy_path(config: &Config) -> PathBuf {
+    if let Some(p) = &config.policy {
+        return p.clone();
+    }
+    if let Some(p) = std::env::var_os(policy::PATH_ENV) {
+        return PathBuf::from(p);
+    }
+    let conf = config.slurm_conf.clone().or_else(|| std::env::var_os("SLURM_CONF").map(PathBuf::from));
+    if let Some(dir) = conf.as_deref().and_then(Path::parent) {
+        return dir.join("onepool.toml");
+    }
+    PathBuf::from(policy::DEFAULT_PATH)
+}
+
+/// What is wrong (errors) and what deserves a look (warnings).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Findings {
+    pub errors: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+pub fn check_endpoint(endpoint: &str, s: &ReplicaSettings, policy: &Policy) -> Findings {
+    let mut f = Findings::default();
+    let at = format!("endpoint {endpoint:?} [endpoint.replicas]");
+    match policy.class(&s.baseline_workload) {
+        None => f.errors.push(format!(
+            "{at}: baseline_workload = {:?} is not a class of the policy (classes: {})",
+            s.baseline_workload,
+            policy.class_names().join(", ")
+        )),
+        Some(c) => {
+            if let Tier::Protected { capacity } = c.tier {
+                let room = u64::from(capacity.total());
+                let need = (u64::from(s.min) + 1) * u64::from(s.gpus);
+                if room < need {
+                    f.warnings.push(format!(
+                        "{at}: class {} protects {room} GPUs; renewing one of {} baseline replicas of {} GPUs before its time limit needs {need} at once, so the successor waits until the old one ends",
+                        c.name, s.min, s.gpus
+                    ));
+                }
+            } else {
+                f.errors.push(format!(
+                    "{at}: baseline_workload = {:?} is a flexible class; baseline replicas need a protected one, or Slurm may preempt them",
+                    c.name
+                ));
+            }
+            check_size(&mut f, &at, "baseline", c.max_gpus_per_job, s.gpus, &c.name);
+        }
+    }
+    match policy.class(&s.supplemental_workload) {
+        None => f.errors.push(format!(
+            "{at}: supplemental_workload = {:?} is not a class of the policy (classes: {})",
+            s.supplemental_workload,
+            policy.class_names().join(", ")
+        )),
+        Some(c) => {
+            match c.tier {
+                Tier::Protected { .. } => f.errors.push(format!(
+                    "{at}: supplemental_workload = {:?} is a protected class; supplemental replicas borrow spare GPUs and must be in a flexible one",
+                    c.name
+                )),
+                Tier::Flexible { reclaim: ReclaimMode::Immediate, .. } => f.warnings.push(format!(
+                    "{at}: class {} is reclaimed immediately (GraceTime 0): requests in flight on a preempted replica fail; reclaim = \"graceful\" drains them",
+                    c.name
+                )),
+                Tier::Flexible { grace_time, .. } if grace_time < s.drain_timeout => f.errors.push(format!(
+                    "{at}: drain_timeout = {} is longer than class {}'s GraceTime ({}, its drain_timeout in the policy): Slurm would kill a preempted replica before its drain ends; lower drain_timeout here or raise the class's",
+                    duration::format(s.drain_timeout),
+                    c.name,
+                    duration::format(grace_time)
+                )),
+                Tier::Flexible { .. } => {}
+            }
+            check_size(&mut f, &at, "supplemental", c.max_gpus_per_job, s.gpus, &c.name);
+        }
+    }
+    f
+}
+
+fn check_size(f: &mut Findings, at: &str, kind: &str, max: Option<u32>, gpus: u32, class: &str) {
+    if let Some(max) = max.filter(|m| *m < gpus) {
+        f.errors.push(format!(
+            "{at}: gpus = {gpus} is above class {class}'s max_gpus_per_job ({max}): every {kind} replica would be refused"
+        ));
+    }
+}
+
+/// Checks every endpoint with replicas against the policy file. A missing
+/// or unreadable policy is a warning (onepoold may run where the policy is
+/// not installed); a policy with errors, or a mismatch, is an error.
+pub fn check(config: &Config) -> Findings {
+    let mut all = Findings::default();
+    let with_replicas: Vec<_> =
+        config.endpoints.iter().filter_map(|e| e.replicas.as_ref().map(|r| (e.name.as_str(), r))).collect();
+    if with_replicas.is_empty() {
+        return all;
+    }
+    let path = policy_path(config);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) => {
+            all.warnings.push(format!(
+                "cannot read the policy {} ({e}): replica settings not checked against it (set `policy` in onepoold's config)",
+                path.display()
+            ));
+            return all;
+        }
+    };
+    let loaded = policy::load(&text);
+    let Some(p) = loaded.policy else {
+        all.errors.push(format!(
+            "the policy {} has errors (run `onepool policy check {}`)",
+            path.display(),
+            path.display()
+        ));
+        return all;
+    };
+    for (name, s) in with_replicas {
+        let f = check_endpoint(name, s, &p);
+        all.errors.extend(f.errors.into_iter().map(|e| format!("{e} (policy {})", path.display())));
+        all.warnings.extend(f.warnings);
+    }
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(extra: &str) -> ReplicaSettings {
+        let c = crate::config::parse(
+            "t.toml",
+            &format!(
+                "control_socket = \"/tmp/x.sock\"\n[[endpoint]]\nname = \"llm\"\nlisten = \"127.0.0.1:0\"\n[endpoint.replicas]\ncommand = \"x\"\n{extra}"
+            ),
+        )
+        .unwrap();
+        c.endpoints[0].replicas.clone().unwrap()
+    }
+
+    fn shipped() -> Policy {
+        policy::load(include_str!("../../etc/onepool.toml")).policy.unwrap()
+    }
+
+    #[test]
+    fn the_shipped_configs_agree() {
+        let text = include_str!("../../etc/onepoold.toml");
+        let c = crate::config::parse("etc/onepoold.toml", text).unwrap();
+        let s = c.endpoints[0].replicas.as_ref().unwrap();
+        let f = check_endpoint("chat", s, &shipped());
+        assert_eq!(f, Findings::default());
+    }
+
+    #[test]
+    fn a_drain_longer_than_the_grace_time_is_an_error() {
+        let f = check_endpoint("llm", &settings("drain_timeout = \"90s\""), &shipped());
+        assert_eq!(f.errors.len(), 1, "{f:?}");
+        assert!(
+            f.errors[0].starts_with("endpoint \"llm\" [endpoint.replicas]: drain_timeout = 1m30s is longer than class inference's GraceTime (1m,"),
+            "{}",
+            f.errors[0]
+        );
+    }
+
+    #[test]
+    fn unknown_classes_wrong_tiers_and_oversized_replicas_are_named() {
+        let f = check_endpoint(
+            "llm",
+            &settings("baseline_workload = \"training\"\nsupplemental_workload = \"nope\"\ngpus = 8"),
+            &shipped(),
+        );
+        assert_eq!(f.errors.len(), 2, "{f:?}");
+        assert!(f.errors[0].contains("baseline_workload = \"training\" is a flexible class"), "{f:?}");
+        assert!(f.errors[1].contains("supplemental_workload = \"nope\" is not a class of the policy (classes: critical-training, inference-baseline, training, inference, agents)"), "{f:?}");
+        let f = check_endpoint("llm", &settings("gpus = 8"), &shipped());
+        assert!(
+            f.errors.iter().any(|e| e.contains("gpus = 8 is above class inference-baseline's max_gpus_per_job (4)")),
+            "{f:?}"
+        );
+        let f = check_endpoint("llm", &settings("supplemental_workload = \"critical-training\""), &shipped());
+        assert!(f.errors.iter().any(|e| e.contains("is a protected class; supplemental replicas")), "{f:?}");
+    }
+
+    #[test]
+    fn immediate_reclaim_and_no_room_to_renew_are_warnings() {
+        let f = check_endpoint("llm", &settings("supplemental_workload = \"agents\"\ngpus = 4"), &shipped());
+        assert!(f.errors.is_empty(), "{f:?}");
+        assert_eq!(f.warnings.len(), 2, "{f:?}");
+        assert!(
+            f.warnings[0]
+                .contains("class inference-baseline protects 4 GPUs; renewing one of 1 baseline replicas of 4 GPUs"),
+            "{f:?}"
+        );
+        assert!(f.warnings[1].contains("class agents is reclaimed immediately (GraceTime 0)"), "{f:?}");
+    }
+
+    #[test]
+    fn the_policy_is_found_beside_slurm_conf_unless_configured() {
+        let mut c = crate::config::parse(
+            "t.toml",
+            "control_socket = \"/tmp/x.sock\"\nslurm_conf = \"/etc/slurm-x/slurm.conf\"\n[[endpoint]]\nname = \"e\"\nlisten = \"127.0.0.1:0\"\n",
+        )
+        .unwrap();
+        if std::env::var_os(policy::PATH_ENV).is_none() {
+            assert_eq!(policy_path(&c), PathBuf::from("/etc/slurm-x/onepool.toml"));
+        }
+        c.policy = Some("/srv/p.toml".into());
+        assert_eq!(policy_path(&c), PathBuf::from("/srv/p.toml"));
+    }
+}
