@@ -88,6 +88,11 @@ pub struct ReplicaSettings {
     pub scale_down_delay: Duration,
     /// sbatch `-o` of the replica jobs.
     pub output: String,
+    /// Metrics whose samples, summed, are one replica's load instead of
+    /// the router's count of its requests in flight (empty: the router's).
+    pub load_metrics: Vec<String>,
+    /// Where the replicas serve those metrics.
+    pub metrics_path: String,
 }
 
 /// One shared listener: every request is routed to an endpoint by its
@@ -210,6 +215,8 @@ struct RawReplicas {
     panic_threshold: Option<Spanned<f64>>,
     scale_down_delay: Option<Spanned<String>>,
     output: Option<Spanned<String>>,
+    load_metrics: Option<Spanned<Vec<String>>>,
+    metrics_path: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -492,6 +499,24 @@ fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> ReplicaSetting
     if let (Some(o), true) = (&r.output, output.is_empty()) {
         c.error(o.span(), "replicas.output is empty; give an sbatch -o path (default /dev/null)".into());
     }
+    let load_metrics = r.load_metrics.as_ref().map(|m| m.get_ref().clone()).unwrap_or_default();
+    if let Some(m) = &r.load_metrics {
+        let valid = |n: &str| {
+            let mut chars = n.chars();
+            chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+        };
+        if let Some(bad) = load_metrics.iter().find(|n| !valid(n)) {
+            c.error(
+                m.span(),
+                format!("replicas.load_metrics: {bad:?} is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)"),
+            );
+        }
+    }
+    let metrics_path = r.metrics_path.as_ref().map(|p| p.get_ref().clone()).unwrap_or_else(|| "/metrics".into());
+    if let (Some(p), false) = (&r.metrics_path, metrics_path.starts_with('/')) {
+        c.error(p.span(), format!("replicas.metrics_path = {metrics_path:?} must start with '/'"));
+    }
     let defaults = onepool_decisions::autoscale::ScalingPolicy::default();
     ReplicaSettings {
         command: r.command.get_ref().clone(),
@@ -512,6 +537,8 @@ fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> ReplicaSetting
         panic_threshold: positive(c, &r.panic_threshold, "replicas.panic_threshold", defaults.panic_threshold),
         scale_down_delay: c.duration(&r.scale_down_delay, "replicas.scale_down_delay", defaults.scale_down_delay),
         output,
+        load_metrics,
+        metrics_path,
     }
 }
 

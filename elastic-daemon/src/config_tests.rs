@@ -59,3 +59,22 @@ fn durations_accept_milliseconds() {
     assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
     assert!(parse_duration("xms").is_err());
 }
+
+#[test]
+fn load_metrics_names_and_path_are_checked() {
+    let src = r#"control_socket = "/tmp/x.sock"
+[[endpoint]]
+name = "llm"
+listen = "127.0.0.1:0"
+[endpoint.replicas]
+command = "x"
+load_metrics = ["vllm:num_requests_waiting", "bad name"]
+metrics_path = "metrics"
+"#;
+    let e = parse("t.toml", src).unwrap_err().to_string();
+    assert!(e.contains("t.toml:7:16: error: replicas.load_metrics: \"bad name\" is not a Prometheus metric name"), "{e}");
+    assert!(e.contains("t.toml:8:16: error: replicas.metrics_path = \"metrics\" must start with '/'"), "{e}");
+    let ok = src.replace(", \"bad name\"", "").replace("\"metrics\"", "\"/m\"");
+    let r = parse("t.toml", &ok).unwrap().endpoints[0].replicas.clone().unwrap();
+    assert_eq!((r.load_metrics, r.metrics_path.as_str()), (vec!["vllm:num_requests_waiting".to_string()], "/m"));
+}

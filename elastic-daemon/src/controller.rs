@@ -146,6 +146,9 @@ pub struct ControllerView {
     pub load: f64,
     /// Requests answered per second over the last poll.
     pub rate: f64,
+    /// With `load_metrics`: replicas whose own metrics were read at the
+    /// last poll, of those serving (the rest counted with the router's).
+    pub scraped: Option<(usize, usize)>,
     /// Replica jobs submitted by this controller since it started.
     pub submitted: Vec<u32>,
     /// The last failed Slurm call, if the last poll had one.
@@ -184,6 +187,8 @@ pub struct Controller {
     submit_after: Option<Instant>,
     /// Requests served by all replicas at the last poll, and when.
     last_served: Option<(u64, Instant)>,
+    /// Reads the replicas' own load metrics (endpoints with `load_metrics`).
+    scraper: Option<reqwest::Client>,
     view: Arc<Mutex<ControllerView>>,
 }
 
@@ -238,6 +243,9 @@ impl Controller {
         slurm: SharedSlurm,
     ) -> (Controller, Arc<Mutex<ControllerView>>) {
         let view = Arc::new(Mutex::new(ControllerView::default()));
+        let settings_has_metrics = !settings.load_metrics.is_empty();
+        // A scrape never holds a poll up for longer than about a poll.
+        let scrape_timeout = settings.poll_interval.clamp(Duration::from_millis(200), Duration::from_secs(2));
         let autoscaler = Autoscaler::new(ScalingPolicy {
             target_per_replica: settings.target_per_replica,
             min: settings.min,
@@ -262,6 +270,7 @@ impl Controller {
             next_pair: 0,
             submit_after: None,
             last_served: None,
+            scraper: settings_has_metrics.then(|| crate::replica_metrics::client(scrape_timeout)),
             view: view.clone(),
         };
         (c, view)
@@ -418,7 +427,7 @@ impl Controller {
                 being_preempted: j.is_being_preempted(),
             });
         }
-        let load = snap.queued as f64 + f64::from(snap.replicas.iter().map(|r| r.in_flight).sum::<u32>());
+        let (load, scraped) = self.load(&snap).await;
         let served: u64 = snap.replicas.iter().map(|r| r.served).sum();
         let rate = match self.last_served {
             // Removed replicas take their counts along: no negative rates.
@@ -439,6 +448,7 @@ impl Controller {
             v.desired = desired.clamp(self.settings.min, self.settings.max.max(self.settings.min));
             v.load = load;
             v.rate = rate;
+            v.scraped = scraped;
         }
         let s = &self.settings;
         let target = EndpointTarget {
@@ -467,6 +477,37 @@ impl Controller {
         } else {
             Err(errors.join("; "))
         }
+    }
+
+    /// What the autoscaler sees: requests queued in the router plus each
+    /// replica's load, from its own metrics where configured and readable,
+    /// else the router's count of its requests in flight.
+    async fn load(&self, snap: &crate::endpoint::EndpointSnapshot) -> (f64, Option<(usize, usize)>) {
+        let queued = snap.queued as f64;
+        let Some(client) = &self.scraper else {
+            return (queued + f64::from(snap.replicas.iter().map(|r| r.in_flight).sum::<u32>()), None);
+        };
+        let serving: Vec<_> = snap.replicas.iter().filter(|r| r.state == ReplicaState::Ready).collect();
+        let mut reads = tokio::task::JoinSet::new();
+        for (i, r) in serving.iter().enumerate() {
+            let (client, address) = (client.clone(), r.address);
+            let (path, names) = (self.settings.metrics_path.clone(), self.settings.load_metrics.clone());
+            reads.spawn(async move { (i, crate::replica_metrics::scrape(&client, address, &path, &names).await) });
+        }
+        let mut own = vec![None; serving.len()];
+        while let Some(Ok((i, r))) = reads.join_next().await {
+            match r {
+                Ok(v) => own[i] = Some(v),
+                Err(e) => tracing::debug!(endpoint = %self.name, "replica load metrics: {e}"),
+            }
+        }
+        let ok = own.iter().filter(|v| v.is_some()).count();
+        let mut load = queued;
+        for r in &snap.replicas {
+            let i = serving.iter().position(|s| s.address == r.address);
+            load += i.and_then(|i| own[i]).unwrap_or(f64::from(r.in_flight));
+        }
+        (load, Some((ok, serving.len())))
     }
 
     /// Running replicas not yet in the router join it at their node's

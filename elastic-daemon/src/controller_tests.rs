@@ -111,3 +111,83 @@ poll_interval = "often"
     assert_eq!((s.baseline_workload.as_str(), s.supplemental_workload.as_str()), ("inference-baseline", "inference"));
     assert_eq!((s.poll_interval, s.output.as_str()), (Duration::from_secs(2), "/dev/null"));
 }
+
+/// Every Slurm call fails: for tests of what the controller does without Slurm.
+struct NoSlurm;
+
+impl Slurm for NoSlurm {
+    fn submit(&self, _: &[&str]) -> Result<u32, SlurmError> {
+        Err(SlurmError::NoJobId { cmd: "none".into(), output: "no Slurm in this test".into() })
+    }
+    fn cancel(&self, _: u32, _: Option<&str>) -> Result<(), SlurmError> {
+        Err(SlurmError::NoJobId { cmd: "none".into(), output: "no Slurm in this test".into() })
+    }
+    fn update_job(&self, _: u32, _: &[(&str, &str)]) -> Result<(), SlurmError> {
+        Err(SlurmError::NoJobId { cmd: "none".into(), output: "no Slurm in this test".into() })
+    }
+    fn jobs(&self) -> Result<Vec<JobInfo>, SlurmError> {
+        Err(SlurmError::NoJobId { cmd: "none".into(), output: "no Slurm in this test".into() })
+    }
+    fn nodes(&self) -> Result<Vec<onepool_slurm_commands::state::NodeInfo>, SlurmError> {
+        Err(SlurmError::NoJobId { cmd: "none".into(), output: "no Slurm in this test".into() })
+    }
+}
+
+#[test]
+fn load_comes_from_the_replicas_metrics_where_readable_else_from_the_router() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        // A replica whose metrics say 9 requests waiting + 3 running.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let with_metrics = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).await.unwrap();
+                let body = "vllm:num_requests_waiting{m=\"x\"} 9\nvllm:num_requests_running{m=\"x\"} 3\n";
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+                s.write_all(head.as_bytes()).await.unwrap();
+                s.write_all(body.as_bytes()).await.unwrap();
+            }
+        });
+        // One that serves no metrics (nothing listens).
+        let without = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let endpoint = crate::endpoint::Endpoint::new(
+            "llm",
+            8,
+            crate::endpoint::QueueSettings { size: 10, timeout: Duration::from_secs(1) },
+            Default::default(),
+            Arc::new(crate::metrics::Metrics::new()),
+        );
+        endpoint.add(with_metrics, None, true).unwrap();
+        endpoint.add(without, None, true).unwrap();
+        // Two requests in flight on each, as the router counts them.
+        let leases: Vec<_> = {
+            let mut v = Vec::new();
+            for _ in 0..4 {
+                v.push(endpoint.acquire(&[]).await.unwrap());
+            }
+            v
+        };
+        let s = ReplicaSettings {
+            load_metrics: vec!["vllm:num_requests_waiting".into(), "vllm:num_requests_running".into()],
+            poll_interval: Duration::from_millis(500),
+            ..settings()
+        };
+        let (c, _) = Controller::new("llm", endpoint.clone(), false, s.clone(), Arc::new(NoSlurm));
+        let snap = endpoint.snapshot();
+        assert_eq!(c.load(&snap).await, (12.0 + 2.0, Some((1, 2))), "12 from the metrics, 2 from the router");
+        // Without load_metrics: the router's count only.
+        let (c, _) = Controller::new(
+            "llm",
+            endpoint.clone(),
+            false,
+            ReplicaSettings { load_metrics: vec![], ..s },
+            Arc::new(NoSlurm),
+        );
+        assert_eq!(c.load(&snap).await, (4.0, None));
+        drop(leases);
+    });
+}

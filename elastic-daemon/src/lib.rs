@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod policy_check;
 pub mod proxy;
 pub mod registry;
+pub mod replica_metrics;
 pub mod trace;
 
 /// The async runtime the daemon runs on and the HTTP types of its control

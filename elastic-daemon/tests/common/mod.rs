@@ -232,6 +232,7 @@ pub async fn start(endpoint: EndpointConfig) -> Daemon {
         endpoints: vec![endpoint],
         listeners: Vec::new(),
         slurm_conf: None,
+        policy: None,
     };
     Daemon::start(config).await.unwrap()
 }
