@@ -164,6 +164,13 @@ pub fn replica_jobs_table(state: &Value, now: u64) -> String {
             v["load"].as_f64().unwrap_or(0.0),
             v["rate"].as_f64().unwrap_or(0.0),
         ));
+        if let Some([read, serving]) = v["scraped"].as_array().map(|a| [&a[0], &a[1]]) {
+            out.push_str(&format!(
+                "  load from the replicas' own metrics: {} of {} read (the rest: the router's count)\n",
+                read.as_u64().unwrap_or(0),
+                serving.as_u64().unwrap_or(0)
+            ));
+        }
         if let Some(e) = v["last_error"].as_str() {
             out.push_str(&format!("  last Slurm error: {e}\n"));
         }
@@ -332,6 +339,7 @@ mod tests {
     fn replica_jobs_show_their_phase_node_and_drain_deadline() {
         let state = json!({"endpoints": [{"name": "chat", "queued": 0, "replicas": [], "replica_jobs": {
         "desired": 2, "min": 1, "max": 3, "load": 7.5, "rate": 12.25, "rounds": 9, "submitted": [], "last_error": null,
+            "scraped": [1, 2],
         "jobs": [
             {"job": 41, "port": 18000, "kind": "baseline", "phase": "serving", "address": "10.0.0.5:18000",
              "node": "node1", "preempted": false, "drain_deadline": null},
@@ -343,6 +351,8 @@ mod tests {
         let t = replica_jobs_table(&state, 1000);
         let lines: Vec<&str> = t.lines().filter(|l| !l.is_empty()).collect();
         assert_eq!(lines[0], "chat: 2 replicas wanted (min 1, max 3); load 7.5 in flight + queued; 12.2 requests/s");
+        assert_eq!(lines[1], "  load from the replicas' own metrics: 1 of 2 read (the rest: the router's count)");
+        let lines = [&lines[..1], &lines[2..]].concat();
         assert!(lines[1].split_whitespace().eq(["JOBID", "KIND", "PHASE", "NODE", "ADDRESS", "DRAIN"]), "{t}");
         assert!(lines[2].split_whitespace().eq(["41", "baseline", "serving", "node1", "10.0.0.5:18000", "-"]), "{t}");
         assert!(
