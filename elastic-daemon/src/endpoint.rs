@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::{oneshot, Notify};
 
-use crate::metrics::{replica_labels, EndpointLabels, Metrics};
+use prometheus_client::metrics::gauge::Gauge;
+
+use crate::backend_pool::IdleConns;
+use crate::metrics::{replica_labels, Metrics, ReplicaMetrics, RequestCounters};
 use crate::registry::{HealthThresholds, Pool, RegistryError, Replica, ReplicaId, ReplicaState, Transition};
 
 #[derive(Clone, Debug)]
@@ -44,7 +47,17 @@ pub enum DrainOutcome {
 struct Waiter {
     id: u64,
     exclude: Vec<ReplicaId>,
-    tx: oneshot::Sender<ReplicaId>,
+    tx: oneshot::Sender<(ReplicaId, Arc<ReplicaShared>)>,
+}
+
+/// What the requests to one replica share beside its counters in the
+/// pool: its metric handles (no label look-up per request) and its idle
+/// keep-alive connections. Requests hold it through their lease, so a
+/// removed replica's connections close when its last request ends.
+pub struct ReplicaShared {
+    pub address: SocketAddr,
+    pub metrics: ReplicaMetrics,
+    pub conns: Arc<IdleConns>,
 }
 
 struct Inner {
@@ -54,6 +67,13 @@ struct Inner {
     /// Woken when a draining replica's last request ends (or it is removed).
     drains: HashMap<ReplicaId, Arc<Notify>>,
     peak_queue: usize,
+    shared: Vec<(ReplicaId, Arc<ReplicaShared>)>,
+}
+
+impl Inner {
+    fn shared(&self, id: ReplicaId) -> Option<&Arc<ReplicaShared>> {
+        self.shared.iter().find(|(i, _)| *i == id).map(|(_, s)| s)
+    }
 }
 
 pub struct Endpoint {
@@ -62,6 +82,9 @@ pub struct Endpoint {
     queue: QueueSettings,
     inner: Mutex<Inner>,
     metrics: Arc<Metrics>,
+    queue_depth: Gauge,
+    /// Answers given without a replica (queue full, bad request).
+    requests: RequestCounters,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -90,7 +113,10 @@ impl Endpoint {
                 next_waiter: 0,
                 drains: HashMap::new(),
                 peak_queue: 0,
+                shared: Vec::new(),
             }),
+            queue_depth: metrics.queue_depth(name),
+            requests: metrics.request_counters(name, ""),
             metrics,
         })
     }
@@ -101,6 +127,11 @@ impl Endpoint {
 
     pub fn queue_settings(&self) -> &QueueSettings {
         &self.queue
+    }
+
+    /// Counts an answer the router gave without a replica.
+    pub fn count_answer(&self, status: u16) {
+        self.requests.count(status);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -122,7 +153,9 @@ impl Endpoint {
     pub fn add(&self, address: SocketAddr, limit: Option<u32>, ready: bool) -> Result<ReplicaId, RegistryError> {
         let mut g = self.lock();
         let id = g.pool.add(address, limit.unwrap_or(self.default_limit), ready)?;
-        self.metrics.in_flight.get_or_create(&replica_labels(&self.name, &address.to_string())).set(0);
+        let shared = self.new_shared(address);
+        shared.metrics.in_flight.set(0);
+        g.shared.push((id, Arc::new(shared)));
         self.dispatch(&mut g);
         Ok(id)
     }
@@ -130,6 +163,7 @@ impl Endpoint {
     pub fn remove(&self, address: SocketAddr) -> Result<Replica, RegistryError> {
         let mut g = self.lock();
         let r = g.pool.remove(address)?;
+        g.shared.retain(|(id, _)| *id != r.id);
         if let Some(n) = g.drains.remove(&r.id) {
             n.notify_waiters();
         }
@@ -156,6 +190,14 @@ impl Endpoint {
         }
     }
 
+    /// Closes the replicas' keep-alive connections unused for `max_idle`.
+    pub fn prune_idle(&self, max_idle: Duration) {
+        let shared: Vec<_> = self.lock().shared.iter().map(|(_, s)| s.clone()).collect();
+        for s in shared {
+            s.conns.prune(max_idle);
+        }
+    }
+
     /// Replicas to health-check: every one not draining.
     pub fn health_targets(&self) -> Vec<(ReplicaId, SocketAddr)> {
         let g = self.lock();
@@ -169,7 +211,7 @@ impl Endpoint {
         let (waiter_id, rx) = {
             let mut g = self.lock();
             if let Some(id) = g.pool.choose(exclude) {
-                return Ok(self.lease(&g, id));
+                return Ok(self.lease_chosen(&mut g, id));
             }
             if g.waiters.len() >= self.queue.size {
                 return Err(AcquireError::QueueFull);
@@ -190,10 +232,10 @@ impl Endpoint {
             tokio::time::timeout(self.queue.timeout, rx).await
         };
         match granted {
-            Ok(Ok(id)) => {
+            Ok(Ok((id, shared))) => {
                 guard.rx = None;
                 let g = self.lock();
-                Ok(self.lease(&g, id))
+                Ok(self.lease(&g, id, shared))
             }
             // The sender is dropped only after a send or with its queue
             // entry; neither leaves a slot behind.
@@ -211,29 +253,48 @@ impl Endpoint {
                 }
                 // Handed a slot just as the timeout fired: use it.
                 match rx.try_recv() {
-                    Ok(id) => Ok(self.lease(&g, id)),
+                    Ok((id, shared)) => Ok(self.lease(&g, id, shared)),
                     Err(_) => Err(AcquireError::TimedOut),
                 }
             }
         }
     }
 
-    fn lease(self: &Arc<Self>, g: &Inner, id: ReplicaId) -> Lease {
-        let address = g.pool.get(id).map(|r| r.address).unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
-        if let Some(r) = g.pool.get(id) {
-            self.metrics
-                .in_flight
-                .get_or_create(&replica_labels(&self.name, &address.to_string()))
-                .set(r.in_flight as i64);
+    /// The lease of a replica `choose` just picked.
+    fn lease_chosen(self: &Arc<Self>, g: &mut Inner, id: ReplicaId) -> Lease {
+        let shared = self.shared_of(g, id);
+        self.lease(g, id, shared)
+    }
+
+    /// The shared part of a replica in the pool (made with the replica in
+    /// `add`; made here too should that ever have been missed).
+    fn shared_of(&self, g: &mut Inner, id: ReplicaId) -> Arc<ReplicaShared> {
+        if let Some(s) = g.shared(id) {
+            return s.clone();
         }
-        Lease { endpoint: self.clone(), id, address, released: false }
+        let address = g.pool.get(id).map(|r| r.address).unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let s = Arc::new(self.new_shared(address));
+        g.shared.push((id, s.clone()));
+        s
+    }
+
+    fn new_shared(&self, address: SocketAddr) -> ReplicaShared {
+        ReplicaShared {
+            address,
+            metrics: self.metrics.replica(&self.name, &address.to_string()),
+            conns: Arc::default(),
+        }
+    }
+
+    fn lease(self: &Arc<Self>, g: &Inner, id: ReplicaId, shared: Arc<ReplicaShared>) -> Lease {
+        if let Some(r) = g.pool.get(id) {
+            shared.metrics.in_flight.set(r.in_flight as i64);
+        }
+        Lease { endpoint: self.clone(), id, shared, released: false }
     }
 
     fn set_queue_gauge(&self, g: &Inner) {
-        self.metrics
-            .queue_depth
-            .get_or_create(&EndpointLabels { endpoint: self.name.clone() })
-            .set(g.waiters.len() as i64);
+        self.queue_depth.set(g.waiters.len() as i64);
     }
 
     /// Hands free slots to waiters, oldest first; a waiter whose excluded
@@ -251,7 +312,8 @@ impl Endpoint {
                 continue;
             };
             let w = g.waiters.remove(i).expect("index checked above");
-            if w.tx.send(id).is_err() {
+            let shared = self.shared_of(g, id);
+            if w.tx.send((id, shared)).is_err() {
                 // The waiter is gone (its guard removes it under this lock, so
                 // this is rare); give the slot back and try the next one.
                 g.pool.release(id);
@@ -260,18 +322,15 @@ impl Endpoint {
         self.set_queue_gauge(g);
     }
 
-    fn release(&self, id: ReplicaId) {
+    fn release(&self, id: ReplicaId, shared: &ReplicaShared) {
         let mut g = self.lock();
-        self.release_locked(&mut g, id);
+        self.release_locked(&mut g, id, shared);
     }
 
-    fn release_locked(&self, g: &mut Inner, id: ReplicaId) {
+    fn release_locked(&self, g: &mut Inner, id: ReplicaId, shared: &ReplicaShared) {
         let drained = g.pool.release(id);
         if let Some(r) = g.pool.get(id) {
-            self.metrics
-                .in_flight
-                .get_or_create(&replica_labels(&self.name, &r.address.to_string()))
-                .set(r.in_flight as i64);
+            shared.metrics.in_flight.set(r.in_flight as i64);
         }
         if drained {
             if let Some(n) = g.drains.get(&id) {
@@ -341,7 +400,7 @@ impl Endpoint {
 struct WaiterGuard<'a> {
     endpoint: &'a Endpoint,
     id: u64,
-    rx: Option<oneshot::Receiver<ReplicaId>>,
+    rx: Option<oneshot::Receiver<(ReplicaId, Arc<ReplicaShared>)>>,
 }
 
 impl Drop for WaiterGuard<'_> {
@@ -351,8 +410,8 @@ impl Drop for WaiterGuard<'_> {
         if let Some(i) = g.waiters.iter().position(|w| w.id == self.id) {
             g.waiters.remove(i);
             self.endpoint.set_queue_gauge(&g);
-        } else if let Ok(id) = rx.try_recv() {
-            self.endpoint.release_locked(&mut g, id);
+        } else if let Ok((id, shared)) = rx.try_recv() {
+            self.endpoint.release_locked(&mut g, id, &shared);
         }
     }
 }
@@ -361,7 +420,7 @@ impl Drop for WaiterGuard<'_> {
 pub struct Lease {
     endpoint: Arc<Endpoint>,
     id: ReplicaId,
-    address: SocketAddr,
+    shared: Arc<ReplicaShared>,
     released: bool,
 }
 
@@ -370,7 +429,11 @@ impl Lease {
         self.id
     }
     pub fn address(&self) -> SocketAddr {
-        self.address
+        self.shared.address
+    }
+    /// The replica's metric handles and idle connections.
+    pub fn replica(&self) -> &Arc<ReplicaShared> {
+        &self.shared
     }
     pub fn endpoint(&self) -> &Arc<Endpoint> {
         &self.endpoint
@@ -381,7 +444,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         if !self.released {
             self.released = true;
-            self.endpoint.release(self.id);
+            self.endpoint.release(self.id, &self.shared);
         }
     }
 }

@@ -4,6 +4,7 @@
 //! replica controllers (`controller.rs`) run endpoints' replicas as Slurm
 //! jobs.
 
+pub mod backend_pool;
 pub mod config;
 pub mod control;
 pub mod controller;

@@ -2,6 +2,8 @@
 //! signals too (request rate, queue depth), so they are updated where the
 //! router decides, not sampled afterwards.
 
+use std::sync::OnceLock;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -98,6 +100,65 @@ impl Metrics {
             .get_or_create(&RequestLabels { endpoint: endpoint.to_string(), replica: replica.to_string(), class })
             .inc();
     }
+
+    /// The request counters of one endpoint and replica (`replica` empty:
+    /// answers the router gave itself), to count without building labels.
+    pub fn request_counters(&self, endpoint: &str, replica: &str) -> RequestCounters {
+        RequestCounters {
+            family: self.requests.clone(),
+            endpoint: endpoint.to_string(),
+            replica: replica.to_string(),
+            by_class: Default::default(),
+        }
+    }
+
+    /// One replica's metrics, looked up once when the replica is added.
+    pub fn replica(&self, endpoint: &str, replica: &str) -> ReplicaMetrics {
+        let labels = replica_labels(endpoint, replica);
+        ReplicaMetrics {
+            in_flight: self.in_flight.get_or_create(&labels).clone(),
+            latency: self.latency.get_or_create(&labels).clone(),
+            requests: self.request_counters(endpoint, replica),
+        }
+    }
+
+    pub fn queue_depth(&self, endpoint: &str) -> Gauge {
+        self.queue_depth.get_or_create(&EndpointLabels { endpoint: endpoint.to_string() }).clone()
+    }
+}
+
+/// `onepool_router_requests` of one endpoint and replica, by status class.
+/// Each class's series is created on its first request, as
+/// [`Metrics::count_request`] does, then counted without a look-up.
+pub struct RequestCounters {
+    family: Family<RequestLabels, Counter>,
+    endpoint: String,
+    replica: String,
+    by_class: [OnceLock<Counter>; 10],
+}
+
+impl RequestCounters {
+    pub fn count(&self, status: u16) {
+        let class = usize::from(status / 100).min(9);
+        self.by_class[class]
+            .get_or_init(|| {
+                let labels = RequestLabels {
+                    endpoint: self.endpoint.clone(),
+                    replica: self.replica.clone(),
+                    class: format!("{class}xx"),
+                };
+                self.family.get_or_create(&labels).clone()
+            })
+            .inc();
+    }
+}
+
+/// The handles of one replica's series (the same series as the families'
+/// look-ups by label).
+pub struct ReplicaMetrics {
+    pub in_flight: Gauge,
+    pub latency: Histogram,
+    pub requests: RequestCounters,
 }
 
 pub fn replica_labels(endpoint: &str, replica: &str) -> ReplicaLabels {

@@ -29,13 +29,18 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::backend_pool::{self, BackendBody, SendError, IDLE_TIMEOUT};
 use crate::config::{Routes, MODEL_PATHS};
 use crate::endpoint::{AcquireError, Endpoint, Lease};
-use crate::metrics::{replica_labels, Metrics};
+use crate::metrics::{Metrics, RequestCounters};
 
 /// The launcher's answer while a replica drains: 503 with this header set
 /// to "1". The request was not processed, so it is always retried.
 pub const DRAINING_HEADER: &str = "x-onepool-draining";
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 pub type ProxyBody = UnsyncBoxBody<Bytes, hyper::Error>;
 pub type BackendClient = Client<HttpConnector, Full<Bytes>>;
@@ -75,6 +80,8 @@ impl ProxySettings {
     }
 }
 
+/// A pooled HTTP client (the health checks'; proxied requests use the
+/// replicas' own connections, `backend_pool`).
 pub fn backend_client(connect_timeout: Duration) -> BackendClient {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(connect_timeout));
@@ -83,18 +90,33 @@ pub fn backend_client(connect_timeout: Duration) -> BackendClient {
 }
 
 /// One endpoint as the proxy sees it: shared by its own listener and by
-/// every shared listener that routes to it (one backend connection pool).
+/// every shared listener that routes to it (one backend connection pool
+/// per replica).
 pub struct Target {
     endpoint: Arc<Endpoint>,
     settings: ProxySettings,
-    client: BackendClient,
     metrics: Arc<Metrics>,
 }
 
 impl Target {
     pub fn new(endpoint: Arc<Endpoint>, settings: ProxySettings, metrics: Arc<Metrics>) -> Arc<Target> {
-        let client = backend_client(settings.connect_timeout);
-        Arc::new(Target { endpoint, settings, client, metrics })
+        // Closes keep-alive connections left unused (by a replica that is
+        // no longer busy, or after a burst), until the endpoint is gone.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let endpoint = Arc::downgrade(&endpoint);
+            rt.spawn(async move {
+                let mut tick = tokio::time::interval(IDLE_TIMEOUT / 2);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    match endpoint.upgrade() {
+                        Some(e) => e.prune_idle(IDLE_TIMEOUT),
+                        None => break,
+                    }
+                }
+            });
+        }
+        Arc::new(Target { endpoint, settings, metrics })
     }
 }
 
@@ -102,6 +124,19 @@ impl Target {
 pub enum Dispatch {
     /// An endpoint's own listener.
     Single(Arc<Target>),
+    /// A shared listener.
+    Routed(Box<Routed>),
+}
+
+/// A shared listener's routes, and its count of the requests it answered
+/// itself (refused: no such host, path or model; bad request), under
+/// `endpoint=""` (no endpoint chosen).
+pub struct Routed {
+    by: By,
+    answered: Option<RequestCounters>,
+}
+
+enum By {
     /// By `Host` (or HTTP/2 `:authority`), lower case, port ignored.
     Host(HashMap<String, Arc<Target>>),
     /// By path prefix on whole segments, longest first.
@@ -115,29 +150,42 @@ impl Dispatch {
     /// in `targets` (the configuration checked that).
     pub fn routed(routes: &Routes, targets: &HashMap<String, Arc<Target>>) -> Dispatch {
         let t = |name: &str| targets.get(name).expect("routes name configured endpoints").clone();
-        match routes {
-            Routes::Host(r) => Dispatch::Host(r.iter().map(|(h, e)| (h.clone(), t(e))).collect()),
+        let by = match routes {
+            Routes::Host(r) => By::Host(r.iter().map(|(h, e)| (h.clone(), t(e))).collect()),
             Routes::Path(r) => {
                 let mut v: Vec<_> = r.iter().map(|p| (p.prefix.clone(), p.strip, t(&p.endpoint))).collect();
                 v.sort_by_key(|p| std::cmp::Reverse(p.0.len()));
-                Dispatch::Path(v)
+                By::Path(v)
             }
-            Routes::Model { max_body, body_timeout, routes } => Dispatch::Model {
+            Routes::Model { max_body, body_timeout, routes } => By::Model {
                 max_body: *max_body,
                 body_timeout: *body_timeout,
                 models: routes.iter().map(|(m, e)| (m.clone(), t(e))).collect(),
             },
-        }
+        };
+        // Every target shares the daemon's metrics.
+        let answered = targets.values().next().map(|t| t.metrics.request_counters("", ""));
+        Dispatch::Routed(Box::new(Routed { by, answered }))
     }
 
     fn name(&self) -> &str {
         match self {
             Dispatch::Single(t) => t.endpoint.name(),
-            Dispatch::Host(_) => "(by host)",
-            Dispatch::Path(_) => "(by path)",
-            Dispatch::Model { .. } => "(by model)",
+            Dispatch::Routed(r) => match r.by {
+                By::Host(_) => "(by host)",
+                By::Path(_) => "(by path)",
+                By::Model { .. } => "(by model)",
+            },
         }
     }
+}
+
+
+/// A client connection as requests on it see it.
+struct ClientConn {
+    dispatch: Arc<Dispatch>,
+    /// The client's address as `X-Forwarded-For` names it.
+    forwarded_for: HeaderValue,
 }
 
 /// Serves `dispatch` on `listener` until `shutdown` turns true, then
@@ -172,10 +220,12 @@ pub async fn serve(
             _ = crate::daemon::stopped(&mut shutdown) => break,
         };
         let _ = stream.set_nodelay(true);
-        let dispatch = dispatch.clone();
+        let forwarded_for =
+            HeaderValue::from_str(&peer.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        let client = Arc::new(ClientConn { dispatch: dispatch.clone(), forwarded_for });
         let svc = service_fn(move |req| {
-            let dispatch = dispatch.clone();
-            async move { Ok::<_, Infallible>(route(req, &dispatch, peer).await) }
+            let client = client.clone();
+            async move { Ok::<_, Infallible>(route(req, &client).await) }
         });
         let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
         let conn = graceful.watch(conn);
@@ -267,42 +317,69 @@ struct ModelField {
 }
 
 /// Picks the endpoint for one request, then proxies it there.
-async fn route(req: Request<Incoming>, dispatch: &Dispatch, peer: SocketAddr) -> Response<ProxyBody> {
-    match dispatch {
-        Dispatch::Single(t) => handle(req, t, peer).await,
-        Dispatch::Host(hosts) => {
+async fn route(req: Request<Incoming>, client: &ClientConn) -> Response<ProxyBody> {
+    let routed = match &*client.dispatch {
+        Dispatch::Single(t) => return handle(req, t, client).await,
+        Dispatch::Routed(r) => r,
+    };
+    // The listener's own answers are counted here; the endpoints count
+    // theirs.
+    let listener_answer = |r: Response<ProxyBody>| {
+        if let Some(c) = &routed.answered {
+            c.count(r.status().as_u16());
+        }
+        r
+    };
+    match &routed.by {
+        By::Host(hosts) => {
             let (parts, body) = req.into_parts();
             let Some(host) = request_host(&parts) else {
-                return error_response(
+                return listener_answer(error_response(
                     StatusCode::BAD_REQUEST,
                     "the request names no host; this listener routes by Host",
-                );
+                ));
             };
             match hosts.get(&host) {
-                Some(t) => handle(Request::from_parts(parts, body), t, peer).await,
-                None => error_response(StatusCode::NOT_FOUND, &format!("no endpoint is served for host {host:?} here")),
+                Some(t) => handle(Request::from_parts(parts, body), t, client).await,
+                None => listener_answer(error_response(
+                    StatusCode::NOT_FOUND,
+                    &format!("no endpoint is served for host {host:?} here"),
+                )),
             }
         }
-        Dispatch::Path(routes) => {
+        By::Path(routes) => {
             let (mut parts, body) = req.into_parts();
             let Some((prefix, strip, t)) = routes.iter().find(|(p, _, _)| prefix_matches(p, parts.uri.path())) else {
                 let known: Vec<&str> = routes.iter().map(|(p, _, _)| p.as_str()).collect();
                 let msg =
                     format!("no endpoint is served under {:?}; the path prefixes here are {known:?}", parts.uri.path());
-                return error_response(StatusCode::NOT_FOUND, &msg);
+                return listener_answer(error_response(StatusCode::NOT_FOUND, &msg));
             };
             if *strip {
                 match strip_prefix(&parts.uri, prefix) {
                     Ok(u) => parts.uri = u,
-                    Err(msg) => return error_response(StatusCode::BAD_REQUEST, &msg),
+                    Err(msg) => {
+                        t.endpoint.count_answer(400);
+                        return error_response(StatusCode::BAD_REQUEST, &msg);
+                    }
                 }
             }
-            handle(Request::from_parts(parts, body), t, peer).await
+            handle(Request::from_parts(parts, body), t, client).await
         }
-        Dispatch::Model { max_body, body_timeout, models } => {
-            route_by_model(req, *max_body, *body_timeout, models, peer).await
+        By::Model { max_body, body_timeout, models } => {
+            match route_by_model(req, *max_body, *body_timeout, models, client).await {
+                Routing::Endpoint(r) => r,
+                Routing::Listener(r) => listener_answer(r),
+            }
         }
     }
+}
+
+/// Who answered a request routed by model: an endpoint (which counted
+/// it), or the listener itself (its model list, or a refusal).
+enum Routing {
+    Endpoint(Response<ProxyBody>),
+    Listener(Response<ProxyBody>),
 }
 
 async fn route_by_model(
@@ -310,107 +387,170 @@ async fn route_by_model(
     max_body: usize,
     body_timeout: Duration,
     models: &BTreeMap<String, Arc<Target>>,
-    peer: SocketAddr,
-) -> Response<ProxyBody> {
+    client: &ClientConn,
+) -> Routing {
     let known = || models.keys().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ");
+    let refuse = |status, msg: &str| Routing::Listener(openai_error(status, msg));
     let path = req.uri().path();
     if req.method() == Method::GET && path == "/v1/models" {
         let data: Vec<_> =
             models.keys().map(|m| serde_json::json!({ "id": m, "object": "model", "owned_by": "onepool" })).collect();
-        return json_response(StatusCode::OK, serde_json::json!({ "object": "list", "data": data }));
+        return Routing::Listener(json_response(StatusCode::OK, serde_json::json!({ "object": "list", "data": data })));
     }
     if !MODEL_PATHS.contains(&path) {
         let msg = format!(
             "this listener routes by the \"model\" of POST {}; {path:?} is not one of them",
             MODEL_PATHS.join(", ")
         );
-        return openai_error(StatusCode::NOT_FOUND, &msg);
+        return refuse(StatusCode::NOT_FOUND, &msg);
     }
     if req.method() != Method::POST {
         let mut r = openai_error(StatusCode::METHOD_NOT_ALLOWED, &format!("{path} takes POST"));
         r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("POST"));
-        return r;
+        return Routing::Listener(r);
     }
     let (parts, body) = req.into_parts();
     let body = match tokio::time::timeout(body_timeout, Limited::new(body, max_body).collect()).await {
-        Err(_) => return openai_error(StatusCode::REQUEST_TIMEOUT, "request body not received in time"),
+        Err(_) => return refuse(StatusCode::REQUEST_TIMEOUT, "request body not received in time"),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             let msg = format!(
                 "request body larger than {max_body} bytes, the most this listener reads to find \"model\" (max_model_body)"
             );
-            return openai_error(StatusCode::PAYLOAD_TOO_LARGE, &msg);
+            return refuse(StatusCode::PAYLOAD_TOO_LARGE, &msg);
         }
-        Ok(Err(_)) => return openai_error(StatusCode::BAD_REQUEST, "request body could not be read"),
+        Ok(Err(_)) => return refuse(StatusCode::BAD_REQUEST, "request body could not be read"),
         Ok(Ok(c)) => c.to_bytes(),
     };
     let model = match serde_json::from_slice::<ModelField>(&body) {
-        Err(e) => return openai_error(StatusCode::BAD_REQUEST, &format!("request body is not a JSON object: {e}")),
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, &format!("request body is not a JSON object: {e}")),
         Ok(ModelField { model: None }) => {
             let msg = format!("the request names no \"model\"; the models served here are {}", known());
-            return openai_error(StatusCode::NOT_FOUND, &msg);
+            return refuse(StatusCode::NOT_FOUND, &msg);
         }
         Ok(ModelField { model: Some(serde_json::Value::String(m)) }) => m,
         Ok(ModelField { model: Some(other) }) => {
             let msg = format!("\"model\" must be a string, not {other}; the models served here are {}", known());
-            return openai_error(StatusCode::BAD_REQUEST, &msg);
+            return refuse(StatusCode::BAD_REQUEST, &msg);
         }
     };
     let Some(t) = models.get(&model) else {
         let msg = format!("model {model:?} is not served here; the models served here are {}", known());
-        return openai_error(StatusCode::NOT_FOUND, &msg);
+        return refuse(StatusCode::NOT_FOUND, &msg);
     };
-    let name = t.endpoint.name();
     if body.len() > t.settings.max_request_body {
         let msg = format!("request body larger than {} bytes", t.settings.max_request_body);
-        t.metrics.count_request(name, "", 413);
-        return error_response(StatusCode::PAYLOAD_TOO_LARGE, &msg);
+        t.endpoint.count_answer(413);
+        return Routing::Endpoint(error_response(StatusCode::PAYLOAD_TOO_LARGE, &msg));
     }
-    forward(parts, body, t, peer, Instant::now()).await
+    Routing::Endpoint(forward(parts, body, t, client, Instant::now()).await)
 }
 
 /// Reads the request body (bounded), then proxies the request to one of
 /// the target's replicas.
-async fn handle(req: Request<Incoming>, ctx: &Target, peer: SocketAddr) -> Response<ProxyBody> {
+async fn handle(req: Request<Incoming>, ctx: &Target, client: &ClientConn) -> Response<ProxyBody> {
     let start = Instant::now();
-    let name = ctx.endpoint.name();
     let answer = |r: Response<ProxyBody>| {
-        ctx.metrics.count_request(name, "", r.status().as_u16());
+        ctx.endpoint.count_answer(r.status().as_u16());
         r
     };
     let (parts, body) = req.into_parts();
-    let body = match tokio::time::timeout(
-        ctx.settings.request_timeout,
-        Limited::new(body, ctx.settings.max_request_body).collect(),
-    )
-    .await
-    {
-        Err(_) => return answer(error_response(StatusCode::REQUEST_TIMEOUT, "request body not received in time")),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            let msg = format!("request body larger than {} bytes", ctx.settings.max_request_body);
-            return answer(error_response(StatusCode::PAYLOAD_TOO_LARGE, &msg));
+    let body = if body.is_end_stream() {
+        Bytes::new()
+    } else {
+        match tokio::time::timeout(
+            ctx.settings.request_timeout,
+            Limited::new(body, ctx.settings.max_request_body).collect(),
+        )
+        .await
+        {
+            Err(_) => return answer(error_response(StatusCode::REQUEST_TIMEOUT, "request body not received in time")),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                let msg = format!("request body larger than {} bytes", ctx.settings.max_request_body);
+                return answer(error_response(StatusCode::PAYLOAD_TOO_LARGE, &msg));
+            }
+            Ok(Err(_)) => return answer(error_response(StatusCode::BAD_REQUEST, "request body could not be read")),
+            Ok(Ok(c)) => c.to_bytes(),
         }
-        Ok(Err(_)) => return answer(error_response(StatusCode::BAD_REQUEST, "request body could not be read")),
-        Ok(Ok(c)) => c.to_bytes(),
     };
-    forward(parts, body, ctx, peer, start).await
+    forward(parts, body, ctx, client, start).await
+}
+
+/// The request as it goes to a replica: origin-form target, HTTP/1.1,
+/// hop-by-hop headers removed, `X-Forwarded-For` extended.
+struct Outgoing {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+    /// The client named no host: each attempt names its replica.
+    host_from_replica: bool,
+}
+
+impl Outgoing {
+    fn new(parts: http::request::Parts, body: Bytes, client: &ClientConn) -> Outgoing {
+        let http::request::Parts { method, uri, mut headers, .. } = parts;
+        strip_hop_by_hop(&mut headers);
+        // HTTP/2 clients name the host in :authority, not in a Host header.
+        if !headers.contains_key(header::HOST) {
+            if let Some(v) = uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
+                headers.insert(header::HOST, v);
+            }
+        }
+        let host_from_replica = !headers.contains_key(header::HOST);
+        let forwarded = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+            Some(prev) => {
+                let ip = client.forwarded_for.to_str().unwrap_or_default();
+                HeaderValue::from_str(&format!("{prev}, {ip}")).ok()
+            }
+            None => Some(client.forwarded_for.clone()),
+        };
+        if let Some(v) = forwarded {
+            headers.insert(X_FORWARDED_FOR, v);
+        }
+        let uri = if uri.scheme().is_none() && uri.authority().is_none() && uri.path_and_query().is_some() {
+            uri
+        } else {
+            match uri.path_and_query() {
+                Some(pq) => Uri::from(pq.clone()),
+                None => Uri::from_static("/"),
+            }
+        };
+        Outgoing { method, uri, headers, body, host_from_replica }
+    }
+
+    /// One attempt's request; the last attempt takes the headers along.
+    fn request(&mut self, replica: SocketAddr, last: bool) -> Request<Full<Bytes>> {
+        let mut req = Request::new(Full::new(self.body.clone()));
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.version_mut() = Version::HTTP_11;
+        *req.headers_mut() = if last { std::mem::take(&mut self.headers) } else { self.headers.clone() };
+        if self.host_from_replica {
+            if let Ok(v) = HeaderValue::from_str(&replica.to_string()) {
+                req.headers_mut().insert(header::HOST, v);
+            }
+        }
+        req
+    }
 }
 
 async fn forward(
     parts: http::request::Parts,
     body: Bytes,
     ctx: &Target,
-    peer: SocketAddr,
+    client: &ClientConn,
     start: Instant,
 ) -> Response<ProxyBody> {
     let name = ctx.endpoint.name();
     let answer = |r: Response<ProxyBody>| {
-        ctx.metrics.count_request(name, "", r.status().as_u16());
+        ctx.endpoint.count_answer(r.status().as_u16());
         r
     };
     let retry_any = ctx.settings.idempotent || is_safe(&parts.method);
+    let mut out = Outgoing::new(parts, body, client);
     let mut tried = Vec::new();
     let mut last_failure: Option<Response<ProxyBody>> = None;
-    for _ in 0..=ctx.settings.retries {
+    for attempt in 0..=ctx.settings.retries {
         let lease = match ctx.endpoint.acquire(&tried).await {
             Ok(l) => l,
             Err(e) => {
@@ -423,24 +563,23 @@ async fn forward(
             }
         };
         tried.push(lease.id());
-        let replica = lease.address().to_string();
-        let out = match backend_request(&parts, body.clone(), lease.address(), peer) {
-            Ok(r) => r,
-            Err(msg) => return answer(error_response(StatusCode::BAD_REQUEST, &msg)),
-        };
-        let result = tokio::time::timeout(ctx.settings.request_timeout, ctx.client.request(out)).await;
+        let replica = lease.replica();
+        let req = out.request(replica.address, attempt == ctx.settings.retries);
+        let sent = backend_pool::send(&replica.conns, replica.address, ctx.settings.connect_timeout, req);
+        let result = tokio::time::timeout(ctx.settings.request_timeout, sent).await;
+        let counted = |status: u16| replica.metrics.requests.count(status);
         match result {
             Err(_) => {
                 // Not retried: the replica may still be working on it, and a
                 // second attempt would double the wait.
-                let r = error_response(StatusCode::GATEWAY_TIMEOUT, "the replica did not answer in time");
-                ctx.metrics.count_request(name, &replica, 504);
-                return r;
+                counted(504);
+                return error_response(StatusCode::GATEWAY_TIMEOUT, "the replica did not answer in time");
             }
             Ok(Err(e)) => {
-                let not_sent = e.is_connect();
+                let replica = replica.address;
+                let not_sent = matches!(e, SendError::NotSent(_));
                 tracing::info!(endpoint = %name, %replica, not_sent, "replica request failed: {e}");
-                ctx.metrics.count_request(name, &replica, 502);
+                counted(502);
                 let r = error_response(StatusCode::BAD_GATEWAY, "the replica failed before answering");
                 if not_sent || retry_any {
                     last_failure = Some(r);
@@ -448,27 +587,47 @@ async fn forward(
                 }
                 return r;
             }
-            Ok(Ok(resp)) => {
+            Ok(Ok((resp, conn))) => {
                 if resp.status() == StatusCode::SERVICE_UNAVAILABLE
                     && resp.headers().get(DRAINING_HEADER).is_some_and(|v| v.as_bytes() == b"1")
                 {
                     ctx.endpoint.backend_draining(lease.id());
-                    ctx.metrics.count_request(name, &replica, 503);
+                    counted(503);
                     last_failure =
                         Some(unavailable(ctx, "the replica is draining and no other one could take the request"));
                     continue;
                 }
-                ctx.metrics.count_request(name, &replica, resp.status().as_u16());
-                return client_response(resp, lease, ctx, start);
+                counted(resp.status().as_u16());
+                return client_response(resp, conn, lease, start);
             }
         }
     }
     answer(last_failure.unwrap_or_else(|| error_response(StatusCode::BAD_GATEWAY, "no replica could answer")))
 }
 
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    [
+        header::CONNECTION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::PROXY_AUTHORIZATION,
+        header::PROXY_AUTHENTICATE,
+        KEEP_ALIVE,
+        PROXY_CONNECTION,
+    ]
+    .iter()
+    .any(|h| h == name)
+}
+
 /// Hop-by-hop headers (RFC 9110 7.6.1) belong to one connection and are not
 /// forwarded; HTTP/2 refuses them outright.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages have none: one look at each name, nothing removed.
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -487,67 +646,40 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         header::UPGRADE,
         header::PROXY_AUTHORIZATION,
         header::PROXY_AUTHENTICATE,
+        KEEP_ALIVE,
+        PROXY_CONNECTION,
     ] {
         headers.remove(n);
     }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
 }
 
-fn backend_request(
-    parts: &http::request::Parts,
-    body: Bytes,
-    replica: SocketAddr,
-    peer: SocketAddr,
-) -> Result<Request<Full<Bytes>>, String> {
-    let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    let uri: Uri = format!("http://{replica}{path}").parse().map_err(|e| format!("request target {path:?}: {e}"))?;
-    let mut headers = parts.headers.clone();
-    strip_hop_by_hop(&mut headers);
-    // HTTP/2 clients name the host in :authority, not in a Host header.
-    if !headers.contains_key(header::HOST) {
-        if let Some(a) = parts.uri.authority() {
-            if let Ok(v) = HeaderValue::from_str(a.as_str()) {
-                headers.insert(header::HOST, v);
-            }
-        }
-    }
-    let forwarded = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {}", peer.ip()),
-        None => peer.ip().to_string(),
-    };
-    if let Ok(v) = HeaderValue::from_str(&forwarded) {
-        headers.insert("x-forwarded-for", v);
-    }
-    let mut req = Request::new(Full::new(body));
-    *req.method_mut() = parts.method.clone();
-    *req.uri_mut() = uri;
-    *req.version_mut() = Version::HTTP_11;
-    *req.headers_mut() = headers;
-    Ok(req)
-}
-
-fn client_response(resp: Response<Incoming>, lease: Lease, ctx: &Target, start: Instant) -> Response<ProxyBody> {
+fn client_response(
+    resp: Response<Incoming>,
+    conn: backend_pool::BackendConn,
+    lease: Lease,
+    start: Instant,
+) -> Response<ProxyBody> {
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    let body = LeasedBody { inner: body, lease: Some(lease), start, metrics: ctx.metrics.clone() };
+    let body = BackendBody::new(body, conn, lease.replica().conns.clone());
+    let body = LeasedBody { inner: body, lease: Some(lease), start };
     Response::from_parts(parts, body.boxed_unsync())
 }
 
 /// A replica's response body that holds the replica's lease until the last
 /// frame has passed (or the client went away), then records the latency.
 struct LeasedBody {
-    inner: Incoming,
+    inner: BackendBody,
     lease: Option<Lease>,
     start: Instant,
-    metrics: Arc<Metrics>,
 }
 
 impl LeasedBody {
     fn finish(&mut self) {
         if let Some(lease) = self.lease.take() {
-            let labels = replica_labels(lease.endpoint().name(), &lease.address().to_string());
-            self.metrics.latency.get_or_create(&labels).observe(self.start.elapsed().as_secs_f64());
+            // The connection first, so that the next request finds it idle.
+            self.inner.finish();
+            lease.replica().metrics.latency.observe(self.start.elapsed().as_secs_f64());
         }
     }
 }

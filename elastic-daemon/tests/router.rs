@@ -2,6 +2,8 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -210,6 +212,87 @@ async fn hanging_backend_times_out_with_504_and_others_are_fine() {
     }
     assert_eq!(hung.await.unwrap(), StatusCode::GATEWAY_TIMEOUT);
     until("the hung request's slot is back", || h.snapshot().replicas[0].in_flight == 0).await;
+    h.daemon.shutdown().await;
+}
+
+/// A bare HTTP/1.1 replica that answers "ok" to every request and counts
+/// the connections it accepts; with `close_after_answer` it closes each
+/// connection right after its first answer, without saying so (as a
+/// replica whose keep-alive timeout passed does).
+async fn counting_backend(close_after_answer: bool) -> (std::net::SocketAddr, Arc<AtomicU64>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else { return };
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    // One request: its head, then a Content-Length body.
+                    let head_end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    while buf.len() < head_end + len {
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..head_end + len);
+                    if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await.is_err()
+                        || close_after_answer
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_connections_are_kept_alive_and_reused() {
+    let (addr, accepted) = counting_backend(false).await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[addr]).await;
+    let c = client();
+    for method in ["GET", "POST", "GET", "PUT", "GET", "POST"] {
+        let (s, _, body) = send(&c, method, &format!("{}/ok", h.url)).await;
+        assert_eq!((s, body.as_str()), (StatusCode::OK, "ok"));
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection for requests one after the other");
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connection_closed_by_the_replica_is_not_an_error() {
+    let (addr, accepted) = counting_backend(true).await;
+    // No other replica to retry on: a POST on a connection found closed goes
+    // out again on a new one.
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[addr]).await;
+    let c = client();
+    for _ in 0..5 {
+        let (s, _, body) = send(&c, "POST", &format!("{}/ok", h.url)).await;
+        assert_eq!((s, body.as_str()), (StatusCode::OK, "ok"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 5);
     h.daemon.shutdown().await;
 }
 

@@ -14,6 +14,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use onepool_daemon::config;
 use onepool_daemon::daemon::Daemon;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Two endpoints, "chat" and "embed", reached only through one shared
 /// listener configured by `listener` (its `[[listener]]` table and routes).
@@ -238,6 +239,81 @@ async fn model_routing_answers_413_404_400_405_without_reaching_a_replica() {
     // Other requests are unaffected.
     let (s, _, _) = request(&c, "POST", &url, &[], r#"{"model": "llama-3-8b"}"#).await;
     assert_eq!(s, StatusCode::OK);
+    t.daemon.shutdown().await;
+}
+
+/// The value of one `onepool_router_requests_total` series, 0 if absent.
+fn requests_total(daemon: &Daemon, endpoint: &str, replica: &str, class: &str) -> u64 {
+    let series =
+        format!("onepool_router_requests_total{{endpoint=\"{endpoint}\",replica=\"{replica}\",class=\"{class}\"}} ");
+    let text = daemon.metrics.encode();
+    text.lines().find_map(|l| l.strip_prefix(series.as_str())).map_or(0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listener_answers_and_refusals_are_counted_in_the_metrics() {
+    let t = two(MODEL_LISTENER).await;
+    let c = client();
+    let url = format!("{}/v1/chat/completions", t.url);
+    let (s, _, _) = request(&c, "POST", &url, &[], r#"{"model": "gpt-9"}"#).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _, _) = request(&c, "GET", &url, &[], "").await;
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+    let (s, _, _) = request(&c, "POST", &url, &[], r#"{"model": 7}"#).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let (s, _, _) = request(&c, "POST", &url, &[], format!(r#"{{"prompt": "{}"}}"#, "a".repeat(2000))).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    let (s, _, _) = request(&c, "GET", &format!("{}/v1/models", t.url), &[], "").await;
+    assert_eq!(s, StatusCode::OK);
+    // No endpoint was chosen for these: endpoint="" and replica="".
+    assert_eq!(requests_total(&t.daemon, "", "", "4xx"), 4);
+    assert_eq!(requests_total(&t.daemon, "", "", "2xx"), 1);
+    // Routed, then refused by the endpoint (its max_request_body): the endpoint's.
+    let mid = format!(r#"{{"model": "llama-3-8b", "prompt": "{}"}}"#, "a".repeat(900));
+    assert_eq!(request(&c, "POST", &url, &[], mid).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(requests_total(&t.daemon, "chat", "", "4xx"), 1);
+    assert_eq!(request(&c, "POST", &url, &[], r#"{"model": "llama-3-8b"}"#).await.0, StatusCode::OK);
+    assert_eq!(requests_total(&t.daemon, "chat", &t.chat.addr.to_string(), "2xx"), 1);
+    assert_eq!(requests_total(&t.daemon, "", "", "4xx"), 4);
+    t.daemon.shutdown().await;
+
+    let t = two(r#"[[listener]]
+listen = "127.0.0.1:0"
+by = "host"
+[[listener.route]]
+host = "chat.example"
+endpoint = "chat"
+[[listener.route]]
+host = "embed.example"
+endpoint = "embed"
+"#)
+    .await;
+    let (s, _, _) = request(&c, "GET", &format!("{}/ok", t.url), &[("host", "other.example")], "").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    // HTTP/1.0 without a Host header: 400.
+    let mut stream = tokio::net::TcpStream::connect(t.daemon.listeners[0]).await.unwrap();
+    stream.write_all(b"GET /ok HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.0 400"), "{answer}");
+    assert_eq!(requests_total(&t.daemon, "", "", "4xx"), 2);
+    t.daemon.shutdown().await;
+
+    let t = two(r#"[[listener]]
+listen = "127.0.0.1:0"
+by = "path"
+[[listener.route]]
+path = "/chat"
+endpoint = "chat"
+[[listener.route]]
+path = "/embed"
+endpoint = "embed"
+"#)
+    .await;
+    let (s, _, _) = request(&c, "GET", &format!("{}/other/ok", t.url), &[], "").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_eq!(requests_total(&t.daemon, "", "", "4xx"), 1);
+    assert_eq!((t.chat.stats.served(), t.embed.stats.served()), (0, 0));
     t.daemon.shutdown().await;
 }
 
