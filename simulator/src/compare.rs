@@ -212,6 +212,8 @@ pub struct Comparison {
     pub separate_gpus: Option<u64>,
     pub shared_gpus_needed: Option<u64>,
     pub shared_searched: bool,
+    /// false: `--shared-only`, the separate islands were not sized.
+    pub separate_sized: bool,
     /// The fleet the shared pool was simulated on (the scenario's, or the needed size).
     pub shared_fleet_gpus: u64,
     pub separate_idle_gpu_hours: f64,
@@ -310,6 +312,7 @@ pub fn compare(w: &Workload, policy: &Policy, fleet: &Fleet, s: &Settings, searc
         separate_gpus: sep_total,
         shared_gpus_needed: shared_needed,
         shared_searched: search,
+        separate_sized: s.separate,
         shared_fleet_gpus: fleet.gpus(),
         separate_idle_gpu_hours: sep_idle,
         shared_idle_gpu_hours: (fleet.gpus() as f64 * res.window_s - res.used_in_window_gpu_s) / 3600.0,

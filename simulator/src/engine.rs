@@ -22,7 +22,7 @@ use onepool_decisions::autoscale::{Autoscaler, ScalingPolicy};
 use serde::Serialize;
 
 use crate::fleet::Fleet;
-use crate::slurm::{pick_victims, Holder, SlurmModel, IMMEDIATE_FREE_S, REQUEUE_HOLD_S};
+use crate::slurm::{pick_victims, Holder, SlurmModel, IMMEDIATE_FREE_S, REQUEUE_HOLD_S, SCHED_INTERVAL_S};
 
 /// A batch job, classified.
 #[derive(Debug, Clone, PartialEq)]
@@ -717,7 +717,10 @@ impl Sim<'_> {
                 l.being_reclaimed = false;
                 l.submit = now;
                 l.not_before = now + REQUEUE_HOLD_S;
-                let at = l.not_before;
+                // Started by the first scheduling pass after that: any job
+                // event, or Slurm's periodic pass.
+                let t0 = self.w.t0;
+                let at = t0 + ((l.not_before - t0) / SCHED_INTERVAL_S).ceil() * SCHED_INTERVAL_S;
                 self.pending[class].push_back(id);
                 self.push(at, Ev::Wake);
             }

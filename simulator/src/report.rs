@@ -98,7 +98,7 @@ pub fn table(r: &Report) -> String {
         }
         rows.push(vec![
             s.class.clone(),
-            if row.own_island { opt_gpus(row.separate_gpus_needed) } else { "-".into() },
+            if row.own_island && c.separate_sized { opt_gpus(row.separate_gpus_needed) } else { "-".into() },
             s.peak_gpus.to_string(),
             format!("{:.1}", s.gpu_hours_used),
             format!("{:.1}", s.borrowed_gpu_hours),
@@ -129,17 +129,21 @@ pub fn table(r: &Report) -> String {
     }
     out.push_str(&format!(
         "\nGPUs needed: separate islands {}, one shared pool {}\n",
-        opt_gpus(c.separate_gpus),
+        if c.separate_sized { opt_gpus(c.separate_gpus) } else { "not sized (--shared-only)".into() },
         match (c.shared_gpus_needed, c.shared_searched) {
             (Some(g), _) => g.to_string(),
             (None, true) => "unmet at every size tried".into(),
             (None, false) => "not searched (use --search)".into(),
         }
     ));
+    let sep_idle = if c.separate_sized {
+        format!("separate {:.1} (each island's own, per class above), ", c.separate_idle_gpu_hours)
+    } else {
+        String::new()
+    };
     out.push_str(&format!(
-        "idle GPU-hours in the window: separate {:.1} (each island's own, per class above), shared {:.1} (one pool: \
-         any class may use them within its limits)\n",
-        c.separate_idle_gpu_hours, c.shared_idle_gpu_hours
+        "idle GPU-hours in the window: {sep_idle}shared {:.1} (one pool: any class may use them within its limits)\n",
+        c.shared_idle_gpu_hours
     ));
     out.push_str(&format!(
         "search: {} runs in {:.2} s; shared run {:.2} s\n",

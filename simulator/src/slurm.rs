@@ -39,7 +39,9 @@
 //!   first simply completes.
 //! - **After.** A requeued job checkpointed at its notice: it keeps the work
 //!   it had done until then and may start again [`REQUEUE_HOLD_S`] after it
-//!   was requeued (Reason=BeginTime, measured). A cancelled one (immediate,
+//!   was requeued (Reason=BeginTime), at the first scheduling pass after
+//!   that (a job's submission or end, or the periodic pass every
+//!   [`SCHED_INTERVAL_S`]). A cancelled one (immediate,
 //!   or graceful after its drain) ends PREEMPTED; Slurm does nothing more.
 //!   Whether its owner resubmits it (from the beginning: its work is lost)
 //!   or it is dropped is the scenario's `[victims] cancelled` (default
@@ -68,6 +70,15 @@ pub const IMMEDIATE_FREE_S: f64 = 0.5;
 /// start again: Slurm 22.05 sets its begin time past the job credential's
 /// lifetime (120 s by default) so the old run's credential has expired.
 pub const REQUEUE_HOLD_S: f64 = 121.0;
+
+/// Slurm's periodic main scheduling pass (`sched_interval`, 60 s by
+/// default). A job that becomes eligible by time alone (a requeued job's
+/// BeginTime passing) is not started then: it waits for the next pass,
+/// which a job's submission or end triggers, or this periodic one (the
+/// backfill pass skips its cycle when no job or node changed; measured on
+/// the dev cluster, bench/RESULTS.md). The model runs the periodic pass
+/// every `SCHED_INTERVAL_S` from the window's start.
+pub const SCHED_INTERVAL_S: f64 = 60.0;
 
 /// One class's QOS as Slurm enforces it.
 #[derive(Debug, Clone, PartialEq)]

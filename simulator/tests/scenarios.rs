@@ -127,12 +127,14 @@ fn higher_rank_reclaims_the_borrower_after_the_exempt_time() {
 /// A protected job reclaims a requeue borrower (1 node, 2 GPUs, exempt
 /// time 2m, drain timeout 1m). The notice comes at t=200 when p asks;
 /// with `release_after` 15 s the borrower checkpoints and requeues at 215,
-/// p runs 215-315, and the borrower, held 121 s (Slurm's BeginTime after a
-/// requeue), resumes at 336 with the 800 s it had left at the notice.
-/// Without `release_after` it holds the GPUs to its drain timeout (260).
+/// p runs 215-315, and the borrower is held 121 s (Slurm's BeginTime after
+/// a requeue), to 336, with the 800 s it had left at the notice. Nothing
+/// else happens then, so it starts at Slurm's next periodic scheduling
+/// pass, 360 (every 60 s); a submission at 350 starts it at 350. Without
+/// `release_after` it holds the GPUs to its drain timeout (260).
 #[test]
 fn a_requeued_victim_gives_back_its_gpus_after_its_checkpoint_and_waits_out_begin_time() {
-    use onepool_decisions::annotation::ReclaimMode::Requeue;
+    use onepool_decisions::annotation::ReclaimMode::{Immediate, Requeue};
     let p = three_class_policy("2m", "requeue", 0);
     let job = |submit: f64, duration: f64, class: usize| Job {
         submit,
@@ -142,25 +144,27 @@ fn a_requeued_victim_gives_back_its_gpus_after_its_checkpoint_and_waits_out_begi
         gpu_type: None,
         class,
         island: class,
-        reclaim: (class == 1).then_some(Requeue),
+        reclaim: [None, Some(Requeue), Some(Immediate)][class],
         drain: (class == 1).then_some(std::time::Duration::from_secs(60)),
     };
-    let mut w = build_workload(&p, vec![job(0.0, 1000.0, 1), job(200.0, 100.0, 0)], vec![]);
     let s = Settings { job_log: true, ..Settings::default() };
-    let runs = |w: &Workload| {
-        let r = compare::run_shared(w, &p, &Fleet::uniform(1, 2), &s);
+    let runs = |jobs: Vec<Job>, release_after_s: Option<f64>| {
+        let mut w = build_workload(&p, jobs, vec![]);
+        w.victims[1].release_after_s = release_after_s;
+        let r = compare::run_shared(&w, &p, &Fleet::uniform(1, 2), &s);
         let log: Vec<(usize, f64, f64, bool)> =
             r.job_log.iter().map(|e| (e.job, e.start, e.end, e.reclaimed)).collect();
         (log, r.classes[1].lost_gpu_s, r.classes[1].time_to_capacity.clone())
     };
-    w.victims[1].release_after_s = Some(15.0);
-    let (log, lost, ttc) = runs(&w);
-    assert_eq!(log, [(0, 0.0, 215.0, true), (1, 215.0, 315.0, false), (0, 336.0, 1136.0, false)]);
+    let two = || vec![job(0.0, 1000.0, 1), job(200.0, 100.0, 0)];
+    let (log, lost, ttc) = runs(two(), Some(15.0));
+    assert_eq!(log, [(0, 0.0, 215.0, true), (1, 215.0, 315.0, false), (0, 360.0, 1160.0, false)]);
     assert_eq!(lost, 2.0 * 15.0);
-    assert_eq!(ttc, [0.0, 121.0]);
-    w.victims[1].release_after_s = None;
-    let (log, lost, _) = runs(&w);
-    assert_eq!(log, [(0, 0.0, 260.0, true), (1, 260.0, 360.0, false), (0, 381.0, 1181.0, false)]);
+    assert_eq!(ttc, [0.0, 145.0]);
+    let (log, _, _) = runs([two(), vec![job(350.0, 10.0, 2)]].concat(), Some(15.0));
+    assert_eq!(log[2], (0, 350.0, 1150.0, false));
+    let (log, lost, _) = runs(two(), None);
+    assert_eq!(log, [(0, 0.0, 260.0, true), (1, 260.0, 360.0, false), (0, 420.0, 1220.0, false)]);
     assert_eq!(lost, 2.0 * 60.0);
 }
 
