@@ -72,7 +72,10 @@ load_metrics = ["vllm:num_requests_waiting", "bad name"]
 metrics_path = "metrics"
 "#;
     let e = parse("t.toml", src).unwrap_err().to_string();
-    assert!(e.contains("t.toml:7:16: error: replicas.load_metrics: \"bad name\" is not a Prometheus metric name"), "{e}");
+    assert!(
+        e.contains("t.toml:7:16: error: replicas.load_metrics: \"bad name\" is not a Prometheus metric name"),
+        "{e}"
+    );
     assert!(e.contains("t.toml:8:16: error: replicas.metrics_path = \"metrics\" must start with '/'"), "{e}");
     let ok = src.replace(", \"bad name\"", "").replace("\"metrics\"", "\"/m\"");
     let r = parse("t.toml", &ok).unwrap().endpoints[0].replicas.clone().unwrap();
