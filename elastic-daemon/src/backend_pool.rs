@@ -1,62 +1,214 @@
-//! Keep-alive HTTP/1.1 connections to one replica, on hyper's
-//! `client::conn::http1`, without a task per connection: the request that
-//! uses a connection polls hyper's connection state machine itself (while
-//! waiting for the response head, then from its response body), so a
-//! proxied request runs in the client connection's task from the first
-//! byte read to the last byte written, with no hand-over to another task.
-//! A connection is kept for the next request when its response has been
-//! read to the end; a request dropped half-way (client gone, timeout)
-//! closes it, as hyper's own pool does.
+//! HTTP/1.1 to replicas: keep-alive connections, one idle list per
+//! replica, and a small client for the one exchange the proxy makes on
+//! them (write a request head and its whole body, read a response head,
+//! stream the response body). The request that uses a connection does its
+//! reads and writes itself, in the client connection's task, with no
+//! channel or task between it and the socket. Response heads are parsed by
+//! `httparse`; bodies are framed by Content-Length, chunked encoding, or
+//! the end of the connection (RFC 9112, section 6). A connection is kept
+//! for the next request when its response was read to the end and the
+//! replica did not ask to close it; a response left half-way (client gone,
+//! timeout) closes it.
 
-use std::future::Future;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::io::IoSlice;
+use std::mem::MaybeUninit;
 use std::net::SocketAddr;
-use std::pin::{pin, Pin};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::task::{Context, Poll, Wake, Waker};
-use std::time::{Duration, Instant};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::task::{ready, Context, Poll, Wake, Waker};
+use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response};
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
+use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
-
-pub type RequestBody = Full<Bytes>;
-type Connection = http1::Connection<TokioIo<TcpStream>, RequestBody>;
+use tokio::time::{Instant, Sleep};
 
 /// How long a connection may sit unused before it is closed rather than
 /// reused (replicas close idle connections on their own schedule too).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// One HTTP/1.1 connection to a replica: hyper's request handle and the
-/// connection itself, which whoever uses the handle must poll.
+/// Most header fields in a response head (hyper's limit too).
+const MAX_HEADERS: usize = 100;
+/// Largest response head, and largest trailer section (hyper's read limit).
+const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
+/// Longest chunk-size line, extensions included.
+const MAX_CHUNK_LINE: usize = 4096;
+/// Read buffer growth.
+const READ_CHUNK: usize = 8192;
+
+/// One HTTP/1.1 connection to a replica, between exchanges.
 pub struct BackendConn {
-    tx: http1::SendRequest<RequestBody>,
-    /// `None` once the connection has ended (closed, failed).
-    conn: Option<Connection>,
+    io: TcpStream,
+    /// Bytes read and not yet used (empty between exchanges).
+    buf: BytesMut,
+    /// The current exchange's deadline for its response head; kept with the
+    /// connection so that the next exchange only moves it (no new timer).
+    timer: Option<Pin<Box<Sleep>>>,
     idle_since: Instant,
+    /// Scratch for parsing response heads.
+    spans: Vec<(HeaderName, usize, usize)>,
 }
 
 impl BackendConn {
-    /// Drives the connection (reads, writes, hands over responses and body
-    /// frames); false once it has ended.
-    fn poll_conn(&mut self, cx: &mut Context<'_>) -> bool {
-        if let Some(conn) = self.conn.as_mut() {
-            if Pin::new(conn).poll(cx).is_ready() {
-                // Dropping it answers every request still queued on it.
-                self.conn = None;
-            }
-        }
-        self.conn.is_some()
+    fn new(io: TcpStream) -> BackendConn {
+        BackendConn { io, buf: BytesMut::new(), timer: None, idle_since: Instant::now(), spans: Vec::new() }
     }
 
-    /// Whether the next request can go out on it at once.
-    fn reusable(&self) -> bool {
-        self.conn.is_some() && self.tx.is_ready() && !self.tx.is_closed()
+    fn arm(&mut self, deadline: Instant) {
+        match self.timer.as_mut() {
+            Some(t) => t.as_mut().reset(deadline),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+        }
     }
+
+    fn poll_timer(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match self.timer.as_mut() {
+            Some(t) => t.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
+    }
+
+    /// Reads what the socket has into `buf`; Ok(0) at the end of the stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < 1024 {
+            self.buf.reserve(READ_CHUNK);
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+    }
+
+    /// Whether an idle connection can take a request: the replica neither
+    /// closed it nor sent anything unasked. Costs a system call only when
+    /// the socket has become readable.
+    fn still_idle(&mut self) -> bool {
+        if !self.buf.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(noop_waker());
+        match self.io.poll_read_ready(&mut cx) {
+            Poll::Pending => true,
+            Poll::Ready(Err(_)) => false,
+            Poll::Ready(Ok(())) => self.poll_fill(&mut cx).is_pending(),
+        }
+    }
+
+    /// Writes the request; Err carries how many bytes had gone out.
+    fn poll_write_all(
+        &mut self,
+        cx: &mut Context<'_>,
+        head: &[u8],
+        body: &[u8],
+        written: &mut usize,
+    ) -> Poll<Result<(), Exchange>> {
+        while *written < head.len() + body.len() {
+            let (h, b) = if *written < head.len() {
+                (&head[*written..], body)
+            } else {
+                (&head[..0], &body[*written - head.len()..])
+            };
+            let bufs = [IoSlice::new(h), IoSlice::new(b)];
+            match Pin::new(&mut self.io).poll_write_vectored(cx, &bufs) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(Exchange::Io(io::ErrorKind::WriteZero.into()))),
+                Poll::Ready(Ok(n)) => *written += n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(Exchange::Io(e))),
+                Poll::Pending => {
+                    ready!(self.poll_timer(cx));
+                    return Poll::Ready(Err(Exchange::TimedOut));
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Reads the response head (skipping 1xx interim answers).
+    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Head, Exchange>> {
+        loop {
+            if !self.buf.is_empty() {
+                match self.parse_head() {
+                    Err(e) => return Poll::Ready(Err(Exchange::Invalid(e))),
+                    Ok(Some(h)) if h.status.is_informational() => {
+                        if h.status == StatusCode::SWITCHING_PROTOCOLS {
+                            return Poll::Ready(Err(Exchange::Invalid(
+                                "101 Switching Protocols, never asked for".into(),
+                            )));
+                        }
+                        continue;
+                    }
+                    Ok(Some(h)) => return Poll::Ready(Ok(h)),
+                    Ok(None) if self.buf.len() > MAX_HEAD_BYTES => {
+                        return Poll::Ready(Err(Exchange::Invalid(format!(
+                            "response head larger than {MAX_HEAD_BYTES} bytes"
+                        ))));
+                    }
+                    Ok(None) => {}
+                }
+            }
+            match self.poll_fill(cx) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(Exchange::Closed)),
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(Exchange::Io(e))),
+                Poll::Pending => {
+                    ready!(self.poll_timer(cx));
+                    return Poll::Ready(Err(Exchange::TimedOut));
+                }
+            }
+        }
+    }
+
+    /// A complete response head at the start of `buf`, taken out of it.
+    fn parse_head(&mut self) -> Result<Option<Head>, String> {
+        let mut fields = [MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_HEADERS];
+        let mut r = httparse::Response::new(&mut []);
+        let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut r,
+            &self.buf,
+            &mut fields,
+        ) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(e) => return Err(format!("invalid response head: {e}")),
+        };
+        let code = r.code.unwrap_or_default();
+        let status = StatusCode::from_u16(code).map_err(|_| format!("invalid response status {code}"))?;
+        let version = if r.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };
+        // Where each value lies in the head, so that the values can share
+        // the head's bytes instead of each being copied.
+        let base = self.buf.as_ptr() as usize;
+        self.spans.clear();
+        for f in r.headers.iter() {
+            let name = HeaderName::from_bytes(f.name.as_bytes())
+                .map_err(|_| format!("invalid response header name {:?}", f.name))?;
+            let start = f.value.as_ptr() as usize - base;
+            self.spans.push((name, start, start + f.value.len()));
+        }
+        let head = self.buf.split_to(len).freeze();
+        let mut headers = HeaderMap::with_capacity(self.spans.len());
+        for (name, start, end) in self.spans.drain(..) {
+            let value = HeaderValue::from_maybe_shared(head.slice(start..end))
+                .map_err(|_| format!("invalid value of response header {name}"))?;
+            headers.append(name, value);
+        }
+        Ok(Some(Head { status, version, headers }))
+    }
+}
+
+struct Head {
+    status: StatusCode,
+    version: Version,
+    headers: HeaderMap,
+}
+
+/// How one exchange went wrong.
+enum Exchange {
+    TimedOut,
+    /// The replica closed the connection before a response head.
+    Closed,
+    Io(io::Error),
+    Invalid(String),
 }
 
 /// A replica's idle connections, the most recently used first out.
@@ -66,35 +218,31 @@ pub struct IdleConns {
 }
 
 impl IdleConns {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<BackendConn>> {
+    fn lock(&self) -> MutexGuard<'_, Vec<BackendConn>> {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn pop(&self) -> Option<BackendConn> {
-        let mut idle = self.lock();
-        while let Some(c) = idle.pop() {
-            if c.reusable() && c.idle_since.elapsed() < IDLE_TIMEOUT {
+        loop {
+            let mut c = self.lock().pop()?;
+            if c.idle_since.elapsed() < IDLE_TIMEOUT && c.still_idle() {
                 return Some(c);
             }
         }
-        None
     }
 
-    /// Keeps a connection whose last response was read to the end.
+    /// Keeps a connection whose last exchange ended cleanly.
     fn put(&self, mut c: BackendConn) {
-        // One more turn lets hyper see the end of the exchange and ask for
-        // the next request; with a waker that does nothing, so that a
-        // later request on this connection does not wake this task.
-        let alive = c.poll_conn(&mut Context::from_waker(noop_waker()));
-        if alive && c.reusable() {
-            let now = Instant::now();
-            c.idle_since = now;
-            let mut idle = self.lock();
-            // The oldest are at the bottom; drop the ones past their time.
-            let stale = idle.iter().take_while(|c| now.duration_since(c.idle_since) >= IDLE_TIMEOUT).count();
-            idle.drain(..stale);
-            idle.push(c);
+        if !c.buf.is_empty() {
+            return;
         }
+        let now = Instant::now();
+        c.idle_since = now;
+        let mut idle = self.lock();
+        // The oldest are at the bottom; drop the ones past their time.
+        let stale = idle.iter().take_while(|c| now.duration_since(c.idle_since) >= IDLE_TIMEOUT).count();
+        idle.drain(..stale);
+        idle.push(c);
     }
 
     /// Closes the connections unused for `max_idle` or more.
@@ -111,100 +259,207 @@ impl IdleConns {
 /// Why a request got no response head from the replica.
 #[derive(Debug)]
 pub enum SendError {
-    /// It never left: no connection could be made, or the connection
-    /// closed before the request was written.
+    /// It never left: no connection could be made, or none would take it.
     NotSent(String),
-    /// It may have reached the replica (written, then the connection failed).
-    Failed(hyper::Error),
+    /// It may have reached the replica (written, then the exchange failed).
+    Failed(String),
+    /// No response head by the deadline.
+    TimedOut,
 }
 
 impl std::fmt::Display for SendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SendError::NotSent(reason) => write!(f, "not sent: {reason}"),
-            SendError::Failed(e) => write!(f, "{e}"),
+            SendError::Failed(reason) => write!(f, "{reason}"),
+            SendError::TimedOut => write!(f, "no response in time"),
         }
     }
 }
 
-/// Sends `request` (origin-form target, `Host` set) to the replica at
-/// `address` on an idle connection of `idle`, or a new one, and returns its
-/// response with the connection. Idle connections that turn out closed are
-/// skipped; the request is then sent on the next one.
+/// One request as it goes to a replica.
+pub struct Outgoing<'a> {
+    /// The request head, serialized (request line, fields, blank line).
+    pub head: &'a [u8],
+    pub body: &'a [u8],
+    /// A HEAD request: the response has no body, whatever it says.
+    pub head_request: bool,
+}
+
+/// Sends `request` to the replica at `address`, on an idle connection of
+/// `idle` or a new one, and returns the response head with its body still
+/// to read. Idle connections found closed are skipped. The response head
+/// must arrive by `deadline`.
 pub async fn send(
-    idle: &IdleConns,
+    idle: &Arc<IdleConns>,
     address: SocketAddr,
     connect_timeout: Duration,
-    mut request: Request<RequestBody>,
-) -> Result<(Response<Incoming>, BackendConn), SendError> {
+    deadline: Instant,
+    request: Outgoing<'_>,
+) -> Result<Response<BackendBody>, SendError> {
     loop {
-        let (mut c, fresh) = match idle.pop() {
-            Some(c) => (c, false),
-            None => match connect(address, connect_timeout).await {
-                Ok(c) => (c, true),
-                Err(reason) => return Err(SendError::NotSent(reason)),
-            },
+        let (mut c, reused) = match idle.pop() {
+            Some(c) => (c, true),
+            None => (connect(address, connect_timeout, deadline).await?, false),
         };
-        let response = tokio::task::unconstrained(c.tx.try_send_request(request));
-        let mut response = pin!(response);
-        let result = std::future::poll_fn(|cx| {
-            c.poll_conn(cx);
-            // Only polling the connection can make the response ready, and
-            // it was just polled with this task's waker: a second waker
-            // would only wake this task again for nothing. (Unconstrained:
-            // no coop budget, which would otherwise rely on that waker.)
-            response.as_mut().poll(&mut Context::from_waker(noop_waker()))
-        })
-        .await;
-        match result {
-            Ok(r) => return Ok((r, c)),
-            Err(mut e) => match e.take_message() {
-                Some(r) if !fresh => request = r,
-                Some(_) => return Err(SendError::NotSent(e.into_error().to_string())),
-                None => return Err(SendError::Failed(e.into_error())),
-            },
+        c.arm(deadline);
+        let mut written = 0;
+        let sent = poll_fn(|cx| c.poll_write_all(cx, request.head, request.body, &mut written)).await;
+        match sent {
+            Ok(()) => {}
+            Err(Exchange::TimedOut) => return Err(SendError::TimedOut),
+            // Nothing went out: the connection was closed under us.
+            Err(_) if written == 0 && reused => continue,
+            Err(e) if written == 0 => return Err(SendError::NotSent(describe(address, e))),
+            Err(e) => return Err(SendError::Failed(describe(address, e))),
+        }
+        let head = match poll_fn(|cx| c.poll_head(cx)).await {
+            Ok(h) => h,
+            Err(Exchange::TimedOut) => return Err(SendError::TimedOut),
+            Err(e) => return Err(SendError::Failed(describe(address, e))),
+        };
+        let (framing, keep_alive) = framing(&head, request.head_request).map_err(SendError::Failed)?;
+        let body = BackendBody { conn: Some(c), framing, keep_alive, idle: idle.clone() };
+        let mut response = Response::new(body);
+        *response.status_mut() = head.status;
+        *response.version_mut() = head.version;
+        *response.headers_mut() = head.headers;
+        return Ok(response);
+    }
+}
+
+fn describe(address: SocketAddr, e: Exchange) -> String {
+    match e {
+        Exchange::TimedOut => format!("{address}: timed out"),
+        Exchange::Closed => format!("{address} closed the connection before answering"),
+        Exchange::Io(e) => format!("{address}: {e}"),
+        Exchange::Invalid(e) => format!("{address}: {e}"),
+    }
+}
+
+async fn connect(address: SocketAddr, connect_timeout: Duration, deadline: Instant) -> Result<BackendConn, SendError> {
+    let connect_by = Instant::now() + connect_timeout;
+    match tokio::time::timeout_at(connect_by.min(deadline), TcpStream::connect(address)).await {
+        Err(_) if deadline < connect_by => Err(SendError::TimedOut),
+        Err(_) => Err(SendError::NotSent(format!("connecting to {address} timed out"))),
+        Ok(Err(e)) => Err(SendError::NotSent(format!("connecting to {address}: {e}"))),
+        Ok(Ok(s)) => {
+            let _ = s.set_nodelay(true);
+            Ok(BackendConn::new(s))
         }
     }
 }
 
-async fn connect(address: SocketAddr, timeout: Duration) -> Result<BackendConn, String> {
-    let stream = match tokio::time::timeout(timeout, TcpStream::connect(address)).await {
-        Err(_) => return Err(format!("connecting to {address} timed out")),
-        Ok(Err(e)) => return Err(format!("connecting to {address}: {e}")),
-        Ok(Ok(s)) => s,
-    };
-    let _ = stream.set_nodelay(true);
-    let (tx, conn) =
-        http1::handshake(TokioIo::new(stream)).await.map_err(|e| format!("connection to {address}: {e}"))?;
-    Ok(BackendConn { tx, conn: Some(conn), idle_since: Instant::now() })
+/// Whether a header's comma-separated values name `token` (case-insensitive).
+fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
-/// A replica's response body, polled together with its connection; the
-/// connection goes back to `idle` once the body has been read to the end.
+/// How the response body is delimited (RFC 9112, section 6.3), and whether
+/// the connection may serve another request after it.
+fn framing(head: &Head, head_request: bool) -> Result<(Framing, bool), String> {
+    let h = &head.headers;
+    let keep_alive = match head.version {
+        Version::HTTP_10 => has_token(h, header::CONNECTION, "keep-alive"),
+        _ => !has_token(h, header::CONNECTION, "close"),
+    };
+    if head_request || head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED {
+        return Ok((Framing::Length(0), keep_alive));
+    }
+    if let Some(last) = h.get_all(header::TRANSFER_ENCODING).iter().next_back() {
+        let chunked = last
+            .to_str()
+            .ok()
+            .and_then(|v| v.rsplit(',').next())
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case("chunked"));
+        return Ok(if chunked { (Framing::Chunked(Chunk::Size), keep_alive) } else { (Framing::Close, false) });
+    }
+    let mut length: Option<u64> = None;
+    for v in h.get_all(header::CONTENT_LENGTH) {
+        for part in v.to_str().map_err(|_| "invalid Content-Length".to_string())?.split(',') {
+            let part = part.trim();
+            let n: u64 = if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
+                part.parse().map_err(|_| format!("invalid Content-Length {part:?}"))?
+            } else {
+                return Err(format!("invalid Content-Length {part:?}"));
+            };
+            if length.is_some_and(|l| l != n) {
+                return Err("conflicting Content-Length values".into());
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(n) => (Framing::Length(n), keep_alive),
+        None => (Framing::Close, false),
+    })
+}
+
+enum Framing {
+    /// This many bytes still to come.
+    Length(u64),
+    Chunked(Chunk),
+    /// Until the replica closes the connection.
+    Close,
+    Done,
+}
+
+enum Chunk {
+    /// A chunk-size line is next.
+    Size,
+    /// This many bytes of the current chunk still to come.
+    Data(u64),
+    /// The CRLF after a chunk's data.
+    DataEnd,
+    /// The trailer section after the last chunk.
+    Trailers,
+}
+
+fn body_error(message: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message.to_string())
+}
+
+/// A replica's response body, read from its connection as the client
+/// takes it. The connection goes back to its replica's idle list once the
+/// body has been read to the end (unless the replica asked to close it).
 pub struct BackendBody {
-    inner: Incoming,
     conn: Option<BackendConn>,
+    framing: Framing,
+    keep_alive: bool,
     idle: Arc<IdleConns>,
 }
 
 impl BackendBody {
-    pub fn new(inner: Incoming, conn: BackendConn, idle: Arc<IdleConns>) -> BackendBody {
-        BackendBody { inner, conn: Some(conn), idle }
-    }
-
-    fn keep_conn(&mut self) {
-        if let Some(c) = self.conn.take() {
-            self.idle.put(c);
-        }
+    fn complete(&self) -> bool {
+        matches!(self.framing, Framing::Done | Framing::Length(0))
     }
 
     /// Done with the body: read to the end, the connection serves the next
     /// request; left half-way (client gone), it closes.
     pub fn finish(&mut self) {
-        if self.inner.is_end_stream() {
-            self.keep_conn();
+        if let Some(c) = self.conn.take() {
+            if self.complete() && self.keep_alive {
+                self.idle.put(c);
+            }
         }
+    }
+
+    fn end(&mut self) -> Poll<Option<io::Result<Frame<Bytes>>>> {
+        self.framing = Framing::Done;
+        self.finish();
+        Poll::Ready(None)
+    }
+
+    fn fail(&mut self, e: io::Error) -> Poll<Option<io::Result<Frame<Bytes>>>> {
+        self.framing = Framing::Done;
+        self.keep_alive = false;
         self.conn = None;
+        Poll::Ready(Some(Err(e)))
     }
 }
 
@@ -216,36 +471,99 @@ impl Drop for BackendBody {
 
 impl Body for BackendBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = io::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<io::Result<Frame<Bytes>>>> {
         let this = &mut *self;
-        let conn_alive = this.conn.as_mut().is_some_and(|c| c.poll_conn(cx));
-        let r = if conn_alive {
-            // As in `send`: frames only arrive while the connection is
-            // polled, and it was just polled with this task's waker.
-            Pin::new(&mut this.inner).poll_frame(&mut Context::from_waker(noop_waker()))
-        } else {
-            Pin::new(&mut this.inner).poll_frame(cx)
-        };
-        match &r {
-            Poll::Ready(None) => this.keep_conn(),
-            Poll::Ready(Some(Err(_))) => this.conn = None,
-            _ => {}
+        loop {
+            let Some(c) = this.conn.as_mut() else { return Poll::Ready(None) };
+            // Take what the buffer holds, or say what is missing.
+            match &mut this.framing {
+                Framing::Done | Framing::Length(0) => return this.end(),
+                Framing::Length(rest) | Framing::Chunked(Chunk::Data(rest)) if !c.buf.is_empty() => {
+                    let n = c.buf.len().min(usize::try_from(*rest).unwrap_or(usize::MAX));
+                    let data = c.buf.split_to(n).freeze();
+                    *rest -= n as u64;
+                    if let Framing::Chunked(chunk @ Chunk::Data(0)) = &mut this.framing {
+                        *chunk = Chunk::DataEnd;
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Framing::Close if !c.buf.is_empty() => {
+                    return Poll::Ready(Some(Ok(Frame::data(c.buf.split().freeze()))));
+                }
+                Framing::Chunked(chunk @ Chunk::Size) => match httparse::parse_chunk_size(&c.buf) {
+                    Ok(httparse::Status::Complete((n, size))) => {
+                        c.buf.advance(n);
+                        *chunk = if size == 0 { Chunk::Trailers } else { Chunk::Data(size) };
+                        continue;
+                    }
+                    Ok(httparse::Status::Partial) if c.buf.len() > MAX_CHUNK_LINE => {
+                        return this.fail(body_error("chunk-size line too long"));
+                    }
+                    Ok(httparse::Status::Partial) => {}
+                    Err(_) => return this.fail(body_error("invalid chunk size")),
+                },
+                Framing::Chunked(chunk @ Chunk::DataEnd) if c.buf.len() >= 2 => {
+                    if &c.buf[..2] != b"\r\n" {
+                        return this.fail(body_error("chunk data not followed by CRLF"));
+                    }
+                    c.buf.advance(2);
+                    *chunk = Chunk::Size;
+                    continue;
+                }
+                Framing::Chunked(Chunk::Trailers) => {
+                    let mut fields = [httparse::EMPTY_HEADER; 32];
+                    match httparse::parse_headers(&c.buf, &mut fields) {
+                        Ok(httparse::Status::Complete((n, fields))) => {
+                            let mut trailers = HeaderMap::new();
+                            for f in fields.iter() {
+                                if let (Ok(name), Ok(value)) =
+                                    (HeaderName::from_bytes(f.name.as_bytes()), HeaderValue::from_bytes(f.value))
+                                {
+                                    trailers.append(name, value);
+                                }
+                            }
+                            c.buf.advance(n);
+                            if trailers.is_empty() {
+                                return this.end();
+                            }
+                            this.framing = Framing::Done;
+                            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                        }
+                        Ok(httparse::Status::Partial) if c.buf.len() > MAX_HEAD_BYTES => {
+                            return this.fail(body_error("trailer section too large"));
+                        }
+                        Ok(httparse::Status::Partial) => {}
+                        Err(_) => return this.fail(body_error("invalid trailer section")),
+                    }
+                }
+                _ => {}
+            }
+            // More bytes needed.
+            match ready!(c.poll_fill(cx)) {
+                Ok(0) if matches!(this.framing, Framing::Close) => return this.end(),
+                Ok(0) => return this.fail(body_error("the replica closed the connection before the end of the body")),
+                Ok(_) => {}
+                Err(e) => return this.fail(e),
+            }
         }
-        r
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.complete()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match self.framing {
+            Framing::Length(n) => SizeHint::with_exact(n),
+            Framing::Done => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
     }
 }
 
-/// A waker that does nothing, for polls whose wake-up is already arranged.
+/// A waker that does nothing, for polls whose wake-up is not wanted.
 fn noop_waker() -> &'static Waker {
     struct Noop;
     impl Wake for Noop {

@@ -7,7 +7,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -15,9 +14,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -42,7 +40,40 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
-pub type ProxyBody = UnsyncBoxBody<Bytes, hyper::Error>;
+/// A response body: the router's own answer, or a replica's passing
+/// through (no box per response).
+pub struct ProxyBody(BodyKind);
+
+enum BodyKind {
+    Own(Full<Bytes>),
+    Replica(LeasedBody),
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        match &mut self.get_mut().0 {
+            BodyKind::Own(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
+            BodyKind::Replica(b) => Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.0 {
+            BodyKind::Own(b) => b.is_end_stream(),
+            BodyKind::Replica(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.0 {
+            BodyKind::Own(b) => b.size_hint(),
+            BodyKind::Replica(b) => b.size_hint(),
+        }
+    }
+}
 pub type BackendClient = Client<HttpConnector, Full<Bytes>>;
 
 #[derive(Clone, Debug)]
@@ -180,7 +211,6 @@ impl Dispatch {
     }
 }
 
-
 /// A client connection as requests on it see it.
 struct ClientConn {
     dispatch: Arc<Dispatch>,
@@ -242,7 +272,7 @@ pub async fn serve(
 }
 
 fn full(body: impl Into<Bytes>) -> ProxyBody {
-    Full::new(body.into()).map_err(|never| match never {}).boxed_unsync()
+    ProxyBody(BodyKind::Own(Full::new(body.into())))
 }
 
 fn error_response(status: StatusCode, message: &str) -> Response<ProxyBody> {
@@ -476,18 +506,21 @@ async fn handle(req: Request<Incoming>, ctx: &Target, client: &ClientConn) -> Re
 }
 
 /// The request as it goes to a replica: origin-form target, HTTP/1.1,
-/// hop-by-hop headers removed, `X-Forwarded-For` extended.
-struct Outgoing {
+/// hop-by-hop headers removed, `X-Forwarded-For` extended, the body whole
+/// with its length. Its head is serialized once for every attempt.
+struct Forwarded {
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
+    /// The client sent a Content-Length (so an empty body says "0").
+    had_length: bool,
     /// The client named no host: each attempt names its replica.
     host_from_replica: bool,
 }
 
-impl Outgoing {
-    fn new(parts: http::request::Parts, body: Bytes, client: &ClientConn) -> Outgoing {
+impl Forwarded {
+    fn new(parts: http::request::Parts, body: Bytes, client: &ClientConn) -> Forwarded {
         let http::request::Parts { method, uri, mut headers, .. } = parts;
         strip_hop_by_hop(&mut headers);
         // HTTP/2 clients name the host in :authority, not in a Host header.
@@ -507,30 +540,40 @@ impl Outgoing {
         if let Some(v) = forwarded {
             headers.insert(X_FORWARDED_FOR, v);
         }
-        let uri = if uri.scheme().is_none() && uri.authority().is_none() && uri.path_and_query().is_some() {
-            uri
-        } else {
-            match uri.path_and_query() {
-                Some(pq) => Uri::from(pq.clone()),
-                None => Uri::from_static("/"),
-            }
-        };
-        Outgoing { method, uri, headers, body, host_from_replica }
+        // The body goes out whole, with its own length.
+        let had_length = headers.remove(header::CONTENT_LENGTH).is_some();
+        Forwarded { method, uri, headers, body, had_length, host_from_replica }
     }
 
-    /// One attempt's request; the last attempt takes the headers along.
-    fn request(&mut self, replica: SocketAddr, last: bool) -> Request<Full<Bytes>> {
-        let mut req = Request::new(Full::new(self.body.clone()));
-        *req.method_mut() = self.method.clone();
-        *req.uri_mut() = self.uri.clone();
-        *req.version_mut() = Version::HTTP_11;
-        *req.headers_mut() = if last { std::mem::take(&mut self.headers) } else { self.headers.clone() };
-        if self.host_from_replica {
-            if let Ok(v) = HeaderValue::from_str(&replica.to_string()) {
-                req.headers_mut().insert(header::HOST, v);
-            }
+    /// The request line and header section, `host` first if given.
+    fn head(&self, host: Option<&str>) -> Vec<u8> {
+        let target = self.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        let target = if target.is_empty() { "/" } else { target };
+        let method = self.method.as_str();
+        let fields: usize = self.headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
+        let mut b = Vec::with_capacity(method.len() + target.len() + fields + host.map_or(0, str::len) + 64);
+        b.extend_from_slice(method.as_bytes());
+        b.push(b' ');
+        b.extend_from_slice(target.as_bytes());
+        b.extend_from_slice(b" HTTP/1.1\r\n");
+        if let Some(h) = host {
+            b.extend_from_slice(b"host: ");
+            b.extend_from_slice(h.as_bytes());
+            b.extend_from_slice(b"\r\n");
         }
-        req
+        for (name, value) in &self.headers {
+            b.extend_from_slice(name.as_str().as_bytes());
+            b.extend_from_slice(b": ");
+            b.extend_from_slice(value.as_bytes());
+            b.extend_from_slice(b"\r\n");
+        }
+        if !self.body.is_empty() || self.had_length {
+            b.extend_from_slice(b"content-length: ");
+            b.extend_from_slice(self.body.len().to_string().as_bytes());
+            b.extend_from_slice(b"\r\n");
+        }
+        b.extend_from_slice(b"\r\n");
+        b
     }
 }
 
@@ -547,10 +590,12 @@ async fn forward(
         r
     };
     let retry_any = ctx.settings.idempotent || is_safe(&parts.method);
-    let mut out = Outgoing::new(parts, body, client);
+    let out = Forwarded::new(parts, body, client);
+    let head_request = out.method == Method::HEAD;
+    let shared_head = if out.host_from_replica { Vec::new() } else { out.head(None) };
     let mut tried = Vec::new();
     let mut last_failure: Option<Response<ProxyBody>> = None;
-    for attempt in 0..=ctx.settings.retries {
+    for _ in 0..=ctx.settings.retries {
         let lease = match ctx.endpoint.acquire(&tried).await {
             Ok(l) => l,
             Err(e) => {
@@ -562,43 +607,52 @@ async fn forward(
                 }));
             }
         };
-        tried.push(lease.id());
         let replica = lease.replica();
-        let req = out.request(replica.address, attempt == ctx.settings.retries);
-        let sent = backend_pool::send(&replica.conns, replica.address, ctx.settings.connect_timeout, req);
-        let result = tokio::time::timeout(ctx.settings.request_timeout, sent).await;
+        let own_head;
+        let head = if out.host_from_replica {
+            own_head = out.head(Some(&replica.address.to_string()));
+            &own_head
+        } else {
+            &shared_head
+        };
+        let deadline = tokio::time::Instant::now() + ctx.settings.request_timeout;
+        let request = backend_pool::Outgoing { head, body: &out.body, head_request };
+        let sent =
+            backend_pool::send(&replica.conns, replica.address, ctx.settings.connect_timeout, deadline, request).await;
         let counted = |status: u16| replica.metrics.requests.count(status);
-        match result {
-            Err(_) => {
+        match sent {
+            Err(SendError::TimedOut) => {
                 // Not retried: the replica may still be working on it, and a
                 // second attempt would double the wait.
                 counted(504);
                 return error_response(StatusCode::GATEWAY_TIMEOUT, "the replica did not answer in time");
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 let replica = replica.address;
                 let not_sent = matches!(e, SendError::NotSent(_));
                 tracing::info!(endpoint = %name, %replica, not_sent, "replica request failed: {e}");
                 counted(502);
                 let r = error_response(StatusCode::BAD_GATEWAY, "the replica failed before answering");
                 if not_sent || retry_any {
+                    tried.push(lease.id());
                     last_failure = Some(r);
                     continue;
                 }
                 return r;
             }
-            Ok(Ok((resp, conn))) => {
+            Ok(resp) => {
                 if resp.status() == StatusCode::SERVICE_UNAVAILABLE
                     && resp.headers().get(DRAINING_HEADER).is_some_and(|v| v.as_bytes() == b"1")
                 {
                     ctx.endpoint.backend_draining(lease.id());
+                    tried.push(lease.id());
                     counted(503);
                     last_failure =
                         Some(unavailable(ctx, "the replica is draining and no other one could take the request"));
                     continue;
                 }
                 counted(resp.status().as_u16());
-                return client_response(resp, conn, lease, start);
+                return client_response(resp, lease, start);
             }
         }
     }
@@ -653,17 +707,11 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-fn client_response(
-    resp: Response<Incoming>,
-    conn: backend_pool::BackendConn,
-    lease: Lease,
-    start: Instant,
-) -> Response<ProxyBody> {
+fn client_response(resp: Response<BackendBody>, lease: Lease, start: Instant) -> Response<ProxyBody> {
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    let body = BackendBody::new(body, conn, lease.replica().conns.clone());
     let body = LeasedBody { inner: body, lease: Some(lease), start };
-    Response::from_parts(parts, body.boxed_unsync())
+    Response::from_parts(parts, ProxyBody(BodyKind::Replica(body)))
 }
 
 /// A replica's response body that holds the replica's lease until the last
@@ -692,9 +740,12 @@ impl Drop for LeasedBody {
 
 impl Body for LeasedBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = std::io::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         let r = Pin::new(&mut self.inner).poll_frame(cx);
         if matches!(r, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
             self.finish();

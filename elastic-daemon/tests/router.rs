@@ -215,19 +215,22 @@ async fn hanging_backend_times_out_with_504_and_others_are_fine() {
     h.daemon.shutdown().await;
 }
 
-/// A bare HTTP/1.1 replica that answers "ok" to every request and counts
-/// the connections it accepts; with `close_after_answer` it closes each
-/// connection right after its first answer, without saying so (as a
-/// replica whose keep-alive timeout passed does).
-async fn counting_backend(close_after_answer: bool) -> (std::net::SocketAddr, Arc<AtomicU64>) {
+/// A bare HTTP/1.1 replica, byte for byte: `answer(method, path, body
+/// length)` gives the bytes to send back for each request and whether to
+/// close the connection after them. It counts the connections it accepts.
+async fn scripted_backend(
+    answer: impl Fn(&str, &str, usize) -> (Vec<u8>, bool) + Send + Sync + 'static,
+) -> (std::net::SocketAddr, Arc<AtomicU64>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let accepted = Arc::new(AtomicU64::new(0));
     let count = accepted.clone();
+    let answer = Arc::new(answer);
     tokio::spawn(async move {
         loop {
             let Ok((mut s, _)) = listener.accept().await else { return };
             count.fetch_add(1, Ordering::SeqCst);
+            let answer = answer.clone();
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 loop {
@@ -242,22 +245,24 @@ async fn counting_backend(close_after_answer: bool) -> (std::net::SocketAddr, Ar
                             Ok(n) => buf.extend_from_slice(&chunk[..n]),
                         }
                     };
-                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+                    let mut words = head.split(' ');
+                    let (method, path) = (words.next().unwrap().to_string(), words.next().unwrap().to_string());
                     let len: usize = head
+                        .to_ascii_lowercase()
                         .lines()
                         .find_map(|l| l.strip_prefix("content-length:"))
                         .map_or(0, |v| v.trim().parse().unwrap());
                     while buf.len() < head_end + len {
-                        let mut chunk = [0u8; 4096];
+                        let mut chunk = [0u8; 65536];
                         match s.read(&mut chunk).await {
                             Ok(0) | Err(_) => return,
                             Ok(n) => buf.extend_from_slice(&chunk[..n]),
                         }
                     }
                     buf.drain(..head_end + len);
-                    if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await.is_err()
-                        || close_after_answer
-                    {
+                    let (bytes, close) = answer(&method, &path, len);
+                    if s.write_all(&bytes).await.is_err() || close {
                         return;
                     }
                 }
@@ -265,6 +270,14 @@ async fn counting_backend(close_after_answer: bool) -> (std::net::SocketAddr, Ar
         }
     });
     (addr, accepted)
+}
+
+/// Answers "ok" to every request, keeping the connection open or closing
+/// it right after the answer without saying so (as a replica whose
+/// keep-alive timeout passed does).
+async fn counting_backend(close_after_answer: bool) -> (std::net::SocketAddr, Arc<AtomicU64>) {
+    scripted_backend(move |_, _, _| (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec(), close_after_answer))
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -293,6 +306,112 @@ async fn idle_connection_closed_by_the_replica_is_not_an_error() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(accepted.load(Ordering::SeqCst), 5);
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_responses_of_every_framing_pass_through() {
+    let (addr, accepted) = scripted_backend(|method, path, body_len| {
+        let ok = |body: &str| format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+        let (text, close) = match (method, path) {
+            ("HEAD", _) => ("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n".to_string(), false),
+            (_, "/chunked") => (
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nx-sum: 1\r\n\r\n"
+                    .to_string(),
+                false,
+            ),
+            (_, "/until-close") => ("HTTP/1.1 200 OK\r\n\r\nread until the end".to_string(), true),
+            (_, "/http10") => ("HTTP/1.0 200 OK\r\ncontent-length: 6\r\n\r\nold ok".to_string(), true),
+            (_, "/interim") => (format!("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n{}", ok("final")), false),
+            (_, "/no-content") => ("HTTP/1.1 204 No Content\r\n\r\n".to_string(), false),
+            (_, "/closing") => ("HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 3\r\n\r\nbye".to_string(), true),
+            (_, "/big") => (ok(&"x".repeat(1 << 20)), false),
+            (_, "/garbage") => ("this is not HTTP\r\n\r\n".to_string(), true),
+            (_, "/bad-length") => ("HTTP/1.1 200 OK\r\ncontent-length: 2, 3\r\n\r\nok".to_string(), true),
+            _ => (ok(&format!("{method} {path} {body_len}")), false),
+        };
+        (text.into_bytes(), close)
+    })
+    .await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[addr]).await;
+    let c = client();
+    let url = |p: &str| format!("{}{p}", h.url);
+    let (s, headers, body) = send(&c, "GET", &url("/chunked")).await;
+    assert_eq!((s, body.as_str()), (StatusCode::OK, "hello world"));
+    assert!(!headers.contains_key("content-length"));
+    let (s, _, body) = send(&c, "GET", &url("/interim")).await;
+    assert_eq!((s, body.as_str()), (StatusCode::OK, "final"));
+    let (s, headers, body) = send(&c, "HEAD", &url("/ok")).await;
+    assert_eq!((s, body.as_str(), headers["content-length"].to_str().unwrap()), (StatusCode::OK, "", "5"));
+    let (s, _, body) = send(&c, "DELETE", &url("/no-content")).await;
+    assert_eq!((s, body.as_str()), (StatusCode::NO_CONTENT, ""));
+    let (s, _, body) = send(&c, "GET", &url("/big")).await;
+    assert_eq!((s, body.len()), (StatusCode::OK, 1 << 20));
+    assert!(body.bytes().all(|b| b == b'x'));
+    let big = Request::post(url("/upload")).body(Full::new(Bytes::from(vec![b'y'; 600_000]))).unwrap();
+    let resp = c.request(big).await.unwrap();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"POST /upload 600000");
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "all of these on one kept-alive connection");
+    for (path, answer) in [("/until-close", "read until the end"), ("/http10", "old ok"), ("/closing", "bye")] {
+        let (s, _, body) = send(&c, "GET", &url(path)).await;
+        assert_eq!((s, body.as_str()), (StatusCode::OK, answer), "{path}");
+        let (s, _, body) = send(&c, "POST", &url("/after")).await;
+        assert_eq!((s, body.as_str()), (StatusCode::OK, "POST /after 0"), "after {path}");
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 4, "a new connection after each of those three");
+    for path in ["/garbage", "/bad-length"] {
+        let (s, _, _) = send(&c, "POST", &url(path)).await;
+        assert_eq!(s, StatusCode::BAD_GATEWAY, "{path}");
+    }
+    let (s, _, body) = send(&c, "GET", &url("/fine")).await;
+    assert_eq!((s, body.as_str()), (StatusCode::OK, "GET /fine 0"));
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_head_reaches_the_replica_as_sent() {
+    // A replica that echoes the head it got, as its body.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let echo = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", buf.len());
+                let _ = s.write_all(answer.as_bytes()).await;
+                let _ = s.write_all(&buf).await;
+            });
+        }
+    });
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[echo]).await;
+    let addr = h.url.trim_start_matches("http://").to_string();
+    let answer = raw(
+        &addr,
+        b"GET /a/b?c=d HTTP/1.1\r\nHost: chat.example\r\nConnection: close, x-hop\r\nx-hop: 1\r\nKeep-Alive: 5\r\nx-forwarded-for: 10.0.0.1\r\nx-kept: yes\r\n\r\n",
+    )
+    .await;
+    let head = answer.split_once("\r\n\r\n").unwrap().1.to_ascii_lowercase();
+    assert!(head.starts_with("get /a/b?c=d http/1.1\r\n"), "{head}");
+    assert!(head.contains("\r\nhost: chat.example\r\n"), "{head}");
+    assert!(head.contains("\r\nx-kept: yes\r\n"), "{head}");
+    assert!(head.contains("\r\nx-forwarded-for: 10.0.0.1, 127.0.0.1\r\n"), "{head}");
+    for gone in ["connection", "x-hop", "keep-alive", "content-length"] {
+        assert!(!head.contains(&format!("\r\n{gone}:")), "{gone} in {head}");
+    }
+    // HTTP/1.0 without a Host: the replica's address names the host.
+    let answer = raw(&addr, b"POST /p HTTP/1.0\r\nContent-Length: 3\r\n\r\nabc").await;
+    let head = answer.split_once("\r\n\r\n").unwrap().1.to_ascii_lowercase();
+    assert!(head.starts_with("post /p http/1.1\r\n"), "{head}");
+    assert!(head.contains(&format!("\r\nhost: {echo}\r\n")), "{head}");
+    assert!(head.contains("\r\ncontent-length: 3\r\n"), "{head}");
     h.daemon.shutdown().await;
 }
 
