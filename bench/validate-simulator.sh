@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # Validates the simulator's Slurm model (simulator/src/slurm.rs) against the
-# real dev cluster (issue 7): the batch scenario bench/validate/jobs.csv is
-# run for real on its own 4-node x 4-GPU cluster (target/validate-cluster)
-# and through `onepool simulate --job-log` with the same policy
-# (bench/validate/policy.toml) and scenario (bench/validate/scenario.toml),
-# and the two are set side by side: every run of every job (start and end,
+# real dev cluster (issue 7), on a 4-node x 4-GPU cluster of its own
+# (target/validate-cluster), with the policy bench/validate/policy.toml.
+#
+# Batch part: the scenario bench/validate/jobs.csv is run for real and
+# through `onepool simulate --job-log` (bench/validate/scenario.toml), and
+# the two are set side by side: every run of every job (start and end,
 # seconds after the first submission; a requeued job runs twice), the
 # protected jobs' time to capacity, and the reclaim timing of the victims
-# that get a notice (notice, release, restart). Takes about 9 minutes.
+# that get a notice (notice, release, restart). About 9 minutes.
 #
-#     bash bench/validate-simulator.sh            # as root, Debian 12
+# Inference part: onepoold runs one endpoint whose replicas are Slurm jobs
+# (the stand-in model server), bench/validate/load.py replays
+# bench/validate/chat-trace.csv against it, and the same trace goes through
+# the simulator (bench/validate/inference.toml): the replica jobs (class,
+# start, end), each replica's time from its GPUs to ready, and the requests'
+# queueing delay (p50/p90/p99/max) side by side. About 5 minutes.
+#
+#     bash bench/validate-simulator.sh [all|batch|inference]   # as root, Debian 12
 #
 # Each jobs.csv row becomes, SUBMIT seconds after the first one, in file order,
 #     sbatch --workload=CLASS --gpus-per-node=G -N1 bench/validate/job.sh DURATION ...
@@ -22,6 +30,8 @@
 # resubmits a cancelled job.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+part=${1:-all}
+case $part in all|batch|inference) ;; *) echo "usage: $0 [all|batch|inference]" >&2; exit 2 ;; esac
 cargo build --workspace --quiet
 dc=./target/debug/onepool-devcluster
 dir=$PWD/target/validate-cluster
@@ -31,8 +41,15 @@ rm -rf "$out"
 mkdir -p "$out"
 "$dc" --dir "$dir" down >/dev/null 2>&1 || true
 "$dc" --dir "$dir" up --policy bench/validate/policy.toml
-trap '"$dc" --dir "$dir" down >/dev/null 2>&1 || true' EXIT
+onepoold_pid=
+cleanup() {
+    if [ -n "$onepoold_pid" ]; then kill "$onepoold_pid" 2>/dev/null || true; fi
+    "$dc" --dir "$dir" down >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
 eval "$("$dc" --dir "$dir" env)"
+
+batch() {
 
 # Per class: reclaim mode (policy) and seconds from notice to release (scenario).
 python3 - bench/validate/policy.toml bench/validate/scenario.toml > "$out/classes" <<'PY'
@@ -193,3 +210,197 @@ print(f"runs: {nruns[0]} real, {nruns[1]} simulated; mean |sim start - real star
 PY
 echo
 echo "raw: $out/sacct.txt (sacct -P -D, epoch seconds), $out/job-log.tsv (onepool simulate --job-log), $out/events-*.log (job.sh)"
+}
+
+inference() {
+# onepoold's config from the scenario's endpoint; the stand-in server's
+# model load (3 s) and onepoold's health checks (every 0.5 s, ready after
+# one) are what the scenario's startup (4 s) stands for.
+load_s=3
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+python3 - bench/validate/inference.toml "$out/onepoold.toml" "$port" "$load_s" "$PWD" "$out" <<'PY'
+import sys, tomllib
+scen, conf, port, load_s, root, out = sys.argv[1:]
+e = tomllib.load(open(scen, "rb"))["endpoints"][0]
+assert e["prefill_tokens_per_s"] >= 1e9, "the stand-in server ignores the context: prefill must be instant"
+per_token = 1.0 / e["decode_tokens_per_s"]
+q = lambda s: '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+command = (f"env ONEPOOL_MODEL_LOAD_SECONDS={load_s} ONEPOOL_SECONDS_PER_TOKEN={per_token} "
+           f"python3 {root}/etc/dev-cluster/stand-in-model-server.py")
+open(conf, "w").write(f"""# Written by bench/validate-simulator.sh from {scen}
+control_socket = {q(out + "/onepoold.sock")}
+shutdown_grace = "5s"
+
+[[endpoint]]
+name = {q(e["name"])}
+listen = "127.0.0.1:{port}"
+replica_concurrency = {e["max_concurrent"]}
+queue_size = 5000
+queue_timeout = "120s"
+request_timeout = "120s"
+
+[endpoint.health]
+path = "/health"
+interval = "500ms"
+timeout = "1s"
+healthy_after = 1
+unhealthy_after = 3
+
+[endpoint.replicas]
+command = {q(command)}
+gpus = {e["gpus_per_replica"]}
+min = {e["baseline_replicas"]}
+max = {e["max_replicas"]}
+target_per_replica = {e["target_per_replica"]}
+drain_timeout = "30s"
+startup_timeout = "60s"
+baseline_workload = {q(e["baseline_class"])}
+supplemental_workload = {q(e["class"])}
+port_range = "19500-19599"
+launcher = {q(root + "/target/debug/onepool")}
+poll_interval = "2s"
+stable_window = {q(e["stable_window"])}
+panic_window = {q(e["panic_window"])}
+scale_down_delay = {q(e["scale_down_delay"])}
+output = {q(out + "/replica-%j.out")}
+""")
+assert e["min_replicas"] == e["baseline_replicas"], "onepoold's min replicas are its baseline ones"
+PY
+started=$(date +%s)
+ONEPOOLD_LOG=info NO_COLOR=1 ./target/debug/onepoold --config "$out/onepoold.toml" > "$out/onepoold.log" 2>&1 &
+onepoold_pid=$!
+echo "onepoold (pid $onepoold_pid) on 127.0.0.1:$port; waiting for the baseline replica to be ready"
+for _ in $(seq 120); do
+    grep -q 'replica health changed.*to=Ready' "$out/onepoold.log" && break
+    kill -0 "$onepoold_pid" 2>/dev/null || { echo "onepoold exited:"; cat "$out/onepoold.log"; exit 1; }
+    sleep 0.5
+done
+grep -q 'replica health changed.*to=Ready' "$out/onepoold.log" || { echo "no replica ready after 60 s:"; cat "$out/onepoold.log"; exit 1; }
+python3 bench/validate/load.py "http://127.0.0.1:$port/v1/completions" bench/validate/chat-trace.csv "$out/requests.tsv"
+# Let the scale-down happen (scale_down_delay, then the drain) before stopping.
+for _ in $(seq 90); do
+    [ "$(squeue -h -o %j | grep -c '^onepool-chat')" -le 1 ] && break
+    sleep 1
+done
+kill "$onepoold_pid"; wait "$onepoold_pid" 2>/dev/null || true
+onepoold_pid=
+date +%s > "$out/stopped"
+ids=$(squeue -h -o '%i %j' | awk '$2 ~ /^onepool-chat/ {print $1}')
+[ -z "$ids" ] || scancel $ids
+sleep 3
+SLURM_TIME_FORMAT=%s sacct -P -n -X -D -S "$(date -d "@$started" +%Y-%m-%dT%H:%M:%S)" --format=JobID,JobName,QOS,Submit,Start,End,State,NodeList \
+    | awk -F'|' '$2 ~ /^onepool-chat/' > "$out/replicas-sacct.txt"
+./target/debug/onepool simulate bench/validate/inference.toml --shared-only --job-log --json \
+    > "$out/inference.json" 2> "$out/inference-job-log.tsv"
+python3 - "$out" bench/validate/inference.toml <<'PY'
+import json, re, sys, tomllib, datetime
+out, scen = sys.argv[1:]
+e = tomllib.load(open(scen, "rb"))["endpoints"][0]
+per_token = 1.0 / e["decode_tokens_per_s"]
+lines = open(f"{out}/requests.tsv").read().splitlines()
+t0 = float(lines[0].split()[2])
+reqs = [l.split("\t") for l in lines[1:]]
+stopped = float(open(f"{out}/stopped").read()) - t0
+# Real queueing delay: the time to the answer less the stand-in server's own time for it.
+delays, bad = [], 0
+for i, t, sent, done, status, tokens in reqs:
+    if status != "200":
+        bad += 1
+        continue
+    delays.append(max(0.0, float(done) - float(sent) - int(tokens) * per_token))
+def q(v, p):
+    v = sorted(v)
+    return v[max(0, min(len(v), -(-int(p * len(v) * 1000) // 1000)) - 1)] if v else 0.0
+sends = [float(r[2]) - t0 - float(r[1]) for r in reqs if float(r[2]) > 0]
+# onepoold's log: replica job submitted / running / ready / draining / cancelled.
+ev = {}
+addr_job = {}
+ts_re = re.compile(r"^(\S+Z)\s+\w+\s+(.*)$")
+for l in open(f"{out}/onepoold.log"):
+    m = ts_re.match(l.strip())
+    if not m:
+        continue
+    t = datetime.datetime.fromisoformat(m[1].replace("Z", "+00:00")).timestamp() - t0
+    msg = m[2]
+    job = re.search(r"\bjob=(\d+)", msg)
+    addr = re.search(r"\baddress=(\S+)", msg)
+    if "replica job running; in the router" in msg and job and addr:
+        addr_job[addr[1]] = job[1]
+    if "replica health changed" in msg and "to=Ready" in msg and addr and addr[1] in addr_job:
+        ev.setdefault(addr_job[addr[1]], {}).setdefault("ready", t)
+    for key, what in (("submitted a replica job", "submitted"), ("draining a replica job", "draining")):
+        if key in msg and job:
+            ev.setdefault(job[1], {}).setdefault(what, t)
+real = []
+for l in open(f"{out}/replicas-sacct.txt"):
+    jid, name, qos, sub, start, end, state, node = l.rstrip("\n").split("|")
+    f = lambda x: float(x) - t0 if x.isdigit() else None
+    real.append((qos.replace("op-", ""), f(start), f(end), state, jid))
+real.sort(key=lambda r: (r[1] is None, r[1] or 0))
+sim = []
+for l in open(f"{out}/inference-job-log.tsv"):
+    f = l.rstrip("\n").split("\t")
+    if len(f) == 6 and f[0].isdigit():
+        sim.append((f[1], float(f[3]), float(f[4])))
+sim.sort(key=lambda r: r[1])
+trace_end = float(reqs[-1][1])
+fmt = lambda x: "-" if x is None else f"{x:.1f}"
+print()
+dur = lambda v: float(v[:-1]) * {"s": 1, "m": 60, "h": 3600}[v[-1]] if v[-1] in "smh" else float(v)
+startup = dur(e["startup"])
+print(f"Replica jobs (s after the first request; real: submitted, ready and draining from onepoold's log, start and end")
+print(f"from sacct (1 s resolution); simulated: --job-log, ready = start + startup ({e['startup']}), a warm replica at once).")
+print(f"The trace ends at {trace_end:.0f} s; then the simulator retires every replica, and the real run stops onepoold")
+print(f"(at {stopped:.0f} s) and cancels the replicas left. Matched by class, in the order they started:")
+print()
+print("| # | class | real submitted | sim submitted | real start | sim start | real ready | sim ready | real draining | real end | sim end | real state |")
+print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+by_class = {}
+for r in real:
+    by_class.setdefault(r[0], []).append(r)
+sim_by_class = {}
+for x in sim:
+    sim_by_class.setdefault(x[0], []).append(x)
+n = 0
+for cls in sorted(set(by_class) | set(sim_by_class)):
+    rs, ss = by_class.get(cls, []), sim_by_class.get(cls, [])
+    for k in range(max(len(rs), len(ss))):
+        r = rs[k] if k < len(rs) else None
+        x = ss[k] if k < len(ss) else None
+        evs = ev.get(r[4], {}) if r else {}
+        sready = None if x is None else (x[1] if x[1] <= 0 else x[1] + startup)
+        n += 1
+        print(f"| {n} | {cls} | {fmt(evs.get('submitted'))} | {fmt(x[1] if x else None)} | {fmt(r[1] if r else None)} "
+              f"| {fmt(x[1] if x else None)} | {fmt(evs.get('ready'))} | {fmt(sready)} | {fmt(evs.get('draining'))} "
+              f"| {fmt(r[2] if r else None)} | {fmt(x[2] if x else None)} | {r[3] if r else '-'} |")
+rdown = sorted(r[2] for r in real if r[2] is not None and r[2] < trace_end)
+sdown = sorted(x[2] for x in sim if x[2] < trace_end)
+print()
+print("GPUs given back before the trace ended (scale-downs), in time order: real "
+      + ", ".join(f"{t:.1f}" for t in rdown) + "; simulated " + ", ".join(f"{t:.1f}" for t in sdown))
+ups = [ev.get(r[4], {}).get("ready", 0) - r[1] for r in real if r[1] is not None and "ready" in ev.get(r[4], {}) and r[1] > 0]
+c = json.load(open(f"{out}/inference.json"))["comparison"]
+sf = next(r["shared"] for r in c["classes"] if r["shared"]["requests"])
+if ups:
+    print(f"real time from GPUs (sacct start) to ready (onepoold), replicas started during the run: "
+          + ", ".join(f"{u:.1f}" for u in ups) + f" s; the scenario's startup: {e['startup']}")
+print(f"real send lag behind the trace: max {max(sends):.3f} s")
+print()
+print("Requests, queueing delay (s; real = answer time - sent - generated tokens x "
+      f"{per_token} s):")
+print()
+print("| | requests | not served | p50 | p90 | p99 | max |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+print(f"| real (onepoold) | {len(reqs)} | {bad} | {q(delays, .5):.2f} | {q(delays, .9):.2f} | {q(delays, .99):.2f} | {max(delays) if delays else 0:.2f} |")
+print(f"| simulated | {sf['requests']} | {sf['failed_requests'] + sf['unserved']} | {sf['p50_queue_delay_s']:.2f} | "
+      f"{sf['p90_queue_delay_s']:.2f} | {sf['p99_queue_delay_s']:.2f} | - |")
+PY
+echo
+echo "raw: $out/requests.tsv (load.py), $out/onepoold.log, $out/replicas-sacct.txt, $out/inference-job-log.tsv, $out/inference.json"
+}
+
+case $part in
+    all) batch; inference ;;
+    batch) batch ;;
+    inference) inference ;;
+esac

@@ -71,6 +71,8 @@ pub struct ClassFigures {
     pub wait_mean_s: f64,
     pub wait_p95_s: f64,
     pub requests: usize,
+    pub p50_queue_delay_s: f64,
+    pub p90_queue_delay_s: f64,
     pub p99_queue_delay_s: f64,
     /// Tightest SLO of the class's endpoints.
     pub slo_p99_s: Option<f64>,
@@ -103,6 +105,8 @@ pub fn figures(w: &Workload, s: &Settings, c: usize, st: &ClassStats) -> ClassFi
     let has_batch = w.jobs.iter().any(|j| j.class == c);
     let wait_p95 = quantile(&mut waits, 0.95);
     let p99 = quantile_f32(&mut delays, 0.99);
+    let p50 = quantile_f32(&mut delays, 0.5);
+    let p90 = quantile_f32(&mut delays, 0.9);
     let ttc = &st.time_to_capacity;
     let meets = (!has_batch || wait_p95 <= s.max_p95_wait_s)
         && slo.is_none_or(|slo| p99 <= slo)
@@ -118,6 +122,8 @@ pub fn figures(w: &Workload, s: &Settings, c: usize, st: &ClassStats) -> ClassFi
         wait_mean_s: if waits.is_empty() { 0.0 } else { waits.iter().sum::<f64>() / waits.len() as f64 },
         wait_p95_s: wait_p95,
         requests: delays.len(),
+        p50_queue_delay_s: p50,
+        p90_queue_delay_s: p90,
         p99_queue_delay_s: p99,
         slo_p99_s: slo,
         failed_requests: st.failed_requests,

@@ -797,12 +797,14 @@ impl Sim<'_> {
             self.eps[ep].active.push(id);
         }
         if want < have {
-            // Fewest to lose first: pending, then starting, then the newest ready.
+            // As onepoold (onepool_decisions::replicas::reconcile): pending
+            // first, then starting, then the ready one with the fewest
+            // requests in flight, the youngest among equals; baseline last.
             let mut order = self.eps[ep].active.clone();
             let baseline = self.w.endpoints[ep].baseline.map(|b| b.0);
             order.sort_by_key(|&j| {
                 let l = &self.live[j];
-                (Some(l.class) == baseline, l.st != St::Pending, l.ready, std::cmp::Reverse(j))
+                (Some(l.class) == baseline, l.st != St::Pending, l.ready, l.inflight, std::cmp::Reverse(j))
             });
             for &j in order.iter().take((have - want) as usize) {
                 self.eps[ep].active.retain(|&x| x != j);

@@ -30,6 +30,10 @@
 //! slo_p99 = "2s"                # p99 queueing delay to meet
 //! min_replicas = 1              # optional; max_replicas too (default: what the GPUs hold)
 //! target_per_replica = 11.2     # autoscaler target load (default 0.7 x max_concurrent)
+//! stable_window = "60s"         # optional, as onepoold's [endpoint.replicas] (defaults
+//! panic_window = "6s"           #   as there: 60s, 6s, 2, 2m)
+//! panic_threshold = 2.0
+//! scale_down_delay = "2m"
 //! baseline_class = "inference-baseline"  # optional: in the shared pool the first
 //! baseline_replicas = 2         #   replicas run in this (protected) class
 //! keep_times = false
@@ -148,6 +152,10 @@ struct RawEndpoint {
     min_replicas: Option<u32>,
     max_replicas: Option<u32>,
     target_per_replica: Option<f64>,
+    stable_window: Option<String>,
+    panic_window: Option<String>,
+    panic_threshold: Option<f64>,
+    scale_down_delay: Option<String>,
     baseline_class: Option<String>,
     #[serde(default)]
     baseline_replicas: u32,
@@ -347,11 +355,23 @@ pub fn load(path: &Path, on_bad: OnBadRow) -> Result<Scenario, String> {
             max_concurrent: e.max_concurrent,
             startup_s: dur(&e.startup, "startup")?,
             slo_p99_s: dur(&e.slo_p99, "slo_p99")?,
-            scaling: ScalingPolicy {
-                target_per_replica: e.target_per_replica.unwrap_or(0.7 * f64::from(e.max_concurrent)),
-                min: e.min_replicas.unwrap_or(1),
-                max: e.max_replicas.unwrap_or(u32::MAX),
-                ..ScalingPolicy::default()
+            scaling: {
+                let d = ScalingPolicy::default();
+                let window = |v: &Option<String>, what: &str, default: Duration| {
+                    v.as_deref().map_or(Ok(default), |s| dur(s, what).map(Duration::from_secs_f64))
+                };
+                if e.panic_threshold.is_some_and(|t| !(t > 0.0 && t.is_finite())) {
+                    return Err(format!("endpoint {}: panic_threshold must be a positive number", e.name));
+                }
+                ScalingPolicy {
+                    target_per_replica: e.target_per_replica.unwrap_or(0.7 * f64::from(e.max_concurrent)),
+                    min: e.min_replicas.unwrap_or(1),
+                    max: e.max_replicas.unwrap_or(u32::MAX),
+                    stable_window: window(&e.stable_window, "stable_window", d.stable_window)?,
+                    panic_window: window(&e.panic_window, "panic_window", d.panic_window)?,
+                    panic_threshold: e.panic_threshold.unwrap_or(d.panic_threshold),
+                    scale_down_delay: window(&e.scale_down_delay, "scale_down_delay", d.scale_down_delay)?,
+                }
             },
             reclaim: p.record.reclaim,
             drain: p.record.drain_timeout,

@@ -168,6 +168,54 @@ fn a_requeued_victim_gives_back_its_gpus_after_its_checkpoint_and_waits_out_begi
     assert_eq!(lost, 2.0 * 60.0);
 }
 
+/// Scale-down drains the replica with the fewest requests in flight (then
+/// the youngest), as onepoold does. Two warm 1-slot replicas on 2 one-GPU
+/// nodes; a 1 s request and a 500 s one at t=0 go to the older and the
+/// younger replica (in the order they become ready); the load (1) then
+/// wants one replica, and the older, idle one goes once the scale-down
+/// delay (10 s) has passed, not the younger, busy one (which the model
+/// drained before it followed onepoold); the younger serves its request to
+/// the end.
+#[test]
+fn scale_down_drains_the_replica_with_the_fewest_requests_in_flight() {
+    use onepool_decisions::annotation::ReclaimMode::Immediate;
+    let p = policy(TWO_FLEXIBLE);
+    let reqs: Arc<[Req]> = vec![Req { t: 0.0, service: 1.0 }, Req { t: 0.0, service: 500.0 }].into();
+    let ep = Endpoint {
+        name: "e".into(),
+        class: 1,
+        island: 1,
+        gpus_per_replica: 1,
+        gpu_type: None,
+        max_concurrent: 1,
+        startup_s: 30.0,
+        slo_p99_s: 1.0,
+        scaling: ScalingPolicy {
+            target_per_replica: 1.0,
+            min: 1,
+            max: 2,
+            stable_window: std::time::Duration::from_secs(4),
+            panic_window: std::time::Duration::from_secs(2),
+            scale_down_delay: std::time::Duration::from_secs(10),
+            ..ScalingPolicy::default()
+        },
+        reclaim: Some(Immediate),
+        drain: None,
+        baseline: None,
+        requests: reqs,
+    };
+    let w = build_workload(&p, vec![], vec![ep]);
+    let s = Settings { job_log: true, ..Settings::default() };
+    let r = compare::run_shared(&w, &p, &Fleet::uniform(2, 1), &s);
+    let log: Vec<(usize, f64, f64)> = r.job_log.iter().map(|e| (e.job, e.start, e.end)).collect();
+    assert_eq!(log.len(), 2, "{log:?}");
+    // Replica 0 (older) had the 1 s request and is drained first, well before 500 s.
+    assert_eq!((log[0].0, log[0].1), (0, 0.0));
+    assert!(log[0].2 > 10.0 && log[0].2 < 30.0, "{log:?}");
+    assert_eq!((log[1].0, log[1].2), (1, 500.0));
+    assert_eq!(r.classes[1].failed_requests, 0);
+}
+
 /// A graceful victim whose work ends during its drain completes: it is
 /// neither resubmitted nor counted as lost, and the protected job gets the
 /// GPUs when it ends.
