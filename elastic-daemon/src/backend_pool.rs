@@ -124,11 +124,17 @@ impl BackendConn {
         Poll::Ready(Ok(()))
     }
 
-    /// Reads the response head (skipping 1xx interim answers).
-    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Head, Exchange>> {
+    /// Reads the response head (skipping 1xx interim answers), its fields
+    /// into `headers`.
+    fn poll_head(
+        &mut self,
+        cx: &mut Context<'_>,
+        head_request: bool,
+        headers: &mut HeaderMap,
+    ) -> Poll<Result<Head, Exchange>> {
         loop {
             if !self.buf.is_empty() {
-                match self.parse_head() {
+                match self.parse_head(head_request, headers) {
                     Err(e) => return Poll::Ready(Err(Exchange::Invalid(e))),
                     Ok(Some(h)) if h.status.is_informational() => {
                         if h.status == StatusCode::SWITCHING_PROTOCOLS {
@@ -159,8 +165,10 @@ impl BackendConn {
         }
     }
 
-    /// A complete response head at the start of `buf`, taken out of it.
-    fn parse_head(&mut self) -> Result<Option<Head>, String> {
+    /// A complete response head at the start of `buf`, taken out of it,
+    /// with how its body is delimited (RFC 9112, section 6.3) and whether
+    /// the connection may serve another request after it.
+    fn parse_head(&mut self, head_request: bool, headers: &mut HeaderMap) -> Result<Option<Head>, String> {
         let mut fields = [MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_HEADERS];
         let mut r = httparse::Response::new(&mut []);
         let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
@@ -174,7 +182,10 @@ impl BackendConn {
         };
         let code = r.code.unwrap_or_default();
         let status = StatusCode::from_u16(code).map_err(|_| format!("invalid response status {code}"))?;
-        let version = if r.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };
+        let http10 = r.version == Some(0);
+        // Framing, from the raw fields: no look-ups in the map.
+        let (mut close, mut keep_alive_token, mut chunked, mut encoded) = (false, false, false, false);
+        let mut length: Option<u64> = None;
         // Where each value lies in the head, so that the values can share
         // the head's bytes instead of each being copied.
         let base = self.buf.as_ptr() as usize;
@@ -182,24 +193,77 @@ impl BackendConn {
         for f in r.headers.iter() {
             let name = HeaderName::from_bytes(f.name.as_bytes())
                 .map_err(|_| format!("invalid response header name {:?}", f.name))?;
+            if name == header::CONTENT_LENGTH {
+                for part in f.value.split(|&b| b == b',') {
+                    let n = parse_length(part).ok_or_else(|| "invalid Content-Length".to_string())?;
+                    if length.is_some_and(|l| l != n) {
+                        return Err("conflicting Content-Length values".into());
+                    }
+                    length = Some(n);
+                }
+            } else if name == header::TRANSFER_ENCODING {
+                encoded = true;
+                // Only the last coding counts.
+                let last = f.value.rsplit(|&b| b == b',').next().unwrap_or_default();
+                chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
+            } else if name == header::CONNECTION {
+                for token in f.value.split(|&b| b == b',') {
+                    let token = token.trim_ascii();
+                    close |= token.eq_ignore_ascii_case(b"close");
+                    keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
+                }
+            }
             let start = f.value.as_ptr() as usize - base;
             self.spans.push((name, start, start + f.value.len()));
         }
         let head = self.buf.split_to(len).freeze();
-        let mut headers = HeaderMap::with_capacity(self.spans.len());
+        let mut map = std::mem::take(headers);
+        map.clear();
+        map.reserve(self.spans.len());
         for (name, start, end) in self.spans.drain(..) {
             let value = HeaderValue::from_maybe_shared(head.slice(start..end))
                 .map_err(|_| format!("invalid value of response header {name}"))?;
-            headers.append(name, value);
+            map.append(name, value);
         }
-        Ok(Some(Head { status, version, headers }))
+        let keep_alive = if http10 { keep_alive_token } else { !close };
+        let (framing, keep_alive) = if head_request
+            || status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            (Framing::Length(0), keep_alive)
+        } else if encoded {
+            if chunked {
+                (Framing::Chunked(Chunk::Size), keep_alive)
+            } else {
+                (Framing::Close, false)
+            }
+        } else {
+            match length {
+                Some(n) => (Framing::Length(n), keep_alive),
+                None => (Framing::Close, false),
+            }
+        };
+        let version = if http10 { Version::HTTP_10 } else { Version::HTTP_11 };
+        Ok(Some(Head { status, version, headers: map, framing, keep_alive }))
     }
+}
+
+/// A Content-Length value: digits only.
+fn parse_length(v: &[u8]) -> Option<u64> {
+    let v = v.trim_ascii();
+    if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
 }
 
 struct Head {
     status: StatusCode,
     version: Version,
     headers: HeaderMap,
+    framing: Framing,
+    keep_alive: bool,
 }
 
 /// How one exchange went wrong.
@@ -222,21 +286,22 @@ impl IdleConns {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The connection used last (connections unused for long are closed
+    /// by `prune` and by `put`).
     fn pop(&self) -> Option<BackendConn> {
         loop {
             let mut c = self.lock().pop()?;
-            if c.idle_since.elapsed() < IDLE_TIMEOUT && c.still_idle() {
+            if c.still_idle() {
                 return Some(c);
             }
         }
     }
 
-    /// Keeps a connection whose last exchange ended cleanly.
-    fn put(&self, mut c: BackendConn) {
+    /// Keeps a connection whose last exchange ended cleanly at `now`.
+    fn put(&self, mut c: BackendConn, now: Instant) {
         if !c.buf.is_empty() {
             return;
         }
-        let now = Instant::now();
         c.idle_since = now;
         let mut idle = self.lock();
         // The oldest are at the bottom; drop the ones past their time.
@@ -284,6 +349,9 @@ pub struct Outgoing<'a> {
     pub body: &'a [u8],
     /// A HEAD request: the response has no body, whatever it says.
     pub head_request: bool,
+    /// A map for the response's header fields (emptied first), so that
+    /// the caller's spare one serves instead of a new one.
+    pub headers: &'a mut HeaderMap,
 }
 
 /// Sends `request` to the replica at `address`, on an idle connection of
@@ -300,7 +368,8 @@ pub async fn send(
     loop {
         let (mut c, reused) = match idle.pop() {
             Some(c) => (c, true),
-            None => (connect(address, connect_timeout, deadline).await?, false),
+            // Boxed: rare, and large.
+            None => (Box::pin(connect(address, connect_timeout, deadline)).await?, false),
         };
         c.arm(deadline);
         let mut written = 0;
@@ -313,13 +382,13 @@ pub async fn send(
             Err(e) if written == 0 => return Err(SendError::NotSent(describe(address, e))),
             Err(e) => return Err(SendError::Failed(describe(address, e))),
         }
-        let head = match poll_fn(|cx| c.poll_head(cx)).await {
+        let head = match poll_fn(|cx| c.poll_head(cx, request.head_request, request.headers)).await {
             Ok(h) => h,
             Err(Exchange::TimedOut) => return Err(SendError::TimedOut),
             Err(e) => return Err(SendError::Failed(describe(address, e))),
         };
-        let (framing, keep_alive) = framing(&head, request.head_request).map_err(SendError::Failed)?;
-        let body = BackendBody { conn: Some(c), framing, keep_alive, idle: idle.clone() };
+        let body =
+            BackendBody { conn: Some(c), framing: head.framing, keep_alive: head.keep_alive, idle: idle.clone() };
         let mut response = Response::new(body);
         *response.status_mut() = head.status;
         *response.version_mut() = head.version;
@@ -348,56 +417,6 @@ async fn connect(address: SocketAddr, connect_timeout: Duration, deadline: Insta
             Ok(BackendConn::new(s))
         }
     }
-}
-
-/// Whether a header's comma-separated values name `token` (case-insensitive).
-fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
-}
-
-/// How the response body is delimited (RFC 9112, section 6.3), and whether
-/// the connection may serve another request after it.
-fn framing(head: &Head, head_request: bool) -> Result<(Framing, bool), String> {
-    let h = &head.headers;
-    let keep_alive = match head.version {
-        Version::HTTP_10 => has_token(h, header::CONNECTION, "keep-alive"),
-        _ => !has_token(h, header::CONNECTION, "close"),
-    };
-    if head_request || head.status == StatusCode::NO_CONTENT || head.status == StatusCode::NOT_MODIFIED {
-        return Ok((Framing::Length(0), keep_alive));
-    }
-    if let Some(last) = h.get_all(header::TRANSFER_ENCODING).iter().next_back() {
-        let chunked = last
-            .to_str()
-            .ok()
-            .and_then(|v| v.rsplit(',').next())
-            .is_some_and(|t| t.trim().eq_ignore_ascii_case("chunked"));
-        return Ok(if chunked { (Framing::Chunked(Chunk::Size), keep_alive) } else { (Framing::Close, false) });
-    }
-    let mut length: Option<u64> = None;
-    for v in h.get_all(header::CONTENT_LENGTH) {
-        for part in v.to_str().map_err(|_| "invalid Content-Length".to_string())?.split(',') {
-            let part = part.trim();
-            let n: u64 = if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
-                part.parse().map_err(|_| format!("invalid Content-Length {part:?}"))?
-            } else {
-                return Err(format!("invalid Content-Length {part:?}"));
-            };
-            if length.is_some_and(|l| l != n) {
-                return Err("conflicting Content-Length values".into());
-            }
-            length = Some(n);
-        }
-    }
-    Ok(match length {
-        Some(n) => (Framing::Length(n), keep_alive),
-        None => (Framing::Close, false),
-    })
 }
 
 enum Framing {
@@ -439,19 +458,19 @@ impl BackendBody {
         matches!(self.framing, Framing::Done | Framing::Length(0))
     }
 
-    /// Done with the body: read to the end, the connection serves the next
-    /// request; left half-way (client gone), it closes.
-    pub fn finish(&mut self) {
+    /// Done with the body at `now`: read to the end, the connection serves
+    /// the next request; left half-way (client gone), it closes.
+    pub fn finish(&mut self, now: Instant) {
         if let Some(c) = self.conn.take() {
             if self.complete() && self.keep_alive {
-                self.idle.put(c);
+                self.idle.put(c, now);
             }
         }
     }
 
     fn end(&mut self) -> Poll<Option<io::Result<Frame<Bytes>>>> {
         self.framing = Framing::Done;
-        self.finish();
+        self.finish(Instant::now());
         Poll::Ready(None)
     }
 
@@ -465,7 +484,9 @@ impl BackendBody {
 
 impl Drop for BackendBody {
     fn drop(&mut self) {
-        self.finish();
+        if self.conn.is_some() {
+            self.finish(Instant::now());
+        }
     }
 }
 

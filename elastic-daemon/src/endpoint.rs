@@ -224,6 +224,16 @@ impl Endpoint {
             self.set_queue_gauge(&g);
             (wid, rx)
         };
+        // Boxed: most requests find a replica free above and so never carry
+        // the waiting's state along.
+        Box::pin(self.wait_in_queue(waiter_id, rx)).await
+    }
+
+    async fn wait_in_queue(
+        self: &Arc<Self>,
+        waiter_id: u64,
+        rx: oneshot::Receiver<(ReplicaId, Arc<ReplicaShared>)>,
+    ) -> Result<Lease, AcquireError> {
         // The guard owns the receiver so that a request dropped mid-wait
         // (client gone) leaves the queue, or gives back a slot it was handed.
         let mut guard = WaiterGuard { endpoint: self, id: waiter_id, rx: Some(rx) };

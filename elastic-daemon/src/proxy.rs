@@ -348,33 +348,66 @@ struct ModelField {
 
 /// Picks the endpoint for one request, then proxies it there.
 async fn route(req: Request<Incoming>, client: &ClientConn) -> Response<ProxyBody> {
-    let routed = match &*client.dispatch {
-        Dispatch::Single(t) => return handle(req, t, client).await,
-        Dispatch::Routed(r) => r,
+    // One `handle` await for every way to an endpoint: each await of it
+    // would add its state to this future, which every request moves.
+    let (req, t) = match &*client.dispatch {
+        Dispatch::Single(t) => (req, t),
+        Dispatch::Routed(routed) => match pick(req, routed) {
+            Picked::Endpoint(req, t) => (req, t),
+            Picked::Answered(r) => return r,
+            Picked::ByModel { req, max_body, body_timeout, models } => {
+                // Boxed: its body reading and JSON parsing would otherwise
+                // make every request's future as large.
+                return match Box::pin(route_by_model(req, max_body, body_timeout, models, client)).await {
+                    Routing::Endpoint(r) => r,
+                    Routing::Listener(r) => routed.listener_answer(r),
+                };
+            }
+        },
     };
-    // The listener's own answers are counted here; the endpoints count
-    // theirs.
-    let listener_answer = |r: Response<ProxyBody>| {
-        if let Some(c) = &routed.answered {
+    handle(req, t, client).await
+}
+
+enum Picked<'a> {
+    Endpoint(Request<Incoming>, &'a Arc<Target>),
+    /// Refused by the listener (counted).
+    Answered(Response<ProxyBody>),
+    /// To be read for its `model`.
+    ByModel {
+        req: Request<Incoming>,
+        max_body: usize,
+        body_timeout: Duration,
+        models: &'a BTreeMap<String, Arc<Target>>,
+    },
+}
+
+impl Routed {
+    /// Counts an answer the listener gave itself.
+    fn listener_answer(&self, r: Response<ProxyBody>) -> Response<ProxyBody> {
+        if let Some(c) = &self.answered {
             c.count(r.status().as_u16());
         }
         r
-    };
+    }
+}
+
+/// The endpoint for a request on a shared listener, by host or path.
+fn pick(req: Request<Incoming>, routed: &Routed) -> Picked<'_> {
     match &routed.by {
         By::Host(hosts) => {
             let (parts, body) = req.into_parts();
             let Some(host) = request_host(&parts) else {
-                return listener_answer(error_response(
+                return Picked::Answered(routed.listener_answer(error_response(
                     StatusCode::BAD_REQUEST,
                     "the request names no host; this listener routes by Host",
-                ));
+                )));
             };
             match hosts.get(&host) {
-                Some(t) => handle(Request::from_parts(parts, body), t, client).await,
-                None => listener_answer(error_response(
+                Some(t) => Picked::Endpoint(Request::from_parts(parts, body), t),
+                None => Picked::Answered(routed.listener_answer(error_response(
                     StatusCode::NOT_FOUND,
                     &format!("no endpoint is served for host {host:?} here"),
-                )),
+                ))),
             }
         }
         By::Path(routes) => {
@@ -383,24 +416,21 @@ async fn route(req: Request<Incoming>, client: &ClientConn) -> Response<ProxyBod
                 let known: Vec<&str> = routes.iter().map(|(p, _, _)| p.as_str()).collect();
                 let msg =
                     format!("no endpoint is served under {:?}; the path prefixes here are {known:?}", parts.uri.path());
-                return listener_answer(error_response(StatusCode::NOT_FOUND, &msg));
+                return Picked::Answered(routed.listener_answer(error_response(StatusCode::NOT_FOUND, &msg)));
             };
             if *strip {
                 match strip_prefix(&parts.uri, prefix) {
                     Ok(u) => parts.uri = u,
                     Err(msg) => {
                         t.endpoint.count_answer(400);
-                        return error_response(StatusCode::BAD_REQUEST, &msg);
+                        return Picked::Answered(error_response(StatusCode::BAD_REQUEST, &msg));
                     }
                 }
             }
-            handle(Request::from_parts(parts, body), t, client).await
+            Picked::Endpoint(Request::from_parts(parts, body), t)
         }
         By::Model { max_body, body_timeout, models } => {
-            match route_by_model(req, *max_body, *body_timeout, models, client).await {
-                Routing::Endpoint(r) => r,
-                Routing::Listener(r) => listener_answer(r),
-            }
+            Picked::ByModel { req, max_body: *max_body, body_timeout: *body_timeout, models }
         }
     }
 }
@@ -479,98 +509,129 @@ async fn route_by_model(
 /// the target's replicas.
 async fn handle(req: Request<Incoming>, ctx: &Target, client: &ClientConn) -> Response<ProxyBody> {
     let start = Instant::now();
-    let answer = |r: Response<ProxyBody>| {
-        ctx.endpoint.count_answer(r.status().as_u16());
-        r
-    };
     let (parts, body) = req.into_parts();
     let body = if body.is_end_stream() {
         Bytes::new()
     } else {
-        match tokio::time::timeout(
-            ctx.settings.request_timeout,
-            Limited::new(body, ctx.settings.max_request_body).collect(),
-        )
-        .await
-        {
-            Err(_) => return answer(error_response(StatusCode::REQUEST_TIMEOUT, "request body not received in time")),
-            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-                let msg = format!("request body larger than {} bytes", ctx.settings.max_request_body);
-                return answer(error_response(StatusCode::PAYLOAD_TOO_LARGE, &msg));
+        // Boxed, as only requests with a body need its state.
+        match Box::pin(read_body(body, &ctx.settings)).await {
+            Ok(b) => b,
+            Err(r) => {
+                ctx.endpoint.count_answer(r.status().as_u16());
+                return r;
             }
-            Ok(Err(_)) => return answer(error_response(StatusCode::BAD_REQUEST, "request body could not be read")),
-            Ok(Ok(c)) => c.to_bytes(),
         }
     };
     forward(parts, body, ctx, client, start).await
 }
 
+async fn read_body(body: Incoming, settings: &ProxySettings) -> Result<Bytes, Response<ProxyBody>> {
+    match tokio::time::timeout(settings.request_timeout, Limited::new(body, settings.max_request_body).collect()).await
+    {
+        Err(_) => Err(error_response(StatusCode::REQUEST_TIMEOUT, "request body not received in time")),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            let msg = format!("request body larger than {} bytes", settings.max_request_body);
+            Err(error_response(StatusCode::PAYLOAD_TOO_LARGE, &msg))
+        }
+        Ok(Err(_)) => Err(error_response(StatusCode::BAD_REQUEST, "request body could not be read")),
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+    }
+}
+
 /// The request as it goes to a replica: origin-form target, HTTP/1.1,
-/// hop-by-hop headers removed, `X-Forwarded-For` extended, the body whole
-/// with its length. Its head is serialized once for every attempt.
+/// hop-by-hop headers left out, `X-Forwarded-For` extended, the body whole
+/// with its length. Its head is serialized once for every attempt, from
+/// the client's header map as it is (the map then takes the response's
+/// headers: see `backend_pool::send`).
 struct Forwarded {
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
+    /// The client's host from HTTP/2's :authority, for want of a Host header.
+    authority: Option<HeaderValue>,
+    forwarded_for: HeaderValue,
     /// The client sent a Content-Length (so an empty body says "0").
     had_length: bool,
     /// The client named no host: each attempt names its replica.
     host_from_replica: bool,
+    /// Hop-by-hop fields to leave out (those `Connection` names); only
+    /// looked at when `hop_by_hop`.
+    connection_names: Vec<HeaderName>,
+    hop_by_hop: bool,
 }
 
 impl Forwarded {
     fn new(parts: http::request::Parts, body: Bytes, client: &ClientConn) -> Forwarded {
-        let http::request::Parts { method, uri, mut headers, .. } = parts;
-        strip_hop_by_hop(&mut headers);
+        let http::request::Parts { method, uri, headers, .. } = parts;
+        let hop_by_hop = headers.keys().any(is_hop_by_hop);
+        let connection_names = if hop_by_hop { connection_names(&headers) } else { Vec::new() };
         // HTTP/2 clients name the host in :authority, not in a Host header.
-        if !headers.contains_key(header::HOST) {
-            if let Some(v) = uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
-                headers.insert(header::HOST, v);
-            }
-        }
-        let host_from_replica = !headers.contains_key(header::HOST);
-        let forwarded = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        let authority = match headers.contains_key(header::HOST) {
+            true => None,
+            false => uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
+        };
+        let host_from_replica = authority.is_none() && !headers.contains_key(header::HOST);
+        let forwarded_for = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
             Some(prev) => {
                 let ip = client.forwarded_for.to_str().unwrap_or_default();
-                HeaderValue::from_str(&format!("{prev}, {ip}")).ok()
+                HeaderValue::from_str(&format!("{prev}, {ip}")).unwrap_or_else(|_| client.forwarded_for.clone())
             }
-            None => Some(client.forwarded_for.clone()),
+            None => client.forwarded_for.clone(),
         };
-        if let Some(v) = forwarded {
-            headers.insert(X_FORWARDED_FOR, v);
+        let had_length = headers.contains_key(header::CONTENT_LENGTH);
+        Forwarded {
+            method,
+            uri,
+            headers,
+            body,
+            authority,
+            forwarded_for,
+            had_length,
+            host_from_replica,
+            connection_names,
+            hop_by_hop,
         }
-        // The body goes out whole, with its own length.
-        let had_length = headers.remove(header::CONTENT_LENGTH).is_some();
-        Forwarded { method, uri, headers, body, had_length, host_from_replica }
     }
 
-    /// The request line and header section, `host` first if given.
+    /// Whether a client header field goes to the replica as it is.
+    fn passes(&self, name: &HeaderName) -> bool {
+        name != header::CONTENT_LENGTH
+            && name != X_FORWARDED_FOR
+            && !(self.hop_by_hop && (is_hop_by_hop(name) || self.connection_names.contains(name)))
+    }
+
+    /// The request line and header section, naming `host` if the client
+    /// named none.
     fn head(&self, host: Option<&str>) -> Vec<u8> {
+        fn field(b: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+            b.extend_from_slice(name);
+            b.extend_from_slice(b": ");
+            b.extend_from_slice(value);
+            b.extend_from_slice(b"\r\n");
+        }
         let target = self.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         let target = if target.is_empty() { "/" } else { target };
         let method = self.method.as_str();
         let fields: usize = self.headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
-        let mut b = Vec::with_capacity(method.len() + target.len() + fields + host.map_or(0, str::len) + 64);
+        let mut b = Vec::with_capacity(method.len() + target.len() + fields + self.forwarded_for.len() + 96);
         b.extend_from_slice(method.as_bytes());
         b.push(b' ');
         b.extend_from_slice(target.as_bytes());
         b.extend_from_slice(b" HTTP/1.1\r\n");
-        if let Some(h) = host {
-            b.extend_from_slice(b"host: ");
-            b.extend_from_slice(h.as_bytes());
-            b.extend_from_slice(b"\r\n");
+        match (&self.authority, host) {
+            (Some(a), _) => field(&mut b, b"host", a.as_bytes()),
+            (None, Some(h)) => field(&mut b, b"host", h.as_bytes()),
+            (None, None) => {}
         }
         for (name, value) in &self.headers {
-            b.extend_from_slice(name.as_str().as_bytes());
-            b.extend_from_slice(b": ");
-            b.extend_from_slice(value.as_bytes());
-            b.extend_from_slice(b"\r\n");
+            if self.passes(name) {
+                field(&mut b, name.as_str().as_bytes(), value.as_bytes());
+            }
         }
+        field(&mut b, b"x-forwarded-for", self.forwarded_for.as_bytes());
         if !self.body.is_empty() || self.had_length {
-            b.extend_from_slice(b"content-length: ");
-            b.extend_from_slice(self.body.len().to_string().as_bytes());
-            b.extend_from_slice(b"\r\n");
+            field(&mut b, b"content-length", self.body.len().to_string().as_bytes());
         }
         b.extend_from_slice(b"\r\n");
         b
@@ -590,9 +651,13 @@ async fn forward(
         r
     };
     let retry_any = ctx.settings.idempotent || is_safe(&parts.method);
-    let out = Forwarded::new(parts, body, client);
+    let mut out = Forwarded::new(parts, body, client);
     let head_request = out.method == Method::HEAD;
     let shared_head = if out.host_from_replica { Vec::new() } else { out.head(None) };
+    // Serialized, the client's header map takes the response's fields: no
+    // map is made or freed per request (hyper reuses the response's map
+    // for the next request on the connection).
+    let mut spare = if out.host_from_replica { HeaderMap::new() } else { std::mem::take(&mut out.headers) };
     let mut tried = Vec::new();
     let mut last_failure: Option<Response<ProxyBody>> = None;
     for _ in 0..=ctx.settings.retries {
@@ -616,7 +681,7 @@ async fn forward(
             &shared_head
         };
         let deadline = tokio::time::Instant::now() + ctx.settings.request_timeout;
-        let request = backend_pool::Outgoing { head, body: &out.body, head_request };
+        let request = backend_pool::Outgoing { head, body: &out.body, head_request, headers: &mut spare };
         let sent =
             backend_pool::send(&replica.conns, replica.address, ctx.settings.connect_timeout, deadline, request).await;
         let counted = |status: u16| replica.metrics.requests.count(status);
@@ -675,6 +740,17 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     .any(|h| h == name)
 }
 
+/// The fields a `Connection` header names (hop-by-hop too).
+fn connection_names(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect()
+}
+
 /// Hop-by-hop headers (RFC 9110 7.6.1) belong to one connection and are not
 /// forwarded; HTTP/2 refuses them outright.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -682,14 +758,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(is_hop_by_hop) {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
+    for n in connection_names(headers) {
         headers.remove(n);
     }
     for n in [
@@ -725,9 +794,10 @@ struct LeasedBody {
 impl LeasedBody {
     fn finish(&mut self) {
         if let Some(lease) = self.lease.take() {
+            let now = Instant::now();
             // The connection first, so that the next request finds it idle.
-            self.inner.finish();
-            lease.replica().metrics.latency.observe(self.start.elapsed().as_secs_f64());
+            self.inner.finish(tokio::time::Instant::from_std(now));
+            lease.replica().metrics.latency.observe(now.saturating_duration_since(self.start).as_secs_f64());
         }
     }
 }
