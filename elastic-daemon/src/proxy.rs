@@ -348,7 +348,7 @@ struct ModelField {
 
 /// Picks the endpoint for one request, then proxies it there.
 async fn route(req: Request<Incoming>, client: &ClientConn) -> Response<ProxyBody> {
-    // One `handle` await for every way to an endpoint: each await of it
+    // One `forward` await for every way to an endpoint: each await of it
     // would add its state to this future, which every request moves.
     let (req, t) = match &*client.dispatch {
         Dispatch::Single(t) => (req, t),
@@ -365,7 +365,23 @@ async fn route(req: Request<Incoming>, client: &ClientConn) -> Response<ProxyBod
             }
         },
     };
-    handle(req, t, client).await
+    // The body, read whole (bounded) so that a failed attempt can be
+    // retried; then the request goes to one of the endpoint's replicas.
+    let start = Instant::now();
+    let (parts, body) = req.into_parts();
+    let body = if body.is_end_stream() {
+        Bytes::new()
+    } else {
+        // Boxed, as only requests with a body need its state.
+        match Box::pin(read_body(body, &t.settings)).await {
+            Ok(b) => b,
+            Err(r) => {
+                t.endpoint.count_answer(r.status().as_u16());
+                return r;
+            }
+        }
+    };
+    forward(parts, body, t, client, start).await
 }
 
 enum Picked<'a> {
@@ -505,26 +521,6 @@ async fn route_by_model(
     Routing::Endpoint(forward(parts, body, t, client, Instant::now()).await)
 }
 
-/// Reads the request body (bounded), then proxies the request to one of
-/// the target's replicas.
-async fn handle(req: Request<Incoming>, ctx: &Target, client: &ClientConn) -> Response<ProxyBody> {
-    let start = Instant::now();
-    let (parts, body) = req.into_parts();
-    let body = if body.is_end_stream() {
-        Bytes::new()
-    } else {
-        // Boxed, as only requests with a body need its state.
-        match Box::pin(read_body(body, &ctx.settings)).await {
-            Ok(b) => b,
-            Err(r) => {
-                ctx.endpoint.count_answer(r.status().as_u16());
-                return r;
-            }
-        }
-    };
-    forward(parts, body, ctx, client, start).await
-}
-
 async fn read_body(body: Incoming, settings: &ProxySettings) -> Result<Bytes, Response<ProxyBody>> {
     match tokio::time::timeout(settings.request_timeout, Limited::new(body, settings.max_request_body).collect()).await
     {
@@ -602,8 +598,8 @@ impl Forwarded {
     }
 
     /// The request line and header section, naming `host` if the client
-    /// named none.
-    fn head(&self, host: Option<&str>) -> Vec<u8> {
+    /// named none, for a body of `body_len` bytes.
+    fn head(&self, host: Option<&str>, body_len: usize) -> Vec<u8> {
         fn field(b: &mut Vec<u8>, name: &[u8], value: &[u8]) {
             b.extend_from_slice(name);
             b.extend_from_slice(b": ");
@@ -630,12 +626,22 @@ impl Forwarded {
             }
         }
         field(&mut b, b"x-forwarded-for", self.forwarded_for.as_bytes());
-        if !self.body.is_empty() || self.had_length {
-            field(&mut b, b"content-length", self.body.len().to_string().as_bytes());
+        if body_len > 0 || self.had_length {
+            field(&mut b, b"content-length", body_len.to_string().as_bytes());
         }
         b.extend_from_slice(b"\r\n");
         b
     }
+}
+
+/// Why an attempt got no answer to pass on, for the answer once no
+/// attempt is left.
+#[derive(Clone, Copy)]
+enum Failure {
+    /// 502: no connection, or the exchange failed.
+    Replica,
+    /// 503: the replica said it drains.
+    Draining,
 }
 
 async fn forward(
@@ -646,42 +652,50 @@ async fn forward(
     start: Instant,
 ) -> Response<ProxyBody> {
     let name = ctx.endpoint.name();
-    let answer = |r: Response<ProxyBody>| {
-        ctx.endpoint.count_answer(r.status().as_u16());
-        r
+    let failed = |f: Failure| match f {
+        Failure::Replica => error_response(StatusCode::BAD_GATEWAY, "the replica failed before answering"),
+        Failure::Draining => unavailable(ctx, "the replica is draining and no other one could take the request"),
     };
     let retry_any = ctx.settings.idempotent || is_safe(&parts.method);
     let mut out = Forwarded::new(parts, body, client);
     let head_request = out.method == Method::HEAD;
-    let shared_head = if out.host_from_replica { Vec::new() } else { out.head(None) };
+    let shared_head = if out.host_from_replica { Vec::new() } else { out.head(None, out.body.len()) };
     // Serialized, the client's header map takes the response's fields: no
     // map is made or freed per request (hyper reuses the response's map
     // for the next request on the connection).
     let mut spare = if out.host_from_replica { HeaderMap::new() } else { std::mem::take(&mut out.headers) };
+    let body = std::mem::take(&mut out.body);
+    // Kept (boxed: this future is moved around whole) only when each
+    // attempt names its replica as the host.
+    let per_replica = out.host_from_replica.then(|| Box::new(out));
     let mut tried = Vec::new();
-    let mut last_failure: Option<Response<ProxyBody>> = None;
+    let mut last_failure = None;
     for _ in 0..=ctx.settings.retries {
         let lease = match ctx.endpoint.acquire(&tried).await {
             Ok(l) => l,
             Err(e) => {
-                return answer(last_failure.unwrap_or_else(|| match e {
-                    AcquireError::QueueFull => {
+                let r = match (last_failure, e) {
+                    (Some(f), _) => failed(f),
+                    (None, AcquireError::QueueFull) => {
                         unavailable(ctx, "every replica is busy and the queue is full; retry later")
                     }
-                    AcquireError::TimedOut => unavailable(ctx, "no replica became free in time; retry later"),
-                }));
+                    (None, AcquireError::TimedOut) => unavailable(ctx, "no replica became free in time; retry later"),
+                };
+                ctx.endpoint.count_answer(r.status().as_u16());
+                return r;
             }
         };
         let replica = lease.replica();
         let own_head;
-        let head = if out.host_from_replica {
-            own_head = out.head(Some(&replica.address.to_string()));
-            &own_head
-        } else {
-            &shared_head
+        let head = match &per_replica {
+            Some(out) => {
+                own_head = out.head(Some(&replica.address.to_string()), body.len());
+                &own_head
+            }
+            None => &shared_head,
         };
         let deadline = tokio::time::Instant::now() + ctx.settings.request_timeout;
-        let request = backend_pool::Outgoing { head, body: &out.body, head_request, headers: &mut spare };
+        let request = backend_pool::Outgoing { head, body: &body, head_request, headers: &mut spare };
         let sent =
             backend_pool::send(&replica.conns, replica.address, ctx.settings.connect_timeout, deadline, request).await;
         let counted = |status: u16| replica.metrics.requests.count(status);
@@ -697,13 +711,12 @@ async fn forward(
                 let not_sent = matches!(e, SendError::NotSent(_));
                 tracing::info!(endpoint = %name, %replica, not_sent, "replica request failed: {e}");
                 counted(502);
-                let r = error_response(StatusCode::BAD_GATEWAY, "the replica failed before answering");
                 if not_sent || retry_any {
                     tried.push(lease.id());
-                    last_failure = Some(r);
+                    last_failure = Some(Failure::Replica);
                     continue;
                 }
-                return r;
+                return failed(Failure::Replica);
             }
             Ok(resp) => {
                 if resp.status() == StatusCode::SERVICE_UNAVAILABLE
@@ -712,8 +725,7 @@ async fn forward(
                     ctx.endpoint.backend_draining(lease.id());
                     tried.push(lease.id());
                     counted(503);
-                    last_failure =
-                        Some(unavailable(ctx, "the replica is draining and no other one could take the request"));
+                    last_failure = Some(Failure::Draining);
                     continue;
                 }
                 counted(resp.status().as_u16());
@@ -721,7 +733,9 @@ async fn forward(
             }
         }
     }
-    answer(last_failure.unwrap_or_else(|| error_response(StatusCode::BAD_GATEWAY, "no replica could answer")))
+    let r = failed(last_failure.unwrap_or(Failure::Replica));
+    ctx.endpoint.count_answer(r.status().as_u16());
+    r
 }
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {
