@@ -7,14 +7,17 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Waker;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -23,7 +26,6 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -42,7 +44,11 @@ const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection")
 
 /// A response body: the router's own answer, or a replica's passing
 /// through (no box per response).
-pub struct ProxyBody(BodyKind);
+pub struct ProxyBody {
+    kind: BodyKind,
+    /// Its request's hold on the connection, let go with the body.
+    hold: Option<RequestHold>,
+}
 
 enum BodyKind {
     Own(Full<Bytes>),
@@ -54,21 +60,21 @@ impl Body for ProxyBody {
     type Error = std::io::Error;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        match &mut self.get_mut().0 {
+        match &mut self.get_mut().kind {
             BodyKind::Own(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
             BodyKind::Replica(b) => Pin::new(b).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.0 {
+        match &self.kind {
             BodyKind::Own(b) => b.is_end_stream(),
             BodyKind::Replica(b) => b.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.0 {
+        match &self.kind {
             BodyKind::Own(b) => b.size_hint(),
             BodyKind::Replica(b) => b.size_hint(),
         }
@@ -216,6 +222,187 @@ struct ClientConn {
     dispatch: Arc<Dispatch>,
     /// The client's address as `X-Forwarded-For` names it.
     forwarded_for: HeaderValue,
+    /// Requests received so far.
+    received: AtomicU64,
+    /// Requests whose answer has not gone out to its end yet.
+    open: AtomicU32,
+    /// An HTTP/2 connection (its streams have no head timeout).
+    http2: AtomicBool,
+}
+
+/// One request's hold on its connection, from its head until its answer
+/// has gone out (or was dropped): while one is held, no request head is
+/// awaited, so the head timeout does not run.
+struct RequestHold(Arc<ClientConn>);
+
+impl RequestHold {
+    fn new(client: Arc<ClientConn>, version: Version) -> RequestHold {
+        if version == Version::HTTP_2 {
+            client.http2.store(true, Ordering::Relaxed);
+        }
+        client.received.fetch_add(1, Ordering::Relaxed);
+        client.open.fetch_add(1, Ordering::Release);
+        RequestHold(client)
+    }
+}
+
+impl Drop for RequestHold {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// A listener's connections, for a graceful stop: each is told to finish
+/// what it serves and close, and the stop waits until all have.
+#[derive(Default)]
+struct Connections {
+    stopping: AtomicBool,
+    /// Each open connection's task, to wake it for the stop.
+    open: Mutex<HashMap<u64, Option<Waker>>>,
+    next: AtomicU64,
+    all_closed: tokio::sync::Notify,
+}
+
+impl Connections {
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Option<Waker>>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn add(&self) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.table().insert(id, None);
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        let mut open = self.table();
+        open.remove(&id);
+        if open.is_empty() {
+            self.all_closed.notify_waiters();
+        }
+    }
+
+    /// Tells every connection to close once its requests are answered, and
+    /// waits until all have closed.
+    async fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        for w in self.table().values().flatten() {
+            w.wake_by_ref();
+        }
+        loop {
+            let closed = self.all_closed.notified();
+            let mut closed = std::pin::pin!(closed);
+            closed.as_mut().enable();
+            if self.table().is_empty() {
+                return;
+            }
+            closed.await;
+        }
+    }
+}
+
+/// A client connection's future, with the two things it needs from
+/// outside hyper's own state machine: the graceful stop, and the request
+/// head timeout (slowloris). The head timeout is kept here, per connection,
+/// rather than by hyper per request (which makes and removes a timer entry
+/// for every request): one timer, moved later each time the connection
+/// starts to wait for a head (after connecting, and after each answer).
+struct Guarded<C> {
+    conn: Pin<Box<C>>,
+    client: Arc<ClientConn>,
+    conns: Arc<Connections>,
+    id: u64,
+    waker: Option<Waker>,
+    stopping: bool,
+    head_timeout: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    /// `received` when the timer was last set for a head.
+    armed_at: Option<u64>,
+}
+
+impl<C> Guarded<C> {
+    fn new(conn: C, client: Arc<ClientConn>, conns: Arc<Connections>, head_timeout: Duration) -> Guarded<C> {
+        let id = conns.add();
+        let timer = Box::pin(tokio::time::sleep(head_timeout));
+        Guarded {
+            conn: Box::pin(conn),
+            client,
+            conns,
+            id,
+            waker: None,
+            stopping: false,
+            head_timeout,
+            timer,
+            armed_at: None,
+        }
+    }
+}
+
+impl<C> Drop for Guarded<C> {
+    fn drop(&mut self) {
+        self.conns.remove(self.id);
+    }
+}
+
+/// The hyper connections a [`Guarded`] can stop gracefully.
+trait GracefulStop {
+    fn graceful_stop(self: Pin<&mut Self>);
+}
+
+impl<I, S, E> GracefulStop for auto::Connection<'static, I, S, E>
+where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<ProxyBody>>,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, ProxyBody>,
+{
+    fn graceful_stop(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+impl<C, E> Future for Guarded<C>
+where
+    C: Future<Output = Result<(), E>> + GracefulStop,
+{
+    type Output = Result<(), HeadTimeout<E>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if !this.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            this.waker = Some(cx.waker().clone());
+            if let Some(w) = this.conns.table().get_mut(&this.id) {
+                *w = Some(cx.waker().clone());
+            }
+        }
+        if !this.stopping && this.conns.stopping.load(Ordering::SeqCst) {
+            this.stopping = true;
+            this.conn.as_mut().graceful_stop();
+        }
+        if let Poll::Ready(r) = this.conn.as_mut().poll(cx) {
+            return Poll::Ready(r.map_err(HeadTimeout::Conn));
+        }
+        // Waiting for a request head (none open): since when?
+        if this.client.open.load(Ordering::Acquire) == 0 && !this.client.http2.load(Ordering::Relaxed) {
+            let received = this.client.received.load(Ordering::Relaxed);
+            if this.armed_at != Some(received) {
+                this.armed_at = Some(received);
+                this.timer.as_mut().reset(tokio::time::Instant::now() + this.head_timeout);
+            }
+            if this.timer.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(HeadTimeout::Elapsed));
+            }
+        }
+        Poll::Pending
+    }
+}
+
+/// How a guarded connection ended badly.
+enum HeadTimeout<E> {
+    Conn(E),
+    /// No complete request head within the head timeout.
+    Elapsed,
 }
 
 /// Serves `dispatch` on `listener` until `shutdown` turns true, then
@@ -228,13 +415,10 @@ pub async fn serve(
     grace: Duration,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(conn.header_read_timeout)
-        .max_buf_size(conn.max_header_bytes.max(8192));
+    // The head timeout is the guard's (see `Guarded`), not hyper's.
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(None).max_buf_size(conn.max_header_bytes.max(8192));
     builder.http2().timer(TokioTimer::new()).max_header_list_size(conn.max_header_bytes as u32);
-    let graceful = GracefulShutdown::new();
+    let conns = Arc::new(Connections::default());
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -252,27 +436,40 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let forwarded_for =
             HeaderValue::from_str(&peer.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-        let client = Arc::new(ClientConn { dispatch: dispatch.clone(), forwarded_for });
-        let svc = service_fn(move |req| {
-            let client = client.clone();
-            async move { Ok::<_, Infallible>(route(req, &client).await) }
+        let client = Arc::new(ClientConn {
+            dispatch: dispatch.clone(),
+            forwarded_for,
+            received: AtomicU64::new(0),
+            open: AtomicU32::new(0),
+            http2: AtomicBool::new(false),
         });
-        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
-        let conn = graceful.watch(conn);
+        let requests = client.clone();
+        let svc = service_fn(move |req: Request<Incoming>| {
+            let hold = RequestHold::new(requests.clone(), req.version());
+            async move {
+                let mut r = route(req, &hold.0).await;
+                r.body_mut().hold = Some(hold);
+                Ok::<_, Infallible>(r)
+            }
+        });
+        let served = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+        let served = Guarded::new(served, client, conns.clone(), conn.header_read_timeout);
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, "client connection ended: {e}");
+            match served.await {
+                Ok(()) => {}
+                Err(HeadTimeout::Elapsed) => tracing::debug!(%peer, "no request head in time; connection closed"),
+                Err(HeadTimeout::Conn(e)) => tracing::debug!(%peer, "client connection ended: {e}"),
             }
         });
     }
     drop(listener);
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(grace, conns.stop()).await.is_err() {
         tracing::warn!(listener = %dispatch.name(), "shutdown grace period over; closing open connections");
     }
 }
 
 fn full(body: impl Into<Bytes>) -> ProxyBody {
-    ProxyBody(BodyKind::Own(Full::new(body.into())))
+    ProxyBody { kind: BodyKind::Own(Full::new(body.into())), hold: None }
 }
 
 fn error_response(status: StatusCode, message: &str) -> Response<ProxyBody> {
@@ -794,7 +991,7 @@ fn client_response(resp: Response<BackendBody>, lease: Lease, start: Instant) ->
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     let body = LeasedBody { inner: body, lease: Some(lease), start };
-    Response::from_parts(parts, ProxyBody(BodyKind::Replica(body)))
+    Response::from_parts(parts, ProxyBody { kind: BodyKind::Replica(body), hold: None })
 }
 
 /// A replica's response body that holds the replica's lease until the last

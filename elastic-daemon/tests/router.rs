@@ -485,6 +485,94 @@ async fn slowloris_is_cut_off_while_others_succeed() {
     h.daemon.shutdown().await;
 }
 
+/// One response from a kept-alive connection: its status line and body.
+async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, String)> {
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let mut chunk = [0u8; 4096];
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let len: usize = head
+        .to_ascii_lowercase()
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    while buf.len() < head_end + len {
+        let mut chunk = [0u8; 4096];
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let body = String::from_utf8_lossy(&buf[head_end..head_end + len]).to_string();
+    buf.drain(..head_end + len);
+    Some((head.lines().next().unwrap_or_default().to_string(), body))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_timeout_spares_long_answers_and_busy_connections_but_not_idle_ones() {
+    let a = backend(Mode::Normal).await;
+    let mut cfg = endpoint_config(8, 8, Duration::from_secs(5));
+    cfg.proxy.header_read_timeout = Duration::from_millis(300);
+    let h = Harness::new(cfg, &[a.addr]).await;
+    let addr = h.url.trim_start_matches("http://").to_string();
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    let mut buf = Vec::new();
+    // An answer that takes twice the head timeout: the head was in long ago.
+    s.write_all(b"GET /sleep/600 HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let (status, body) = read_response(&mut s, &mut buf).await.expect("answered");
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    assert_eq!(body, a.addr.to_string());
+    // Requests one after the other for three times the head timeout, each
+    // head sent at once: the connection stays.
+    let started = std::time::Instant::now();
+    let mut last_answer = started;
+    while started.elapsed() < Duration::from_millis(900) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        let (status, _) = read_response(&mut s, &mut buf).await.expect("answered");
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        last_answer = std::time::Instant::now();
+    }
+    // Idle (no request head) past the head timeout: closed.
+    let mut byte = [0u8; 1];
+    let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut byte)).await.expect("closed in time");
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    let idle = last_answer.elapsed();
+    assert!(idle >= Duration::from_millis(250), "closed {idle:?} after the last answer");
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_idle_connections_at_once_and_busy_ones_after_their_answer() {
+    let a = backend(Mode::Normal).await;
+    let h = Harness::new(endpoint_config(8, 8, Duration::from_secs(5)), &[a.addr]).await;
+    let addr = h.url.trim_start_matches("http://").to_string();
+    let (mut idle, mut busy) = (TcpStream::connect(&addr).await.unwrap(), TcpStream::connect(&addr).await.unwrap());
+    let (mut idle_buf, mut busy_buf) = (Vec::new(), Vec::new());
+    idle.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    assert!(read_response(&mut idle, &mut idle_buf).await.is_some());
+    busy.write_all(b"GET /sleep/500 HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    until("the slow request is in flight", || a.stats.in_flight.load(Ordering::SeqCst) == 1).await;
+    let started = std::time::Instant::now();
+    let stop = tokio::spawn(h.daemon.shutdown());
+    // The idle connection closes at once; the busy one gets its answer.
+    let mut byte = [0u8; 1];
+    let n = tokio::time::timeout(Duration::from_secs(1), idle.read(&mut byte)).await.expect("idle one closed");
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    assert!(started.elapsed() < Duration::from_millis(400), "{:?}", started.elapsed());
+    let (status, _) = read_response(&mut busy, &mut busy_buf).await.expect("busy one answered");
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    stop.await.unwrap();
+    assert!(started.elapsed() < Duration::from_millis(1500), "stopped after {:?} (grace 2 s)", started.elapsed());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_socket_adds_drains_removes_and_reports() {
     let a = backend(Mode::Normal).await;
