@@ -16,8 +16,8 @@ use std::io::IoSlice;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::task::{ready, Context, Poll, Wake, Waker};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -88,12 +88,11 @@ impl BackendConn {
         if !self.buf.is_empty() {
             return false;
         }
-        let mut cx = Context::from_waker(noop_waker());
-        match self.io.poll_read_ready(&mut cx) {
-            Poll::Pending => true,
-            Poll::Ready(Err(_)) => false,
-            Poll::Ready(Ok(())) => self.poll_fill(&mut cx).is_pending(),
-        }
+        // Without readiness known, tokio answers WouldBlock with no system
+        // call (and no waker to register); with it, a read tells an end of
+        // stream or unasked bytes (either way the connection goes).
+        let mut byte = [0u8; 1];
+        matches!(self.io.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
     /// Writes the request; Err carries how many bytes had gone out.
@@ -185,6 +184,7 @@ impl BackendConn {
         let http10 = r.version == Some(0);
         // Framing, from the raw fields: no look-ups in the map.
         let (mut close, mut keep_alive_token, mut chunked, mut encoded) = (false, false, false, false);
+        let mut hop_by_hop = false;
         let mut length: Option<u64> = None;
         // Where each value lies in the head, so that the values can share
         // the head's bytes instead of each being copied.
@@ -213,6 +213,7 @@ impl BackendConn {
                     keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
                 }
             }
+            hop_by_hop |= HOP_BY_HOP.contains(&name);
             let start = f.value.as_ptr() as usize - base;
             self.spans.push((name, start, start + f.value.len()));
         }
@@ -245,7 +246,7 @@ impl BackendConn {
             }
         };
         let version = if http10 { Version::HTTP_10 } else { Version::HTTP_11 };
-        Ok(Some(Head { status, version, headers: map, framing, keep_alive }))
+        Ok(Some(Head { status, version, headers: map, framing, keep_alive, hop_by_hop }))
     }
 }
 
@@ -264,7 +265,22 @@ struct Head {
     headers: HeaderMap,
     framing: Framing,
     keep_alive: bool,
+    hop_by_hop: bool,
 }
+
+/// Hop-by-hop header fields (RFC 9110, section 7.6.1): they belong to one
+/// connection, and are not passed on (with those `Connection` names).
+pub static HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+];
 
 /// How one exchange went wrong.
 enum Exchange {
@@ -387,8 +403,13 @@ pub async fn send(
             Err(Exchange::TimedOut) => return Err(SendError::TimedOut),
             Err(e) => return Err(SendError::Failed(describe(address, e))),
         };
-        let body =
-            BackendBody { conn: Some(c), framing: head.framing, keep_alive: head.keep_alive, idle: idle.clone() };
+        let body = BackendBody {
+            conn: Some(c),
+            framing: head.framing,
+            keep_alive: head.keep_alive,
+            hop_by_hop: head.hop_by_hop,
+            idle: idle.clone(),
+        };
         let mut response = Response::new(body);
         *response.status_mut() = head.status;
         *response.version_mut() = head.version;
@@ -450,10 +471,17 @@ pub struct BackendBody {
     conn: Option<BackendConn>,
     framing: Framing,
     keep_alive: bool,
+    /// The response head has hop-by-hop fields to leave out.
+    hop_by_hop: bool,
     idle: Arc<IdleConns>,
 }
 
 impl BackendBody {
+    /// Whether the response head has hop-by-hop fields (to leave out).
+    pub fn hop_by_hop(&self) -> bool {
+        self.hop_by_hop
+    }
+
     fn complete(&self) -> bool {
         matches!(self.framing, Framing::Done | Framing::Length(0))
     }
@@ -582,15 +610,4 @@ impl Body for BackendBody {
             _ => SizeHint::default(),
         }
     }
-}
-
-/// A waker that does nothing, for polls whose wake-up is not wanted.
-fn noop_waker() -> &'static Waker {
-    struct Noop;
-    impl Wake for Noop {
-        fn wake(self: Arc<Self>) {}
-        fn wake_by_ref(self: &Arc<Self>) {}
-    }
-    static NOOP: OnceLock<Waker> = OnceLock::new();
-    NOOP.get_or_init(|| Waker::from(Arc::new(Noop)))
 }

@@ -29,7 +29,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::backend_pool::{self, BackendBody, SendError, IDLE_TIMEOUT};
+use crate::backend_pool::{self, BackendBody, SendError, HOP_BY_HOP, IDLE_TIMEOUT};
 use crate::config::{Routes, MODEL_PATHS};
 use crate::endpoint::{AcquireError, Endpoint, Lease};
 use crate::metrics::{Metrics, RequestCounters};
@@ -39,8 +39,6 @@ use crate::metrics::{Metrics, RequestCounters};
 pub const DRAINING_HEADER: &str = "x-onepool-draining";
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// A response body: the router's own answer, or a replica's passing
 /// through (no box per response).
@@ -757,22 +755,33 @@ struct Forwarded {
 impl Forwarded {
     fn new(parts: http::request::Parts, body: Bytes, client: &ClientConn) -> Forwarded {
         let http::request::Parts { method, uri, headers, .. } = parts;
-        let hop_by_hop = headers.keys().any(is_hop_by_hop);
+        // One look at each field instead of a look-up per name.
+        let (mut hop_by_hop, mut has_host, mut had_length, mut prev_forwarded) = (false, false, false, None);
+        for (name, value) in &headers {
+            if name == header::HOST {
+                has_host = true;
+            } else if name == header::CONTENT_LENGTH {
+                had_length = true;
+            } else if name == X_FORWARDED_FOR {
+                prev_forwarded = prev_forwarded.or(Some(value));
+            } else if is_hop_by_hop(name) {
+                hop_by_hop = true;
+            }
+        }
         let connection_names = if hop_by_hop { connection_names(&headers) } else { Vec::new() };
         // HTTP/2 clients name the host in :authority, not in a Host header.
-        let authority = match headers.contains_key(header::HOST) {
+        let authority = match has_host {
             true => None,
             false => uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
         };
-        let host_from_replica = authority.is_none() && !headers.contains_key(header::HOST);
-        let forwarded_for = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        let host_from_replica = authority.is_none() && !has_host;
+        let forwarded_for = match prev_forwarded.and_then(|v| v.to_str().ok()) {
             Some(prev) => {
                 let ip = client.forwarded_for.to_str().unwrap_or_default();
                 HeaderValue::from_str(&format!("{prev}, {ip}")).unwrap_or_else(|_| client.forwarded_for.clone())
             }
             None => client.forwarded_for.clone(),
         };
-        let had_length = headers.contains_key(header::CONTENT_LENGTH);
         Forwarded {
             method,
             uri,
@@ -936,19 +945,7 @@ async fn forward(
 }
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    [
-        header::CONNECTION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        header::PROXY_AUTHORIZATION,
-        header::PROXY_AUTHENTICATE,
-        KEEP_ALIVE,
-        PROXY_CONNECTION,
-    ]
-    .iter()
-    .any(|h| h == name)
+    HOP_BY_HOP.contains(name)
 }
 
 /// The fields a `Connection` header names (hop-by-hop too).
@@ -972,24 +969,16 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for n in connection_names(headers) {
         headers.remove(n);
     }
-    for n in [
-        header::CONNECTION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        header::PROXY_AUTHORIZATION,
-        header::PROXY_AUTHENTICATE,
-        KEEP_ALIVE,
-        PROXY_CONNECTION,
-    ] {
+    for n in &HOP_BY_HOP {
         headers.remove(n);
     }
 }
 
 fn client_response(resp: Response<BackendBody>, lease: Lease, start: Instant) -> Response<ProxyBody> {
     let (mut parts, body) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
+    if body.hop_by_hop() {
+        strip_hop_by_hop(&mut parts.headers);
+    }
     let body = LeasedBody { inner: body, lease: Some(lease), start };
     Response::from_parts(parts, ProxyBody { kind: BodyKind::Replica(body), hold: None })
 }
