@@ -177,6 +177,7 @@ run() {
         }' <<<"$out"
 }
 
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "== maximum throughput: wrk -t1 -c$CONNS -d${DURATION}s (after ${WARMUP}s warm-up)"
 read -r D_RPS D_P50 D_P99 _ < <(run direct-max "http://127.0.0.1:$BACKEND_PORT/" "$CONNS")
 read -r N_RPS N_P50 N_P99 N_CPU < <(run nginx-max "http://127.0.0.1:$NGINX_PORT/" "$CONNS" "" "$NGINX_PID")
@@ -195,8 +196,10 @@ read -r OH_RPS OH_P50 OH_P99 OH_CPU < <(run onepoold-half "http://127.0.0.1:$ONE
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
 added() { echo $(($1 - $2)); }
 
+LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 echo
-echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) cores ($(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1))"
+echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) cores ($(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1));" \
+    "load average (1/5/15 min) $LOAD_BEFORE before, $LOAD_AFTER after"
 echo "pinning: proxy (nginx $(nginx -v 2>&1 | sed 's/.*nginx\///'), $NGINX_WORKERS worker; onepoold, $WORKERS tokio worker) on core $PROXY_CPU;" \
     "backend and wrk on core $LOAD_CPU"
 echo

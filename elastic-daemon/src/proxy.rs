@@ -444,8 +444,16 @@ pub async fn serve(
         let requests = client.clone();
         let svc = service_fn(move |req: Request<Incoming>| {
             let hold = RequestHold::new(requests.clone(), req.version());
+            // Decided before the future is made, so that it carries only
+            // what the request needs (every request's future is moved
+            // around whole).
+            let plan = plan(req, &hold.0);
             async move {
-                let mut r = route(req, &hold.0).await;
+                let mut r = match plan {
+                    Plan::Answer(r) => *r,
+                    Plan::Forward(p, t) => forward(p, &t).await,
+                    Plan::Later(f) => f.await,
+                };
                 r.body_mut().hold = Some(hold);
                 Ok::<_, Infallible>(r)
             }
@@ -541,10 +549,43 @@ struct ModelField {
     model: Option<serde_json::Value>,
 }
 
-/// Picks the endpoint for one request, then proxies it there.
-async fn route(req: Request<Incoming>, client: &ClientConn) -> Response<ProxyBody> {
+/// What to do with a request, decided as it arrives.
+enum Plan {
+    /// Answered by the listener already (boxed: rare, and large).
+    Answer(Box<Response<ProxyBody>>),
+    /// A request without a body, for the endpoint's replicas.
+    Forward(Prepared, Arc<Target>),
+    /// A body to read first (or a model to find in it).
+    Later(Pin<Box<dyn Future<Output = Response<ProxyBody>> + Send>>),
+}
+
+fn plan(req: Request<Incoming>, client: &Arc<ClientConn>) -> Plan {
+    let later = |req| Plan::Later(Box::pin(route(req, client.clone())));
+    if !req.body().is_end_stream() {
+        return later(req);
+    }
+    let (req, t) = match &*client.dispatch {
+        Dispatch::Single(t) => (req, t),
+        Dispatch::Routed(routed) => match routed.by {
+            By::Model { .. } => return later(req),
+            _ => match pick(req, routed) {
+                Picked::Endpoint(req, t) => (req, t),
+                Picked::Answered(r) => return Plan::Answer(Box::new(r)),
+                Picked::ByModel { req, .. } => return later(req),
+            },
+        },
+    };
+    let start = Instant::now();
+    let (parts, _) = req.into_parts();
+    Plan::Forward(Prepared::new(parts, Bytes::new(), t, client, start), t.clone())
+}
+
+/// Picks the endpoint for one request, reads its body, then proxies it
+/// there.
+async fn route(req: Request<Incoming>, client: Arc<ClientConn>) -> Response<ProxyBody> {
+    let client = &*client;
     // One `forward` await for every way to an endpoint: each await of it
-    // would add its state to this future, which every request moves.
+    // would add its state to this future.
     let (req, t) = match &*client.dispatch {
         Dispatch::Single(t) => (req, t),
         Dispatch::Routed(routed) => match pick(req, routed) {
@@ -576,7 +617,7 @@ async fn route(req: Request<Incoming>, client: &ClientConn) -> Response<ProxyBod
             }
         }
     };
-    forward(parts, body, t, client, start).await
+    forward(Prepared::new(parts, body, t, client, start), t).await
 }
 
 enum Picked<'a> {
@@ -713,7 +754,7 @@ async fn route_by_model(
         t.endpoint.count_answer(413);
         return Routing::Endpoint(error_response(StatusCode::PAYLOAD_TOO_LARGE, &msg));
     }
-    Routing::Endpoint(forward(parts, body, t, client, Instant::now()).await)
+    Routing::Endpoint(forward(Prepared::new(parts, body, t, client, Instant::now()), t).await)
 }
 
 async fn read_body(body: Incoming, settings: &ProxySettings) -> Result<Bytes, Response<ProxyBody>> {
@@ -850,30 +891,43 @@ enum Failure {
     Draining,
 }
 
-async fn forward(
-    parts: http::request::Parts,
+/// A request ready for its attempts.
+struct Prepared {
+    /// The head for every attempt (empty with `per_replica`).
+    head: Vec<u8>,
     body: Bytes,
-    ctx: &Target,
-    client: &ClientConn,
+    /// A header map for the response head.
+    spare: HeaderMap,
+    /// The request, kept (boxed: the future is moved around whole) only
+    /// when each attempt names its replica as the host.
+    per_replica: Option<Box<Forwarded>>,
+    head_request: bool,
+    retry_any: bool,
     start: Instant,
-) -> Response<ProxyBody> {
+}
+
+impl Prepared {
+    fn new(parts: http::request::Parts, body: Bytes, ctx: &Target, client: &ClientConn, start: Instant) -> Prepared {
+        let retry_any = ctx.settings.idempotent || is_safe(&parts.method);
+        let mut out = Forwarded::new(parts, body, client);
+        let head_request = out.method == Method::HEAD;
+        let head = if out.host_from_replica { Vec::new() } else { out.head(None, out.body.len()) };
+        // Serialized, the client's header map takes the response's fields:
+        // no map is made or freed per request (hyper reuses the response's
+        // map for the next request on the connection).
+        let spare = if out.host_from_replica { HeaderMap::new() } else { std::mem::take(&mut out.headers) };
+        let body = std::mem::take(&mut out.body);
+        let per_replica = out.host_from_replica.then(|| Box::new(out));
+        Prepared { head, body, spare, per_replica, head_request, retry_any, start }
+    }
+}
+
+async fn forward(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
     let name = ctx.endpoint.name();
     let failed = |f: Failure| match f {
         Failure::Replica => error_response(StatusCode::BAD_GATEWAY, "the replica failed before answering"),
         Failure::Draining => unavailable(ctx, "the replica is draining and no other one could take the request"),
     };
-    let retry_any = ctx.settings.idempotent || is_safe(&parts.method);
-    let mut out = Forwarded::new(parts, body, client);
-    let head_request = out.method == Method::HEAD;
-    let shared_head = if out.host_from_replica { Vec::new() } else { out.head(None, out.body.len()) };
-    // Serialized, the client's header map takes the response's fields: no
-    // map is made or freed per request (hyper reuses the response's map
-    // for the next request on the connection).
-    let mut spare = if out.host_from_replica { HeaderMap::new() } else { std::mem::take(&mut out.headers) };
-    let body = std::mem::take(&mut out.body);
-    // Kept (boxed: this future is moved around whole) only when each
-    // attempt names its replica as the host.
-    let per_replica = out.host_from_replica.then(|| Box::new(out));
     let mut tried = Vec::new();
     let mut last_failure = None;
     for _ in 0..=ctx.settings.retries {
@@ -893,15 +947,16 @@ async fn forward(
         };
         let replica = lease.replica();
         let own_head;
-        let head = match &per_replica {
+        let head = match &p.per_replica {
             Some(out) => {
-                own_head = out.head(Some(&replica.address.to_string()), body.len());
+                own_head = out.head(Some(&replica.address.to_string()), p.body.len());
                 &own_head
             }
-            None => &shared_head,
+            None => &p.head,
         };
         let deadline = tokio::time::Instant::now() + ctx.settings.request_timeout;
-        let request = backend_pool::Outgoing { head, body: &body, head_request, headers: &mut spare };
+        let request =
+            backend_pool::Outgoing { head, body: &p.body, head_request: p.head_request, headers: &mut p.spare };
         let sent =
             backend_pool::send(&replica.conns, replica.address, ctx.settings.connect_timeout, deadline, request).await;
         let counted = |status: u16| replica.metrics.requests.count(status);
@@ -917,7 +972,7 @@ async fn forward(
                 let not_sent = matches!(e, SendError::NotSent(_));
                 tracing::info!(endpoint = %name, %replica, not_sent, "replica request failed: {e}");
                 counted(502);
-                if not_sent || retry_any {
+                if not_sent || p.retry_any {
                     tried.push(lease.id());
                     last_failure = Some(Failure::Replica);
                     continue;
@@ -935,7 +990,7 @@ async fn forward(
                     continue;
                 }
                 counted(resp.status().as_u16());
-                return client_response(resp, lease, start);
+                return client_response(resp, lease, p.start);
             }
         }
     }
