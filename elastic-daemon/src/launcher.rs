@@ -192,7 +192,15 @@ async fn front(
             let (parts, inner) = resp.into_parts();
             Response::from_parts(parts, GuardedBody { inner, _guard: guard }.boxed_unsync())
         }
-        Err(e) => plain(StatusCode::BAD_GATEWAY, &format!("model server unreachable: {e}\n"), false),
+        // Nothing listens: the server died (the router only sends here
+        // after a health check passed through it). The request never reached
+        // it, so the router may retry it anywhere: answer "draining".
+        Err(e) if e.is_connect() => plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("model server not reachable ({e}); retry elsewhere\n"),
+            true,
+        ),
+        Err(e) => plain(StatusCode::BAD_GATEWAY, &format!("model server failed: {e}\n"), false),
     }
 }
 

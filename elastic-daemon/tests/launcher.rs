@@ -82,3 +82,17 @@ async fn a_notice_drains_in_flight_requests_turns_new_ones_away_and_stops_the_se
     assert_eq!(task.await.unwrap(), Outcome::TimedOut { in_flight: 1 });
     slow.abort();
 }
+
+/// A server that is gone (nothing listens on its port) gets the request
+/// answered "draining": it never reached the server, so the router retries
+/// it on another replica, whatever its method.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_dead_server_never_got_is_answered_draining() {
+    let listen = free_addr();
+    let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
+    let front = Arc::new(Front::default());
+    // Nothing listens on the backend address.
+    let task = tokio::spawn(onepool_daemon::launcher::serve_front(listener, free_addr(), front.clone()));
+    assert_eq!(get(listen, "/x").await, Some((503, true)));
+    task.abort();
+}
