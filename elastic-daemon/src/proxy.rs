@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Waker;
 use std::task::{Context, Poll};
@@ -222,8 +222,8 @@ struct ClientConn {
     forwarded_for: HeaderValue,
     /// Requests received so far.
     received: AtomicU64,
-    /// Requests whose answer has not gone out to its end yet.
-    open: AtomicU32,
+    /// Requests whose answer has gone out to its end (or was dropped).
+    done: AtomicU64,
     /// An HTTP/2 connection (its streams have no head timeout).
     http2: AtomicBool,
 }
@@ -239,14 +239,13 @@ impl RequestHold {
             client.http2.store(true, Ordering::Relaxed);
         }
         client.received.fetch_add(1, Ordering::Relaxed);
-        client.open.fetch_add(1, Ordering::Release);
         RequestHold(client)
     }
 }
 
 impl Drop for RequestHold {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::Release);
+        self.0.done.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -303,8 +302,12 @@ impl Connections {
 /// outside hyper's own state machine: the graceful stop, and the request
 /// head timeout (slowloris). The head timeout is kept here, per connection,
 /// rather than by hyper per request (which makes and removes a timer entry
-/// for every request): one timer, moved later each time the connection
-/// starts to wait for a head (after connecting, and after each answer).
+/// for every request, and reads the clock): one timer, which looks when it
+/// fires whether the connection has been waiting for a request head all
+/// along since it was set; if so, the connection closes; if not, the timer
+/// is set again from then. So a connection that waits for a head is closed
+/// between one and two head timeouts after it started to wait, and busy
+/// connections cost the timer nothing per request.
 struct Guarded<C> {
     conn: Pin<Box<C>>,
     client: Arc<ClientConn>,
@@ -314,8 +317,8 @@ struct Guarded<C> {
     stopping: bool,
     head_timeout: Duration,
     timer: Pin<Box<tokio::time::Sleep>>,
-    /// `received` when the timer was last set for a head.
-    armed_at: Option<u64>,
+    /// (received, done) when the timer was set.
+    armed_at: (u64, u64),
 }
 
 impl<C> Guarded<C> {
@@ -331,7 +334,7 @@ impl<C> Guarded<C> {
             stopping: false,
             head_timeout,
             timer,
-            armed_at: None,
+            armed_at: (0, 0),
         }
     }
 }
@@ -381,16 +384,14 @@ where
         if let Poll::Ready(r) = this.conn.as_mut().poll(cx) {
             return Poll::Ready(r.map_err(HeadTimeout::Conn));
         }
-        // Waiting for a request head (none open): since when?
-        if this.client.open.load(Ordering::Acquire) == 0 && !this.client.http2.load(Ordering::Relaxed) {
-            let received = this.client.received.load(Ordering::Relaxed);
-            if this.armed_at != Some(received) {
-                this.armed_at = Some(received);
-                this.timer.as_mut().reset(tokio::time::Instant::now() + this.head_timeout);
-            }
-            if this.timer.as_mut().poll(cx).is_ready() {
+        while !this.client.http2.load(Ordering::Relaxed) && this.timer.as_mut().poll(cx).is_ready() {
+            let now = (this.client.received.load(Ordering::Relaxed), this.client.done.load(Ordering::Relaxed));
+            // No request since the timer was set, and none open then.
+            if now == this.armed_at && now.0 == now.1 {
                 return Poll::Ready(Err(HeadTimeout::Elapsed));
             }
+            this.armed_at = now;
+            this.timer.as_mut().reset(tokio::time::Instant::now() + this.head_timeout);
         }
         Poll::Pending
     }
@@ -438,7 +439,7 @@ pub async fn serve(
             dispatch: dispatch.clone(),
             forwarded_for,
             received: AtomicU64::new(0),
-            open: AtomicU32::new(0),
+            done: AtomicU64::new(0),
             http2: AtomicBool::new(false),
         });
         let requests = client.clone();
