@@ -578,7 +578,10 @@ fn plan(req: Request<Incoming>, client: &Arc<ClientConn>) -> Plan {
     };
     let start = Instant::now();
     let (parts, _) = req.into_parts();
-    Plan::Forward(Prepared::new(parts, Bytes::new(), t, client, start), t.clone())
+    let mut p = Prepared::new(parts, Bytes::new(), t, client, start);
+    // Nothing read since `start`: the first attempt's clock starts there.
+    p.start_is_now = true;
+    Plan::Forward(p, t.clone())
 }
 
 /// Picks the endpoint for one request, reads its body, then proxies it
@@ -904,7 +907,11 @@ struct Prepared {
     per_replica: Option<Box<Forwarded>>,
     head_request: bool,
     retry_any: bool,
+    /// When the request came (its latency counts from there).
     start: Instant,
+    /// `start` is as good as now for the first attempt's deadline (one
+    /// clock reading less).
+    start_is_now: bool,
 }
 
 impl Prepared {
@@ -919,7 +926,7 @@ impl Prepared {
         let spare = if out.host_from_replica { HeaderMap::new() } else { std::mem::take(&mut out.headers) };
         let body = std::mem::take(&mut out.body);
         let per_replica = out.host_from_replica.then(|| Box::new(out));
-        Prepared { head, body, spare, per_replica, head_request, retry_any, start }
+        Prepared { head, body, spare, per_replica, head_request, retry_any, start, start_is_now: false }
     }
 }
 
@@ -931,7 +938,7 @@ async fn forward(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
     };
     let mut tried = Vec::new();
     let mut last_failure = None;
-    for _ in 0..=ctx.settings.retries {
+    for attempt in 0..=ctx.settings.retries {
         let lease = match ctx.endpoint.acquire(&tried).await {
             Ok(l) => l,
             Err(e) => {
@@ -955,7 +962,11 @@ async fn forward(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
             }
             None => &p.head,
         };
-        let deadline = tokio::time::Instant::now() + ctx.settings.request_timeout;
+        let attempt_start = match attempt == 0 && p.start_is_now {
+            true => tokio::time::Instant::from_std(p.start),
+            false => tokio::time::Instant::now(),
+        };
+        let deadline = attempt_start + ctx.settings.request_timeout;
         let request =
             backend_pool::Outgoing { head, body: &p.body, head_request: p.head_request, headers: &mut p.spare };
         let sent =
