@@ -24,6 +24,8 @@ pub struct ReplicaLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
+    /// Empty when a shared listener answered without choosing an endpoint
+    /// (no such host, path or model; its model list).
     pub endpoint: String,
     /// Empty when the router answered without a replica (queue full, bad request).
     pub replica: String,
