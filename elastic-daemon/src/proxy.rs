@@ -307,7 +307,9 @@ impl Connections {
 /// along since it was set; if so, the connection closes; if not, the timer
 /// is set again from then. So a connection that waits for a head is closed
 /// between one and two head timeouts after it started to wait, and busy
-/// connections cost the timer nothing per request.
+/// connections cost the timer nothing per request. HTTP/2 connections are
+/// held to it only until their first request (hyper had no head timeout
+/// for HTTP/2 at all; a connection that never sends one now closes too).
 struct Guarded<C> {
     conn: Pin<Box<C>>,
     client: Arc<ClientConn>,
