@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use onepool_daemon::controller::ControllerView;
 use onepool_daemon::daemon::Daemon;
-use onepool_daemon::registry::ReplicaState;
 use onepool_daemon::tokio::runtime::Runtime;
+use onepool_tests::elastic::{queue, wait};
 use onepool_tests::{build_dir, cluster, Cleanup, TestCluster};
 
 const SERVER: &str = r#"
@@ -42,23 +42,6 @@ fn get(port: u16, path: &str) -> Option<u16> {
     let mut buf = String::new();
     s.read_to_string(&mut buf).ok()?;
     buf.split_whitespace().nth(1)?.parse().ok()
-}
-
-#[derive(Debug, Clone)]
-struct Queued {
-    id: u32,
-    name: String,
-    qos: String,
-}
-
-fn queue(c: &TestCluster) -> Vec<Queued> {
-    c.ok("squeue", &["-h", "-o", "%i|%j|%q"])
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.trim().split('|').collect();
-            Some(Queued { id: f.first()?.parse().ok()?, name: f.get(1)?.to_string(), qos: f.get(2)?.to_string() })
-        })
-        .collect()
 }
 
 fn config(dir: &Path, c: &TestCluster) -> String {
@@ -103,27 +86,15 @@ output = "{dir}/replica-%j.log"
 }
 
 fn start(rt: &Runtime, config: &Path) -> Daemon {
-    let cfg = onepool_daemon::config::load(config).unwrap_or_else(|e| panic!("{e}"));
-    rt.block_on(Daemon::start(cfg)).expect("onepoold starts")
+    onepool_tests::elastic::start_daemon(rt, config)
 }
 
 fn view(d: &Daemon) -> ControllerView {
-    d.replica_view(ENDPOINT).expect("the endpoint has a replica controller")
+    onepool_tests::elastic::replica_view(d, ENDPOINT)
 }
 
-/// Jobs in the router that are ready, by the port in the address.
 fn ready_ports(d: &Daemon) -> BTreeSet<u16> {
-    let snap = d.endpoint(ENDPOINT).unwrap().endpoint.snapshot();
-    snap.replicas.iter().filter(|r| r.state == ReplicaState::Ready).map(|r| r.address.port()).collect()
-}
-
-fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    t0.elapsed()
+    onepool_tests::elastic::ready_ports(d, ENDPOINT)
 }
 
 #[test]

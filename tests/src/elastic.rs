@@ -3,7 +3,7 @@
 //! under `onepool replica`, HTTP clients that count what they got, and
 //! reading onepoold's state (in-process or through its control socket).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -12,7 +12,34 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use onepool_daemon::controller::ControllerView;
+use onepool_daemon::daemon::Daemon;
+use onepool_daemon::registry::ReplicaState;
+use onepool_daemon::tokio::runtime::Runtime;
+
 use crate::{build_dir, workspace_root, TestCluster};
+
+/// A runtime for onepoold in-process.
+pub fn runtime() -> Runtime {
+    onepool_daemon::tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap()
+}
+
+/// onepoold in-process, from a configuration file.
+pub fn start_daemon(rt: &Runtime, config: &Path) -> Daemon {
+    let cfg = onepool_daemon::config::load(config).unwrap_or_else(|e| panic!("{e}"));
+    rt.block_on(Daemon::start(cfg)).expect("onepoold starts")
+}
+
+/// What the endpoint's replica controller did so far.
+pub fn replica_view(d: &Daemon, endpoint: &str) -> ControllerView {
+    d.replica_view(endpoint).expect("the endpoint has a replica controller")
+}
+
+/// Ports of the replicas the router sends requests to.
+pub fn ready_ports(d: &Daemon, endpoint: &str) -> BTreeSet<u16> {
+    let snap = d.endpoint(endpoint).unwrap().endpoint.snapshot();
+    snap.replicas.iter().filter(|r| r.state == ReplicaState::Ready).map(|r| r.address.port()).collect()
+}
 
 /// The dev cluster's stand-in model server: `POST {"max_tokens": N}` takes
 /// N x `$ONEPOOL_SECONDS_PER_TOKEN` (0.001 s by default).
