@@ -6,7 +6,7 @@
 //! wrong tier gets every submission refused or unprotected. These are
 //! checked at start-up, all at once.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use onepool_decisions::annotation::ReclaimMode;
 use onepool_decisions::duration;
@@ -20,14 +20,8 @@ pub fn policy_path(config: &Config) -> PathBuf {
     if let Some(p) = &config.policy {
         return p.clone();
     }
-    if let Some(p) = std::env::var_os(policy::PATH_ENV) {
-        return PathBuf::from(p);
-    }
     let conf = config.slurm_conf.clone().or_else(|| std::env::var_os("SLURM_CONF").map(PathBuf::from));
-    if let Some(dir) = conf.as_deref().and_then(Path::parent) {
-        return dir.join("onepool.toml");
-    }
-    PathBuf::from(policy::DEFAULT_PATH)
+    policy::locate(std::env::var_os(policy::PATH_ENV), conf.as_deref())
 }
 
 /// What is wrong (errors) and what deserves a look (warnings).

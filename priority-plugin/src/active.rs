@@ -26,14 +26,8 @@ pub fn set(a: Option<Active>) {
 /// `$ONEPOOL_POLICY`, else `onepool.toml` beside `$SLURM_CONF`, else
 /// /etc/slurm/onepool.toml.
 pub fn policy_path() -> PathBuf {
-    if let Some(p) = std::env::var_os(policy::PATH_ENV) {
-        return PathBuf::from(p);
-    }
-    if let Some(dir) = std::env::var_os("SLURM_CONF").map(PathBuf::from).and_then(|c| c.parent().map(Path::to_path_buf))
-    {
-        return dir.join("onepool.toml");
-    }
-    PathBuf::from(policy::DEFAULT_PATH)
+    let conf = std::env::var_os("SLURM_CONF").map(PathBuf::from);
+    policy::locate(std::env::var_os(policy::PATH_ENV), conf.as_deref())
 }
 
 /// Reads and checks the policy file; `Err` carries every diagnostic line.

@@ -12,5 +12,32 @@ pub use model::{Capacity, Class, Entitlement, Policy, Pool, Tier, TimeLimitRule}
 pub const DEFAULT_PATH: &str = "/etc/slurm/onepool.toml";
 /// Environment variable that overrides [`DEFAULT_PATH`].
 pub const PATH_ENV: &str = "ONEPOOL_POLICY";
+/// Where the plugin and onepoold find the policy: `env` (the value of
+/// [`PATH_ENV`]), else `onepool.toml` beside slurm.conf, else
+/// [`DEFAULT_PATH`].
+pub fn locate(env: Option<std::ffi::OsString>, slurm_conf: Option<&std::path::Path>) -> std::path::PathBuf {
+    if let Some(p) = env {
+        return p.into();
+    }
+    match slurm_conf.and_then(std::path::Path::parent) {
+        Some(dir) => dir.join("onepool.toml"),
+        None => DEFAULT_PATH.into(),
+    }
+}
+
 /// Partition QOS of the flexible partition (see `render`); no class may use it.
 pub const FLEXIBLE_CAP_QOS: &str = "onepool-flexible-cap";
+
+#[cfg(test)]
+mod locate_tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    #[test]
+    fn the_environment_wins_then_beside_slurm_conf_then_the_default() {
+        let conf = Some(Path::new("/etc/slurm-x/slurm.conf"));
+        assert_eq!(locate(Some("/p.toml".into()), conf), PathBuf::from("/p.toml"));
+        assert_eq!(locate(None, conf), PathBuf::from("/etc/slurm-x/onepool.toml"));
+        assert_eq!(locate(None, None), PathBuf::from(DEFAULT_PATH));
+    }
+}
