@@ -10,6 +10,14 @@
 //! is cheapest to drain (fewest requests in flight, then the youngest);
 //! a replica near its time limit gets a successor first and is drained once
 //! the successor serves; a job Slurm is preempting is drained at once.
+//!
+//! A replica is one server on one node. A job may host several, one per
+//! node (`replicas_per_job`): [`reconcile`] decides per replica, and
+//! [`plan_releases`] turns the replicas to release into what Slurm is told
+//! (scancel the job once none of its replicas is left, else shrink it to
+//! the nodes still serving). Slurm refuses to release a job's batch host
+//! ("Invalid node name specified"), so the replica there is `pinned`: it
+//! is scaled down last in its job.
 
 use std::time::Duration;
 
@@ -36,6 +44,12 @@ pub enum Phase {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Replica {
     pub job: u32,
+    /// Which of the job's replicas (unique within the endpoint: the
+    /// daemon uses the replica's port).
+    pub slot: u16,
+    /// Runs on its job's batch host while the job has other live replicas:
+    /// it can only go with the whole job.
+    pub pinned: bool,
     pub kind: Kind,
     pub phase: Phase,
     pub in_flight: u32,
@@ -65,10 +79,13 @@ pub enum Action {
     /// Take out of the router and let in-flight requests finish.
     Drain {
         job: u32,
+        slot: u16,
     },
-    /// Release the job's GPUs (after its drain, or a job that never served).
-    Cancel {
+    /// Give the replica's GPUs back (after its drain, or one that never
+    /// served): see [`plan_releases`].
+    Release {
         job: u32,
+        slot: u16,
     },
 }
 
@@ -83,16 +100,18 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
     // Victims and stale starters leave first.
     for r in replicas {
         if r.being_preempted && r.phase != Phase::Draining {
-            actions.push(Action::Drain { job: r.job });
+            actions.push(Action::Drain { job: r.job, slot: r.slot });
         } else if (r.phase == Phase::Starting && r.age > target.startup_timeout)
             || (r.phase == Phase::Draining && r.in_flight == 0)
         {
             // A model load that never finished, or a drain that has.
-            actions.push(Action::Cancel { job: r.job });
+            actions.push(Action::Release { job: r.job, slot: r.slot });
         }
     }
     let gone = |r: &Replica| {
-        actions.iter().any(|a| matches!(a, Action::Cancel { job } | Action::Drain { job } if *job == r.job))
+        actions.iter().any(
+            |a| matches!(a, Action::Release { job, slot } | Action::Drain { job, slot } if (*job, *slot) == (r.job, r.slot)),
+        )
     };
     let alive: Vec<&Replica> = replicas.iter().filter(|r| live(r) && !gone(r)).collect();
     // Replicas near their time limit get a successor; once every successor
@@ -102,8 +121,8 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
         .copied()
         .filter(|r| r.phase == Phase::Serving && r.time_left.is_some_and(|t| t <= target.renew_before))
         .collect();
-    let count_lasting =
-        |kind: Kind| alive.iter().filter(|r| r.kind == kind && !expiring.iter().any(|e| e.job == r.job)).count() as u32;
+    let is_expiring = |r: &Replica| expiring.iter().any(|e| (e.job, e.slot) == (r.job, r.slot));
+    let count_lasting = |kind: Kind| alive.iter().filter(|r| r.kind == kind && !is_expiring(r)).count() as u32;
     let (base_lasting, supp_lasting) = (count_lasting(Kind::Baseline), count_lasting(Kind::Supplemental));
     let want_supp = desired - target.min;
     for _ in base_lasting..target.min {
@@ -115,10 +134,7 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
     }
     // Expiring replicas whose successors already serve can go.
     let serving_lasting = |kind: Kind| {
-        alive
-            .iter()
-            .filter(|r| r.kind == kind && r.phase == Phase::Serving && !expiring.iter().any(|e| e.job == r.job))
-            .count() as u32
+        alive.iter().filter(|r| r.kind == kind && r.phase == Phase::Serving && !is_expiring(r)).count() as u32
     };
     for e in &expiring {
         let enough = match e.kind {
@@ -126,26 +142,108 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
             Kind::Supplemental => serving_lasting(Kind::Supplemental) >= want_supp,
         };
         if enough {
-            actions.push(Action::Drain { job: e.job });
+            actions.push(Action::Drain { job: e.job, slot: e.slot });
         }
     }
-    // Scale down: cancel pending surplus first, then drain the cheapest.
+    // Scale down: release pending surplus first, then drain the cheapest.
+    // A pinned replica's GPUs come back only with its whole job: last.
     let surplus = supp_lasting.saturating_sub(want_supp);
     if surplus > 0 {
-        let mut candidates: Vec<&Replica> = alive
-            .iter()
-            .copied()
-            .filter(|r| r.kind == Kind::Supplemental && !expiring.iter().any(|e| e.job == r.job))
-            .collect();
-        candidates.sort_by_key(|r| (r.phase != Phase::Pending, r.phase == Phase::Serving, r.in_flight, r.age));
+        let mut candidates: Vec<&Replica> =
+            alive.iter().copied().filter(|r| r.kind == Kind::Supplemental && !is_expiring(r)).collect();
+        candidates
+            .sort_by_key(|r| (r.phase != Phase::Pending, r.phase == Phase::Serving, r.pinned, r.in_flight, r.age));
         for r in candidates.into_iter().take(surplus as usize) {
             actions.push(match r.phase {
-                Phase::Pending | Phase::Starting => Action::Cancel { job: r.job },
-                _ => Action::Drain { job: r.job },
+                Phase::Pending | Phase::Starting => Action::Release { job: r.job, slot: r.slot },
+                _ => Action::Drain { job: r.job, slot: r.slot },
             });
         }
     }
     actions
+}
+
+/// How many replicas each new job hosts: the submissions `reconcile`
+/// asked for, `per_job` at most to a job, in order of kind.
+pub fn pack_submissions(actions: &[Action], per_job: u32) -> Vec<(Kind, u32)> {
+    let per_job = per_job.max(1);
+    let mut jobs: Vec<(Kind, u32)> = Vec::new();
+    for a in actions {
+        let Action::Submit(kind) = a else { continue };
+        match jobs.last_mut() {
+            Some((k, n)) if k == kind && *n < per_job => *n += 1,
+            _ => jobs.push((*kind, 1)),
+        }
+    }
+    jobs
+}
+
+/// One of the daemon's jobs as far as releasing its replicas goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobLayout {
+    pub job: u32,
+    /// Not running yet: its node count is still a request.
+    pub pending: bool,
+    /// Where it runs (none while pending).
+    pub batch_host: Option<String>,
+    /// Its replicas: slot and node (none while pending). Every node of a
+    /// running job has one.
+    pub replicas: Vec<(u16, Option<String>)>,
+}
+
+/// What Slurm is told to give replicas' GPUs back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Release {
+    /// None of the job's replicas is left: `scancel`.
+    Cancel { job: u32 },
+    /// `scontrol update JobId=.. NodeList=<keep>`: the released nodes'
+    /// GPUs are free at once (Slurm SIGKILLs what still runs there, so the
+    /// replicas on them have drained first).
+    Shrink { job: u32, keep: Vec<String>, released: Vec<u16> },
+    /// A pending job asks for fewer nodes: `scontrol update NumNodes=`.
+    Resize { job: u32, nodes: u32, released: Vec<u16> },
+    /// The replica on the batch host cannot leave while its job keeps
+    /// others; it stays out of the router until they go.
+    Held { job: u32, slot: u16 },
+}
+
+/// Groups the replicas to release by job: a job with none left is
+/// cancelled; a running one keeps the nodes of the rest, and always its
+/// batch host; a pending one asks for fewer nodes.
+pub fn plan_releases(jobs: &[JobLayout], release: &[(u32, u16)]) -> Vec<Release> {
+    let mut out = Vec::new();
+    for j in jobs {
+        let mine: Vec<u16> = j.replicas.iter().map(|(s, _)| *s).filter(|s| release.contains(&(j.job, *s))).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        if mine.len() == j.replicas.len() {
+            out.push(Release::Cancel { job: j.job });
+            continue;
+        }
+        if j.pending {
+            out.push(Release::Resize { job: j.job, nodes: (j.replicas.len() - mine.len()) as u32, released: mine });
+            continue;
+        }
+        let mut keep = Vec::new();
+        let mut released = Vec::new();
+        for (slot, node) in &j.replicas {
+            let Some(node) = node else { continue };
+            let on_batch_host = j.batch_host.as_deref() == Some(node.as_str());
+            if !mine.contains(slot) {
+                keep.push(node.clone());
+            } else if on_batch_host {
+                keep.push(node.clone());
+                out.push(Release::Held { job: j.job, slot: *slot });
+            } else {
+                released.push(*slot);
+            }
+        }
+        if !released.is_empty() {
+            out.push(Release::Shrink { job: j.job, keep, released });
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -160,7 +258,17 @@ mod tests {
     }
 
     fn r(job: u32, kind: Kind, phase: Phase, in_flight: u32, age: u64) -> Replica {
-        Replica { job, kind, phase, in_flight, age: Duration::from_secs(age), time_left: None, being_preempted: false }
+        Replica {
+            job,
+            slot: 0,
+            pinned: false,
+            kind,
+            phase,
+            in_flight,
+            age: Duration::from_secs(age),
+            time_left: None,
+            being_preempted: false,
+        }
     }
 
     #[test]
@@ -197,11 +305,11 @@ mod tests {
             r(4, Kind::Supplemental, Phase::Serving, 1, 100),
         ];
         // Want one supplemental fewer: the one with 1 in flight, youngest of those.
-        assert_eq!(reconcile(&t(1, 4, 3), &rs), [Action::Drain { job: 4 }]);
+        assert_eq!(reconcile(&t(1, 4, 3), &rs), [Action::Drain { job: 4, slot: 0 }]);
         // Down to min: all supplementals go, baseline stays.
         let a = reconcile(&t(1, 4, 1), &rs);
         assert_eq!(a.len(), 3);
-        assert!(!a.contains(&Action::Drain { job: 1 }));
+        assert!(!a.contains(&Action::Drain { job: 1, slot: 0 }));
     }
 
     #[test]
@@ -211,7 +319,7 @@ mod tests {
             r(2, Kind::Supplemental, Phase::Serving, 0, 300),
             r(3, Kind::Supplemental, Phase::Pending, 0, 0),
         ];
-        assert_eq!(reconcile(&t(1, 4, 2), &rs), [Action::Cancel { job: 3 }]);
+        assert_eq!(reconcile(&t(1, 4, 2), &rs), [Action::Release { job: 3, slot: 0 }]);
     }
 
     #[test]
@@ -219,7 +327,10 @@ mod tests {
         let mut victim = r(2, Kind::Supplemental, Phase::Serving, 4, 300);
         victim.being_preempted = true;
         let rs = [r(1, Kind::Baseline, Phase::Serving, 0, 900), victim];
-        assert_eq!(reconcile(&t(1, 4, 2), &rs), [Action::Drain { job: 2 }, Action::Submit(Kind::Supplemental)]);
+        assert_eq!(
+            reconcile(&t(1, 4, 2), &rs),
+            [Action::Drain { job: 2, slot: 0 }, Action::Submit(Kind::Supplemental)]
+        );
     }
 
     #[test]
@@ -229,7 +340,10 @@ mod tests {
             r(2, Kind::Supplemental, Phase::Draining, 0, 300),
             r(3, Kind::Supplemental, Phase::Starting, 0, 301),
         ];
-        assert_eq!(reconcile(&t(1, 2, 1), &rs), [Action::Cancel { job: 2 }, Action::Cancel { job: 3 }]);
+        assert_eq!(
+            reconcile(&t(1, 2, 1), &rs),
+            [Action::Release { job: 2, slot: 0 }, Action::Release { job: 3, slot: 0 }]
+        );
     }
 
     #[test]
@@ -242,13 +356,124 @@ mod tests {
         assert!(reconcile(&t(1, 1, 1), &[old.clone(), pending]).is_empty());
         // Successor serving: the old one drains; the endpoint never drops below min.
         let serving = r(2, Kind::Baseline, Phase::Serving, 0, 60);
-        assert_eq!(reconcile(&t(1, 1, 1), &[old, serving]), [Action::Drain { job: 1 }]);
+        assert_eq!(reconcile(&t(1, 1, 1), &[old, serving]), [Action::Drain { job: 1, slot: 0 }]);
+    }
+
+    fn member(job: u32, slot: u16, pinned: bool, phase: Phase, in_flight: u32) -> Replica {
+        Replica { slot, pinned, ..r(job, Kind::Supplemental, phase, in_flight, 100) }
+    }
+
+    #[test]
+    fn scale_down_takes_replicas_off_a_job_s_other_nodes_before_its_batch_host() {
+        // Job 7 hosts three replicas (its batch host's is pinned, and idle).
+        let rs = [
+            r(1, Kind::Baseline, Phase::Serving, 0, 900),
+            member(7, 18500, true, Phase::Serving, 0),
+            member(7, 18502, false, Phase::Serving, 2),
+            member(7, 18504, false, Phase::Serving, 1),
+        ];
+        assert_eq!(reconcile(&t(1, 4, 3), &rs), [Action::Drain { job: 7, slot: 18504 }]);
+        assert_eq!(
+            reconcile(&t(1, 4, 2), &rs),
+            [Action::Drain { job: 7, slot: 18504 }, Action::Drain { job: 7, slot: 18502 }]
+        );
+        // A preempted job drains every replica it hosts.
+        let preempted: Vec<Replica> = rs.into_iter().map(|x| Replica { being_preempted: x.job == 7, ..x }).collect();
+        let a = reconcile(&t(1, 1, 1), &preempted);
+        assert_eq!(a.iter().filter(|a| matches!(a, Action::Drain { job: 7, .. })).count(), 3, "{a:?}");
+    }
+
+    #[test]
+    fn submissions_are_packed_into_jobs_of_up_to_replicas_per_job() {
+        let a = [
+            Action::Submit(Kind::Baseline),
+            Action::Submit(Kind::Supplemental),
+            Action::Drain { job: 3, slot: 0 },
+            Action::Submit(Kind::Supplemental),
+            Action::Submit(Kind::Supplemental),
+        ];
+        assert_eq!(pack_submissions(&a, 2), [(Kind::Baseline, 1), (Kind::Supplemental, 2), (Kind::Supplemental, 1)]);
+        assert_eq!(pack_submissions(&a, 1).len(), 4);
+        assert_eq!(pack_submissions(&a, 0).len(), 4, "0 counts as 1");
+        assert!(pack_submissions(&[Action::Release { job: 1, slot: 0 }], 4).is_empty());
+    }
+
+    fn layout(job: u32, nodes: &[&str]) -> JobLayout {
+        JobLayout {
+            job,
+            pending: false,
+            batch_host: nodes.first().map(|n| n.to_string()),
+            replicas: nodes.iter().enumerate().map(|(i, n)| (18500 + 2 * i as u16, Some(n.to_string()))).collect(),
+        }
+    }
+
+    #[test]
+    fn releases_shrink_a_job_to_the_rest_and_cancel_it_when_none_is_left() {
+        let jobs = [layout(7, &["node1", "node2", "node3"]), layout(8, &["node4"])];
+        assert_eq!(
+            plan_releases(&jobs, &[(7, 18502), (8, 18500)]),
+            [
+                Release::Shrink { job: 7, keep: vec!["node1".into(), "node3".into()], released: vec![18502] },
+                Release::Cancel { job: 8 }
+            ]
+        );
+        assert_eq!(plan_releases(&jobs, &[(7, 18500), (7, 18502), (7, 18504)]), [Release::Cancel { job: 7 }]);
+        // Nothing asked of a job: nothing done; slots of other jobs do not count.
+        assert!(plan_releases(&jobs, &[(9, 18500)]).is_empty());
+    }
+
+    #[test]
+    fn the_batch_host_s_replica_is_held_until_its_job_has_no_other() {
+        let jobs = [layout(7, &["node1", "node2", "node3"])];
+        assert_eq!(
+            plan_releases(&jobs, &[(7, 18500), (7, 18504)]),
+            [
+                Release::Held { job: 7, slot: 18500 },
+                Release::Shrink { job: 7, keep: vec!["node1".into(), "node2".into()], released: vec![18504] }
+            ]
+        );
+        assert_eq!(plan_releases(&jobs, &[(7, 18500)]), [Release::Held { job: 7, slot: 18500 }]);
+    }
+
+    #[test]
+    fn a_pending_job_asks_for_fewer_nodes() {
+        let pending = JobLayout {
+            job: 9,
+            pending: true,
+            batch_host: None,
+            replicas: vec![(18500, None), (18502, None), (18504, None)],
+        };
+        assert_eq!(
+            plan_releases(std::slice::from_ref(&pending), &[(9, 18504)]),
+            [Release::Resize { job: 9, nodes: 2, released: vec![18504] }]
+        );
+        assert_eq!(plan_releases(&[pending], &[(9, 18500), (9, 18502), (9, 18504)]), [Release::Cancel { job: 9 }]);
+    }
+
+    fn arb_layout() -> impl Strategy<Value = (JobLayout, Vec<(u32, u16)>)> {
+        (1usize..6, proptest::collection::vec(any::<bool>(), 6)).prop_map(|(n, picks)| {
+            let names: Vec<String> = (1..=n).map(|i| format!("node{i}")).collect();
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            let l = layout(3, &refs);
+            let release = l.replicas.iter().zip(&picks).filter(|(_, p)| **p).map(|((s, _), _)| (3, *s)).collect();
+            (l, release)
+        })
     }
 
     fn arb_replica() -> impl Strategy<Value = Replica> {
-        (1u32..1000, any::<bool>(), 0usize..4, 0u32..10, 0u64..1000, any::<bool>(), proptest::option::of(0u64..2000))
-            .prop_map(|(job, base, phase, in_flight, age, pre, left)| Replica {
+        (
+            (1u32..6, 0u16..4, any::<bool>()),
+            any::<bool>(),
+            0usize..4,
+            0u32..10,
+            0u64..1000,
+            any::<bool>(),
+            proptest::option::of(0u64..2000),
+        )
+            .prop_map(|((job, slot, pinned), base, phase, in_flight, age, pre, left)| Replica {
                 job,
+                slot,
+                pinned,
                 kind: if base { Kind::Baseline } else { Kind::Supplemental },
                 phase: [Phase::Pending, Phase::Starting, Phase::Serving, Phase::Draining][phase],
                 in_flight,
@@ -259,6 +484,25 @@ mod tests {
     }
 
     proptest! {
+
+        /// A shrink always keeps the batch host and exactly the nodes whose
+        /// replicas stay; a job is cancelled only when all of them go.
+        #[test]
+        fn releases_keep_the_batch_host_and_the_replicas_not_released((l, release) in arb_layout()) {
+            let plan = plan_releases(std::slice::from_ref(&l), &release);
+            let all = release.len() == l.replicas.len();
+            prop_assert_eq!(plan.contains(&Release::Cancel { job: 3 }), all && !release.is_empty());
+            for p in &plan {
+                if let Release::Shrink { keep, released, .. } = p {
+                    prop_assert!(keep.contains(l.batch_host.as_ref().unwrap()));
+                    for (slot, node) in &l.replicas {
+                        let node = node.as_ref().unwrap();
+                        prop_assert_eq!(keep.contains(node), !released.contains(slot));
+                        prop_assert!(!released.contains(slot) || release.contains(&(3, *slot)));
+                    }
+                }
+            }
+        }
         /// Actions only ever name jobs that were passed in (owned ones), and
         /// a baseline replica is never drained or cancelled while it serves
         /// without a reason (preemption, time limit).
@@ -267,11 +511,11 @@ mod tests {
             rs in proptest::collection::vec(arb_replica(), 0..8), min in 0u32..4, extra in 0u32..4, desired in 0u32..10,
         ) {
             let mut seen = std::collections::HashSet::new();
-            let rs: Vec<Replica> = rs.into_iter().filter(|r| seen.insert(r.job)).collect();
+            let rs: Vec<Replica> = rs.into_iter().filter(|r| seen.insert((r.job, r.slot))).collect();
             let target = t(min, min + extra, desired);
             for a in reconcile(&target, &rs) {
-                if let Action::Drain { job } | Action::Cancel { job } = a {
-                    let r = rs.iter().find(|r| r.job == job);
+                if let Action::Drain { job, slot } | Action::Release { job, slot } = a {
+                    let r = rs.iter().find(|r| (r.job, r.slot) == (job, slot));
                     prop_assert!(r.is_some(), "action on a job not given: {job}");
                     let r = r.unwrap();
                     if r.kind == Kind::Baseline && r.phase == Phase::Serving && !r.being_preempted {

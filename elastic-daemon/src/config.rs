@@ -61,6 +61,11 @@ pub struct ReplicaSettings {
     pub command: String,
     /// GPUs per replica (one node each).
     pub gpus: u32,
+    /// Replicas one job hosts, each on its own node (default 1). Above 1 a
+    /// job runs one `srun` step per node and scales down node by node:
+    /// the drained replica's node is released with `scontrol update
+    /// JobId=.. NodeList=<the rest>`.
+    pub replicas_per_job: u32,
     /// Baseline replicas (protected class), always kept.
     pub min: u32,
     /// Baseline plus supplemental (flexible class) replicas at most.
@@ -199,6 +204,7 @@ struct RawEndpoint {
 struct RawReplicas {
     command: Spanned<String>,
     gpus: Option<Spanned<i64>>,
+    replicas_per_job: Option<Spanned<i64>>,
     min: Option<Spanned<i64>>,
     max: Option<Spanned<i64>>,
     target_per_replica: Option<Spanned<f64>>,
@@ -521,6 +527,7 @@ fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> ReplicaSetting
     ReplicaSettings {
         command: r.command.get_ref().clone(),
         gpus: c.number(&r.gpus, "replicas.gpus", 1, 64, 1) as u32,
+        replicas_per_job: c.number(&r.replicas_per_job, "replicas.replicas_per_job", 1, 256, 1) as u32,
         min,
         max,
         target_per_replica: positive(c, &r.target_per_replica, "replicas.target_per_replica", 8.0),

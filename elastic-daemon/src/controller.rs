@@ -20,7 +20,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use onepool_decisions::autoscale::{Autoscaler, ScalingPolicy};
-use onepool_decisions::replicas::{reconcile, Action, EndpointTarget, Kind, Phase, Replica};
+use onepool_decisions::replicas::{
+    pack_submissions, plan_releases, reconcile, Action, EndpointTarget, JobLayout, Kind, Phase, Release, Replica,
+};
 use onepool_slurm_commands::adapter::{Slurm, SlurmError};
 use onepool_slurm_commands::state::JobInfo;
 use serde::Serialize;
@@ -29,6 +31,7 @@ use tokio::sync::watch;
 use crate::config::ReplicaSettings;
 use crate::endpoint::Endpoint;
 use crate::registry::{RegistryError, ReplicaState};
+use crate::replica_group::port_from_step_name;
 
 /// The Slurm adapter the controllers share (called on blocking threads).
 pub type SharedSlurm = Arc<dyn Slurm + Send + Sync>;
@@ -78,32 +81,47 @@ fn quote(s: &str) -> String {
     }
 }
 
-/// sbatch's arguments (after `--parsable`) for one replica on `port`.
-pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16) -> Vec<String> {
+/// sbatch's arguments (after `--parsable`) for a job of `replicas`
+/// replicas from `port` on: one replica on one node, or with
+/// `replicas_per_job` above 1 one per node, each an srun step
+/// ([`crate::replica_group`]) on `port + 2i`.
+pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16, replicas: u32) -> Vec<String> {
     let class = match kind {
         Kind::Baseline => &s.baseline_workload,
         Kind::Supplemental => &s.supplemental_workload,
     };
     let drain_secs = s.drain_timeout.as_secs_f64().ceil().max(1.0) as u64;
-    let script = format!(
-        "exec {} replica --listen 0.0.0.0:{port} --backend 127.0.0.1:{} --drain-timeout {} -- {}",
-        quote(&s.launcher),
-        port + 1,
-        onepool_decisions::duration::format(Duration::from_secs(drain_secs)),
-        s.command
-    );
+    let drain = onepool_decisions::duration::format(Duration::from_secs(drain_secs));
+    let launcher = quote(&s.launcher);
     let mut args = vec![
         "-J".to_string(),
         job_name(endpoint, port),
         format!("--workload={class}"),
         format!("--endpoint={endpoint}"),
-        format!("--gpus={}", s.gpus),
-        "-N1".to_string(),
+    ];
+    let script = if s.replicas_per_job > 1 {
+        args.extend([
+            format!("-N{}", replicas.max(1)),
+            "--ntasks-per-node=1".to_string(),
+            format!("--gpus-per-node={}", s.gpus),
+            // A failed node leaves the job; the replicas on the others serve on.
+            "--no-kill".to_string(),
+        ]);
+        format!("exec {launcher} replica --per-node --listen 0.0.0.0:{port} --drain-timeout {drain} -- {}", s.command)
+    } else {
+        args.extend([format!("--gpus={}", s.gpus), "-N1".to_string()]);
+        format!(
+            "exec {launcher} replica --listen 0.0.0.0:{port} --backend 127.0.0.1:{} --drain-timeout {drain} -- {}",
+            port + 1,
+            s.command
+        )
+    };
+    args.extend([
         // A replica lost with its node is replaced at once by a new job; a
         // requeued one would wait Slurm's BeginTime (~2 minutes) first.
         "--no-requeue".to_string(),
         format!("--signal=B:USR1@{drain_secs}"),
-    ];
+    ]);
     if let Some(t) = s.time_limit {
         args.push(format!("--time={}", t.as_secs().div_ceil(60).max(1)));
     }
@@ -111,7 +129,8 @@ pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16) -
     args
 }
 
-/// One replica job as the controller sees it (for tests and status).
+/// One replica as the controller sees it (for tests and status); a job
+/// hosting several shows as several, with the same `job`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ReplicaJob {
     pub job: u32,
@@ -119,13 +138,14 @@ pub struct ReplicaJob {
     /// "baseline" or "supplemental".
     pub kind: &'static str,
     /// "pending", "starting", "serving" or "draining"; "cancelled" once
-    /// scancel was sent and the job has not left the queue yet.
+    /// scancel (or a shrink releasing its node) was sent and Slurm has not
+    /// let go of it yet.
     pub phase: &'static str,
     /// Where the router reaches it, once it runs.
     pub address: Option<SocketAddr>,
     /// The node it runs on.
     pub node: Option<String>,
-    /// Slurm picked it as a preemption victim (its grace time runs).
+    /// Slurm picked its job as a preemption victim (its grace time runs).
     pub preempted: bool,
     /// While draining: when it is released at the latest (Unix seconds),
     /// the earlier of onepoold's drain timeout and Slurm's preemption end.
@@ -151,22 +171,69 @@ pub struct ControllerView {
     pub scraped: Option<(usize, usize)>,
     /// Replica jobs submitted by this controller since it started.
     pub submitted: Vec<u32>,
+    /// Nodes released from running jobs by shrinking them, as (job, node).
+    pub shrunk: Vec<(u32, String)>,
     /// The last failed Slurm call, if the last poll had one.
     pub last_error: Option<String>,
 }
 
-struct Tracked {
-    port: u16,
-    kind: Kind,
+/// One replica: a job's only one, or one of a job's per-node ones.
+#[derive(Default)]
+struct Member {
+    /// Where it runs; `None` while its job is pending.
+    node: Option<String>,
     /// In the router at this address.
     address: Option<SocketAddr>,
     drain_started: Option<Instant>,
     /// The same moment in Unix seconds, for status.
     drain_started_unix: Option<u64>,
-    cancelled: bool,
-    node: Option<String>,
+    /// scancel or a shrink was sent for it: never back into the router.
+    released: bool,
+    /// Its srun step was seen (per-node jobs): once gone, the replica ended.
+    step_seen: bool,
+    /// Its step ended while the node stayed in the job.
+    ended: bool,
+}
+
+impl Member {
+    fn draining(&self) -> bool {
+        self.drain_started.is_some() || self.ended
+    }
+}
+
+struct TrackedJob {
+    /// The port in its name; its replicas use `base_port + 2i`.
+    base_port: u16,
+    kind: Kind,
+    /// Replicas it was seen to host at most (ports reserved for it).
+    width: u16,
+    running: bool,
+    batch_host: Option<String>,
     /// Slurm's preemption deadline (Unix seconds), once it picked this job.
     preempt_end: Option<u64>,
+    /// By port.
+    members: BTreeMap<u16, Member>,
+}
+
+impl TrackedJob {
+    fn new(base_port: u16, kind: Kind, width: u16) -> TrackedJob {
+        TrackedJob {
+            base_port,
+            kind,
+            width: width.max(1),
+            running: false,
+            batch_host: None,
+            preempt_end: None,
+            members: BTreeMap::new(),
+        }
+    }
+
+    /// Ports this job holds or may hold (each replica takes a pair).
+    fn uses(&self, port: u16) -> bool {
+        let top = u32::from(self.base_port) + 2 * u32::from(self.width);
+        (u32::from(port) >= u32::from(self.base_port) && u32::from(port) < top)
+            || self.members.keys().any(|p| port == *p || port == p + 1)
+    }
 }
 
 pub struct Controller {
@@ -177,7 +244,7 @@ pub struct Controller {
     settings: ReplicaSettings,
     slurm: SharedSlurm,
     uid: u32,
-    tracked: BTreeMap<u32, Tracked>,
+    tracked: BTreeMap<u32, TrackedJob>,
     autoscaler: Autoscaler,
     started: Instant,
     /// Live replicas found at the first poll: kept until the scale-down
@@ -200,21 +267,6 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, SlurmError> +
     }
 }
 
-impl Tracked {
-    fn new(port: u16, kind: Kind) -> Tracked {
-        Tracked {
-            port,
-            kind,
-            address: None,
-            drain_started: None,
-            drain_started_unix: None,
-            cancelled: false,
-            node: None,
-            preempt_end: None,
-        }
-    }
-}
-
 fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
@@ -232,6 +284,38 @@ fn live(job: &JobInfo) -> Option<Live> {
         // Completing, completed, cancelled, failed, preempted...: gone.
         _ => None,
     }
+}
+
+/// The nodes a running job holds, in Slurm's order (the order in which
+/// `onepool replica --per-node` numbered its replicas at the start).
+fn job_nodes(job: &JobInfo) -> Vec<String> {
+    match onepool_decisions::hostlist::expand(&job.nodes) {
+        Ok(nodes) if !nodes.is_empty() => nodes,
+        _ => Some(job.batch_host.clone()).filter(|b| !b.is_empty()).into_iter().collect(),
+    }
+}
+
+/// Which port each node's replica listens on: the step's name says it;
+/// a node whose step is not (yet) there gets the port the launcher gives
+/// the node at that position, unless another replica of the job has it.
+pub fn member_ports(base: u16, nodes: &[String], steps: &[(String, u16)]) -> Vec<(String, u16)> {
+    let mut out: Vec<(String, u16)> = Vec::new();
+    let mut taken: Vec<u16> = steps.iter().filter(|(n, _)| nodes.contains(n)).map(|(_, p)| *p).collect();
+    for (i, node) in nodes.iter().enumerate() {
+        if let Some((_, p)) = steps.iter().find(|(n, _)| n == node) {
+            out.push((node.clone(), *p));
+            continue;
+        }
+        let port = (i..i + nodes.len() + 1)
+            .chain(0..i)
+            .filter_map(|k| crate::replica_group::port_of(base, k))
+            .find(|p| !taken.contains(p));
+        if let Some(p) = port {
+            taken.push(p);
+            out.push((node.clone(), p));
+        }
+    }
+    out
 }
 
 impl Controller {
@@ -276,6 +360,10 @@ impl Controller {
         (c, view)
     }
 
+    fn per_node(&self) -> bool {
+        self.settings.replicas_per_job > 1
+    }
+
     /// Polls until `shutdown` turns true. Stopping leaves every replica job
     /// running: the next start re-adopts them.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
@@ -304,42 +392,104 @@ impl Controller {
 
     fn jobs_view(&self) -> Vec<ReplicaJob> {
         let snap = self.endpoint.snapshot();
-        self.tracked
-            .iter()
-            .map(|(job, t)| {
-                let state = t.address.and_then(|a| snap.replicas.iter().find(|r| r.address == a)).map(|r| r.state);
-                ReplicaJob {
+        let mut out = Vec::new();
+        for (job, t) in &self.tracked {
+            for (port, m) in &t.members {
+                let state = m.address.and_then(|a| snap.replicas.iter().find(|r| r.address == a)).map(|r| r.state);
+                out.push(ReplicaJob {
                     job: *job,
-                    port: t.port,
+                    port: *port,
                     kind: match t.kind {
                         Kind::Baseline => "baseline",
                         Kind::Supplemental => "supplemental",
                     },
-                    phase: if t.cancelled {
+                    phase: if m.released {
                         "cancelled"
-                    } else if t.drain_started.is_some() || state == Some(ReplicaState::Draining) {
+                    } else if m.draining() || state == Some(ReplicaState::Draining) {
                         "draining"
                     } else {
                         match state {
                             Some(ReplicaState::Ready | ReplicaState::Out) => "serving",
                             Some(ReplicaState::Starting) => "starting",
-                            _ if t.address.is_some() => "starting",
+                            _ if m.address.is_some() || t.running => "starting",
                             _ => "pending",
                         }
                     },
-                    address: t.address,
-                    node: t.node.clone(),
+                    address: m.address,
+                    node: m.node.clone(),
                     preempted: t.preempt_end.is_some(),
-                    drain_deadline: match (t.drain_started_unix, t.preempt_end) {
+                    drain_deadline: match (m.drain_started_unix, t.preempt_end) {
                         (Some(d), p) => {
                             let ours = d + self.settings.drain_timeout.as_secs();
                             Some(p.map_or(ours, |p| p.min(ours)))
                         }
                         (None, p) => p,
                     },
+                });
+            }
+        }
+        out
+    }
+
+    fn unroute(endpoint: &Endpoint, m: &mut Member) {
+        if let Some(a) = m.address.take() {
+            let _ = endpoint.remove(a);
+        }
+    }
+
+    /// Brings one owned, live job's replicas up to date with what Slurm
+    /// says: placeholders while it pends, one replica per node once it runs.
+    fn observe(&mut self, j: &JobInfo, l: Live, base: u16, kind: Kind, steps: &[(String, u16)]) {
+        let per_node = self.per_node();
+        let (name, endpoint) = (&self.name, &self.endpoint);
+        let t = self.tracked.entry(j.job_id).or_insert_with(|| {
+            tracing::info!(endpoint = %name, job = j.job_id, port = base, ?kind, state = %j.job_state, "adopted a replica job");
+            TrackedJob::new(base, kind, j.node_count.clamp(1, 256) as u16)
+        });
+        t.width = t.width.max(j.node_count.clamp(1, 256) as u16);
+        // Slurm's kill comes at end_time once it preempts the job.
+        t.preempt_end = j.is_being_preempted().then_some(j.end_time).filter(|e| *e > 0);
+        let wanted: Vec<(Option<String>, u16)> = match l {
+            Live::Pending => {
+                if t.running {
+                    // Back in the queue (requeued by an admin or after a node
+                    // failure): it runs elsewhere next time.
+                    tracing::info!(endpoint = %name, job = j.job_id, "replica job is pending again; out of the router");
                 }
-            })
-            .collect()
+                let n = if per_node { j.node_count.max(1) as usize } else { 1 };
+                (0..n).filter_map(|i| crate::replica_group::port_of(base, i)).map(|p| (None, p)).collect()
+            }
+            Live::Running if j.nodes.is_empty() => return,
+            Live::Running if !per_node => {
+                let host = if j.batch_host.is_empty() { j.nodes.clone() } else { j.batch_host.clone() };
+                vec![(Some(host), base)]
+            }
+            Live::Running => member_ports(base, &job_nodes(j), steps).into_iter().map(|(n, p)| (Some(n), p)).collect(),
+        };
+        t.running = l == Live::Running;
+        t.batch_host = Some(j.batch_host.clone()).filter(|b| t.running && !b.is_empty());
+        // Replicas whose node left the job (shrink, node failure) or that
+        // were placeholders of a pending job go; the rest are kept.
+        t.members.retain(|port, m| {
+            let keep = wanted.iter().any(|(n, p)| p == port && *n == m.node);
+            if !keep {
+                Self::unroute(endpoint, m);
+            }
+            keep
+        });
+        for (node, port) in wanted {
+            let m = t.members.entry(port).or_insert_with(|| Member { node: node.clone(), ..Member::default() });
+            if per_node && t.running {
+                let has_step = steps.iter().any(|(n, p)| Some(n) == node.as_ref() && *p == port);
+                if has_step {
+                    m.step_seen = true;
+                } else if m.step_seen && !m.ended {
+                    m.ended = true;
+                    tracing::warn!(endpoint = %name, job = j.job_id, port, node = ?node, "replica step ended; out of the router");
+                    Self::unroute(endpoint, m);
+                }
+            }
+        }
     }
 
     /// One poll: read, adopt, route, decide, act.
@@ -348,47 +498,41 @@ impl Controller {
         let jobs = blocking(move || slurm.jobs()).await?;
         let now = Instant::now();
         let mut seen: HashMap<u32, (JobInfo, Live)> = HashMap::new();
+        let mut owned_jobs = Vec::new();
         for j in jobs {
             let Some((port, kind)) = owned(&j, &self.name, self.uid, &self.settings) else { continue };
             let Some(l) = live(&j) else { continue };
-            self.tracked.entry(j.job_id).or_insert_with(|| {
-                tracing::info!(endpoint = %self.name, job = j.job_id, port, ?kind, state = %j.job_state, "adopted a replica job");
-                Tracked::new(port, kind)
-            });
-            if let Some(t) = self.tracked.get_mut(&j.job_id) {
-                if l == Live::Running && !j.nodes.is_empty() {
-                    t.node = Some(if j.batch_host.is_empty() { j.nodes.clone() } else { j.batch_host.clone() });
-                }
-                // Slurm's kill comes at end_time once it preempts the job.
-                t.preempt_end = j.is_being_preempted().then_some(j.end_time).filter(|e| *e > 0);
-            }
+            owned_jobs.push((j.job_id, port, kind));
             seen.insert(j.job_id, (j, l));
         }
-        // A job back in the queue (requeued by an admin or after a node
-        // failure) runs elsewhere next time: out of the router until then.
-        for (id, t) in self.tracked.iter_mut() {
-            if t.address.is_some() && seen.get(id).is_some_and(|(_, l)| *l == Live::Pending) {
-                if let Some(a) = t.address.take() {
-                    let _ = self.endpoint.remove(a);
+        // Which replica runs where in per-node jobs: their steps' names.
+        let mut steps: HashMap<u32, Vec<(String, u16)>> = HashMap::new();
+        if self.per_node() && seen.values().any(|(_, l)| *l == Live::Running) {
+            let (slurm, uid) = (self.slurm.clone(), self.uid);
+            for s in blocking(move || slurm.steps(uid)).await? {
+                if let (true, Some(port)) = (seen.contains_key(&s.job_id), port_from_step_name(&s.name)) {
+                    steps.entry(s.job_id).or_default().push((s.nodes, port));
                 }
-                t.node = None;
-                tracing::info!(endpoint = %self.name, job = id, "replica job is pending again; out of the router");
             }
+        }
+        for (id, port, kind) in owned_jobs {
+            let (j, l) = &seen[&id];
+            self.observe(j, *l, port, kind, steps.get(&id).map(Vec::as_slice).unwrap_or(&[]));
         }
         // Jobs that left the queue leave the router.
         let gone: Vec<u32> = self.tracked.keys().filter(|id| !seen.contains_key(id)).copied().collect();
         for id in gone {
-            if let Some(t) = self.tracked.remove(&id) {
-                if let Some(a) = t.address {
-                    let _ = self.endpoint.remove(a);
+            if let Some(mut t) = self.tracked.remove(&id) {
+                for m in t.members.values_mut() {
+                    Self::unroute(&self.endpoint, m);
                 }
                 tracing::info!(endpoint = %self.name, job = id, "replica job ended; out of the router");
             }
         }
-        self.route_running(&seen).await?;
+        self.route_running().await?;
         if self.adopted.is_none() {
-            let n = self.tracked.values().filter(|t| !t.cancelled && t.drain_started.is_none()).count() as u32;
-            self.adopted = Some(n);
+            let n = self.tracked.values().flat_map(|t| t.members.values()).filter(|m| !m.released && !m.draining());
+            self.adopted = Some(n.count() as u32);
         }
         // What reconcile needs.
         let snap = self.endpoint.snapshot();
@@ -396,36 +540,41 @@ impl Controller {
         let mut replicas = Vec::new();
         for (id, t) in &self.tracked {
             let Some((j, l)) = seen.get(id) else { continue };
-            if t.cancelled {
-                continue;
-            }
-            let r = t.address.and_then(|a| snap.replicas.iter().find(|r| r.address == a));
-            let mut in_flight = r.map(|r| r.in_flight).unwrap_or(0);
-            let phase = match (l, r.map(|r| r.state)) {
-                (Live::Pending, _) => Phase::Pending,
-                _ if t.drain_started.is_some() => Phase::Draining,
-                (_, Some(ReplicaState::Draining)) => Phase::Draining,
-                (_, Some(ReplicaState::Ready | ReplicaState::Out)) => Phase::Serving,
-                _ => Phase::Starting,
-            };
-            // A drain past its timeout ends like a finished one.
-            if t.drain_started.is_some_and(|d| now.duration_since(d) >= self.settings.drain_timeout) {
-                in_flight = 0;
-            }
             let running = *l == Live::Running && j.start_time > 0;
             let age = if running { Duration::from_secs(unix.saturating_sub(j.start_time)) } else { Duration::ZERO };
             // Slurm prints huge values for UNLIMITED.
             let time_left = (running && j.time_limit > 0 && j.time_limit < 1 << 31)
                 .then(|| Duration::from_secs((j.start_time + j.time_limit * 60).saturating_sub(unix)));
-            replicas.push(Replica {
-                job: *id,
-                kind: t.kind,
-                phase,
-                in_flight,
-                age,
-                time_left,
-                being_preempted: j.is_being_preempted(),
-            });
+            let holding = t.members.values().filter(|m| !m.released).count();
+            for (port, m) in &t.members {
+                if m.released {
+                    continue;
+                }
+                let r = m.address.and_then(|a| snap.replicas.iter().find(|r| r.address == a));
+                let mut in_flight = r.map(|r| r.in_flight).unwrap_or(0);
+                let phase = match (l, r.map(|r| r.state)) {
+                    (Live::Pending, _) => Phase::Pending,
+                    _ if m.draining() => Phase::Draining,
+                    (_, Some(ReplicaState::Draining)) => Phase::Draining,
+                    (_, Some(ReplicaState::Ready | ReplicaState::Out)) => Phase::Serving,
+                    _ => Phase::Starting,
+                };
+                // A drain past its timeout ends like a finished one.
+                if m.ended || m.drain_started.is_some_and(|d| now.duration_since(d) >= self.settings.drain_timeout) {
+                    in_flight = 0;
+                }
+                replicas.push(Replica {
+                    job: *id,
+                    slot: *port,
+                    pinned: holding > 1 && m.node.is_some() && m.node == t.batch_host,
+                    kind: t.kind,
+                    phase,
+                    in_flight,
+                    age,
+                    time_left,
+                    being_preempted: j.is_being_preempted(),
+                });
+            }
         }
         let (load, scraped) = self.load(&snap).await;
         let served: u64 = snap.replicas.iter().map(|r| r.served).sum();
@@ -458,18 +607,23 @@ impl Controller {
             renew_before: s.startup_timeout + s.drain_timeout + Duration::from_secs(60),
             startup_timeout: s.startup_timeout,
         };
+        let actions = reconcile(&target, &replicas);
         let mut errors = Vec::new();
-        for action in reconcile(&target, &replicas) {
-            let r = match action {
-                Action::Submit(kind) => self.submit(kind).await,
-                Action::Drain { job } => {
-                    self.drain(job);
-                    Ok(())
-                }
-                Action::Cancel { job } => self.cancel(job).await,
-            };
-            if let Err(e) = r {
+        let mut release = Vec::new();
+        for action in &actions {
+            match *action {
+                Action::Submit(_) => {}
+                Action::Drain { job, slot } => self.drain(job, slot),
+                Action::Release { job, slot } => release.push((job, slot)),
+            }
+        }
+        if let Err(e) = self.release(&release).await {
+            errors.push(e);
+        }
+        for (kind, n) in pack_submissions(&actions, self.settings.replicas_per_job) {
+            if let Err(e) = self.submit(kind, n).await {
                 errors.push(e);
+                break;
             }
         }
         if errors.is_empty() {
@@ -512,29 +666,26 @@ impl Controller {
 
     /// Running replicas not yet in the router join it at their node's
     /// address (as "starting" when health checks will bring them in).
-    async fn route_running(&mut self, seen: &HashMap<u32, (JobInfo, Live)>) -> Result<(), String> {
-        let need: Vec<u32> = self
+    async fn route_running(&mut self) -> Result<(), String> {
+        let need: Vec<(u32, u16, String)> = self
             .tracked
             .iter()
-            .filter(|(id, t)| {
-                t.address.is_none()
-                    && !t.cancelled
-                    && t.drain_started.is_none()
-                    && seen.get(id).is_some_and(|(_, l)| *l == Live::Running)
+            .filter(|(_, t)| t.running)
+            .flat_map(|(id, t)| {
+                t.members.iter().filter_map(move |(port, m)| {
+                    let node = m.node.clone()?;
+                    (m.address.is_none() && !m.released && !m.draining()).then_some((*id, *port, node))
+                })
             })
-            .map(|(id, _)| *id)
             .collect();
         if need.is_empty() {
             return Ok(());
         }
         let slurm = self.slurm.clone();
         let nodes = blocking(move || slurm.nodes()).await?;
-        for id in need {
-            let (job, _) = &seen[&id];
-            let host = if job.batch_host.is_empty() { job.nodes.as_str() } else { job.batch_host.as_str() };
+        for (id, port, host) in need {
             let Some(node) = nodes.iter().find(|n| n.name == host) else { continue };
             let host = if node.address.is_empty() { node.name.as_str() } else { node.address.as_str() };
-            let port = self.tracked[&id].port;
             let address = match host.parse::<IpAddr>() {
                 Ok(ip) => Some(SocketAddr::new(ip, port)),
                 Err(_) => tokio::net::lookup_host((host, port)).await.ok().and_then(|mut a| a.next()),
@@ -545,9 +696,9 @@ impl Controller {
             };
             match self.endpoint.add(address, None, !self.health_checked) {
                 Ok(_) | Err(RegistryError::Duplicate { .. }) => {
-                    tracing::info!(endpoint = %self.name, job = id, %address, "replica job running; in the router");
-                    if let Some(t) = self.tracked.get_mut(&id) {
-                        t.address = Some(address);
+                    tracing::info!(endpoint = %self.name, job = id, %address, "replica running; in the router");
+                    if let Some(m) = self.tracked.get_mut(&id).and_then(|t| t.members.get_mut(&port)) {
+                        m.address = Some(address);
                     }
                 }
                 Err(e) => tracing::warn!(endpoint = %self.name, job = id, "cannot add the replica: {e}"),
@@ -556,29 +707,36 @@ impl Controller {
         Ok(())
     }
 
-    /// A port pair (launcher, server) no tracked job uses, taken in turn
-    /// through the range so a port that failed is not retried at once.
-    fn free_port(&mut self) -> Option<u16> {
+    /// A block of `want` port pairs (fewer if no block that large is free:
+    /// the job then hosts fewer replicas) that no tracked job uses, taken
+    /// in turn through the range so a port that failed is not retried at once.
+    fn free_ports(&mut self, want: u32) -> Option<(u16, u32)> {
         let (lo, hi) = self.settings.port_range;
         let ports = u32::from(hi) - u32::from(lo) + 1;
         let pairs = ports / 2;
-        for k in 0..pairs {
-            let i = (self.next_pair + k) % pairs;
-            let p = lo + (2 * i) as u16;
-            if !self.tracked.values().any(|t| t.port.abs_diff(p) <= 1) {
-                self.next_pair = i + 1;
-                return Some(p);
+        let free = |p: u32| {
+            let port = lo + (2 * p) as u16;
+            !self.tracked.values().any(|t| t.uses(port) || t.uses(port + 1))
+        };
+        for n in (1..=want.max(1)).rev() {
+            for k in 0..pairs {
+                let i = (self.next_pair + k) % pairs;
+                if i + n <= pairs && (i..i + n).all(free) {
+                    self.next_pair = i + n;
+                    return Some((lo + (2 * i) as u16, n));
+                }
             }
         }
         None
     }
 
-    async fn submit(&mut self, kind: Kind) -> Result<(), String> {
+    async fn submit(&mut self, kind: Kind, replicas: u32) -> Result<(), String> {
         if self.submit_after.is_some_and(|t| Instant::now() < t) {
             return Ok(());
         }
-        let port = self.free_port().ok_or_else(|| "no free port pair left in port_range".to_string())?;
-        let args = sbatch_args(&self.name, &self.settings, kind, port);
+        let (port, replicas) =
+            self.free_ports(replicas).ok_or_else(|| "no free port pair left in port_range".to_string())?;
+        let args = sbatch_args(&self.name, &self.settings, kind, port, replicas);
         let slurm = self.slurm.clone();
         let r = blocking(move || {
             let a: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -587,30 +745,35 @@ impl Controller {
         .await;
         match r {
             Ok(job) => {
-                tracing::info!(endpoint = %self.name, job, port, ?kind, "submitted a replica job");
-                self.tracked.insert(job, Tracked::new(port, kind));
+                tracing::info!(endpoint = %self.name, job, port, replicas, ?kind, "submitted a replica job");
+                let mut t = TrackedJob::new(port, kind, replicas as u16);
+                let n = if self.per_node() { replicas as usize } else { 1 };
+                for p in (0..n).filter_map(|i| crate::replica_group::port_of(port, i)) {
+                    t.members.insert(p, Member::default());
+                }
+                self.tracked.insert(job, t);
                 self.view.lock().unwrap_or_else(|e| e.into_inner()).submitted.push(job);
                 Ok(())
             }
             Err(e) => {
                 // Do not hammer slurmctld with a submission it refuses.
                 self.submit_after = Some(Instant::now() + self.settings.poll_interval.max(Duration::from_secs(1)) * 5);
-                Err(format!("submitting a {kind:?} replica: {e}"))
+                Err(format!("submitting a {kind:?} replica job: {e}"))
             }
         }
     }
 
-    /// Out of the router at once; reconcile cancels it once nothing is in
+    /// Out of the router at once; reconcile releases it once nothing is in
     /// flight (or the drain timeout passed).
-    fn drain(&mut self, job: u32) {
-        let Some(t) = self.tracked.get_mut(&job) else { return };
-        if t.drain_started.is_some() || t.cancelled {
+    fn drain(&mut self, job: u32, port: u16) {
+        let Some(m) = self.tracked.get_mut(&job).and_then(|t| t.members.get_mut(&port)) else { return };
+        if m.drain_started.is_some() || m.released {
             return;
         }
-        t.drain_started = Some(Instant::now());
-        t.drain_started_unix = Some(unix_now());
-        tracing::info!(endpoint = %self.name, job, "draining a replica job");
-        if let Some(address) = t.address {
+        m.drain_started = Some(Instant::now());
+        m.drain_started_unix = Some(unix_now());
+        tracing::info!(endpoint = %self.name, job, port, node = ?m.node, "draining a replica");
+        if let Some(address) = m.address {
             let endpoint = self.endpoint.clone();
             let deadline = self.settings.drain_timeout;
             tokio::spawn(async move {
@@ -619,21 +782,99 @@ impl Controller {
         }
     }
 
-    async fn cancel(&mut self, job: u32) -> Result<(), String> {
-        let Some(t) = self.tracked.get_mut(&job) else { return Ok(()) };
-        if t.cancelled {
+    /// Gives the GPUs of drained (or never serving) replicas back:
+    /// scancel a job none of whose replicas is left, shrink a running one
+    /// to its other nodes, ask a pending one for fewer nodes.
+    async fn release(&mut self, release: &[(u32, u16)]) -> Result<(), String> {
+        if release.is_empty() {
             return Ok(());
         }
-        if let Some(a) = t.address.take() {
-            let _ = self.endpoint.remove(a);
+        let layouts: Vec<JobLayout> = self
+            .tracked
+            .iter()
+            .filter(|(id, _)| release.iter().any(|(j, _)| j == *id))
+            .map(|(id, t)| JobLayout {
+                job: *id,
+                pending: !t.running,
+                batch_host: t.batch_host.clone(),
+                replicas: t.members.iter().filter(|(_, m)| !m.released).map(|(p, m)| (*p, m.node.clone())).collect(),
+            })
+            .collect();
+        let mut errors = Vec::new();
+        for plan in plan_releases(&layouts, release) {
+            let r = match plan {
+                Release::Cancel { job } => self.cancel(job).await,
+                Release::Shrink { job, keep, released } => {
+                    let list = keep.join(",");
+                    self.update(job, "NodeList", list, &released, "released its node").await
+                }
+                Release::Resize { job, nodes, released } => {
+                    self.update(job, "NumNodes", nodes.to_string(), &released, "asks for fewer nodes").await
+                }
+                Release::Held { job, slot } => {
+                    tracing::debug!(endpoint = %self.name, job, port = slot, "drained replica on the batch host waits for the rest of its job");
+                    Ok(())
+                }
+            };
+            if let Err(e) = r {
+                errors.push(e);
+            }
         }
-        // Never back into the router, whatever scancel says.
-        t.drain_started.get_or_insert_with(Instant::now);
-        t.drain_started_unix.get_or_insert_with(unix_now);
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+
+    /// `scontrol update JobId=job key=value`, then the `released` replicas
+    /// are out of the router for good.
+    async fn update(
+        &mut self,
+        job: u32,
+        key: &'static str,
+        value: String,
+        released: &[u16],
+        what: &str,
+    ) -> Result<(), String> {
+        let slurm = self.slurm.clone();
+        let v = value.clone();
+        let r = blocking(move || slurm.update_job(job, &[(key, v.as_str())])).await;
+        let Some(t) = self.tracked.get_mut(&job) else { return Ok(()) };
+        match r {
+            Ok(()) => {
+                for port in released {
+                    if let Some(m) = t.members.get_mut(port) {
+                        Self::unroute(&self.endpoint, m);
+                        m.released = true;
+                        tracing::info!(endpoint = %self.name, job, port, node = ?m.node, "{key}={value}: replica {what}");
+                        if let (true, Some(n)) = (key == "NodeList", m.node.clone()) {
+                            self.view.lock().unwrap_or_else(|e| e.into_inner()).shrunk.push((job, n));
+                        }
+                    }
+                }
+                if key == "NumNodes" {
+                    // Placeholders: the next poll lays them out anew.
+                    t.members.retain(|p, _| !released.contains(p));
+                }
+                Ok(())
+            }
+            Err(e) => Err(format!("scontrol update JobId={job} {key}={value}: {e}")),
+        }
+    }
+
+    async fn cancel(&mut self, job: u32) -> Result<(), String> {
+        let Some(t) = self.tracked.get_mut(&job) else { return Ok(()) };
+        for m in t.members.values_mut() {
+            Self::unroute(&self.endpoint, m);
+            // Never back into the router, whatever scancel says.
+            m.drain_started.get_or_insert_with(Instant::now);
+            m.drain_started_unix.get_or_insert_with(unix_now);
+        }
         let slurm = self.slurm.clone();
         let r = blocking(move || slurm.cancel(job, None)).await;
-        if let Some(t) = self.tracked.get_mut(&job) {
-            t.cancelled = r.is_ok();
+        if let (Ok(()), Some(t)) = (&r, self.tracked.get_mut(&job)) {
+            t.members.values_mut().for_each(|m| m.released = true);
         }
         match r {
             Ok(()) => {

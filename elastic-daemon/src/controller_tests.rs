@@ -1,4 +1,5 @@
 use super::*;
+use onepool_slurm_commands::state::StepInfo;
 
 fn settings() -> ReplicaSettings {
     let c = crate::config::parse(
@@ -59,7 +60,7 @@ fn only_jobs_of_our_uid_name_and_record_are_owned() {
 #[test]
 fn sbatch_arguments() {
     let s = settings();
-    let a = sbatch_args("llm", &s, Kind::Supplemental, 18004);
+    let a = sbatch_args("llm", &s, Kind::Supplemental, 18004, 1);
     assert_eq!(
         a,
         [
@@ -79,7 +80,7 @@ fn sbatch_arguments() {
              --drain-timeout 30s -- python3 /srv/server.py --model 'x y'",
         ]
     );
-    let a = sbatch_args("llm", &ReplicaSettings { launcher: "/a b/onepool".into(), ..s }, Kind::Baseline, 18000);
+    let a = sbatch_args("llm", &ReplicaSettings { launcher: "/a b/onepool".into(), ..s }, Kind::Baseline, 18000, 1);
     assert_eq!(a[2], "--workload=inference-baseline");
     assert!(a.last().unwrap().starts_with("exec '/a b/onepool' replica"), "{a:?}");
 }
@@ -131,6 +132,155 @@ impl Slurm for NoSlurm {
     fn nodes(&self) -> Result<Vec<onepool_slurm_commands::state::NodeInfo>, SlurmError> {
         Err(SlurmError::NoJobId { cmd: "none".into(), output: "no Slurm in this test".into() })
     }
+    fn steps(&self, _: u32) -> Result<Vec<StepInfo>, SlurmError> {
+        Err(SlurmError::NoJobId { cmd: "none".into(), output: "no Slurm in this test".into() })
+    }
+}
+
+/// A cluster in memory for the controller's per-node logic: one running
+/// job, its steps, and what the controller asked of it. (The same path
+/// runs against the real cluster in tests/cluster/elastic.rs.)
+#[derive(Default)]
+struct ScriptedSlurm {
+    jobs: Mutex<Vec<JobInfo>>,
+    steps: Mutex<Vec<StepInfo>>,
+    calls: Mutex<Vec<String>>,
+}
+
+impl Slurm for ScriptedSlurm {
+    fn submit(&self, args: &[&str]) -> Result<u32, SlurmError> {
+        self.calls.lock().unwrap().push(format!("sbatch {}", args.join(" ")));
+        Ok(100)
+    }
+    fn cancel(&self, job: u32, _: Option<&str>) -> Result<(), SlurmError> {
+        self.calls.lock().unwrap().push(format!("scancel {job}"));
+        Ok(())
+    }
+    fn update_job(&self, job: u32, settings: &[(&str, &str)]) -> Result<(), SlurmError> {
+        let kv: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        self.calls.lock().unwrap().push(format!("scontrol update JobId={job} {}", kv.join(" ")));
+        Ok(())
+    }
+    fn jobs(&self) -> Result<Vec<JobInfo>, SlurmError> {
+        Ok(self.jobs.lock().unwrap().clone())
+    }
+    fn nodes(&self) -> Result<Vec<onepool_slurm_commands::state::NodeInfo>, SlurmError> {
+        let json = serde_json::json!({"nodes": (1..=4).map(|i| serde_json::json!({
+            "name": format!("node{i}"), "state": "mixed", "address": "127.0.0.1",
+        })).collect::<Vec<_>>()});
+        Ok(onepool_slurm_commands::state::parse_nodes(&json.to_string()).unwrap())
+    }
+    fn steps(&self, _: u32) -> Result<Vec<StepInfo>, SlurmError> {
+        Ok(self.steps.lock().unwrap().clone())
+    }
+}
+
+fn running(id: u32, name: &str, nodes: &str, count: u32) -> JobInfo {
+    let supp = "onepool:class=inference;tier=flexible;reclaim=graceful;drain=1m;endpoint=llm";
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let json = serde_json::json!({"jobs": [{
+        "job_id": id, "job_state": "RUNNING", "name": name, "user_id": unsafe { libc::getuid() },
+        "admin_comment": supp, "nodes": nodes, "batch_host": "node1", "node_count": count,
+        "start_time": now - 100, "time_limit": 60,
+    }]});
+    onepool_slurm_commands::state::parse_jobs(&json.to_string()).unwrap().remove(0)
+}
+
+fn step(job: u32, node: &str, port: u16) -> StepInfo {
+    StepInfo { job_id: job, step: "0".into(), name: crate::replica_group::step_name(port), nodes: node.into() }
+}
+
+#[test]
+fn member_ports_follow_the_steps_else_the_launcher_s_numbering() {
+    let nodes: Vec<String> = ["node1", "node3"].iter().map(|s| s.to_string()).collect();
+    // After a shrink released node2 (port 18002), the steps keep their ports.
+    let steps = vec![("node1".to_string(), 18000), ("node3".to_string(), 18004)];
+    assert_eq!(member_ports(18000, &nodes, &steps), [("node1".into(), 18000), ("node3".into(), 18004)]);
+    // No steps yet: the launcher's numbering.
+    assert_eq!(member_ports(18000, &nodes, &[]), [("node1".into(), 18000), ("node3".into(), 18002)]);
+    // A node without a step never takes the port of one that has it.
+    let steps = vec![("node3".to_string(), 18000)];
+    assert_eq!(member_ports(18000, &nodes, &steps), [("node1".into(), 18002), ("node3".into(), 18000)]);
+}
+
+#[test]
+fn a_per_node_job_scales_down_by_draining_one_replica_then_releasing_exactly_its_node() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let endpoint = crate::endpoint::Endpoint::new(
+            "llm",
+            8,
+            crate::endpoint::QueueSettings { size: 10, timeout: Duration::from_secs(1) },
+            Default::default(),
+            Arc::new(crate::metrics::Metrics::new()),
+        );
+        let slurm = Arc::new(ScriptedSlurm::default());
+        *slurm.jobs.lock().unwrap() = vec![running(7, "onepool-llm-18000", "node[1-3]", 3)];
+        *slurm.steps.lock().unwrap() = vec![step(7, "node1", 18000), step(7, "node2", 18002), step(7, "node3", 18004)];
+        let s = ReplicaSettings {
+            replicas_per_job: 3,
+            min: 0,
+            max: 3,
+            target_per_replica: 4.0,
+            // Short windows: the adopted replicas are kept only for the
+            // first round, and the load below counts at once.
+            scale_down_delay: Duration::from_millis(50),
+            stable_window: Duration::from_millis(10),
+            panic_window: Duration::from_millis(5),
+            drain_timeout: Duration::from_millis(1),
+            ..settings()
+        };
+        let (mut c, view) = Controller::new("llm", endpoint.clone(), false, s, slurm.clone());
+        c.round().await.unwrap();
+        assert!(c.jobs_view().iter().all(|j| j.phase == "serving"), "{:?}", c.jobs_view());
+        // Six requests in flight: two replicas' worth of three.
+        let mut leases = Vec::new();
+        for _ in 0..6 {
+            leases.push(endpoint.acquire(&[]).await.unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(endpoint.snapshot().replicas.len(), 3, "one replica per node in the router");
+        c.round().await.unwrap();
+        let jobs = c.jobs_view();
+        let draining: Vec<&ReplicaJob> = jobs.iter().filter(|j| j.phase == "draining").collect();
+        assert_eq!(draining.len(), 1, "{jobs:?}");
+        assert_ne!(draining[0].node.as_deref(), Some("node1"), "the batch host's replica goes last");
+        let (port, node) = (draining[0].port, draining[0].node.clone().unwrap());
+        // Its drain timed out (1 ms): the next round releases exactly its node.
+        std::thread::sleep(Duration::from_millis(5));
+        c.round().await.unwrap();
+        let keep: Vec<&str> = ["node1", "node2", "node3"].into_iter().filter(|n| *n != node).collect();
+        let calls = slurm.calls.lock().unwrap().clone();
+        assert_eq!(calls, [format!("scontrol update JobId=7 NodeList={}", keep.join(","))]);
+        assert!(!endpoint.snapshot().replicas.iter().any(|r| r.address.port() == port));
+        // Slurm shrank the job: the replica leaves the controller's books.
+        *slurm.jobs.lock().unwrap() = vec![running(7, "onepool-llm-18000", &keep.join(","), 2)];
+        slurm.steps.lock().unwrap().retain(|s| s.nodes != node);
+        c.round().await.unwrap();
+        let left: Vec<u16> = c.jobs_view().iter().map(|j| j.port).collect();
+        assert_eq!(left.len(), 2);
+        assert!(!left.contains(&port));
+        assert_eq!(view.lock().unwrap().shrunk, [(7, node)]);
+        assert_eq!(slurm.calls.lock().unwrap().len(), 1, "nothing else was asked of Slurm");
+        drop(leases);
+    });
+}
+
+#[test]
+fn a_per_node_job_asks_for_its_replicas_nodes_and_runs_one_step_each() {
+    let s = ReplicaSettings { replicas_per_job: 4, ..settings() };
+    let a = sbatch_args("llm", &s, Kind::Supplemental, 18010, 3);
+    let text = a.join(" ");
+    for want in ["-N3", "--ntasks-per-node=1", "--gpus-per-node=2", "--no-kill", "--no-requeue", "--signal=B:USR1@30"] {
+        assert!(a.iter().any(|x| x == want), "{want} not in {text}");
+    }
+    assert!(!text.contains("--gpus=2"), "{text}");
+    assert!(
+        a.last().unwrap().starts_with(
+            "exec /opt/onepool/bin/onepool replica --per-node --listen 0.0.0.0:18010 --drain-timeout 30s -- "
+        ),
+        "{text}"
+    );
 }
 
 #[test]

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod policy_check;
 pub mod proxy;
 pub mod registry;
+pub mod replica_group;
 pub mod replica_metrics;
 pub mod trace;
 

@@ -56,7 +56,7 @@ pub fn check_endpoint(endpoint: &str, s: &ReplicaSettings, policy: &Policy) -> F
                     c.name
                 ));
             }
-            check_size(&mut f, &at, "baseline", c.max_gpus_per_job, s.gpus, &c.name);
+            check_size(&mut f, &at, "baseline", c.max_gpus_per_job, s, &c.name);
         }
     }
     match policy.class(&s.supplemental_workload) {
@@ -83,16 +83,25 @@ pub fn check_endpoint(endpoint: &str, s: &ReplicaSettings, policy: &Policy) -> F
                 )),
                 Tier::Flexible { .. } => {}
             }
-            check_size(&mut f, &at, "supplemental", c.max_gpus_per_job, s.gpus, &c.name);
+            check_size(&mut f, &at, "supplemental", c.max_gpus_per_job, s, &c.name);
         }
     }
     f
 }
 
-fn check_size(f: &mut Findings, at: &str, kind: &str, max: Option<u32>, gpus: u32, class: &str) {
-    if let Some(max) = max.filter(|m| *m < gpus) {
+fn check_size(f: &mut Findings, at: &str, kind: &str, max: Option<u32>, s: &ReplicaSettings, class: &str) {
+    let Some(max) = max else { return };
+    let gpus = s.gpus;
+    if max < gpus {
         f.errors.push(format!(
             "{at}: gpus = {gpus} is above class {class}'s max_gpus_per_job ({max}): every {kind} replica would be refused"
+        ));
+    } else if u64::from(max) < u64::from(gpus) * u64::from(s.replicas_per_job) {
+        f.errors.push(format!(
+            "{at}: replicas_per_job = {} of gpus = {gpus} asks for up to {} GPUs in one job, above class {class}'s max_gpus_per_job ({max}): {kind} jobs of more than {} replicas would be refused",
+            s.replicas_per_job,
+            gpus * s.replicas_per_job,
+            max / gpus
         ));
     }
 }
@@ -184,6 +193,12 @@ mod tests {
         assert_eq!(f.errors.len(), 2, "{f:?}");
         assert!(f.errors[0].contains("baseline_workload = \"training\" is a flexible class"), "{f:?}");
         assert!(f.errors[1].contains("supplemental_workload = \"nope\" is not a class of the policy (classes: critical-training, inference-baseline, training, inference, agents)"), "{f:?}");
+        let f = check_endpoint("llm", &settings("gpus = 2\nreplicas_per_job = 3"), &shipped());
+        assert!(
+            f.errors.iter().any(|e| e.contains("replicas_per_job = 3 of gpus = 2 asks for up to 6 GPUs in one job")),
+            "{:?}",
+            f.errors
+        );
         let f = check_endpoint("llm", &settings("gpus = 8"), &shipped());
         assert!(
             f.errors.iter().any(|e| e.contains("gpus = 8 is above class inference-baseline's max_gpus_per_job (4)")),

@@ -4,7 +4,7 @@
 //! says whether trying again can help.
 
 use crate::runner::{CommandError, Runner};
-use crate::state::{parse_jobs, parse_nodes, JobInfo, NodeInfo, StateError};
+use crate::state::{parse_jobs, parse_nodes, parse_steps, JobInfo, NodeInfo, StateError, StepInfo, STEP_FORMAT};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SlurmError {
@@ -35,6 +35,8 @@ pub trait Slurm {
     /// Every job slurmctld knows.
     fn jobs(&self) -> Result<Vec<JobInfo>, SlurmError>;
     fn nodes(&self) -> Result<Vec<NodeInfo>, SlurmError>;
+    /// The running steps of `user`'s jobs.
+    fn steps(&self, user: u32) -> Result<Vec<StepInfo>, SlurmError>;
 }
 
 /// Slurm through its command-line tools.
@@ -81,6 +83,11 @@ impl<R: Runner> Slurm for Commands<R> {
     fn nodes(&self) -> Result<Vec<NodeInfo>, SlurmError> {
         Ok(parse_nodes(&self.runner.run(&["sinfo", "--json"])?)?)
     }
+
+    fn steps(&self, user: u32) -> Result<Vec<StepInfo>, SlurmError> {
+        let user = user.to_string();
+        Ok(parse_steps(&self.runner.run(&["squeue", "-h", "--steps", "-u", &user, "-o", STEP_FORMAT])?)?)
+    }
 }
 
 #[cfg(test)]
@@ -120,12 +127,14 @@ mod tests {
         assert_eq!(s.submit(&["--qos=op-inference", "replica.sh"]).unwrap(), 4242);
         s.cancel(4242, Some("USR1")).unwrap();
         s.update_job(4242, &[("NodeList", "node[1-2]")]).unwrap();
+        assert!(s.steps(0).unwrap().is_empty());
         assert_eq!(
             *s.runner.seen.borrow(),
             [
                 "sbatch --parsable --qos=op-inference replica.sh",
                 "scancel --signal=USR1 4242",
-                "scontrol update JobId=4242 NodeList=node[1-2]"
+                "scontrol update JobId=4242 NodeList=node[1-2]",
+                "squeue -h --steps -u 0 -o %i|%j|%N"
             ]
         );
     }

@@ -117,6 +117,40 @@ impl NodeInfo {
     }
 }
 
+/// One running job step, from `squeue --steps` (22.05's `squeue --json`
+/// has no steps).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepInfo {
+    pub job_id: u32,
+    /// `0`, `1`, ... or `batch`, `extern`.
+    pub step: String,
+    pub name: String,
+    /// A Slurm host list.
+    pub nodes: String,
+}
+
+/// squeue's output format for [`parse_steps`]: `%i` is `JOB.STEP`.
+pub const STEP_FORMAT: &str = "%i|%j|%N";
+
+/// Reads `squeue -h --steps -o '%i|%j|%N'`.
+pub fn parse_steps(out: &str) -> Result<Vec<StepInfo>, StateError> {
+    let bad = |line: usize, l: &str, why: &str| StateError {
+        what: "squeue --steps",
+        detail: format!("line {line}: {why}: {l:?} (expected JOB.STEP|NAME|NODES)"),
+    };
+    let mut steps = Vec::new();
+    for (i, l) in out.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let f: Vec<&str> = l.trim().splitn(3, '|').collect();
+        let [id, name, nodes] = f[..] else { return Err(bad(i + 1, l, "not three '|'-separated fields")) };
+        let (job, step) = id.split_once('.').ok_or_else(|| bad(i + 1, l, "no step id"))?;
+        // A heterogeneous job's component prints as JOB+N.
+        let job = job.split('+').next().unwrap_or(job);
+        let job_id = job.parse().map_err(|_| bad(i + 1, l, "the job id is not a number"))?;
+        steps.push(StepInfo { job_id, step: step.to_string(), name: name.to_string(), nodes: nodes.to_string() });
+    }
+    Ok(steps)
+}
+
 #[derive(Deserialize)]
 struct Jobs {
     jobs: Vec<JobInfo>,
@@ -195,6 +229,20 @@ mod tests {
             parse_jobs(r#"{"jobs": [{"job_id": 1, "job_state": "PENDING", "node_count": null, "nodes": null}]}"#)
                 .unwrap();
         assert_eq!((jobs[0].node_count, jobs[0].nodes.as_str()), (0, ""));
+    }
+
+    #[test]
+    fn steps_as_22_05_prints_them() {
+        // Captured from the dev cluster: a three-node job, one step per node.
+        let out = "1.0|replica-18604|node3\n1.2|replica-18600|node1\n1.batch|batch|node1\n\n";
+        let s = parse_steps(out).unwrap();
+        assert_eq!(s.len(), 3);
+        assert_eq!(s[0], StepInfo { job_id: 1, step: "0".into(), name: "replica-18604".into(), nodes: "node3".into() });
+        assert_eq!(s[2].step, "batch");
+        let e = parse_steps("1|x|node1\n").unwrap_err().to_string();
+        assert!(e.contains("line 1: no step id"), "{e}");
+        assert!(parse_steps("x.0|a|n\n").unwrap_err().to_string().contains("not a number"));
+        assert!(parse_steps("1.0 node1\n").unwrap_err().to_string().contains("three"));
     }
 
     #[test]

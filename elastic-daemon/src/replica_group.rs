@@ -1,0 +1,246 @@
+//! The batch script's main process for a job that hosts one independent
+//! replica per node (`onepool replica --per-node`, endpoints with
+//! `replicas_per_job` above 1). It starts one `srun` step per node of the
+//! allocation, each running the ordinary launcher ([`crate::launcher`]) on
+//! its own port pair, and forwards Slurm's preemption notice to them.
+//!
+//! Why steps: a shrink (`scontrol update JobId=.. NodeList=<rest>`) and a
+//! node failure under `--no-kill` end only the steps on the nodes that
+//! leave; the others keep serving (measured on 22.05). The step's name
+//! (`replica-<port>`) is how onepoold finds which replica runs where,
+//! also after a restart and after earlier shrinks renumbered nothing.
+//!
+//! The notice reaches only the batch shell (`--signal=B:USR1@N`); `srun`
+//! forwards a SIGUSR1 it receives to its tasks, so each launcher drains.
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::task::JoinSet;
+
+#[derive(Debug, Clone)]
+pub struct GroupConfig {
+    /// The allocation's nodes in Slurm's order (SLURM_JOB_NODELIST); the
+    /// replica on the i-th listens on `base_port + 2i`, its server one above.
+    pub nodes: Vec<String>,
+    pub listen_ip: IpAddr,
+    pub base_port: u16,
+    pub drain_timeout: Duration,
+    pub stop_grace: Duration,
+    /// The `onepool` binary each step runs (this one).
+    pub launcher: String,
+    pub srun: String,
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GroupError {
+    #[error("no server command given (onepool replica --per-node [OPTIONS] -- CMD ARGS...)")]
+    NoCommand,
+    #[error("the job has no nodes: {0}")]
+    NoNodes(String),
+    #[error("{nodes} nodes from port {base} run past port 65535")]
+    Ports { nodes: usize, base: u16 },
+    #[error("cannot start `{cmd}`: {source}")]
+    Spawn {
+        cmd: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot watch signals: {0}")]
+    Signals(#[source] std::io::Error),
+}
+
+/// The step name of the replica listening on `port`.
+pub fn step_name(port: u16) -> String {
+    format!("replica-{port}")
+}
+
+/// The port in a replica step's name; `None` for any other step.
+pub fn port_from_step_name(name: &str) -> Option<u16> {
+    let port = name.strip_prefix("replica-")?;
+    if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    port.parse().ok()
+}
+
+/// The port of the replica on the `index`-th node.
+pub fn port_of(base: u16, index: usize) -> Option<u16> {
+    u16::try_from(usize::from(base) + 2 * index).ok().filter(|p| *p < u16::MAX)
+}
+
+/// srun's command line for the replica on `node`, listening on `port`.
+pub fn srun_argv(cfg: &GroupConfig, node: &str, port: u16) -> Vec<String> {
+    let secs = |d: Duration| onepool_decisions::duration::format(Duration::from_secs(d.as_secs_f64().ceil() as u64));
+    let mut argv = vec![
+        cfg.srun.clone(),
+        "-N1".into(),
+        "-n1".into(),
+        format!("--nodelist={node}"),
+        format!("--job-name={}", step_name(port)),
+        // Each step is one independent replica: one ending says nothing of the others.
+        "--kill-on-bad-exit=0".into(),
+        cfg.launcher.clone(),
+        "replica".into(),
+        "--listen".into(),
+        SocketAddr::new(cfg.listen_ip, port).to_string(),
+        "--backend".into(),
+        format!("127.0.0.1:{}", port + 1),
+        "--drain-timeout".into(),
+        secs(cfg.drain_timeout),
+        "--stop-grace".into(),
+        secs(cfg.stop_grace),
+        "--".into(),
+    ];
+    argv.extend(cfg.command.iter().cloned());
+    argv
+}
+
+fn forward(children: &[(String, Option<u32>)], sig: libc::c_int) {
+    for (node, pid) in children {
+        if let Some(pid) = pid {
+            // SAFETY: kill(2) on a child of ours; a pid that already exited
+            // and was reaped is not reused before we stop caring.
+            let r = unsafe { libc::kill(*pid as libc::pid_t, sig) };
+            if r != 0 {
+                tracing::debug!(node, pid, "forwarding the notice: {}", std::io::Error::last_os_error());
+            }
+        }
+    }
+}
+
+/// Runs one step per node until all have ended; the exit code is 0 when
+/// every step still running at the notice drained cleanly, else the last
+/// failed step's (a step ended by a shrink is expected and only logged).
+pub async fn run(cfg: GroupConfig) -> Result<i32, GroupError> {
+    if cfg.command.is_empty() {
+        return Err(GroupError::NoCommand);
+    }
+    if cfg.nodes.is_empty() {
+        return Err(GroupError::NoNodes("SLURM_JOB_NODELIST is empty".into()));
+    }
+    let ports: Vec<u16> = (0..cfg.nodes.len())
+        .map(|i| port_of(cfg.base_port, i))
+        .collect::<Option<_>>()
+        .ok_or(GroupError::Ports { nodes: cfg.nodes.len(), base: cfg.base_port })?;
+    let mut usr1 = signal(SignalKind::user_defined1()).map_err(GroupError::Signals)?;
+    let mut term = signal(SignalKind::terminate()).map_err(GroupError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(GroupError::Signals)?;
+    let mut pids = Vec::new();
+    let mut steps: JoinSet<(String, u16, std::io::Result<ExitStatus>)> = JoinSet::new();
+    for (node, port) in cfg.nodes.iter().zip(&ports) {
+        let argv = srun_argv(&cfg, node, *port);
+        let mut child: Child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| GroupError::Spawn { cmd: argv.join(" "), source })?;
+        tracing::info!(node, port, "started the replica step");
+        pids.push((node.clone(), child.id()));
+        let (node, port) = (node.clone(), *port);
+        steps.spawn(async move { (node, port, child.wait().await) });
+    }
+    let mut noticed = false;
+    let mut code = 0;
+    loop {
+        tokio::select! {
+            done = steps.join_next() => {
+                let Some(done) = done else { break };
+                let Ok((node, port, status)) = done else { continue };
+                let exit = status.as_ref().ok().and_then(|s| s.code());
+                pids.retain(|(n, _)| *n != node);
+                if noticed {
+                    tracing::info!(node, port, ?exit, "replica step ended after the notice");
+                    if exit != Some(0) {
+                        code = exit.unwrap_or(1);
+                    }
+                } else {
+                    // Its node was released (shrink, node failure) or its server stopped.
+                    tracing::warn!(node, port, ?exit, left = pids.len(), "replica step ended");
+                    if pids.is_empty() {
+                        code = exit.unwrap_or(1);
+                    }
+                }
+            }
+            _ = usr1.recv() => { noticed = true; tracing::info!("notice (SIGUSR1): draining every replica"); forward(&pids, libc::SIGUSR1) }
+            _ = term.recv() => { noticed = true; tracing::info!("SIGTERM: draining every replica"); forward(&pids, libc::SIGUSR1) }
+            _ = int.recv() => { noticed = true; tracing::info!("SIGINT: draining every replica"); forward(&pids, libc::SIGUSR1) }
+        }
+    }
+    Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> GroupConfig {
+        GroupConfig {
+            nodes: vec!["gpu01".into(), "gpu02".into()],
+            listen_ip: "0.0.0.0".parse().unwrap(),
+            base_port: 18500,
+            drain_timeout: Duration::from_millis(29_500),
+            stop_grace: Duration::from_secs(10),
+            launcher: "/opt/onepool/bin/onepool".into(),
+            srun: "srun".into(),
+            command: vec!["python3".into(), "-m".into(), "server".into()],
+        }
+    }
+
+    #[test]
+    fn each_node_gets_its_own_step_and_port_pair() {
+        assert_eq!(
+            srun_argv(&cfg(), "gpu02", 18502).join(" "),
+            "srun -N1 -n1 --nodelist=gpu02 --job-name=replica-18502 --kill-on-bad-exit=0 \
+             /opt/onepool/bin/onepool replica --listen 0.0.0.0:18502 --backend 127.0.0.1:18503 \
+             --drain-timeout 30s --stop-grace 10s -- python3 -m server"
+        );
+        assert_eq!(port_of(18500, 3), Some(18506));
+        assert_eq!(port_of(65530, 3), None);
+    }
+
+    #[test]
+    fn step_names_carry_the_port() {
+        assert_eq!(port_from_step_name(&step_name(18504)), Some(18504));
+        assert_eq!(port_from_step_name("batch"), None);
+        assert_eq!(port_from_step_name("replica-"), None);
+        assert_eq!(port_from_step_name("replica-+1"), None);
+        assert_eq!(port_from_step_name("replica-99999"), None);
+    }
+
+    /// The steps here are shell scripts standing in for srun: the notice
+    /// reaches every one still running, and the group ends with them.
+    #[tokio::test]
+    async fn the_notice_is_forwarded_to_every_step_and_the_group_ends_with_them() {
+        let dir = std::env::temp_dir().join(format!("onepool-group-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fake = dir.join("srun");
+        // Exits 0 on SIGUSR1, after writing which node it was.
+        std::fs::write(
+            &fake,
+            format!(
+                "#!/bin/sh\nnode=$(echo \"$3\" | cut -d= -f2)\ntrap 'echo $node >> {}/noticed; exit 0' USR1\n\
+                 while :; do sleep 0.05; done\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let c = GroupConfig { srun: fake.display().to_string(), ..cfg() };
+        let group = tokio::spawn(run(c));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // SAFETY: signalling our own process; run() has its handlers installed.
+        unsafe { libc::kill(libc::getpid(), libc::SIGUSR1) };
+        let code = tokio::time::timeout(Duration::from_secs(10), group).await.unwrap().unwrap().unwrap();
+        assert_eq!(code, 0);
+        let mut noticed: Vec<String> =
+            std::fs::read_to_string(dir.join("noticed")).unwrap().lines().map(String::from).collect();
+        noticed.sort();
+        assert_eq!(noticed, ["gpu01", "gpu02"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
