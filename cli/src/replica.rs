@@ -37,6 +37,9 @@ pub struct ReplicaArgs {
     /// The srun that starts the steps (with --per-node).
     #[arg(long, env = "ONEPOOL_SRUN", default_value = "srun")]
     pub srun: String,
+    /// The scancel that passes the notice to the steps (with --per-node).
+    #[arg(long, env = "ONEPOOL_SCANCEL", default_value = "scancel")]
+    pub scancel: String,
     /// The model server's command line.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -87,6 +90,8 @@ fn run_per_node(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {
         stop_grace: args.stop_grace,
         launcher: launcher.display().to_string(),
         srun: args.srun.clone(),
+        scancel: args.scancel.clone(),
+        job_id: std::env::var("SLURM_JOB_ID").ok().and_then(|j| j.parse().ok()),
         command: args.command.clone(),
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

@@ -116,11 +116,15 @@ pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16, r
             s.command
         )
     };
+    // Slurm's preemption notice reaches a per-node job's steps too, and
+    // with them the model servers: SIGURG, which they ignore by default
+    // (SIGUSR1 killed them with their requests in flight, measured).
+    let notice = if s.replicas_per_job > 1 { "URG" } else { "USR1" };
     args.extend([
         // A replica lost with its node is replaced at once by a new job; a
         // requeued one would wait Slurm's BeginTime (~2 minutes) first.
         "--no-requeue".to_string(),
-        format!("--signal=B:USR1@{drain_secs}"),
+        format!("--signal=B:{notice}@{drain_secs}"),
     ]);
     if let Some(t) = s.time_limit {
         args.push(format!("--time={}", t.as_secs().div_ceil(60).max(1)));

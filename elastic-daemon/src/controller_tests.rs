@@ -271,7 +271,7 @@ fn a_per_node_job_asks_for_its_replicas_nodes_and_runs_one_step_each() {
     let s = ReplicaSettings { replicas_per_job: 4, ..settings() };
     let a = sbatch_args("llm", &s, Kind::Supplemental, 18010, 3);
     let text = a.join(" ");
-    for want in ["-N3", "--ntasks-per-node=1", "--gpus-per-node=2", "--no-kill", "--no-requeue", "--signal=B:USR1@30"] {
+    for want in ["-N3", "--ntasks-per-node=1", "--gpus-per-node=2", "--no-kill", "--no-requeue", "--signal=B:URG@30"] {
         assert!(a.iter().any(|x| x == want), "{want} not in {text}");
     }
     assert!(!text.contains("--gpus=2"), "{text}");

@@ -243,6 +243,10 @@ pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, Laun
     let mut usr1 = signal(SignalKind::user_defined1()).map_err(LauncherError::Signals)?;
     let mut term = signal(SignalKind::terminate()).map_err(LauncherError::Signals)?;
     let mut int = signal(SignalKind::interrupt()).map_err(LauncherError::Signals)?;
+    // The notice of a replica in a per-node job (crate::replica_group):
+    // Slurm signals every process of a step, and SIGURG, unlike SIGUSR1,
+    // leaves a model server that does not handle it running.
+    let mut urg = signal(SignalKind::from_raw(libc::SIGURG)).map_err(LauncherError::Signals)?;
     let mut child = Command::new(program)
         .args(args)
         .env("ONEPOOL_BACKEND_PORT", cfg.backend.port().to_string())
@@ -258,6 +262,7 @@ pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, Laun
         _ = usr1.recv() => "SIGUSR1",
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
+        _ = urg.recv() => "SIGURG",
     };
     state.start_draining();
     tracing::info!(signal = which, in_flight = state.in_flight(), "notice received: draining");

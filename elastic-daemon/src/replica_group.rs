@@ -10,8 +10,13 @@
 //! (`replica-<port>`) is how onepoold finds which replica runs where,
 //! also after a restart and after earlier shrinks renumbered nothing.
 //!
-//! The notice reaches only the batch shell (`--signal=B:USR1@N`); `srun`
-//! forwards a SIGUSR1 it receives to its tasks, so each launcher drains.
+//! The notice is SIGURG (`--signal=B:URG@N`): on 22.05 the preemption
+//! notice reached the steps' processes as well as the batch shell, model
+//! servers included, and SIGUSR1 killed them with their requests in
+//! flight; a server ignores SIGURG by default. This process also passes
+//! any notice on with `scancel --signal=URG JOB` (to every process of
+//! every step); only if scancel fails are the srun processes sent SIGUSR1
+//! (they forward it), which drains too but may lose requests in flight.
 
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitStatus;
@@ -33,6 +38,9 @@ pub struct GroupConfig {
     /// The `onepool` binary each step runs (this one).
     pub launcher: String,
     pub srun: String,
+    pub scancel: String,
+    /// This job (SLURM_JOB_ID), whose steps get the notice.
+    pub job_id: Option<u32>,
     pub command: Vec<String>,
 }
 
@@ -100,6 +108,25 @@ pub fn srun_argv(cfg: &GroupConfig, node: &str, port: u16) -> Vec<String> {
     argv
 }
 
+/// Passes the notice to every step: `scancel --signal=URG JOB`, else
+/// SIGUSR1 to the srun processes.
+async fn notify_steps(cfg: &GroupConfig, children: &[(String, Option<u32>)]) {
+    if let Some(job) = cfg.job_id {
+        let out = Command::new(&cfg.scancel).args(["--signal=URG", &job.to_string()]).output();
+        match tokio::time::timeout(Duration::from_secs(5), out).await {
+            Ok(Ok(o)) if o.status.success() => return,
+            Ok(Ok(o)) => tracing::warn!(
+                status = %o.status,
+                stderr = %String::from_utf8_lossy(&o.stderr).trim(),
+                "scancel --signal=URG failed; sending SIGUSR1 through srun"
+            ),
+            Ok(Err(e)) => tracing::warn!("cannot run {}: {e}; sending SIGUSR1 through srun", cfg.scancel),
+            Err(_) => tracing::warn!("scancel did not answer in 5 s; sending SIGUSR1 through srun"),
+        }
+    }
+    forward(children, libc::SIGUSR1);
+}
+
 fn forward(children: &[(String, Option<u32>)], sig: libc::c_int) {
     for (node, pid) in children {
         if let Some(pid) = pid {
@@ -130,6 +157,7 @@ pub async fn run(cfg: GroupConfig) -> Result<i32, GroupError> {
     let mut usr1 = signal(SignalKind::user_defined1()).map_err(GroupError::Signals)?;
     let mut term = signal(SignalKind::terminate()).map_err(GroupError::Signals)?;
     let mut int = signal(SignalKind::interrupt()).map_err(GroupError::Signals)?;
+    let mut urg = signal(SignalKind::from_raw(libc::SIGURG)).map_err(GroupError::Signals)?;
     let mut pids = Vec::new();
     let mut steps: JoinSet<(String, u16, std::io::Result<ExitStatus>)> = JoinSet::new();
     for (node, port) in cfg.nodes.iter().zip(&ports) {
@@ -166,9 +194,10 @@ pub async fn run(cfg: GroupConfig) -> Result<i32, GroupError> {
                     }
                 }
             }
-            _ = usr1.recv() => { noticed = true; tracing::info!("notice (SIGUSR1): draining every replica"); forward(&pids, libc::SIGUSR1) }
-            _ = term.recv() => { noticed = true; tracing::info!("SIGTERM: draining every replica"); forward(&pids, libc::SIGUSR1) }
-            _ = int.recv() => { noticed = true; tracing::info!("SIGINT: draining every replica"); forward(&pids, libc::SIGUSR1) }
+            _ = usr1.recv() => { noticed = true; tracing::info!("notice (SIGUSR1): draining every replica"); notify_steps(&cfg, &pids).await }
+            _ = term.recv() => { noticed = true; tracing::info!("SIGTERM: draining every replica"); notify_steps(&cfg, &pids).await }
+            _ = urg.recv() => { noticed = true; tracing::info!("notice (SIGURG): draining every replica"); notify_steps(&cfg, &pids).await }
+            _ = int.recv() => { noticed = true; tracing::info!("SIGINT: draining every replica"); notify_steps(&cfg, &pids).await }
         }
     }
     Ok(code)
@@ -187,6 +216,8 @@ mod tests {
             stop_grace: Duration::from_secs(10),
             launcher: "/opt/onepool/bin/onepool".into(),
             srun: "srun".into(),
+            scancel: "/nonexistent/scancel".into(),
+            job_id: Some(7),
             command: vec!["python3".into(), "-m".into(), "server".into()],
         }
     }
@@ -212,8 +243,9 @@ mod tests {
         assert_eq!(port_from_step_name("replica-99999"), None);
     }
 
-    /// The steps here are shell scripts standing in for srun: the notice
-    /// reaches every one still running, and the group ends with them.
+    /// The steps here are shell scripts standing in for srun, and scancel
+    /// cannot be run: the notice still reaches every step through srun, and
+    /// the group ends with them. (scancel's path runs on the dev cluster.)
     #[tokio::test]
     async fn the_notice_is_forwarded_to_every_step_and_the_group_ends_with_them() {
         let dir = std::env::temp_dir().join(format!("onepool-group-{}", std::process::id()));

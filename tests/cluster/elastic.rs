@@ -462,3 +462,97 @@ fn replicas_are_renewed_before_their_time_limit_and_replaced_after_a_node_failur
     rt.block_on(d.shutdown());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Replicas of the job that hosts the most, with their nodes.
+fn widest_job(d: &Daemon) -> Option<(u32, Vec<(u16, String)>)> {
+    let v = view(d);
+    let mut by_job: std::collections::BTreeMap<u32, Vec<(u16, String)>> = Default::default();
+    for j in v.jobs.iter().filter(|j| j.kind == "supplemental" && j.phase == "serving") {
+        by_job.entry(j.job).or_default().push((j.port, j.node.clone().unwrap_or_default()));
+    }
+    by_job.into_iter().max_by_key(|(_, r)| r.len())
+}
+
+#[test]
+fn a_job_hosting_a_replica_per_node_yields_gracefully_and_shrinks_node_by_node() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("elastic-per-node");
+    let config = dir.join("onepoold.toml");
+    // One GPU per replica, up to three replicas (three nodes) per job.
+    // Short windows: the load step is wanted at once, so the three
+    // supplemental replicas are asked for together (replicas asked for in
+    // one poll share a job).
+    let replicas = [
+        ("gpus", "1"),
+        ("replicas_per_job", "3"),
+        ("max", "4"),
+        ("scale_down_delay", "10s"),
+        ("stable_window", "1s"),
+        ("panic_window", "500ms"),
+    ];
+    std::fs::write(&config, daemon_config(c, &dir, ENDPOINT, &replicas)).unwrap();
+    let foreign = foreign_job(c);
+    let rt = runtime();
+    let d = start(&rt, &config);
+    let port = d.endpoint(ENDPOINT).unwrap().listen.unwrap().port();
+    let t0 = Instant::now();
+    wait("the baseline replica to serve", Duration::from_secs(60), || serving(&d, "baseline").len() == 1);
+
+    // 16 clients of 1 s completions: 4 replicas' worth; three supplemental
+    // ones come in one job, one per node.
+    let load = Load::start(port, 16, 1.0);
+    wait("one job serving three replicas on three nodes", Duration::from_secs(90), || {
+        widest_job(&d).is_some_and(|(_, r)| r.len() == 3)
+    });
+    let (job, members) = widest_job(&d).unwrap();
+    let nodes: BTreeSet<&str> = members.iter().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(nodes.len(), 3, "one replica per node: {members:?}");
+    eprintln!("{:>5.1}s job {job} serves 3 replicas: {members:?}", t0.elapsed().as_secs_f64());
+    std::thread::sleep(Duration::from_secs(TEST_MIN_RUNTIME_SECS + 1));
+    assert_eq!(load.failed(), 0, "{:?}", load.statuses);
+
+    // Protected training for a whole node: Slurm preempts the job (all its
+    // replicas); each drains through the notice forwarded to its step.
+    let (training, took) = protected_training(c);
+    eprintln!("{:>5.1}s protected training RUNNING {took:?} after submission", t0.elapsed().as_secs_f64());
+    assert!(took < Duration::from_secs(8), "time to capacity {took:?}");
+    wait("the preempted job to end", Duration::from_secs(30), || c.state(job).is_none());
+    let end = c.sacct_state(job);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(load.failed(), 0, "graceful reclaim of a per-node job lost nothing: {:?}", load.statuses);
+    eprintln!("{:>5.1}s job {job} ended {end:?}", t0.elapsed().as_secs_f64());
+    c.ok("scancel", &[&training.to_string()]);
+    wait("serving to expand again into one job of three replicas", Duration::from_secs(90), || {
+        widest_job(&d).is_some_and(|(_, r)| r.len() == 3)
+    });
+    let (job, members) = widest_job(&d).unwrap();
+    eprintln!("{:>5.1}s job {job} serves 3 replicas again: {members:?}", t0.elapsed().as_secs_f64());
+    let (sent, statuses) = load.finish();
+    assert_eq!(statuses.get(&200).copied(), Some(sent), "every request was served: {statuses:?}");
+
+    // Load falls to one replica's worth: the job gives its nodes back one
+    // at a time, each after its replica drained, keeping its batch host.
+    let trickle = Load::start(port, 2, 0.5);
+    let batch_host = c.ok("squeue", &["-h", "-j", &job.to_string(), "-o", "%B"]).trim().to_string();
+    let down = wait("the job to shrink to its batch host", Duration::from_secs(120), || {
+        c.ok("squeue", &["-h", "-j", &job.to_string(), "-o", "%N|%D"]).trim() == format!("{batch_host}|1")
+    });
+    let shrunk: Vec<String> = view(&d).shrunk.iter().filter(|(j, _)| *j == job).map(|(_, n)| n.clone()).collect();
+    eprintln!("{:>5.1}s job {job} released {shrunk:?} ({down:?} after the load fell)", t0.elapsed().as_secs_f64());
+    assert_eq!(shrunk.len(), 2, "{shrunk:?}");
+    assert!(!shrunk.contains(&batch_host), "the batch host stays: {shrunk:?}");
+    assert_eq!(c.state(job).as_deref(), Some("RUNNING"), "the job keeps serving on its batch host");
+    // The released nodes' GPUs are free for others: a one-GPU job on each runs.
+    for node in &shrunk {
+        let id = c.sbatch(&["--workload=training", "--gpus=1", "-N1", "-w", node, "--time=1:00", "--wrap", "true"]);
+        wait("a one-GPU job on a released node", Duration::from_secs(30), || {
+            c.sacct_state(id).as_deref() == Some("COMPLETED")
+        });
+    }
+    let (sent, statuses) = trickle.finish();
+    assert_eq!(statuses.get(&200).copied(), Some(sent), "the shrinks lost nothing: {statuses:?}");
+    assert_untouched(c, foreign);
+    rt.block_on(d.shutdown());
+    let _ = std::fs::remove_dir_all(&dir);
+}
