@@ -531,9 +531,10 @@ fn a_job_hosting_a_replica_per_node_yields_gracefully_and_shrinks_node_by_node()
     let (sent, statuses) = load.finish();
     assert_eq!(statuses.get(&200).copied(), Some(sent), "every request was served: {statuses:?}");
 
-    // Load falls to one replica's worth: the job gives its nodes back one
-    // at a time, each after its replica drained, keeping its batch host.
-    let trickle = Load::start(port, 2, 0.5);
+    // Load falls to two replicas' worth (the baseline and one more): the
+    // job gives two nodes back one at a time, each after its replica
+    // drained, and keeps serving on its batch host.
+    let trickle = Load::start(port, 6, 1.0);
     let batch_host = c.ok("squeue", &["-h", "-j", &job.to_string(), "-o", "%B"]).trim().to_string();
     let down = wait("the job to shrink to its batch host", Duration::from_secs(120), || {
         c.ok("squeue", &["-h", "-j", &job.to_string(), "-o", "%N|%D"]).trim() == format!("{batch_host}|1")
