@@ -154,7 +154,7 @@ fn graceful_reclaim_loses_no_request_serving_expands_again_and_scale_down_drains
         t0.elapsed().as_secs_f64()
     );
     for j in &before {
-        let state = c.sacct_state(*j);
+        let state = c.final_state(*j);
         assert!(
             state.as_deref().is_some_and(|s| s.starts_with("CANCELLED")),
             "supplemental job {j} was released by scancel after its drain: {state:?}"
@@ -411,7 +411,7 @@ fn replicas_are_renewed_before_their_time_limit_and_replaced_after_a_node_failur
         s.len() == 1 && s[0] != first && c.state(first).is_none()
     });
     let second = serving(&d, "baseline")[0];
-    let end = c.sacct_state(first);
+    let end = c.final_state(first);
     eprintln!("{:>5.1}s replica {first} renewed by {second}; the first ended {end:?}", t0.elapsed().as_secs_f64());
     assert!(
         end.as_deref().is_some_and(|s| s.starts_with("CANCELLED")),
@@ -434,7 +434,7 @@ fn replicas_are_renewed_before_their_time_limit_and_replaced_after_a_node_failur
             .any(|j| *j != second && v.jobs.iter().any(|x| x.job == *j && x.node.as_deref() != Some(&node)))
     });
     c.ok("scontrol", &["update", &format!("NodeName={node}"), "State=RESUME"]);
-    let lost = c.sacct_state(second);
+    let lost = c.final_state(second);
     eprintln!(
         "{:>5.1}s {node} down: replica {second} ended {lost:?}; a replacement served {replaced:?} later",
         t0.elapsed().as_secs_f64()
@@ -521,7 +521,7 @@ fn a_job_hosting_a_replica_per_node_yields_gracefully_and_shrinks_node_by_node()
     eprintln!("{:>5.1}s protected training RUNNING {took:?} after submission", t0.elapsed().as_secs_f64());
     assert!(took < Duration::from_secs(8), "time to capacity {took:?}");
     wait("the preempted job to end", Duration::from_secs(30), || c.state(job).is_none());
-    let end = c.sacct_state(job);
+    let end = c.final_state(job);
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(load.failed(), 0, "graceful reclaim of a per-node job lost nothing: {:?}", load.statuses);
     eprintln!("{:>5.1}s job {job} ended {end:?}", t0.elapsed().as_secs_f64());

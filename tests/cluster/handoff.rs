@@ -131,7 +131,7 @@ fn without_any_gpu_source_jobs_still_run() {
     assert!(out.contains("ran on node"), "{out}");
     let job = c.sbatch(&["--gpus=2", "--wrap", "true"]);
     c.wait_until("the batch job to finish", Duration::from_secs(30), || c.state(job).is_none());
-    assert_eq!(c.sacct_state(job).as_deref(), Some("COMPLETED"));
+    assert_eq!(c.final_state(job).as_deref(), Some("COMPLETED"));
     assert!(c.ok("sinfo", &["-h", "-R"]).trim().is_empty(), "no node may be drained for lacking NVML");
 }
 
@@ -145,7 +145,7 @@ fn the_prolog_cleans_up_leftovers_of_jobs_that_no_longer_run() {
     writeln!(OpenOptions::new().append(true).open(fake_file(c)).unwrap(), "8 {pid}").unwrap();
     let job = c.sbatch(&["--gpus=4", "-w", "node3", "--wrap", "true"]);
     c.wait_until("the job to finish", Duration::from_secs(30), || c.state(job).is_none());
-    assert_eq!(c.sacct_state(job).as_deref(), Some("COMPLETED"));
+    assert_eq!(c.final_state(job).as_deref(), Some("COMPLETED"));
     let _ = orphan.wait();
     assert!(!pid_alive(pid));
     assert!(

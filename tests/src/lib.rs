@@ -154,6 +154,23 @@ impl TestCluster {
         out.lines().next().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
     }
 
+    /// The job's final state once accounting has recorded its end.
+    /// slurmdbd is written asynchronously: a job that has just left
+    /// squeue can still read PENDING or RUNNING in sacct for a moment.
+    pub fn final_state(&self, job: u32) -> Option<String> {
+        const LIVE: [&str; 6] = ["PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "RESIZING", "COMPLETING"];
+        let mut last = None;
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(30) {
+            last = self.sacct_state(job);
+            match last.as_deref() {
+                Some(s) if !LIVE.iter().any(|l| s.starts_with(l)) => return last,
+                _ => sleep(Duration::from_millis(200)),
+            }
+        }
+        last
+    }
+
     pub fn wait_until(&self, what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
         let t0 = Instant::now();
         while !f() {
