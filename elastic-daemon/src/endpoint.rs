@@ -85,6 +85,11 @@ pub struct Endpoint {
     queue_depth: Gauge,
     /// Answers given without a replica (queue full, bad request).
     requests: RequestCounters,
+    /// Set when health checks run: only they can bring an ejected
+    /// replica back, so without them a failed request ejects nothing.
+    ejects: std::sync::atomic::AtomicBool,
+    /// Asks the health checks for a round now (after an ejection).
+    probe_now: Notify,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -118,6 +123,8 @@ impl Endpoint {
             queue_depth: metrics.queue_depth(name),
             requests: metrics.request_counters(name, ""),
             metrics,
+            ejects: std::sync::atomic::AtomicBool::new(false),
+            probe_now: Notify::new(),
         })
     }
 
@@ -188,6 +195,31 @@ impl Endpoint {
         if let Some(t) = g.pool.begin_drain(id, Instant::now()) {
             tracing::info!(endpoint = %self.name, replica = id, from = ?t.from, "replica reports draining; out of rotation");
         }
+    }
+
+    /// Health checks run for this endpoint: from now on a replica whose
+    /// request fails at the connection leaves rotation until its next
+    /// check passes (see `Pool::eject`).
+    pub fn eject_on_failure(&self) {
+        self.ejects.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A request to the replica failed at the connection.
+    pub fn exchange_failed(&self, id: ReplicaId) {
+        if !self.ejects.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let ejected = self.lock().pool.eject(id);
+        if ejected.is_some() {
+            tracing::info!(endpoint = %self.name, replica = id, "replica failed a request at the connection; out of rotation until a health check passes");
+            // One stored permit however many failures: one round follows.
+            self.probe_now.notify_one();
+        }
+    }
+
+    /// Resolves when a health-check round is wanted before the next tick.
+    pub async fn probe_requested(&self) {
+        self.probe_now.notified().await
     }
 
     /// Closes the replicas' keep-alive connections unused for `max_idle`.

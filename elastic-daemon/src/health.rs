@@ -1,5 +1,6 @@
-//! Active health checks: every interval, a GET to each replica's health
-//! path; the registry turns consecutive results into state changes.
+//! Active health checks: every interval, and at once after a replica
+//! failed a request, a GET to each replica's health path; the registry
+//! turns consecutive results into state changes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,9 +25,13 @@ pub async fn run(endpoint: Arc<Endpoint>, check: HealthCheck, mut shutdown: watc
     let client = backend_client(check.timeout);
     let mut tick = tokio::time::interval(check.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    endpoint.eject_on_failure();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            // A replica just failed a request: check it now, so a replica
+            // that only lost one connection is back within one probe.
+            _ = endpoint.probe_requested() => {}
             _ = crate::daemon::stopped(&mut shutdown) => return,
         }
         let probes = endpoint.health_targets().into_iter().map(|(id, address)| {

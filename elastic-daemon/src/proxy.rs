@@ -986,6 +986,7 @@ async fn forward(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
                 let not_sent = matches!(e, SendError::NotSent(_));
                 tracing::info!(endpoint = %name, %replica, not_sent, "replica request failed: {e}");
                 counted(502);
+                ctx.endpoint.exchange_failed(lease.id());
                 if not_sent || p.retry_any {
                     tried.push(lease.id());
                     last_failure = Some(Failure::Replica);

@@ -54,6 +54,10 @@ pub struct Replica {
     passes: u32,
     #[serde(skip)]
     failures: u32,
+    /// Out because a request to it failed (not its health checks): one
+    /// passing check brings it back.
+    #[serde(skip)]
+    ejected: bool,
     #[serde(skip)]
     pub drain_started: Option<Instant>,
 }
@@ -134,6 +138,7 @@ impl Pool {
             peak_in_flight: 0,
             passes: 0,
             failures: 0,
+            ejected: false,
             drain_started: None,
         });
         Ok(id)
@@ -202,8 +207,10 @@ impl Pool {
             r.passes = 0;
         }
         let from = r.state;
+        let readmit_after = if r.ejected { 1 } else { t.healthy_after };
         let to = match from {
-            ReplicaState::Starting | ReplicaState::Out if r.passes >= t.healthy_after => ReplicaState::Ready,
+            ReplicaState::Starting if r.passes >= t.healthy_after => ReplicaState::Ready,
+            ReplicaState::Out if r.passes >= readmit_after => ReplicaState::Ready,
             ReplicaState::Ready if r.failures >= t.unhealthy_after => ReplicaState::Out,
             other => other,
         };
@@ -211,7 +218,26 @@ impl Pool {
             return None;
         }
         r.state = to;
+        r.ejected = false;
         Some(Transition { from, to })
+    }
+
+    /// A request to a ready replica failed at the connection (refused,
+    /// reset, closed before answering): it leaves rotation at once rather
+    /// than after `unhealthy_after` health checks, because until then every
+    /// request sent to a replica whose node just died fails too. Its next
+    /// passing health check brings it back, so a replica that only lost
+    /// one connection is out for one probe. Starting, draining and already
+    /// out replicas keep their state.
+    pub fn eject(&mut self, id: ReplicaId) -> Option<Transition> {
+        let r = self.get_mut(id)?;
+        if r.state != ReplicaState::Ready {
+            return None;
+        }
+        r.state = ReplicaState::Out;
+        r.ejected = true;
+        r.passes = 0;
+        Some(Transition { from: ReplicaState::Ready, to: ReplicaState::Out })
     }
 
     pub fn total_in_flight(&self) -> u32 {

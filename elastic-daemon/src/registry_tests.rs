@@ -139,3 +139,41 @@ fn release_of_removed_replica_is_ignored() {
     assert!(!p.release(a));
     assert_eq!(p.total_in_flight(), 0);
 }
+
+#[test]
+fn a_failed_exchange_ejects_a_ready_replica_until_one_health_check_passes() {
+    let mut p = pool();
+    let a = p.add(addr(1), 4, true).unwrap();
+    let b = p.add(addr(2), 4, true).unwrap();
+    let t = p.eject(a).unwrap();
+    assert_eq!((t.from, t.to), (ReplicaState::Ready, ReplicaState::Out));
+    assert_eq!(p.eject(a), None, "already out");
+    for _ in 0..3 {
+        assert_eq!(p.choose(&[]), Some(b));
+    }
+    // A dead replica fails its checks and stays out.
+    assert_eq!(p.health_result(a, false), None);
+    assert_eq!(p.health_result(a, false), None);
+    // One pass is enough to come back (healthy_after is 2).
+    let t = p.health_result(a, true).unwrap();
+    assert_eq!((t.from, t.to), (ReplicaState::Out, ReplicaState::Ready));
+    // Out through its health checks, it again needs healthy_after passes.
+    for _ in 0..3 {
+        p.health_result(a, false);
+    }
+    assert_eq!(p.get(a).unwrap().state, ReplicaState::Out);
+    assert_eq!(p.health_result(a, true), None);
+    assert_eq!(p.health_result(a, true).unwrap().to, ReplicaState::Ready);
+}
+
+#[test]
+fn ejection_leaves_starting_and_draining_replicas_alone() {
+    let mut p = pool();
+    let s = p.add(addr(1), 4, false).unwrap();
+    let d = p.add(addr(2), 4, true).unwrap();
+    p.begin_drain(d, Instant::now());
+    assert_eq!(p.eject(s), None);
+    assert_eq!(p.eject(d), None);
+    assert_eq!(p.get(s).unwrap().state, ReplicaState::Starting);
+    assert_eq!(p.get(d).unwrap().state, ReplicaState::Draining);
+}

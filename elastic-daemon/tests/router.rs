@@ -681,3 +681,93 @@ async fn shutdown_lets_in_flight_requests_finish() {
         .await;
     assert!(refused.is_err(), "no new connections after shutdown");
 }
+
+fn health_every(interval: Duration) -> onepool_daemon::config::EndpointConfig {
+    let mut cfg = endpoint_config(4, 4, Duration::from_secs(5));
+    cfg.health = Some(onepool_daemon::health::HealthCheck {
+        path: "/health".into(),
+        interval,
+        timeout: Duration::from_millis(500),
+    });
+    cfg
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_dies_leaves_rotation_after_its_first_failed_request() {
+    // Closes every connection unanswered, health checks included: a
+    // replica whose server just died.
+    let requests = Arc::new(AtomicU64::new(0));
+    let probes = Arc::new(AtomicU64::new(0));
+    let (r, p) = (requests.clone(), probes.clone());
+    let (dead, _) = scripted_backend(move |_, path, _| {
+        match path {
+            "/health" => p.fetch_add(1, Ordering::SeqCst),
+            _ => r.fetch_add(1, Ordering::SeqCst),
+        };
+        (Vec::new(), true)
+    })
+    .await;
+    let a = backend(Mode::Normal).await;
+    let h = Harness::new(health_every(Duration::from_secs(60)), &[dead, a.addr]).await;
+    // The first round of checks (at start) has passed; the next is a minute off.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let probes_before = probes.load(Ordering::SeqCst);
+    let c = client();
+    let (s, _, _) = send(&c, "POST", &format!("{}/ok", h.url)).await;
+    // The first request chose the dead replica (a tie goes to the first):
+    // written, then closed, so a POST is not retried.
+    assert_eq!(s, StatusCode::BAD_GATEWAY);
+    for _ in 0..10 {
+        let (s, _, body) = send(&c, "POST", &format!("{}/ok", h.url)).await;
+        assert_eq!((s, body), (StatusCode::OK, a.addr.to_string()));
+    }
+    assert_eq!(requests.load(Ordering::SeqCst), 1, "no request reached it after its first failed");
+    until("the immediate health check", || probes.load(Ordering::SeqCst) > probes_before).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(h.snapshot().replicas[0].state, ReplicaState::Out, "its health check failed too");
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_lost_one_connection_is_back_after_one_health_check() {
+    let failed_once = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let f = failed_once.clone();
+    let (flaky, _) = scripted_backend(move |_, path, _| match path {
+        "/health" => (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec(), false),
+        // The first request's connection closes unanswered, then it serves.
+        _ if !f.swap(true, Ordering::SeqCst) => (Vec::new(), true),
+        _ => (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nflaky".to_vec(), false),
+    })
+    .await;
+    // The regular interval is far off: only the probe after the failure
+    // can bring it back.
+    let h = Harness::new(health_every(Duration::from_secs(60)), &[flaky]).await;
+    let c = client();
+    // Let the first regular round (at start) pass.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A retry never goes back to the replica it failed on, and there is
+    // no other one.
+    let (s, _) = get(&c, &format!("{}/ok", h.url)).await;
+    assert_eq!(s, StatusCode::BAD_GATEWAY);
+    assert!(failed_once.load(Ordering::SeqCst));
+    // `until` gives up after 10 s; the regular round is 60 s off.
+    until("the replica back in rotation", || h.snapshot().replicas[0].state == ReplicaState::Ready).await;
+    let (s, body) = get(&c, &format!("{}/ok", h.url)).await;
+    assert_eq!((s, body.as_str()), (StatusCode::OK, "flaky"));
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_health_checks_a_failed_request_ejects_nothing() {
+    // Nothing would bring an ejected replica back.
+    let (dead, count) = resetting_backend().await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[dead]).await;
+    let c = client();
+    for _ in 0..3 {
+        let (s, _, _) = send(&c, "POST", &format!("{}/ok", h.url)).await;
+        assert_eq!(s, StatusCode::BAD_GATEWAY);
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 3);
+    assert_eq!(h.snapshot().replicas[0].state, ReplicaState::Ready);
+    h.daemon.shutdown().await;
+}

@@ -26,8 +26,22 @@ pub fn runtime() -> Runtime {
 
 /// onepoold in-process, from a configuration file.
 pub fn start_daemon(rt: &Runtime, config: &Path) -> Daemon {
+    log_to_test_output();
     let cfg = onepool_daemon::config::load(config).unwrap_or_else(|e| panic!("{e}"));
     rt.block_on(Daemon::start(cfg)).expect("onepoold starts")
+}
+
+/// onepoold's log goes to the test's captured output, so a failing test
+/// (in CI above all) shows what the daemon saw. `ONEPOOL_TEST_LOG` sets the
+/// filter (tracing's env-filter syntax; `info` by default).
+fn log_to_test_output() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_env("ONEPOOL_TEST_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // Another subscriber may already be set (a test of its own): keep it.
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+    });
 }
 
 /// What the endpoint's replica controller did so far.

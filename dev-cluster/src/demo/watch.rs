@@ -359,7 +359,7 @@ fn update(e: &mut Job, j: &JobInfo, router: Option<&HashMap<u16, InRouter>>, tl:
                             e.label
                         ));
                     }
-                    "out" => tl.note(format!("{} failing health checks: out of the router", e.label)),
+                    "out" => tl.note(format!("{} failing requests or health checks: out of the router", e.label)),
                     _ => {}
                 }
                 e.router = Some(state.clone());
