@@ -28,8 +28,12 @@ use onepool_slurm_commands::state::JobInfo;
 use serde::Serialize;
 use tokio::sync::watch;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
 use crate::config::ReplicaSettings;
 use crate::endpoint::Endpoint;
+use crate::metrics::{EndpointLabels, Metrics, ReplicaJobLabels, SlurmCallLabels};
 use crate::registry::{RegistryError, ReplicaState};
 use crate::replica_group::port_from_step_name;
 
@@ -132,6 +136,9 @@ pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16, r
     args.extend(["-o".to_string(), s.output.clone(), "--wrap".to_string(), script]);
     args
 }
+
+/// Every [`ReplicaJob::phase`].
+const PHASES: [&str; 5] = ["pending", "starting", "serving", "draining", "cancelled"];
 
 /// One replica as the controller sees it (for tests and status); a job
 /// hosting several shows as several, with the same `job`.
@@ -261,14 +268,39 @@ pub struct Controller {
     /// Reads the replicas' own load metrics (endpoints with `load_metrics`).
     scraper: Option<reqwest::Client>,
     view: Arc<Mutex<ControllerView>>,
+    calls: SlurmCalls,
+    metrics: Arc<Metrics>,
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, SlurmError> + Send + 'static) -> Result<T, String> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(format!("{e}{}", if e.is_retryable() { " (retryable)" } else { "" })),
-        Err(e) => Err(format!("the Slurm call failed: {e}")),
+/// `onepool_replica_slurm_calls_total` of one endpoint.
+struct SlurmCalls {
+    family: Family<SlurmCallLabels, Counter>,
+    endpoint: String,
+}
+
+impl SlurmCalls {
+    fn count(&self, call: &str, outcome: &str) {
+        let labels =
+            SlurmCallLabels { endpoint: self.endpoint.clone(), call: call.to_string(), outcome: outcome.to_string() };
+        self.family.get_or_create(&labels).inc();
     }
+}
+
+/// Runs one Slurm call on a blocking thread (the commands wait for
+/// slurmctld) and counts its outcome as `call`.
+async fn blocking<T: Send + 'static>(
+    calls: &SlurmCalls,
+    call: &str,
+    f: impl FnOnce() -> Result<T, SlurmError> + Send + 'static,
+) -> Result<T, String> {
+    let (r, outcome) = match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(v)) => (Ok(v), "ok"),
+        Ok(Err(e)) if e.is_retryable() => (Err(format!("{e} (retryable)")), "retryable"),
+        Ok(Err(e)) => (Err(e.to_string()), "failed"),
+        Err(e) => (Err(format!("the Slurm call failed: {e}")), "failed"),
+    };
+    calls.count(call, outcome);
+    r
 }
 
 fn unix_now() -> u64 {
@@ -291,7 +323,9 @@ fn live(job: &JobInfo) -> Option<Live> {
 }
 
 /// The nodes a running job holds, in Slurm's order (the order in which
-/// `onepool replica --per-node` numbered its replicas at the start).
+/// `onepool replica --per-node` numbered its replicas at the start; a
+/// shrink or a failed node takes nodes out of it, so positions after one
+/// are only a guess).
 fn job_nodes(job: &JobInfo) -> Vec<String> {
     match onepool_decisions::hostlist::expand(&job.nodes) {
         Ok(nodes) if !nodes.is_empty() => nodes,
@@ -299,14 +333,15 @@ fn job_nodes(job: &JobInfo) -> Vec<String> {
     }
 }
 
-/// Which port each node's replica listens on: the step's name says it;
-/// a node whose step is not (yet) there gets the port the launcher gives
-/// the node at that position, unless another replica of the job has it.
-pub fn member_ports(base: u16, nodes: &[String], steps: &[(String, u16)]) -> Vec<(String, u16)> {
+/// Which port each node's replica listens on: `known` (the steps' names,
+/// then what was seen before) says it; a node never seen with a port gets
+/// the one the launcher gives the node at that position in the job's
+/// first node list, unless another replica of the job has it.
+pub fn member_ports(base: u16, nodes: &[String], known: &[(String, u16)]) -> Vec<(String, u16)> {
     let mut out: Vec<(String, u16)> = Vec::new();
-    let mut taken: Vec<u16> = steps.iter().filter(|(n, _)| nodes.contains(n)).map(|(_, p)| *p).collect();
+    let mut taken: Vec<u16> = known.iter().filter(|(n, _)| nodes.contains(n)).map(|(_, p)| *p).collect();
     for (i, node) in nodes.iter().enumerate() {
-        if let Some((_, p)) = steps.iter().find(|(n, _)| n == node) {
+        if let Some((_, p)) = known.iter().find(|(n, _)| n == node) {
             out.push((node.clone(), *p));
             continue;
         }
@@ -343,6 +378,8 @@ impl Controller {
             panic_threshold: settings.panic_threshold,
             scale_down_delay: settings.scale_down_delay,
         });
+        let metrics = endpoint.metrics().clone();
+        let calls = SlurmCalls { family: metrics.slurm_calls.clone(), endpoint: name.to_string() };
         let c = Controller {
             name: name.to_string(),
             endpoint,
@@ -360,6 +397,8 @@ impl Controller {
             last_served: None,
             scraper: settings_has_metrics.then(|| crate::replica_metrics::client(scrape_timeout)),
             view: view.clone(),
+            calls,
+            metrics,
         };
         (c, view)
     }
@@ -386,12 +425,27 @@ impl Controller {
                 v.jobs = self.jobs_view();
                 v.min = self.settings.min;
                 v.max = self.settings.max;
+                self.export(&v);
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.settings.poll_interval) => {}
                 _ = crate::daemon::stopped(&mut shutdown) => return,
             }
         }
+    }
+
+    /// `onepool_replica_jobs` and `onepool_replica_desired` from the view
+    /// just made (every kind and phase, so one that emptied reads 0).
+    fn export(&self, v: &ControllerView) {
+        for kind in ["baseline", "supplemental"] {
+            for phase in PHASES {
+                let n = v.jobs.iter().filter(|j| j.kind == kind && j.phase == phase).count();
+                let labels =
+                    ReplicaJobLabels { endpoint: self.name.clone(), kind: kind.to_string(), phase: phase.to_string() };
+                self.metrics.replicas.get_or_create(&labels).set(n as i64);
+            }
+        }
+        self.metrics.desired.get_or_create(&EndpointLabels { endpoint: self.name.clone() }).set(i64::from(v.desired));
     }
 
     fn jobs_view(&self) -> Vec<ReplicaJob> {
@@ -446,13 +500,20 @@ impl Controller {
     fn observe(&mut self, j: &JobInfo, l: Live, base: u16, kind: Kind, steps: &[(String, u16)]) {
         let per_node = self.per_node();
         let (name, endpoint) = (&self.name, &self.endpoint);
+        let preemptions = self.metrics.preemptions.get_or_create(&EndpointLabels { endpoint: name.clone() }).clone();
         let t = self.tracked.entry(j.job_id).or_insert_with(|| {
             tracing::info!(endpoint = %name, job = j.job_id, port = base, ?kind, state = %j.job_state, "adopted a replica job");
             TrackedJob::new(base, kind, j.node_count.clamp(1, 256) as u16)
         });
         t.width = t.width.max(j.node_count.clamp(1, 256) as u16);
         // Slurm's kill comes at end_time once it preempts the job.
-        t.preempt_end = j.is_being_preempted().then_some(j.end_time).filter(|e| *e > 0);
+        let preempt_end = j.is_being_preempted().then_some(j.end_time).filter(|e| *e > 0);
+        if let (None, Some(end)) = (t.preempt_end, preempt_end) {
+            let left = end.saturating_sub(unix_now());
+            tracing::info!(endpoint = %name, job = j.job_id, ?kind, "Slurm is preempting the replica job; it ends within {left} s");
+            preemptions.inc();
+        }
+        t.preempt_end = preempt_end;
         let wanted: Vec<(Option<String>, u16)> = match l {
             Live::Pending => {
                 if t.running {
@@ -468,7 +529,19 @@ impl Controller {
                 let host = if j.batch_host.is_empty() { j.nodes.clone() } else { j.batch_host.clone() };
                 vec![(Some(host), base)]
             }
-            Live::Running => member_ports(base, &job_nodes(j), steps).into_iter().map(|(n, p)| (Some(n), p)).collect(),
+            Live::Running => {
+                // Where a step is gone (its server crashed) the replica's
+                // port is still the one it had: after a shrink a node's
+                // position in the job no longer says which port the
+                // launcher gave it.
+                let mut known = steps.to_vec();
+                for (p, m) in &t.members {
+                    if let Some(n) = m.node.as_ref().filter(|n| !known.iter().any(|(k, _)| k == *n)) {
+                        known.push((n.clone(), *p));
+                    }
+                }
+                member_ports(base, &job_nodes(j), &known).into_iter().map(|(n, p)| (Some(n), p)).collect()
+            }
         };
         t.running = l == Live::Running;
         t.batch_host = Some(j.batch_host.clone()).filter(|b| t.running && !b.is_empty());
@@ -499,7 +572,7 @@ impl Controller {
     /// One poll: read, adopt, route, decide, act.
     async fn round(&mut self) -> Result<(), String> {
         let slurm = self.slurm.clone();
-        let jobs = blocking(move || slurm.jobs()).await?;
+        let jobs = blocking(&self.calls, "squeue", move || slurm.jobs()).await?;
         let now = Instant::now();
         let mut seen: HashMap<u32, (JobInfo, Live)> = HashMap::new();
         let mut owned_jobs = Vec::new();
@@ -513,7 +586,7 @@ impl Controller {
         let mut steps: HashMap<u32, Vec<(String, u16)>> = HashMap::new();
         if self.per_node() && seen.values().any(|(_, l)| *l == Live::Running) {
             let (slurm, uid) = (self.slurm.clone(), self.uid);
-            for s in blocking(move || slurm.steps(uid)).await? {
+            for s in blocking(&self.calls, "squeue_steps", move || slurm.steps(uid)).await? {
                 if let (true, Some(port)) = (seen.contains_key(&s.job_id), port_from_step_name(&s.name)) {
                     steps.entry(s.job_id).or_default().push((s.nodes, port));
                 }
@@ -686,7 +759,7 @@ impl Controller {
             return Ok(());
         }
         let slurm = self.slurm.clone();
-        let nodes = blocking(move || slurm.nodes()).await?;
+        let nodes = blocking(&self.calls, "sinfo", move || slurm.nodes()).await?;
         for (id, port, host) in need {
             let Some(node) = nodes.iter().find(|n| n.name == host) else { continue };
             let host = if node.address.is_empty() { node.name.as_str() } else { node.address.as_str() };
@@ -742,7 +815,7 @@ impl Controller {
             self.free_ports(replicas).ok_or_else(|| "no free port pair left in port_range".to_string())?;
         let args = sbatch_args(&self.name, &self.settings, kind, port, replicas);
         let slurm = self.slurm.clone();
-        let r = blocking(move || {
+        let r = blocking(&self.calls, "sbatch", move || {
             let a: Vec<&str> = args.iter().map(String::as_str).collect();
             slurm.submit(&a)
         })
@@ -843,7 +916,7 @@ impl Controller {
     ) -> Result<(), String> {
         let slurm = self.slurm.clone();
         let v = value.clone();
-        let r = blocking(move || slurm.update_job(job, &[(key, v.as_str())])).await;
+        let r = blocking(&self.calls, "scontrol_update", move || slurm.update_job(job, &[(key, v.as_str())])).await;
         let Some(t) = self.tracked.get_mut(&job) else { return Ok(()) };
         match r {
             Ok(()) => {
@@ -876,7 +949,7 @@ impl Controller {
             m.drain_started_unix.get_or_insert_with(unix_now);
         }
         let slurm = self.slurm.clone();
-        let r = blocking(move || slurm.cancel(job, None)).await;
+        let r = blocking(&self.calls, "scancel", move || slurm.cancel(job, None)).await;
         if let (Ok(()), Some(t)) = (&r, self.tracked.get_mut(&job)) {
             t.members.values_mut().for_each(|m| m.released = true);
         }

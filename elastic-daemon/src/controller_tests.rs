@@ -267,6 +267,90 @@ fn a_per_node_job_scales_down_by_draining_one_replica_then_releasing_exactly_its
 }
 
 #[test]
+fn a_replica_whose_server_crashed_after_a_shrink_keeps_its_port_and_leaves_the_router() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let endpoint = crate::endpoint::Endpoint::new(
+            "llm",
+            8,
+            crate::endpoint::QueueSettings { size: 10, timeout: Duration::from_secs(1) },
+            Default::default(),
+            Arc::new(crate::metrics::Metrics::new()),
+        );
+        let slurm = Arc::new(ScriptedSlurm::default());
+        // node2 was released earlier: node3's replica still listens on the
+        // port the launcher gave the third node (18004), not the second's.
+        *slurm.jobs.lock().unwrap() = vec![running(7, "onepool-llm-18000", "node[1,3]", 2)];
+        *slurm.steps.lock().unwrap() = vec![step(7, "node1", 18000), step(7, "node3", 18004)];
+        let s = ReplicaSettings { replicas_per_job: 3, min: 0, max: 3, ..settings() };
+        // No health checks: nothing but the controller takes a replica out.
+        let (mut c, _) = Controller::new("llm", endpoint.clone(), false, s, slurm.clone());
+        c.round().await.unwrap();
+        let ports =
+            |c: &Controller| -> Vec<(u16, &'static str)> { c.jobs_view().iter().map(|j| (j.port, j.phase)).collect() };
+        assert_eq!(ports(&c), [(18000, "serving"), (18004, "serving")]);
+        // node3's server crashed: its step is gone, the node stays in the job.
+        slurm.steps.lock().unwrap().retain(|s| s.nodes != "node3");
+        c.round().await.unwrap();
+        let routed: Vec<u16> = endpoint.snapshot().replicas.iter().map(|r| r.address.port()).collect();
+        assert_eq!(routed, [18000], "only the live replica is routed to; no guess at node3:18002");
+        assert!(ports(&c).iter().all(|(p, _)| *p != 18002), "{:?}", c.jobs_view());
+    });
+}
+
+#[test]
+fn preemptions_replica_phases_and_slurm_calls_are_exported() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let endpoint = crate::endpoint::Endpoint::new(
+            "llm",
+            8,
+            crate::endpoint::QueueSettings { size: 10, timeout: Duration::from_secs(1) },
+            Default::default(),
+            Arc::new(crate::metrics::Metrics::new()),
+        );
+        let slurm = Arc::new(ScriptedSlurm::default());
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let mut victim = running(7, "onepool-llm-18000", "node1", 1);
+        victim.preempt_time = now;
+        victim.end_time = now + 60;
+        *slurm.jobs.lock().unwrap() = vec![running(8, "onepool-llm-18002", "node2", 1)];
+        let s = ReplicaSettings { min: 0, max: 2, ..settings() };
+        let (mut c, _) = Controller::new("llm", endpoint.clone(), false, s, slurm.clone());
+        let exported = |c: &Controller| {
+            let v = ControllerView { jobs: c.jobs_view(), desired: 2, ..Default::default() };
+            c.export(&v);
+            endpoint.metrics().encode()
+        };
+        c.round().await.unwrap();
+        slurm.jobs.lock().unwrap().push(victim);
+        // Picked as a victim: counted once, however many polls see it.
+        c.round().await.unwrap();
+        c.round().await.unwrap();
+        let m = exported(&c);
+        for want in [
+            r#"onepool_replica_preemptions_total{endpoint="llm"} 1"#,
+            r#"onepool_replica_slurm_calls_total{endpoint="llm",call="squeue",outcome="ok"} 3"#,
+            r#"onepool_replica_jobs{endpoint="llm",kind="supplemental",phase="serving"} 1"#,
+            // Nothing was in flight on the victim: drained at once and
+            // scancelled, its GPUs given back before Slurm's kill.
+            r#"onepool_replica_jobs{endpoint="llm",kind="supplemental",phase="cancelled"} 1"#,
+            r#"onepool_replica_slurm_calls_total{endpoint="llm",call="scancel",outcome="ok"} 1"#,
+            r#"onepool_replica_jobs{endpoint="llm",kind="baseline",phase="serving"} 0"#,
+            r#"onepool_replica_desired{endpoint="llm"} 2"#,
+        ] {
+            assert!(m.contains(want), "{want} not in:\n{m}");
+        }
+        // A failed call is counted as such.
+        let (mut c, _) = Controller::new("llm", endpoint.clone(), false, settings(), Arc::new(NoSlurm));
+        assert!(c.round().await.is_err());
+        let m = endpoint.metrics().encode();
+        let want = r#"onepool_replica_slurm_calls_total{endpoint="llm",call="squeue",outcome="failed"} 1"#;
+        assert!(m.contains(want), "{want} not in:\n{m}");
+    });
+}
+
+#[test]
 fn a_per_node_job_asks_for_its_replicas_nodes_and_runs_one_step_each() {
     let s = ReplicaSettings { replicas_per_job: 4, ..settings() };
     let a = sbatch_args("llm", &s, Kind::Supplemental, 18010, 3);

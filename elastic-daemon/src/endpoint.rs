@@ -132,6 +132,11 @@ impl Endpoint {
         &self.name
     }
 
+    /// The daemon's metrics (the replica controller counts into them too).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     pub fn queue_settings(&self) -> &QueueSettings {
         &self.queue
     }

@@ -41,6 +41,25 @@ pub struct DrainLabels {
     pub outcome: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReplicaJobLabels {
+    pub endpoint: String,
+    /// "baseline" or "supplemental".
+    pub kind: String,
+    /// "pending", "starting", "serving", "draining" or "cancelled".
+    pub phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SlurmCallLabels {
+    pub endpoint: String,
+    /// "sbatch", "scancel", "scontrol_update", "squeue" or "squeue_steps".
+    pub call: String,
+    /// "ok", "retryable" (Slurm did not answer in time, or was busy) or
+    /// "failed" (trying again will not help).
+    pub outcome: String,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -61,6 +80,11 @@ pub struct Metrics {
     pub latency: HistogramFamily<ReplicaLabels>,
     pub drains: Family<DrainLabels, Counter>,
     pub drain_seconds: HistogramFamily<ReplicaLabels>,
+    /// The replica controllers' view of their Slurm jobs (`onepool_replica_*`).
+    pub replicas: Family<ReplicaJobLabels, Gauge>,
+    pub desired: Family<EndpointLabels, Gauge>,
+    pub preemptions: Family<EndpointLabels, Counter>,
+    pub slurm_calls: Family<SlurmCallLabels, Counter>,
     registry: Registry,
 }
 
@@ -78,14 +102,46 @@ impl Metrics {
         let latency: HistogramFamily<ReplicaLabels> = Family::new_with_constructor(latency_histogram);
         let drains = Family::<DrainLabels, Counter>::default();
         let drain_seconds: HistogramFamily<ReplicaLabels> = Family::new_with_constructor(drain_histogram);
-        let mut registry = Registry::with_prefix("onepool_router");
-        registry.register("requests", "Requests answered, by replica and status class", requests.clone());
-        registry.register("in_flight", "Requests a replica is serving now", in_flight.clone());
-        registry.register("queue_depth", "Requests waiting for a free replica", queue_depth.clone());
-        registry.register("request_duration_seconds", "Time from request to the last response byte", latency.clone());
-        registry.register("drains", "Replica drains, by outcome", drains.clone());
-        registry.register("drain_duration_seconds", "How long drains took", drain_seconds.clone());
-        Metrics { requests, in_flight, queue_depth, latency, drains, drain_seconds, registry }
+        let replicas = Family::<ReplicaJobLabels, Gauge>::default();
+        let desired = Family::<EndpointLabels, Gauge>::default();
+        let preemptions = Family::<EndpointLabels, Counter>::default();
+        let slurm_calls = Family::<SlurmCallLabels, Counter>::default();
+        let mut registry = Registry::with_prefix("onepool");
+        let router = registry.sub_registry_with_prefix("router");
+        router.register("requests", "Requests answered, by replica and status class", requests.clone());
+        router.register("in_flight", "Requests a replica is serving now", in_flight.clone());
+        router.register("queue_depth", "Requests waiting for a free replica", queue_depth.clone());
+        router.register("request_duration_seconds", "Time from request to the last response byte", latency.clone());
+        router.register("drains", "Replica drains, by outcome", drains.clone());
+        router.register("drain_duration_seconds", "How long drains took", drain_seconds.clone());
+        let controller = registry.sub_registry_with_prefix("replica");
+        controller.register("jobs", "onepoold's replicas in Slurm jobs, by kind and phase", replicas.clone());
+        controller.register("desired", "Replicas the autoscaler wants (baseline included)", desired.clone());
+        // sacct records a replica that drained and exited in its grace
+        // time as COMPLETED: this is where reclaims are counted.
+        controller.register(
+            "preemptions",
+            "Replica jobs Slurm picked as preemption victims (seen by onepoold)",
+            preemptions.clone(),
+        );
+        controller.register(
+            "slurm_calls",
+            "Slurm commands the replica controllers ran, by outcome",
+            slurm_calls.clone(),
+        );
+        Metrics {
+            requests,
+            in_flight,
+            queue_depth,
+            latency,
+            drains,
+            drain_seconds,
+            replicas,
+            desired,
+            preemptions,
+            slurm_calls,
+            registry,
+        }
     }
 
     /// The Prometheus text exposition of every metric.

@@ -249,14 +249,15 @@ mod tests {
     #[tokio::test]
     async fn the_notice_is_forwarded_to_every_step_and_the_group_ends_with_them() {
         let dir = std::env::temp_dir().join(format!("onepool-group-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let fake = dir.join("srun");
         // Exits 0 on SIGUSR1, after writing which node it was.
         std::fs::write(
             &fake,
             format!(
-                "#!/bin/sh\nnode=$(echo \"$3\" | cut -d= -f2)\ntrap 'echo $node >> {}/noticed; exit 0' USR1\n\
-                 while :; do sleep 0.05; done\n",
+                "#!/bin/sh\nnode=$(echo \"$3\" | cut -d= -f2)\ntrap 'echo $node >> {0}/noticed; exit 0' USR1\n\
+                 echo $node >> {0}/ready\nwhile :; do sleep 0.05; done\n",
                 dir.display()
             ),
         )
@@ -264,7 +265,14 @@ mod tests {
         std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         let c = GroupConfig { srun: fake.display().to_string(), ..cfg() };
         let group = tokio::spawn(run(c));
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Signalled before both steps set their trap, a step would die of
+        // the signal instead (seen once on a loaded machine with a fixed wait).
+        let ready = dir.join("ready");
+        let t0 = std::time::Instant::now();
+        while std::fs::read_to_string(&ready).map_or(0, |s| s.lines().count()) < 2 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "the steps did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         // SAFETY: signalling our own process; run() has its handlers installed.
         unsafe { libc::kill(libc::getpid(), libc::SIGUSR1) };
         let code = tokio::time::timeout(Duration::from_secs(10), group).await.unwrap().unwrap().unwrap();

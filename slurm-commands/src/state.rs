@@ -145,6 +145,12 @@ pub fn parse_steps(out: &str) -> Result<Vec<StepInfo>, StateError> {
         let (job, step) = id.split_once('.').ok_or_else(|| bad(i + 1, l, "no step id"))?;
         // A heterogeneous job's component prints as JOB+N.
         let job = job.split('+').next().unwrap_or(job);
+        // An array task prints as ARRAYJOB_TASK, which is not its job id:
+        // never one of onepool's jobs (it submits no arrays), so it is
+        // left out rather than failing the whole answer.
+        if job.contains('_') {
+            continue;
+        }
         let job_id = job.parse().map_err(|_| bad(i + 1, l, "the job id is not a number"))?;
         steps.push(StepInfo { job_id, step: step.to_string(), name: name.to_string(), nodes: nodes.to_string() });
     }
@@ -239,6 +245,9 @@ mod tests {
         assert_eq!(s.len(), 3);
         assert_eq!(s[0], StepInfo { job_id: 1, step: "0".into(), name: "replica-18604".into(), nodes: "node3".into() });
         assert_eq!(s[2].step, "batch");
+        // Another job of the same user: an array task's step.
+        let s = parse_steps("123_4.0|train|node2\n1.0|replica-18604|node3\n").unwrap();
+        assert_eq!(s.iter().map(|s| s.job_id).collect::<Vec<_>>(), [1]);
         let e = parse_steps("1|x|node1\n").unwrap_err().to_string();
         assert!(e.contains("line 1: no step id"), "{e}");
         assert!(parse_steps("x.0|a|n\n").unwrap_err().to_string().contains("not a number"));
