@@ -270,6 +270,8 @@ pub struct Controller {
     view: Arc<Mutex<ControllerView>>,
     calls: SlurmCalls,
     metrics: Arc<Metrics>,
+    /// The admin comment of each job [`Controller::read_records`] read.
+    records: HashMap<u32, String>,
 }
 
 /// `onepool_replica_slurm_calls_total` of one endpoint.
@@ -399,6 +401,7 @@ impl Controller {
             view: view.clone(),
             calls,
             metrics,
+            records: HashMap::new(),
         };
         (c, view)
     }
@@ -569,10 +572,33 @@ impl Controller {
         }
     }
 
+    /// Fills in job_submit/onepool's record of each job that may be one of
+    /// this endpoint's replicas (its uid and name), read from Slurm once
+    /// per job: the poll's squeue does not print it, and users cannot
+    /// change it afterwards.
+    async fn read_records(&mut self, jobs: &mut [JobInfo]) -> Result<(), String> {
+        self.records.retain(|id, _| jobs.iter().any(|j| j.job_id == *id));
+        for j in jobs.iter_mut() {
+            if j.user_id != self.uid || port_from_name(&self.name, &j.name).is_none() {
+                continue;
+            }
+            if let Some(c) = self.records.get(&j.job_id) {
+                j.admin_comment = c.clone();
+                continue;
+            }
+            let (slurm, id) = (self.slurm.clone(), j.job_id);
+            let c = blocking(&self.calls, "scontrol_show_job", move || slurm.admin_comment(id)).await?;
+            j.admin_comment = c.unwrap_or_default();
+            self.records.insert(j.job_id, j.admin_comment.clone());
+        }
+        Ok(())
+    }
+
     /// One poll: read, adopt, route, decide, act.
     async fn round(&mut self) -> Result<(), String> {
-        let slurm = self.slurm.clone();
-        let jobs = blocking(&self.calls, "squeue", move || slurm.jobs()).await?;
+        let (slurm, uid) = (self.slurm.clone(), self.uid);
+        let mut jobs = blocking(&self.calls, "squeue", move || slurm.user_jobs(uid)).await?;
+        self.read_records(&mut jobs).await?;
         let now = Instant::now();
         let mut seen: HashMap<u32, (JobInfo, Live)> = HashMap::new();
         let mut owned_jobs = Vec::new();

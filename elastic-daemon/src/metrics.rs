@@ -53,7 +53,8 @@ pub struct ReplicaJobLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SlurmCallLabels {
     pub endpoint: String,
-    /// "sbatch", "scancel", "scontrol_update", "squeue" or "squeue_steps".
+    /// "sbatch", "scancel", "scontrol_update", "scontrol_show_job",
+    /// "squeue", "squeue_steps" or "sinfo".
     pub call: String,
     /// "ok", "retryable" (Slurm did not answer in time, or was busy) or
     /// "failed" (trying again will not help).

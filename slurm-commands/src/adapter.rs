@@ -4,7 +4,10 @@
 //! says whether trying again can help.
 
 use crate::runner::{CommandError, Runner};
-use crate::state::{parse_jobs, parse_nodes, parse_steps, JobInfo, NodeInfo, StateError, StepInfo, STEP_FORMAT};
+use crate::state::{
+    parse_admin_comment, parse_jobs, parse_nodes, parse_steps, parse_user_jobs, JobInfo, NodeInfo, StateError,
+    StepInfo, STEP_FORMAT, USER_JOB_FIELDS,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SlurmError {
@@ -34,6 +37,17 @@ pub trait Slurm {
     fn update_job(&self, job: u32, settings: &[(&str, &str)]) -> Result<(), SlurmError>;
     /// Every job slurmctld knows.
     fn jobs(&self) -> Result<Vec<JobInfo>, SlurmError>;
+    /// At least every pending and running job of `user`, without their
+    /// `admin_comment` (see [`Slurm::admin_comment`]): what a poll of one's
+    /// own jobs needs, at a cost that does not grow with everyone else's.
+    fn user_jobs(&self, user: u32) -> Result<Vec<JobInfo>, SlurmError> {
+        Ok(self.jobs()?.into_iter().filter(|j| j.user_id == user).collect())
+    }
+    /// One job's `AdminComment` (job_submit/onepool's record); `None` when
+    /// it has none or is gone.
+    fn admin_comment(&self, job: u32) -> Result<Option<String>, SlurmError> {
+        Ok(self.jobs()?.into_iter().find(|j| j.job_id == job).map(|j| j.admin_comment).filter(|c| !c.is_empty()))
+    }
     fn nodes(&self) -> Result<Vec<NodeInfo>, SlurmError>;
     /// The running steps of `user`'s jobs.
     fn steps(&self, user: u32) -> Result<Vec<StepInfo>, SlurmError>;
@@ -78,6 +92,22 @@ impl<R: Runner> Slurm for Commands<R> {
 
     fn jobs(&self) -> Result<Vec<JobInfo>, SlurmError> {
         Ok(parse_jobs(&self.runner.run(&["squeue", "--json"])?)?)
+    }
+
+    fn user_jobs(&self, user: u32) -> Result<Vec<JobInfo>, SlurmError> {
+        let user = user.to_string();
+        let argv = ["env", "SLURM_TIME_FORMAT=%s", "squeue", "-h", "-u", &user, "-O", USER_JOB_FIELDS];
+        Ok(parse_user_jobs(&self.runner.run(&argv)?)?)
+    }
+
+    fn admin_comment(&self, job: u32) -> Result<Option<String>, SlurmError> {
+        let id = job.to_string();
+        match self.runner.run(&["scontrol", "-o", "show", "job", &id]) {
+            Ok(out) => Ok(parse_admin_comment(&out)),
+            // It ended and left slurmctld's table since it was listed.
+            Err(CommandError::Failed { stderr, .. }) if stderr.contains("Invalid job id") => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn nodes(&self) -> Result<Vec<NodeInfo>, SlurmError> {

@@ -14,7 +14,7 @@ fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> R
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct JobInfo {
     pub job_id: u32,
     pub job_state: String,
@@ -157,6 +157,73 @@ pub fn parse_steps(out: &str) -> Result<Vec<StepInfo>, StateError> {
     Ok(steps)
 }
 
+/// squeue's `-O` fields for [`parse_user_jobs`], read with
+/// `SLURM_TIME_FORMAT=%s` (times in Unix seconds). The name goes last: it
+/// is the one field that may hold the separator.
+pub const USER_JOB_FIELDS: &str = "JobID:|,UserID:|,State:|,NumNodes:|,StartTime:|,EndTime:|,PreemptTime:|,\
+                                   TimeLimit:|,BatchHost:|,NodeList:|,Name:|";
+
+/// Reads `squeue -h -u UID -O USER_JOB_FIELDS`: one user's pending and
+/// running jobs with the fields onepoold polls, unlike `squeue --json`
+/// (which in 22.05 prints every job slurmctld holds, whatever `-u` says).
+/// `admin_comment` is not among squeue's fields: it stays empty.
+pub fn parse_user_jobs(out: &str) -> Result<Vec<JobInfo>, StateError> {
+    const FIELDS: usize = 11;
+    let bad = |line: usize, why: String| StateError { what: "squeue -O", detail: format!("line {line}: {why}") };
+    let mut jobs = Vec::new();
+    for (i, l) in out.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let line = i + 1;
+        let f: Vec<&str> = l.splitn(FIELDS, '|').collect();
+        if f.len() < FIELDS {
+            return Err(bad(line, format!("{} fields, expected {FIELDS}: {l:?}", f.len())));
+        }
+        // Array tasks (JOB_TASK) and heterogeneous components (JOB+N) print
+        // ids that are not job ids; onepoold submits neither.
+        if f[0].contains(['_', '+']) {
+            continue;
+        }
+        let number = |k: usize, what: &str| -> Result<u64, StateError> {
+            match f[k].trim() {
+                "" | "N/A" | "Unknown" | "None" => Ok(0),
+                v => v.parse().map_err(|_| bad(line, format!("{what} {v:?} is not a number"))),
+            }
+        };
+        let text = |k: usize| match f[k].trim() {
+            "n/a" | "N/A" | "(null)" | "None" => String::new(),
+            v => v.to_string(),
+        };
+        let small = |k: usize, what: &str| -> Result<u32, StateError> {
+            u32::try_from(number(k, what)?).map_err(|_| bad(line, format!("{what} {:?} is too large", f[k])))
+        };
+        // D-HH:MM:SS, or words (UNLIMITED, Partition_Limit, ...): none.
+        let time_limit = onepool_decisions::duration::parse(f[7]).map_or(0, |d| d.as_secs() / 60);
+        jobs.push(JobInfo {
+            job_id: small(0, "the job id")?,
+            user_id: small(1, "the user id")?,
+            job_state: f[2].trim().to_string(),
+            node_count: small(3, "the node count")?,
+            start_time: number(4, "the start time")?,
+            end_time: number(5, "the end time")?,
+            preempt_time: number(6, "the preemption time")?,
+            time_limit,
+            batch_host: text(8),
+            nodes: text(9),
+            // The separator after the last field is squeue's own.
+            name: f[10].strip_suffix('|').unwrap_or(f[10]).to_string(),
+            ..JobInfo::default()
+        });
+    }
+    Ok(jobs)
+}
+
+/// The `AdminComment` in `scontrol -o show job`'s line, if set. Its value
+/// ends at the first space: job_submit/onepool's records have none, and a
+/// comment of someone else's that has one is then not mistaken for one.
+pub fn parse_admin_comment(out: &str) -> Option<String> {
+    let rest = out.split([' ', '\n']).find_map(|w| w.strip_prefix("AdminComment="))?;
+    Some(rest.to_string()).filter(|c| !c.is_empty() && c != "(null)")
+}
+
 #[derive(Deserialize)]
 struct Jobs {
     jobs: Vec<JobInfo>,
@@ -252,6 +319,44 @@ mod tests {
         assert!(e.contains("line 1: no step id"), "{e}");
         assert!(parse_steps("x.0|a|n\n").unwrap_err().to_string().contains("not a number"));
         assert!(parse_steps("1.0 node1\n").unwrap_err().to_string().contains("three"));
+    }
+
+    #[test]
+    fn one_user_s_jobs_as_squeue_prints_them() {
+        // Captured from the dev cluster (SLURM_TIME_FORMAT=%s), plus an
+        // array task of the same user and a name holding the separator.
+        let out = "90|0|RUNNING|1|1796281910|1798873910|N/A|30-00:00:00|node2|node2|onepool-chat-18500|\n\
+                   93|0|RUNNING|3|1796281927|1796368327|1796282000|1-00:00:00|node2|node[2-4]|onepool-chat-18508|\n\
+                   94|0|PENDING|1|0|N/A|N/A|UNLIMITED|n/a||a|b|\n\
+                   7_2|0|RUNNING|1|1796281910|1796368327|N/A|2:00|node1|node1|wrap|\n";
+        let jobs = parse_user_jobs(out).unwrap();
+        assert_eq!(jobs.len(), 3);
+        let j = &jobs[0];
+        assert_eq!((j.job_id, j.user_id, j.job_state.as_str(), j.node_count), (90, 0, "RUNNING", 1));
+        assert_eq!((j.start_time, j.end_time, j.preempt_time, j.time_limit), (1796281910, 1798873910, 0, 30 * 24 * 60));
+        assert_eq!(
+            (j.batch_host.as_str(), j.nodes.as_str(), j.name.as_str()),
+            ("node2", "node2", "onepool-chat-18500")
+        );
+        assert!(jobs[1].is_being_preempted());
+        assert_eq!((jobs[1].nodes.as_str(), jobs[1].time_limit), ("node[2-4]", 24 * 60));
+        let p = &jobs[2];
+        assert!(p.is_pending());
+        assert_eq!((p.batch_host.as_str(), p.nodes.as_str(), p.time_limit, p.name.as_str()), ("", "", 0, "a|b"));
+        let e = parse_user_jobs("90|0|RUNNING\n").unwrap_err().to_string();
+        assert!(e.contains("line 1: 3 fields, expected 11"), "{e}");
+        let e = parse_user_jobs("90|0|RUNNING|one|0|0|0|1:00|n|n|x|\n").unwrap_err().to_string();
+        assert!(e.contains("the node count \"one\" is not a number"), "{e}");
+    }
+
+    #[test]
+    fn the_admin_comment_from_scontrol_show_job() {
+        let line = "JobId=90 JobName=onepool-chat-18500 UserId=root(0) GroupId=root(0) MCS_label=N/A \
+                    Priority=1 Nice=0 Account=(null) QOS=op-inference AdminComment=onepool:class=inference;tier=flexible;endpoint=chat \
+                    Comment=my job\n";
+        assert_eq!(parse_admin_comment(line).as_deref(), Some("onepool:class=inference;tier=flexible;endpoint=chat"));
+        assert_eq!(parse_admin_comment("JobId=1 JobName=x Comment=a\n"), None);
+        assert_eq!(parse_admin_comment("JobId=1 AdminComment=\n"), None);
     }
 
     #[test]

@@ -5,11 +5,38 @@
 use std::time::Duration;
 
 use onepool_slurm_commands::adapter::{Commands, Slurm};
+use onepool_slurm_commands::state::JobInfo;
 use onepool_slurm_commands::SystemRunner;
 use onepool_tests::{cluster, Cleanup, TestCluster};
 
 fn slurm(c: &TestCluster) -> Commands<SystemRunner> {
     Commands { runner: SystemRunner { timeout: Duration::from_secs(30), env: c.cluster.env() } }
+}
+
+/// The fields onepoold's poll reads agree between `squeue -u -O` and
+/// `squeue --json`.
+fn assert_same_poll_fields(polled: &JobInfo, full: &JobInfo) {
+    let fields = |j: &JobInfo| {
+        (
+            j.job_id,
+            j.name.clone(),
+            j.user_id,
+            j.job_state.clone(),
+            j.node_count,
+            j.nodes.clone(),
+            j.batch_host.clone(),
+            j.start_time,
+            j.end_time,
+            j.preempt_time,
+            j.time_limit,
+        )
+    };
+    let (mut p, mut f) = (fields(polled), fields(full));
+    // A pending job's end is an estimate both print differently.
+    if full.is_pending() {
+        (p.8, f.8) = (0, 0);
+    }
+    assert_eq!(p, f, "squeue -u -O vs squeue --json");
 }
 
 #[test]
@@ -26,6 +53,14 @@ fn submit_read_update_cancel() {
     assert_eq!((r.class.as_str(), r.endpoint.as_deref()), ("inference", Some("llm")));
     s.update_job(id, &[("TimeLimit", "30")]).unwrap();
     assert_eq!(s.jobs().unwrap().iter().find(|j| j.job_id == id).unwrap().time_limit, 30);
+    // One user's jobs as onepoold polls them: what squeue --json says, and
+    // the record read apart.
+    let full = s.jobs().unwrap().into_iter().find(|j| j.job_id == id).unwrap();
+    let mine = s.user_jobs(full.user_id).unwrap();
+    assert!(mine.iter().all(|j| j.user_id == full.user_id));
+    assert_same_poll_fields(mine.iter().find(|j| j.job_id == id).expect("listed among the user's jobs"), &full);
+    assert_eq!(s.admin_comment(id).unwrap().as_deref(), Some(full.admin_comment.as_str()));
+    assert_eq!(s.admin_comment(999_999).unwrap(), None, "no such job");
     s.cancel(id, None).unwrap();
     c.wait_until("the job to be cancelled", Duration::from_secs(10), || {
         s.jobs().unwrap().iter().find(|j| j.job_id == id).is_none_or(|j| j.job_state == "CANCELLED")
@@ -74,5 +109,9 @@ fn a_job_under_preemption_is_visible_at_once() {
     assert!(victim.is_running(), "a graceful victim runs on during its grace time: {victim:?}");
     assert!(victim.end_time >= victim.preempt_time + 60, "end = preempt + GraceTime (60 s for inference)");
     assert_eq!(jobs.iter().filter(|j| borrowers.contains(&j.job_id) && j.is_being_preempted()).count(), 1);
+    let mine = s.user_jobs(victim.user_id).unwrap();
+    for j in jobs.iter().filter(|j| borrowers.contains(&j.job_id) || j.job_id == base) {
+        assert_same_poll_fields(mine.iter().find(|m| m.job_id == j.job_id).expect("listed"), j);
+    }
     assert_eq!(jobs.iter().find(|j| j.job_id == owner).unwrap().job_state, "PENDING");
 }

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# What one onepoold replica controller's poll costs as the cluster's job
+# table grows: `squeue --json` (every job slurmctld holds; 22.05 ignores
+# -u/-j/-t with --json) against `squeue -u UID -O` (the daemon's own jobs),
+# side by side in one run. For each size, N held 1-GPU jobs of another user
+# are submitted (through libslurm, tests/src/bin/submit_flood.rs) beside 3
+# replica-like jobs of the daemon's user; poll_cost times both reads,
+# interleaved, and sdiag gives slurmctld's own time per RPC.
+# Release builds; its own cluster in target/bench-cluster.
+#
+#   bash bench/poll.sh [SIZES] [ROUNDS]      # default "0 1000 5000" 20
+set -euo pipefail
+cd "$(dirname "$0")/.."
+sizes=${1:-"0 1000 5000"}
+rounds=${2:-20}
+bash scripts/install-deps.sh
+cargo build --release --quiet -p onepool-job-submit -p onepool-spank
+cargo build --release --quiet -p onepool-devcluster -p onepool-tests --bins
+dc=./target/release/onepool-devcluster
+dir=$PWD/target/bench-cluster
+user=op-bench
+id -u "$user" >/dev/null 2>&1 || useradd --no-create-home --shell /bin/sh "$user"
+# Room for the largest size; cancelled jobs leave the table quickly.
+printf 'MinJobAge=2\nMaxJobCount=50000\n' > target/bench-poll-site.conf
+"$dc" --dir "$dir" up --site-conf target/bench-poll-site.conf >/dev/null
+eval "$("$dc" --dir "$dir" env)"
+sacctmgr -n -P show account format=account | grep -qx research || sacctmgr -i add account research Description=bench Organization=bench >/dev/null
+sacctmgr -n -P show assoc format=account,user | grep -qx "research|$user" || sacctmgr -i add user "$user" Account=research >/dev/null
+drain_queue() {
+    scancel --quiet $(squeue -h -o %i) 2>/dev/null || true
+    for _ in $(seq 600); do
+        [ -z "$(squeue -h -t all -o %i)" ] && return 0
+        sleep 0.2
+    done
+    echo "jobs did not leave slurmctld's table" >&2
+    return 1
+}
+rpc() { # NAME -> "count ave_µs" from sdiag
+    sdiag | awk -v n="$1" '$1==n":" || $1==n {for(i=1;i<=NF;i++){if($i ~ /^count:/){sub("count:","",$i);c=$i} if($i ~ /^ave_time:/){sub("ave_time:","",$i);a=$i}}} END{print (c==""?0:c), (a==""?"-":a)}'
+}
+uid=$(id -u)
+echo "poll cost: one controller's read of Slurm per poll, $rounds polls per way (interleaved), medians; $(nproc) cores"
+printf '%8s %-12s %10s %10s %12s %8s %6s %16s\n' "jobs" way "ms/poll" "p90 ms" "bytes" listed own "slurmctld µs/rpc"
+for n in $sizes; do
+    drain_queue
+    if [ "$n" -gt 0 ]; then
+        runuser -u "$user" -- env SLURM_CONF="$SLURM_CONF" ./target/release/submit_flood "$n" --gpus 1 \
+            SLURM_SPANK_ONEPOOL_WORKLOAD=training >/dev/null
+    fi
+    for k in 1 2 3; do
+        sbatch --hold -o /dev/null -J "onepool-llm-1850$k" --workload=inference --endpoint=llm --gpus=1 --wrap true >/dev/null
+    done
+    sdiag -r >/dev/null
+    out=$(./target/release/poll_cost "$rounds" "$uid")
+    job_rpc=$(rpc REQUEST_JOB_INFO)
+    user_rpc=$(rpc REQUEST_JOB_USER_INFO)
+    while read -r way med p90 bytes listed own; do
+        case $way in
+            squeue_json) r=$job_rpc ;;
+            squeue_user) r=$user_rpc ;;
+            *) continue ;;
+        esac
+        printf '%8s %-12s %10s %10s %12s %8s %6s %16s\n' "$((n + 3))" "$way" "$med" "$p90" "$bytes" "$listed" "$own" "${r#* } (${r%% *} rpcs)"
+    done <<<"$out"
+    awk -v n=$((n + 3)) '$1=="squeue_json"{j=$2} $1=="squeue_user"{u=$2} END{printf "%8s %-12s %10.1fx\n", n, "ratio", j/u}' <<<"$out"
+    sed -n 's/^first_poll_records /         first poll: admin comments of the 3 own jobs (once per job) ms: /p' <<<"$out"
+done
+drain_queue
+"$dc" --dir "$dir" down >/dev/null 2>&1
