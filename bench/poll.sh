@@ -4,8 +4,8 @@
 # -u/-j/-t with --json) against `squeue -u UID -O` (the daemon's own jobs),
 # side by side in one run. For each size, N held 1-GPU jobs of another user
 # are submitted (through libslurm, tests/src/bin/submit_flood.rs) beside 3
-# replica-like jobs of the daemon's user; poll_cost times both reads,
-# interleaved, and sdiag gives slurmctld's own time per RPC.
+# replica-like jobs of the daemon's user; poll_cost times each read, and
+# sdiag gives slurmctld's RPCs and its own time for them.
 # Release builds; its own cluster in target/bench-cluster.
 #
 #   bash bench/poll.sh [SIZES] [ROUNDS]      # default "0 1000 5000" 20
@@ -35,12 +35,15 @@ drain_queue() {
     echo "jobs did not leave slurmctld's table" >&2
     return 1
 }
-rpc() { # NAME -> "count ave_µs" from sdiag
-    sdiag | awk -v n="$1" '$1==n":" || $1==n {for(i=1;i<=NF;i++){if($i ~ /^count:/){sub("count:","",$i);c=$i} if($i ~ /^ave_time:/){sub("ave_time:","",$i);a=$i}}} END{print (c==""?0:c), (a==""?"-":a)}'
+# slurmctld's RPCs since the last `sdiag -r`: "NAME count ave_µs" for
+# the job-reading ones.
+rpcs() {
+    sdiag | awk '$1 ~ /^REQUEST_JOB/ && /count:/ {c=a=""; for(i=1;i<=NF;i++){if($i ~ /^count:/){c=substr($i,7)} if($i ~ /^ave_time:/){a=substr($i,10)}} printf "%s:%s×%sµs ", $1, c, a}'
 }
 uid=$(id -u)
-echo "poll cost: one controller's read of Slurm per poll, $rounds polls per way (interleaved), medians; $(nproc) cores"
-printf '%8s %-12s %10s %10s %12s %8s %6s %16s\n' "jobs" way "ms/poll" "p90 ms" "bytes" listed own "slurmctld µs/rpc"
+echo "poll cost: one controller's read of Slurm per poll, $rounds polls per way, medians; $(nproc) cores"
+echo "(slurmctld: the job-reading RPCs each way caused, count × sdiag's average µs)"
+printf '%8s %-5s %9s %9s %10s %7s %4s  %s\n' "jobs" way "ms/poll" "p90 ms" "bytes" listed own "slurmctld"
 for n in $sizes; do
     drain_queue
     if [ "$n" -gt 0 ]; then
@@ -50,20 +53,16 @@ for n in $sizes; do
     for k in 1 2 3; do
         sbatch --hold -o /dev/null -J "onepool-llm-1850$k" --workload=inference --endpoint=llm --gpus=1 --wrap true >/dev/null
     done
-    sdiag -r >/dev/null
-    out=$(./target/release/poll_cost "$rounds" "$uid")
-    job_rpc=$(rpc REQUEST_JOB_INFO)
-    user_rpc=$(rpc REQUEST_JOB_USER_INFO)
-    while read -r way med p90 bytes listed own; do
-        case $way in
-            squeue_json) r=$job_rpc ;;
-            squeue_user) r=$user_rpc ;;
-            *) continue ;;
-        esac
-        printf '%8s %-12s %10s %10s %12s %8s %6s %16s\n' "$((n + 3))" "$way" "$med" "$p90" "$bytes" "$listed" "$own" "${r#* } (${r%% *} rpcs)"
-    done <<<"$out"
-    awk -v n=$((n + 3)) '$1=="squeue_json"{j=$2} $1=="squeue_user"{u=$2} END{printf "%8s %-12s %10.1fx\n", n, "ratio", j/u}' <<<"$out"
-    sed -n 's/^first_poll_records /         first poll: admin comments of the 3 own jobs (once per job) ms: /p' <<<"$out"
+    declare -A med=()
+    for way in json user; do
+        sdiag -r >/dev/null
+        out=$(./target/release/poll_cost "$rounds" "$uid" "$way")
+        read -r _ m p90 bytes listed own <<<"$(head -1 <<<"$out")"
+        med[$way]=$m
+        printf '%8s %-5s %9s %9s %10s %7s %4s  %s\n' "$((n + 3))" "$way" "$m" "$p90" "$bytes" "$listed" "$own" "$(rpcs)"
+        sed -n 's/^records /               the first poll also reads the 3 own jobs'"'"' records once: ms /p' <<<"$out"
+    done
+    awk -v n=$((n + 3)) -v j="${med[json]}" -v u="${med[user]}" 'BEGIN{printf "%8s json/user %.1fx\n", n, j/u}'
 done
 drain_queue
 "$dc" --dir "$dir" down >/dev/null 2>&1
