@@ -413,7 +413,16 @@ impl Controller {
     /// Polls until `shutdown` turns true. Stopping leaves every replica job
     /// running: the next start re-adopts them.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        // A fixed beat from the daemon's start, not a pause after each poll:
+        // controllers with the same interval stay in step and share their
+        // reads of Slurm (adapter::Coalesced).
+        let mut beat = tokio::time::interval(self.settings.poll_interval.max(Duration::from_millis(1)));
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
+            tokio::select! {
+                _ = beat.tick() => {}
+                _ = crate::daemon::stopped(&mut shutdown) => return,
+            }
             if *shutdown.borrow() {
                 return;
             }
@@ -429,10 +438,6 @@ impl Controller {
                 v.min = self.settings.min;
                 v.max = self.settings.max;
                 self.export(&v);
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(self.settings.poll_interval) => {}
-                _ = crate::daemon::stopped(&mut shutdown) => return,
             }
         }
     }

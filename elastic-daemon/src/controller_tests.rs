@@ -145,6 +145,8 @@ struct ScriptedSlurm {
     jobs: Mutex<Vec<JobInfo>>,
     steps: Mutex<Vec<StepInfo>>,
     calls: Mutex<Vec<String>>,
+    /// How often a user's jobs were read.
+    reads: std::sync::atomic::AtomicUsize,
 }
 
 impl Slurm for ScriptedSlurm {
@@ -163,6 +165,10 @@ impl Slurm for ScriptedSlurm {
     }
     fn jobs(&self) -> Result<Vec<JobInfo>, SlurmError> {
         Ok(self.jobs.lock().unwrap().clone())
+    }
+    fn user_jobs(&self, user: u32) -> Result<Vec<JobInfo>, SlurmError> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(self.jobs.lock().unwrap().iter().filter(|j| j.user_id == user).cloned().collect())
     }
     fn nodes(&self) -> Result<Vec<onepool_slurm_commands::state::NodeInfo>, SlurmError> {
         let json = serde_json::json!({"nodes": (1..=4).map(|i| serde_json::json!({
@@ -347,6 +353,44 @@ fn preemptions_replica_phases_and_slurm_calls_are_exported() {
         let m = endpoint.metrics().encode();
         let want = r#"onepool_replica_slurm_calls_total{endpoint="llm",call="squeue",outcome="failed"} 1"#;
         assert!(m.contains(want), "{want} not in:\n{m}");
+    });
+}
+
+#[test]
+fn controllers_of_several_endpoints_poll_in_step_and_share_their_reads() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let inner = ScriptedSlurm::default();
+        *inner.jobs.lock().unwrap() = vec![running(7, "onepool-llm-18000", "node1", 1)];
+        let poll = Duration::from_millis(100);
+        let slurm = Arc::new(onepool_slurm_commands::adapter::Coalesced::new(inner, poll / 4));
+        let (tx, rx) = watch::channel(false);
+        let mut views = Vec::new();
+        let mut tasks = Vec::new();
+        for name in ["llm", "chat", "code"] {
+            let endpoint = crate::endpoint::Endpoint::new(
+                name,
+                8,
+                crate::endpoint::QueueSettings { size: 10, timeout: Duration::from_secs(1) },
+                Default::default(),
+                Arc::new(crate::metrics::Metrics::new()),
+            );
+            let s = ReplicaSettings { min: 0, max: 2, poll_interval: poll, ..settings() };
+            let (c, view) = Controller::new(name, endpoint, false, s, slurm.clone());
+            views.push(view);
+            tasks.push(tokio::spawn(c.run(rx.clone())));
+        }
+        tokio::time::sleep(Duration::from_millis(1050)).await;
+        tx.send(true).unwrap();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let polls: u64 = views.iter().map(|v| v.lock().unwrap().rounds).sum();
+        let reads = slurm.inner.reads.load(std::sync::atomic::Ordering::Relaxed) as u64;
+        // ~11 beats of 3 controllers (fewer on a starved machine: missed
+        // beats are skipped); one read per beat when in step.
+        assert!(polls >= 15, "{polls} polls");
+        assert!(reads * 2 <= polls, "{reads} reads of Slurm for {polls} polls: the controllers did not share");
     });
 }
 

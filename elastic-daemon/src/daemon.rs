@@ -128,7 +128,17 @@ impl Daemon {
                 timeout: Duration::from_secs(30),
                 env: config.slurm_conf.iter().map(|p| ("SLURM_CONF".to_string(), p.display().to_string())).collect(),
             };
-            let slurm: SharedSlurm = Arc::new(onepool_slurm_commands::adapter::Commands { runner });
+            // Controllers that poll within a quarter of the shortest poll
+            // interval share one read of Slurm.
+            let share = config
+                .endpoints
+                .iter()
+                .filter_map(|e| e.replicas.as_ref().map(|r| r.poll_interval))
+                .min()
+                .unwrap_or_default()
+                / 4;
+            let commands = onepool_slurm_commands::adapter::Commands { runner };
+            let slurm: SharedSlurm = Arc::new(onepool_slurm_commands::adapter::Coalesced::new(commands, share));
             for e in &config.endpoints {
                 let Some(settings) = e.replicas.clone() else { continue };
                 let Some(routed) = endpoints.get_mut(&e.name) else { continue };

@@ -3,6 +3,9 @@
 //! runs sbatch/scancel/scontrol/squeue/sinfo with timeouts; every failure
 //! says whether trying again can help.
 
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
 use crate::runner::{CommandError, Runner};
 use crate::state::{
     parse_admin_comment, parse_jobs, parse_nodes, parse_steps, parse_user_jobs, JobInfo, NodeInfo, StateError,
@@ -120,6 +123,90 @@ impl<R: Runner> Slurm for Commands<R> {
     }
 }
 
+/// One user's jobs and steps read once for every caller that asks within
+/// `max_age` of the last read: onepoold's replica controllers, one per
+/// endpoint, poll on the same beat, and each read costs slurmctld its
+/// whole job table (`bench/poll.sh`). A caller waits while another reads
+/// and then shares its answer. Every write (submit, cancel, update) makes
+/// the next read a fresh one, so a caller always sees its own changes.
+pub struct Coalesced<S> {
+    pub inner: S,
+    pub max_age: Duration,
+    jobs: Mutex<Option<Read<JobInfo>>>,
+    steps: Mutex<Option<Read<StepInfo>>>,
+}
+
+struct Read<T> {
+    at: Instant,
+    user: u32,
+    items: Vec<T>,
+}
+
+impl<S: Slurm> Coalesced<S> {
+    pub fn new(inner: S, max_age: Duration) -> Coalesced<S> {
+        Coalesced { inner, max_age, jobs: Mutex::new(None), steps: Mutex::new(None) }
+    }
+
+    fn forget(&self) {
+        *lock(&self.jobs) = None;
+        *lock(&self.steps) = None;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A reader that panicked left at worst no answer or a whole one.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn shared<T: Clone>(
+    slot: &Mutex<Option<Read<T>>>,
+    max_age: Duration,
+    user: u32,
+    read: impl FnOnce() -> Result<Vec<T>, SlurmError>,
+) -> Result<Vec<T>, SlurmError> {
+    // Held while reading: whoever comes meanwhile gets this answer.
+    let mut last = lock(slot);
+    if let Some(r) = last.as_ref().filter(|r| r.user == user && r.at.elapsed() <= max_age) {
+        return Ok(r.items.clone());
+    }
+    let items = read()?;
+    *last = Some(Read { at: Instant::now(), user, items: items.clone() });
+    Ok(items)
+}
+
+impl<S: Slurm> Slurm for Coalesced<S> {
+    fn submit(&self, args: &[&str]) -> Result<u32, SlurmError> {
+        let r = self.inner.submit(args);
+        self.forget();
+        r
+    }
+    fn cancel(&self, job: u32, signal: Option<&str>) -> Result<(), SlurmError> {
+        let r = self.inner.cancel(job, signal);
+        self.forget();
+        r
+    }
+    fn update_job(&self, job: u32, settings: &[(&str, &str)]) -> Result<(), SlurmError> {
+        let r = self.inner.update_job(job, settings);
+        self.forget();
+        r
+    }
+    fn jobs(&self) -> Result<Vec<JobInfo>, SlurmError> {
+        self.inner.jobs()
+    }
+    fn user_jobs(&self, user: u32) -> Result<Vec<JobInfo>, SlurmError> {
+        shared(&self.jobs, self.max_age, user, || self.inner.user_jobs(user))
+    }
+    fn admin_comment(&self, job: u32) -> Result<Option<String>, SlurmError> {
+        self.inner.admin_comment(job)
+    }
+    fn nodes(&self) -> Result<Vec<NodeInfo>, SlurmError> {
+        self.inner.nodes()
+    }
+    fn steps(&self, user: u32) -> Result<Vec<StepInfo>, SlurmError> {
+        shared(&self.steps, self.max_age, user, || self.inner.steps(user))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::RefCell;
@@ -167,6 +254,36 @@ mod tests {
                 "squeue -h --steps -u 0 -o %i|%j|%N"
             ]
         );
+    }
+
+    #[test]
+    fn reads_within_max_age_are_shared_and_writes_make_the_next_one_fresh() {
+        let squeue = |cmd: &str| cmd.contains("squeue");
+        let s = Coalesced::new(slurm(|_| Ok(String::new())), Duration::from_secs(3600));
+        let reads = |s: &Coalesced<Commands<Script>>| s.inner.runner.seen.borrow().iter().filter(|c| squeue(c)).count();
+        s.user_jobs(0).unwrap();
+        s.user_jobs(0).unwrap();
+        s.steps(0).unwrap();
+        s.steps(0).unwrap();
+        assert_eq!(reads(&s), 2, "one jobs read and one steps read for two callers each");
+        s.user_jobs(1).unwrap();
+        assert_eq!(reads(&s), 3, "another user's jobs are read anew");
+        s.cancel(7, None).unwrap();
+        s.user_jobs(1).unwrap();
+        s.steps(0).unwrap();
+        assert_eq!(reads(&s), 5, "a write makes the next reads fresh");
+        let s = Coalesced::new(slurm(|_| Ok(String::new())), Duration::ZERO);
+        s.user_jobs(0).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        s.user_jobs(0).unwrap();
+        assert_eq!(reads(&s), 2, "older than max_age: read again");
+        // A failed read is not kept: the next caller tries again.
+        let s = Coalesced::new(
+            slurm(|_| Err(CommandError::Timeout { cmd: "squeue".into(), timeout: Duration::ZERO })),
+            Duration::from_secs(3600),
+        );
+        assert!(s.user_jobs(0).is_err() && s.user_jobs(0).is_err());
+        assert_eq!(reads(&s), 2);
     }
 
     #[test]
