@@ -487,14 +487,16 @@ fn a_job_hosting_a_replica_per_node_yields_gracefully_and_shrinks_node_by_node()
     // One GPU per replica, up to three replicas (three nodes) per job.
     // Short windows: the load step is wanted at once, so the three
     // supplemental replicas are asked for together (replicas asked for in
-    // one poll share a job).
+    // one poll share a job). The panic window is shorter than the 500 ms
+    // beat, so it holds the newest sample only: one of 500 ms would also
+    // hold the one before the load.
     let replicas = [
         ("gpus", "1"),
         ("replicas_per_job", "3"),
         ("max", "4"),
         ("scale_down_delay", "10s"),
         ("stable_window", "1s"),
-        ("panic_window", "500ms"),
+        ("panic_window", "250ms"),
     ];
     std::fs::write(&config, daemon_config(c, &dir, ENDPOINT, &replicas)).unwrap();
     let foreign = foreign_job(c);
@@ -544,7 +546,12 @@ fn a_job_hosting_a_replica_per_node_yields_gracefully_and_shrinks_node_by_node()
     let down = wait("the job to shrink to its batch host", Duration::from_secs(120), || {
         c.ok("squeue", &["-h", "-j", &job.to_string(), "-o", "%N|%D"]).trim() == format!("{batch_host}|1")
     });
-    let shrunk: Vec<String> = view(&d).shrunk.iter().filter(|(j, _)| *j == job).map(|(_, n)| n.clone()).collect();
+    // Slurm may show the shrink before the daemon's scontrol returned.
+    let shrunk_by = |d: &Daemon| -> Vec<String> {
+        view(d).shrunk.iter().filter(|(j, _)| *j == job).map(|(_, n)| n.clone()).collect()
+    };
+    wait("the daemon to record both shrinks", Duration::from_secs(10), || shrunk_by(&d).len() >= 2);
+    let shrunk = shrunk_by(&d);
     eprintln!("{:>5.1}s job {job} released {shrunk:?} ({down:?} after the load fell)", t0.elapsed().as_secs_f64());
     assert_eq!(shrunk.len(), 2, "{shrunk:?}");
     assert!(!shrunk.contains(&batch_host), "the batch host stays: {shrunk:?}");
