@@ -18,13 +18,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-2000}
 rounds=${2:-3}
-bash scripts/install-deps.sh
-cargo build --release --quiet -p onepool-job-submit -p onepool-spank
-cargo build --release --quiet -p onepool-devcluster -p onepool-tests --bins
+source bench/lib.sh
+bench_build
 dc=./target/release/onepool-devcluster
 dir=$PWD/target/bench-cluster
-user=op-bench
-id -u "$user" >/dev/null 2>&1 || useradd --no-create-home --shell /bin/sh "$user"
+user=$bench_user
 
 # Cancelled jobs leave slurmctld's table (MaxJobCount) after MinJobAge: keep
 # that short, so rounds of thousands of jobs don't fill it.
@@ -33,19 +31,9 @@ up() {
     "$dc" --dir "$dir" up --job-submit-plugins "$1" --job-submit-lua bench/classify.lua \
         --site-conf target/bench-site.conf >/dev/null 2>&1
 }
-drain_queue() {
-    scancel --quiet $(squeue -h -o %i) 2>/dev/null || true
-    for _ in $(seq 600); do
-        [ -z "$(squeue -h -t all -o %i)" ] && return 0
-        sleep 0.2
-    done
-    echo "jobs did not leave slurmctld's table" >&2
-    return 1
-}
 up onepool
 eval "$("$dc" --dir "$dir" env)"
-sacctmgr -n -P show account format=account | grep -qx research || sacctmgr -i add account research Description=bench Organization=bench >/dev/null
-sacctmgr -n -P show assoc format=account,user | grep -qx "research|$user" || sacctmgr -i add user "$user" Account=research >/dev/null
+bench_user_account
 
 run_variant() {
     local label=$1 plugins=$2

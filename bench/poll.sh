@@ -13,28 +13,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 sizes=${1:-"0 1000 5000"}
 rounds=${2:-20}
-bash scripts/install-deps.sh
-cargo build --release --quiet -p onepool-job-submit -p onepool-spank
-cargo build --release --quiet -p onepool-devcluster -p onepool-tests --bins
+source bench/lib.sh
+bench_build
 dc=./target/release/onepool-devcluster
 dir=$PWD/target/bench-cluster
-user=op-bench
-id -u "$user" >/dev/null 2>&1 || useradd --no-create-home --shell /bin/sh "$user"
+user=$bench_user
 # Room for the largest size; cancelled jobs leave the table quickly.
 printf 'MinJobAge=2\nMaxJobCount=50000\n' > target/bench-poll-site.conf
 "$dc" --dir "$dir" up --site-conf target/bench-poll-site.conf >/dev/null
 eval "$("$dc" --dir "$dir" env)"
-sacctmgr -n -P show account format=account | grep -qx research || sacctmgr -i add account research Description=bench Organization=bench >/dev/null
-sacctmgr -n -P show assoc format=account,user | grep -qx "research|$user" || sacctmgr -i add user "$user" Account=research >/dev/null
-drain_queue() {
-    scancel --quiet $(squeue -h -o %i) 2>/dev/null || true
-    for _ in $(seq 600); do
-        [ -z "$(squeue -h -t all -o %i)" ] && return 0
-        sleep 0.2
-    done
-    echo "jobs did not leave slurmctld's table" >&2
-    return 1
-}
+bench_user_account
 # slurmctld's RPCs since the last `sdiag -r`: "NAME count ave_µs" for
 # the job-reading ones.
 rpcs() {

@@ -192,6 +192,17 @@ fn running(id: u32, name: &str, nodes: &str, count: u32) -> JobInfo {
     onepool_slurm_commands::state::parse_jobs(&json.to_string()).unwrap().remove(0)
 }
 
+/// An endpoint of up to 8 requests per replica, with metrics of its own.
+fn test_endpoint(name: &str) -> Arc<crate::endpoint::Endpoint> {
+    crate::endpoint::Endpoint::new(
+        name,
+        8,
+        crate::endpoint::QueueSettings { size: 10, timeout: Duration::from_secs(1) },
+        Default::default(),
+        Arc::new(crate::metrics::Metrics::new()),
+    )
+}
+
 fn step(job: u32, node: &str, port: u16) -> StepInfo {
     StepInfo { job_id: job, step: "0".into(), name: crate::replica_group::step_name(port), nodes: node.into() }
 }
@@ -213,13 +224,7 @@ fn member_ports_follow_the_steps_else_the_launcher_s_numbering() {
 fn a_per_node_job_scales_down_by_draining_one_replica_then_releasing_exactly_its_node() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let endpoint = crate::endpoint::Endpoint::new(
-            "llm",
-            8,
-            crate::endpoint::QueueSettings { size: 10, timeout: Duration::from_secs(1) },
-            Default::default(),
-            Arc::new(crate::metrics::Metrics::new()),
-        );
+        let endpoint = test_endpoint("llm");
         let slurm = Arc::new(ScriptedSlurm::default());
         *slurm.jobs.lock().unwrap() = vec![running(7, "onepool-llm-18000", "node[1-3]", 3)];
         *slurm.steps.lock().unwrap() = vec![step(7, "node1", 18000), step(7, "node2", 18002), step(7, "node3", 18004)];
@@ -276,13 +281,7 @@ fn a_per_node_job_scales_down_by_draining_one_replica_then_releasing_exactly_its
 fn a_replica_whose_server_crashed_after_a_shrink_keeps_its_port_and_leaves_the_router() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let endpoint = crate::endpoint::Endpoint::new(
-            "llm",
-            8,
-            crate::endpoint::QueueSettings { size: 10, timeout: Duration::from_secs(1) },
-            Default::default(),
-            Arc::new(crate::metrics::Metrics::new()),
-        );
+        let endpoint = test_endpoint("llm");
         let slurm = Arc::new(ScriptedSlurm::default());
         // node2 was released earlier: node3's replica still listens on the
         // port the launcher gave the third node (18004), not the second's.
@@ -308,13 +307,7 @@ fn a_replica_whose_server_crashed_after_a_shrink_keeps_its_port_and_leaves_the_r
 fn preemptions_replica_phases_and_slurm_calls_are_exported() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let endpoint = crate::endpoint::Endpoint::new(
-            "llm",
-            8,
-            crate::endpoint::QueueSettings { size: 10, timeout: Duration::from_secs(1) },
-            Default::default(),
-            Arc::new(crate::metrics::Metrics::new()),
-        );
+        let endpoint = test_endpoint("llm");
         let slurm = Arc::new(ScriptedSlurm::default());
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
         let mut victim = running(7, "onepool-llm-18000", "node1", 1);
@@ -368,13 +361,7 @@ fn controllers_of_several_endpoints_poll_in_step_and_share_their_reads() {
         let mut views = Vec::new();
         let mut tasks = Vec::new();
         for name in ["llm", "chat", "code"] {
-            let endpoint = crate::endpoint::Endpoint::new(
-                name,
-                8,
-                crate::endpoint::QueueSettings { size: 10, timeout: Duration::from_secs(1) },
-                Default::default(),
-                Arc::new(crate::metrics::Metrics::new()),
-            );
+            let endpoint = test_endpoint(name);
             let s = ReplicaSettings { min: 0, max: 2, poll_interval: poll, ..settings() };
             let (c, view) = Controller::new(name, endpoint, false, s, slurm.clone());
             views.push(view);
@@ -432,13 +419,7 @@ fn load_comes_from_the_replicas_metrics_where_readable_else_from_the_router() {
         });
         // One that serves no metrics (nothing listens).
         let without = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        let endpoint = crate::endpoint::Endpoint::new(
-            "llm",
-            8,
-            crate::endpoint::QueueSettings { size: 10, timeout: Duration::from_secs(1) },
-            Default::default(),
-            Arc::new(crate::metrics::Metrics::new()),
-        );
+        let endpoint = test_endpoint("llm");
         endpoint.add(with_metrics, None, true).unwrap();
         endpoint.add(without, None, true).unwrap();
         // Two requests in flight on each, as the router counts them.
