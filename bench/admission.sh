@@ -20,8 +20,6 @@ n=${1:-2000}
 rounds=${2:-3}
 source bench/lib.sh
 bench_build
-dc=./target/release/onepool-devcluster
-dir=$PWD/target/bench-cluster
 user=$bench_user
 
 # Cancelled jobs leave slurmctld's table (MaxJobCount) after MinJobAge: keep

@@ -1,13 +1,16 @@
 # Shared by the benchmarks that flood a cluster of their own with jobs
 # (admission.sh, poll.sh); sourced, not run.
 
-# Release builds of the plugins, the dev cluster and the flood tools, and
-# the ordinary user that submits the flood: op-bench, in account research
-# once the cluster is up (bench_user_account).
+# Release builds of the plugins, the dev cluster and the flood tools; the
+# cluster's launcher ($dc) and folder ($dir); and the ordinary user that
+# submits the flood ($bench_user, op-bench, in account research once the
+# cluster is up: bench_user_account).
 bench_build() {
     bash scripts/install-deps.sh
     cargo build --release --quiet -p onepool-job-submit -p onepool-spank
     cargo build --release --quiet -p onepool-devcluster -p onepool-tests --bins
+    dc=./target/release/onepool-devcluster
+    dir=$PWD/target/bench-cluster
     bench_user=op-bench
     id -u "$bench_user" >/dev/null 2>&1 || useradd --no-create-home --shell /bin/sh "$bench_user"
 }

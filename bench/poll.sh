@@ -15,8 +15,6 @@ sizes=${1:-"0 1000 5000"}
 rounds=${2:-20}
 source bench/lib.sh
 bench_build
-dc=./target/release/onepool-devcluster
-dir=$PWD/target/bench-cluster
 user=$bench_user
 # Room for the largest size; cancelled jobs leave the table quickly.
 printf 'MinJobAge=2\nMaxJobCount=50000\n' > target/bench-poll-site.conf

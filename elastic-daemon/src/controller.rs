@@ -28,12 +28,9 @@ use onepool_slurm_commands::state::JobInfo;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-
 use crate::config::ReplicaSettings;
 use crate::endpoint::Endpoint;
-use crate::metrics::{EndpointLabels, Metrics, ReplicaJobLabels, SlurmCallLabels};
+use crate::metrics::{EndpointLabels, Metrics, ReplicaJobLabels};
 use crate::registry::{RegistryError, ReplicaState};
 use crate::replica_group::port_from_step_name;
 
@@ -268,30 +265,16 @@ pub struct Controller {
     /// Reads the replicas' own load metrics (endpoints with `load_metrics`).
     scraper: Option<reqwest::Client>,
     view: Arc<Mutex<ControllerView>>,
-    calls: SlurmCalls,
     metrics: Arc<Metrics>,
     /// The admin comment of each job [`Controller::read_records`] read.
     records: HashMap<u32, String>,
 }
 
-/// `onepool_replica_slurm_calls_total` of one endpoint.
-struct SlurmCalls {
-    family: Family<SlurmCallLabels, Counter>,
-    endpoint: String,
-}
-
-impl SlurmCalls {
-    fn count(&self, call: &str, outcome: &str) {
-        let labels =
-            SlurmCallLabels { endpoint: self.endpoint.clone(), call: call.to_string(), outcome: outcome.to_string() };
-        self.family.get_or_create(&labels).inc();
-    }
-}
-
 /// Runs one Slurm call on a blocking thread (the commands wait for
-/// slurmctld) and counts its outcome as `call`.
+/// slurmctld) and counts its outcome for `endpoint` as `call`.
 async fn blocking<T: Send + 'static>(
-    calls: &SlurmCalls,
+    metrics: &Metrics,
+    endpoint: &str,
     call: &str,
     f: impl FnOnce() -> Result<T, SlurmError> + Send + 'static,
 ) -> Result<T, String> {
@@ -301,7 +284,7 @@ async fn blocking<T: Send + 'static>(
         Ok(Err(e)) => (Err(e.to_string()), "failed"),
         Err(e) => (Err(format!("the Slurm call failed: {e}")), "failed"),
     };
-    calls.count(call, outcome);
+    metrics.count_slurm_call(endpoint, call, outcome);
     r
 }
 
@@ -381,7 +364,6 @@ impl Controller {
             scale_down_delay: settings.scale_down_delay,
         });
         let metrics = endpoint.metrics().clone();
-        let calls = SlurmCalls { family: metrics.slurm_calls.clone(), endpoint: name.to_string() };
         let c = Controller {
             name: name.to_string(),
             endpoint,
@@ -399,7 +381,6 @@ impl Controller {
             last_served: None,
             scraper: settings_has_metrics.then(|| crate::replica_metrics::client(scrape_timeout)),
             view: view.clone(),
-            calls,
             metrics,
             records: HashMap::new(),
         };
@@ -592,7 +573,7 @@ impl Controller {
                 continue;
             }
             let (slurm, id) = (self.slurm.clone(), j.job_id);
-            let c = blocking(&self.calls, "scontrol_show_job", move || slurm.admin_comment(id)).await?;
+            let c = blocking(&self.metrics, &self.name, "scontrol_show_job", move || slurm.admin_comment(id)).await?;
             j.admin_comment = c.unwrap_or_default();
             self.records.insert(j.job_id, j.admin_comment.clone());
         }
@@ -602,7 +583,7 @@ impl Controller {
     /// One poll: read, adopt, route, decide, act.
     async fn round(&mut self) -> Result<(), String> {
         let (slurm, uid) = (self.slurm.clone(), self.uid);
-        let mut jobs = blocking(&self.calls, "squeue", move || slurm.user_jobs(uid)).await?;
+        let mut jobs = blocking(&self.metrics, &self.name, "squeue", move || slurm.user_jobs(uid)).await?;
         self.read_records(&mut jobs).await?;
         let now = Instant::now();
         let mut seen: HashMap<u32, (JobInfo, Live)> = HashMap::new();
@@ -617,7 +598,7 @@ impl Controller {
         let mut steps: HashMap<u32, Vec<(String, u16)>> = HashMap::new();
         if self.per_node() && seen.values().any(|(_, l)| *l == Live::Running) {
             let (slurm, uid) = (self.slurm.clone(), self.uid);
-            for s in blocking(&self.calls, "squeue_steps", move || slurm.steps(uid)).await? {
+            for s in blocking(&self.metrics, &self.name, "squeue_steps", move || slurm.steps(uid)).await? {
                 if let (true, Some(port)) = (seen.contains_key(&s.job_id), port_from_step_name(&s.name)) {
                     steps.entry(s.job_id).or_default().push((s.nodes, port));
                 }
@@ -790,7 +771,7 @@ impl Controller {
             return Ok(());
         }
         let slurm = self.slurm.clone();
-        let nodes = blocking(&self.calls, "sinfo", move || slurm.nodes()).await?;
+        let nodes = blocking(&self.metrics, &self.name, "sinfo", move || slurm.nodes()).await?;
         for (id, port, host) in need {
             let Some(node) = nodes.iter().find(|n| n.name == host) else { continue };
             let host = if node.address.is_empty() { node.name.as_str() } else { node.address.as_str() };
@@ -846,7 +827,7 @@ impl Controller {
             self.free_ports(replicas).ok_or_else(|| "no free port pair left in port_range".to_string())?;
         let args = sbatch_args(&self.name, &self.settings, kind, port, replicas);
         let slurm = self.slurm.clone();
-        let r = blocking(&self.calls, "sbatch", move || {
+        let r = blocking(&self.metrics, &self.name, "sbatch", move || {
             let a: Vec<&str> = args.iter().map(String::as_str).collect();
             slurm.submit(&a)
         })
@@ -947,7 +928,9 @@ impl Controller {
     ) -> Result<(), String> {
         let slurm = self.slurm.clone();
         let v = value.clone();
-        let r = blocking(&self.calls, "scontrol_update", move || slurm.update_job(job, &[(key, v.as_str())])).await;
+        let r =
+            blocking(&self.metrics, &self.name, "scontrol_update", move || slurm.update_job(job, &[(key, v.as_str())]))
+                .await;
         let Some(t) = self.tracked.get_mut(&job) else { return Ok(()) };
         match r {
             Ok(()) => {
@@ -980,7 +963,7 @@ impl Controller {
             m.drain_started_unix.get_or_insert_with(unix_now);
         }
         let slurm = self.slurm.clone();
-        let r = blocking(&self.calls, "scancel", move || slurm.cancel(job, None)).await;
+        let r = blocking(&self.metrics, &self.name, "scancel", move || slurm.cancel(job, None)).await;
         if let (Ok(()), Some(t)) = (&r, self.tracked.get_mut(&job)) {
             t.members.values_mut().for_each(|m| m.released = true);
         }

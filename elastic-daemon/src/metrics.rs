@@ -160,6 +160,13 @@ impl Metrics {
             .inc();
     }
 
+    /// One Slurm command a replica controller ran, by its outcome.
+    pub fn count_slurm_call(&self, endpoint: &str, call: &str, outcome: &str) {
+        let labels =
+            SlurmCallLabels { endpoint: endpoint.to_string(), call: call.to_string(), outcome: outcome.to_string() };
+        self.slurm_calls.get_or_create(&labels).inc();
+    }
+
     /// The request counters of one endpoint and replica (`replica` empty:
     /// answers the router gave itself), to count without building labels.
     pub fn request_counters(&self, endpoint: &str, replica: &str) -> RequestCounters {
