@@ -82,11 +82,12 @@ fn render_prints_the_qos_commands_and_the_slurm_conf_fragment() {
     for line in [
         "sacctmgr -i add qos op-agents set Priority=1000 PreemptMode=cancel MaxTRESPerJob=gres/gpu=4 Flags=DenyOnLimit",
         "sacctmgr -i add qos op-training set Priority=3000 Preempt=op-inference,op-agents PreemptMode=requeue GraceTime=120 MaxTRESPerJob=gres/gpu=12 Flags=DenyOnLimit",
-        "sacctmgr -i add qos op-critical-training set Priority=10000 Preempt=op-training,op-inference,op-agents PreemptMode=cancel GrpTRES=gres/gpu=8 MaxTRESPerJob=gres/gpu=8 Flags=DenyOnLimit",
+        "sacctmgr -i add qos op-critical-training set Priority=10000 Preempt=op-training,op-inference,op-agents PreemptMode=cancel GrpTRES=gres/gpu=8 MaxTRESPerJob=gres/gpu=8 MaxWall=7-00:00:00 Flags=DenyOnLimit",
         "sacctmgr -i add qos onepool-flexible-cap set GrpTRES=gres/gpu=12 Flags=DenyOnLimit",
         "JobSubmitPlugins=onepool",
         "PreemptExemptTime=00:02:00",
-        "PartitionName=gpu-flex Nodes=ALL QOS=onepool-flexible-cap MaxTime=INFINITE State=UP",
+        "PartitionName=gpu-flex Nodes=ALL QOS=onepool-flexible-cap AllowQos=op-training,op-inference,op-agents MaxTime=INFINITE State=UP",
+        "#   add AllowQos=op-critical-training,op-inference-baseline to its PartitionName line; `scontrol update PartitionName=gpu AllowQos=op-critical-training,op-inference-baseline` applies it until slurmctld restarts",
     ] {
         assert!(stdout.lines().any(|l| l == line), "missing {line:?} in:\n{stdout}");
     }

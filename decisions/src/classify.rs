@@ -67,6 +67,10 @@ pub enum Rule {
     TimeLimitTooLong,
     ReclaimNotAllowed,
     BadAnnotation,
+    /// An update moving a job to another class's QOS.
+    ClassChange,
+    /// An update moving a job into one of the pool's partitions.
+    PartitionChange,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -317,32 +321,49 @@ pub struct ModifyRequest {
     pub account: Option<String>,
     pub qos: Option<String>,
     pub partition: Option<String>,
-    pub gpus: Option<u64>,
 }
 
-/// Refuses escalation: moving a job into a class the user is not entitled
-/// to, or past that class's GPU cap. GPU changes without a QOS change are
-/// capped by Slurm itself (the rendered QOS carries MaxTRESPerJob with
-/// DenyOnLimit): the job's current class is not visible to job_modify.
+/// Refuses, for everyone but administrators, the updates that would move a
+/// job into the pool or between its classes: a job's class, and with it
+/// its QOS and partition, is decided once, at submission, where every rule
+/// of the policy is checked. job_modify sees only the fields an update
+/// sets, not the job (its record is opaque to plugins), so what depends on
+/// the job's current class — a longer time limit, more GPUs or nodes — is
+/// left to Slurm's own enforcement: the class QOS's `MaxWall` and
+/// `MaxTRESPerJob` and the partitions' `AllowQos` keep such a job pending,
+/// and a QOS outside the pool cannot run in the pool's partitions.
 pub fn check_modify(policy: &Policy, dir: &dyn Directory, who: Submitter, m: &ModifyRequest) -> Result<(), Refusal> {
-    let class = m
-        .qos
-        .as_deref()
-        .and_then(|q| policy.class_by_qos(q))
-        .or_else(|| m.partition.as_deref().and_then(|p| policy.class_by_partition(p)));
-    let Some(class) = class else { return Ok(()) };
-    if let Some(Verdict::Refuse(r)) = check_entitlement(class, dir, who, m.account.as_deref()) {
-        return Err(r);
+    if dir.is_admin(who.uid) {
+        return Ok(());
     }
-    if let (Some(cap), Some(g)) = (class.max_gpus_per_job, m.gpus) {
-        if g > u64::from(cap) {
-            return Err(Refusal {
-                rule: Rule::GpuCap,
-                message: format!(
-                    "onepool: class {} allows at most {cap} GPUs per job; the update asks for {g}",
-                    class.name
+    if let Some(qos) = m.qos.as_deref() {
+        if let Some(class) = policy.class_by_qos(qos) {
+            if let Some(Verdict::Refuse(r)) = check_entitlement(class, dir, who, m.account.as_deref()) {
+                return Err(r);
+            }
+            return Err(refusal(
+                Rule::ClassChange,
+                format!(
+                    "QOS {qos} is class {}'s, and a job's class is fixed when it is submitted; to run as class {}, submit a new job with --workload={}",
+                    class.name, class.name, class.name
                 ),
-            });
+            ));
+        }
+        if qos == crate::policy::FLEXIBLE_CAP_QOS {
+            return Err(refusal(
+                Rule::ClassChange,
+                format!("QOS {qos} is the partition QOS of the pool's flexible partition, not a job QOS; submit a new job with --workload=CLASS"),
+            ));
+        }
+    }
+    if let Some(list) = m.partition.as_deref() {
+        if let Some(p) = list.split(',').find(|p| policy.covers_partition(Some(p))) {
+            return Err(refusal(
+                Rule::PartitionChange,
+                format!(
+                    "partition {p} is in the GPU pool, where onepool places a job when it is submitted; submit a new job (sbatch -p {p} --workload=CLASS) instead of moving this one"
+                ),
+            ));
         }
     }
     Ok(())

@@ -212,15 +212,34 @@ fn modify_refuses_escalation_into_protected_classes() {
     let r = check_modify(&pol, &dir(), ALICE, &m).unwrap_err();
     assert_eq!(r.rule, Rule::NotEntitled);
     assert!(check_modify(&pol, &dir(), ROOT, &m).is_ok());
-    let m = ModifyRequest { qos: Some("op-agents".into()), gpus: Some(9), ..Default::default() };
-    assert_eq!(check_modify(&pol, &dir(), ALICE, &m).unwrap_err().rule, Rule::GpuCap);
-    assert!(check_modify(
-        &pol,
-        &dir(),
-        ALICE,
-        &ModifyRequest { qos: Some("op-training".into()), ..Default::default() }
-    )
-    .is_ok());
+}
+
+/// A class is chosen at submission: no update by a user moves a job to
+/// any class's QOS, flexible ones included, nor into the pool's partitions.
+#[test]
+fn modify_refuses_every_move_into_a_class_or_the_pool() {
+    let pol = sample();
+    let m = |qos: Option<&str>, partition: Option<&str>| ModifyRequest {
+        qos: qos.map(str::to_string),
+        partition: partition.map(str::to_string),
+        ..Default::default()
+    };
+    for qos in ["op-training", "op-agents", "op-inference", crate::policy::FLEXIBLE_CAP_QOS] {
+        let r = check_modify(&pol, &dir(), ALICE, &m(Some(qos), None)).unwrap_err();
+        assert_eq!(r.rule, Rule::ClassChange, "{qos}: {}", r.message);
+        assert!(r.message.starts_with("onepool: QOS ") && r.message.contains("submit a new job"), "{}", r.message);
+        assert!(check_modify(&pol, &dir(), ROOT, &m(Some(qos), None)).is_ok());
+    }
+    for part in ["gpu", "gpu-flex", "cpu,gpu"] {
+        let r = check_modify(&pol, &dir(), ALICE, &m(None, Some(part))).unwrap_err();
+        assert_eq!(r.rule, Rule::PartitionChange, "{part}");
+        assert!(r.message.contains("is in the GPU pool"), "{}", r.message);
+        assert!(check_modify(&pol, &dir(), ROOT, &m(None, Some(part))).is_ok());
+    }
+    // Outside the pool, the site's QOS and partitions are the site's.
+    assert!(check_modify(&pol, &dir(), ALICE, &m(Some("normal"), Some("cpu"))).is_ok());
+    assert!(check_modify(&pol, &dir(), ALICE, &m(Some("normal"), None)).is_ok());
+    assert!(check_modify(&pol, &dir(), ALICE, &ModifyRequest::default()).is_ok());
 }
 
 fn arb_job() -> impl Strategy<Value = (JobRequest, u32, Option<usize>)> {

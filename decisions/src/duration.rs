@@ -25,7 +25,7 @@ pub fn parse(s: &str) -> Result<Duration, DurationError> {
         return Err(err("it is empty"));
     }
     let secs = if t.contains(':') {
-        parse_clock(t).ok_or_else(|| err("not a valid [[DD-]HH:]MM:SS time"))?
+        parse_clock(t).map_err(err)?
     } else {
         parse_units(t).map_err(err)?
     };
@@ -72,9 +72,13 @@ fn parse_units(t: &str) -> Result<u64, &'static str> {
     Ok(total)
 }
 
-fn parse_clock(t: &str) -> Option<u64> {
+fn parse_clock(t: &str) -> Result<u64, &'static str> {
+    const BAD: &str = "not a valid [[DD-]HH:]MM:SS time";
     let (days, clock) = match t.split_once('-') {
-        Some((d, rest)) => (d.parse::<u64>().ok()?, rest),
+        Some((d, rest)) if !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()) => {
+            (d.parse::<u64>().map_err(|_| "the number of days is too large")?, rest)
+        }
+        Some(_) => return Err(BAD),
         None => (0, t),
     };
     let parts: Vec<&str> = clock.split(':').collect();
@@ -83,16 +87,20 @@ fn parse_clock(t: &str) -> Option<u64> {
         .map(|p| {
             (!p.is_empty() && p.len() <= 2 && p.bytes().all(|b| b.is_ascii_digit())).then(|| p.parse().ok()).flatten()
         })
-        .collect::<Option<_>>()?;
+        .collect::<Option<_>>()
+        .ok_or(BAD)?;
     let (h, m, s) = match nums.as_slice() {
         [m, s] => (0, *m, *s),
         [h, m, s] => (*h, *m, *s),
-        _ => return None,
+        _ => return Err(BAD),
     };
     if m >= 60 || s >= 60 || (days > 0 && h >= 24) {
-        return None;
+        return Err(BAD);
     }
-    Some(days * 86_400 + h * 3_600 + m * 60 + s)
+    // Checked: a 20-digit day count must be refused, not wrap or panic.
+    days.checked_mul(86_400)
+        .and_then(|d| d.checked_add(h * 3_600 + m * 60 + s))
+        .ok_or("the number of days is too large")
 }
 
 /// Renders a duration the way [`parse`] reads it back (e.g. `1h30m`, `45s`).
@@ -164,6 +172,26 @@ mod tests {
         #[test]
         fn never_panics(s in ".{0,24}") {
             let _ = parse(&s);
+        }
+
+        /// Digit-heavy input in every form, where arithmetic could overflow.
+        #[test]
+        fn huge_numbers_are_refused_not_panics(
+            s in "[0-9]{1,25}(-[0-9]{1,25})?(:[0-9]{1,3}){1,2}|([0-9]{1,25}[dhms]){1,4}|[0-9]{1,25}"
+        ) {
+            if let Ok(d) = parse(&s) {
+                prop_assert!(d <= MAX);
+            }
+        }
+    }
+
+    #[test]
+    fn overflowing_values_are_refused_with_the_reason() {
+        for v in ["99999999999999999-00:00:00", "18446744073709551615-23:59:59", "213503982334601d", "99999999999999999999s"] {
+            let e = parse(v).unwrap_err();
+            assert_eq!(e.value, v);
+            assert!(e.reason.contains("too large") || e.reason.contains("longer than one year"), "{v}: {e}");
+            assert!(e.to_string().contains("accepted forms"), "{e}");
         }
     }
 }

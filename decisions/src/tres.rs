@@ -1,12 +1,45 @@
 //! GPU counts from the TRES strings Slurm stores in a job description
-//! (`tres_per_job`, `tres_per_node`, `tres_per_task`), e.g. `gres:gpu:4`,
-//! `gres:gpu:a100:2`, `gres/gpu=2`, several entries separated by commas.
+//! (`tres_per_job`, `tres_per_node`, `tres_per_socket`, `tres_per_task`),
+//! e.g. `gres:gpu:4`, `gres:gpu:a100:2`, `gres/gpu=2`, several entries
+//! separated by commas, multiplied out the way Slurm allocates them.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GpuRequest {
     pub per_job: Option<u64>,
     pub per_node: Option<u64>,
+    pub per_socket: Option<u64>,
     pub per_task: Option<u64>,
+}
+
+/// The job's size as its description gives it; 0 = not given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Shape {
+    pub min_nodes: u32,
+    /// The upper end of a node range (`-N1-4`).
+    pub max_nodes: u32,
+    pub tasks: u32,
+    pub tasks_per_node: u32,
+    pub sockets_per_node: u32,
+}
+
+impl Shape {
+    /// The most nodes Slurm may give the job: a range counts at its upper
+    /// end, since that is what Slurm may allocate (and what its QOS limit
+    /// then measures).
+    pub fn nodes(&self) -> u64 {
+        u64::from(self.min_nodes.max(self.max_nodes).max(1))
+    }
+
+    /// Tasks: as asked, else per node times nodes, else one per node.
+    pub fn tasks(&self) -> u64 {
+        if self.tasks > 0 {
+            u64::from(self.tasks).max(u64::from(self.tasks_per_node))
+        } else if self.tasks_per_node > 0 {
+            u64::from(self.tasks_per_node).saturating_mul(self.nodes())
+        } else {
+            self.nodes()
+        }
+    }
 }
 
 /// GPUs (and the GPU type, if one was named) in one TRES string.
@@ -37,16 +70,23 @@ pub fn gpus_in(tres: &str) -> (u64, Option<String>) {
 }
 
 impl GpuRequest {
-    /// Total GPUs of the job. Per-node and per-task counts are multiplied by
-    /// the node and task counts the job asked for (at least 1 each).
-    pub fn total(&self, nodes: u32, tasks: u32) -> u64 {
-        let nodes = u64::from(nodes.max(1));
-        let tasks = u64::from(tasks.max(1));
-        [self.per_job, self.per_node.map(|n| n.saturating_mul(nodes)), self.per_task.map(|n| n.saturating_mul(tasks))]
-            .into_iter()
-            .flatten()
-            .max()
-            .unwrap_or(0)
+    /// The most GPUs Slurm may allocate to the job: per-node counts times
+    /// the most nodes, per-socket counts times sockets per node (Slurm
+    /// requires `--sockets-per-node` with `--gpus-per-socket`; 1 if absent)
+    /// times nodes, per-task counts times tasks.
+    pub fn total(&self, shape: &Shape) -> u64 {
+        let nodes = shape.nodes();
+        let sockets = u64::from(shape.sockets_per_node.max(1));
+        [
+            self.per_job,
+            self.per_node.map(|n| n.saturating_mul(nodes)),
+            self.per_socket.map(|n| n.saturating_mul(sockets).saturating_mul(nodes)),
+            self.per_task.map(|n| n.saturating_mul(shape.tasks())),
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(0)
     }
 }
 
@@ -66,14 +106,49 @@ mod tests {
         assert_eq!(gpus_in("gres:gpu:a100:x"), (0, Some("a100".into())));
     }
 
+    fn shape(min_nodes: u32, max_nodes: u32, tasks: u32) -> Shape {
+        Shape { min_nodes, max_nodes, tasks, ..Default::default() }
+    }
+
     #[test]
     fn totals() {
         let r = GpuRequest { per_node: Some(2), ..Default::default() };
-        assert_eq!(r.total(3, 1), 6);
+        assert_eq!(r.total(&shape(3, 0, 1)), 6);
         let r = GpuRequest { per_job: Some(4), ..Default::default() };
-        assert_eq!(r.total(0, 0), 4);
+        assert_eq!(r.total(&shape(0, 0, 0)), 4);
         let r = GpuRequest { per_task: Some(1), ..Default::default() };
-        assert_eq!(r.total(1, 8), 8);
-        assert_eq!(GpuRequest::default().total(4, 4), 0);
+        assert_eq!(r.total(&shape(1, 0, 8)), 8);
+        assert_eq!(GpuRequest::default().total(&shape(4, 4, 4)), 0);
+    }
+
+    /// `-N1-4 --gpus-per-node=4` may get 4 nodes: 16 GPUs, not 4.
+    #[test]
+    fn node_ranges_count_at_their_upper_end() {
+        let r = GpuRequest { per_node: Some(4), ..Default::default() };
+        assert_eq!(r.total(&shape(1, 4, 0)), 16);
+        assert_eq!(r.total(&shape(2, 2, 0)), 8);
+    }
+
+    /// `--gpus-per-socket=2 --sockets-per-node=2 -N2`: 8 GPUs.
+    #[test]
+    fn per_socket_counts_times_sockets_and_nodes() {
+        let r = GpuRequest { per_socket: Some(2), ..Default::default() };
+        let s = Shape { min_nodes: 2, max_nodes: 2, sockets_per_node: 2, ..Default::default() };
+        assert_eq!(r.total(&s), 8);
+        assert_eq!(r.total(&shape(1, 0, 0)), 2);
+    }
+
+    /// `--ntasks-per-node=4 -N2 --gpus-per-task=1`: 8 tasks, 8 GPUs.
+    #[test]
+    fn tasks_per_node_count_when_no_task_total_is_given() {
+        let r = GpuRequest { per_task: Some(1), ..Default::default() };
+        let s = Shape { min_nodes: 2, max_nodes: 2, tasks_per_node: 4, ..Default::default() };
+        assert_eq!(r.total(&s), 8);
+    }
+
+    #[test]
+    fn huge_counts_saturate() {
+        let r = GpuRequest { per_node: Some(u64::MAX), per_socket: Some(u64::MAX), ..Default::default() };
+        assert_eq!(r.total(&shape(u32::MAX, u32::MAX, u32::MAX)), u64::MAX);
     }
 }

@@ -28,6 +28,7 @@ fn read_site(conf: &str) -> (LiveConfig, Vec<LivePartition>) {
                     name: value.split_whitespace().next().unwrap_or_default().to_string(),
                     nodes: field("Nodes"),
                     qos: field("QOS"),
+                    allow_qos: field("AllowQos").and_then(|v| live::allow_list(&v)),
                 });
             }
             "NodeName" => {}
@@ -55,11 +56,26 @@ pub(crate) fn merge(site_conf: &str, policy: &Policy, job_submit_plugins: Option
         overridden.insert("JobSubmitPlugins");
         include = replace_setting(&include, "JobSubmitPlugins", list);
     }
-    let kept: Vec<&str> =
-        site_conf.lines().filter(|l| l.split_once('=').is_none_or(|(k, _)| !overridden.contains(k.trim()))).collect();
+    // The admin's edit of the site's own partition lines: AllowQos as
+    // rendered (see `onepool policy render`), replacing any they had.
+    let kept: Vec<String> = site_conf
+        .lines()
+        .filter(|l| l.split_once('=').is_none_or(|(k, _)| !overridden.contains(k.trim())))
+        .map(|l| match changes.access.iter().find(|a| partition_name(l) == Some(a.want.name.as_str())) {
+            Some(a) => {
+                let rest: Vec<&str> = l.split_whitespace().filter(|w| !w.starts_with("AllowQos=")).collect();
+                format!("{} AllowQos={}", rest.join(" "), a.want.allow_qos.join(","))
+            }
+            None => l.to_string(),
+        })
+        .collect();
     let header = "# Written by onepool-devcluster from `onepool policy render` of the cluster's\n\
                   # onepool.toml, merged with the site settings in slurm.conf.\n";
     Ok((kept.join("\n") + "\n", format!("{header}{include}")))
+}
+
+fn partition_name(line: &str) -> Option<&str> {
+    line.trim().strip_prefix("PartitionName=")?.split_whitespace().next()
 }
 
 /// The site text with `extra`'s `Key=Value` lines replacing its own
@@ -138,6 +154,11 @@ mod tests {
         assert!(conf.contains("ClusterName=x") && conf.contains("Include /x/onepool-slurm.conf"));
         assert!(include.contains("\nJobSubmitPlugins=lua,onepool\n"), "{include}");
         assert!(include.contains("PartitionName=gpu-flex Nodes=ALL QOS=onepool-flexible-cap"), "{include}");
+        // The site's pool partition admits only the protected classes' QOS.
+        assert!(
+            conf.contains("PartitionName=gpu Nodes=ALL Default=YES AllowQos=op-critical-training,op-inference-baseline\n"),
+            "{conf}"
+        );
         assert!(include.contains("PreemptType=preempt/qos"), "{include}");
         let (conf, include) = merge(SITE, &policy, Some("")).unwrap();
         assert!(!conf.contains("JobSubmitPlugins") && !include.contains("JobSubmitPlugins"), "{include}");

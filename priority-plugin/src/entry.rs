@@ -25,6 +25,11 @@ pub extern "C" fn init() -> c_int {
         match active::load_and_install(&path) {
             Ok(summary) => {
                 watcher::start(path.clone());
+                if slurm_sys::host::validate_operator().is_none() {
+                    log::info(&format!(
+                        "{PLUGIN}: this slurmctld exports no validate_operator: only root counts as an administrator for job updates"
+                    ));
+                }
                 log::info(&format!(
                     "{PLUGIN}: loaded (built for Slurm {ma}.{mi:02}.{mc}); policy {} ({summary})",
                     path.display()
@@ -55,7 +60,7 @@ pub extern "C" fn fini() -> c_int {
 /// in 22.05, and what sbatch prints after our message).
 fn code(rule: Rule) -> c_int {
     (match rule {
-        Rule::NotEntitled => slurm_err_t::ESLURM_ACCESS_DENIED,
+        Rule::NotEntitled | Rule::ClassChange | Rule::PartitionChange => slurm_err_t::ESLURM_ACCESS_DENIED,
         Rule::GpuCap => slurm_err_t::ESLURM_INVALID_TRES,
         Rule::TimeLimitRequired | Rule::TimeLimitTooLong => slurm_err_t::ESLURM_INVALID_TIME_LIMIT,
         Rule::UnknownClass | Rule::Conflict | Rule::ReclaimNotAllowed | Rule::BadAnnotation => {

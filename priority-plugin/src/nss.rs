@@ -87,6 +87,11 @@ impl Directory for Snapshot {
     fn in_group(&self, uid: u32, gid: u32, group: &str) -> bool {
         self.groups.get(group).is_some_and(|(g, members)| *g == gid || members.contains(&uid))
     }
+    /// root, SlurmUser and Slurm's operators and administrators, as
+    /// slurmctld itself decides it (an in-memory lookup, no RPC).
+    fn is_admin(&self, uid: u32) -> bool {
+        uid == 0 || slurm_sys::host::is_operator(uid)
+    }
 }
 
 #[cfg(test)]

@@ -56,7 +56,7 @@ SlurmctldParameters     = preempt_send_user_signal
     pub const PARTITIONS: &str = "PartitionName=gpu Nodes=node[1-4] QoS=N/A State=UP\n";
 
     pub const QOS: &str = "\
-normal|0||cluster|00:00:00|||
-op-agents|1000||cancel|00:00:00||gres/gpu=4|DenyOnLimit
+normal|0||cluster|00:00:00||||
+op-agents|1000||cancel|00:00:00||gres/gpu=4|DenyOnLimit|
 ";
 }

@@ -75,14 +75,15 @@ impl JobInfo {
     }
     /// GPUs the job asks for (or holds, once running).
     pub fn gpus(&self) -> u64 {
-        use onepool_decisions::tres::{gpus_in, GpuRequest};
+        use onepool_decisions::tres::{gpus_in, GpuRequest, Shape};
         let n = |t: &str| Some(gpus_in(t).0).filter(|n| *n > 0);
         GpuRequest {
             per_job: n(&self.tres_per_job),
             per_node: n(&self.tres_per_node),
+            per_socket: None,
             per_task: n(&self.tres_per_task),
         }
-        .total(self.node_count, self.tasks)
+        .total(&Shape { min_nodes: self.node_count, tasks: self.tasks, ..Shape::default() })
     }
 
     /// What job_submit/onepool recorded on the job, if anything.

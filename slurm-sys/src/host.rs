@@ -104,6 +104,20 @@ host_fn!(pub fn spank_context: SpankContextFn = c"spank_context";);
 host_fn!(pub fn spank_option_getopt: SpankOptionGetoptFn = c"spank_option_getopt";);
 host_fn!(pub fn slurm_init_update_node_msg: InitUpdateNodeMsgFn = c"slurm_init_update_node_msg";);
 host_fn!(pub fn slurm_update_node: UpdateNodeFn = c"slurm_update_node";);
+pub type ValidateOperatorFn = unsafe extern "C" fn(uid: libc::uid_t) -> bool;
+host_fn!(
+    /// slurmctld's own test for root, SlurmUser and accounts with
+    /// AdminLevel Operator or Administrator; only slurmctld exports it.
+    pub fn validate_operator: ValidateOperatorFn = c"validate_operator";
+);
+
+/// Whether slurmctld counts `uid` as an operator (root and SlurmUser
+/// included); `false` in any other process, where there is no such list.
+pub fn is_operator(uid: u32) -> bool {
+    // SAFETY: slurmctld's `bool validate_operator(uid_t)` takes its own
+    // assoc_mgr read locks, as it does inside slurmctld's update handler.
+    validate_operator().is_some_and(|f| unsafe { f(uid) })
+}
 
 #[cfg(test)]
 mod tests {

@@ -2,8 +2,8 @@
 //! configuration-management tools (argv lists, no shell quoting).
 
 use onepool_decisions::policy::{Diagnostic, Severity};
-use onepool_decisions::render::live::{Changes, ConfChange, PartitionChange, QosChange};
-use onepool_decisions::render::{ConfLine, FlexiblePartition, QosSpec, Rendered};
+use onepool_decisions::render::live::{AccessChange, Changes, ConfChange, PartitionChange, QosChange};
+use onepool_decisions::render::{ConfLine, FlexiblePartition, PartitionAccess, QosSpec, Rendered};
 use serde_json::{json, Map, Value};
 
 /// Which parts to include.
@@ -24,6 +24,7 @@ pub fn rendered(policy: &str, r: &Rendered, parts: Parts) -> Value {
     if parts.slurm_conf {
         out.insert("slurm_conf".into(), r.slurm_conf.iter().map(conf_line).collect());
         out.insert("flexible_partition".into(), r.flexible_partition.as_ref().map_or(Value::Null, partition));
+        out.insert("partition_access".into(), r.partition_access.iter().map(access).collect());
     }
     Value::Object(out)
 }
@@ -39,6 +40,7 @@ pub fn changes(policy: &str, c: &Changes, parts: Parts) -> Value {
     if parts.slurm_conf {
         out.insert("slurm_conf".into(), c.slurm_conf.iter().map(conf_change).collect());
         out.insert("partition".into(), c.partition.as_ref().map_or(Value::Null, partition_change));
+        out.insert("partition_access".into(), c.access.iter().map(access_change).collect());
     }
     out.insert("problems".into(), c.problems.iter().map(problem).collect());
     Value::Object(out)
@@ -55,6 +57,7 @@ fn qos(q: &QosSpec) -> Value {
         "grace_time_s": q.grace_time.as_secs(),
         "grp_gpus": q.grp_gpus,
         "max_gpus_per_job": q.max_gpus_per_job,
+        "max_wall_s": q.max_wall.map(|d| d.as_secs()),
         "deny_on_limit": q.deny_on_limit,
     })
 }
@@ -64,7 +67,17 @@ fn conf_line(l: &ConfLine) -> Value {
 }
 
 fn partition(p: &FlexiblePartition) -> Value {
-    json!({"name": p.name, "nodes": p.nodes, "qos": p.qos.name, "line": p.line()})
+    json!({"name": p.name, "nodes": p.nodes, "qos": p.qos.name, "allow_qos": p.allow_qos, "line": p.line()})
+}
+
+fn access(a: &PartitionAccess) -> Value {
+    json!({"name": a.name, "allow_qos": a.allow_qos, "why": a.why, "command": a.scontrol_command()})
+}
+
+fn access_change(c: &AccessChange) -> Value {
+    let mut v = access(&c.want);
+    v["live_allow_qos"] = json!(c.live);
+    v
 }
 
 fn qos_change(c: &QosChange) -> Value {

@@ -149,12 +149,18 @@ mod tests {
         assert!(!text.contains("qos op-agents"), "op-agents already matches:\n{text}");
         assert!(text.contains("(now: lua)\nJobSubmitPlugins=lua,onepool\n"), "{text}");
         assert!(!text.contains("PriorityType"), "{text}");
-        assert!(text.ends_with("PartitionName=gpu-flex Nodes=ALL QOS=onepool-flexible-cap MaxTime=INFINITE State=UP\n"));
+        assert!(text.contains(
+            "PartitionName=gpu-flex Nodes=ALL QOS=onepool-flexible-cap AllowQos=op-training,op-inference,op-agents MaxTime=INFINITE State=UP\n"
+        ));
+        assert!(
+            text.ends_with("`scontrol update PartitionName=gpu AllowQos=op-critical-training,op-inference-baseline` applies it until slurmctld restarts\n"),
+            "{text}"
+        );
     }
 
     #[test]
     fn against_live_as_json_and_problems_fail_the_command() {
-        let runner = FakeRunner::new("normal|0||cluster|00:00:00|||\n", CONFIG, "PartitionName=other\n");
+        let runner = FakeRunner::new("normal|0||cluster|00:00:00||||\n", CONFIG, "PartitionName=other\n");
         let out = output(&sample(), &args(true, Format::Json), &runner).unwrap();
         assert!(out.failed);
         assert_eq!(
@@ -177,7 +183,7 @@ mod tests {
             .map(|q| {
                 let gpus = |n: Option<u32>| n.map(|n| format!("gres/gpu={n}")).unwrap_or_default();
                 format!(
-                    "{}|{}|{}|{}|{}|{}|{}|{}\n",
+                    "{}|{}|{}|{}|{}|{}|{}|{}|{}\n",
                     q.name,
                     q.priority,
                     q.preempt.join(","),
@@ -185,7 +191,8 @@ mod tests {
                     onepool_decisions::render::slurm_time(q.grace_time),
                     gpus(q.grp_gpus),
                     gpus(q.max_gpus_per_job),
-                    if q.deny_on_limit { "DenyOnLimit" } else { "" }
+                    if q.deny_on_limit { "DenyOnLimit" } else { "" },
+                    q.max_wall.map(onepool_decisions::render::slurm_time).unwrap_or_default()
                 )
             })
             .collect()
@@ -194,7 +201,10 @@ mod tests {
     #[test]
     fn a_cluster_that_matches_needs_nothing() {
         let config = CONFIG.replace("= lua", "= lua,onepool");
-        let partitions = format!("{PARTITIONS}PartitionName=gpu-flex QoS=onepool-flexible-cap\n");
+        let partitions = format!(
+            "{}PartitionName=gpu-flex QoS=onepool-flexible-cap AllowQos=op-training,op-inference,op-agents\n",
+            PARTITIONS.replace("QoS=N/A", "QoS=N/A AllowQos=op-critical-training,op-inference-baseline")
+        );
         let runner = FakeRunner::new(&matching_qos(), &config, &partitions);
         let out = output(&sample(), &args(true, Format::Text), &runner).unwrap();
         assert_eq!(out.stdout, "# the live cluster already matches etc/onepool.toml: nothing to change\n");
@@ -208,7 +218,11 @@ mod tests {
         assert_eq!(out.stdout, "# the live cluster already matches etc/onepool.toml in the QOS: nothing to change\n");
 
         // Nothing to change, but the pool's partition is missing.
-        let runner = FakeRunner::new(&matching_qos(), &config, "PartitionName=gpu-flex QoS=onepool-flexible-cap\n");
+        let runner = FakeRunner::new(
+            &matching_qos(),
+            &config,
+            "PartitionName=gpu-flex QoS=onepool-flexible-cap AllowQos=op-training,op-inference,op-agents\n",
+        );
         let out = output(&sample(), &args(true, Format::Text), &runner).unwrap();
         assert_eq!(out.stdout, "# nothing onepool can change: fix the problems reported on stderr\n");
         assert!(out.failed);

@@ -25,6 +25,46 @@ pub struct Rendered {
     pub site_qos: Vec<SiteQos>,
     /// `pool.partitions`: they must exist.
     pub pool_partitions: Vec<String>,
+    /// The pool's partitions other than the flexible one, each with the
+    /// QOS allowed to run there; the site's PartitionName lines need them.
+    pub partition_access: Vec<PartitionAccess>,
+}
+
+/// Which QOS may run in one of the pool's partitions (`AllowQos`): only
+/// onepool's class QOS, so a job moved there with any other QOS (by
+/// `scontrol update`, or one the plugin never saw) stays pending instead of
+/// taking the pool's GPUs; Slurm checks it whenever it schedules a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionAccess {
+    pub name: String,
+    pub allow_qos: Vec<String>,
+    pub why: String,
+}
+
+impl PartitionAccess {
+    /// `scontrol update PartitionName=.. AllowQos=..`: in force at once,
+    /// until slurmctld restarts and reads slurm.conf again.
+    pub fn scontrol_command(&self) -> Vec<String> {
+        vec![
+            "scontrol".into(),
+            "update".into(),
+            format!("PartitionName={}", self.name),
+            format!("AllowQos={}", self.allow_qos.join(",")),
+        ]
+    }
+
+    /// The comment that tells an admin what to add to the site's line.
+    pub fn instruction(&self) -> String {
+        format!(
+            "# partition {}: {}
+#   add AllowQos={} to its PartitionName line; `{}` applies it until slurmctld restarts
+",
+            self.name,
+            self.why,
+            self.allow_qos.join(","),
+            self.scontrol_command().join(" ")
+        )
+    }
 }
 
 /// The partition flexible jobs are routed to when GPUs are reserved: the
@@ -34,35 +74,69 @@ pub struct FlexiblePartition {
     pub name: String,
     pub nodes: String,
     pub qos: QosSpec,
+    /// The flexible classes' QOS: nothing else runs there.
+    pub allow_qos: Vec<String>,
     pub why: String,
 }
 
 impl FlexiblePartition {
     pub fn line(&self) -> String {
-        format!("PartitionName={} Nodes={} QOS={} MaxTime=INFINITE State=UP", self.name, self.nodes, self.qos.name)
+        format!(
+            "PartitionName={} Nodes={} QOS={} AllowQos={} MaxTime=INFINITE State=UP",
+            self.name,
+            self.nodes,
+            self.qos.name,
+            self.allow_qos.join(",")
+        )
     }
 }
 
 pub fn render(policy: &Policy) -> Rendered {
     let (qos, site_qos) = qos::class_qos(policy);
+    let class_qos = |protected: bool| -> Vec<String> {
+        policy.classes.iter().filter(|c| c.is_protected() == protected).map(|c| c.qos.clone()).collect()
+    };
     let flexible_partition = match &policy.pool.flexible_partition {
         Some(name) if policy.reserved_gpus() > 0 => Some(FlexiblePartition {
             name: name.clone(),
             nodes: policy.pool.nodes.clone(),
             qos: qos::flexible_cap(policy, name),
+            allow_qos: class_qos(false),
             why: format!(
-                "onepool's slurmctld plugin routes flexible jobs here; its partition QOS keeps them off the {} reserved GPUs",
+                "onepool's slurmctld plugin routes flexible jobs here; its partition QOS keeps them off the {} reserved GPUs, and only flexible classes' QOS run here",
                 policy.reserved_gpus()
             ),
         }),
         _ => None,
     };
+    // With a flexible partition, flexible jobs run only there (its QOS caps
+    // them); a flexible job moved to another of the pool's partitions would
+    // escape that cap, so those allow the protected classes alone.
+    let (allow_qos, why) = match &flexible_partition {
+        Some(fp) => (
+            class_qos(true),
+            format!("only protected classes run here (flexible ones run in {}, under its cap)", fp.name),
+        ),
+        None => (policy.classes.iter().map(|c| c.qos.clone()).collect(), "only onepool's class QOS run here".to_string()),
+    };
+    let mut names: Vec<&String> = policy.pool.partitions.iter().collect();
+    for p in policy.classes.iter().flat_map(|c| &c.match_partitions) {
+        if !names.contains(&p) {
+            names.push(p);
+        }
+    }
+    let partition_access = names
+        .into_iter()
+        .filter(|n| flexible_partition.as_ref().is_none_or(|fp| &fp.name != *n))
+        .map(|n| PartitionAccess { name: n.clone(), allow_qos: allow_qos.clone(), why: why.clone() })
+        .collect();
     Rendered {
         slurm_conf: conf::lines(policy),
         qos,
         flexible_partition,
         site_qos,
         pool_partitions: policy.pool.partitions.clone(),
+        partition_access,
     }
 }
 
@@ -81,6 +155,9 @@ impl Rendered {
         }
         if let Some(p) = &self.flexible_partition {
             out.push_str(&format!("# {}\n{}\n", p.why, p.line()));
+        }
+        for a in &self.partition_access {
+            out.push_str(&a.instruction());
         }
         out
     }

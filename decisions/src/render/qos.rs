@@ -48,6 +48,9 @@ pub struct QosSpec {
     pub grp_gpus: Option<u32>,
     /// `MaxTRESPerJob=gres/gpu=N`.
     pub max_gpus_per_job: Option<u32>,
+    /// `MaxWall`: the class's longest time limit, so that a job whose limit
+    /// is raised past it by `scontrol update` never starts.
+    pub max_wall: Option<Duration>,
     /// `Flags=DenyOnLimit`: refuse at submit what could never run.
     pub deny_on_limit: bool,
 }
@@ -114,7 +117,8 @@ pub(super) fn class_qos(policy: &Policy) -> (Vec<QosSpec>, Vec<SiteQos>) {
             grace_time: grace,
             grp_gpus: None,
             max_gpus_per_job: class.max_gpus_per_job,
-            deny_on_limit: class.max_gpus_per_job.is_some(),
+            max_wall: class.time_limit.max,
+            deny_on_limit: class.max_gpus_per_job.is_some() || class.time_limit.max.is_some(),
         });
     }
     for class in &policy.classes {
@@ -140,7 +144,8 @@ pub(super) fn class_qos(policy: &Policy) -> (Vec<QosSpec>, Vec<SiteQos>) {
             grace_time: Duration::ZERO,
             grp_gpus: Some(capacity.total()),
             max_gpus_per_job: class.max_gpus_per_job,
-            deny_on_limit: class.max_gpus_per_job.is_some(),
+            max_wall: class.time_limit.max,
+            deny_on_limit: class.max_gpus_per_job.is_some() || class.time_limit.max.is_some(),
         });
     }
     let site = policy
@@ -169,6 +174,7 @@ pub(super) fn flexible_cap(policy: &Policy, partition: &str) -> QosSpec {
         grace_time: Duration::ZERO,
         grp_gpus: Some(cap),
         max_gpus_per_job: None,
+        max_wall: None,
         // A flexible job asking for more than the cap is refused at submit
         // instead of pending forever.
         deny_on_limit: true,
@@ -185,6 +191,8 @@ pub enum QosSetting {
     /// `None` clears the limit.
     GrpGpus(Option<u32>),
     MaxGpusPerJob(Option<u32>),
+    /// `None` clears the limit.
+    MaxWall(Option<Duration>),
     DenyOnLimit(bool),
 }
 
@@ -207,6 +215,8 @@ impl QosSetting {
             QosSetting::GraceTime(d) => format!("GraceTime={}", d.as_secs()),
             QosSetting::GrpGpus(n) => format!("GrpTRES={}", gpus(n)),
             QosSetting::MaxGpusPerJob(n) => format!("MaxTRESPerJob={}", gpus(n)),
+            QosSetting::MaxWall(Some(d)) => format!("MaxWall={}", super::slurm_time(*d)),
+            QosSetting::MaxWall(None) => "MaxWall=-1".to_string(),
             QosSetting::DenyOnLimit(true) if adding => format!("Flags={DENY_ON_LIMIT}"),
             QosSetting::DenyOnLimit(true) => format!("Flags+={DENY_ON_LIMIT}"),
             QosSetting::DenyOnLimit(false) => format!("Flags-={DENY_ON_LIMIT}"),
@@ -237,6 +247,9 @@ impl QosSpec {
         }
         if !same_limit(self.max_gpus_per_job, live.max_gpus_per_job()) {
             out.push(QosSetting::MaxGpusPerJob(self.max_gpus_per_job));
+        }
+        if self.max_wall != live.max_wall {
+            out.push(QosSetting::MaxWall(self.max_wall));
         }
         if self.deny_on_limit != live.has_flag(DENY_ON_LIMIT) {
             out.push(QosSetting::DenyOnLimit(self.deny_on_limit));

@@ -27,7 +27,7 @@ fn the_sample_renders_one_qos_per_class_lowest_rank_first() {
             "sacctmgr -i add qos op-agents set Priority=1000 PreemptMode=cancel MaxTRESPerJob=gres/gpu=4 Flags=DenyOnLimit",
             "sacctmgr -i add qos op-inference set Priority=2000 Preempt=op-agents PreemptMode=cancel GraceTime=60 MaxTRESPerJob=gres/gpu=4 Flags=DenyOnLimit",
             "sacctmgr -i add qos op-training set Priority=3000 Preempt=op-inference,op-agents PreemptMode=requeue GraceTime=120 MaxTRESPerJob=gres/gpu=12 Flags=DenyOnLimit",
-            "sacctmgr -i add qos op-critical-training set Priority=10000 Preempt=op-training,op-inference,op-agents PreemptMode=cancel GrpTRES=gres/gpu=8 MaxTRESPerJob=gres/gpu=8 Flags=DenyOnLimit",
+            "sacctmgr -i add qos op-critical-training set Priority=10000 Preempt=op-training,op-inference,op-agents PreemptMode=cancel GrpTRES=gres/gpu=8 MaxTRESPerJob=gres/gpu=8 MaxWall=7-00:00:00 Flags=DenyOnLimit",
             "sacctmgr -i add qos op-inference-baseline set Priority=10000 Preempt=op-training,op-inference,op-agents PreemptMode=cancel GrpTRES=gres/gpu=4 MaxTRESPerJob=gres/gpu=4 Flags=DenyOnLimit",
             "sacctmgr -i add qos onepool-flexible-cap set GrpTRES=gres/gpu=12 Flags=DenyOnLimit",
         ]
@@ -52,17 +52,23 @@ fn the_sample_renders_the_slurm_conf_settings_and_the_flexible_partition() {
             "AccountingStorageEnforce=associations,limits,qos",
             "SlurmctldParameters=preempt_send_user_signal",
             "PrologFlags=Alloc",
-            "PartitionName=gpu-flex Nodes=ALL QOS=onepool-flexible-cap MaxTime=INFINITE State=UP",
+            "PartitionName=gpu-flex Nodes=ALL QOS=onepool-flexible-cap AllowQos=op-training,op-inference,op-agents MaxTime=INFINITE State=UP",
         ]
     );
-    // Every setting has its reason on the line above.
+    // Every setting has its reason on the line above; the site's own
+    // partition line gets what to add to it, as two comment lines.
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 2 * settings.len());
+    assert_eq!(lines.len(), 2 * settings.len() + 2);
+    assert!(
+        text.ends_with("#   add AllowQos=op-critical-training,op-inference-baseline to its PartitionName line; `scontrol update PartitionName=gpu AllowQos=op-critical-training,op-inference-baseline` applies it until slurmctld restarts\n"),
+        "{text}"
+    );
+    let lines = &lines[..2 * settings.len()];
     for pair in lines.chunks(2) {
         assert!(pair[0].starts_with("# ") && pair[0].len() > 20, "{pair:?}");
     }
     assert!(text.contains("requeue there needs batch jobs to be requeueable"), "{text}");
-    assert!(text.contains("its partition QOS keeps them off the 4 reserved GPUs\nPartitionName="), "{text}");
+    assert!(text.contains("its partition QOS keeps them off the 4 reserved GPUs, and only flexible classes' QOS run here\nPartitionName="), "{text}");
 }
 
 #[test]
@@ -113,9 +119,12 @@ fn site_managed_qos_are_never_rendered_but_still_preempted() {
         ]
     );
     assert_eq!(r.site_qos, [SiteQos { class: "site".into(), qos: "site-normal".into() }]);
-    // No GPUs reserved: no flexible partition, and no QOS that caps it.
+    // No GPUs reserved: no flexible partition, and no QOS that caps it;
+    // every class's QOS may run in the pool's partition, and only they.
     assert!(r.flexible_partition.is_none());
-    assert!(!r.slurm_conf_text().contains("PartitionName"));
+    assert!(!r.slurm_conf_text().lines().any(|l| l.starts_with("PartitionName")));
+    assert_eq!(r.partition_access.len(), 1);
+    assert_eq!(r.partition_access[0].allow_qos, ["owners", "site-normal", "op-batch"]);
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use super::{LiveConfig, LivePartition, LiveQos};
 use crate::policy::Diagnostic;
 use crate::render::qos::{modify_command, same_name, shell_line, QosPreemptMode, QosSetting, QosSpec};
-use crate::render::Rendered;
+use crate::render::{PartitionAccess, Rendered};
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Changes {
@@ -14,6 +14,8 @@ pub struct Changes {
     pub qos: Vec<QosChange>,
     pub slurm_conf: Vec<ConfChange>,
     pub partition: Option<PartitionChange>,
+    /// The pool's partitions whose `AllowQos` lets other QOS run there.
+    pub access: Vec<AccessChange>,
     /// What the changes cannot fix: a QOS the site must create, a partition
     /// the pool names that does not exist.
     pub problems: Vec<Diagnostic>,
@@ -49,6 +51,14 @@ pub enum PartitionChange {
     WrongQos { name: String, live_qos: Option<String>, qos: String },
 }
 
+/// A partition of the pool whose live `AllowQos` is not the rendered one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessChange {
+    /// `None`: every QOS (`AllowQos=ALL`).
+    pub live: Option<Vec<String>>,
+    pub want: PartitionAccess,
+}
+
 impl QosChange {
     pub fn name(&self) -> &str {
         match self {
@@ -73,7 +83,7 @@ impl QosChange {
 impl Changes {
     /// True when the cluster already matches (problems aside).
     pub fn is_empty(&self) -> bool {
-        self.qos.is_empty() && self.slurm_conf.is_empty() && self.partition.is_none()
+        self.qos.is_empty() && self.slurm_conf.is_empty() && self.partition.is_none() && self.access.is_empty()
     }
     pub fn has_errors(&self) -> bool {
         self.problems.iter().any(Diagnostic::is_error)
@@ -107,6 +117,10 @@ impl Changes {
                 ));
             }
             None => {}
+        }
+        for a in &self.access {
+            let now = a.live.as_ref().map_or("ALL".to_string(), |l| l.join(","));
+            out.push_str(&format!("# (now: AllowQos={now})\n{}", a.want.instruction()));
         }
         out
     }
@@ -194,6 +208,21 @@ pub fn diff(
                 })
             }
             Some(_) => {}
+        }
+    }
+    let flexible_access = rendered.flexible_partition.as_ref().map(|fp| PartitionAccess {
+        name: fp.name.clone(),
+        allow_qos: fp.allow_qos.clone(),
+        why: fp.why.clone(),
+    });
+    for want in rendered.partition_access.iter().chain(flexible_access.as_ref()) {
+        // A missing partition is reported below (or created whole above).
+        let Some(live) = find_partition(&want.name) else { continue };
+        let same = live.allow_qos.as_ref().is_some_and(|l| {
+            l.len() == want.allow_qos.len() && want.allow_qos.iter().all(|w| l.iter().any(|q| same_name(q, w)))
+        });
+        if !same {
+            changes.access.push(AccessChange { live: live.allow_qos.clone(), want: want.clone() });
         }
     }
     for p in &rendered.pool_partitions {

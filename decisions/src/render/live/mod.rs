@@ -10,8 +10,8 @@ mod parse;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub use diff::{diff, Changes, ConfChange, PartitionChange, QosChange};
-pub use parse::{parse_sacctmgr_qos, parse_scontrol_config, parse_scontrol_partitions, ParseError};
+pub use diff::{diff, AccessChange, Changes, ConfChange, PartitionChange, QosChange};
+pub use parse::{allow_list, parse_sacctmgr_qos, parse_scontrol_config, parse_scontrol_partitions, ParseError};
 
 /// The QOS with exactly the fields [`parse_sacctmgr_qos`] reads, in its order.
 pub const SHOW_QOS: &[&str] = &[
@@ -20,7 +20,7 @@ pub const SHOW_QOS: &[&str] = &[
     "-P",
     "show",
     "qos",
-    "format=Name,Priority,Preempt,PreemptMode,GraceTime,GrpTRES,MaxTRESPerJob,Flags",
+    "format=Name,Priority,Preempt,PreemptMode,GraceTime,GrpTRES,MaxTRESPerJob,Flags,MaxWall",
 ];
 /// slurmctld's running configuration, for [`parse_scontrol_config`].
 pub const SHOW_CONFIG: &[&str] = &["scontrol", "show", "config"];
@@ -41,6 +41,8 @@ pub struct LiveQos {
     pub grp_tres: Vec<(String, String)>,
     pub max_tres_per_job: Vec<(String, String)>,
     pub flags: Vec<String>,
+    /// `None`: no limit.
+    pub max_wall: Option<Duration>,
 }
 
 const GPU_TRES: &str = "gres/gpu";
@@ -57,6 +59,7 @@ impl LiveQos {
             grp_tres: Vec::new(),
             max_tres_per_job: Vec::new(),
             flags: Vec::new(),
+            max_wall: None,
         }
     }
     pub fn grp_gpus(&self) -> Option<&str> {
@@ -93,6 +96,8 @@ pub struct LivePartition {
     pub nodes: Option<String>,
     /// The partition QOS; `None` when it has none (`QoS=N/A`).
     pub qos: Option<String>,
+    /// `AllowQos`; `None` when every QOS may run there (`AllowQos=ALL`).
+    pub allow_qos: Option<Vec<String>>,
 }
 
 #[cfg(test)]

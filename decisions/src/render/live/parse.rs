@@ -16,10 +16,10 @@ pub struct ParseError {
     pub text: String,
 }
 
-const QOS_FIELDS: usize = 8;
+const QOS_FIELDS: usize = 9;
 
 /// Output of [`super::SHOW_QOS`]: `Name|Priority|Preempt|PreemptMode|
-/// GraceTime|GrpTRES|MaxTRESPerJob|Flags`, one QOS a line.
+/// GraceTime|GrpTRES|MaxTRESPerJob|Flags|MaxWall`, one QOS a line.
 pub fn parse_sacctmgr_qos(text: &str) -> Result<Vec<LiveQos>, ParseError> {
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -37,9 +37,9 @@ pub fn parse_sacctmgr_qos(text: &str) -> Result<Vec<LiveQos>, ParseError> {
         if fields.len() == QOS_FIELDS + 1 && fields[QOS_FIELDS].is_empty() {
             fields.pop();
         }
-        let [name, priority, preempt, mode, grace, grp, max, flags] = fields[..] else {
+        let [name, priority, preempt, mode, grace, grp, max, flags, max_wall] = fields[..] else {
             return Err(err(format!(
-                "expected {QOS_FIELDS} '|'-separated fields (Name,Priority,Preempt,PreemptMode,GraceTime,GrpTRES,MaxTRESPerJob,Flags), found {}",
+                "expected {QOS_FIELDS} '|'-separated fields (Name,Priority,Preempt,PreemptMode,GraceTime,GrpTRES,MaxTRESPerJob,Flags,MaxWall), found {}",
                 fields.len()
             )));
         };
@@ -65,6 +65,11 @@ pub fn parse_sacctmgr_qos(text: &str) -> Result<Vec<LiveQos>, ParseError> {
             grp_tres: tres_list(grp).map_err(|m| err(format!("GrpTRES: {m}")))?,
             max_tres_per_job: tres_list(max).map_err(|m| err(format!("MaxTRESPerJob: {m}")))?,
             flags: owned(list_items(flags)),
+            max_wall: if max_wall.is_empty() {
+                None
+            } else {
+                Some(duration::parse(max_wall).map_err(|e| err(format!("MaxWall: {e}")))?)
+            },
         });
     }
     Ok(out)
@@ -124,7 +129,18 @@ pub fn parse_scontrol_partitions(text: &str) -> Result<Vec<LivePartition>, Parse
             name,
             nodes: get("Nodes").filter(|v| !v.is_empty() && v != "(null)"),
             qos: get("QoS").filter(|v| !v.is_empty() && v != "N/A" && v != "(null)"),
+            allow_qos: get("AllowQos").and_then(|v| allow_list(&v)),
         });
     }
     Ok(out)
+}
+
+/// An `AllowQos` value: `None` for `ALL` (or unset), else the names.
+pub fn allow_list(value: &str) -> Option<Vec<String>> {
+    let items = list_items(value);
+    if items.is_empty() || items.iter().any(|i| i.eq_ignore_ascii_case("ALL")) {
+        None
+    } else {
+        Some(owned(items))
+    }
 }

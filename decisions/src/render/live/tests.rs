@@ -8,9 +8,9 @@ use crate::render::{render, slurm_time, QosSpec, Rendered};
 /// own QOS (the first five fields are real output; the limits and flags
 /// follow the formats of sacctmgr's TRES and flag printers).
 const SITE_QOS: &str = "\
-normal|0||cluster|00:00:00|||
-opportunistic|10||cancel|00:00:00|||
-guaranteed|1000|opportunistic|cancel|1-00:00:00|cpu=64,gres/gpu=8|gres/gpu=4|DenyOnLimit,NoDecay
+normal|0||cluster|00:00:00||||
+opportunistic|10||cancel|00:00:00||||
+guaranteed|1000|opportunistic|cancel|1-00:00:00|cpu=64,gres/gpu=8|gres/gpu=4|DenyOnLimit,NoDecay|7-00:00:00
 ";
 
 const CONFIG_HEADER: &str = "Configuration data as of 2024-05-01T10:00:00\n";
@@ -50,8 +50,10 @@ fn sacctmgr_qos_lines_are_read_field_by_field() {
     assert_eq!(g.grp_gpus(), Some("8"));
     assert_eq!(g.max_gpus_per_job(), Some("4"));
     assert!(g.has_flag("DenyOnLimit") && g.has_flag("NoDecay"));
+    assert_eq!(g.max_wall, Some(Duration::from_secs(7 * 86_400)));
+    assert_eq!(qos[1].max_wall, None);
     // `-p` ends lines with '|'.
-    let p = parse_sacctmgr_qos("normal|0||cluster|00:00:00||||\n").unwrap();
+    let p = parse_sacctmgr_qos("normal|0||cluster|00:00:00|||||\n").unwrap();
     assert_eq!(p[0], LiveQos::fresh("normal"));
 }
 
@@ -60,12 +62,12 @@ fn output_in_another_format_is_refused_with_its_line() {
     // The five-field format of the Slurm 22.05 sample, not ours.
     let e = parse_sacctmgr_qos("normal|0||cluster|00:00:00\n").unwrap_err();
     assert_eq!(e.line, 1);
-    assert!(e.to_string().contains("expected 8 '|'-separated fields"), "{e}");
+    assert!(e.to_string().contains("expected 9 '|'-separated fields"), "{e}");
     assert!(e.to_string().contains("found 5"), "{e}");
-    let e = parse_sacctmgr_qos("normal|0||cluster|00:00:00|||\nx|high||cluster|0:0|||\n").unwrap_err();
+    let e = parse_sacctmgr_qos("normal|0||cluster|00:00:00||||\nx|high||cluster|0:0||||\n").unwrap_err();
     assert_eq!(e.line, 2);
     assert!(e.message.contains("Priority \"high\" is not a whole number"), "{e}");
-    let e = parse_sacctmgr_qos("x|1||cluster|00:00:00|gpu|||\n").unwrap_err();
+    let e = parse_sacctmgr_qos("x|1||cluster|00:00:00|gpu||||\n").unwrap_err();
     assert!(e.message.contains("GrpTRES: \"gpu\" is not TRES=LIMIT"), "{e}");
 }
 
@@ -82,16 +84,19 @@ fn scontrol_config_keeps_keys_and_skips_the_rest() {
 
 #[test]
 fn scontrol_partitions_one_a_line() {
-    let text = format!("{GPU_PARTITION}\nPartitionName=gpu-flex Nodes=ALL QoS=onepool-flexible-cap State=UP\n");
+    let text = format!(
+        "{GPU_PARTITION}\nPartitionName=gpu-flex AllowQos=op-agents,op-training Nodes=ALL QoS=onepool-flexible-cap State=UP\n"
+    );
     let p = parse_scontrol_partitions(&text).unwrap();
     assert_eq!(
         p,
         [
-            LivePartition { name: "gpu".into(), nodes: Some("node[1-4]".into()), qos: None },
+            LivePartition { name: "gpu".into(), nodes: Some("node[1-4]".into()), qos: None, allow_qos: None },
             LivePartition {
                 name: "gpu-flex".into(),
                 nodes: Some("ALL".into()),
-                qos: Some("onepool-flexible-cap".into())
+                qos: Some("onepool-flexible-cap".into()),
+                allow_qos: Some(vec!["op-agents".into(), "op-training".into()]),
             },
         ]
     );
@@ -103,7 +108,7 @@ fn scontrol_partitions_one_a_line() {
 fn shown(q: &QosSpec) -> String {
     let gpus = |n: Option<u32>| n.map(|n| format!("gres/gpu={n}")).unwrap_or_default();
     format!(
-        "{}|{}|{}|{}|{}|{}|{}|{}",
+        "{}|{}|{}|{}|{}|{}|{}|{}|{}",
         q.name,
         q.priority,
         q.preempt.join(","),
@@ -111,7 +116,8 @@ fn shown(q: &QosSpec) -> String {
         slurm_time(q.grace_time),
         gpus(q.grp_gpus),
         gpus(q.max_gpus_per_job),
-        if q.deny_on_limit { "DenyOnLimit" } else { "" }
+        if q.deny_on_limit { "DenyOnLimit" } else { "" },
+        q.max_wall.map(slurm_time).unwrap_or_default()
     )
 }
 
@@ -123,9 +129,16 @@ fn live_of(r: &Rendered) -> (Vec<LiveQos>, LiveConfig, Vec<LivePartition>) {
     for line in &r.slurm_conf {
         config.push_str(&format!("{:<23} = {}\n", line.key, line.value));
     }
-    let mut partitions = GPU_PARTITION.to_string();
+    let allow: Vec<String> = r.partition_access.iter().flat_map(|a| a.allow_qos.clone()).collect();
+    let mut partitions = GPU_PARTITION.replace("AllowQos=ALL", &format!("AllowQos={}", allow.join(",")));
     if let Some(p) = &r.flexible_partition {
-        partitions.push_str(&format!("\nPartitionName={} Nodes={} QoS={}\n", p.name, p.nodes, p.qos.name));
+        partitions.push_str(&format!(
+            "\nPartitionName={} Nodes={} QoS={} AllowQos={}\n",
+            p.name,
+            p.nodes,
+            p.qos.name,
+            p.allow_qos.join(",")
+        ));
     }
     (qos, parse_scontrol_config(&config), parse_scontrol_partitions(&partitions).unwrap())
 }
@@ -176,7 +189,15 @@ fn a_new_cluster_gets_everything_and_the_site_keeps_its_own() {
     assert!(text.contains("(now: lua)\nJobSubmitPlugins=lua,onepool\n"), "{text}");
     assert!(text.contains("(now: not set)\nPriorityWeightQOS=10000\n"), "{text}");
     assert!(
-        text.ends_with("PartitionName=gpu-flex Nodes=ALL QOS=onepool-flexible-cap MaxTime=INFINITE State=UP\n"),
+        text.contains("PartitionName=gpu-flex Nodes=ALL QOS=onepool-flexible-cap AllowQos=op-training,op-inference,op-agents MaxTime=INFINITE State=UP\n"),
+        "{text}"
+    );
+    // The site's pool partition lets every QOS run: only protected ones may.
+    assert_eq!(c.access.len(), 1, "{:?}", c.access);
+    assert_eq!((c.access[0].want.name.as_str(), c.access[0].live.as_ref()), ("gpu", None));
+    assert_eq!(c.access[0].want.allow_qos, ["op-critical-training", "op-inference-baseline"]);
+    assert!(
+        text.ends_with("# (now: AllowQos=ALL)\n# partition gpu: only protected classes run here (flexible ones run in gpu-flex, under its cap)\n#   add AllowQos=op-critical-training,op-inference-baseline to its PartitionName line; `scontrol update PartitionName=gpu AllowQos=op-critical-training,op-inference-baseline` applies it until slurmctld restarts\n"),
         "{text}"
     );
     assert!(c.problems.is_empty(), "{:?}", c.problems);
