@@ -24,11 +24,7 @@ pub fn parse(s: &str) -> Result<Duration, DurationError> {
     if t.is_empty() {
         return Err(err("it is empty"));
     }
-    let secs = if t.contains(':') {
-        parse_clock(t).map_err(err)?
-    } else {
-        parse_units(t).map_err(err)?
-    };
+    let secs = if t.contains(':') { parse_clock(t).map_err(err)? } else { parse_units(t).map_err(err)? };
     let d = Duration::from_secs(secs);
     if d > MAX {
         return Err(err("it is longer than one year"));
@@ -187,7 +183,9 @@ mod tests {
 
     #[test]
     fn overflowing_values_are_refused_with_the_reason() {
-        for v in ["99999999999999999-00:00:00", "18446744073709551615-23:59:59", "213503982334601d", "99999999999999999999s"] {
+        for v in
+            ["99999999999999999-00:00:00", "18446744073709551615-23:59:59", "213503982334601d", "99999999999999999999s"]
+        {
             let e = parse(v).unwrap_err();
             assert_eq!(e.value, v);
             assert!(e.reason.contains("too large") || e.reason.contains("longer than one year"), "{v}: {e}");

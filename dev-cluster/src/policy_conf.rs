@@ -156,7 +156,9 @@ mod tests {
         assert!(include.contains("PartitionName=gpu-flex Nodes=ALL QOS=onepool-flexible-cap"), "{include}");
         // The site's pool partition admits only the protected classes' QOS.
         assert!(
-            conf.contains("PartitionName=gpu Nodes=ALL Default=YES AllowQos=op-critical-training,op-inference-baseline\n"),
+            conf.contains(
+                "PartitionName=gpu Nodes=ALL Default=YES AllowQos=op-critical-training,op-inference-baseline\n"
+            ),
             "{conf}"
         );
         assert!(include.contains("PreemptType=preempt/qos"), "{include}");

@@ -30,6 +30,11 @@ pub struct Job {
     pub partition: Option<String>,
     pub time_limit_min: Option<u32>,
     pub gpus: Option<u32>,
+    pub gpus_per_node: Option<u32>,
+    pub min_nodes: Option<u32>,
+    pub max_nodes: Option<u32>,
+    /// Slurm lets only administrators set it; a user's try must not stick.
+    pub admin_comment: Option<String>,
     pub hold: bool,
     pub spank_env: Vec<String>,
 }
@@ -69,6 +74,8 @@ impl LibSlurm {
         let qos = job.qos.as_deref().map(c);
         let partition = job.partition.as_deref().map(c);
         let tres = job.gpus.map(|g| c(&format!("gres:gpu:{g}")));
+        let tres_node = job.gpus_per_node.map(|g| c(&format!("gres:gpu:{g}")));
+        let admin_comment = job.admin_comment.as_deref().map(c);
         d.name = name.as_ptr() as *mut c_char;
         d.script = script.as_ptr() as *mut c_char;
         d.work_dir = cwd.as_ptr() as *mut c_char;
@@ -82,7 +89,16 @@ impl LibSlurm {
         // SAFETY: getuid/getgid have no preconditions.
         d.user_id = unsafe { libc::getuid() };
         d.group_id = unsafe { libc::getgid() };
-        d.min_nodes = 1;
+        d.min_nodes = job.min_nodes.unwrap_or(1);
+        if let Some(n) = job.max_nodes {
+            d.max_nodes = n;
+        }
+        if let Some(t) = &tres_node {
+            d.tres_per_node = t.as_ptr() as *mut c_char;
+        }
+        if let Some(a) = &admin_comment {
+            d.admin_comment = a.as_ptr() as *mut c_char;
+        }
         if job.hold {
             d.priority = 0;
         }

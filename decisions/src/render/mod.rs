@@ -117,7 +117,9 @@ pub fn render(policy: &Policy) -> Rendered {
             class_qos(true),
             format!("only protected classes run here (flexible ones run in {}, under its cap)", fp.name),
         ),
-        None => (policy.classes.iter().map(|c| c.qos.clone()).collect(), "only onepool's class QOS run here".to_string()),
+        None => {
+            (policy.classes.iter().map(|c| c.qos.clone()).collect(), "only onepool's class QOS run here".to_string())
+        }
     };
     let mut names: Vec<&String> = policy.pool.partitions.iter().collect();
     for p in policy.classes.iter().flat_map(|c| &c.match_partitions) {

@@ -3,7 +3,8 @@
 //! plugin (any API user) can hand slurmctld arbitrary annotations. The
 //! integration tests use it to prove job_submit/onepool re-checks them.
 //!
-//! Usage: raw_submit [--qos Q] [--gpus N] NAME=VALUE...
+//! Usage: raw_submit [--qos Q] [--partition P] [--gpus N] [--gpus-per-node N]
+//!        [--min-nodes N] [--max-nodes N] [--admin-comment TEXT] [--hold] NAME=VALUE...
 //! Prints the job id, or `error: <Slurm's error>` and exits 1.
 
 use onepool_tests::libslurm::{Job, LibSlurm};
@@ -14,7 +15,12 @@ fn main() {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--qos" => job.qos = args.next(),
+            "--partition" => job.partition = args.next(),
             "--gpus" => job.gpus = args.next().and_then(|g| g.parse().ok()),
+            "--gpus-per-node" => job.gpus_per_node = args.next().and_then(|g| g.parse().ok()),
+            "--min-nodes" => job.min_nodes = args.next().and_then(|g| g.parse().ok()),
+            "--max-nodes" => job.max_nodes = args.next().and_then(|g| g.parse().ok()),
+            "--admin-comment" => job.admin_comment = args.next(),
             "--hold" => job.hold = true,
             _ => job.spank_env.push(a),
         }
