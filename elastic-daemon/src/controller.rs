@@ -268,6 +268,10 @@ pub struct Controller {
     metrics: Arc<Metrics>,
     /// The admin comment of each job [`Controller::read_records`] read.
     records: HashMap<u32, String>,
+    /// Why replica control stopped: a job this controller submitted came
+    /// back without job_submit/onepool's record for this endpoint, so
+    /// every poll would take it for a missing replica and submit another.
+    halted: Option<String>,
 }
 
 /// Runs one Slurm call on a blocking thread (the commands wait for
@@ -383,6 +387,7 @@ impl Controller {
             view: view.clone(),
             metrics,
             records: HashMap::new(),
+            halted: None,
         };
         (c, view)
     }
@@ -582,9 +587,26 @@ impl Controller {
 
     /// One poll: read, adopt, route, decide, act.
     async fn round(&mut self) -> Result<(), String> {
+        if let Some(why) = &self.halted {
+            return Err(why.clone());
+        }
         let (slurm, uid) = (self.slurm.clone(), self.uid);
         let mut jobs = blocking(&self.metrics, &self.name, "squeue", move || slurm.user_jobs(uid)).await?;
         self.read_records(&mut jobs).await?;
+        if let Some(j) = jobs
+            .iter()
+            .find(|j| self.tracked.contains_key(&j.job_id) && owned(j, &self.name, self.uid, &self.settings).is_none())
+        {
+            let why = format!(
+                "replica control stopped: job {} that onepoold submitted came back without job_submit/onepool's record for endpoint {} (admin comment {:?}); \
+                 the plugin is not in JobSubmitPlugins or the policy is in audit mode. Submitting again would repeat this every poll: \
+                 fix the cluster, cancel the job (scancel {}) and restart onepoold",
+                j.job_id, self.name, j.admin_comment, j.job_id
+            );
+            tracing::error!(endpoint = %self.name, job = j.job_id, "{why}");
+            self.halted = Some(why.clone());
+            return Err(why);
+        }
         let now = Instant::now();
         let mut seen: HashMap<u32, (JobInfo, Live)> = HashMap::new();
         let mut owned_jobs = Vec::new();

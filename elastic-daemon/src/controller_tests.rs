@@ -450,3 +450,30 @@ fn load_comes_from_the_replicas_metrics_where_readable_else_from_the_router() {
         drop(leases);
     });
 }
+
+/// In audit mode job_submit/onepool records nothing: the controller's own
+/// job comes back unrecognised. It stops after one submission, says why,
+/// and never submits again (the loop this replaces submitted every poll).
+#[test]
+fn a_submitted_job_that_comes_back_unrecognised_stops_replica_control() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let slurm = Arc::new(ScriptedSlurm::default());
+        let s = ReplicaSettings { min: 1, max: 1, ..settings() };
+        let (mut c, _) = Controller::new("llm", test_endpoint("llm"), false, s, slurm.clone());
+        c.round().await.unwrap();
+        let submitted = || slurm.calls.lock().unwrap().iter().filter(|c| c.starts_with("sbatch")).count();
+        assert_eq!(submitted(), 1);
+        // ScriptedSlurm answers job 100 to every sbatch; it now shows up
+        // with no record at all.
+        let mut j = running(100, "onepool-llm-18000", "node1", 1);
+        j.admin_comment.clear();
+        slurm.jobs.lock().unwrap().push(j);
+        for _ in 0..5 {
+            let e = c.round().await.unwrap_err();
+            assert!(e.contains("replica control stopped: job 100 that onepoold submitted came back without job_submit/onepool's record"), "{e}");
+            assert!(e.contains("audit mode"), "{e}");
+        }
+        assert_eq!(submitted(), 1, "{:?}", slurm.calls.lock().unwrap());
+    });
+}

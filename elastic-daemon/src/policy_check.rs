@@ -136,6 +136,12 @@ pub fn check(config: &Config) -> Findings {
         ));
         return all;
     };
+    if p.pool.audit {
+        all.errors.push(format!(
+            "the policy {} is in audit mode (pool.audit = true): job_submit/onepool then records nothing on jobs, so onepoold could not recognise its own replica jobs; replica control needs audit = false",
+            path.display()
+        ));
+    }
     for (name, s) in with_replicas {
         let f = check_endpoint(name, s, &p);
         all.errors.extend(f.errors.into_iter().map(|e| format!("{e} (policy {})", path.display())));
@@ -233,5 +239,27 @@ mod tests {
         }
         c.policy = Some("/srv/p.toml".into());
         assert_eq!(policy_path(&c), PathBuf::from("/srv/p.toml"));
+    }
+
+    /// Audit mode records nothing on jobs: replica control cannot run.
+    #[test]
+    fn a_policy_in_audit_mode_stops_replica_control_at_start() {
+        let dir = std::env::temp_dir().join(format!("onepool-audit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("onepool.toml");
+        let text = include_str!("../../etc/onepool.toml").replace("audit = false", "audit = true");
+        std::fs::write(&path, text).unwrap();
+        let mut c = crate::config::parse(
+            "t.toml",
+            "control_socket = \"/tmp/x.sock\"\n[[endpoint]]\nname = \"e\"\nlisten = \"127.0.0.1:0\"\n[endpoint.replicas]\ncommand = \"x\"\n",
+        )
+        .unwrap();
+        c.policy = Some(path.clone());
+        let f = check(&c);
+        assert_eq!(f.errors.len(), 1, "{f:?}");
+        assert!(f.errors[0].contains("is in audit mode (pool.audit = true)"), "{f:?}");
+        std::fs::write(&path, include_str!("../../etc/onepool.toml")).unwrap();
+        assert!(check(&c).errors.is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
