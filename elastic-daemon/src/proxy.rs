@@ -528,6 +528,9 @@ struct Guarded<C> {
     stopping: bool,
     head_timeout: Duration,
     http2_idle_timeout: Duration,
+    /// The connection is known to be HTTP/2 (the timer runs its idle
+    /// timeout).
+    http2: bool,
     timer: Pin<Box<tokio::time::Sleep>>,
     /// (received, done) when the timer was set.
     armed_at: (u64, u64),
@@ -552,6 +555,7 @@ impl<C> Guarded<C> {
             stopping: false,
             head_timeout: settings.header_read_timeout,
             http2_idle_timeout: settings.http2_idle_timeout,
+            http2: false,
             timer,
             armed_at: (0, 0),
         }
@@ -603,12 +607,16 @@ where
         if let Poll::Ready(r) = this.conn.as_mut().poll(cx) {
             return Poll::Ready(r.map_err(HeadTimeout::Conn));
         }
+        if !this.http2 && this.client.http2.load(Ordering::Relaxed) {
+            // Its first request came: from now on the idle timeout counts.
+            this.http2 = true;
+            this.timer.as_mut().reset(tokio::time::Instant::now() + this.http2_idle_timeout);
+        }
         while this.timer.as_mut().poll(cx).is_ready() {
             let now = (this.client.received.load(Ordering::Relaxed), this.client.done.load(Ordering::Relaxed));
-            let http2 = this.client.http2.load(Ordering::Relaxed);
             // No request since the timer was set, and none open then.
             if now == this.armed_at && now.0 == now.1 {
-                if !http2 || this.stopping {
+                if !this.http2 || this.stopping {
                     return Poll::Ready(Err(HeadTimeout::Elapsed));
                 }
                 this.stopping = true;
@@ -617,7 +625,7 @@ where
                 cx.waker().wake_by_ref();
             }
             this.armed_at = now;
-            let period = if http2 { this.http2_idle_timeout } else { this.head_timeout };
+            let period = if this.http2 { this.http2_idle_timeout } else { this.head_timeout };
             this.timer.as_mut().reset(tokio::time::Instant::now() + period);
         }
         Poll::Pending
