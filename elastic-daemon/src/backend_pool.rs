@@ -8,7 +8,7 @@
 //! the end of the connection (RFC 9112, section 6). A connection is kept
 //! for the next request when its response was read to the end and the
 //! replica did not ask to close it; a response left half-way (client gone,
-//! timeout) closes it.
+//! timeout, a replica silent mid-body) closes it.
 
 use std::future::{poll_fn, Future};
 use std::io;
@@ -368,6 +368,8 @@ pub struct Outgoing<'a> {
     /// A map for the response's header fields (emptied first), so that
     /// the caller's spare one serves instead of a new one.
     pub headers: &'a mut HeaderMap,
+    /// Longest silence of the replica in the middle of the response body.
+    pub body_idle_timeout: Duration,
 }
 
 /// Sends `request` to the replica at `address`, on an idle connection of
@@ -409,6 +411,9 @@ pub async fn send(
             keep_alive: head.keep_alive,
             hop_by_hop: head.hop_by_hop,
             idle: idle.clone(),
+            idle_timeout: request.body_idle_timeout,
+            watching: false,
+            progress: false,
         };
         let mut response = Response::new(body);
         *response.status_mut() = head.status;
@@ -474,6 +479,12 @@ pub struct BackendBody {
     /// The response head has hop-by-hop fields to leave out.
     hop_by_hop: bool,
     idle: Arc<IdleConns>,
+    /// Longest silence of the replica mid-body (see `silent_too_long`).
+    idle_timeout: Duration,
+    /// The connection's timer watches for silence (set at the first wait).
+    watching: bool,
+    /// Bytes came since the timer was set.
+    progress: bool,
 }
 
 impl BackendBody {
@@ -500,6 +511,28 @@ impl BackendBody {
         self.framing = Framing::Done;
         self.finish(Instant::now());
         Poll::Ready(None)
+    }
+
+    /// Whether the replica has sent nothing for a whole idle timeout; asked
+    /// only when a read would wait. One timer (the connection's), set at
+    /// the first wait and again whenever it fires after bytes came: a
+    /// silence is caught between one and two idle timeouts after it began,
+    /// and a body that flows costs no timer work per frame (responses read
+    /// whole with their head, most of them, cost none at all).
+    fn silent_too_long(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(c) = self.conn.as_mut() else { return false };
+        if !self.watching {
+            self.watching = true;
+            self.progress = false;
+            c.arm(Instant::now() + self.idle_timeout);
+        }
+        while c.poll_timer(cx).is_ready() {
+            if !std::mem::take(&mut self.progress) {
+                return true;
+            }
+            c.arm(Instant::now() + self.idle_timeout);
+        }
+        false
     }
 
     fn fail(&mut self, e: io::Error) -> Poll<Option<io::Result<Frame<Bytes>>>> {
@@ -590,11 +623,18 @@ impl Body for BackendBody {
                 _ => {}
             }
             // More bytes needed.
-            match ready!(c.poll_fill(cx)) {
-                Ok(0) if matches!(this.framing, Framing::Close) => return this.end(),
-                Ok(0) => return this.fail(body_error("the replica closed the connection before the end of the body")),
-                Ok(_) => {}
-                Err(e) => return this.fail(e),
+            match c.poll_fill(cx) {
+                Poll::Pending if this.silent_too_long(cx) => {
+                    let msg = format!("the replica sent no body bytes for {:?}", this.idle_timeout);
+                    return this.fail(io::Error::new(io::ErrorKind::TimedOut, msg));
+                }
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) if matches!(this.framing, Framing::Close) => return this.end(),
+                Poll::Ready(Ok(0)) => {
+                    return this.fail(body_error("the replica closed the connection before the end of the body"))
+                }
+                Poll::Ready(Ok(_)) => this.progress = true,
+                Poll::Ready(Err(e)) => return this.fail(e),
             }
         }
     }

@@ -23,6 +23,9 @@ pub struct Config {
     pub metrics_address: Option<SocketAddr>,
     /// How long in-flight requests may run on after SIGTERM.
     pub shutdown_grace: Duration,
+    /// Request body bytes all requests in flight may hold at once (bodies
+    /// are kept whole for retries); a body that would pass it gets 503.
+    pub max_buffered_body_bytes: usize,
     pub endpoints: Vec<EndpointConfig>,
     /// Shared listeners that pick the endpoint per request.
     pub listeners: Vec<ListenerConfig>,
@@ -150,6 +153,7 @@ struct RawConfig {
     control_socket_mode: Option<Spanned<String>>,
     metrics_address: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
+    max_buffered_body_bytes: Option<Spanned<i64>>,
     slurm_conf: Option<Spanned<String>>,
     policy: Option<Spanned<String>>,
     #[serde(default)]
@@ -167,6 +171,9 @@ struct RawListener {
     model_body_timeout: Option<Spanned<String>>,
     header_read_timeout: Option<Spanned<String>>,
     max_header_bytes: Option<Spanned<i64>>,
+    max_connections: Option<Spanned<i64>>,
+    max_connections_per_ip: Option<Spanned<i64>>,
+    http2_idle_timeout: Option<Spanned<String>>,
     #[serde(default)]
     route: Vec<Spanned<RawRoute>>,
 }
@@ -193,7 +200,12 @@ struct RawEndpoint {
     connect_timeout: Option<Spanned<String>>,
     header_read_timeout: Option<Spanned<String>>,
     max_header_bytes: Option<Spanned<i64>>,
+    max_connections: Option<Spanned<i64>>,
+    max_connections_per_ip: Option<Spanned<i64>>,
+    http2_idle_timeout: Option<Spanned<String>>,
     max_request_body: Option<Spanned<i64>>,
+    body_read_timeout: Option<Spanned<String>>,
+    response_idle_timeout: Option<Spanned<String>>,
     retry: Option<RawRetry>,
     health: Option<RawHealth>,
     replicas: Option<Spanned<RawReplicas>>,
@@ -340,6 +352,8 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
         Some(addr)
     });
     let shutdown_grace = c.duration(&raw.shutdown_grace, "shutdown_grace", Duration::from_secs(30));
+    let max_buffered_body_bytes =
+        c.number(&raw.max_buffered_body_bytes, "max_buffered_body_bytes", 1 << 20, 1 << 40, 256 << 20) as usize;
     if raw.endpoint.is_empty() {
         c.diags.push(Diagnostic::error(None, "no [[endpoint]]; add at least one with name and listen".to_string()));
     }
@@ -367,14 +381,32 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
         }
         let retry = e.retry.as_ref();
         let attempts = retry.map(|r| c.number(&r.attempts, "retry.attempts", 0, 10, 2)).unwrap_or(2);
+        let conn = conn_settings(
+            &mut c,
+            [&e.header_read_timeout, &e.http2_idle_timeout],
+            [&e.max_header_bytes, &e.max_connections, &e.max_connections_per_ip],
+        );
+        let max_request_body = c.number(&e.max_request_body, "max_request_body", 1, 1 << 30, 8 << 20) as usize;
+        if max_request_body > max_buffered_body_bytes {
+            let span = e.max_request_body.as_ref().or(raw.max_buffered_body_bytes.as_ref()).map(|v| v.span());
+            c.diags.push(Diagnostic::error(
+                span,
+                format!("max_request_body = {max_request_body} of endpoint {name:?} is above max_buffered_body_bytes = {max_buffered_body_bytes}; its largest requests could never be served"),
+            ));
+        }
         let proxy = ProxySettings {
             request_timeout: c.duration(&e.request_timeout, "request_timeout", Duration::from_secs(300)),
             connect_timeout: c.duration(&e.connect_timeout, "connect_timeout", Duration::from_secs(2)),
-            max_request_body: c.number(&e.max_request_body, "max_request_body", 1, 1 << 30, 8 << 20) as usize,
-            header_read_timeout: c.duration(&e.header_read_timeout, "header_read_timeout", Duration::from_secs(10)),
-            max_header_bytes: c.number(&e.max_header_bytes, "max_header_bytes", 8192, 1 << 20, 16384) as usize,
+            max_request_body,
+            body_read_timeout: c.duration(&e.body_read_timeout, "body_read_timeout", Duration::from_secs(30)),
+            response_idle_timeout: c.duration(
+                &e.response_idle_timeout,
+                "response_idle_timeout",
+                Duration::from_secs(60),
+            ),
             retries: attempts as u32,
             idempotent: retry.and_then(|r| r.idempotent).unwrap_or(false),
+            conn,
         };
         let (health, thresholds) = match &e.health {
             None => (None, HealthThresholds::default()),
@@ -407,7 +439,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
             replicas,
         });
     }
-    let listeners = listeners(&mut c, &raw.listener, &names, &mut listens);
+    let listeners = listeners(&mut c, &raw.listener, &names, &mut listens, max_buffered_body_bytes);
     for e in &raw.endpoint {
         let e = e.get_ref();
         let name = e.name.get_ref();
@@ -429,11 +461,44 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
         control_socket_mode,
         metrics_address,
         shutdown_grace,
+        max_buffered_body_bytes,
         endpoints,
         listeners,
         slurm_conf: raw.slurm_conf.map(|s| PathBuf::from(s.into_inner())),
         policy: raw.policy.map(|s| PathBuf::from(s.into_inner())),
     })
+}
+
+/// A listener's connection limits, from an `[[endpoint]]` (its own
+/// listener) or a `[[listener]]`: `[header_read_timeout,
+/// http2_idle_timeout]`, `[max_header_bytes, max_connections,
+/// max_connections_per_ip]`.
+fn conn_settings(
+    c: &mut Checker,
+    [head_timeout, h2_idle]: [&Option<Spanned<String>>; 2],
+    [header_bytes, max_conns, per_ip]: [&Option<Spanned<i64>>; 3],
+) -> ConnSettings {
+    let max_connections = c.number(max_conns, "max_connections", 1, 1_000_000, 4096) as usize;
+    let mut max_connections_per_ip = c.number(per_ip, "max_connections_per_ip", 1, 1_000_000, 512) as usize;
+    if max_connections_per_ip > max_connections {
+        match per_ip {
+            Some(v) => c.error(
+                v.span(),
+                format!(
+                    "max_connections_per_ip = {max_connections_per_ip} is above max_connections = {max_connections}"
+                ),
+            ),
+            // Only the total was lowered: one client may take all of it.
+            None => max_connections_per_ip = max_connections,
+        }
+    }
+    ConnSettings {
+        header_read_timeout: c.duration(head_timeout, "header_read_timeout", Duration::from_secs(10)),
+        max_header_bytes: c.number(header_bytes, "max_header_bytes", 8192, 1 << 20, 16384) as usize,
+        max_connections,
+        max_connections_per_ip,
+        http2_idle_timeout: c.duration(h2_idle, "http2_idle_timeout", Duration::from_secs(60)),
+    }
 }
 
 fn positive(c: &mut Checker, v: &Option<Spanned<f64>>, key: &str, default: f64) -> f64 {
@@ -572,6 +637,7 @@ fn listeners(
     raw: &[Spanned<RawListener>],
     endpoints: &BTreeMap<String, Range<usize>>,
     listens: &mut BTreeMap<SocketAddr, String>,
+    max_buffered: usize,
 ) -> Vec<ListenerConfig> {
     let mut out = Vec::new();
     for l in raw {
@@ -596,11 +662,18 @@ fn listeners(
                 c.error(s, format!("{key} applies only to a listener with by = \"model\""));
             }
         }
-        let conn = ConnSettings {
-            header_read_timeout: c.duration(&l.header_read_timeout, "header_read_timeout", Duration::from_secs(10)),
-            max_header_bytes: c.number(&l.max_header_bytes, "max_header_bytes", 8192, 1 << 20, 16384) as usize,
-        };
+        let conn = conn_settings(
+            c,
+            [&l.header_read_timeout, &l.http2_idle_timeout],
+            [&l.max_header_bytes, &l.max_connections, &l.max_connections_per_ip],
+        );
         let max_body = c.number(&l.max_model_body, "max_model_body", 1, 1 << 30, 1 << 20) as usize;
+        if let (Some(v), true) = (&l.max_model_body, max_body > max_buffered) {
+            c.error(
+                v.span(),
+                format!("max_model_body = {max_body} is above max_buffered_body_bytes = {max_buffered}; such bodies could never be read"),
+            );
+        }
         let body_timeout = c.duration(&l.model_body_timeout, "model_body_timeout", Duration::from_secs(30));
         if l.route.is_empty() {
             c.diags.push(Diagnostic::error(

@@ -9,6 +9,12 @@ fn the_example_parses() {
     assert!(c.endpoints[0].health.is_some());
     let r = c.endpoints[0].replicas.as_ref().expect("[endpoint.replicas]");
     assert_eq!((r.min, r.max, r.port_range), (1, 4, (18000, 18999)));
+    assert_eq!(c.max_buffered_body_bytes, 256 << 20);
+    let p = &c.endpoints[0].proxy;
+    assert_eq!((p.body_read_timeout, p.response_idle_timeout), (Duration::from_secs(30), Duration::from_secs(60)));
+    assert_eq!((p.conn.max_connections, p.conn.max_connections_per_ip), (4096, 512));
+    assert_eq!(p.conn.http2_idle_timeout, Duration::from_secs(60));
+    assert_eq!(c.listeners[0].conn, p.conn);
     assert_eq!(c.listeners.len(), 1);
     assert_eq!(
         c.listeners[0].routes,
@@ -80,4 +86,49 @@ metrics_path = "metrics"
     let ok = src.replace(", \"bad name\"", "").replace("\"metrics\"", "\"/m\"");
     let r = parse("t.toml", &ok).unwrap().endpoints[0].replicas.clone().unwrap();
     assert_eq!((r.load_metrics, r.metrics_path.as_str()), (vec!["vllm:num_requests_waiting".to_string()], "/m"));
+}
+
+#[test]
+fn resource_bounds_are_checked() {
+    let src = r#"control_socket = "/tmp/x.sock"
+max_buffered_body_bytes = 2097152
+
+[[endpoint]]
+name = "chat"
+listen = "127.0.0.1:0"
+max_request_body = 4194304
+body_read_timeout = "0s"
+response_idle_timeout = "soon"
+max_connections = 10
+max_connections_per_ip = 20
+
+[[listener]]
+listen = "127.0.0.1:0"
+by = "model"
+max_model_body = 3145728
+max_connections = 0
+http2_idle_timeout = "1x"
+
+[[listener.route]]
+model = "m"
+endpoint = "chat"
+"#;
+    let e = parse("b.toml", src).unwrap_err();
+    let all = e.to_string();
+    for want in [
+        "b.toml:7:20: error: max_request_body = 4194304 of endpoint \"chat\" is above max_buffered_body_bytes = 2097152",
+        "b.toml:8:21: error: body_read_timeout must be longer than zero",
+        "b.toml:9:25: error: response_idle_timeout: ",
+        "b.toml:11:26: error: max_connections_per_ip = 20 is above max_connections = 10",
+        "b.toml:16:18: error: max_model_body = 3145728 is above max_buffered_body_bytes = 2097152",
+        "b.toml:17:19: error: max_connections = 0 is out of range; use 1 to 1000000",
+        "b.toml:18:22: error: http2_idle_timeout: ",
+    ] {
+        assert!(all.contains(want), "{want} not in\n{all}");
+    }
+    assert_eq!(e.0.len(), 7, "{all}");
+    // The per-client cap follows a total set below its default.
+    let ok = "control_socket = \"/s\"\n[[endpoint]]\nname = \"a\"\nlisten = \"127.0.0.1:0\"\nmax_connections = 100\n";
+    let conn = &parse("o.toml", ok).unwrap().endpoints[0].proxy.conn;
+    assert_eq!((conn.max_connections, conn.max_connections_per_ip), (100, 100));
 }

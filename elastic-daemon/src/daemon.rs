@@ -24,7 +24,7 @@ use crate::control::{self, ControlError};
 use crate::controller::{Controller, ControllerView, SharedSlurm};
 use crate::endpoint::{Endpoint, QueueSettings};
 use crate::metrics::Metrics;
-use crate::proxy::{Dispatch, Target};
+use crate::proxy::{BodyBudget, Dispatch, Target};
 
 pub struct RoutedEndpoint {
     pub endpoint: Arc<Endpoint>,
@@ -57,6 +57,8 @@ pub enum StartError {
 pub struct Daemon {
     pub router: Arc<Router>,
     pub metrics: Arc<Metrics>,
+    /// The request body bytes requests in flight hold, and their limit.
+    pub body_budget: Arc<BodyBudget>,
     pub metrics_address: Option<SocketAddr>,
     pub control_socket: PathBuf,
     /// The shared listeners' bound addresses, in configuration order.
@@ -70,6 +72,7 @@ impl Daemon {
     /// before anything serves.
     pub async fn start(config: Config) -> Result<Daemon, StartError> {
         let metrics = Arc::new(Metrics::new());
+        let budget = BodyBudget::new(config.max_buffered_body_bytes, &metrics);
         let (tx, rx) = watch::channel(false);
         let mut endpoints = BTreeMap::new();
         let mut targets = HashMap::new();
@@ -100,7 +103,7 @@ impl Daemon {
                     replica_jobs: None,
                 },
             );
-            let target = Target::new(endpoint.clone(), e.proxy.clone(), metrics.clone());
+            let target = Target::new(endpoint.clone(), e.proxy.clone(), metrics.clone(), budget.clone());
             targets.insert(e.name.clone(), target.clone());
             if let Some(l) = listener {
                 listeners.push((l, Arc::new(Dispatch::Single(target)), e.proxy.conn()));
@@ -112,7 +115,7 @@ impl Daemon {
                 .await
                 .map_err(|source| StartError::SharedListen { address: l.listen, source })?;
             shared.push(listener.local_addr().unwrap_or(l.listen));
-            listeners.push((listener, Arc::new(Dispatch::routed(&l.routes, &targets)), l.conn.clone()));
+            listeners.push((listener, Arc::new(Dispatch::routed(&l.routes, &targets, &budget)), l.conn.clone()));
         }
         let metrics_listener = match config.metrics_address {
             Some(address) => {
@@ -160,8 +163,10 @@ impl Daemon {
             tasks.push(tokio::spawn(controller.run(rx.clone())));
         }
         for (listener, dispatch, conn) in listeners {
-            let serve = crate::proxy::serve(listener, dispatch, conn, rx.clone(), config.shutdown_grace);
-            tasks.push(tokio::spawn(serve));
+            let (metrics, rx, grace) = (metrics.clone(), rx.clone(), config.shutdown_grace);
+            tasks.push(tokio::spawn(async move {
+                crate::proxy::serve(listener, dispatch, conn, &metrics, rx, grace).await
+            }));
         }
         tasks.push(tokio::spawn(control::serve(control_listener, router.clone(), rx.clone())));
         if let Some(l) = metrics_listener {
@@ -170,6 +175,7 @@ impl Daemon {
         Ok(Daemon {
             router,
             metrics,
+            body_budget: budget,
             metrics_address,
             control_socket: config.control_socket,
             listeners: shared,

@@ -23,6 +23,19 @@ pub struct ReplicaLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    /// The listener's bound address.
+    pub listener: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    pub listener: String,
+    /// "max_connections" or "max_connections_per_ip": the cap it hit.
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     /// Empty when a shared listener answered without choosing an endpoint
     /// (no such host, path or model; its model list).
@@ -86,6 +99,14 @@ pub struct Metrics {
     pub desired: Family<EndpointLabels, Gauge>,
     pub preemptions: Family<EndpointLabels, Counter>,
     pub slurm_calls: Family<SlurmCallLabels, Counter>,
+    /// Client connections open, by listener.
+    pub connections: Family<ListenerLabels, Gauge>,
+    pub connections_refused: Family<RefusedLabels, Counter>,
+    /// Request body bytes held by requests in flight, all endpoints.
+    pub buffered_body_bytes: Gauge,
+    /// Requests refused because their body would pass max_buffered_body_bytes.
+    pub body_budget_refused: Counter,
+    pub response_idle_timeouts: Family<ReplicaLabels, Counter>,
     registry: Registry,
 }
 
@@ -107,6 +128,11 @@ impl Metrics {
         let desired = Family::<EndpointLabels, Gauge>::default();
         let preemptions = Family::<EndpointLabels, Counter>::default();
         let slurm_calls = Family::<SlurmCallLabels, Counter>::default();
+        let connections = Family::<ListenerLabels, Gauge>::default();
+        let connections_refused = Family::<RefusedLabels, Counter>::default();
+        let buffered_body_bytes = Gauge::default();
+        let body_budget_refused = Counter::default();
+        let response_idle_timeouts = Family::<ReplicaLabels, Counter>::default();
         let mut registry = Registry::with_prefix("onepool");
         let router = registry.sub_registry_with_prefix("router");
         router.register("requests", "Requests answered, by replica and status class", requests.clone());
@@ -115,6 +141,27 @@ impl Metrics {
         router.register("request_duration_seconds", "Time from request to the last response byte", latency.clone());
         router.register("drains", "Replica drains, by outcome", drains.clone());
         router.register("drain_duration_seconds", "How long drains took", drain_seconds.clone());
+        router.register("connections", "Client connections open, by listener", connections.clone());
+        router.register(
+            "connections_refused",
+            "Client connections closed at once: the listener's cap or the client IP's was reached",
+            connections_refused.clone(),
+        );
+        router.register(
+            "buffered_body_bytes",
+            "Request body bytes held by requests in flight (at most max_buffered_body_bytes)",
+            buffered_body_bytes.clone(),
+        );
+        router.register(
+            "body_budget_refused",
+            "Requests answered 503 because their body would pass max_buffered_body_bytes",
+            body_budget_refused.clone(),
+        );
+        router.register(
+            "response_idle_timeouts",
+            "Responses cut off because the replica sent nothing for response_idle_timeout",
+            response_idle_timeouts.clone(),
+        );
         let controller = registry.sub_registry_with_prefix("replica");
         controller.register("jobs", "onepoold's replicas in Slurm jobs, by kind and phase", replicas.clone());
         controller.register("desired", "Replicas the autoscaler wants (baseline included)", desired.clone());
@@ -141,6 +188,11 @@ impl Metrics {
             desired,
             preemptions,
             slurm_calls,
+            connections,
+            connections_refused,
+            buffered_body_bytes,
+            body_budget_refused,
+            response_idle_timeouts,
             registry,
         }
     }
@@ -184,6 +236,7 @@ impl Metrics {
         ReplicaMetrics {
             in_flight: self.in_flight.get_or_create(&labels).clone(),
             latency: self.latency.get_or_create(&labels).clone(),
+            response_idle_timeouts: self.response_idle_timeouts.get_or_create(&labels).clone(),
             requests: self.request_counters(endpoint, replica),
         }
     }
@@ -224,6 +277,7 @@ impl RequestCounters {
 pub struct ReplicaMetrics {
     pub in_flight: Gauge,
     pub latency: Histogram,
+    pub response_idle_timeouts: Counter,
     pub requests: RequestCounters,
 }
 

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,24 +16,26 @@ use std::task::Waker;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::backend_pool::{self, BackendBody, SendError, HOP_BY_HOP, IDLE_TIMEOUT};
 use crate::config::{Routes, MODEL_PATHS};
 use crate::endpoint::{AcquireError, Endpoint, Lease};
-use crate::metrics::{Metrics, RequestCounters};
+use crate::metrics::{ListenerLabels, Metrics, RefusedLabels, RequestCounters};
 
 /// The launcher's answer while a replica drains: 503 with this header set
 /// to "1". The request was not processed, so it is always retried.
@@ -88,14 +91,20 @@ pub struct ProxySettings {
     /// Largest request body; larger gets 413. Bodies are read whole before
     /// forwarding so a failed attempt can be retried on another replica.
     pub max_request_body: usize,
-    /// Longest time a client may take to send its request head (slowloris).
-    pub header_read_timeout: Duration,
-    /// Largest request head in bytes; larger gets 431. At least 8192.
-    pub max_header_bytes: usize,
+    /// Longest time a client may take to send a whole request body, from
+    /// the end of its head; past it the client gets 408 and the connection
+    /// closes (far shorter than `request_timeout`: a body trickled in holds
+    /// its connection and its bytes while it lasts).
+    pub body_read_timeout: Duration,
+    /// Longest silence of a replica in the middle of a response body; past
+    /// it the response is cut off and the replica's connection closed.
+    pub response_idle_timeout: Duration,
     /// Attempts after the first, each on a replica not yet tried.
     pub retries: u32,
     /// Every request may be retried, not only safe methods.
     pub idempotent: bool,
+    /// The endpoint's own listener's connection limits.
+    pub conn: ConnSettings,
 }
 
 /// What a listener applies to each connection, before any routing.
@@ -105,13 +114,20 @@ pub struct ConnSettings {
     pub header_read_timeout: Duration,
     /// Largest request head in bytes; larger gets 431. At least 8192.
     pub max_header_bytes: usize,
+    /// Open connections the listener keeps at most; one more is refused.
+    pub max_connections: usize,
+    /// Open connections from one client IP address at most.
+    pub max_connections_per_ip: usize,
+    /// Longest time an HTTP/2 connection may have no stream open, after its
+    /// first request (before it, `header_read_timeout` applies).
+    pub http2_idle_timeout: Duration,
 }
 
 impl ProxySettings {
     /// An endpoint's own listener takes its connection limits from the
     /// endpoint.
     pub fn conn(&self) -> ConnSettings {
-        ConnSettings { header_read_timeout: self.header_read_timeout, max_header_bytes: self.max_header_bytes }
+        self.conn.clone()
     }
 }
 
@@ -131,10 +147,16 @@ pub struct Target {
     endpoint: Arc<Endpoint>,
     settings: ProxySettings,
     metrics: Arc<Metrics>,
+    budget: Arc<BodyBudget>,
 }
 
 impl Target {
-    pub fn new(endpoint: Arc<Endpoint>, settings: ProxySettings, metrics: Arc<Metrics>) -> Arc<Target> {
+    pub fn new(
+        endpoint: Arc<Endpoint>,
+        settings: ProxySettings,
+        metrics: Arc<Metrics>,
+        budget: Arc<BodyBudget>,
+    ) -> Arc<Target> {
         // Closes keep-alive connections left unused (by a replica that is
         // no longer busy, or after a burst), until the endpoint is gone.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -151,7 +173,139 @@ impl Target {
                 }
             });
         }
-        Arc::new(Target { endpoint, settings, metrics })
+        Arc::new(Target { endpoint, settings, metrics, budget })
+    }
+}
+
+/// The request body bytes all requests in flight may hold, daemon-wide:
+/// bodies are kept whole until their last attempt (for retries), so
+/// without a bound many large ones at once grow memory without end. A
+/// body takes its bytes as they arrive and gives them back when its
+/// request is done; one that finds the budget spent gets 503.
+pub struct BodyBudget {
+    /// Bytes held now (the `onepool_router_buffered_body_bytes` gauge).
+    held: Gauge,
+    limit: i64,
+    refused: Counter,
+}
+
+impl BodyBudget {
+    pub fn new(limit: usize, metrics: &Metrics) -> Arc<BodyBudget> {
+        Arc::new(BodyBudget {
+            held: metrics.buffered_body_bytes.clone(),
+            limit: i64::try_from(limit).unwrap_or(i64::MAX),
+            refused: metrics.body_budget_refused.clone(),
+        })
+    }
+
+    /// Bytes held by requests in flight now.
+    pub fn held(&self) -> i64 {
+        self.held.get()
+    }
+
+    /// Takes `n` bytes if the budget has them (one atomic update).
+    fn take(&self, n: usize) -> bool {
+        let n = n as i64;
+        self.held
+            .inner()
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |h| (h + n <= self.limit).then_some(h + n))
+            .is_ok()
+    }
+}
+
+/// A request body's bytes in the budget, given back when dropped.
+struct BodyShare<'a> {
+    budget: &'a BodyBudget,
+    bytes: usize,
+}
+
+impl Drop for BodyShare<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.budget.held.dec_by(self.bytes as i64);
+        }
+    }
+}
+
+/// Why a request body was not read whole.
+enum BodyError {
+    TooLarge,
+    TimedOut,
+    /// The budget had no room for it.
+    OverBudget,
+    Unreadable,
+}
+
+/// Reads a request body whole: at most `max` bytes, within `timeout` (for
+/// the whole body, so a client cannot hold its connection and bytes by
+/// trickling), each frame's bytes taken from `budget` as it arrives.
+async fn read_whole(
+    mut body: Incoming,
+    max: usize,
+    timeout: Duration,
+    budget: &BodyBudget,
+) -> Result<(Bytes, BodyShare<'_>), BodyError> {
+    let hint = body.size_hint();
+    if hint.lower() > max as u64 {
+        return Err(BodyError::TooLarge);
+    }
+    let read = async move {
+        let mut share = BodyShare { budget, bytes: 0 };
+        // The first frame is kept as it is (most bodies come in one); a
+        // second starts a buffer, of the Content-Length when there is one,
+        // whose pages fill as the bytes come.
+        let (mut first, mut rest) = (Bytes::new(), BytesMut::new());
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(|_| BodyError::Unreadable)?.into_data() else { continue };
+            if share.bytes + data.len() > max {
+                return Err(BodyError::TooLarge);
+            }
+            if !budget.take(data.len()) {
+                return Err(BodyError::OverBudget);
+            }
+            share.bytes += data.len();
+            if share.bytes == data.len() {
+                first = data;
+                continue;
+            }
+            if rest.is_empty() {
+                let whole = hint.exact().map_or(share.bytes, |n| n as usize);
+                rest.reserve(whole.max(share.bytes));
+                rest.extend_from_slice(&std::mem::take(&mut first));
+            }
+            rest.extend_from_slice(&data);
+        }
+        Ok((if rest.is_empty() { first } else { rest.freeze() }, share))
+    };
+    tokio::time::timeout(timeout, read).await.unwrap_or(Err(BodyError::TimedOut))
+}
+
+impl BodyError {
+    /// The answer to the client, made by `make`; `what` names the limit
+    /// passed.
+    fn answer(
+        self,
+        budget: &BodyBudget,
+        max: usize,
+        what: &str,
+        make: fn(StatusCode, &str) -> Response<ProxyBody>,
+    ) -> Response<ProxyBody> {
+        match self {
+            BodyError::TooLarge => {
+                make(StatusCode::PAYLOAD_TOO_LARGE, &format!("request body larger than {max} bytes{what}"))
+            }
+            BodyError::TimedOut => make(StatusCode::REQUEST_TIMEOUT, "request body not received in time"),
+            BodyError::OverBudget => {
+                budget.refused.inc();
+                let mut r = make(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the router holds as many request bodies as it may; retry later",
+                );
+                r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                r
+            }
+            BodyError::Unreadable => make(StatusCode::BAD_REQUEST, "request body could not be read"),
+        }
     }
 }
 
@@ -177,13 +331,13 @@ enum By {
     /// By path prefix on whole segments, longest first.
     Path(Vec<(String, bool, Arc<Target>)>),
     /// By the `model` field of POSTs to [`MODEL_PATHS`].
-    Model { max_body: usize, body_timeout: Duration, models: BTreeMap<String, Arc<Target>> },
+    Model { max_body: usize, body_timeout: Duration, models: BTreeMap<String, Arc<Target>>, budget: Arc<BodyBudget> },
 }
 
 impl Dispatch {
     /// Builds a shared listener's dispatch; every route's endpoint must be
     /// in `targets` (the configuration checked that).
-    pub fn routed(routes: &Routes, targets: &HashMap<String, Arc<Target>>) -> Dispatch {
+    pub fn routed(routes: &Routes, targets: &HashMap<String, Arc<Target>>, budget: &Arc<BodyBudget>) -> Dispatch {
         let t = |name: &str| targets.get(name).expect("routes name configured endpoints").clone();
         let by = match routes {
             Routes::Host(r) => By::Host(r.iter().map(|(h, e)| (h.clone(), t(e))).collect()),
@@ -196,6 +350,7 @@ impl Dispatch {
                 max_body: *max_body,
                 body_timeout: *body_timeout,
                 models: routes.iter().map(|(m, e)| (m.clone(), t(e))).collect(),
+                budget: budget.clone(),
             },
         };
         // Every target shares the daemon's metrics.
@@ -249,32 +404,82 @@ impl Drop for RequestHold {
     }
 }
 
-/// A listener's connections, for a graceful stop: each is told to finish
-/// what it serves and close, and the stop waits until all have.
-#[derive(Default)]
+/// A listener's connections: held to its caps as they come, and for a
+/// graceful stop, each told to finish what it serves and close, the stop
+/// waiting until all have.
 struct Connections {
     stopping: AtomicBool,
-    /// Each open connection's task, to wake it for the stop.
-    open: Mutex<HashMap<u64, Option<Waker>>>,
+    open: Mutex<Open>,
     next: AtomicU64,
     all_closed: tokio::sync::Notify,
+    max: usize,
+    max_per_ip: usize,
+    gauge: Gauge,
+    refused_total: Counter,
+    refused_per_ip: Counter,
+}
+
+#[derive(Default)]
+struct Open {
+    /// Each open connection's task, to wake it for the stop.
+    wakers: HashMap<u64, Option<Waker>>,
+    /// Open connections by client address (none listed at zero).
+    per_ip: HashMap<IpAddr, usize>,
 }
 
 impl Connections {
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Option<Waker>>> {
+    fn new(conn: &ConnSettings, listener: &str, metrics: &Metrics) -> Connections {
+        let refused = |reason: &str| {
+            let labels = RefusedLabels { listener: listener.to_string(), reason: reason.to_string() };
+            metrics.connections_refused.get_or_create(&labels).clone()
+        };
+        Connections {
+            stopping: AtomicBool::new(false),
+            open: Mutex::default(),
+            next: AtomicU64::new(0),
+            all_closed: tokio::sync::Notify::new(),
+            max: conn.max_connections,
+            max_per_ip: conn.max_connections_per_ip,
+            gauge: metrics.connections.get_or_create(&ListenerLabels { listener: listener.to_string() }).clone(),
+            refused_total: refused("max_connections"),
+            refused_per_ip: refused("max_connections_per_ip"),
+        }
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Open> {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn add(&self) -> u64 {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.table().insert(id, None);
-        id
+    /// A new connection from `ip`, or `None` (counted) if it would pass
+    /// the listener's cap or its client's.
+    fn add(&self, ip: IpAddr) -> Option<u64> {
+        let mut open = self.table();
+        let refused = if open.wakers.len() >= self.max {
+            &self.refused_total
+        } else if open.per_ip.get(&ip).is_some_and(|&n| n >= self.max_per_ip) {
+            &self.refused_per_ip
+        } else {
+            let id = self.next.fetch_add(1, Ordering::Relaxed);
+            open.wakers.insert(id, None);
+            *open.per_ip.entry(ip).or_default() += 1;
+            self.gauge.inc();
+            return Some(id);
+        };
+        refused.inc();
+        None
     }
 
-    fn remove(&self, id: u64) {
+    fn remove(&self, id: u64, ip: IpAddr) {
         let mut open = self.table();
-        open.remove(&id);
-        if open.is_empty() {
+        open.wakers.remove(&id);
+        if let Some(n) = open.per_ip.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.per_ip.remove(&ip);
+            }
+        }
+        self.gauge.dec();
+        if open.wakers.is_empty() {
             self.all_closed.notify_waiters();
         }
     }
@@ -283,14 +488,14 @@ impl Connections {
     /// waits until all have closed.
     async fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
-        for w in self.table().values().flatten() {
+        for w in self.table().wakers.values().flatten() {
             w.wake_by_ref();
         }
         loop {
             let closed = self.all_closed.notified();
             let mut closed = std::pin::pin!(closed);
             closed.as_mut().enable();
-            if self.table().is_empty() {
+            if self.table().wakers.is_empty() {
                 return;
             }
             closed.await;
@@ -309,32 +514,48 @@ impl Connections {
 /// between one and two head timeouts after it started to wait, and busy
 /// connections cost the timer nothing per request. HTTP/2 connections are
 /// held to it only until their first request (hyper had no head timeout
-/// for HTTP/2 at all; a connection that never sends one now closes too).
+/// for HTTP/2 at all; a connection that never sends one now closes too);
+/// after it, the same timer closes them once no stream has been open for
+/// the HTTP/2 idle timeout (GOAWAY first; if the client keeps the
+/// connection open one more idle timeout, it is dropped).
 struct Guarded<C> {
     conn: Pin<Box<C>>,
     client: Arc<ClientConn>,
     conns: Arc<Connections>,
     id: u64,
+    ip: IpAddr,
     waker: Option<Waker>,
     stopping: bool,
     head_timeout: Duration,
+    http2_idle_timeout: Duration,
+    /// The connection is known to be HTTP/2 (the timer runs its idle
+    /// timeout).
+    http2: bool,
     timer: Pin<Box<tokio::time::Sleep>>,
     /// (received, done) when the timer was set.
     armed_at: (u64, u64),
 }
 
 impl<C> Guarded<C> {
-    fn new(conn: C, client: Arc<ClientConn>, conns: Arc<Connections>, head_timeout: Duration) -> Guarded<C> {
-        let id = conns.add();
-        let timer = Box::pin(tokio::time::sleep(head_timeout));
+    /// `id` is the connection's in `conns`, from `ip`.
+    fn new(
+        conn: C,
+        client: Arc<ClientConn>,
+        (conns, id, ip): (Arc<Connections>, u64, IpAddr),
+        settings: &ConnSettings,
+    ) -> Guarded<C> {
+        let timer = Box::pin(tokio::time::sleep(settings.header_read_timeout));
         Guarded {
             conn: Box::pin(conn),
             client,
             conns,
             id,
+            ip,
             waker: None,
             stopping: false,
-            head_timeout,
+            head_timeout: settings.header_read_timeout,
+            http2_idle_timeout: settings.http2_idle_timeout,
+            http2: false,
             timer,
             armed_at: (0, 0),
         }
@@ -343,7 +564,7 @@ impl<C> Guarded<C> {
 
 impl<C> Drop for Guarded<C> {
     fn drop(&mut self) {
-        self.conns.remove(self.id);
+        self.conns.remove(self.id, self.ip);
     }
 }
 
@@ -375,7 +596,7 @@ where
         let this = self.get_mut();
         if !this.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             this.waker = Some(cx.waker().clone());
-            if let Some(w) = this.conns.table().get_mut(&this.id) {
+            if let Some(w) = this.conns.table().wakers.get_mut(&this.id) {
                 *w = Some(cx.waker().clone());
             }
         }
@@ -386,14 +607,26 @@ where
         if let Poll::Ready(r) = this.conn.as_mut().poll(cx) {
             return Poll::Ready(r.map_err(HeadTimeout::Conn));
         }
-        while !this.client.http2.load(Ordering::Relaxed) && this.timer.as_mut().poll(cx).is_ready() {
+        if !this.http2 && this.client.http2.load(Ordering::Relaxed) {
+            // Its first request came: from now on the idle timeout counts.
+            this.http2 = true;
+            this.timer.as_mut().reset(tokio::time::Instant::now() + this.http2_idle_timeout);
+        }
+        while this.timer.as_mut().poll(cx).is_ready() {
             let now = (this.client.received.load(Ordering::Relaxed), this.client.done.load(Ordering::Relaxed));
             // No request since the timer was set, and none open then.
             if now == this.armed_at && now.0 == now.1 {
-                return Poll::Ready(Err(HeadTimeout::Elapsed));
+                if !this.http2 || this.stopping {
+                    return Poll::Ready(Err(HeadTimeout::Elapsed));
+                }
+                this.stopping = true;
+                this.conn.as_mut().graceful_stop();
+                // Polled again to send the GOAWAY.
+                cx.waker().wake_by_ref();
             }
             this.armed_at = now;
-            this.timer.as_mut().reset(tokio::time::Instant::now() + this.head_timeout);
+            let period = if this.http2 { this.http2_idle_timeout } else { this.head_timeout };
+            this.timer.as_mut().reset(tokio::time::Instant::now() + period);
         }
         Poll::Pending
     }
@@ -402,7 +635,8 @@ where
 /// How a guarded connection ended badly.
 enum HeadTimeout<E> {
     Conn(E),
-    /// No complete request head within the head timeout.
+    /// No complete request head within the head timeout (HTTP/2: no
+    /// stream within its idle timeout).
     Elapsed,
 }
 
@@ -412,6 +646,7 @@ pub async fn serve(
     listener: TcpListener,
     dispatch: Arc<Dispatch>,
     conn: ConnSettings,
+    metrics: &Metrics,
     mut shutdown: watch::Receiver<bool>,
     grace: Duration,
 ) {
@@ -419,7 +654,8 @@ pub async fn serve(
     // The head timeout is the guard's (see `Guarded`), not hyper's.
     builder.http1().timer(TokioTimer::new()).header_read_timeout(None).max_buf_size(conn.max_header_bytes.max(8192));
     builder.http2().timer(TokioTimer::new()).max_header_list_size(conn.max_header_bytes as u32);
-    let conns = Arc::new(Connections::default());
+    let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    let conns = Arc::new(Connections::new(&conn, &address, metrics));
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -433,6 +669,13 @@ pub async fn serve(
                 }
             },
             _ = crate::daemon::stopped(&mut shutdown) => break,
+        };
+        let Some(id) = conns.add(peer.ip()) else {
+            // Refused before anything is made for it; the answer is a
+            // courtesy (it may not be read), the close is what counts.
+            let _ = stream.try_write(REFUSED);
+            tracing::debug!(listener = %dispatch.name(), %peer, "connection refused: over the connection cap");
+            continue;
         };
         let _ = stream.set_nodelay(true);
         let forwarded_for =
@@ -462,7 +705,7 @@ pub async fn serve(
             }
         });
         let served = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
-        let served = Guarded::new(served, client, conns.clone(), conn.header_read_timeout);
+        let served = Guarded::new(served, client, (conns.clone(), id, peer.ip()), &conn);
         tokio::spawn(async move {
             match served.await {
                 Ok(()) => {}
@@ -476,6 +719,9 @@ pub async fn serve(
         tracing::warn!(listener = %dispatch.name(), "shutdown grace period over; closing open connections");
     }
 }
+
+/// The answer on a connection refused for the connection caps.
+const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\nconnection: close\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 34\r\n\r\ntoo many connections; retry later\n";
 
 fn full(body: impl Into<Bytes>) -> ProxyBody {
     ProxyBody { kind: BodyKind::Own(Full::new(body.into())), hold: None }
@@ -597,10 +843,11 @@ async fn route(req: Request<Incoming>, client: Arc<ClientConn>) -> Response<Prox
         Dispatch::Routed(routed) => match pick(req, routed) {
             Picked::Endpoint(req, t) => (req, t),
             Picked::Answered(r) => return r,
-            Picked::ByModel { req, max_body, body_timeout, models } => {
+            Picked::ByModel { req, max_body, body_timeout, models, budget } => {
                 // Boxed: its body reading and JSON parsing would otherwise
                 // make every request's future as large.
-                return match Box::pin(route_by_model(req, max_body, body_timeout, models, client)).await {
+                let routing = route_by_model(req, max_body, body_timeout, models, budget, client);
+                return match Box::pin(routing).await {
                     Routing::Endpoint(r) => r,
                     Routing::Listener(r) => routed.listener_answer(r),
                 };
@@ -611,13 +858,16 @@ async fn route(req: Request<Incoming>, client: Arc<ClientConn>) -> Response<Prox
     // retried; then the request goes to one of the endpoint's replicas.
     let start = Instant::now();
     let (parts, body) = req.into_parts();
-    let body = if body.is_end_stream() {
-        Bytes::new()
+    // Held until the last attempt is over.
+    let (body, _share) = if body.is_end_stream() {
+        (Bytes::new(), None)
     } else {
+        let s = &t.settings;
         // Boxed, as only requests with a body need its state.
-        match Box::pin(read_body(body, &t.settings)).await {
-            Ok(b) => b,
-            Err(r) => {
+        match Box::pin(read_whole(body, s.max_request_body, s.body_read_timeout, &t.budget)).await {
+            Ok((b, share)) => (b, Some(share)),
+            Err(e) => {
+                let r = e.answer(&t.budget, s.max_request_body, "", error_response);
                 t.endpoint.count_answer(r.status().as_u16());
                 return r;
             }
@@ -636,6 +886,7 @@ enum Picked<'a> {
         max_body: usize,
         body_timeout: Duration,
         models: &'a BTreeMap<String, Arc<Target>>,
+        budget: &'a BodyBudget,
     },
 }
 
@@ -687,8 +938,8 @@ fn pick(req: Request<Incoming>, routed: &Routed) -> Picked<'_> {
             }
             Picked::Endpoint(Request::from_parts(parts, body), t)
         }
-        By::Model { max_body, body_timeout, models } => {
-            Picked::ByModel { req, max_body: *max_body, body_timeout: *body_timeout, models }
+        By::Model { max_body, body_timeout, models, budget } => {
+            Picked::ByModel { req, max_body: *max_body, body_timeout: *body_timeout, models, budget }
         }
     }
 }
@@ -705,6 +956,7 @@ async fn route_by_model(
     max_body: usize,
     body_timeout: Duration,
     models: &BTreeMap<String, Arc<Target>>,
+    budget: &BodyBudget,
     client: &ClientConn,
 ) -> Routing {
     let known = || models.keys().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ");
@@ -728,16 +980,12 @@ async fn route_by_model(
         return Routing::Listener(r);
     }
     let (parts, body) = req.into_parts();
-    let body = match tokio::time::timeout(body_timeout, Limited::new(body, max_body).collect()).await {
-        Err(_) => return refuse(StatusCode::REQUEST_TIMEOUT, "request body not received in time"),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            let msg = format!(
-                "request body larger than {max_body} bytes, the most this listener reads to find \"model\" (max_model_body)"
-            );
-            return refuse(StatusCode::PAYLOAD_TOO_LARGE, &msg);
+    let (body, _share) = match read_whole(body, max_body, body_timeout, budget).await {
+        Ok(b) => b,
+        Err(e) => {
+            let what = ", the most this listener reads to find \"model\" (max_model_body)";
+            return Routing::Listener(e.answer(budget, max_body, what, openai_error));
         }
-        Ok(Err(_)) => return refuse(StatusCode::BAD_REQUEST, "request body could not be read"),
-        Ok(Ok(c)) => c.to_bytes(),
     };
     let model = match serde_json::from_slice::<ModelField>(&body) {
         Err(e) => return refuse(StatusCode::BAD_REQUEST, &format!("request body is not a JSON object: {e}")),
@@ -761,19 +1009,6 @@ async fn route_by_model(
         return Routing::Endpoint(error_response(StatusCode::PAYLOAD_TOO_LARGE, &msg));
     }
     Routing::Endpoint(forward(Prepared::new(parts, body, t, client, Instant::now()), t).await)
-}
-
-async fn read_body(body: Incoming, settings: &ProxySettings) -> Result<Bytes, Response<ProxyBody>> {
-    match tokio::time::timeout(settings.request_timeout, Limited::new(body, settings.max_request_body).collect()).await
-    {
-        Err(_) => Err(error_response(StatusCode::REQUEST_TIMEOUT, "request body not received in time")),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            let msg = format!("request body larger than {} bytes", settings.max_request_body);
-            Err(error_response(StatusCode::PAYLOAD_TOO_LARGE, &msg))
-        }
-        Ok(Err(_)) => Err(error_response(StatusCode::BAD_REQUEST, "request body could not be read")),
-        Ok(Ok(c)) => Ok(c.to_bytes()),
-    }
 }
 
 /// The request as it goes to a replica: origin-form target, HTTP/1.1,
@@ -969,8 +1204,13 @@ async fn forward(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
             false => tokio::time::Instant::now(),
         };
         let deadline = attempt_start + ctx.settings.request_timeout;
-        let request =
-            backend_pool::Outgoing { head, body: &p.body, head_request: p.head_request, headers: &mut p.spare };
+        let request = backend_pool::Outgoing {
+            head,
+            body: &p.body,
+            head_request: p.head_request,
+            headers: &mut p.spare,
+            body_idle_timeout: ctx.settings.response_idle_timeout,
+        };
         let sent =
             backend_pool::send(&replica.conns, replica.address, ctx.settings.connect_timeout, deadline, request).await;
         let counted = |status: u16| replica.metrics.requests.count(status);
@@ -1087,6 +1327,13 @@ impl Body for LeasedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if let (Poll::Ready(Some(Err(e))), Some(lease)) = (&r, &self.lease) {
+            if e.kind() == std::io::ErrorKind::TimedOut {
+                let replica = lease.replica();
+                replica.metrics.response_idle_timeouts.inc();
+                tracing::info!(replica = %replica.address, "response cut off: {e}");
+            }
+        }
         if matches!(r, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
             self.finish();
         }

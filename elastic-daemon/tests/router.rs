@@ -454,7 +454,7 @@ async fn oversized_headers_get_431() {
 async fn slowloris_is_cut_off_while_others_succeed() {
     let a = backend(Mode::Normal).await;
     let mut cfg = endpoint_config(8, 8, Duration::from_secs(5));
-    cfg.proxy.header_read_timeout = Duration::from_millis(300);
+    cfg.proxy.conn.header_read_timeout = Duration::from_millis(300);
     let h = Harness::new(cfg, &[a.addr]).await;
     let addr = h.url.trim_start_matches("http://").to_string();
     let slow = tokio::spawn(async move {
@@ -519,7 +519,7 @@ async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, 
 async fn head_timeout_spares_long_answers_and_busy_connections_but_not_idle_ones() {
     let a = backend(Mode::Normal).await;
     let mut cfg = endpoint_config(8, 8, Duration::from_secs(5));
-    cfg.proxy.header_read_timeout = Duration::from_millis(300);
+    cfg.proxy.conn.header_read_timeout = Duration::from_millis(300);
     let h = Harness::new(cfg, &[a.addr]).await;
     let addr = h.url.trim_start_matches("http://").to_string();
     let mut s = TcpStream::connect(&addr).await.unwrap();

@@ -23,7 +23,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use onepool_daemon::config::{Config, EndpointConfig};
 use onepool_daemon::daemon::Daemon;
-use onepool_daemon::proxy::ProxySettings;
+use onepool_daemon::proxy::{ConnSettings, ProxySettings};
 use onepool_daemon::registry::HealthThresholds;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
@@ -197,10 +197,17 @@ pub fn proxy_settings() -> ProxySettings {
         request_timeout: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(1),
         max_request_body: 1 << 20,
-        header_read_timeout: Duration::from_secs(5),
-        max_header_bytes: 8192,
+        body_read_timeout: Duration::from_secs(5),
+        response_idle_timeout: Duration::from_secs(5),
         retries: 2,
         idempotent: false,
+        conn: ConnSettings {
+            header_read_timeout: Duration::from_secs(5),
+            max_header_bytes: 8192,
+            max_connections: 1024,
+            max_connections_per_ip: 1024,
+            http2_idle_timeout: Duration::from_secs(5),
+        },
     }
 }
 
@@ -224,11 +231,17 @@ pub fn socket_path() -> PathBuf {
 }
 
 pub async fn start(endpoint: EndpointConfig) -> Daemon {
+    start_with_budget(endpoint, 256 << 20).await
+}
+
+/// Starts a router whose requests in flight may hold `max_buffered_body_bytes`.
+pub async fn start_with_budget(endpoint: EndpointConfig, max_buffered_body_bytes: usize) -> Daemon {
     let config = Config {
         control_socket: socket_path(),
         control_socket_mode: 0o600,
         metrics_address: Some("127.0.0.1:0".parse().unwrap()),
         shutdown_grace: Duration::from_secs(2),
+        max_buffered_body_bytes,
         endpoints: vec![endpoint],
         listeners: Vec::new(),
         slurm_conf: None,
