@@ -105,8 +105,19 @@ fn render_parts_and_json() {
     );
     assert!(!conf.contains("sacctmgr"), "{conf}");
     let qos = text(&onepool(&["policy", "render", "etc/onepool.toml", "--sacctmgr-only"]).stdout);
-    assert!(qos.lines().all(|l| l.is_empty() || l.starts_with("# ") || l.starts_with("sacctmgr -i add qos ")), "{qos}");
-    assert_eq!(qos.lines().filter(|l| l.starts_with("sacctmgr")).count(), 6);
+    assert!(
+        qos.lines().all(|l| l.is_empty()
+            || l.starts_with("# ")
+            || l.starts_with("sacctmgr -i add qos ")
+            || l.starts_with("sacctmgr -i add account onepool ")
+            || l == "sacctmgr -i add user onepool Account=onepool"),
+        "{qos}"
+    );
+    assert_eq!(qos.lines().filter(|l| l.starts_with("sacctmgr -i add qos")).count(), 6);
+    assert!(
+        qos.contains("# onepoold's service user onepool submits and owns the replica jobs (so model servers never run as root); the policy entitles it to inference-baseline\n"),
+        "{qos}"
+    );
 
     let out = onepool(&["policy", "render", "etc/onepool.toml", "--format", "json"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
@@ -116,6 +127,9 @@ fn render_parts_and_json() {
     assert_eq!(v["qos"][2]["preempt_mode"], "requeue");
     assert_eq!(v["slurm_conf"][5]["value"], "00:02:00");
     assert_eq!(v["flexible_partition"]["qos"], "onepool-flexible-cap");
+    assert_eq!(v["service"]["user"], "onepool");
+    assert_eq!(v["service"]["protected_classes"][0], "inference-baseline");
+    assert_eq!(v["service"]["commands"][1][3], "user");
 
     let both = onepool(&["policy", "render", "etc/onepool.toml", "--sacctmgr-only", "--slurm-conf-only"]);
     assert_eq!(both.status.code(), Some(2), "{both:?}");

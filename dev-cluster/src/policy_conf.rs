@@ -122,6 +122,45 @@ pub(crate) fn apply_qos(cl: &Cluster, policy: &Policy, progress: &mut dyn FnMut(
     let list = format!("qos+={}", names.join(","));
     cl.run("sacctmgr", &["-i", "modify", "account", "where", "name=root", "set", &list])?;
     cl.run("sacctmgr", &["-i", "modify", "user", "where", "name=root", "set", &list])?;
+    service_user(cl, &rendered.service, progress)
+}
+
+/// onepoold's service user, as etc/systemd/onepoold.service expects it (a
+/// system user; systemd-sysusers creates it on a site), and the Slurm
+/// account and association `onepool policy render` prints for it.
+fn service_user(
+    cl: &Cluster,
+    s: &onepool_decisions::render::ServiceAccount,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let exists = std::process::Command::new("id").arg("-u").arg(&s.user).output().is_ok_and(|o| o.status.success());
+    if !exists {
+        let out = std::process::Command::new("useradd")
+            .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", &s.user])
+            .output()
+            .map_err(|e| Error::Setup(format!("useradd {}: {e}", s.user)))?;
+        // 9: another process created it meanwhile.
+        if !out.status.success() && out.status.code() != Some(9) {
+            return Err(Error::Setup(format!("useradd {}: {}", s.user, String::from_utf8_lossy(&out.stderr).trim())));
+        }
+        progress(&format!("created the service user {}", s.user));
+    }
+    let assocs = cl.run("sacctmgr", &["-n", "-P", "show", "assoc", "format=account,user"])?;
+    if !assocs.lines().any(|l| l.trim() == format!("{}|{}", s.account, s.user)) {
+        for argv in s.commands() {
+            let args: Vec<&str> = argv.iter().skip(1).map(String::as_str).collect();
+            // `add account` of an account that exists fails: the user's line decides.
+            let _ = cl.run("sacctmgr", &args);
+        }
+        let assocs = cl.run("sacctmgr", &["-n", "-P", "show", "assoc", "format=account,user"])?;
+        if !assocs.lines().any(|l| l.trim() == format!("{}|{}", s.account, s.user)) {
+            return Err(Error::Setup(format!(
+                "sacctmgr did not create the association of {} in account {}",
+                s.user, s.account
+            )));
+        }
+        progress(&format!("added the Slurm association {}/{}", s.account, s.user));
+    }
     Ok(())
 }
 

@@ -13,20 +13,30 @@ use tokio::signal::unix::{signal, SignalKind};
 const DEFAULT_CONFIG: &str = "/etc/slurm/onepoold.toml";
 
 fn usage() -> String {
-    format!("usage: onepoold [--config FILE]   (default {DEFAULT_CONFIG}, or $ONEPOOL_DAEMON_CONFIG)")
+    format!(
+        "usage: onepoold [--config FILE] [--allow-root]   (default {DEFAULT_CONFIG}, or $ONEPOOL_DAEMON_CONFIG)\n\
+         --allow-root: run replica control as root (development clusters only: replica jobs and their model servers then run as root)"
+    )
 }
 
-fn config_path() -> Result<PathBuf, String> {
+struct Args {
+    config: PathBuf,
+    allow_root: bool,
+}
+
+fn args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
     let mut path = std::env::var_os("ONEPOOL_DAEMON_CONFIG").map(PathBuf::from);
+    let mut allow_root = false;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--config" | "-c" => path = Some(args.next().ok_or_else(usage)?.into()),
+            "--allow-root" => allow_root = true,
             "--help" | "-h" => return Err(usage()),
             other => return Err(format!("unknown argument {other:?}; {}", usage())),
         }
     }
-    Ok(path.unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG)))
+    Ok(Args { config: path.unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG)), allow_root })
 }
 
 fn main() -> ExitCode {
@@ -38,8 +48,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let path = match config_path() {
-        Ok(p) => p,
+    let Args { config: path, allow_root } = match args() {
+        Ok(a) => a,
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(2);
@@ -53,6 +63,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Replica jobs run as the user that submits them: as root, every model
+    // server would too.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 && config.endpoints.iter().any(|e| e.replicas.is_some()) && !allow_root {
+        eprintln!(
+            "onepoold: not started: running as root, replica jobs and their model servers would run as root; \
+             run it as the service user {} (etc/systemd/onepoold.service), or pass --allow-root on a development cluster",
+            onepool_decisions::policy::SERVICE_USER
+        );
+        return ExitCode::FAILURE;
+    }
     let findings = onepool_daemon::policy_check::check(&config);
     for w in &findings.warnings {
         tracing::warn!("{w}");

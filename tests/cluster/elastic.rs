@@ -237,8 +237,10 @@ struct Onepoold(Child);
 impl Onepoold {
     fn spawn(config: &Path, log: &Path) -> Onepoold {
         let out = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+        // The in-process tests run onepoold's code as root too; the demo
+        // runs it as the service user.
         let child = Command::new(build_dir().join("onepoold"))
-            .args(["--config", config.to_str().unwrap()])
+            .args(["--config", config.to_str().unwrap(), "--allow-root"])
             .stdout(out.try_clone().unwrap())
             .stderr(out)
             .spawn()

@@ -48,7 +48,7 @@ mod tests {
     #[test]
     fn summaries() {
         assert_eq!(summary("p.toml", &load(SAMPLE)), "p.toml: ok (5 classes, 16 GPUs, 4 reserved)");
-        let warned = SAMPLE.replace("accounts = [], users = [\"root\"]", "accounts = [], users = []");
+        let warned = SAMPLE.replace("accounts = [], users = [\"onepool\"]", "accounts = [], users = []");
         assert_eq!(summary("p.toml", &load(&warned)), "p.toml: ok, 1 warning (5 classes, 16 GPUs, 4 reserved)");
         let broken = warned.replace("rank = 3", "rank = 2");
         assert_eq!(summary("p.toml", &load(&broken)), "p.toml: 1 error, 1 warning");

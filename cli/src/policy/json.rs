@@ -20,6 +20,16 @@ pub fn rendered(policy: &str, r: &Rendered, parts: Parts) -> Value {
         out.insert("sacctmgr".into(), json!(r.sacctmgr_commands()));
         out.insert("qos".into(), r.all_qos().map(qos).collect());
         out.insert("site_qos".into(), r.site_qos.iter().map(|s| json!({"class": s.class, "qos": s.qos})).collect());
+        out.insert(
+            "service".into(),
+            json!({
+                "user": r.service.user,
+                "account": r.service.account,
+                "protected_classes": r.service.protected_classes,
+                "why": r.service.why(),
+                "commands": r.service.commands(),
+            }),
+        );
     }
     if parts.slurm_conf {
         out.insert("slurm_conf".into(), r.slurm_conf.iter().map(conf_line).collect());

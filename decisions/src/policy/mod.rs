@@ -28,6 +28,12 @@ pub fn locate(env: Option<std::ffi::OsString>, slurm_conf: Option<&std::path::Pa
 /// Partition QOS of the flexible partition (see `render`); no class may use it.
 pub const FLEXIBLE_CAP_QOS: &str = "onepool-flexible-cap";
 
+/// The unprivileged user onepoold runs as (etc/systemd/onepoold.service):
+/// it submits, owns and cancels the replica jobs, so model servers run as
+/// it too, never as root. Its Slurm account has the same name.
+pub const SERVICE_USER: &str = "onepool";
+pub const SERVICE_ACCOUNT: &str = "onepool";
+
 #[cfg(test)]
 mod locate_tests {
     use super::*;

@@ -28,6 +28,53 @@ pub struct Rendered {
     /// The pool's partitions other than the flexible one, each with the
     /// QOS allowed to run there; the site's PartitionName lines need them.
     pub partition_access: Vec<PartitionAccess>,
+    /// onepoold's service user and its Slurm association.
+    pub service: ServiceAccount,
+}
+
+/// The Slurm account and association of onepoold's service user, and
+/// whether the policy lets it keep baseline replicas (a protected class
+/// that entitles it by user or account).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceAccount {
+    pub user: String,
+    pub account: String,
+    /// Protected classes the service user is entitled to.
+    pub protected_classes: Vec<String>,
+}
+
+impl ServiceAccount {
+    /// `sacctmgr` commands that create the account and the association.
+    pub fn commands(&self) -> Vec<Vec<String>> {
+        let w = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+        vec![
+            w(&[
+                "sacctmgr",
+                "-i",
+                "add",
+                "account",
+                &self.account,
+                "Description=onepoold replicas",
+                "Organization=onepool",
+            ]),
+            w(&["sacctmgr", "-i", "add", "user", &self.user, &format!("Account={}", self.account)]),
+        ]
+    }
+
+    pub fn why(&self) -> String {
+        let classes = if self.protected_classes.is_empty() {
+            format!(
+                "no protected class entitles it yet: add users = [\"{}\"] to the class of the endpoints' baseline replicas",
+                self.user
+            )
+        } else {
+            format!("the policy entitles it to {}", self.protected_classes.join(", "))
+        };
+        format!(
+            "onepoold's service user {} submits and owns the replica jobs (so model servers never run as root); {classes}",
+            self.user
+        )
+    }
 }
 
 /// Which QOS may run in one of the pool's partitions (`AllowQos`): only
@@ -132,6 +179,22 @@ pub fn render(policy: &Policy) -> Rendered {
         .filter(|n| flexible_partition.as_ref().is_none_or(|fp| &fp.name != *n))
         .map(|n| PartitionAccess { name: n.clone(), allow_qos: allow_qos.clone(), why: why.clone() })
         .collect();
+    let service = ServiceAccount {
+        user: crate::policy::SERVICE_USER.to_string(),
+        account: crate::policy::SERVICE_ACCOUNT.to_string(),
+        protected_classes: policy
+            .classes
+            .iter()
+            .filter(|c| c.is_protected())
+            .filter(|c| {
+                c.entitled.as_ref().is_some_and(|e| {
+                    e.users.iter().any(|u| u == crate::policy::SERVICE_USER)
+                        || e.accounts.iter().any(|a| a == crate::policy::SERVICE_ACCOUNT)
+                })
+            })
+            .map(|c| c.name.clone())
+            .collect(),
+    };
     Rendered {
         slurm_conf: conf::lines(policy),
         qos,
@@ -139,6 +202,7 @@ pub fn render(policy: &Policy) -> Rendered {
         site_qos,
         pool_partitions: policy.pool.partitions.clone(),
         partition_access,
+        service,
     }
 }
 
@@ -169,11 +233,16 @@ impl Rendered {
         self.all_qos().map(QosSpec::add_command).collect()
     }
 
-    /// The same commands for a person: one a line, each under a comment.
+    /// The same commands for a person: one a line, each under a comment;
+    /// then onepoold's service account.
     pub fn sacctmgr_text(&self) -> String {
         let mut out = String::new();
         for q in self.all_qos() {
             out.push_str(&format!("# {}\n{}\n", q.why, shell_line(&q.add_command())));
+        }
+        out.push_str(&format!("# {}\n", self.service.why()));
+        for c in self.service.commands() {
+            out.push_str(&format!("{}\n", shell_line(&c)));
         }
         out
     }

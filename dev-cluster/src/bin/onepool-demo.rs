@@ -13,6 +13,7 @@
 use std::fs;
 use std::io::{IsTerminal, Write};
 use std::net::{SocketAddr, TcpListener};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -97,7 +98,15 @@ fn slurm(program: &str, args: &[&str]) -> anyhow::Result<String> {
 }
 
 fn uid_of(user: &str) -> Option<u32> {
-    let out = Command::new("id").args(["-u", user]).stderr(Stdio::null()).output().ok()?;
+    id_of(user, "-u")
+}
+
+fn gid_of(user: &str) -> Option<u32> {
+    id_of(user, "-g")
+}
+
+fn id_of(user: &str, which: &str) -> Option<u32> {
+    let out = Command::new("id").args([which, user]).stderr(Stdio::null()).output().ok()?;
     String::from_utf8_lossy(&out.stdout).trim().parse().ok().filter(|_| out.status.success())
 }
 
@@ -132,7 +141,10 @@ struct Demo {
     onepoold: Option<Child>,
     watch: Option<Watch>,
     load: Option<Arc<Load>>,
+    /// The demo's own uid (root: it submits the protected training).
     uid: u32,
+    /// onepoold's service user: it owns the replica jobs.
+    service: (u32, u32),
     cleaned: bool,
 }
 
@@ -215,7 +227,11 @@ impl Demo {
     fn start_onepoold(&mut self) -> anyhow::Result<()> {
         let log = fs::File::create(&self.paths.onepoold_log)
             .with_context(|| format!("creating {}", self.paths.onepoold_log.display()))?;
+        // As its service user, as etc/systemd/onepoold.service runs it:
+        // the replica jobs and their model servers then run as that user.
         let child = Command::new(self.paths.bin.join("onepoold"))
+            .uid(self.service.0)
+            .gid(self.service.1)
             .arg("--config")
             .arg(&self.paths.config)
             .env("ONEPOOLD_LOG", "info")
@@ -285,7 +301,7 @@ impl Demo {
         if let Some(mut w) = self.watch.take() {
             w.stop();
         }
-        match cancel_demo_jobs(self.uid) {
+        match cancel_demo_jobs(self.uid, self.service.0) {
             Ok(0) => {}
             Ok(n) if verbose => println!("cancelled the demo's {n} job(s)"),
             Ok(_) => {}
@@ -304,15 +320,16 @@ impl Drop for Demo {
 }
 
 /// The demo's jobs still in the queue: onepoold's replicas of the demo
-/// endpoint (our uid), the training job, the other user's job.
-fn demo_jobs(uid: u32) -> anyhow::Result<Vec<u32>> {
+/// endpoint (the service user's), the training job (ours), the other
+/// user's job.
+fn demo_jobs(uid: u32, service_uid: u32) -> anyhow::Result<Vec<u32>> {
     let other = uid_of(OTHER_USER);
     let q = slurm("squeue", &["-h", "-o", "%i|%j|%U"])?;
     Ok(q.lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.trim().split('|').collect();
             let (id, name, owner) = (f.first()?.parse::<u32>().ok()?, *f.get(1)?, f.get(2)?.parse::<u32>().ok()?);
-            let replica = owner == uid && onepool_daemon::controller::port_from_name(ENDPOINT, name).is_some();
+            let replica = owner == service_uid && onepool_daemon::controller::port_from_name(ENDPOINT, name).is_some();
             let ours = replica || (owner == uid && name == TRAINING_JOB) || (Some(owner) == other && name == OTHER_JOB);
             ours.then_some(id)
         })
@@ -320,8 +337,8 @@ fn demo_jobs(uid: u32) -> anyhow::Result<Vec<u32>> {
 }
 
 /// Cancels the demo's jobs and waits (up to 30 s) until they left the queue.
-fn cancel_demo_jobs(uid: u32) -> anyhow::Result<usize> {
-    let jobs = demo_jobs(uid)?;
+fn cancel_demo_jobs(uid: u32, service_uid: u32) -> anyhow::Result<usize> {
+    let jobs = demo_jobs(uid, service_uid)?;
     if jobs.is_empty() {
         return Ok(0);
     }
@@ -332,7 +349,7 @@ fn cancel_demo_jobs(uid: u32) -> anyhow::Result<usize> {
     let _ = slurm("scancel", &args);
     let t = Instant::now();
     loop {
-        let left = demo_jobs(uid)?;
+        let left = demo_jobs(uid, service_uid)?;
         if left.is_empty() {
             return Ok(jobs.len());
         }
@@ -485,8 +502,19 @@ fn run(args: &Args) -> anyhow::Result<()> {
         }
     }
     let trace = Trace::load(&args.trace)?;
+    let service_user = onepool_decisions::policy::SERVICE_USER;
+    let service = uid_of(service_user).zip(gid_of(service_user)).with_context(|| {
+        format!("the service user {service_user} is missing: bring the cluster up first (onepool-devcluster up)")
+    })?;
+    // onepoold (its control socket) and its replica jobs (their logs) write
+    // here as the service user.
     let demo_dir = root.join("demo");
-    fs::create_dir_all(&demo_dir).with_context(|| format!("creating {}", demo_dir.display()))?;
+    let replica_logs = demo_dir.join("replicas");
+    fs::create_dir_all(&replica_logs).with_context(|| format!("creating {}", replica_logs.display()))?;
+    for d in [&demo_dir, &replica_logs] {
+        std::os::unix::fs::chown(d, Some(service.0), Some(service.1))
+            .with_context(|| format!("handing {} to {service_user}", d.display()))?;
+    }
     let server = demo_dir.join("stand-in-model-server.py");
     fs::copy(&args.server, &server).with_context(|| format!("copying {}", args.server.display()))?;
     let paths = Paths {
@@ -494,7 +522,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
         config: demo_dir.join("onepoold.toml"),
         pid_file: demo_dir.join("onepoold.pid"),
         onepoold_log: cluster.layout.log().join("onepoold.log"),
-        log: cluster.layout.log(),
+        log: replica_logs,
         root: root.clone(),
         bin,
     };
@@ -515,7 +543,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
         t.stop(Duration::from_secs(10));
         let _ = fs::remove_file(&paths.pid_file);
     }
-    let leftover = cancel_demo_jobs(uid)?;
+    let leftover = cancel_demo_jobs(uid, service.0)?;
     if leftover > 0 {
         println!("cancelled {leftover} job(s) left over from an earlier run of the demo");
     }
@@ -528,10 +556,15 @@ fn run(args: &Args) -> anyhow::Result<()> {
         );
     }
     let tl = Arc::new(Timeline::new());
-    let mut d = Demo { paths, rt, onepoold: None, watch: None, load: None, uid, cleaned: false };
+    let mut d = Demo { paths, rt, onepoold: None, watch: None, load: None, uid, service, cleaned: false };
     let watch = Watch::start(
         tl.clone(),
-        Target { endpoint: ENDPOINT.to_string(), socket: d.paths.socket.clone(), slurm_conf: slurm_conf.clone(), uid },
+        Target {
+            endpoint: ENDPOINT.to_string(),
+            socket: d.paths.socket.clone(),
+            slurm_conf: slurm_conf.clone(),
+            uid: service.0,
+        },
         d.rt.handle().clone(),
     );
     d.watch = Some(watch);
