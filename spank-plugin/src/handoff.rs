@@ -293,3 +293,182 @@ fn source_unavailable(stage: &str, job: u32, e: &GpuError, args: &PluginArgs) ->
         OK
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(minor: u32) -> GpuDevice {
+        GpuDevice {
+            minor,
+            nvml_index: None,
+            uuid: None,
+            name: None,
+            memory_total_bytes: None,
+            memory_used_bytes: None,
+            processes: Vec::new(),
+        }
+    }
+
+    fn with_gres_conf(path: &Path) -> PluginArgs {
+        PluginArgs { gres_conf: Some(path.to_path_buf()), ..PluginArgs::default() }
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("onepool-handoff-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn an_unreadable_gres_conf_is_an_error_naming_the_path_and_the_os_error() {
+        let dir = scratch("unreadable");
+        let devices = [device(4), device(5)];
+        // A directory: it exists, and reading it fails (as root too, unlike
+        // a file without read permission).
+        let e = job_minors(&with_gres_conf(&dir), "node1", &[0], &devices).unwrap_err();
+        assert!(e.starts_with(&format!("cannot read gres.conf {}: ", dir.display())), "{e}");
+        assert!(e.contains("directory"), "{e}");
+        let missing = dir.join("gres.conf");
+        let e = job_minors(&with_gres_conf(&missing), "node1", &[0], &devices).unwrap_err();
+        assert!(e.starts_with(&format!("cannot read gres.conf {}: No such file", missing.display())), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_gres_conf_that_does_not_parse_is_an_error() {
+        let dir = scratch("parse");
+        let conf = dir.join("gres.conf");
+        std::fs::write(&conf, "NodeName=node[1- Name=gpu File=/dev/nvidia[0-1]\n").unwrap();
+        let e = job_minors(&with_gres_conf(&conf), "node1", &[0], &[device(0)]).unwrap_err();
+        assert!(e.starts_with(&format!("{}: gres.conf line 1: NodeName", conf.display())), "{e}");
+        std::fs::write(&conf, "Name=gpu File=/nonexistent/nvidia0\n").unwrap();
+        let e = job_minors(&with_gres_conf(&conf), "node1", &[0], &[device(0)]).unwrap_err();
+        assert!(e.contains("names /nonexistent/nvidia0: cannot read GPU device file"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn only_a_gres_conf_without_files_for_the_node_maps_indices_in_minor_order() {
+        let dir = scratch("autodetect");
+        let conf = dir.join("gres.conf");
+        std::fs::write(&conf, "AutoDetect=nvml\nNodeName=other Name=gpu File=/nonexistent/nvidia0\n").unwrap();
+        let devices = [device(9), device(4), device(6)];
+        assert_eq!(job_minors(&with_gres_conf(&conf), "node1", &[0, 2], &devices).unwrap(), [4, 9]);
+        let e = job_minors(&with_gres_conf(&conf), "node1", &[3], &devices).unwrap_err();
+        assert_eq!(e, "GPU index 3 is not among the 3 GPUs of node1");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A child as a regular user would start it: uid 4242 when the tests
+    /// run as root, else the caller's own.
+    fn user_child(env: &[(&str, &str)]) -> std::process::Child {
+        use std::os::unix::process::CommandExt;
+        let mut c = std::process::Command::new("sleep");
+        c.arg("60").stdin(std::process::Stdio::null()).envs(env.iter().copied());
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            c.uid(4242).gid(4242);
+        }
+        c.spawn().unwrap()
+    }
+
+    /// The check's loop on a fake source naming `pid` on GPU 0.
+    fn settle_on(name: &str, pid: u32, phase: Phase) -> Plan {
+        settle_for(name, 4242, pid, phase)
+    }
+
+    fn settle_for(name: &str, job: u32, pid: u32, phase: Phase) -> Plan {
+        let dir = scratch(name);
+        let file = dir.join("gpus");
+        std::fs::write(&file, format!("gpus 0-1\n0 {pid}\n")).unwrap();
+        let mut source = onepool_gpu::FakeSource::new(file);
+        let facts = Facts { job, job_uid: None, node: "node1", minors: &[0], rules: KillRules { min_uid: 1 } };
+        let plan = settle(&mut source, phase, &facts, Duration::from_millis(600)).unwrap();
+        let _ = std::fs::remove_dir_all(dir);
+        plan
+    }
+
+    #[test]
+    fn a_spoofed_slurm_job_id_gets_a_holder_refused_not_killed() {
+        for phase in [Phase::Epilog, Phase::Prolog] {
+            let mut child = user_child(&[("SLURM_JOB_ID", "4242"), ("SLURM_JOBID", "4242")]);
+            let plan = settle_on("spoofed", child.id(), phase);
+            let alive = child.try_wait().unwrap().is_none();
+            let _ = child.kill();
+            let _ = child.wait();
+            assert!(alive, "{phase:?}: a process that only says it is of job 4242 was killed");
+            assert!(plan.kill.is_empty(), "{plan:?}");
+            assert_eq!(plan.refused.len(), 1, "{plan:?}");
+            assert_eq!(plan.refused[0].why, Refusal::NotProven);
+            let reason = plan.drain_reason(4242).unwrap();
+            assert!(reason.ends_with(", no Slurm job proven"), "{reason}");
+        }
+    }
+
+    /// A root process running a binary named slurmstepd, titled as job
+    /// `job`'s step 0, whose child is a user's task; the task's pid.
+    fn stand_in_slurmstepd(dir: &Path, job: u32) -> (std::process::Child, u32) {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        let stepd = dir.join("slurmstepd");
+        std::fs::copy("/bin/bash", &stepd).unwrap();
+        let mut c = std::process::Command::new(&stepd)
+            .arg0(format!("slurmstepd: [{job}.0]"))
+            .args(["-c", "setpriv --reuid=4242 --regid=4242 --clear-groups sleep 60 & echo $!; wait"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let task = line.trim().parse().unwrap();
+        // setpriv execs sleep: wait (bounded) until the task runs as the user.
+        for _ in 0..200 {
+            if procinfo::uids(task).is_some_and(|u| u.real == 4242) && procinfo::stat(task).is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        (c, task)
+    }
+
+    #[test]
+    fn a_task_under_a_root_slurmstepd_is_killed_by_its_jobs_epilog_and_kept_by_another_jobs_prolog() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: a stand-in slurmstepd must run as root");
+            return;
+        }
+        let dir = scratch("stepd");
+        let (mut stepd, task) = stand_in_slurmstepd(&dir, 4243);
+        // Job 4243 still runs here (its slurmstepd does): another job's
+        // prolog leaves the task alone.
+        let prolog = settle_for("stepd-prolog", 4244, task, Phase::Prolog);
+        let kept = procinfo::stat(task).is_some_and(|s| s.state != 'Z');
+        // Job 4243's own epilog kills it, through the pidfd.
+        let epilog = settle_for("stepd-epilog", 4243, task, Phase::Epilog);
+        let gone = procinfo::stat(task).is_none_or(|s| s.state == 'Z');
+        let _ = stepd.kill();
+        let _ = stepd.wait();
+        let _ = std::fs::remove_dir_all(dir);
+        assert!(kept, "a task of a running job was killed by another job's prolog");
+        assert_eq!(prolog.refused.len(), 1, "{prolog:?}");
+        assert_eq!(prolog.refused[0].why, Refusal::StillRunning);
+        assert!(
+            matches!(prolog.refused[0].holder.proof, Some(ownership::Proof::Slurmstepd { job: 4243, .. })),
+            "{prolog:?}"
+        );
+        assert!(epilog.is_clean(), "{epilog:?}");
+        assert!(gone, "the job's own task survived its epilog");
+    }
+
+    #[test]
+    fn the_kill_bound_comes_from_the_argument_or_login_defs() {
+        let args = PluginArgs { handoff_min_uid: Some(5000), ..PluginArgs::default() };
+        assert_eq!(kill_rules(&args).min_uid, 5000);
+        assert!(kill_rules(&PluginArgs::default()).min_uid >= 1);
+    }
+}
