@@ -224,7 +224,8 @@ pub fn prove_by_ancestry(
     None
 }
 
-/// How a process was proven to belong to a job.
+/// How a process was proven to belong to a job; shown as what proved it
+/// (`its cgroup PATH`), the job being the holder's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Proof {
     Cgroup { job: u32, path: String },
@@ -242,8 +243,8 @@ impl Proof {
 impl fmt::Display for Proof {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Proof::Cgroup { job, path } => write!(f, "job {job} by its cgroup {path}"),
-            Proof::Slurmstepd { job, pid } => write!(f, "job {job} by its ancestor slurmstepd (pid {pid})"),
+            Proof::Cgroup { path, .. } => write!(f, "its cgroup {path}"),
+            Proof::Slurmstepd { pid, .. } => write!(f, "its ancestor slurmstepd, pid {pid}"),
         }
     }
 }
@@ -496,8 +497,8 @@ mod tests {
         assert_eq!(prove(&CgroupJob::Conflict, Some((42, 50)), me), None);
         assert_eq!(prove(&cg(42), None, Uids::all(1001)), None, "v1 path of another user");
         assert_eq!(prove(&CgroupJob::None, None, me), None);
-        assert_eq!(prove(&cg(42), None, me).unwrap().to_string(), "job 42 by its cgroup /slurm/uid_1000/job_42");
-        assert_eq!(Proof::Slurmstepd { job: 42, pid: 50 }.to_string(), "job 42 by its ancestor slurmstepd (pid 50)");
+        assert_eq!(prove(&cg(42), None, me).unwrap().to_string(), "its cgroup /slurm/uid_1000/job_42");
+        assert_eq!(Proof::Slurmstepd { job: 42, pid: 50 }.to_string(), "its ancestor slurmstepd, pid 50");
     }
 
     #[test]

@@ -253,7 +253,7 @@ fn settle(source: &mut dyn GpuSource, phase: Phase, f: &Facts, timeout: Duration
             let proof = h.proof.as_ref().map(ToString::to_string).unwrap_or_default();
             match kill::kill(&h, &f.rules) {
                 Outcome::Signalled if first => {
-                    log::info(&format!("{PLUGIN}: {stage} of job {job}: killing {h} ({proof})"))
+                    log::info(&format!("{PLUGIN}: {stage} of job {job}: killing {h}, proven by {proof}"))
                 }
                 Outcome::Signalled | Outcome::Gone => {}
                 Outcome::Reused { now } => log::info(&format!(
