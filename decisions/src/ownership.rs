@@ -169,7 +169,8 @@ pub struct ProcFacts {
     pub uids: Uids,
     /// `readlink /proc/PID/exe`.
     pub exe: Option<String>,
-    /// `/proc/PID/cmdline`.
+    /// `/proc/PID/cmdline`; callers may leave it empty for processes that
+    /// are not [`is_slurmstepd`], whose titles prove nothing.
     pub cmdline: Vec<u8>,
 }
 

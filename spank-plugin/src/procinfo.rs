@@ -1,8 +1,10 @@
 //! Reads what `/proc` says about GPU holders and slurmstepds; the meaning
-//! of it is `onepool_decisions::ownership`'s. Every read is of a small
-//! procfs file, which never blocks on the process it describes (unlike
-//! `/proc/PID/cmdline` of a process stuck in the kernel, read here only for
-//! root's slurmstepds, and even that returns what the kernel has).
+//! of it is `onepool_decisions::ownership`'s. `stat`, `status`, `comm`,
+//! `cgroup` and the `exe` link are read for any process: the kernel answers
+//! them without the process's memory lock. `cmdline` needs that lock, which
+//! a user's process can keep held (a thread stuck in a page fault on a hung
+//! file system), so it is read only from genuine slurmstepds, which are
+//! root's.
 
 use onepool_decisions::handoff::Holder;
 use onepool_decisions::ownership::{self, CgroupJob, ProcFacts, Stat, Uids};
@@ -23,13 +25,18 @@ fn command(pid: u32) -> String {
     read(pid, "comm").map(|c| c.trim_end_matches('\n').to_string()).unwrap_or_else(|| "?".into())
 }
 
-pub fn facts(pid: u32) -> Option<ProcFacts> {
+/// What the ancestry walk needs of `pid`; its title only if it is a
+/// genuine slurmstepd (see the module's note on `cmdline`).
+pub fn facts(pid: u32, stepd_uid: u32) -> Option<ProcFacts> {
     let stat = stat(pid)?;
     let uids = uids(pid)?;
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok().map(|p| p.to_string_lossy().into_owned());
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let mut f = ProcFacts { pid, stat, uids, exe, cmdline: Vec::new() };
+    if ownership::is_slurmstepd(&f, stepd_uid) {
+        f.cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    }
     // The same process throughout, or the facts are a mix of two.
-    (self::stat(pid)?.start_time == stat.start_time).then_some(ProcFacts { pid, stat, uids, exe, cmdline })
+    (self::stat(pid)?.start_time == stat.start_time).then_some(f)
 }
 
 /// The uid slurmstepd may run as besides root: this process runs as
@@ -51,7 +58,7 @@ pub fn holder(minor: u32, pid: u32, node: &str, stepd_uid: u32) -> Holder {
         (Some(stat), Some(uids)) => Some(ProcFacts { pid, stat, uids, exe: None, cmdline: Vec::new() }),
         _ => None,
     };
-    let ancestry = me.as_ref().and_then(|me| ownership::prove_by_ancestry(me, stepd_uid, facts));
+    let ancestry = me.as_ref().and_then(|me| ownership::prove_by_ancestry(me, stepd_uid, |p| facts(p, stepd_uid)));
     let proof = uids.and_then(|u| ownership::prove(&cgroup, ancestry, u));
     let command = command(pid);
     let after = stat(pid);
@@ -72,7 +79,7 @@ pub fn running_jobs(stepd_uid: u32) -> Vec<u32> {
         if read(pid, "comm").as_deref().map(str::trim_end) != Some("slurmstepd") {
             continue;
         }
-        if let Some(job) = facts(pid).and_then(|f| ownership::stepd_job(&f, stepd_uid)) {
+        if let Some(job) = facts(pid, stepd_uid).and_then(|f| ownership::stepd_job(&f, stepd_uid)) {
             if !jobs.contains(&job) {
                 jobs.push(job);
             }
@@ -122,7 +129,7 @@ mod tests {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"slurmstepd: [4243.0]"))
         });
         let running = running_jobs(stepd_uid());
-        let facts = facts(pid);
+        let facts = facts(pid, stepd_uid());
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(forged, "the child never took the forged title");
