@@ -67,16 +67,22 @@ fn pidfd_send_signal(fd: &OwnedFd, signal: libc::c_int) -> io::Result<()> {
 
 /// Kills `h` with SIGKILL if it is still the process decided on.
 pub fn kill(h: &Holder, rules: &KillRules) -> Outcome {
-    kill_checked(h, rules, |pid| Some((procinfo::stat(pid)?, procinfo::uids(pid)?)))
+    kill_checked(h, rules, pidfd_open, |pid| Some((procinfo::stat(pid)?, procinfo::uids(pid)?)))
 }
 
-/// [`kill`], reading the identity after the pidfd is open with `identity`.
-fn kill_checked(h: &Holder, rules: &KillRules, identity: impl FnOnce(u32) -> Option<(Stat, Uids)>) -> Outcome {
+/// [`kill`], opening the pidfd with `open` and reading the identity after
+/// it is open with `identity`.
+fn kill_checked(
+    h: &Holder,
+    rules: &KillRules,
+    open: impl FnOnce(u32) -> io::Result<OwnedFd>,
+    identity: impl FnOnce(u32) -> Option<(Stat, Uids)>,
+) -> Outcome {
     let Some(decided) = h.start_time else { return Outcome::Refused(Refusal::Unidentified) };
     if let Err(why) = killable(h, rules) {
         return Outcome::Refused(why);
     }
-    let fd = match pidfd_open(h.pid) {
+    let fd = match open(h.pid) {
         Ok(fd) => fd,
         Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => return Outcome::NoPidfd,
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Outcome::Gone,
@@ -187,7 +193,7 @@ mod tests {
         let mut c = child();
         let h = holder_of(&c);
         let became_root = |pid| Some((procinfo::stat(pid)?, Uids { effective: 0, ..procinfo::uids(pid)? }));
-        let outcome = kill_checked(&h, &RULES, became_root);
+        let outcome = kill_checked(&h, &RULES, pidfd_open, became_root);
         let alive = c.try_wait().unwrap().is_none();
         let _ = c.kill();
         let _ = c.wait();
@@ -196,6 +202,19 @@ mod tests {
         }
         assert!(matches!(outcome, Outcome::Refused(Refusal::SystemUser { uid: 0 })), "{outcome:?}");
         assert!(alive);
+    }
+
+    #[test]
+    fn without_pidfd_open_nothing_is_signalled() {
+        let mut c = child();
+        let h = holder_of(&c);
+        let enosys = |_| Err(io::Error::from_raw_os_error(libc::ENOSYS));
+        let outcome = kill_checked(&h, &RULES, enosys, |_| panic!("no identity is read without a pidfd"));
+        let alive = c.try_wait().unwrap().is_none();
+        let _ = c.kill();
+        let _ = c.wait();
+        assert!(matches!(outcome, Outcome::NoPidfd), "{outcome:?}");
+        assert!(alive, "no plain kill(2) in place of the pidfd");
     }
 
     #[test]
