@@ -11,6 +11,7 @@ pub mod gres_conf;
 pub mod handoff;
 pub mod hostlist;
 pub mod names;
+pub mod ownership;
 pub mod policy;
 pub mod record;
 pub mod render;

@@ -25,6 +25,9 @@ pub struct PluginArgs {
     /// gres.conf that maps Slurm's GPU indices to device files (default:
     /// beside slurm.conf).
     pub gres_conf: Option<PathBuf>,
+    /// The hand-off check never kills a process any of whose uids is below
+    /// this (default: from /etc/login.defs, read at each check).
+    pub handoff_min_uid: Option<u32>,
 }
 
 impl Default for PluginArgs {
@@ -36,12 +39,14 @@ impl Default for PluginArgs {
             prolog_dirty: DirtyPrologAction::Fail,
             require_gpu_source: false,
             gres_conf: None,
+            handoff_min_uid: None,
         }
     }
 }
 
 pub const KNOWN: &str = "default_workload=CLASS, gpu_source=nvml|fake:PATH|none, handoff_timeout=DURATION, \
-                         prolog_dirty=fail|run, require_gpu_source=yes|no, gres_conf=PATH";
+                         prolog_dirty=fail|run, require_gpu_source=yes|no, gres_conf=PATH, \
+                         handoff_min_uid=UID";
 
 pub fn parse<'a>(args: impl IntoIterator<Item = &'a str>) -> Result<PluginArgs, Vec<String>> {
     let mut out = PluginArgs::default();
@@ -71,6 +76,11 @@ pub fn parse<'a>(args: impl IntoIterator<Item = &'a str>) -> Result<PluginArgs, 
                 _ => bad("use yes or no".into()),
             },
             Some(("gres_conf", v)) if !v.is_empty() => out.gres_conf = Some(PathBuf::from(v)),
+            Some(("handoff_min_uid", v)) => match v.parse::<u32>() {
+                // Root is never killed anyway; 0 would only read as if it were.
+                Ok(uid) if uid >= 1 => out.handoff_min_uid = Some(uid),
+                _ => bad("use a uid of 1 or more (the lowest uid the hand-off check may kill)".into()),
+            },
             _ => bad(format!("not recognised; known arguments: {KNOWN}")),
         }
     }
@@ -95,6 +105,10 @@ mod tests {
         assert_eq!(a.handoff_timeout, Duration::from_secs(5));
         assert_eq!(a.prolog_dirty, DirtyPrologAction::Run);
         assert_eq!(parse([]).unwrap(), PluginArgs::default());
+        assert_eq!(parse(["handoff_min_uid=5000"]).unwrap().handoff_min_uid, Some(5000));
+        for bad in ["handoff_min_uid=0", "handoff_min_uid=-1", "handoff_min_uid="] {
+            assert!(parse([bad]).unwrap_err()[0].contains("uid of 1 or more"), "{bad}");
+        }
         let e =
             parse(["default_workload=Bad", "colour=blue", "handoff_timeout=soon", "prolog_dirty=maybe"]).unwrap_err();
         assert_eq!(e.len(), 4);

@@ -17,6 +17,8 @@
 mod args;
 mod entry;
 mod handoff;
+mod kill;
 mod options;
+mod procinfo;
 
 slurm_sys::export_plugin_identity!(name: "onepool", type: "spank");
