@@ -81,7 +81,10 @@ fn the_human_form_puts_each_command_under_its_reason() {
     assert!(text.contains(
         "# class inference: flexible, rank 2; when reclaimed, gets a drain notice and 1m (GraceTime), then is cancelled\n"
     ));
-    assert_eq!(text.lines().count(), 12);
+    // Six QOS under their reasons, then the service user's account and
+    // association under theirs.
+    assert_eq!(text.lines().count(), 15);
+    assert!(text.ends_with("sacctmgr -i add account onepool 'Description=onepoold replicas' Organization=onepool\nsacctmgr -i add user onepool Account=onepool\n"), "{text}");
 }
 
 const TWO_FLEXIBLE: &str = r#"
