@@ -407,3 +407,49 @@ fn a_protected_job_stretched_past_its_class_never_starts() {
     c.ok("scontrol", &["update", &format!("JobId={j}"), "TimeLimit=1:00:00", "TresPerJob=gres:gpu:4"]);
     c.wait_state(j, "RUNNING", Duration::from_secs(30));
 }
+
+/// Requeue: a running job of the attacker goes back to pending, where a
+/// move to the site's QOS must keep it from ever running in the pool again.
+#[test]
+fn a_requeued_job_moved_to_the_site_qos_never_runs_again() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let eve = attacker(c);
+    let r = as_user(
+        c,
+        &eve,
+        "sbatch",
+        &[
+            "--parsable",
+            "-o",
+            "/dev/null",
+            "-A",
+            &eve.account,
+            "--requeue",
+            "--gpus=4",
+            "-t",
+            "10",
+            "--wrap",
+            "sleep 300",
+        ],
+    );
+    assert!(r.ok, "{}", r.stderr);
+    let j: u32 = r.stdout.trim().parse().unwrap();
+    c.wait_state(j, "RUNNING", Duration::from_secs(30));
+    let id = j.to_string();
+    let jid = format!("JobId={j}");
+    let r = as_user(c, &eve, "scontrol", &["requeue", &id]);
+    assert!(r.ok, "requeue: {}", r.stderr);
+    c.wait_state(j, "PENDING", Duration::from_secs(30));
+    let r = as_user(c, &eve, "scontrol", &["update", &jid, "QOS=normal"]);
+    assert!(r.ok, "{}", r.stderr);
+    // A requeued batch job waits for its BeginTime; its owner may lift it.
+    let r = as_user(c, &eve, "scontrol", &["update", &jid, "StartTime=now"]);
+    assert!(r.ok, "{}", r.stderr);
+    c.wait_until("the requeued job to be held back by AllowQos", Duration::from_secs(30), || {
+        let f = c.job_fields(j);
+        f["JobState"] == "PENDING" && f["Reason"].contains("QOS_not_permitted_to_use_this_partition")
+    });
+    protected_work_runs(c, &eve);
+    assert_eq!(c.state(j).as_deref(), Some("PENDING"));
+}
