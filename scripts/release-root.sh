@@ -23,7 +23,9 @@
 # than ONEPOOL_ROOT_MAX_AGE_DAYS (default 7), when the stamp is missing (an
 # interrupted build), or with --rebuild. A rebuild happens in a fresh folder
 # next to the old root and replaces it only once it is complete, so an
-# interrupted run never leaves a half-made root under the final name. If a
+# interrupted run never leaves a half-made root under the final name (an
+# unfinished build is deleted on exit, INT and TERM; what a SIGKILL leaves is
+# deleted by the next run, which holds the lock). If a
 # rebuild that is due only to age fails (no network, say), the old root is
 # kept and used, with a warning. Concurrent runs for one suite are serialised
 # with flock. Safe to re-run at any time.
@@ -170,19 +172,20 @@ stale_reason() {
     echo ""
 }
 
+# Holding the lock, nothing else is building: what older, interrupted runs
+# left (a build folder, its logs, a replaced root) can go.
+for old in "$roots_dir/.$suite.build."* "$roots_dir/.$suite.old."*; do
+    [ -e "$old" ] || continue
+    say "removing the leftover $old"
+    if [ -d "$old" ]; then remove_tree "$old"; else rm -f -- "$old"; fi
+done
+
 reason=$(stale_reason)
 if [ -z "$reason" ]; then
     say "reusing the $suite root for Slurm $(stamp_field "$root" slurm) (made $(date -d "@$(stamp_field "$root" created)" '+%F %T'))"
     echo "$root"
     exit 0
 fi
-
-# Every run that gets here builds; remove what older interrupted runs left.
-for old in "$roots_dir/.$suite.build."* "$roots_dir/.$suite.old."*; do
-    [ -e "$old" ] || continue
-    say "removing the leftover $old"
-    remove_tree "$old"
-done
 
 command -v debootstrap >/dev/null || die "debootstrap is missing: apt-get install debootstrap"
 [ -e "/usr/share/debootstrap/scripts/$suite" ] ||
@@ -191,7 +194,9 @@ command -v debootstrap >/dev/null || die "debootstrap is missing: apt-get instal
 build="$roots_dir/.$suite.build.$$"
 # Deleting the unfinished build on any exit; the stamp is written last, so
 # an unfinished tree is never mistaken for a root.
-trap 'remove_tree "$build" || true' EXIT
+trap 'remove_tree "$build" || true; rm -f "$build.debootstrap.log" "$build.apt.log"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 say "making the $suite root for Slurm $release ($reason) in $build"
 say "mirror $mirror; packages: ${packages[*]}"
