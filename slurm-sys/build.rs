@@ -19,6 +19,8 @@ fn main() {
     println!("cargo:rustc-check-cfg=cfg(slurm_ge_23_02)");
     println!("cargo:rustc-check-cfg=cfg(slurm_ge_23_11)");
     println!("cargo:rustc-check-cfg=cfg(slurm_ge_24_05)");
+    println!("cargo:rustc-check-cfg=cfg(slurm_ge_24_11)");
+    println!("cargo:rustc-check-cfg=cfg(slurm_ge_26_05)");
 
     let include = find_include_dir().unwrap_or_else(|searched| {
         fail(&format!(
@@ -145,6 +147,14 @@ fn emit_release_cfgs(version: u32) {
     }
     if at_least(24, 5) {
         println!("cargo:rustc-cfg=slurm_ge_24_05");
+    }
+    if at_least(24, 11) {
+        println!("cargo:rustc-cfg=slurm_ge_24_11");
+    }
+    // 26.05: job_desc_msg_t and submit_response_msg_t carry the job id in a
+    // slurm_step_id_t, update_node_msg_t lost reason_uid (see src/compat.rs).
+    if at_least(26, 5) {
+        println!("cargo:rustc-cfg=slurm_ge_26_05");
     }
     if !at_least(22, 5) {
         println!("cargo:warning=Slurm {major}.{minor} is older than 22.05, the oldest release onepool is tested on");

@@ -48,7 +48,7 @@ impl JobView {
         let count = |v: u32| if v == slurm_sys::bindings::NO_VAL { 0 } else { v };
         let count16 = |v: u16| if u32::from(v) == slurm_sys::bindings::NO_VAL16 { 0 } else { u32::from(v) };
         JobView {
-            job_id: read(d.job_id_str).unwrap_or_else(|| d.job_id.to_string()),
+            job_id: read(d.job_id_str).unwrap_or_else(|| slurm_sys::compat::job_desc_job_id(d).to_string()),
             user_id: d.user_id,
             group_id: d.group_id,
             shape: Shape {

@@ -8,6 +8,7 @@
 //! `libslurmfull.so`; plugins look them up there when first needed.
 
 pub mod bindings;
+pub mod compat;
 pub mod guard;
 pub mod host;
 pub mod log;

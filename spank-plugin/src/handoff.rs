@@ -143,7 +143,7 @@ fn drain(node: &str, reason: &str) -> Result<(), String> {
     msg.node_names = names.as_ptr() as *mut _;
     msg.node_state = NODE_STATE_DRAIN;
     msg.reason = why.as_ptr() as *mut _;
-    msg.reason_uid = unsafe { libc::getuid() };
+    slurm_sys::compat::set_update_node_reason_uid(&mut msg, unsafe { libc::getuid() });
     let rc = unsafe { update(&mut msg) };
     if rc == 0 {
         Ok(())

@@ -121,7 +121,7 @@ impl LibSlurm {
             return Err(unsafe { CStr::from_ptr((self.strerror)((self.errno)())) }.to_string_lossy().into_owned());
         }
         // SAFETY: on success resp points to Slurm's response, freed by Slurm.
-        let id = unsafe { (*resp).job_id };
+        let id = slurm_sys::compat::submit_response_job_id(unsafe { &*resp });
         (self.free_resp)(resp);
         Ok(id)
     }
