@@ -73,7 +73,7 @@ pub mod tests {
     #[test]
     fn output_in_an_unexpected_format_is_an_error() {
         let e = changes(&sample(), &FakeRunner::new("normal|0\n", CONFIG, PARTITIONS)).unwrap_err().to_string();
-        assert!(e.contains("line 1: expected 8 '|'-separated fields"), "{e}");
+        assert!(e.contains("line 1: expected 9 '|'-separated fields"), "{e}");
         let e = changes(&sample(), &FakeRunner::new(QOS, "nothing here\n", PARTITIONS)).unwrap_err().to_string();
         assert!(e.contains("printed no settings"), "{e}");
     }
