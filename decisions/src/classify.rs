@@ -349,7 +349,7 @@ pub fn check_modify(policy: &Policy, dir: &dyn Directory, who: Submitter, m: &Mo
                 ),
             ));
         }
-        if qos == crate::policy::FLEXIBLE_CAP_QOS {
+        if qos.eq_ignore_ascii_case(crate::policy::FLEXIBLE_CAP_QOS) {
             return Err(refusal(
                 Rule::ClassChange,
                 format!("QOS {qos} is the partition QOS of the pool's flexible partition, not a job QOS; submit a new job with --workload=CLASS"),

@@ -208,10 +208,12 @@ fn jobs_for_gpu_types_outside_the_pool_are_left_alone() {
 #[test]
 fn modify_refuses_escalation_into_protected_classes() {
     let pol = sample();
-    let m = ModifyRequest { qos: Some("op-critical-training".into()), ..Default::default() };
-    let r = check_modify(&pol, &dir(), ALICE, &m).unwrap_err();
-    assert_eq!(r.rule, Rule::NotEntitled);
-    assert!(check_modify(&pol, &dir(), ROOT, &m).is_ok());
+    for qos in ["op-critical-training", "OP-CRITICAL-TRAINING"] {
+        let m = ModifyRequest { qos: Some(qos.into()), ..Default::default() };
+        let r = check_modify(&pol, &dir(), ALICE, &m).unwrap_err();
+        assert_eq!(r.rule, Rule::NotEntitled, "{qos}");
+        assert!(check_modify(&pol, &dir(), ROOT, &m).is_ok());
+    }
 }
 
 /// A class is chosen at submission: no update by a user moves a job to
@@ -224,7 +226,15 @@ fn modify_refuses_every_move_into_a_class_or_the_pool() {
         partition: partition.map(str::to_string),
         ..Default::default()
     };
-    for qos in ["op-training", "op-agents", "op-inference", crate::policy::FLEXIBLE_CAP_QOS] {
+    // Slurm takes QOS names in any case.
+    for qos in [
+        "op-training",
+        "OP-TRAINING",
+        "op-agents",
+        "Op-Inference",
+        crate::policy::FLEXIBLE_CAP_QOS,
+        "ONEPOOL-FLEXIBLE-CAP",
+    ] {
         let r = check_modify(&pol, &dir(), ALICE, &m(Some(qos), None)).unwrap_err();
         assert_eq!(r.rule, Rule::ClassChange, "{qos}: {}", r.message);
         assert!(r.message.starts_with("onepool: QOS ") && r.message.contains("submit a new job"), "{}", r.message);

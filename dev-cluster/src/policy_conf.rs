@@ -63,7 +63,9 @@ pub(crate) fn merge(site_conf: &str, policy: &Policy, job_submit_plugins: Option
         .filter(|l| l.split_once('=').is_none_or(|(k, _)| !overridden.contains(k.trim())))
         .map(|l| match changes.access.iter().find(|a| partition_name(l) == Some(a.want.name.as_str())) {
             Some(a) => {
-                let rest: Vec<&str> = l.split_whitespace().filter(|w| !w.starts_with("AllowQos=")).collect();
+                // slurm.conf keys are case-insensitive: drop AllowQOS= too.
+                let rest: Vec<&str> =
+                    l.split_whitespace().filter(|w| !w.to_ascii_lowercase().starts_with("allowqos=")).collect();
                 format!("{} AllowQos={}", rest.join(" "), a.want.allow_qos.join(","))
             }
             None => l.to_string(),
@@ -125,9 +127,11 @@ pub(crate) fn apply_qos(cl: &Cluster, policy: &Policy, progress: &mut dyn FnMut(
     service_user(cl, &rendered.service, progress)
 }
 
-/// onepoold's service user, as etc/systemd/onepoold.service expects it (a
-/// system user; systemd-sysusers creates it on a site), and the Slurm
-/// account and association `onepool policy render` prints for it.
+/// onepoold's service user, as etc/systemd/onepoold.service expects it,
+/// and the Slurm account and association `onepool policy render` prints
+/// for it. A regular uid, not a system one: the GPU hand-off check never
+/// kills system users' processes, and a replica's leftovers must be
+/// cleanable.
 fn service_user(
     cl: &Cluster,
     s: &onepool_decisions::render::ServiceAccount,
@@ -136,7 +140,7 @@ fn service_user(
     let exists = std::process::Command::new("id").arg("-u").arg(&s.user).output().is_ok_and(|o| o.status.success());
     if !exists {
         let out = std::process::Command::new("useradd")
-            .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", &s.user])
+            .args(["--no-create-home", "--shell", "/usr/sbin/nologin", &s.user])
             .output()
             .map_err(|e| Error::Setup(format!("useradd {}: {e}", s.user)))?;
         // 9: another process created it meanwhile.

@@ -116,8 +116,10 @@ impl Policy {
     pub fn class(&self, name: &str) -> Option<&Class> {
         self.classes.iter().find(|c| c.name == name)
     }
+    /// Slurm finds QOS by name without case (`QOS=OP-TRAINING` is
+    /// op-training), so this does too.
     pub fn class_by_qos(&self, qos: &str) -> Option<&Class> {
-        self.classes.iter().find(|c| c.qos == qos)
+        self.classes.iter().find(|c| c.qos.eq_ignore_ascii_case(qos))
     }
     pub fn class_by_partition(&self, partition: &str) -> Option<&Class> {
         self.classes.iter().find(|c| c.match_partitions.iter().any(|p| p == partition))

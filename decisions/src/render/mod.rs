@@ -128,13 +128,21 @@ pub struct FlexiblePartition {
 
 impl FlexiblePartition {
     pub fn line(&self) -> String {
+        let allow =
+            if self.allow_qos.is_empty() { String::new() } else { format!(" AllowQos={}", self.allow_qos.join(",")) };
         format!(
-            "PartitionName={} Nodes={} QOS={} AllowQos={} MaxTime=INFINITE State=UP",
-            self.name,
-            self.nodes,
-            self.qos.name,
-            self.allow_qos.join(",")
+            "PartitionName={} Nodes={} QOS={}{allow} MaxTime=INFINITE State=UP",
+            self.name, self.nodes, self.qos.name
         )
+    }
+
+    /// Its `AllowQos`, as for the site's partitions; `None` in audit mode.
+    pub fn access(&self) -> Option<PartitionAccess> {
+        (!self.allow_qos.is_empty()).then(|| PartitionAccess {
+            name: self.name.clone(),
+            allow_qos: self.allow_qos.clone(),
+            why: self.why.clone(),
+        })
     }
 }
 
@@ -148,7 +156,9 @@ pub fn render(policy: &Policy) -> Rendered {
             name: name.clone(),
             nodes: policy.pool.nodes.clone(),
             qos: qos::flexible_cap(policy, name),
-            allow_qos: class_qos(false),
+            // In audit mode the plugin sets no class QOS: jobs keep the
+            // site's, and AllowQos would hold every one of them back.
+            allow_qos: if policy.pool.audit { Vec::new() } else { class_qos(false) },
             why: format!(
                 "onepool's slurmctld plugin routes flexible jobs here; its partition QOS keeps them off the {} reserved GPUs, and only flexible classes' QOS run here",
                 policy.reserved_gpus()
@@ -176,6 +186,7 @@ pub fn render(policy: &Policy) -> Rendered {
     }
     let partition_access = names
         .into_iter()
+        .filter(|_| !policy.pool.audit)
         .filter(|n| flexible_partition.as_ref().is_none_or(|fp| &fp.name != *n))
         .map(|n| PartitionAccess { name: n.clone(), allow_qos: allow_qos.clone(), why: why.clone() })
         .collect();

@@ -285,7 +285,7 @@ pub(crate) fn same_name(a: &str, b: &str) -> bool {
     a.eq_ignore_ascii_case(b)
 }
 
-fn same_names(want: &[String], live: &[String]) -> bool {
+pub(crate) fn same_names(want: &[String], live: &[String]) -> bool {
     want.len() == live.len() && want.iter().all(|w| live.iter().any(|l| same_name(w, l)))
 }
 

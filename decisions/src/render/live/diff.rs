@@ -4,8 +4,8 @@
 
 use super::{LiveConfig, LivePartition, LiveQos};
 use crate::policy::Diagnostic;
-use crate::render::qos::{modify_command, same_name, shell_line, QosPreemptMode, QosSetting, QosSpec};
-use crate::render::{PartitionAccess, Rendered};
+use crate::render::qos::{modify_command, same_name, same_names, shell_line, QosPreemptMode, QosSetting, QosSpec};
+use crate::render::{FlexiblePartition, PartitionAccess, Rendered};
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Changes {
@@ -210,21 +210,15 @@ pub fn diff(
             Some(_) => {}
         }
     }
-    let flexible_access = rendered.flexible_partition.as_ref().map(|fp| PartitionAccess {
-        name: fp.name.clone(),
-        allow_qos: fp.allow_qos.clone(),
-        why: fp.why.clone(),
-    });
+    let flexible_access = rendered.flexible_partition.as_ref().and_then(FlexiblePartition::access);
     for want in rendered.partition_access.iter().chain(flexible_access.as_ref()) {
         // A missing partition is reported below (or created whole above).
         let Some(live) = find_partition(&want.name) else { continue };
-        let same = live.allow_qos.as_ref().is_some_and(|l| {
-            l.len() == want.allow_qos.len() && want.allow_qos.iter().all(|w| l.iter().any(|q| same_name(q, w)))
-        });
-        if !same {
+        if !live.allow_qos.as_ref().is_some_and(|l| same_names(&want.allow_qos, l)) {
             changes.access.push(AccessChange { live: live.allow_qos.clone(), want: want.clone() });
         }
     }
+    changes.problems.extend(partitions_sharing_the_pool(rendered, live_partitions));
     for p in &rendered.pool_partitions {
         if find_partition(p).is_none() {
             changes.problems.push(
@@ -234,4 +228,52 @@ pub fn diff(
         }
     }
     changes
+}
+
+/// Partitions outside the pool on the pool's nodes: their jobs are left
+/// alone by the plugin (no class, no cap, no preemption by the pool's QOS)
+/// yet hold the pool's GPUs, so protected capacity can be taken there.
+fn partitions_sharing_the_pool(rendered: &Rendered, live: &[LivePartition]) -> Vec<Diagnostic> {
+    let in_pool = |name: &str| {
+        rendered.partition_access.iter().any(|a| a.name == name)
+            || rendered.pool_partitions.iter().any(|p| p == name)
+            || rendered.flexible_partition.as_ref().is_some_and(|f| f.name == name)
+    };
+    // `ALL` (or a list that does not expand) stands for every node.
+    let nodes = |p: &LivePartition| -> Option<Vec<String>> {
+        let n = p.nodes.as_deref()?;
+        if n.eq_ignore_ascii_case("ALL") {
+            return None;
+        }
+        crate::hostlist::expand(n).ok()
+    };
+    // The site's pool partitions say where the pool's GPUs are; the
+    // flexible partition is onepool's own and spans `pool.nodes` (by
+    // default ALL, which would count every node).
+    let site_pool = |name: &str| in_pool(name) && rendered.flexible_partition.as_ref().is_none_or(|f| f.name != name);
+    let pool: Vec<Option<Vec<String>>> = live.iter().filter(|p| site_pool(&p.name)).map(nodes).collect();
+    let mut out = Vec::new();
+    for p in live.iter().filter(|p| !in_pool(&p.name)) {
+        let mine = nodes(p);
+        let shared: Vec<String> = match (&mine, pool.iter().any(Option::is_none)) {
+            (None, _) => vec!["all nodes".into()],
+            (Some(m), true) => m.clone(),
+            (Some(m), false) => m.iter().filter(|n| pool.iter().flatten().any(|ps| ps.contains(n))).cloned().collect(),
+        };
+        if shared.is_empty() {
+            continue;
+        }
+        out.push(
+            Diagnostic::warning(
+                None,
+                format!(
+                    "partition {} is not in the pool but shares its nodes ({}): jobs there reach the pool's GPUs outside onepool's classes, limits and preemption",
+                    p.name,
+                    shared.join(",")
+                ),
+            )
+            .help("take the GPU nodes out of that partition, or add it to pool.partitions"),
+        );
+    }
+    out
 }

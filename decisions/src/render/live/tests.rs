@@ -319,3 +319,36 @@ fn a_flexible_partition_without_the_cap_is_reported() {
     assert!(c.slurm_conf_text().contains("`scontrol update PartitionName=gpu-flex QOS=onepool-flexible-cap`"));
     assert!(c.problems.is_empty(), "{:?}", c.problems);
 }
+
+#[test]
+fn a_partition_outside_the_pool_on_its_nodes_is_a_warning() {
+    let r = render(&policy_of(SAMPLE));
+    let (qos, config, mut partitions) = live_of(&r);
+    let cpu = |nodes: &str| LivePartition { name: "cpu".into(), nodes: Some(nodes.into()), qos: None, allow_qos: None };
+    partitions.push(cpu("node[3-9]"));
+    let c = diff(&r, &qos, &config, &partitions);
+    assert_eq!(c.problems.len(), 1, "{:?}", c.problems);
+    assert!(!c.problems[0].is_error());
+    assert!(
+        c.problems[0].message.starts_with("partition cpu is not in the pool but shares its nodes (node3,node4)"),
+        "{}",
+        c.problems[0].message
+    );
+    partitions.pop();
+    partitions.push(cpu("cpu[1-8]"));
+    assert!(diff(&r, &qos, &config, &partitions).problems.is_empty());
+    partitions.pop();
+    partitions.push(cpu("ALL"));
+    assert_eq!(diff(&r, &qos, &config, &partitions).problems.len(), 1);
+}
+
+/// Audit mode changes nothing: the plugin sets no class QOS then, so no
+/// partition may admit only the class QOS.
+#[test]
+fn audit_mode_renders_no_allow_qos() {
+    let r = render(&policy_of(&SAMPLE.replace("audit = false", "audit = true")));
+    assert!(r.partition_access.is_empty());
+    let fp = r.flexible_partition.as_ref().unwrap();
+    assert!(fp.access().is_none() && !fp.line().contains("AllowQos"), "{}", fp.line());
+    assert!(!r.slurm_conf_text().contains("AllowQos"));
+}
