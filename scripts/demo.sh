@@ -9,9 +9,15 @@
 #   ./target/debug/onepool-devcluster --dir .devcluster down
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
-cargo build --workspace --quiet
-dc=./target/debug/onepool-devcluster
+# ONEPOOL_BIN_DIR: onepool's programs, built already (scripts/test.sh sets
+# it to run the demo inside another Slurm release's root).
+bin=${ONEPOOL_BIN_DIR:-}
+if [ -z "$bin" ]; then
+    bash scripts/install-deps.sh
+    cargo build --workspace --quiet
+    bin=./target/debug
+fi
+dc=$bin/onepool-devcluster
 dir=${ONEPOOL_DEVCLUSTER_DIR:-$PWD/.devcluster}
 # The shipped policy, with borrowers reclaimable after 10 s instead of 2
 # minutes so the demo does not wait.
@@ -21,6 +27,6 @@ sed 's/^min_runtime_before_reclaim = .*/min_runtime_before_reclaim = "10s"/' etc
 # The scenario itself (onepool-demo --help): onepoold runs as its child with
 # a generated config; on any failure or Ctrl-C it stops onepoold and cancels
 # the demo's jobs, and exits non-zero.
-exec ./target/debug/onepool-demo --dir "$dir" \
+exec "$bin/onepool-demo" --dir "$dir" \
     --trace data/azure-llm-inference-2023-conv.csv \
     --server etc/dev-cluster/stand-in-model-server.py

@@ -1,38 +1,98 @@
 #!/usr/bin/env bash
 # The whole test suite: unit tests, then integration tests against a real
 # Slurm cluster (munge, MariaDB, slurmdbd, slurmctld, 4 slurmd with fake
-# GPUs) that this script brings up in target/test-cluster and stops again,
-# then the README's main command (the demo) on a cluster of its own.
-# Set ONEPOOL_KEEP_CLUSTER=1 to leave the test cluster running for the next
-# run; ONEPOOL_SKIP_DEMO=1 to skip the demo.
+# GPUs) that this script brings up and stops again, then the README's main
+# command (the demo) on a cluster of its own.
+#
+# Which Slurm release: ONEPOOL_SLURM_RELEASE (or the first argument)
+#   22.05  the host's (Debian 12), the default
+#   24.11  Debian 13's, in a root from scripts/release-root.sh
+#   26.05  Debian unstable's, likewise
+#   all    the three, one after the other
+# For 24.11 and 26.05 everything is built on the host against that release's
+# headers (target/slurm-RELEASE) and the cluster, the integration tests and
+# the demo run inside the root (scripts/in-release.sh), with that release's
+# daemons and commands.
+#
+# ONEPOOL_KEEP_CLUSTER=1 leaves the test cluster running for the next run;
+# ONEPOOL_SKIP_DEMO=1 skips the demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+release=${1:-${ONEPOOL_SLURM_RELEASE:-22.05}}
+case $release in
+    all) releases=(22.05 24.11 26.05) ;;
+    22.05 | 24.11 | 26.05) releases=("$release") ;;
+    *) echo "test.sh: unknown Slurm release $release (22.05, 24.11, 26.05 or all)" >&2; exit 2 ;;
+esac
 bash scripts/install-deps.sh
 
-echo "== build"
-cargo build --workspace --all-targets
-
-echo "== unit tests"
-cargo test --workspace --exclude onepool-tests
-
-echo "== integration tests (real Slurm)"
-export ONEPOOL_TEST_CLUSTER_DIR=${ONEPOOL_TEST_CLUSTER_DIR:-$PWD/target/test-cluster}
-demo_dir=$PWD/target/demo-cluster
-cleanup() {
-    if [ "${ONEPOOL_KEEP_CLUSTER:-0}" != 1 ]; then
-        ./target/debug/onepool-devcluster --dir "$ONEPOOL_TEST_CLUSTER_DIR" down >/dev/null 2>&1 || true
-    fi
-    ./target/debug/onepool-devcluster --dir "$demo_dir" down >/dev/null 2>&1 || true
+# Every integration test, as the executables cargo built for onepool-tests.
+test_executables() {
+    cargo test -p onepool-tests --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"] and "test" in m["target"]["kind"]:
+        print(m["executable"])'
 }
-trap cleanup EXIT
-# One test at a time: they share the cluster and each leaves it idle.
-cargo test -p onepool-tests -- --test-threads=1
 
-if [ "${ONEPOOL_SKIP_DEMO:-0}" != 1 ]; then
-    echo "== the demo (bash scripts/demo.sh), on its own cluster in $demo_dir"
-    # Two clusters on a small machine would slow both: the test cluster goes first.
-    if [ "${ONEPOOL_KEEP_CLUSTER:-0}" != 1 ]; then
-        ./target/debug/onepool-devcluster --dir "$ONEPOOL_TEST_CLUSTER_DIR" down
+run_release() {
+    local rel=$1 root run target
+    if [ "$rel" = 22.05 ]; then
+        root=/ run=() target=target
+        unset SLURM_INCLUDE_DIR CARGO_TARGET_DIR
+    else
+        echo "== Slurm $rel: its root"
+        root=$(bash scripts/release-root.sh "$rel" | tail -n 1)
+        run=(bash "$PWD/scripts/in-release.sh" "$root")
+        target=target/slurm-$rel
+        export SLURM_INCLUDE_DIR=$root/usr/include CARGO_TARGET_DIR=$PWD/$target
     fi
-    ONEPOOL_DEVCLUSTER_DIR=$demo_dir bash scripts/demo.sh
-fi
+    echo "== Slurm $rel: build (headers: ${SLURM_INCLUDE_DIR:-/usr/include})"
+    cargo build --workspace --all-targets
+
+    echo "== Slurm $rel: unit tests"
+    if [ "$rel" = 22.05 ]; then
+        cargo test --workspace --exclude onepool-tests
+    else
+        # What depends on the release's headers; the rest is the same code.
+        cargo test -p onepool-slurm-sys -p onepool-job-submit -p onepool-spank
+    fi
+
+    echo "== Slurm $rel: integration tests (real Slurm)"
+    export ONEPOOL_TEST_CLUSTER_DIR=$PWD/$target/test-cluster
+    local demo_dir=$PWD/$target/demo-cluster dc=$PWD/$target/debug/onepool-devcluster
+    # shellcheck disable=SC2064 # the values of now
+    trap "cleanup '$dc' '$demo_dir' ${run[*]:-}" EXIT
+    # One test at a time: they share the cluster and each leaves it idle.
+    # In tests/, as `cargo test` runs them.
+    local exe
+    while read -r exe; do
+        (cd tests && "${run[@]}" "$exe" --test-threads=1)
+    done < <(test_executables)
+
+    if [ "${ONEPOOL_SKIP_DEMO:-0}" != 1 ]; then
+        echo "== Slurm $rel: the demo (bash scripts/demo.sh), on its own cluster in $demo_dir"
+        # Two clusters on a small machine would slow both: the test cluster goes first.
+        if [ "${ONEPOOL_KEEP_CLUSTER:-0}" != 1 ]; then
+            "${run[@]}" "$dc" --dir "$ONEPOOL_TEST_CLUSTER_DIR" down
+        fi
+        "${run[@]}" env ONEPOOL_DEVCLUSTER_DIR="$demo_dir" ONEPOOL_BIN_DIR="$PWD/$target/debug" bash scripts/demo.sh
+    fi
+    cleanup "$dc" "$demo_dir" "${run[@]}"
+    trap - EXIT
+}
+
+# Stops what a run started (both clusters), inside the root it ran in.
+cleanup() {
+    local dc=$1 demo_dir=$2
+    shift 2
+    if [ "${ONEPOOL_KEEP_CLUSTER:-0}" != 1 ]; then
+        "$@" "$dc" --dir "$ONEPOOL_TEST_CLUSTER_DIR" down >/dev/null 2>&1 || true
+    fi
+    "$@" "$dc" --dir "$demo_dir" down >/dev/null 2>&1 || true
+}
+
+for r in "${releases[@]}"; do
+    run_release "$r"
+done

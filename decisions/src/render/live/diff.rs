@@ -239,9 +239,10 @@ fn partitions_sharing_the_pool(rendered: &Rendered, live: &[LivePartition]) -> V
             || rendered.pool_partitions.iter().any(|p| p == name)
             || rendered.flexible_partition.as_ref().is_some_and(|f| f.name == name)
     };
-    // `ALL` (or a list that does not expand) stands for every node.
+    // `ALL` (or a list that does not expand) stands for every node; a
+    // partition without nodes shares none.
     let nodes = |p: &LivePartition| -> Option<Vec<String>> {
-        let n = p.nodes.as_deref()?;
+        let Some(n) = p.nodes.as_deref() else { return Some(Vec::new()) };
         if n.eq_ignore_ascii_case("ALL") {
             return None;
         }

@@ -340,6 +340,9 @@ fn a_partition_outside_the_pool_on_its_nodes_is_a_warning() {
     partitions.pop();
     partitions.push(cpu("ALL"));
     assert_eq!(diff(&r, &qos, &config, &partitions).problems.len(), 1);
+    partitions.pop();
+    partitions.push(LivePartition { nodes: None, ..cpu("") });
+    assert!(diff(&r, &qos, &config, &partitions).problems.is_empty());
 }
 
 /// Audit mode changes nothing: the plugin sets no class QOS then, so no
