@@ -43,6 +43,8 @@ inner='
     mount -t proc proc "$root/proc"
     mount --rbind /dev "$root/dev"
     mount --rbind /sys "$root/sys"
+    # The host'"'"'s name must resolve inside too (slurmctld 24.11 looks it up).
+    mount --bind /etc/hosts "$root/etc/hosts"
     mkdir -p "$root/$tree"
     mount --bind "$tree" "$root/$tree"
     cd "$tree"

@@ -180,7 +180,23 @@ for old in "$roots_dir/.$suite.build."* "$roots_dir/.$suite.old."*; do
     if [ -d "$old" ]; then remove_tree "$old"; else rm -f -- "$old"; fi
 done
 
+# Processes chrooted into the root (a test cluster's daemons, a test run
+# of scripts/in-release.sh): replacing the root under them would delete the
+# files they run from.
+in_use() {
+    local p r
+    for p in /proc/[0-9]*; do
+        r=$(readlink "$p/root" 2>/dev/null) || continue
+        case $r/ in "$1"/*) return 0 ;; esac
+    done
+    return 1
+}
+
 reason=$(stale_reason)
+if [ -n "$reason" ] && [ -f "$root/.onepool-root-stamp" ] && in_use "$root"; then
+    say "warning: the $suite root is in use (processes run inside it): not rebuilt now ($reason); stop them and run again"
+    reason=""
+fi
 if [ -z "$reason" ]; then
     say "reusing the $suite root for Slurm $(stamp_field "$root" slurm) (made $(date -d "@$(stamp_field "$root" created)" '+%F %T'))"
     echo "$root"

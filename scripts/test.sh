@@ -47,6 +47,13 @@ run_release() {
         run=(bash "$PWD/scripts/in-release.sh" "$root")
         target=target/slurm-$rel
         export SLURM_INCLUDE_DIR=$root/usr/include CARGO_TARGET_DIR=$PWD/$target
+        # Clusters made in an older root hold users and uids it no longer
+        # has (slurmctld then refuses their jobs' accounts): start afresh.
+        mkdir -p "$target"
+        if ! cmp -s "$root/.onepool-root-stamp" "$target/root-stamp"; then
+            rm -rf "$target/test-cluster" "$target/demo-cluster" "$target/second-cluster"
+            cp "$root/.onepool-root-stamp" "$target/root-stamp"
+        fi
     fi
     echo "== Slurm $rel: build (headers: ${SLURM_INCLUDE_DIR:-/usr/include})"
     cargo build --workspace --all-targets
@@ -83,12 +90,20 @@ run_release() {
     trap - EXIT
 }
 
-# Stops what a run started (both clusters), inside the root it ran in.
+# Stops what a run started (both clusters), inside the root it ran in, and
+# in a release root whatever job processes outlived their slurmd.
 cleanup() {
     local dc=$1 demo_dir=$2
     shift 2
     if [ "${ONEPOOL_KEEP_CLUSTER:-0}" != 1 ]; then
         "$@" "$dc" --dir "$ONEPOOL_TEST_CLUSTER_DIR" down >/dev/null 2>&1 || true
+        if [ $# -ge 3 ]; then
+            local p r
+            for p in /proc/[0-9]*; do
+                r=$(readlink "$p/root" 2>/dev/null) || continue
+                [ "$r" = "$3" ] && kill -9 "${p#/proc/}" 2>/dev/null || true
+            done
+        fi
     fi
     "$@" "$dc" --dir "$demo_dir" down >/dev/null 2>&1 || true
 }

@@ -351,16 +351,41 @@ fn start_mariadb(l: &Layout, spec: &Spec, progress: &mut dyn FnMut(&str)) -> Res
 
 fn start_slurmdbd(cl: &Cluster, progress: &mut dyn FnMut(&str)) -> Result<()> {
     let l = &cl.layout;
-    if running(l, "slurmdbd").is_none() {
+    let spawn = |progress: &mut dyn FnMut(&str)| -> Result<()> {
         let mut c = Command::new("slurmdbd");
         c.arg("-D");
         slurm_env(&mut c, l);
         process::spawn(c, &l.log_file("slurmdbd.stdout"), &l.pid_file("slurmdbd"))?;
         progress("started slurmdbd");
+        Ok(())
+    };
+    if running(l, "slurmdbd").is_none() {
+        spawn(progress)?;
     }
+    // Slurm 24.11's slurmdbd against a just-started MariaDB 11.8 (Debian 13)
+    // can die at its first query ("_check_mysql_concat_is_sane: null
+    // result", error 5027); a second start works (measured). Restart it a
+    // few times rather than wait out the timeout for a dead daemon.
+    let mut restarts = 0;
+    let mut error = None;
     process::wait_for("slurmdbd to answer sacctmgr", &l.log_file("slurmdbd"), Duration::from_secs(120), || {
-        process::run(cl.command("sacctmgr").args(["-n", "-P", "show", "cluster"]), Duration::from_secs(15)).is_ok()
-    })
+        if process::run(cl.command("sacctmgr").args(["-n", "-P", "show", "cluster"]), Duration::from_secs(15)).is_ok() {
+            return true;
+        }
+        if running(l, "slurmdbd").is_none() && restarts < 3 {
+            restarts += 1;
+            progress(&format!(
+                "slurmdbd exited while starting (see {}); starting it again",
+                l.log_file("slurmdbd").display()
+            ));
+            if let Err(e) = spawn(progress) {
+                error = Some(e);
+                return true;
+            }
+        }
+        false
+    })?;
+    error.map_or(Ok(()), Err)
 }
 
 fn register_cluster(cl: &Cluster, spec: &Spec) -> Result<()> {

@@ -113,8 +113,17 @@ impl<R: Runner> Slurm for Commands<R> {
         }
     }
 
+    /// `scontrol --json show nodes` (23.02 and later: one entry per node,
+    /// where their `sinfo --json` groups nodes), else 22.05's `sinfo
+    /// --json`, which has the per-node shape.
     fn nodes(&self) -> Result<Vec<NodeInfo>, SlurmError> {
-        Ok(parse_nodes(&self.runner.run(&["sinfo", "--json"])?)?)
+        match self.runner.run(&["scontrol", "--json", "show", "nodes"]) {
+            Ok(out) => Ok(parse_nodes(&out)?),
+            Err(CommandError::Failed { stderr, .. }) if stderr.contains("unrecognized option") => {
+                Ok(parse_nodes(&self.runner.run(&["sinfo", "--json"])?)?)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn steps(&self, user: u32) -> Result<Vec<StepInfo>, SlurmError> {
@@ -284,6 +293,26 @@ mod tests {
         );
         assert!(s.user_jobs(0).is_err() && s.user_jobs(0).is_err());
         assert_eq!(reads(&s), 2);
+    }
+
+    /// 22.05's scontrol has no --json: its sinfo --json lists nodes.
+    #[test]
+    fn nodes_come_from_scontrol_json_else_from_sinfo_json() {
+        let fixture_22 = include_str!("../tests/fixtures/sinfo-22.05.json");
+        let s = slurm(move |cmd| match cmd {
+            c if c.starts_with("scontrol --json") => Err(CommandError::Failed {
+                cmd: c.into(),
+                status: "exit status: 1".into(),
+                stdout: String::new(),
+                stderr: "scontrol: unrecognized option '--json'".into(),
+            }),
+            _ => Ok(fixture_22.to_string()),
+        });
+        assert_eq!(s.nodes().unwrap().len(), 4);
+        assert_eq!(*s.runner.seen.borrow(), ["scontrol --json show nodes", "sinfo --json"]);
+        let s = slurm(|_| Ok(include_str!("../tests/fixtures/nodes-24.11.json").to_string()));
+        assert_eq!(s.nodes().unwrap().len(), 4);
+        assert_eq!(*s.runner.seen.borrow(), ["scontrol --json show nodes"]);
     }
 
     #[test]

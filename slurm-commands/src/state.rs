@@ -1,8 +1,11 @@
 //! The cluster's jobs and nodes as `squeue --json` and `sinfo --json`
-//! report them (Slurm 22.05: OpenAPI v0.0.38 shape). Only the fields onepool
-//! reads are declared; unknown ones are ignored, so newer releases that add
-//! fields still parse. 22.05's `squeue --json` ignores `-j`/`-t`: callers
-//! filter the returned list themselves.
+//! report them. Only the fields onepool reads are declared; unknown ones are
+//! ignored. Two shapes are read (measured): Slurm 22.05's OpenAPI v0.0.38
+//! (plain numbers, a job state string, a lower-case node state and its
+//! flags apart) and the data parsers of 24.11 and later (numbers as
+//! `{"set", "infinite", "number"}`, states as lists of upper-case flags).
+//! 22.05's `squeue --json` ignores `-j`/`-t`: callers filter the returned
+//! list themselves.
 
 use serde::{Deserialize, Deserializer};
 
@@ -14,15 +17,81 @@ fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> R
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
+/// A number in either shape; unset reads 0, infinite the largest value.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Number {
+    Plain(u64),
+    Tagged {
+        #[serde(default)]
+        set: bool,
+        #[serde(default)]
+        infinite: bool,
+        #[serde(default)]
+        number: u64,
+    },
+}
+
+fn number<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    Ok(match Option::<Number>::deserialize(d)? {
+        None => 0,
+        Some(Number::Plain(n)) => n,
+        Some(Number::Tagged { infinite: true, .. }) => u64::MAX,
+        Some(Number::Tagged { set: false, .. }) => 0,
+        Some(Number::Tagged { number, .. }) => number,
+    })
+}
+
+fn number32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    Ok(u32::try_from(number(d)?).unwrap_or(u32::MAX))
+}
+
+/// A state: one string (22.05) or a list whose first item is the base
+/// state and the rest its flags (24.11 and later).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum States {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl States {
+    fn split(self) -> (String, Vec<String>) {
+        match self {
+            States::One(s) => (s, Vec::new()),
+            States::Many(mut v) if !v.is_empty() => {
+                let base = v.remove(0);
+                (base, v)
+            }
+            States::Many(_) => (String::new(), Vec::new()),
+        }
+    }
+}
+
+/// A job's state (`RUNNING`, `PENDING`, ...) in either shape.
+fn job_state<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(States::deserialize(d)?.split().0)
+}
+
+/// A list of strings, or one comma-separated string.
+fn list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    Ok(match Option::<States>::deserialize(d)? {
+        None => Vec::new(),
+        Some(States::One(s)) => s.split(',').filter(|x| !x.is_empty()).map(str::to_string).collect(),
+        Some(States::Many(v)) => v,
+    })
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct JobInfo {
     pub job_id: u32,
+    #[serde(deserialize_with = "job_state")]
     pub job_state: String,
     #[serde(default, deserialize_with = "nullable")]
     pub name: String,
     #[serde(default, deserialize_with = "nullable")]
     pub user_name: String,
-    #[serde(default, deserialize_with = "nullable")]
+    #[serde(default, deserialize_with = "number32")]
     pub user_id: u32,
     #[serde(default, deserialize_with = "nullable")]
     pub qos: String,
@@ -35,17 +104,17 @@ pub struct JobInfo {
     pub batch_host: String,
     #[serde(default, deserialize_with = "nullable")]
     pub admin_comment: String,
-    #[serde(default, deserialize_with = "nullable")]
+    #[serde(default, deserialize_with = "number")]
     pub submit_time: u64,
-    #[serde(default, deserialize_with = "nullable")]
+    #[serde(default, deserialize_with = "number")]
     pub start_time: u64,
-    #[serde(default, deserialize_with = "nullable")]
+    #[serde(default, deserialize_with = "number")]
     pub end_time: u64,
     /// Non-zero while Slurm is preempting the job (its GraceTime runs).
-    #[serde(default, deserialize_with = "nullable")]
+    #[serde(default, deserialize_with = "number")]
     pub preempt_time: u64,
     /// Minutes.
-    #[serde(default, deserialize_with = "nullable")]
+    #[serde(default, deserialize_with = "number")]
     pub time_limit: u64,
     #[serde(default, deserialize_with = "nullable")]
     pub tres_per_job: String,
@@ -53,9 +122,9 @@ pub struct JobInfo {
     pub tres_per_node: String,
     #[serde(default, deserialize_with = "nullable")]
     pub tres_per_task: String,
-    #[serde(default, deserialize_with = "nullable")]
+    #[serde(default, deserialize_with = "number32")]
     pub node_count: u32,
-    #[serde(default, deserialize_with = "nullable")]
+    #[serde(default, deserialize_with = "number32")]
     pub tasks: u32,
     #[serde(default, deserialize_with = "nullable")]
     pub state_reason: String,
@@ -93,23 +162,55 @@ impl JobInfo {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(from = "RawNode")]
 pub struct NodeInfo {
     pub name: String,
     /// `idle`, `mixed`, `allocated`, `down`, ...
     pub state: String,
     /// e.g. `DRAIN`.
-    #[serde(default, deserialize_with = "nullable")]
     pub state_flags: Vec<String>,
-    #[serde(default, deserialize_with = "nullable")]
     pub reason: String,
-    #[serde(default, deserialize_with = "nullable")]
     pub gres: String,
-    #[serde(default, deserialize_with = "nullable")]
     pub gres_used: String,
-    #[serde(default, deserialize_with = "nullable")]
     pub partitions: Vec<String>,
-    #[serde(default, deserialize_with = "nullable")]
     pub address: String,
+}
+
+/// A node in either shape: 22.05 prints `"state": "idle"` and the flags in
+/// `state_flags`, 24.11 and later `"state": ["IDLE", "DRAIN"]`.
+#[derive(Deserialize)]
+struct RawNode {
+    name: String,
+    state: States,
+    #[serde(default, deserialize_with = "list")]
+    state_flags: Vec<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    reason: String,
+    #[serde(default, deserialize_with = "nullable")]
+    gres: String,
+    #[serde(default, deserialize_with = "nullable")]
+    gres_used: String,
+    #[serde(default, deserialize_with = "list")]
+    partitions: Vec<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    address: String,
+}
+
+impl From<RawNode> for NodeInfo {
+    fn from(r: RawNode) -> NodeInfo {
+        let (base, mut flags) = r.state.split();
+        flags.extend(r.state_flags);
+        NodeInfo {
+            name: r.name,
+            state: base.to_ascii_lowercase(),
+            state_flags: flags,
+            reason: r.reason,
+            gres: r.gres,
+            gres_used: r.gres_used,
+            partitions: r.partitions,
+            address: r.address,
+        }
+    }
 }
 
 impl NodeInfo {
@@ -295,6 +396,40 @@ mod tests {
         assert_eq!(nodes[0].gres, "gpu:4");
         assert!(nodes[0].partitions.contains(&"gpu-flex".to_string()));
         assert!(!nodes[0].is_drained());
+    }
+
+    /// 24.11's data parser: numbers as {set, infinite, number}, states as
+    /// lists (captured from the dev cluster running Debian 13's Slurm).
+    #[test]
+    fn a_running_replica_as_24_11_reports_it() {
+        let jobs = parse_jobs(include_str!("../tests/fixtures/squeue-24.11-running.json")).unwrap();
+        assert_eq!(jobs.len(), 1);
+        let j = &jobs[0];
+        assert!(j.is_running() && !j.is_being_preempted());
+        assert_eq!((j.nodes.as_str(), j.batch_host.as_str()), ("node1", "node1"));
+        assert_eq!((j.time_limit, j.node_count, j.tasks), (10, 1, 1));
+        assert!(j.start_time > 1_700_000_000, "{}", j.start_time);
+        assert_eq!((j.qos.as_str(), j.gpus()), ("op-inference", 1));
+        assert_eq!(j.record().expect("onepool's record").class, "inference");
+        let nodes = parse_nodes(include_str!("../tests/fixtures/nodes-24.11.json")).unwrap();
+        let states: Vec<(&str, &str, bool)> =
+            nodes.iter().map(|n| (n.name.as_str(), n.state.as_str(), n.is_drained())).collect();
+        assert_eq!(
+            states,
+            [("node1", "mixed", false), ("node2", "idle", false), ("node3", "idle", false), ("node4", "idle", true)]
+        );
+        assert_eq!((nodes[3].reason.as_str(), nodes[0].address.as_str()), ("test", "127.0.0.1"));
+    }
+
+    #[test]
+    fn numbers_in_either_shape() {
+        let jobs = parse_jobs(
+            r#"{"jobs": [{"job_id": 1, "job_state": ["PENDING"], "time_limit": {"set": false, "infinite": true, "number": 0},
+                "start_time": {"set": false, "infinite": false, "number": 5}, "node_count": 3}]}"#,
+        )
+        .unwrap();
+        assert_eq!((jobs[0].time_limit, jobs[0].start_time, jobs[0].node_count), (u64::MAX, 0, 3));
+        assert!(jobs[0].is_pending());
     }
 
     #[test]

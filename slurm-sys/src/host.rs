@@ -104,6 +104,28 @@ host_fn!(pub fn spank_context: SpankContextFn = c"spank_context";);
 host_fn!(pub fn spank_option_getopt: SpankOptionGetoptFn = c"spank_option_getopt";);
 host_fn!(pub fn slurm_init_update_node_msg: InitUpdateNodeMsgFn = c"slurm_init_update_node_msg";);
 host_fn!(pub fn slurm_update_node: UpdateNodeFn = c"slurm_update_node";);
+pub type SlurmInitFn = unsafe extern "C" fn(conf: *const c_char);
+host_fn!(pub fn slurm_init: SlurmInitFn = c"slurm_init";);
+
+/// Readies libslurm for an API call in a process Slurm started without
+/// doing so: since 23.11 the spank prolog/epilog process has no hash
+/// plugin loaded, and `slurm_update_node` there is fatal ("No hash plugins
+/// loaded. Was slurm_init() called", measured on 24.11). Once per process;
+/// 22.05 needs none.
+pub fn ensure_api_ready() {
+    #[cfg(slurm_ge_23_11)]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            if let Some(init) = slurm_init() {
+                // SAFETY: NULL asks Slurm for its default configuration
+                // ($SLURM_CONF); it initialises only what is not yet.
+                unsafe { init(std::ptr::null()) };
+            }
+        });
+    }
+}
+
 pub type ValidateOperatorFn = unsafe extern "C" fn(uid: libc::uid_t) -> bool;
 host_fn!(
     /// slurmctld's own test for root, SlurmUser and accounts with

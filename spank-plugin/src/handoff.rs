@@ -134,6 +134,7 @@ fn drain(node: &str, reason: &str) -> Result<(), String> {
     let (Some(init), Some(update)) = (host::slurm_init_update_node_msg(), host::slurm_update_node()) else {
         return Err("this process cannot update nodes (no slurm_update_node)".into());
     };
+    host::ensure_api_ready();
     let names = CString::new(node).map_err(|e| e.to_string())?;
     let why = log::to_cstring_lossy(reason);
     let mut msg: update_node_msg_t = unsafe { std::mem::zeroed() };

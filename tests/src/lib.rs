@@ -37,6 +37,14 @@ pub fn build_dir() -> PathBuf {
     }
 }
 
+/// The folder above the build's profile folder: `target`, or
+/// `target/slurm-RELEASE` for a build against another release's headers.
+/// What one build's tests leave (clusters, policies) goes here, so that the
+/// releases' runs never share a cluster or its database.
+pub fn output_dir() -> PathBuf {
+    build_dir().parent().expect("target/<profile> has a parent").to_path_buf()
+}
+
 pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ sits in the workspace").to_path_buf()
 }
@@ -51,7 +59,7 @@ fn test_policy() -> PathBuf {
     let from = "min_runtime_before_reclaim = \"2m\"";
     assert!(sample.contains(from), "etc/onepool.toml no longer says {from}; update the test harness");
     let text = sample.replace(from, &format!("min_runtime_before_reclaim = \"{TEST_MIN_RUNTIME_SECS}s\""));
-    let path = workspace_root().join("target").join("onepool-test-policy.toml");
+    let path = output_dir().join("onepool-test-policy.toml");
     std::fs::write(&path, text).expect("writing the test policy");
     path
 }
@@ -67,7 +75,7 @@ pub fn cluster() -> &'static TestCluster {
     C.get_or_init(|| {
         let dir = std::env::var_os("ONEPOOL_TEST_CLUSTER_DIR")
             .map(PathBuf::from)
-            .unwrap_or_else(|| workspace_root().join("target").join("test-cluster"));
+            .unwrap_or_else(|| output_dir().join("test-cluster"));
         let plugins = build_dir();
         for (built, _) in onepool_devcluster::PLUGINS {
             assert!(

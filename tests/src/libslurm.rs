@@ -10,7 +10,9 @@ pub struct LibSlurm {
     init_desc: extern "C" fn(*mut job_desc_msg_t),
     submit: extern "C" fn(*mut job_desc_msg_t, *mut *mut submit_response_msg_t) -> c_int,
     free_resp: extern "C" fn(*mut submit_response_msg_t),
-    errno: extern "C" fn() -> c_int,
+    /// `slurm_get_errno` up to 23.11; later releases leave Slurm's error
+    /// in `errno` alone (24.11 dropped the function: measured).
+    errno: Option<extern "C" fn() -> c_int>,
     strerror: extern "C" fn(c_int) -> *const c_char,
 }
 
@@ -53,7 +55,11 @@ impl LibSlurm {
             init_desc: sym(lib, c"slurm_init_job_desc_msg"),
             submit: sym(lib, c"slurm_submit_batch_job"),
             free_resp: sym(lib, c"slurm_free_submit_response_response_msg"),
-            errno: sym(lib, c"slurm_get_errno"),
+            // SAFETY: dlsym on a handle we opened; `int (*)(void)` if present.
+            errno: unsafe {
+                let p = libc::dlsym(lib, c"slurm_get_errno".as_ptr());
+                (!p.is_null()).then(|| std::mem::transmute::<*mut c_void, extern "C" fn() -> c_int>(p))
+            },
             strerror: sym(lib, c"slurm_strerror"),
         }
     }
@@ -117,8 +123,12 @@ impl LibSlurm {
         let mut resp: *mut submit_response_msg_t = std::ptr::null_mut();
         let rc = (self.submit)(&mut d, &mut resp);
         if rc != 0 {
+            let code = match self.errno {
+                Some(f) => f(),
+                None => std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+            };
             // SAFETY: slurm_strerror returns a static string.
-            return Err(unsafe { CStr::from_ptr((self.strerror)((self.errno)())) }.to_string_lossy().into_owned());
+            return Err(unsafe { CStr::from_ptr((self.strerror)(code)) }.to_string_lossy().into_owned());
         }
         // SAFETY: on success resp points to Slurm's response, freed by Slurm.
         let id = slurm_sys::compat::submit_response_job_id(unsafe { &*resp });
