@@ -93,8 +93,11 @@ impl<R: Runner> Slurm for Commands<R> {
         Ok(())
     }
 
+    /// Every job slurmctld holds, ended ones too (until MinJobAge): what
+    /// 22.05's `squeue --json` prints whatever the filters; 24.11's keeps
+    /// to pending and running jobs unless asked for all states (measured).
     fn jobs(&self) -> Result<Vec<JobInfo>, SlurmError> {
-        Ok(parse_jobs(&self.runner.run(&["squeue", "--json"])?)?)
+        Ok(parse_jobs(&self.runner.run(&["squeue", "--json", "--states=all"])?)?)
     }
 
     fn user_jobs(&self, user: u32) -> Result<Vec<JobInfo>, SlurmError> {
