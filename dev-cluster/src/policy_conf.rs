@@ -175,6 +175,24 @@ pub(crate) fn gpu_tres_known(cl: &Cluster) -> Result<bool> {
     Ok(out.lines().any(|l| l.trim() == "gres|gpu"))
 }
 
+/// slurm.conf's partitions without `AllowQos`, for slurmctld's very first
+/// start: the class QOS it names cannot exist yet, and 26.05's slurmctld
+/// stops at an unknown one ("Partition gpu has an invalid AllowQOS",
+/// measured; 22.05 and 24.11 go on).
+pub(crate) fn without_allow_qos(conf: &str) -> String {
+    conf.lines()
+        .map(|l| {
+            if partition_name(l).is_some() {
+                let words: Vec<&str> =
+                    l.split_whitespace().filter(|w| !w.to_ascii_lowercase().starts_with("allowqos=")).collect();
+                words.join(" ") + "\n"
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect()
+}
+
 /// The policy's slurm.conf settings without the flexible partition, for
 /// slurmctld's very first start (its partition QOS cannot exist yet).
 pub(crate) fn without_flexible_partition(include: &str) -> String {
@@ -212,5 +230,11 @@ mod tests {
         assert!(site.contains("ClusterName=y\n") && !site.contains("ClusterName=x"), "{site}");
         assert!(site.ends_with("MinJobAge=5\nInclude /x/onepool-slurm.conf\n"), "{site}");
         assert!(include.contains("\nJobSubmitPlugins=lua\n"), "{include}");
+    }
+
+    #[test]
+    fn the_first_start_drops_allow_qos_from_partition_lines_only() {
+        let conf = "ClusterName=x\nPartitionName=gpu Nodes=ALL AllowQOS=a,b Default=YES\nAllowQosNote=1\n";
+        assert_eq!(without_allow_qos(conf), "ClusterName=x\nPartitionName=gpu Nodes=ALL Default=YES\nAllowQosNote=1\n");
     }
 }

@@ -238,7 +238,9 @@ pub(crate) fn start_all(
         // First start: let slurmctld register gres/gpu without the partition
         // whose QOS needs it, then stop it for the real start below.
         let full = fs::read_to_string(l.policy_slurm_conf()).ctx(|| "reading the policy settings".into())?;
+        let site = fs::read_to_string(l.slurm_conf()).ctx(|| "reading slurm.conf".into())?;
         write_file(&l.policy_slurm_conf(), &policy_conf::without_flexible_partition(&full), 0o644)?;
+        write_file(&l.slurm_conf(), &policy_conf::without_allow_qos(&site), 0o644)?;
         start_slurmctld(cl, progress)?;
         process::wait_for("slurmctld to register gres/gpu", &l.log_file("slurmctld"), Duration::from_secs(30), || {
             policy_conf::gpu_tres_known(cl).unwrap_or(false)
@@ -247,6 +249,7 @@ pub(crate) fn start_all(
             t.stop(Duration::from_secs(10));
         }
         write_file(&l.policy_slurm_conf(), &full, 0o644)?;
+        write_file(&l.slurm_conf(), &site, 0o644)?;
     }
     policy_conf::apply_qos(cl, policy, progress)?;
     start_slurmctld(cl, progress)?;
@@ -331,6 +334,10 @@ fn start_mariadb(l: &Layout, spec: &Spec, progress: &mut dyn FnMut(&str)) -> Res
             "--innodb-log-file-size=32M",
             "--innodb-lock-wait-timeout=900",
             "--max-connections=64",
+            // MariaDB 11.8 (Debian unstable) turns snapshot isolation on,
+            // which slurmdbd does not support; `loose-` keeps 10.11 (Debian
+            // 12), which lacks the option, starting.
+            "--loose-innodb-snapshot-isolation=OFF",
         ]);
     process::spawn(c, &l.log_file("mariadbd.stdout"), &l.pid_file("mariadbd"))?;
     process::wait_for("MariaDB to accept connections", &l.log_file("mariadbd"), Duration::from_secs(120), || {
@@ -401,6 +408,12 @@ fn start_slurmctld(cl: &Cluster, progress: &mut dyn FnMut(&str)) -> Result<()> {
     if running(l, "slurmctld").is_none() {
         let mut c = Command::new("slurmctld");
         c.arg("-D").arg("-f").arg(l.slurm_conf());
+        // A new cluster has no saved state: 26.05's slurmctld stops at its
+        // first start ("No Assoc usage file ... to recover") unless told to
+        // go on without it (measured); older releases start either way.
+        if !l.state().join("assoc_usage").exists() {
+            c.arg("-i");
+        }
         slurm_env(&mut c, l);
         process::spawn(c, &l.log_file("slurmctld.stdout"), &l.pid_file("slurmctld"))?;
         progress("started slurmctld");
