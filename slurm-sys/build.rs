@@ -38,6 +38,10 @@ fn main() {
     println!("cargo:version_number={version}");
     println!("cargo:include={}", include.display());
     println!("cargo:rustc-env=SLURM_SYS_INCLUDE={}", include.display());
+    // libslurm's API number (its SONAME, libslurm.so.N) beside the headers:
+    // what a running Slurm reports through slurm_api_version(), so that a
+    // plugin can tell at load time that it meets another release.
+    println!("cargo:rustc-env=SLURM_SYS_API={}", api_number(&include).map(|n| n.to_string()).unwrap_or_default());
 
     let wrapper = "#include <slurm/slurm.h>\n#include <slurm/slurm_errno.h>\n#include <slurm/spank.h>\n";
     let builder = bindgen::Builder::default()
@@ -119,6 +123,20 @@ fn find_include_dir() -> Result<PathBuf, String> {
         }
     }
     Err(candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))
+}
+
+/// N of `libslurm.so.N` in the library folders next to `include`
+/// (`<prefix>/include` -> `<prefix>/lib`, `lib64`, `lib/<multiarch>`).
+fn api_number(include: &Path) -> Option<u32> {
+    let prefix = include.parent()?;
+    let mut dirs = vec![prefix.join("lib"), prefix.join("lib64")];
+    if let Ok(entries) = fs::read_dir(prefix.join("lib")) {
+        dirs.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+    }
+    dirs.iter().filter_map(|d| fs::read_dir(d).ok()).flatten().flatten().find_map(|e| {
+        let name = e.file_name().into_string().ok()?;
+        name.strip_prefix("libslurm.so.")?.parse().ok()
+    })
 }
 
 fn read_version(include: &Path) -> u32 {

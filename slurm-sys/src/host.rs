@@ -104,6 +104,9 @@ host_fn!(pub fn spank_context: SpankContextFn = c"spank_context";);
 host_fn!(pub fn spank_option_getopt: SpankOptionGetoptFn = c"spank_option_getopt";);
 host_fn!(pub fn slurm_init_update_node_msg: InitUpdateNodeMsgFn = c"slurm_init_update_node_msg";);
 host_fn!(pub fn slurm_update_node: UpdateNodeFn = c"slurm_update_node";);
+pub type SlurmApiVersionFn = unsafe extern "C" fn() -> std::ffi::c_long;
+host_fn!(pub fn slurm_api_version: SlurmApiVersionFn = c"slurm_api_version";);
+
 pub type SlurmInitFn = unsafe extern "C" fn(conf: *const c_char);
 host_fn!(pub fn slurm_init: SlurmInitFn = c"slurm_init";);
 

@@ -12,6 +12,7 @@ pub mod compat;
 pub mod guard;
 pub mod host;
 pub mod log;
+pub mod release;
 pub mod xstring;
 
 pub use bindings::SLURM_VERSION_NUMBER;
@@ -41,6 +42,18 @@ macro_rules! export_plugin_identity {
         #[no_mangle]
         #[used]
         pub static plugin_version: u32 = $crate::SLURM_VERSION_NUMBER;
+
+        // Runs when the host dlopens the plugin, before Slurm compares
+        // plugin_version and refuses a mismatch with a bare "Incompatible
+        // Slurm plugin" line: says which release each side is and what to do.
+        #[used]
+        #[link_section = ".init_array"]
+        static ONEPOOL_RELEASE_CHECK: extern "C" fn() = {
+            extern "C" fn check() {
+                $crate::guard::guard($ty, "load", (), || $crate::release::check_host($ty));
+            }
+            check
+        };
     };
 }
 
