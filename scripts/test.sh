@@ -4,11 +4,12 @@
 # GPUs) that this script brings up and stops again, then the README's main
 # command (the demo) on a cluster of its own.
 #
-# Which Slurm release: ONEPOOL_SLURM_RELEASE (or the first argument)
+# Which Slurm releases: the arguments, else ONEPOOL_SLURM_RELEASE (both a
+# list, run one after the other)
 #   22.05  the host's (Debian 12), the default
 #   24.11  Debian 13's, in a root from scripts/release-root.sh
 #   26.05  Debian unstable's, likewise
-#   all    the three, one after the other
+#   all    the three
 # For 24.11 and 26.05 everything is built on the host against that release's
 # headers (target/slurm-RELEASE) and the cluster, the integration tests and
 # the demo run inside the root (scripts/in-release.sh), with that release's
@@ -18,12 +19,16 @@
 # ONEPOOL_SKIP_DEMO=1 skips the demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-release=${1:-${ONEPOOL_SLURM_RELEASE:-22.05}}
-case $release in
-    all) releases=(22.05 24.11 26.05) ;;
-    22.05 | 24.11 | 26.05) releases=("$release") ;;
-    *) echo "test.sh: unknown Slurm release $release (22.05, 24.11, 26.05 or all)" >&2; exit 2 ;;
-esac
+# shellcheck disable=SC2206 # a list of words
+asked=(${*:-${ONEPOOL_SLURM_RELEASE:-22.05}})
+releases=()
+for r in "${asked[@]}"; do
+    case $r in
+        all) releases+=(22.05 24.11 26.05) ;;
+        22.05 | 24.11 | 26.05) releases+=("$r") ;;
+        *) echo "test.sh: unknown Slurm release $r (22.05, 24.11, 26.05 or all)" >&2; exit 2 ;;
+    esac
+done
 bash scripts/install-deps.sh
 
 # Every integration test, as the executables cargo built for onepool-tests.
