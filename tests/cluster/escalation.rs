@@ -61,13 +61,10 @@ fn protected_work_runs(c: &TestCluster, attacker: &User) {
     attacker_stays_in_the_pool(c, attacker);
     let alice = owner(c);
     let base = c.sbatch(&["--workload=inference-baseline", "--gpus=4", "-N1", "-t", "10", "--wrap", "sleep 300"]);
-    let crit = c.run_as(
+    let crit = submit(
+        c,
         &alice,
-        "sbatch",
         &[
-            "--parsable",
-            "-o",
-            "/dev/null",
             "--account=core-ml",
             "--workload=critical-training",
             "-t",
@@ -78,8 +75,6 @@ fn protected_work_runs(c: &TestCluster, attacker: &User) {
             "sleep 300",
         ],
     );
-    assert!(crit.ok, "{}", crit.stderr);
-    let crit: u32 = crit.stdout.trim().parse().unwrap();
     let limit = Duration::from_secs(onepool_tests::TEST_MIN_RUNTIME_SECS + 50);
     c.wait_state(base, "RUNNING", limit);
     c.wait_state(crit, "RUNNING", limit);
@@ -93,28 +88,17 @@ fn as_user(c: &TestCluster, u: &User, program: &str, args: &[&str]) -> Ran {
     r
 }
 
+/// sbatch as `u`, which must succeed; the job id.
+fn submit(c: &TestCluster, u: &User, args: &[&str]) -> u32 {
+    let mut all = vec!["--parsable", "-o", "/dev/null"];
+    all.extend_from_slice(args);
+    let r = as_user(c, u, "sbatch", &all);
+    assert!(r.ok, "sbatch {args:?} as {}: {}", u.name, r.stderr);
+    r.stdout.trim().parse().unwrap_or_else(|_| panic!("sbatch printed {:?}", r.stdout))
+}
+
 fn held_agents_job(c: &TestCluster, u: &User) -> u32 {
-    let r = as_user(
-        c,
-        u,
-        "sbatch",
-        &[
-            "--parsable",
-            "-o",
-            "/dev/null",
-            "-A",
-            &u.account,
-            "--workload=agents",
-            "--gpus=4",
-            "-t",
-            "10",
-            "--hold",
-            "--wrap",
-            "sleep 300",
-        ],
-    );
-    assert!(r.ok, "{}", r.stderr);
-    r.stdout.trim().parse().unwrap()
+    submit(c, u, &["-A", &u.account, "--workload=agents", "--gpus=4", "-t", "10", "--hold", "--wrap", "sleep 300"])
 }
 
 const OVER_CAP: &str = "onepool: class agents allows at most 4 GPUs per job and this job asks for 16";
@@ -185,27 +169,8 @@ fn every_submission_path_is_classified_and_capped() {
     }
     // Asking for the site's QOS and the pool's partition by name lands the
     // job in its class all the same.
-    let r = as_user(
-        c,
-        &eve,
-        "sbatch",
-        &[
-            "--parsable",
-            "-o",
-            "/dev/null",
-            "-A",
-            a,
-            "--qos=normal",
-            "-p",
-            "gpu",
-            "--gpus=4",
-            "--hold",
-            "--wrap",
-            "true",
-        ],
-    );
-    assert!(r.ok, "{}", r.stderr);
-    let f = c.job_fields(r.stdout.trim().parse().unwrap());
+    let j = submit(c, &eve, &["-A", a, "--qos=normal", "-p", "gpu", "--gpus=4", "--hold", "--wrap", "true"]);
+    let f = c.job_fields(j);
     assert_eq!((f["QOS"].as_str(), f["Partition"].as_str()), ("op-agents", FLEXIBLE_PARTITION));
     protected_work_runs(c, &eve);
 }
@@ -375,14 +340,10 @@ fn a_protected_job_stretched_past_its_class_never_starts() {
     let c = cluster();
     let _cleanup = Cleanup(c);
     let alice = owner(c);
-    let r = as_user(
+    let j = submit(
         c,
         &alice,
-        "sbatch",
         &[
-            "--parsable",
-            "-o",
-            "/dev/null",
             "--account=core-ml",
             "--workload=critical-training",
             "-t",
@@ -393,8 +354,6 @@ fn a_protected_job_stretched_past_its_class_never_starts() {
             "sleep 300",
         ],
     );
-    assert!(r.ok, "{}", r.stderr);
-    let j: u32 = r.stdout.trim().parse().unwrap();
     let r = as_user(c, &alice, "scontrol", &["update", &format!("JobId={j}"), "TimeLimit=8-00:00:00"]);
     assert!(r.ok, "{}", r.stderr);
     let r = as_user(c, &alice, "scontrol", &["update", &format!("JobId={j}"), "TresPerJob=gres:gpu:12"]);
@@ -417,26 +376,7 @@ fn a_requeued_job_moved_to_the_site_qos_never_runs_again() {
     let c = cluster();
     let _cleanup = Cleanup(c);
     let eve = attacker(c);
-    let r = as_user(
-        c,
-        &eve,
-        "sbatch",
-        &[
-            "--parsable",
-            "-o",
-            "/dev/null",
-            "-A",
-            &eve.account,
-            "--requeue",
-            "--gpus=4",
-            "-t",
-            "10",
-            "--wrap",
-            "sleep 300",
-        ],
-    );
-    assert!(r.ok, "{}", r.stderr);
-    let j: u32 = r.stdout.trim().parse().unwrap();
+    let j = submit(c, &eve, &["-A", &eve.account, "--requeue", "--gpus=4", "-t", "10", "--wrap", "sleep 300"]);
     c.wait_state(j, "RUNNING", Duration::from_secs(30));
     let id = j.to_string();
     let jid = format!("JobId={j}");
