@@ -78,10 +78,13 @@ run_release() {
     trap "cleanup '$dc' '$demo_dir' ${run[*]:-}" EXIT
     # One test at a time: they share the cluster and each leaves it idle.
     # In tests/, as `cargo test` runs them.
-    local exe
-    while read -r exe; do
+    local exe exes
+    mapfile -t exes < <(test_executables)
+    # An empty list would pass silently.
+    [ ${#exes[@]} -gt 0 ] || { echo "test.sh: cargo listed no integration-test programs" >&2; exit 1; }
+    for exe in "${exes[@]}"; do
         (cd tests && "${run[@]}" "$exe" --test-threads=1)
-    done < <(test_executables)
+    done
 
     if [ "${ONEPOOL_SKIP_DEMO:-0}" != 1 ]; then
         echo "== Slurm $rel: the demo (bash scripts/demo.sh), on its own cluster in $demo_dir"
