@@ -90,8 +90,71 @@ impl GpuRequest {
     }
 }
 
+/// The same GPUs asked per node instead of per job, for a job that is held
+/// to one node (`--gpus=4 -N1` becomes `--gpus-per-node=4 -N1`): the two
+/// mean the same allocation there. Slurm 26.05.5 started such per-job
+/// requests on a node with fewer free GPUs than asked (`AllocTRES
+/// gres/gpu=3` for `--gpus=4`) instead of waiting or preempting, while it
+/// counts per-node requests right (docs/slurm-releases.md).
+///
+/// Returns the new `(tres_per_job, tres_per_node)`, the per-job string
+/// without its GPU entries (`None` when nothing is left), or `None` when
+/// the job may span nodes, asks no GPUs per job, or already asks GPUs per
+/// node (then Slurm's own check of the two decides).
+pub fn gpus_per_job_as_per_node(
+    shape: &Shape,
+    per_job: Option<&str>,
+    per_node: Option<&str>,
+) -> Option<(Option<String>, String)> {
+    if shape.max_nodes != 1 || shape.min_nodes > 1 {
+        return None;
+    }
+    let entries = |s: Option<&str>| -> Vec<String> {
+        s.unwrap_or_default().split(',').map(str::trim).filter(|e| !e.is_empty()).map(String::from).collect()
+    };
+    let is_gpu = |e: &String| gpus_in(e).0 > 0;
+    let (gpus, rest): (Vec<String>, Vec<String>) = entries(per_job).into_iter().partition(is_gpu);
+    let node = entries(per_node);
+    if gpus.is_empty() || node.iter().any(is_gpu) {
+        return None;
+    }
+    let job = (!rest.is_empty()).then(|| rest.join(","));
+    Some((job, node.into_iter().chain(gpus).collect::<Vec<_>>().join(",")))
+}
+
 #[cfg(test)]
 mod tests {
+    fn one_node() -> Shape {
+        Shape { min_nodes: 1, max_nodes: 1, ..Shape::default() }
+    }
+
+    #[test]
+    fn single_node_gpus_per_job_move_to_per_node() {
+        assert_eq!(
+            gpus_per_job_as_per_node(&one_node(), Some("gres/gpu:4"), None),
+            Some((None, "gres/gpu:4".to_string()))
+        );
+        // Other per-job TRES stay; per-node TRES already there are kept.
+        assert_eq!(
+            gpus_per_job_as_per_node(&one_node(), Some("gres/gpu:a100:2,license/x:1"), Some("gres/shard:1")),
+            Some((Some("license/x:1".to_string()), "gres/shard:1,gres/gpu:a100:2".to_string()))
+        );
+        // No lower bound given, at most one node: still one node.
+        let max_only = Shape { max_nodes: 1, ..Shape::default() };
+        assert!(gpus_per_job_as_per_node(&max_only, Some("gres:gpu:2"), None).is_some());
+    }
+
+    #[test]
+    fn jobs_that_may_span_nodes_or_ask_per_node_are_left_alone() {
+        let range = Shape { min_nodes: 1, max_nodes: 2, ..Shape::default() };
+        assert_eq!(gpus_per_job_as_per_node(&range, Some("gres/gpu:4"), None), None);
+        assert_eq!(gpus_per_job_as_per_node(&Shape::default(), Some("gres/gpu:4"), None), None);
+        assert_eq!(gpus_per_job_as_per_node(&one_node(), Some("gres/gpu:4"), Some("gres/gpu:4")), None);
+        assert_eq!(gpus_per_job_as_per_node(&one_node(), None, Some("gres/gpu:4")), None);
+        assert_eq!(gpus_per_job_as_per_node(&one_node(), Some("license/x:1"), None), None);
+        assert_eq!(gpus_per_job_as_per_node(&one_node(), Some("gres/gpu:0"), None), None);
+    }
+
     use super::*;
 
     #[test]

@@ -4,6 +4,7 @@ use std::ffi::{c_char, c_int, c_void};
 
 use onepool_decisions::annotation::Annotation;
 use onepool_decisions::classify::{self, Placement, Refusal, Rule, Submitter, Verdict};
+use onepool_decisions::tres;
 use slurm_sys::bindings::{job_desc_msg_t, slurm_err_t, SLURM_ERROR, SLURM_SUCCESS};
 use slurm_sys::{guard::guard, log, xstring};
 
@@ -85,8 +86,19 @@ fn refuse(err_msg: *mut *mut c_char, uid: u32, r: &Refusal) -> c_int {
 ///
 /// # Safety
 /// `d` must be slurmctld's job description for this call.
-unsafe fn apply(d: *mut job_desc_msg_t, p: &Placement) -> Result<(), xstring::XstringError> {
+unsafe fn apply(d: *mut job_desc_msg_t, job: &JobView, p: &Placement) -> Result<(), xstring::XstringError> {
     let d = &mut *d;
+    if slurm_sys::compat::GPUS_PER_JOB_SHORT_ON_ONE_NODE {
+        if let Some((per_job, per_node)) =
+            tres::gpus_per_job_as_per_node(&job.shape, job.tres_per_job.as_deref(), job.tres_per_node.as_deref())
+        {
+            xstring::replace(&mut d.tres_per_node, &per_node)?;
+            match per_job {
+                Some(rest) => xstring::replace(&mut d.tres_per_job, &rest)?,
+                None => xstring::xfree(&mut d.tres_per_job),
+            }
+        }
+    }
     xstring::replace(&mut d.qos, &p.qos)?;
     if let Some(part) = &p.partition {
         xstring::replace(&mut d.partition, part)?;
@@ -144,7 +156,7 @@ pub extern "C" fn job_submit(job_desc: *mut job_desc_msg_t, submit_uid: u32, err
                 // No per-job log line: slurmctld holds its locks here, and the
                 // decision is on the job itself (AdminComment).
                 // SAFETY: valid job description for this call.
-                match unsafe { apply(job_desc, &p) } {
+                match unsafe { apply(job_desc, &job, &p) } {
                     Ok(()) => OK,
                     Err(e) => {
                         let r = Refusal { rule: Rule::BadAnnotation, message: format!("onepool: internal error: {e}") };

@@ -53,6 +53,14 @@ pub fn set_update_node_reason_uid(msg: &mut update_node_msg_t, uid: u32) {
     }
 }
 
+/// Whether this release may start a single-node job that asks GPUs per job
+/// (`--gpus=N -N1`) with fewer GPUs than it asked, on a node where other
+/// jobs hold some. Measured on 26.05.5 (`AllocTRES gres/gpu=3` for
+/// `--gpus=4`, no preemption); 22.05.8 and 24.11.5 wait or preempt.
+/// job_submit/onepool then asks the same GPUs per node, which 26.05 counts
+/// right (tests/cluster/admission.rs fails without it).
+pub const GPUS_PER_JOB_SHORT_ON_ONE_NODE: bool = cfg!(slurm_ge_26_05);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -285,6 +285,50 @@ fn a_protected_job_preempts_a_borrower_through_the_qos_the_plugin_chose() {
     });
 }
 
+/// `--gpus=4 -N1` when every node has a GPU taken: the job waits, and the
+/// protected class then gets all four by preemption. Slurm 26.05.5 started
+/// such a job at once with 3 GPUs (docs/slurm-releases.md); the plugin asks
+/// the same GPUs per node there, which 26.05 counts right.
+#[test]
+fn a_single_node_job_never_starts_short_of_the_gpus_it_asked() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let (alice, bob) = (alice(c), bob(c));
+    let borrowers: Vec<u32> = (1..=4)
+        .map(|n| {
+            let node = format!("node{n}");
+            submit(c, &bob, &["--workload=agents", "--gpus=1", "-N1", "-w", &node, "--wrap", "sleep 600"])
+        })
+        .collect();
+    for b in &borrowers {
+        c.wait_state(*b, "RUNNING", Duration::from_secs(30));
+    }
+    let wide = submit(c, &bob, &["--workload=agents", "--gpus=4", "-N1", "--wrap", "sleep 600"]);
+    std::thread::sleep(Duration::from_secs(5));
+    if c.state(wide).as_deref() == Some("RUNNING") {
+        panic!("a --gpus=4 -N1 job started with {} GPUs while no node had 4 free", c.allocated_gpus(wide));
+    }
+    c.ok("scancel", &[&wide.to_string()]);
+    let owner = submit(
+        c,
+        &alice,
+        &[
+            "--account=core-ml",
+            "--workload=critical-training",
+            "--time=1:00:00",
+            "--gpus=4",
+            "-N1",
+            "--wrap",
+            "sleep 600",
+        ],
+    );
+    let limit = Duration::from_secs(onepool_tests::TEST_MIN_RUNTIME_SECS + 40);
+    c.wait_state(owner, "RUNNING", limit);
+    assert_eq!(c.allocated_gpus(owner), 4, "the protected job runs on every GPU it asked");
+    let gone = borrowers.iter().filter(|b| c.state(**b).is_none()).count();
+    assert_eq!(gone, 1, "one borrower yields its GPU");
+}
+
 /// Rewrites the cluster's policy file and waits until slurmctld logs `expect`.
 fn edit_policy(c: &TestCluster, text: &str, expect: &str) {
     let path = c.cluster.layout.etc().join("onepool.toml");

@@ -26,20 +26,14 @@ const FLEXIBLE_PARTITION: &str = "gpu-flex";
 /// GPUs flexible work may hold together (16 in the pool, 4 reserved).
 const FLEXIBLE_CAP: u64 = 12;
 
-fn gpus_of(fields: &std::collections::HashMap<String, String>) -> u64 {
-    fields
-        .get("TRES")
-        .and_then(|t| t.split(',').find_map(|kv| kv.strip_prefix("gres/gpu=")))
-        .map_or(0, |n| n.parse().unwrap_or(0))
-}
-
 /// Every running job of `u` is in a flexible class's QOS, in the flexible
 /// partition, within its class's cap; together within the flexible cap.
 fn attacker_stays_in_the_pool(c: &TestCluster, u: &User) {
     let out = c.ok("squeue", &["-h", "-u", &u.name, "-t", "RUNNING", "-o", "%i"]);
     let mut total = 0;
     for id in out.split_whitespace() {
-        let f = c.job_fields(id.split('_').next().unwrap().parse().unwrap());
+        let job = id.split('_').next().unwrap().parse().unwrap();
+        let f = c.job_fields(job);
         let qos = f.get("QOS").cloned().unwrap_or_default();
         let cap = FLEXIBLE
             .iter()
@@ -47,7 +41,7 @@ fn attacker_stays_in_the_pool(c: &TestCluster, u: &User) {
             .unwrap_or_else(|| panic!("job {id} of {} runs in QOS {qos}, outside the pool's classes", u.name))
             .1;
         assert_eq!(f["Partition"], FLEXIBLE_PARTITION, "job {id} runs outside the flexible partition");
-        let gpus = gpus_of(&f);
+        let gpus = c.allocated_gpus(job);
         assert!(gpus <= cap, "job {id} holds {gpus} GPUs, past its class cap {cap}");
         total += gpus;
     }

@@ -272,6 +272,18 @@ impl TestCluster {
             .collect()
     }
 
+    /// GPUs Slurm allocated to a started job, from `scontrol show job`:
+    /// `TRES=` in 22.05, `AllocTRES=` since 23.02. Panics when neither is
+    /// printed, so that a renamed field cannot turn a check into 0 <= cap.
+    pub fn allocated_gpus(&self, job: u32) -> u64 {
+        let f = self.job_fields(job);
+        let tres = f
+            .get("AllocTRES")
+            .or_else(|| f.get("TRES"))
+            .unwrap_or_else(|| panic!("scontrol show job {job} prints neither AllocTRES nor TRES: {f:?}"));
+        tres.split(',').find_map(|kv| kv.strip_prefix("gres/gpu=")).map_or(0, |n| n.parse().unwrap_or(0))
+    }
+
     /// slurmctld still answers (after every bad-input case).
     pub fn assert_ctld_up(&self) {
         let out = self.ok("scontrol", &["ping"]);
