@@ -5,7 +5,7 @@
 # job_submit/lua running bench/classify.lua, which does the same
 # classification by hand. N held jobs per variant (default 2000), submitted
 # through libslurm from one process as an ordinary user, then cancelled.
-# Release builds; its own cluster in target/bench-cluster.
+# Release builds; its own cluster in target/bench-cluster (target/slurm-RELEASE/ on another release).
 #
 # Three rounds, variants interleaved; the table shows each variant's median.
 #
@@ -14,20 +14,23 @@
 # ends with the same job and the difference is the plugin's own work.
 #
 #   bash bench/admission.sh [N] [ROUNDS]
+#   ONEPOOL_SLURM_RELEASE=26.05 bash bench/admission.sh [N] [ROUNDS]   (bench/release.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-2000}
 rounds=${2:-3}
+source bench/release.sh
 source bench/lib.sh
-bench_build
+bench_build "$@"
+bench_release_line
 user=$bench_user
 
 # Cancelled jobs leave slurmctld's table (MaxJobCount) after MinJobAge: keep
 # that short, so rounds of thousands of jobs don't fill it.
-printf 'MinJobAge=2\n' > target/bench-site.conf
+printf 'MinJobAge=2\n' > "$target/bench-site.conf"
 up() {
     "$dc" --dir "$dir" up --job-submit-plugins "$1" --job-submit-lua bench/classify.lua \
-        --site-conf target/bench-site.conf >/dev/null 2>&1
+        --site-conf "$target/bench-site.conf" >/dev/null 2>&1
 }
 up onepool
 eval "$("$dc" --dir "$dir" env)"
@@ -42,7 +45,7 @@ run_variant() {
     drain_queue
     sdiag -r >/dev/null
     local flood
-    flood=$(taskset -c 0 runuser -u "$user" -- env SLURM_CONF="$SLURM_CONF" ./target/release/submit_flood "$n" --gpus 1 "$@" \
+    flood=$(taskset -c 0 runuser -u "$user" -- env SLURM_CONF="$SLURM_CONF" "$target/release/submit_flood" "$n" --gpus 1 "$@" \
         SLURM_SPANK_ONEPOOL_WORKLOAD=inference 2>/tmp/onepool-bench-flood.err)
     [ ! -s /tmp/onepool-bench-flood.err ] && : || sed "s/^/  $label: /" /tmp/onepool-bench-flood.err >&2
     local line

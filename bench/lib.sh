@@ -5,12 +5,15 @@
 # cluster's launcher ($dc) and folder ($dir); and the ordinary user that
 # submits the flood ($bench_user, op-bench, in account research once the
 # cluster is up: bench_user_account).
+# On another Slurm release (bench/release.sh, sourced first), the script
+# continues inside that release's root from here.
 bench_build() {
-    bash scripts/install-deps.sh
-    cargo build --release --quiet -p onepool-job-submit -p onepool-spank
-    cargo build --release --quiet -p onepool-devcluster -p onepool-tests --bins
-    dc=./target/release/onepool-devcluster
-    dir=$PWD/target/bench-cluster
+    bench_host bash scripts/install-deps.sh
+    bench_host cargo build --release --quiet -p onepool-job-submit -p onepool-spank
+    bench_host cargo build --release --quiet -p onepool-devcluster -p onepool-tests --bins
+    bench_enter_release "$@"
+    dc=$target/release/onepool-devcluster
+    dir=$target/bench-cluster
     bench_user=op-bench
     id -u "$bench_user" >/dev/null 2>&1 || useradd --no-create-home --shell /bin/sh "$bench_user"
 }

@@ -6,19 +6,21 @@
 # are submitted (through libslurm, tests/src/bin/submit_flood.rs) beside 3
 # replica-like jobs of the daemon's user; poll_cost times each read, and
 # sdiag gives slurmctld's RPCs and its own time for them.
-# Release builds; its own cluster in target/bench-cluster.
+# Release builds; its own cluster in target/bench-cluster (target/slurm-RELEASE/ on another release).
 #
 #   bash bench/poll.sh [SIZES] [ROUNDS]      # default "0 1000 5000" 20
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sizes=${1:-"0 1000 5000"}
 rounds=${2:-20}
+source bench/release.sh
 source bench/lib.sh
-bench_build
+bench_build "$@"
+bench_release_line
 user=$bench_user
 # Room for the largest size; cancelled jobs leave the table quickly.
-printf 'MinJobAge=2\nMaxJobCount=50000\n' > target/bench-poll-site.conf
-"$dc" --dir "$dir" up --site-conf target/bench-poll-site.conf >/dev/null
+printf 'MinJobAge=2\nMaxJobCount=50000\n' > "$target/bench-poll-site.conf"
+"$dc" --dir "$dir" up --site-conf "$target/bench-poll-site.conf" >/dev/null
 eval "$("$dc" --dir "$dir" env)"
 bench_user_account
 # slurmctld's RPCs since the last `sdiag -r`: "NAME count ave_µs" for
@@ -33,7 +35,7 @@ printf '%8s %-5s %9s %9s %10s %7s %4s  %s\n' "jobs" way "ms/poll" "p90 ms" "byte
 for n in $sizes; do
     drain_queue
     if [ "$n" -gt 0 ]; then
-        runuser -u "$user" -- env SLURM_CONF="$SLURM_CONF" ./target/release/submit_flood "$n" --gpus 1 \
+        runuser -u "$user" -- env SLURM_CONF="$SLURM_CONF" "$target/release/submit_flood" "$n" --gpus 1 \
             SLURM_SPANK_ONEPOOL_WORKLOAD=training >/dev/null
     fi
     for k in 1 2 3; do
@@ -42,7 +44,7 @@ for n in $sizes; do
     declare -A med=()
     for way in json user; do
         sdiag -r >/dev/null
-        out=$(./target/release/poll_cost "$rounds" "$uid" "$way")
+        out=$("$target/release/poll_cost" "$rounds" "$uid" "$way")
         read -r _ m p90 bytes listed own <<<"$(head -1 <<<"$out")"
         med[$way]=$m
         printf '%8s %-5s %9s %9s %10s %7s %4s  %s\n' "$((n + 3))" "$way" "$m" "$p90" "$bytes" "$listed" "$own" "$(rpcs)"

@@ -10,16 +10,20 @@
 # target/victim-order-cluster, stopped at the end.
 #
 #   bash bench/victim-order.sh [ROUNDS]
+#   ONEPOOL_SLURM_RELEASE=26.05 bash bench/victim-order.sh [ROUNDS]   (bench/release.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-2}
-bash scripts/install-deps.sh
-cargo build --quiet --workspace
-dc=./target/debug/onepool-devcluster
-dir=$PWD/target/victim-order-cluster
+source bench/release.sh
+bench_host bash scripts/install-deps.sh
+bench_host cargo build --quiet --workspace
+bench_enter_release "$@"
+dc=$target/debug/onepool-devcluster
+dir=$target/victim-order-cluster
 mkdir -p "$dir"
 sed 's/^min_runtime_before_reclaim = .*/min_runtime_before_reclaim = "5s"/' etc/onepool.toml > "$dir/policy.toml"
 trap '"$dc" --dir "$dir" down >/dev/null 2>&1 || true' EXIT
+bench_release_line
 
 state() { squeue -h -j "$1" -o %T 2>/dev/null; }
 clear_queue() {
@@ -85,7 +89,12 @@ for variant in "default" "preempt_youngest_first" "preempt_strict_order" "preemp
                 [ "$(state "${b[$k]}")" != RUNNING ] && hit=$k
             done
             [ -n "$hit" ] && break
-            pt=$(squeue --json 2>/dev/null | python3 -c 'import json,sys; print(" ".join(str(j["job_id"]) for j in json.load(sys.stdin)["jobs"] if j.get("preempt_time")))')
+            # preempt_time: a number in 22.05, {set, infinite, number} since 23.02.
+            pt=$(squeue --json 2>/dev/null | python3 -c '
+import json, sys
+def n(v):
+    return v.get("number", 0) if isinstance(v, dict) and v.get("set") else (v if isinstance(v, int) else 0)
+print(" ".join(str(j["job_id"]) for j in json.load(sys.stdin)["jobs"] if n(j.get("preempt_time"))))')
             for k in 0 1 2; do case " $pt " in *" ${b[$k]} "*) hit=$k ;; esac; done
             [ -n "$hit" ] && break
             sleep 0.2

@@ -133,6 +133,11 @@ fn escalation_through_scontrol_update_is_refused() {
     let r = c.run_as(&bob, "scontrol", &["update", &format!("JobId={j}"), "QOS=op-critical-training"]);
     assert!(!r.ok, "escalation was accepted");
     assert!(r.stderr.contains("Access/permission denied"), "{}", r.stderr);
+    // job_modify's err_msg arrived in 23.02: from there on the user reads
+    // onepool's sentence, not only Slurm's error.
+    if slurm_sys::version() >= (23, 2, 0) {
+        assert!(r.stderr.contains("onepool: class critical-training is protected"), "{}", r.stderr);
+    }
     assert_eq!(c.job_fields(j)["QOS"], "op-agents");
     let log = c.log("slurmctld");
     assert!(
@@ -392,6 +397,36 @@ fn a_broken_policy_edit_keeps_the_last_good_one_and_a_fix_is_picked_up() {
     edit_policy(c, &original.replace("default_class = \"agents\"", "default_class = \"training\""), "reloaded policy");
     let j = submit(c, &bob, &["--hold", "--wrap", "true"]);
     assert_eq!(c.job_fields(j)["QOS"], "op-training");
+    c.assert_ctld_up();
+}
+
+/// `scontrol reconfigure`: 22.05 re-reads its config in place, 23.11 and
+/// later restart slurmctld (a new process loads the plugin again). Either
+/// way the rules hold afterwards and the policy file is still watched.
+#[test]
+fn scontrol_reconfigure_keeps_the_rules_and_the_policy_watch() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let bob = bob(c);
+    let loaded = |log: &str| log.matches("job_submit/onepool: loaded (built for Slurm").count();
+    let before = loaded(&c.log("slurmctld"));
+    c.ok("scontrol", &["reconfigure"]);
+    if slurm_sys::version() >= (23, 11, 0) {
+        c.wait_until("slurmctld to load the plugin again", Duration::from_secs(30), || {
+            loaded(&c.log("slurmctld")) > before
+        });
+    }
+    c.wait_until("slurmctld to answer", Duration::from_secs(30), || c.run("scontrol", &["ping"]).stdout.contains("UP"));
+    let j = submit(c, &bob, &["--hold", "--workload=inference", "--gpus=1", "--wrap", "true"]);
+    assert_eq!(c.job_fields(j)["QOS"], "op-inference", "classified after the reconfigure");
+    let r = c.run_as(&bob, "scontrol", &["update", &format!("JobId={j}"), "QOS=op-critical-training"]);
+    assert!(!r.ok, "escalation accepted after the reconfigure");
+    let path = c.cluster.layout.etc().join("onepool.toml");
+    let original = std::fs::read_to_string(&path).unwrap();
+    let _restore = RestorePolicy(c, original.clone());
+    edit_policy(c, &original.replace("default_class = \"agents\"", "default_class = \"training\""), "reloaded policy");
+    let j = submit(c, &bob, &["--hold", "--wrap", "true"]);
+    assert_eq!(c.job_fields(j)["QOS"], "op-training", "a policy edit after the reconfigure is picked up");
     c.assert_ctld_up();
 }
 
