@@ -11,12 +11,10 @@ pub mod controller;
 pub mod daemon;
 pub mod endpoint;
 pub mod health;
-pub mod launcher;
 pub mod metrics;
 pub mod policy_check;
 pub mod proxy;
 pub mod registry;
-pub mod replica_group;
 pub mod replica_metrics;
 pub mod trace;
 

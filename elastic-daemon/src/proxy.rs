@@ -27,6 +27,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use onepool_launcher::conventions::DRAINING_HEADER;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
@@ -36,10 +37,6 @@ use crate::backend_pool::{self, BackendBody, SendError, HOP_BY_HOP, IDLE_TIMEOUT
 use crate::config::{Routes, MODEL_PATHS};
 use crate::endpoint::{AcquireError, Endpoint, Lease};
 use crate::metrics::{ListenerLabels, Metrics, RefusedLabels, RequestCounters};
-
-/// The launcher's answer while a replica drains: 503 with this header set
-/// to "1". The request was not processed, so it is always retried.
-pub const DRAINING_HEADER: &str = "x-onepool-draining";
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 

@@ -258,7 +258,7 @@ impl Shared {
                 continue;
             }
             let port = (j.user_id == target.uid)
-                .then(|| onepool_daemon::controller::port_from_name(&target.endpoint, &j.name))
+                .then(|| onepool_launcher::conventions::port_from_name(&target.endpoint, &j.name))
                 .flatten();
             let label = s.labels.get(&j.job_id).cloned();
             if port.is_none() && label.is_none() {
