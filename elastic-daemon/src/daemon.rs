@@ -15,12 +15,13 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use onepool_control::ControlError;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
-use crate::control::{self, ControlError};
+use crate::control;
 use crate::controller::{Controller, ControllerView, SharedSlurm};
 use crate::endpoint::{Endpoint, QueueSettings};
 use crate::metrics::Metrics;

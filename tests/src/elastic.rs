@@ -238,7 +238,7 @@ pub fn control_state(socket: &Path) -> Option<serde_json::Value> {
     let r = rt.block_on(async {
         onepool_daemon::tokio::time::timeout(
             Duration::from_secs(5),
-            onepool_daemon::control::request(socket, onepool_daemon::http::Method::GET, "/v1/state", None),
+            onepool_control::request(socket, onepool_daemon::http::Method::GET, "/v1/state", None),
         )
         .await
     });

@@ -253,7 +253,7 @@ impl Demo {
                 matches!(
                     tokio::time::timeout(
                         Duration::from_secs(1),
-                        onepool_daemon::control::request(&socket, http::Method::GET, "/v1/state", None)
+                        onepool_control::request(&socket, http::Method::GET, "/v1/state", None)
                     )
                     .await,
                     Ok(Ok((s, _))) if s.is_success()

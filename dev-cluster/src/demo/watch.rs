@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use onepool_daemon::control;
 use onepool_slurm_commands::adapter::{Commands, Slurm};
 use onepool_slurm_commands::state::JobInfo;
 use onepool_slurm_commands::SystemRunner;
@@ -203,7 +202,7 @@ fn router_state(rt: &Handle, target: &Target) -> Option<HashMap<u16, InRouter>> 
         .block_on(async {
             tokio::time::timeout(
                 Duration::from_secs(2),
-                control::request(&target.socket, http::Method::GET, "/v1/state", None),
+                onepool_control::request(&target.socket, http::Method::GET, "/v1/state", None),
             )
             .await
         })
