@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 
-use crate::daemon::Router;
+use crate::routed::Router;
 
 /// Only root and the daemon's own user may change the router.
 pub fn peer_allowed(peer_uid: u32, own_uid: u32) -> bool {
@@ -73,7 +73,7 @@ pub async fn serve(listener: UnixListener, router: Arc<Router>, mut shutdown: wa
                     continue;
                 }
             },
-            _ = crate::daemon::stopped(&mut shutdown) => return,
+            _ = crate::shutdown::stopped(&mut shutdown) => return,
         };
         let uid = match stream.peer_cred() {
             Ok(c) => c.uid(),

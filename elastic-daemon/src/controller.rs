@@ -394,7 +394,7 @@ impl Controller {
         loop {
             tokio::select! {
                 _ = beat.tick() => {}
-                _ = crate::daemon::stopped(&mut shutdown) => return,
+                _ = crate::shutdown::stopped(&mut shutdown) => return,
             }
             if *shutdown.borrow() {
                 return;

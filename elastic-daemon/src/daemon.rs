@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -26,22 +26,7 @@ use crate::controller::{Controller, ControllerView, SharedSlurm};
 use crate::endpoint::{Endpoint, QueueSettings};
 use crate::metrics::Metrics;
 use crate::proxy::{BodyBudget, Dispatch, Target};
-
-pub struct RoutedEndpoint {
-    pub endpoint: Arc<Endpoint>,
-    /// Replicas start as "starting" and wait for health checks when true.
-    pub health_checked: bool,
-    /// The address the endpoint's own listener is bound to (the
-    /// configured port, or the one the kernel chose for port 0); `None`
-    /// when only shared listeners reach it.
-    pub listen: Option<SocketAddr>,
-    /// The replica controller's view (endpoints with `[endpoint.replicas]`).
-    pub replica_jobs: Option<Arc<Mutex<ControllerView>>>,
-}
-
-pub struct Router {
-    pub endpoints: BTreeMap<String, RoutedEndpoint>,
-}
+pub use crate::routed::{RoutedEndpoint, Router};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -218,7 +203,7 @@ async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, mut shutdow
                     continue;
                 }
             },
-            _ = crate::daemon::stopped(&mut shutdown) => return,
+            _ = crate::shutdown::stopped(&mut shutdown) => return,
         };
         let metrics = metrics.clone();
         tokio::spawn(async move {
@@ -250,9 +235,4 @@ async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, mut shutdow
                 .await;
         });
     }
-}
-
-/// Resolves once `shutdown` turns true (or its sender is gone).
-pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|s| *s).await;
 }

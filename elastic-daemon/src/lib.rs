@@ -16,6 +16,9 @@ pub mod policy_check;
 pub mod proxy;
 pub mod registry;
 pub mod replica_metrics;
+pub mod routed;
+pub mod settings;
+pub mod shutdown;
 pub mod trace;
 
 /// The async runtime the daemon runs on and the HTTP types of its control

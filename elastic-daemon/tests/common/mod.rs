@@ -23,8 +23,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use onepool_daemon::config::{Config, EndpointConfig};
 use onepool_daemon::daemon::Daemon;
-use onepool_daemon::proxy::{ConnSettings, ProxySettings};
 use onepool_daemon::registry::HealthThresholds;
+use onepool_daemon::settings::{ConnSettings, ProxySettings};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
 
