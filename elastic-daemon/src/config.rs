@@ -8,11 +8,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use onepool_decisions::policy::Diagnostic;
+use onepool_router::registry::HealthThresholds;
+use onepool_router::settings::{HealthCheck, ProxySettings};
 use serde::Deserialize;
 use toml::Spanned;
-
-use crate::registry::HealthThresholds;
-use crate::settings::{HealthCheck, ProxySettings};
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -112,7 +111,7 @@ pub struct ListenerConfig {
 }
 
 /// The listener settings the router reads, defined with its other settings.
-pub use crate::settings::{ConnSettings, PathRoute, Routes, MODEL_PATHS};
+pub use onepool_router::settings::{ConnSettings, PathRoute, Routes, MODEL_PATHS};
 
 #[derive(Debug, thiserror::Error)]
 #[error("{}", .0.join("\n"))]

@@ -73,7 +73,7 @@ pub async fn serve(listener: UnixListener, router: Arc<Router>, mut shutdown: wa
                     continue;
                 }
             },
-            _ = crate::shutdown::stopped(&mut shutdown) => return,
+            _ = onepool_router::shutdown::stopped(&mut shutdown) => return,
         };
         let uid = match stream.peer_cred() {
             Ok(c) => c.uid(),

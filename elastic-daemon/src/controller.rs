@@ -25,15 +25,15 @@ use onepool_decisions::replicas::{
 };
 use onepool_launcher::conventions::{job_name, port_from_name};
 use onepool_launcher::replica_group::port_from_step_name;
+use onepool_router::endpoint::Endpoint;
+use onepool_router::metrics::{EndpointLabels, Metrics, ReplicaJobLabels};
+use onepool_router::registry::{RegistryError, ReplicaState};
 use onepool_slurm_commands::adapter::{Slurm, SlurmError};
 use onepool_slurm_commands::state::JobInfo;
 use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::config::ReplicaSettings;
-use crate::endpoint::Endpoint;
-use crate::metrics::{EndpointLabels, Metrics, ReplicaJobLabels};
-use crate::registry::{RegistryError, ReplicaState};
 
 /// The Slurm adapter the controllers share (called on blocking threads).
 pub type SharedSlurm = Arc<dyn Slurm + Send + Sync>;
@@ -394,7 +394,7 @@ impl Controller {
         loop {
             tokio::select! {
                 _ = beat.tick() => {}
-                _ = crate::shutdown::stopped(&mut shutdown) => return,
+                _ = onepool_router::shutdown::stopped(&mut shutdown) => return,
             }
             if *shutdown.borrow() {
                 return;
@@ -734,7 +734,7 @@ impl Controller {
     /// What the autoscaler sees: requests queued in the router plus each
     /// replica's load, from its own metrics where configured and readable,
     /// else the router's count of its requests in flight.
-    async fn load(&self, snap: &crate::endpoint::EndpointSnapshot) -> (f64, Option<(usize, usize)>) {
+    async fn load(&self, snap: &onepool_router::endpoint::EndpointSnapshot) -> (f64, Option<(usize, usize)>) {
         let queued = snap.queued as f64;
         let Some(client) = &self.scraper else {
             return (queued + f64::from(snap.replicas.iter().map(|r| r.in_flight).sum::<u32>()), None);

@@ -182,13 +182,13 @@ fn running(id: u32, name: &str, nodes: &str, count: u32) -> JobInfo {
 }
 
 /// An endpoint of up to 8 requests per replica, with metrics of its own.
-fn test_endpoint(name: &str) -> Arc<crate::endpoint::Endpoint> {
-    crate::endpoint::Endpoint::new(
+fn test_endpoint(name: &str) -> Arc<onepool_router::endpoint::Endpoint> {
+    onepool_router::endpoint::Endpoint::new(
         name,
         8,
-        crate::endpoint::QueueSettings { size: 10, timeout: Duration::from_secs(1) },
+        onepool_router::endpoint::QueueSettings { size: 10, timeout: Duration::from_secs(1) },
         Default::default(),
-        Arc::new(crate::metrics::Metrics::new()),
+        Arc::new(onepool_router::metrics::Metrics::new()),
     )
 }
 

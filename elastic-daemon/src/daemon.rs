@@ -16,6 +16,9 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use onepool_control::ControlError;
+use onepool_router::endpoint::{Endpoint, QueueSettings};
+use onepool_router::metrics::Metrics;
+use onepool_router::proxy::{BodyBudget, Dispatch, Target};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -23,9 +26,6 @@ use tokio::task::JoinHandle;
 use crate::config::Config;
 use crate::control;
 use crate::controller::{Controller, ControllerView, SharedSlurm};
-use crate::endpoint::{Endpoint, QueueSettings};
-use crate::metrics::Metrics;
-use crate::proxy::{BodyBudget, Dispatch, Target};
 pub use crate::routed::{RoutedEndpoint, Router};
 
 #[derive(Debug, thiserror::Error)]
@@ -142,7 +142,7 @@ impl Daemon {
         for e in &config.endpoints {
             if let Some(check) = e.health.clone() {
                 let endpoint = router.endpoints[&e.name].endpoint.clone();
-                tasks.push(tokio::spawn(crate::health::run(endpoint, check, rx.clone())));
+                tasks.push(tokio::spawn(onepool_router::health::run(endpoint, check, rx.clone())));
             }
         }
         for controller in runs {
@@ -151,7 +151,7 @@ impl Daemon {
         for (listener, dispatch, conn) in listeners {
             let (metrics, rx, grace) = (metrics.clone(), rx.clone(), config.shutdown_grace);
             tasks.push(tokio::spawn(async move {
-                crate::proxy::serve(listener, dispatch, conn, &metrics, rx, grace).await
+                onepool_router::proxy::serve(listener, dispatch, conn, &metrics, rx, grace).await
             }));
         }
         tasks.push(tokio::spawn(control::serve(control_listener, router.clone(), rx.clone())));
@@ -203,7 +203,7 @@ async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, mut shutdow
                     continue;
                 }
             },
-            _ = crate::shutdown::stopped(&mut shutdown) => return,
+            _ = onepool_router::shutdown::stopped(&mut shutdown) => return,
         };
         let metrics = metrics.clone();
         tokio::spawn(async move {

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
+use onepool_router::endpoint::Endpoint;
+
 use crate::controller::ControllerView;
-use crate::endpoint::Endpoint;
 
 pub struct RoutedEndpoint {
     pub endpoint: Arc<Endpoint>,

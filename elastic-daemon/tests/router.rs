@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use onepool_daemon::control;
-use onepool_daemon::registry::ReplicaState;
+use onepool_router::registry::ReplicaState;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -598,7 +598,7 @@ fn control_socket_refuses_other_uids() {
 async fn health_checks_bring_replicas_in() {
     let a = backend(Mode::Normal).await;
     let mut cfg = endpoint_config(4, 4, Duration::from_secs(5));
-    cfg.health = Some(onepool_daemon::settings::HealthCheck {
+    cfg.health = Some(onepool_router::settings::HealthCheck {
         path: "/health".into(),
         interval: Duration::from_millis(20),
         timeout: Duration::from_millis(500),
@@ -659,7 +659,7 @@ async fn shutdown_lets_in_flight_requests_finish() {
 
 fn health_every(interval: Duration) -> onepool_daemon::config::EndpointConfig {
     let mut cfg = endpoint_config(4, 4, Duration::from_secs(5));
-    cfg.health = Some(onepool_daemon::settings::HealthCheck {
+    cfg.health = Some(onepool_router::settings::HealthCheck {
         path: "/health".into(),
         interval,
         timeout: Duration::from_millis(500),

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use onepool_daemon::controller::ControllerView;
 use onepool_daemon::daemon::Daemon;
-use onepool_daemon::registry::ReplicaState;
 use onepool_daemon::tokio::runtime::Runtime;
+use onepool_router::registry::ReplicaState;
 
 use crate::{build_dir, workspace_root, TestCluster};
 

@@ -21,8 +21,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use onepool_daemon::daemon::Daemon;
-use onepool_daemon::registry::ReplicaState;
 use onepool_devcluster::{Cluster, UpOptions};
+use onepool_router::registry::ReplicaState;
 use onepool_tests::elastic::{completion, daemon_config, scratch, stand_in_server, wait, Load};
 use onepool_tests::{build_dir, workspace_root, TestCluster, TEST_MIN_RUNTIME_SECS};
 
