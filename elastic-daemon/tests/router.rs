@@ -12,7 +12,7 @@ use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use onepool_daemon::control;
+use onepool_elastic_daemon::control;
 use onepool_router::registry::ReplicaState;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -657,7 +657,7 @@ async fn shutdown_lets_in_flight_requests_finish() {
     assert!(refused.is_err(), "no new connections after shutdown");
 }
 
-fn health_every(interval: Duration) -> onepool_daemon::config::EndpointConfig {
+fn health_every(interval: Duration) -> onepool_elastic_daemon::config::EndpointConfig {
     let mut cfg = endpoint_config(4, 4, Duration::from_secs(5));
     cfg.health = Some(onepool_router::settings::HealthCheck {
         path: "/health".into(),

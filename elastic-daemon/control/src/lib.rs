@@ -2,7 +2,7 @@
 //! unix socket, and the client that sends one request ([`request`]), for
 //! `onepool status`, the demo and the tests, with the error type both sides
 //! share. The server (peer checks, binding the socket, the handlers) is
-//! onepoold's own `control` module.
+//! onepoold's own (`onepool_elastic_daemon::control`).
 //!
 //! - `GET  /v1/state`  endpoints, their replicas and (with `[endpoint.replicas]`) the replica jobs
 //! - `POST /v1/endpoints/NAME/replicas`        `{"address": "10.0.0.5:8000", "concurrency": 8, "ready": false}`
