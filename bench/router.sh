@@ -45,7 +45,7 @@ fi
 command -v taskset >/dev/null || { echo "taskset (util-linux) is missing" >&2; exit 1; }
 
 echo "== building onepoold and the bench backend (release)"
-cargo build --release -q -p onepool-daemon --bin onepoold --example bench_backend
+cargo build --release -q -p onepool-elastic-daemon --bin onepoold --example bench_backend
 TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 ONEPOOLD=$TARGET_DIR/release/onepoold
 BACKEND=$TARGET_DIR/release/examples/bench_backend

@@ -1,10 +1,10 @@
 //! `onepool replica -- CMD ...`: the main process of an inference replica's
-//! batch script (see onepool_daemon::launcher). Submit replicas with
+//! batch script (see onepool_launcher::launcher). Submit replicas with
 //! `--signal=B:USR1@<drain timeout>` in a QOS whose GraceTime covers it, and
 //! `exec onepool replica ...` so the notice reaches this process.
 //!
 //! With `--per-node` it is the main process of a job hosting one replica
-//! per node (onepool_daemon::replica_group): one `srun` step per node, each
+//! per node (onepool_launcher::replica_group): one `srun` step per node, each
 //! running `onepool replica` on its own port pair from `--listen`'s port.
 
 use std::net::SocketAddr;
@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use onepool_daemon::launcher::{run, Front, LauncherConfig, Outcome};
-use onepool_daemon::replica_group::{self, GroupConfig};
+use onepool_launcher::launcher::{run, Front, LauncherConfig, Outcome};
+use onepool_launcher::replica_group::{self, GroupConfig};
 
 #[derive(clap::Args)]
 pub struct ReplicaArgs {

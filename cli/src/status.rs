@@ -9,7 +9,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use onepool_daemon::control;
 use onepool_decisions::policy::{self, Policy, Tier};
 use onepool_slurm_commands::adapter::{Commands, Slurm};
 use onepool_slurm_commands::state::JobInfo;
@@ -109,7 +108,8 @@ pub fn pool_table(policy: &Policy, uses: &BTreeMap<String, ClassUse>) -> String 
 pub fn control_get(socket: &Path, path: &str) -> anyhow::Result<Value> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let answer = rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(10), control::request(socket, http::Method::GET, path, None)).await
+        tokio::time::timeout(Duration::from_secs(10), onepool_control::request(socket, http::Method::GET, path, None))
+            .await
     });
     let (status, value) = answer
         .map_err(|_| anyhow::anyhow!("onepoold at {} did not answer within 10 s", socket.display()))?

@@ -1,7 +1,7 @@
 //! A small, fast HTTP/1.1 backend for `bench/router.sh`: answers every
 //! request with a fixed 13-byte body, keep-alive, on one thread.
 //!
-//!     cargo run --release -p onepool-daemon --example bench_backend -- 127.0.0.1:18080
+//!     cargo run --release -p onepool-elastic-daemon --example bench_backend -- 127.0.0.1:18080
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -8,12 +8,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use onepool_decisions::policy::Diagnostic;
+use onepool_router::registry::HealthThresholds;
+use onepool_router::settings::{HealthCheck, ProxySettings};
 use serde::Deserialize;
 use toml::Spanned;
-
-use crate::health::HealthCheck;
-use crate::proxy::ProxySettings;
-use crate::registry::HealthThresholds;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -112,35 +110,8 @@ pub struct ListenerConfig {
     pub conn: ConnSettings,
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub enum Routes {
-    /// Host (lower case, no port) to endpoint name.
-    Host(Vec<(String, String)>),
-    Path(Vec<PathRoute>),
-    Model {
-        /// The most body bytes read to find `model`; a larger body gets 413.
-        max_body: usize,
-        /// How long the client may take to send that body.
-        body_timeout: Duration,
-        /// Model name to endpoint name.
-        routes: Vec<(String, String)>,
-    },
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct PathRoute {
-    /// Starts with '/', no trailing '/' except for "/" itself; matches on
-    /// whole segments ("/chat" matches "/chat/x", not "/chatty").
-    pub prefix: String,
-    /// Forward without the prefix ("/chat/v1/x" goes out as "/v1/x").
-    pub strip: bool,
-    pub endpoint: String,
-}
-
-pub use crate::proxy::ConnSettings;
-
-/// The paths whose JSON body names the `model` when routing by model.
-pub const MODEL_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+/// The listener settings the router reads, defined with its other settings.
+pub use onepool_router::settings::{ConnSettings, PathRoute, Routes, MODEL_PATHS};
 
 #[derive(Debug, thiserror::Error)]
 #[error("{}", .0.join("\n"))]
@@ -611,17 +582,6 @@ fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> ReplicaSetting
         output,
         load_metrics,
         metrics_path,
-    }
-}
-
-impl Routes {
-    /// The endpoint names the routes lead to, in configuration order.
-    pub fn endpoints(&self) -> impl Iterator<Item = &str> {
-        let v: Vec<&str> = match self {
-            Routes::Host(r) | Routes::Model { routes: r, .. } => r.iter().map(|(_, e)| e.as_str()).collect(),
-            Routes::Path(r) => r.iter().map(|p| p.endpoint.as_str()).collect(),
-        };
-        v.into_iter()
     }
 }
 

@@ -3,10 +3,9 @@
 //! trust boundary: file mode 0600 by default, and every connection's peer
 //! uid (SO_PEERCRED) must be root or the daemon's own.
 //!
-//! - `GET  /v1/state`  endpoints, their replicas and (with `[endpoint.replicas]`) the replica jobs
-//! - `POST /v1/endpoints/NAME/replicas`        `{"address": "10.0.0.5:8000", "concurrency": 8, "ready": false}`
-//! - `POST /v1/endpoints/NAME/replicas/remove` `{"address": "..."}`
-//! - `POST /v1/endpoints/NAME/replicas/drain`  `{"address": "...", "deadline": "30s"}`
+//! This is the server side; the requests it answers are listed in
+//! [`onepool_control`], which holds the client and the error type both
+//! sides share.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -21,26 +20,17 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use onepool_control::ControlError;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio::sync::watch;
 
-use crate::daemon::Router;
+use crate::routed::Router;
 
 /// Only root and the daemon's own user may change the router.
 pub fn peer_allowed(peer_uid: u32, own_uid: u32) -> bool {
     peer_uid == 0 || peer_uid == own_uid
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ControlError {
-    #[error("control socket {path}: {action}: {source}")]
-    Io { path: String, action: &'static str, source: std::io::Error },
-    #[error("control socket {path} exists and is not a socket; remove it or choose another control_socket")]
-    NotASocket { path: String },
-    #[error("control request: {0}")]
-    Http(String),
 }
 
 /// Binds the socket (replacing a stale one from an earlier run) and sets
@@ -83,7 +73,7 @@ pub async fn serve(listener: UnixListener, router: Arc<Router>, mut shutdown: wa
                     continue;
                 }
             },
-            _ = crate::daemon::stopped(&mut shutdown) => return,
+            _ = onepool_router::shutdown::stopped(&mut shutdown) => return,
         };
         let uid = match stream.peer_cred() {
             Ok(c) => c.uid(),
@@ -230,39 +220,6 @@ async fn handle(req: Request<Incoming>, router: &Router) -> Response<Full<Bytes>
             format!("no such request {} {}; see `GET /v1/state`", parts.method, parts.uri.path()),
         ),
     }
-}
-
-/// One control request from a client (the CLI, tests): returns the status
-/// and the JSON answer.
-pub async fn request(
-    socket: &Path,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> Result<(StatusCode, Value), ControlError> {
-    let p = socket.display().to_string();
-    let stream = UnixStream::connect(socket).await.map_err(|source| ControlError::Io {
-        path: p.clone(),
-        action: "connecting",
-        source,
-    })?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| ControlError::Http(e.to_string()))?;
-    tokio::spawn(conn);
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header(http::header::HOST, "onepoold")
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| ControlError::Http(e.to_string()))?;
-    let resp = sender.send_request(req).await.map_err(|e| ControlError::Http(e.to_string()))?;
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.map_err(|e| ControlError::Http(e.to_string()))?.to_bytes();
-    let value = serde_json::from_slice(&bytes).map_err(|e| ControlError::Http(format!("answer is not JSON: {e}")))?;
-    Ok((status, value))
 }
 
 #[cfg(test)]

@@ -23,33 +23,20 @@ use onepool_decisions::autoscale::{Autoscaler, ScalingPolicy};
 use onepool_decisions::replicas::{
     pack_submissions, plan_releases, reconcile, Action, EndpointTarget, JobLayout, Kind, Phase, Release, Replica,
 };
+use onepool_launcher::conventions::{job_name, port_from_name};
+use onepool_launcher::replica_group::port_from_step_name;
+use onepool_router::endpoint::Endpoint;
+use onepool_router::metrics::{EndpointLabels, Metrics, ReplicaJobLabels};
+use onepool_router::registry::{RegistryError, ReplicaState};
 use onepool_slurm_commands::adapter::{Slurm, SlurmError};
 use onepool_slurm_commands::state::JobInfo;
 use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::config::ReplicaSettings;
-use crate::endpoint::Endpoint;
-use crate::metrics::{EndpointLabels, Metrics, ReplicaJobLabels};
-use crate::registry::{RegistryError, ReplicaState};
-use crate::replica_group::port_from_step_name;
 
 /// The Slurm adapter the controllers share (called on blocking threads).
 pub type SharedSlurm = Arc<dyn Slurm + Send + Sync>;
-
-/// The replica job's name: the port it listens on is part of it.
-pub fn job_name(endpoint: &str, port: u16) -> String {
-    format!("onepool-{endpoint}-{port}")
-}
-
-/// The port encoded in a replica job's name, if the name is this endpoint's.
-pub fn port_from_name(endpoint: &str, name: &str) -> Option<u16> {
-    let port = name.strip_prefix("onepool-")?.strip_prefix(endpoint)?.strip_prefix('-')?;
-    if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    port.parse().ok()
-}
 
 /// The job's port and kind when the job is one of this endpoint's replicas
 /// submitted by `uid`; `None` for every job onepoold must leave alone.
@@ -85,7 +72,7 @@ fn quote(s: &str) -> String {
 /// sbatch's arguments (after `--parsable`) for a job of `replicas`
 /// replicas from `port` on: one replica on one node, or with
 /// `replicas_per_job` above 1 one per node, each an srun step
-/// ([`crate::replica_group`]) on `port + 2i`.
+/// ([`onepool_launcher::replica_group`]) on `port + 2i`.
 pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16, replicas: u32) -> Vec<String> {
     let class = match kind {
         Kind::Baseline => &s.baseline_workload,
@@ -336,7 +323,7 @@ pub fn member_ports(base: u16, nodes: &[String], known: &[(String, u16)]) -> Vec
         }
         let port = (i..i + nodes.len() + 1)
             .chain(0..i)
-            .filter_map(|k| crate::replica_group::port_of(base, k))
+            .filter_map(|k| onepool_launcher::replica_group::port_of(base, k))
             .find(|p| !taken.contains(p));
         if let Some(p) = port {
             taken.push(p);
@@ -407,7 +394,7 @@ impl Controller {
         loop {
             tokio::select! {
                 _ = beat.tick() => {}
-                _ = crate::daemon::stopped(&mut shutdown) => return,
+                _ = onepool_router::shutdown::stopped(&mut shutdown) => return,
             }
             if *shutdown.borrow() {
                 return;
@@ -516,7 +503,7 @@ impl Controller {
                     tracing::info!(endpoint = %name, job = j.job_id, "replica job is pending again; out of the router");
                 }
                 let n = if per_node { j.node_count.max(1) as usize } else { 1 };
-                (0..n).filter_map(|i| crate::replica_group::port_of(base, i)).map(|p| (None, p)).collect()
+                (0..n).filter_map(|i| onepool_launcher::replica_group::port_of(base, i)).map(|p| (None, p)).collect()
             }
             Live::Running if j.nodes.is_empty() => return,
             Live::Running if !per_node => {
@@ -747,7 +734,7 @@ impl Controller {
     /// What the autoscaler sees: requests queued in the router plus each
     /// replica's load, from its own metrics where configured and readable,
     /// else the router's count of its requests in flight.
-    async fn load(&self, snap: &crate::endpoint::EndpointSnapshot) -> (f64, Option<(usize, usize)>) {
+    async fn load(&self, snap: &onepool_router::endpoint::EndpointSnapshot) -> (f64, Option<(usize, usize)>) {
         let queued = snap.queued as f64;
         let Some(client) = &self.scraper else {
             return (queued + f64::from(snap.replicas.iter().map(|r| r.in_flight).sum::<u32>()), None);
@@ -859,7 +846,7 @@ impl Controller {
                 tracing::info!(endpoint = %self.name, job, port, replicas, ?kind, "submitted a replica job");
                 let mut t = TrackedJob::new(port, kind, replicas as u16);
                 let n = if self.per_node() { replicas as usize } else { 1 };
-                for p in (0..n).filter_map(|i| crate::replica_group::port_of(port, i)) {
+                for p in (0..n).filter_map(|i| onepool_launcher::replica_group::port_of(port, i)) {
                     t.members.insert(p, Member::default());
                 }
                 self.tracked.insert(job, t);

@@ -30,17 +30,6 @@ fn job(id: u32, name: &str, uid: u32, comment: &str) -> JobInfo {
 }
 
 #[test]
-fn names_carry_the_port_and_only_this_endpoint_s_parse() {
-    assert_eq!(job_name("llm", 18000), "onepool-llm-18000");
-    assert_eq!(port_from_name("llm", "onepool-llm-18000"), Some(18000));
-    assert_eq!(port_from_name("llm-2", "onepool-llm-2-18000"), Some(18000));
-    assert_eq!(port_from_name("llm", "onepool-llm-2-18000"), None);
-    assert_eq!(port_from_name("llm", "onepool-llm-+18000"), None);
-    assert_eq!(port_from_name("llm", "onepool-llm-"), None);
-    assert_eq!(port_from_name("llm", "other-llm-18000"), None);
-}
-
-#[test]
 fn only_jobs_of_our_uid_name_and_record_are_owned() {
     let s = settings();
     let base = "onepool:class=inference-baseline;tier=protected;endpoint=llm";
@@ -193,18 +182,23 @@ fn running(id: u32, name: &str, nodes: &str, count: u32) -> JobInfo {
 }
 
 /// An endpoint of up to 8 requests per replica, with metrics of its own.
-fn test_endpoint(name: &str) -> Arc<crate::endpoint::Endpoint> {
-    crate::endpoint::Endpoint::new(
+fn test_endpoint(name: &str) -> Arc<onepool_router::endpoint::Endpoint> {
+    onepool_router::endpoint::Endpoint::new(
         name,
         8,
-        crate::endpoint::QueueSettings { size: 10, timeout: Duration::from_secs(1) },
+        onepool_router::endpoint::QueueSettings { size: 10, timeout: Duration::from_secs(1) },
         Default::default(),
-        Arc::new(crate::metrics::Metrics::new()),
+        Arc::new(onepool_router::metrics::Metrics::new()),
     )
 }
 
 fn step(job: u32, node: &str, port: u16) -> StepInfo {
-    StepInfo { job_id: job, step: "0".into(), name: crate::replica_group::step_name(port), nodes: node.into() }
+    StepInfo {
+        job_id: job,
+        step: "0".into(),
+        name: onepool_launcher::replica_group::step_name(port),
+        nodes: node.into(),
+    }
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,32 +15,18 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use onepool_control::ControlError;
+use onepool_router::endpoint::{Endpoint, QueueSettings};
+use onepool_router::metrics::Metrics;
+use onepool_router::proxy::{BodyBudget, Dispatch, Target};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
-use crate::control::{self, ControlError};
+use crate::control;
 use crate::controller::{Controller, ControllerView, SharedSlurm};
-use crate::endpoint::{Endpoint, QueueSettings};
-use crate::metrics::Metrics;
-use crate::proxy::{BodyBudget, Dispatch, Target};
-
-pub struct RoutedEndpoint {
-    pub endpoint: Arc<Endpoint>,
-    /// Replicas start as "starting" and wait for health checks when true.
-    pub health_checked: bool,
-    /// The address the endpoint's own listener is bound to (the
-    /// configured port, or the one the kernel chose for port 0); `None`
-    /// when only shared listeners reach it.
-    pub listen: Option<SocketAddr>,
-    /// The replica controller's view (endpoints with `[endpoint.replicas]`).
-    pub replica_jobs: Option<Arc<Mutex<ControllerView>>>,
-}
-
-pub struct Router {
-    pub endpoints: BTreeMap<String, RoutedEndpoint>,
-}
+pub use crate::routed::{RoutedEndpoint, Router};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -156,7 +142,7 @@ impl Daemon {
         for e in &config.endpoints {
             if let Some(check) = e.health.clone() {
                 let endpoint = router.endpoints[&e.name].endpoint.clone();
-                tasks.push(tokio::spawn(crate::health::run(endpoint, check, rx.clone())));
+                tasks.push(tokio::spawn(onepool_router::health::run(endpoint, check, rx.clone())));
             }
         }
         for controller in runs {
@@ -165,7 +151,7 @@ impl Daemon {
         for (listener, dispatch, conn) in listeners {
             let (metrics, rx, grace) = (metrics.clone(), rx.clone(), config.shutdown_grace);
             tasks.push(tokio::spawn(async move {
-                crate::proxy::serve(listener, dispatch, conn, &metrics, rx, grace).await
+                onepool_router::proxy::serve(listener, dispatch, conn, &metrics, rx, grace).await
             }));
         }
         tasks.push(tokio::spawn(control::serve(control_listener, router.clone(), rx.clone())));
@@ -217,7 +203,7 @@ async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, mut shutdow
                     continue;
                 }
             },
-            _ = crate::daemon::stopped(&mut shutdown) => return,
+            _ = onepool_router::shutdown::stopped(&mut shutdown) => return,
         };
         let metrics = metrics.clone();
         tokio::spawn(async move {
@@ -249,9 +235,4 @@ async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, mut shutdow
                 .await;
         });
     }
-}
-
-/// Resolves once `shutdown` turns true (or its sender is gone).
-pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|s| *s).await;
 }

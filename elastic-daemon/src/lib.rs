@@ -1,26 +1,24 @@
-//! onepoold's library: the inference router (registry, queue, reverse
-//! proxy), its control socket, metrics and configuration. The binary in
-//! `main.rs` only reads the config and starts [`daemon::Daemon`]; the
-//! replica controllers (`controller.rs`) run endpoints' replicas as Slurm
-//! jobs.
+//! onepoold's library: the daemon around the inference router
+//! ([`onepool_router`]). It reads and checks the configuration
+//! ([`config`]; [`policy_check`] holds the replica settings against the
+//! policy), serves the control socket ([`control`]; its clients use
+//! [`onepool_control`]) and runs the replica controllers ([`controller`],
+//! reading replicas' own load with [`replica_metrics`]) that keep
+//! endpoints' replicas as Slurm jobs. The binary in `main.rs` only reads
+//! the config and starts [`daemon::Daemon`], which wires all of it together
+//! ([`routed`]: the endpoints it serves). [`trace`] reads the Azure trace
+//! the router is replayed with.
 
-pub mod backend_pool;
 pub mod config;
 pub mod control;
 pub mod controller;
 pub mod daemon;
-pub mod endpoint;
-pub mod health;
-pub mod launcher;
-pub mod metrics;
 pub mod policy_check;
-pub mod proxy;
-pub mod registry;
-pub mod replica_group;
 pub mod replica_metrics;
+pub mod routed;
 pub mod trace;
 
 /// The async runtime the daemon runs on and the HTTP types of its control
 /// client, for callers that start it in-process or talk to its control
-/// socket (the CLI, the integration tests).
+/// socket (the integration tests).
 pub use {http, tokio};

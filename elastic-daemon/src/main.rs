@@ -6,8 +6,8 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use onepool_daemon::config;
-use onepool_daemon::daemon::Daemon;
+use onepool_elastic_daemon::config;
+use onepool_elastic_daemon::daemon::Daemon;
 use tokio::signal::unix::{signal, SignalKind};
 
 const DEFAULT_CONFIG: &str = "/etc/slurm/onepoold.toml";
@@ -74,7 +74,7 @@ fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
-    let findings = onepool_daemon::policy_check::check(&config);
+    let findings = onepool_elastic_daemon::policy_check::check(&config);
     for w in &findings.warnings {
         tracing::warn!("{w}");
     }

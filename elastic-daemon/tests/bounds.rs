@@ -15,7 +15,7 @@ use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use onepool_daemon::metrics::{ListenerLabels, RefusedLabels};
+use onepool_router::metrics::{ListenerLabels, RefusedLabels};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
@@ -279,7 +279,7 @@ async fn a_replica_silent_mid_body_is_cut_off_after_response_idle_timeout() {
     assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(3), "cut after {took:?}");
     until("the replica's connection is closed", || dropped.load(Ordering::SeqCst)).await;
     until("the replica's slot is back", || h.snapshot().replicas[0].in_flight == 0).await;
-    let labels = onepool_daemon::metrics::replica_labels("chat", &stall.to_string());
+    let labels = onepool_router::metrics::replica_labels("chat", &stall.to_string());
     assert_eq!(h.daemon.metrics.response_idle_timeouts.get_or_create(&labels).get(), 1);
     // A body that keeps coming, a little at a time (each served one: the
     // tie goes to the stalling replica again), is not cut off.

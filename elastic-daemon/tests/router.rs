@@ -12,8 +12,8 @@ use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use onepool_daemon::control;
-use onepool_daemon::registry::ReplicaState;
+use onepool_elastic_daemon::control;
+use onepool_router::registry::ReplicaState;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -97,7 +97,7 @@ async fn drain_under_concurrent_load_loses_no_request() {
     let drained = addrs[0];
     let drain = tokio::spawn(async move {
         let body = json!({ "address": drained.to_string(), "deadline": "10s" });
-        control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas/drain", Some(body)).await.unwrap()
+        onepool_control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas/drain", Some(body)).await.unwrap()
     });
     until("the replica is draining", || h.snapshot().replicas[0].state == ReplicaState::Draining).await;
     // Nothing is handed to a draining replica, so this count is final.
@@ -551,14 +551,16 @@ async fn control_socket_adds_drains_removes_and_reports() {
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600);
     let body = json!({ "address": a.addr.to_string(), "concurrency": 3 });
-    let (s, v) =
-        control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas", Some(body.clone())).await.unwrap();
+    let (s, v) = onepool_control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas", Some(body.clone()))
+        .await
+        .unwrap();
     assert_eq!(s, StatusCode::CREATED, "{v}");
-    let (s, v) = control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas", Some(body)).await.unwrap();
+    let (s, v) =
+        onepool_control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas", Some(body)).await.unwrap();
     assert_eq!(s, StatusCode::CONFLICT);
     assert!(v["error"].as_str().unwrap().contains("already"), "{v}");
     assert_eq!(get(&client(), &format!("{}/ok", h.url)).await.0, StatusCode::OK);
-    let (s, v) = control::request(&socket, Method::GET, "/v1/state", None).await.unwrap();
+    let (s, v) = onepool_control::request(&socket, Method::GET, "/v1/state", None).await.unwrap();
     assert_eq!(s, StatusCode::OK);
     let r = &v["endpoints"][0]["replicas"][0];
     assert_eq!(
@@ -567,15 +569,18 @@ async fn control_socket_adds_drains_removes_and_reports() {
         "{v}"
     );
     let drain = json!({ "address": a.addr.to_string(), "deadline": "1s" });
-    let (s, v) =
-        control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas/drain", Some(drain)).await.unwrap();
+    let (s, v) = onepool_control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas/drain", Some(drain))
+        .await
+        .unwrap();
     assert_eq!((s, v["outcome"].as_str()), (StatusCode::OK, Some("drained")), "{v}");
     let (s, _, _) = send(&client(), "GET", &format!("{}/ok", h.url)).await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "no replica takes requests after the drain");
     let rm = json!({ "address": a.addr.to_string() });
-    let (s, _) = control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas/remove", Some(rm)).await.unwrap();
+    let (s, _) =
+        onepool_control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas/remove", Some(rm)).await.unwrap();
     assert_eq!(s, StatusCode::OK);
-    let (s, v) = control::request(&socket, Method::POST, "/v1/endpoints/nope/replicas", Some(json!({}))).await.unwrap();
+    let (s, v) =
+        onepool_control::request(&socket, Method::POST, "/v1/endpoints/nope/replicas", Some(json!({}))).await.unwrap();
     assert_eq!(s, StatusCode::NOT_FOUND);
     assert!(v["error"].as_str().unwrap().contains("\"chat\""), "{v}");
     h.daemon.shutdown().await;
@@ -593,14 +598,14 @@ fn control_socket_refuses_other_uids() {
 async fn health_checks_bring_replicas_in() {
     let a = backend(Mode::Normal).await;
     let mut cfg = endpoint_config(4, 4, Duration::from_secs(5));
-    cfg.health = Some(onepool_daemon::health::HealthCheck {
+    cfg.health = Some(onepool_router::settings::HealthCheck {
         path: "/health".into(),
         interval: Duration::from_millis(20),
         timeout: Duration::from_millis(500),
     });
     let h = Harness::new(cfg, &[]).await;
     let socket = h.daemon.control_socket.clone();
-    let (s, _) = control::request(
+    let (s, _) = onepool_control::request(
         &socket,
         Method::POST,
         "/v1/endpoints/chat/replicas",
@@ -652,9 +657,9 @@ async fn shutdown_lets_in_flight_requests_finish() {
     assert!(refused.is_err(), "no new connections after shutdown");
 }
 
-fn health_every(interval: Duration) -> onepool_daemon::config::EndpointConfig {
+fn health_every(interval: Duration) -> onepool_elastic_daemon::config::EndpointConfig {
     let mut cfg = endpoint_config(4, 4, Duration::from_secs(5));
-    cfg.health = Some(onepool_daemon::health::HealthCheck {
+    cfg.health = Some(onepool_router::settings::HealthCheck {
         path: "/health".into(),
         interval,
         timeout: Duration::from_millis(500),

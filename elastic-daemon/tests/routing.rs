@@ -12,8 +12,8 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use onepool_daemon::config;
-use onepool_daemon::daemon::Daemon;
+use onepool_elastic_daemon::config;
+use onepool_elastic_daemon::daemon::Daemon;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Two endpoints, "chat" and "embed", reached only through one shared

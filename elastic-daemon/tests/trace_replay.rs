@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
-use onepool_daemon::trace;
+use onepool_elastic_daemon::trace;
 
 const REQUESTS: usize = 2000;
 const SPEEDUP: u32 = 100;

@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use onepool_daemon::controller::ControllerView;
-use onepool_daemon::daemon::Daemon;
-use onepool_daemon::tokio::runtime::Runtime;
+use onepool_elastic_daemon::controller::ControllerView;
+use onepool_elastic_daemon::daemon::Daemon;
+use onepool_elastic_daemon::tokio::runtime::Runtime;
 use onepool_tests::elastic::{queue, wait};
 use onepool_tests::{build_dir, cluster, Cleanup, TestCluster};
 
@@ -139,8 +139,11 @@ fn the_daemon_runs_scales_and_re_adopts_its_replica_jobs_and_touches_nothing_els
     ]);
     let untouched = [foreign, unannotated];
 
-    let rt =
-        onepool_daemon::tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    let rt = onepool_elastic_daemon::tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
     let t0 = Instant::now();
     let d = start(&rt, &config_path);
     let listen = d.endpoint(ENDPOINT).unwrap().listen.unwrap().port();

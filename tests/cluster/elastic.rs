@@ -11,9 +11,9 @@ use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use onepool_daemon::controller::ControllerView;
-use onepool_daemon::daemon::Daemon;
-use onepool_daemon::tokio::runtime::Runtime;
+use onepool_elastic_daemon::controller::ControllerView;
+use onepool_elastic_daemon::daemon::Daemon;
+use onepool_elastic_daemon::tokio::runtime::Runtime;
 use onepool_tests::elastic::{completion, control_state, daemon_config, queue, scratch, wait, Load};
 use onepool_tests::{build_dir, cluster, Cleanup, TestCluster, TEST_MIN_RUNTIME_SECS};
 

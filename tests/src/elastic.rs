@@ -12,22 +12,22 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use onepool_daemon::controller::ControllerView;
-use onepool_daemon::daemon::Daemon;
-use onepool_daemon::registry::ReplicaState;
-use onepool_daemon::tokio::runtime::Runtime;
+use onepool_elastic_daemon::controller::ControllerView;
+use onepool_elastic_daemon::daemon::Daemon;
+use onepool_elastic_daemon::tokio::runtime::Runtime;
+use onepool_router::registry::ReplicaState;
 
 use crate::{build_dir, workspace_root, TestCluster};
 
 /// A runtime for onepoold in-process.
 pub fn runtime() -> Runtime {
-    onepool_daemon::tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap()
+    onepool_elastic_daemon::tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap()
 }
 
 /// onepoold in-process, from a configuration file.
 pub fn start_daemon(rt: &Runtime, config: &Path) -> Daemon {
     log_to_test_output();
-    let cfg = onepool_daemon::config::load(config).unwrap_or_else(|e| panic!("{e}"));
+    let cfg = onepool_elastic_daemon::config::load(config).unwrap_or_else(|e| panic!("{e}"));
     rt.block_on(Daemon::start(cfg)).expect("onepoold starts")
 }
 
@@ -234,11 +234,11 @@ pub fn queue(c: &TestCluster) -> Vec<Queued> {
 
 /// onepoold's `/v1/state` through its control socket.
 pub fn control_state(socket: &Path) -> Option<serde_json::Value> {
-    let rt = onepool_daemon::tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+    let rt = onepool_elastic_daemon::tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
     let r = rt.block_on(async {
-        onepool_daemon::tokio::time::timeout(
+        onepool_elastic_daemon::tokio::time::timeout(
             Duration::from_secs(5),
-            onepool_daemon::control::request(socket, onepool_daemon::http::Method::GET, "/v1/state", None),
+            onepool_control::request(socket, onepool_elastic_daemon::http::Method::GET, "/v1/state", None),
         )
         .await
     });

@@ -253,7 +253,7 @@ impl Demo {
                 matches!(
                     tokio::time::timeout(
                         Duration::from_secs(1),
-                        onepool_daemon::control::request(&socket, http::Method::GET, "/v1/state", None)
+                        onepool_control::request(&socket, http::Method::GET, "/v1/state", None)
                     )
                     .await,
                     Ok(Ok((s, _))) if s.is_success()
@@ -329,7 +329,8 @@ fn demo_jobs(uid: u32, service_uid: u32) -> anyhow::Result<Vec<u32>> {
         .filter_map(|l| {
             let f: Vec<&str> = l.trim().split('|').collect();
             let (id, name, owner) = (f.first()?.parse::<u32>().ok()?, *f.get(1)?, f.get(2)?.parse::<u32>().ok()?);
-            let replica = owner == service_uid && onepool_daemon::controller::port_from_name(ENDPOINT, name).is_some();
+            let replica =
+                owner == service_uid && onepool_launcher::conventions::port_from_name(ENDPOINT, name).is_some();
             let ours = replica || (owner == uid && name == TRAINING_JOB) || (Some(owner) == other && name == OTHER_JOB);
             ours.then_some(id)
         })

@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use onepool_daemon::control;
 use onepool_slurm_commands::adapter::{Commands, Slurm};
 use onepool_slurm_commands::state::JobInfo;
 use onepool_slurm_commands::SystemRunner;
@@ -203,7 +202,7 @@ fn router_state(rt: &Handle, target: &Target) -> Option<HashMap<u16, InRouter>> 
         .block_on(async {
             tokio::time::timeout(
                 Duration::from_secs(2),
-                control::request(&target.socket, http::Method::GET, "/v1/state", None),
+                onepool_control::request(&target.socket, http::Method::GET, "/v1/state", None),
             )
             .await
         })
@@ -258,7 +257,7 @@ impl Shared {
                 continue;
             }
             let port = (j.user_id == target.uid)
-                .then(|| onepool_daemon::controller::port_from_name(&target.endpoint, &j.name))
+                .then(|| onepool_launcher::conventions::port_from_name(&target.endpoint, &j.name))
                 .flatten();
             let label = s.labels.get(&j.job_id).cloned();
             if port.is_none() && label.is_none() {

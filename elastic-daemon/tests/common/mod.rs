@@ -21,10 +21,10 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use onepool_daemon::config::{Config, EndpointConfig};
-use onepool_daemon::daemon::Daemon;
-use onepool_daemon::proxy::{ConnSettings, ProxySettings};
-use onepool_daemon::registry::HealthThresholds;
+use onepool_elastic_daemon::config::{Config, EndpointConfig};
+use onepool_elastic_daemon::daemon::Daemon;
+use onepool_router::registry::HealthThresholds;
+use onepool_router::settings::{ConnSettings, ProxySettings};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
 
@@ -266,7 +266,7 @@ impl Harness {
         Harness { daemon, url }
     }
 
-    pub fn snapshot(&self) -> onepool_daemon::endpoint::EndpointSnapshot {
+    pub fn snapshot(&self) -> onepool_router::endpoint::EndpointSnapshot {
         self.daemon.endpoint("chat").unwrap().endpoint.snapshot()
     }
 }

@@ -20,9 +20,9 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use onepool_daemon::daemon::Daemon;
-use onepool_daemon::registry::ReplicaState;
 use onepool_devcluster::{Cluster, UpOptions};
+use onepool_elastic_daemon::daemon::Daemon;
+use onepool_router::registry::ReplicaState;
 use onepool_tests::elastic::{completion, daemon_config, scratch, stand_in_server, wait, Load};
 use onepool_tests::{build_dir, workspace_root, TestCluster, TEST_MIN_RUNTIME_SECS};
 
@@ -147,9 +147,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn autoscale_round(c: &TestCluster, dir: &Path) -> [f64; 3] {
     let config = dir.join("onepoold.toml");
     std::fs::write(&config, daemon_config(c, dir, "chat", &[])).unwrap();
-    let rt =
-        onepool_daemon::tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
-    let cfg = onepool_daemon::config::load(&config).unwrap_or_else(|e| panic!("{e}"));
+    let rt = onepool_elastic_daemon::tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cfg = onepool_elastic_daemon::config::load(&config).unwrap_or_else(|e| panic!("{e}"));
     let d = rt.block_on(Daemon::start(cfg)).expect("onepoold starts");
     let port = d.endpoint("chat").unwrap().listen.unwrap().port();
     let ready = |d: &Daemon| {

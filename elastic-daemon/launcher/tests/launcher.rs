@@ -7,10 +7,10 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
-use onepool_daemon::launcher::{run, Front, LauncherConfig, Outcome};
+use onepool_launcher::launcher::{run, Front, LauncherConfig, Outcome};
 
 /// The dev cluster's stand-in model server (answers `GET /?sleep=S` after S seconds).
-const SERVER: &str = include_str!("../../etc/dev-cluster/stand-in-model-server.py");
+const SERVER: &str = include_str!("../../../etc/dev-cluster/stand-in-model-server.py");
 
 fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
@@ -92,7 +92,7 @@ async fn a_request_the_dead_server_never_got_is_answered_draining() {
     let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
     let front = Arc::new(Front::default());
     // Nothing listens on the backend address.
-    let task = tokio::spawn(onepool_daemon::launcher::serve_front(listener, free_addr(), front.clone()));
+    let task = tokio::spawn(onepool_launcher::launcher::serve_front(listener, free_addr(), front.clone()));
     assert_eq!(get(listen, "/x").await, Some((503, true)));
     task.abort();
 }

@@ -27,19 +27,16 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use onepool_launcher::conventions::DRAINING_HEADER;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::backend_pool::{self, BackendBody, SendError, HOP_BY_HOP, IDLE_TIMEOUT};
-use crate::config::{Routes, MODEL_PATHS};
 use crate::endpoint::{AcquireError, Endpoint, Lease};
 use crate::metrics::{ListenerLabels, Metrics, RefusedLabels, RequestCounters};
-
-/// The launcher's answer while a replica drains: 503 with this header set
-/// to "1". The request was not processed, so it is always retried.
-pub const DRAINING_HEADER: &str = "x-onepool-draining";
+use crate::settings::{ConnSettings, ProxySettings, Routes, MODEL_PATHS};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
@@ -82,54 +79,6 @@ impl Body for ProxyBody {
     }
 }
 pub type BackendClient = Client<HttpConnector, Full<Bytes>>;
-
-#[derive(Clone, Debug)]
-pub struct ProxySettings {
-    /// Longest wait for a replica's response head; past it the client gets 504.
-    pub request_timeout: Duration,
-    pub connect_timeout: Duration,
-    /// Largest request body; larger gets 413. Bodies are read whole before
-    /// forwarding so a failed attempt can be retried on another replica.
-    pub max_request_body: usize,
-    /// Longest time a client may take to send a whole request body, from
-    /// the end of its head; past it the client gets 408 and the connection
-    /// closes (far shorter than `request_timeout`: a body trickled in holds
-    /// its connection and its bytes while it lasts).
-    pub body_read_timeout: Duration,
-    /// Longest silence of a replica in the middle of a response body; past
-    /// it the response is cut off and the replica's connection closed.
-    pub response_idle_timeout: Duration,
-    /// Attempts after the first, each on a replica not yet tried.
-    pub retries: u32,
-    /// Every request may be retried, not only safe methods.
-    pub idempotent: bool,
-    /// The endpoint's own listener's connection limits.
-    pub conn: ConnSettings,
-}
-
-/// What a listener applies to each connection, before any routing.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ConnSettings {
-    /// Longest time a client may take to send its request head (slowloris).
-    pub header_read_timeout: Duration,
-    /// Largest request head in bytes; larger gets 431. At least 8192.
-    pub max_header_bytes: usize,
-    /// Open connections the listener keeps at most; one more is refused.
-    pub max_connections: usize,
-    /// Open connections from one client IP address at most.
-    pub max_connections_per_ip: usize,
-    /// Longest time an HTTP/2 connection may have no stream open, after its
-    /// first request (before it, `header_read_timeout` applies).
-    pub http2_idle_timeout: Duration,
-}
-
-impl ProxySettings {
-    /// An endpoint's own listener takes its connection limits from the
-    /// endpoint.
-    pub fn conn(&self) -> ConnSettings {
-        self.conn.clone()
-    }
-}
 
 /// A pooled HTTP client (the health checks'; proxied requests use the
 /// replicas' own connections, `backend_pool`).
@@ -668,7 +617,7 @@ pub async fn serve(
                     continue;
                 }
             },
-            _ = crate::daemon::stopped(&mut shutdown) => break,
+            _ = crate::shutdown::stopped(&mut shutdown) => break,
         };
         let Some(id) = conns.add(peer.ip()) else {
             // Refused before anything is made for it; the answer is a

@@ -32,7 +32,7 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Notify;
 
-use crate::proxy::DRAINING_HEADER;
+use crate::conventions::DRAINING_HEADER;
 
 #[derive(Debug, Clone)]
 pub struct LauncherConfig {

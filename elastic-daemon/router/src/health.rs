@@ -3,7 +3,6 @@
 //! turns consecutive results into state changes.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Uri};
@@ -12,13 +11,7 @@ use tokio::sync::watch;
 
 use crate::endpoint::Endpoint;
 use crate::proxy::backend_client;
-
-#[derive(Clone, Debug)]
-pub struct HealthCheck {
-    pub path: String,
-    pub interval: Duration,
-    pub timeout: Duration,
-}
+use crate::settings::HealthCheck;
 
 /// Checks `endpoint`'s replicas until `shutdown` turns true.
 pub async fn run(endpoint: Arc<Endpoint>, check: HealthCheck, mut shutdown: watch::Receiver<bool>) {
@@ -32,7 +25,7 @@ pub async fn run(endpoint: Arc<Endpoint>, check: HealthCheck, mut shutdown: watc
             // A replica just failed a request: check it now, so a replica
             // that only lost one connection is back within one probe.
             _ = endpoint.probe_requested() => {}
-            _ = crate::daemon::stopped(&mut shutdown) => return,
+            _ = crate::shutdown::stopped(&mut shutdown) => return,
         }
         let probes = endpoint.health_targets().into_iter().map(|(id, address)| {
             let client = client.clone();

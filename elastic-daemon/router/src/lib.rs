@@ -1,0 +1,21 @@
+//! onepoold's inference router: the replicas of each endpoint and which
+//! one takes the next request ([`registry`]), the bounded queue and the
+//! waiting ([`endpoint`]), the reverse proxy on per-endpoint and shared
+//! listeners ([`proxy`]) with its upstream connections ([`backend_pool`]),
+//! active health checks ([`health`]), the Prometheus metrics ([`metrics`]:
+//! one registry, so the replica controllers' `onepool_replica_*` series are
+//! defined here too) and the settings all of these read ([`settings`]).
+//! [`shutdown`] is the signal every long-running task watches.
+//!
+//! The daemon (onepool-elastic-daemon) reads the configuration into
+//! [`settings`], starts the listeners and health checkers, and adds the
+//! control socket and the replica controllers; nothing here depends on it.
+
+pub mod backend_pool;
+pub mod endpoint;
+pub mod health;
+pub mod metrics;
+pub mod proxy;
+pub mod registry;
+pub mod settings;
+pub mod shutdown;

@@ -1,0 +1,100 @@
+//! The router's settings: what onepoold's configuration fills in (its
+//! `config` module checks the file) and the proxy and the health checker
+//! read. They live with the router so that the configuration depends on the
+//! router and never the other way round.
+
+use std::time::Duration;
+
+#[derive(Clone, Debug)]
+pub struct ProxySettings {
+    /// Longest wait for a replica's response head; past it the client gets 504.
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Largest request body; larger gets 413. Bodies are read whole before
+    /// forwarding so a failed attempt can be retried on another replica.
+    pub max_request_body: usize,
+    /// Longest time a client may take to send a whole request body, from
+    /// the end of its head; past it the client gets 408 and the connection
+    /// closes (far shorter than `request_timeout`: a body trickled in holds
+    /// its connection and its bytes while it lasts).
+    pub body_read_timeout: Duration,
+    /// Longest silence of a replica in the middle of a response body; past
+    /// it the response is cut off and the replica's connection closed.
+    pub response_idle_timeout: Duration,
+    /// Attempts after the first, each on a replica not yet tried.
+    pub retries: u32,
+    /// Every request may be retried, not only safe methods.
+    pub idempotent: bool,
+    /// The endpoint's own listener's connection limits.
+    pub conn: ConnSettings,
+}
+
+/// What a listener applies to each connection, before any routing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConnSettings {
+    /// Longest time a client may take to send its request head (slowloris).
+    pub header_read_timeout: Duration,
+    /// Largest request head in bytes; larger gets 431. At least 8192.
+    pub max_header_bytes: usize,
+    /// Open connections the listener keeps at most; one more is refused.
+    pub max_connections: usize,
+    /// Open connections from one client IP address at most.
+    pub max_connections_per_ip: usize,
+    /// Longest time an HTTP/2 connection may have no stream open, after its
+    /// first request (before it, `header_read_timeout` applies).
+    pub http2_idle_timeout: Duration,
+}
+
+impl ProxySettings {
+    /// An endpoint's own listener takes its connection limits from the
+    /// endpoint.
+    pub fn conn(&self) -> ConnSettings {
+        self.conn.clone()
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct HealthCheck {
+    pub path: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Routes {
+    /// Host (lower case, no port) to endpoint name.
+    Host(Vec<(String, String)>),
+    Path(Vec<PathRoute>),
+    Model {
+        /// The most body bytes read to find `model`; a larger body gets 413.
+        max_body: usize,
+        /// How long the client may take to send that body.
+        body_timeout: Duration,
+        /// Model name to endpoint name.
+        routes: Vec<(String, String)>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PathRoute {
+    /// Starts with '/', no trailing '/' except for "/" itself; matches on
+    /// whole segments ("/chat" matches "/chat/x", not "/chatty").
+    pub prefix: String,
+    /// Forward without the prefix ("/chat/v1/x" goes out as "/v1/x").
+    pub strip: bool,
+    pub endpoint: String,
+}
+
+/// The paths whose JSON body names the `model` when routing by model.
+pub const MODEL_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+
+impl Routes {
+    /// The endpoint names the routes lead to, in configuration order.
+    pub fn endpoints(&self) -> impl Iterator<Item = &str> {
+        let v: Vec<&str> = match self {
+            Routes::Host(r) | Routes::Model { routes: r, .. } => r.iter().map(|(_, e)| e.as_str()).collect(),
+            Routes::Path(r) => r.iter().map(|p| p.endpoint.as_str()).collect(),
+        };
+        v.into_iter()
+    }
+}
