@@ -293,6 +293,32 @@ async fn replica_connections_are_kept_alive_and_reused() {
     h.daemon.shutdown().await;
 }
 
+/// The replica's keep-alive timeout fires as our request arrives on the
+/// connection it held: it closes without an answer. The request is sent
+/// again on a new connection (every other request here meets that race).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_connection_closed_before_any_answer_is_retried_on_a_new_one() {
+    let requests = Arc::new(AtomicU64::new(0));
+    let n = requests.clone();
+    let (addr, accepted) = scripted_backend(move |_, _, _| {
+        if n.fetch_add(1, Ordering::SeqCst) % 2 == 0 {
+            (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec(), false)
+        } else {
+            (Vec::new(), true)
+        }
+    })
+    .await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[addr]).await;
+    let c = client();
+    for _ in 0..4 {
+        let (s, _, body) = send(&c, "POST", &format!("{}/ok", h.url)).await;
+        assert_eq!((s, body.as_str()), (StatusCode::OK, "ok"));
+    }
+    assert_eq!(requests.load(Ordering::SeqCst), 7, "each POST after the first went out twice");
+    assert_eq!(accepted.load(Ordering::SeqCst), 4, "a new connection for each retry");
+    h.daemon.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connection_closed_by_the_replica_is_not_an_error() {
     let (addr, accepted) = counting_backend(true).await;

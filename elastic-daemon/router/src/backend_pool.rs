@@ -52,14 +52,25 @@ pub struct BackendConn {
     idle_since: Instant,
     /// Scratch for parsing response heads.
     spans: Vec<(HeaderName, usize, usize)>,
+    /// Whether the current exchange has read any byte of an answer.
+    answered: bool,
 }
 
 impl BackendConn {
     fn new(io: TcpStream) -> BackendConn {
-        BackendConn { io, buf: BytesMut::new(), timer: None, idle_since: Instant::now(), spans: Vec::new() }
+        BackendConn {
+            io,
+            buf: BytesMut::new(),
+            timer: None,
+            idle_since: Instant::now(),
+            spans: Vec::new(),
+            answered: false,
+        }
     }
 
+    /// Starts an exchange: its response head is due by `deadline`.
     fn arm(&mut self, deadline: Instant) {
+        self.answered = false;
         match self.timer.as_mut() {
             Some(t) => t.as_mut().reset(deadline),
             None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
@@ -78,7 +89,11 @@ impl BackendConn {
         if self.buf.capacity() - self.buf.len() < 1024 {
             self.buf.reserve(READ_CHUNK);
         }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+        let read = ready!(tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf));
+        if matches!(read, Ok(n) if n > 0) {
+            self.answered = true;
+        }
+        Poll::Ready(read)
     }
 
     /// Whether an idle connection can take a request: the replica neither
@@ -376,6 +391,13 @@ pub struct Outgoing<'a> {
 /// `idle` or a new one, and returns the response head with its body still
 /// to read. Idle connections found closed are skipped. The response head
 /// must arrive by `deadline`.
+///
+/// A reused connection that the replica closes after the request went out
+/// but before any byte of an answer is the race of its keep-alive timeout
+/// with our request: the replica dropped the connection unread, so the
+/// request goes out once more, on a new connection, whatever its method
+/// (as HTTP clients do for a closed idle connection). A new connection that
+/// does the same is an answer: the replica failed.
 pub async fn send(
     idle: &Arc<IdleConns>,
     address: SocketAddr,
@@ -383,8 +405,9 @@ pub async fn send(
     deadline: Instant,
     request: Outgoing<'_>,
 ) -> Result<Response<BackendBody>, SendError> {
+    let mut idle_ok = true;
     loop {
-        let (mut c, reused) = match idle.pop() {
+        let (mut c, reused) = match idle_ok.then(|| idle.pop()).flatten() {
             Some(c) => (c, true),
             // Boxed: rare, and large.
             None => (Box::pin(connect(address, connect_timeout, deadline)).await?, false),
@@ -403,6 +426,10 @@ pub async fn send(
         let head = match poll_fn(|cx| c.poll_head(cx, request.head_request, request.headers)).await {
             Ok(h) => h,
             Err(Exchange::TimedOut) => return Err(SendError::TimedOut),
+            Err(e) if reused && !c.answered && closed_unread(&e) => {
+                idle_ok = false;
+                continue;
+            }
             Err(e) => return Err(SendError::Failed(describe(address, e))),
         };
         let body = BackendBody {
@@ -420,6 +447,16 @@ pub async fn send(
         *response.version_mut() = head.version;
         *response.headers_mut() = head.headers;
         return Ok(response);
+    }
+}
+
+/// The replica closed the connection without reading it to the end (an
+/// orderly close, or a reset because our request sat unread in its socket).
+fn closed_unread(e: &Exchange) -> bool {
+    match e {
+        Exchange::Closed => true,
+        Exchange::Io(e) => e.kind() == io::ErrorKind::ConnectionReset,
+        Exchange::TimedOut | Exchange::Invalid(_) => false,
     }
 }
 
