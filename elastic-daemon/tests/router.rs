@@ -301,7 +301,7 @@ async fn a_reused_connection_closed_before_any_answer_is_retried_on_a_new_one() 
     let requests = Arc::new(AtomicU64::new(0));
     let n = requests.clone();
     let (addr, accepted) = scripted_backend(move |_, _, _| {
-        if n.fetch_add(1, Ordering::SeqCst) % 2 == 0 {
+        if n.fetch_add(1, Ordering::SeqCst) & 1 == 0 {
             (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec(), false)
         } else {
             (Vec::new(), true)
