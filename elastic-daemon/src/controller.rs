@@ -34,6 +34,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::config::ReplicaSettings;
+use crate::round_error::RoundError;
 
 /// The Slurm adapter the controllers share (called on blocking threads).
 pub type SharedSlurm = Arc<dyn Slurm + Send + Sync>;
@@ -268,12 +269,14 @@ async fn blocking<T: Send + 'static>(
     endpoint: &str,
     call: &str,
     f: impl FnOnce() -> Result<T, SlurmError> + Send + 'static,
-) -> Result<T, String> {
+) -> Result<T, RoundError> {
     let (r, outcome) = match tokio::task::spawn_blocking(f).await {
         Ok(Ok(v)) => (Ok(v), "ok"),
-        Ok(Err(e)) if e.is_retryable() => (Err(format!("{e} (retryable)")), "retryable"),
-        Ok(Err(e)) => (Err(e.to_string()), "failed"),
-        Err(e) => (Err(format!("the Slurm call failed: {e}")), "failed"),
+        Ok(Err(e)) => {
+            let outcome = if e.is_retryable() { "retryable" } else { "failed" };
+            (Err(RoundError::Slurm { context: None, source: e }), outcome)
+        }
+        Err(e) => (Err(RoundError::Call { context: None, source: e }), "failed"),
     };
     metrics.count_slurm_call(endpoint, call, outcome);
     r
@@ -401,12 +404,12 @@ impl Controller {
             }
             let error = self.round().await.err();
             if let Some(e) = &error {
-                tracing::warn!(endpoint = %self.name, "replica controller: {e}");
+                tracing::warn!(endpoint = %self.name, retryable = e.is_retryable(), "replica controller: {e}");
             }
             {
                 let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
                 v.rounds += 1;
-                v.last_error = error;
+                v.last_error = error.map(|e| e.to_string());
                 v.jobs = self.jobs_view();
                 v.min = self.settings.min;
                 v.max = self.settings.max;
@@ -554,7 +557,7 @@ impl Controller {
     /// this endpoint's replicas (its uid and name), read from Slurm once
     /// per job: the poll's squeue does not print it, and users cannot
     /// change it afterwards.
-    async fn read_records(&mut self, jobs: &mut [JobInfo]) -> Result<(), String> {
+    async fn read_records(&mut self, jobs: &mut [JobInfo]) -> Result<(), RoundError> {
         self.records.retain(|id, _| jobs.iter().any(|j| j.job_id == *id));
         for j in jobs.iter_mut() {
             if j.user_id != self.uid || port_from_name(&self.name, &j.name).is_none() {
@@ -573,9 +576,9 @@ impl Controller {
     }
 
     /// One poll: read, adopt, route, decide, act.
-    async fn round(&mut self) -> Result<(), String> {
+    async fn round(&mut self) -> Result<(), RoundError> {
         if let Some(why) = &self.halted {
-            return Err(why.clone());
+            return Err(RoundError::Halted(why.clone()));
         }
         let (slurm, uid) = (self.slurm.clone(), self.uid);
         let mut jobs = blocking(&self.metrics, &self.name, "squeue", move || slurm.user_jobs(uid)).await?;
@@ -592,7 +595,7 @@ impl Controller {
             );
             tracing::error!(endpoint = %self.name, job = j.job_id, "{why}");
             self.halted = Some(why.clone());
-            return Err(why);
+            return Err(RoundError::Halted(why));
         }
         let now = Instant::now();
         let mut seen: HashMap<u32, (JobInfo, Live)> = HashMap::new();
@@ -724,11 +727,7 @@ impl Controller {
                 break;
             }
         }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors.join("; "))
-        }
+        RoundError::all(errors)
     }
 
     /// What the autoscaler sees: requests queued in the router plus each
@@ -764,7 +763,7 @@ impl Controller {
 
     /// Running replicas not yet in the router join it at their node's
     /// address (as "starting" when health checks will bring them in).
-    async fn route_running(&mut self) -> Result<(), String> {
+    async fn route_running(&mut self) -> Result<(), RoundError> {
         let need: Vec<(u32, u16, String)> = self
             .tracked
             .iter()
@@ -828,12 +827,11 @@ impl Controller {
         None
     }
 
-    async fn submit(&mut self, kind: Kind, replicas: u32) -> Result<(), String> {
+    async fn submit(&mut self, kind: Kind, replicas: u32) -> Result<(), RoundError> {
         if self.submit_after.is_some_and(|t| Instant::now() < t) {
             return Ok(());
         }
-        let (port, replicas) =
-            self.free_ports(replicas).ok_or_else(|| "no free port pair left in port_range".to_string())?;
+        let (port, replicas) = self.free_ports(replicas).ok_or(RoundError::NoFreePorts)?;
         let args = sbatch_args(&self.name, &self.settings, kind, port, replicas);
         let slurm = self.slurm.clone();
         let r = blocking(&self.metrics, &self.name, "sbatch", move || {
@@ -856,7 +854,7 @@ impl Controller {
             Err(e) => {
                 // Do not hammer slurmctld with a submission it refuses.
                 self.submit_after = Some(Instant::now() + self.settings.poll_interval.max(Duration::from_secs(1)) * 5);
-                Err(format!("submitting a {kind:?} replica job: {e}"))
+                Err(e.during(format!("submitting a {kind:?} replica job")))
             }
         }
     }
@@ -883,7 +881,7 @@ impl Controller {
     /// Gives the GPUs of drained (or never serving) replicas back:
     /// scancel a job none of whose replicas is left, shrink a running one
     /// to its other nodes, ask a pending one for fewer nodes.
-    async fn release(&mut self, release: &[(u32, u16)]) -> Result<(), String> {
+    async fn release(&mut self, release: &[(u32, u16)]) -> Result<(), RoundError> {
         if release.is_empty() {
             return Ok(());
         }
@@ -918,11 +916,7 @@ impl Controller {
                 errors.push(e);
             }
         }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors.join("; "))
-        }
+        RoundError::all(errors)
     }
 
     /// `scontrol update JobId=job key=value`, then the `released` replicas
@@ -934,7 +928,7 @@ impl Controller {
         value: String,
         released: &[u16],
         what: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), RoundError> {
         let slurm = self.slurm.clone();
         let v = value.clone();
         let r =
@@ -959,11 +953,11 @@ impl Controller {
                 }
                 Ok(())
             }
-            Err(e) => Err(format!("scontrol update JobId={job} {key}={value}: {e}")),
+            Err(e) => Err(e.during(format!("scontrol update JobId={job} {key}={value}"))),
         }
     }
 
-    async fn cancel(&mut self, job: u32) -> Result<(), String> {
+    async fn cancel(&mut self, job: u32) -> Result<(), RoundError> {
         let Some(t) = self.tracked.get_mut(&job) else { return Ok(()) };
         for m in t.members.values_mut() {
             Self::unroute(&self.endpoint, m);
@@ -981,7 +975,7 @@ impl Controller {
                 tracing::info!(endpoint = %self.name, job, "cancelled a replica job");
                 Ok(())
             }
-            Err(e) => Err(format!("cancelling replica job {job}: {e}")),
+            Err(e) => Err(e.during(format!("cancelling replica job {job}"))),
         }
     }
 }

@@ -465,6 +465,8 @@ fn a_submitted_job_that_comes_back_unrecognised_stops_replica_control() {
         slurm.jobs.lock().unwrap().push(j);
         for _ in 0..5 {
             let e = c.round().await.unwrap_err();
+            assert!(matches!(e, RoundError::Halted(_)) && !e.is_retryable(), "{e:?}");
+            let e = e.to_string();
             assert!(e.contains("replica control stopped: job 100 that onepoold submitted came back without job_submit/onepool's record"), "{e}");
             assert!(e.contains("audit mode"), "{e}");
         }

@@ -15,6 +15,7 @@ pub mod controller;
 pub mod daemon;
 pub mod policy_check;
 pub mod replica_metrics;
+pub mod round_error;
 pub mod routed;
 pub mod trace;
 
