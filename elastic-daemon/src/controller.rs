@@ -25,7 +25,7 @@ use onepool_decisions::replicas::{
 };
 use onepool_launcher::conventions::{job_name, port_from_name};
 use onepool_launcher::replica_group::port_from_step_name;
-use onepool_router::endpoint::Endpoint;
+use onepool_router::endpoint::{Endpoint, EndpointSnapshot};
 use onepool_router::metrics::{EndpointLabels, Metrics, ReplicaJobLabels};
 use onepool_router::registry::{RegistryError, ReplicaState};
 use onepool_slurm_commands::adapter::{Slurm, SlurmError};
@@ -577,6 +577,23 @@ impl Controller {
 
     /// One poll: read, adopt, route, decide, act.
     async fn round(&mut self) -> Result<(), RoundError> {
+        let jobs = self.read().await?;
+        let seen = self.adopt(jobs).await?;
+        self.route_running().await?;
+        if self.adopted.is_none() {
+            let n = self.tracked.values().flat_map(|t| t.members.values()).filter(|m| !m.released && !m.draining());
+            self.adopted = Some(n.count() as u32);
+        }
+        let now = Instant::now();
+        let snap = self.endpoint.snapshot();
+        let replicas = self.replicas(&seen, &snap, now);
+        let desired = self.decide(&snap, &replicas, now).await;
+        self.act(desired, &replicas).await
+    }
+
+    /// This daemon's jobs with job_submit/onepool's record; stops replica
+    /// control for good when a job it submitted came back without one.
+    async fn read(&mut self) -> Result<Vec<JobInfo>, RoundError> {
         if let Some(why) = &self.halted {
             return Err(RoundError::Halted(why.clone()));
         }
@@ -597,7 +614,12 @@ impl Controller {
             self.halted = Some(why.clone());
             return Err(RoundError::Halted(why));
         }
-        let now = Instant::now();
+        Ok(jobs)
+    }
+
+    /// Tracks this endpoint's live replica jobs (and, for per-node jobs,
+    /// where each replica runs); jobs that left the queue leave the router.
+    async fn adopt(&mut self, jobs: Vec<JobInfo>) -> Result<HashMap<u32, (JobInfo, Live)>, RoundError> {
         let mut seen: HashMap<u32, (JobInfo, Live)> = HashMap::new();
         let mut owned_jobs = Vec::new();
         for j in jobs {
@@ -620,7 +642,6 @@ impl Controller {
             let (j, l) = &seen[&id];
             self.observe(j, *l, port, kind, steps.get(&id).map(Vec::as_slice).unwrap_or(&[]));
         }
-        // Jobs that left the queue leave the router.
         let gone: Vec<u32> = self.tracked.keys().filter(|id| !seen.contains_key(id)).copied().collect();
         for id in gone {
             if let Some(mut t) = self.tracked.remove(&id) {
@@ -630,13 +651,11 @@ impl Controller {
                 tracing::info!(endpoint = %self.name, job = id, "replica job ended; out of the router");
             }
         }
-        self.route_running().await?;
-        if self.adopted.is_none() {
-            let n = self.tracked.values().flat_map(|t| t.members.values()).filter(|m| !m.released && !m.draining());
-            self.adopted = Some(n.count() as u32);
-        }
-        // What reconcile needs.
-        let snap = self.endpoint.snapshot();
+        Ok(seen)
+    }
+
+    /// Every replica still holding GPUs, as reconcile sees it.
+    fn replicas(&self, seen: &HashMap<u32, (JobInfo, Live)>, snap: &EndpointSnapshot, now: Instant) -> Vec<Replica> {
         let unix = unix_now();
         let mut replicas = Vec::new();
         for (id, t) in &self.tracked {
@@ -677,7 +696,13 @@ impl Controller {
                 });
             }
         }
-        let (load, scraped) = self.load(&snap).await;
+        replicas
+    }
+
+    /// How many replicas the endpoint wants now, from its load (recorded
+    /// for the autoscaler and shown in the view).
+    async fn decide(&mut self, snap: &EndpointSnapshot, replicas: &[Replica], now: Instant) -> u32 {
+        let (load, scraped) = self.load(snap).await;
         let served: u64 = snap.replicas.iter().map(|r| r.served).sum();
         let rate = match self.last_served {
             // Removed replicas take their counts along: no negative rates.
@@ -693,13 +718,16 @@ impl Controller {
         if now.duration_since(self.started) < self.settings.scale_down_delay {
             desired = desired.max(self.adopted.unwrap_or(0));
         }
-        {
-            let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
-            v.desired = desired.clamp(self.settings.min, self.settings.max.max(self.settings.min));
-            v.load = load;
-            v.rate = rate;
-            v.scraped = scraped;
-        }
+        let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        v.desired = desired.clamp(self.settings.min, self.settings.max.max(self.settings.min));
+        v.load = load;
+        v.rate = rate;
+        v.scraped = scraped;
+        desired
+    }
+
+    /// Drains, releases and submits what reconcile asks for `desired`.
+    async fn act(&mut self, desired: u32, replicas: &[Replica]) -> Result<(), RoundError> {
         let s = &self.settings;
         let target = EndpointTarget {
             min: s.min,
@@ -708,7 +736,7 @@ impl Controller {
             renew_before: s.startup_timeout + s.drain_timeout + Duration::from_secs(60),
             startup_timeout: s.startup_timeout,
         };
-        let actions = reconcile(&target, &replicas);
+        let actions = reconcile(&target, replicas);
         let mut errors = Vec::new();
         let mut release = Vec::new();
         for action in &actions {
@@ -733,7 +761,7 @@ impl Controller {
     /// What the autoscaler sees: requests queued in the router plus each
     /// replica's load, from its own metrics where configured and readable,
     /// else the router's count of its requests in flight.
-    async fn load(&self, snap: &onepool_router::endpoint::EndpointSnapshot) -> (f64, Option<(usize, usize)>) {
+    async fn load(&self, snap: &EndpointSnapshot) -> (f64, Option<(usize, usize)>) {
         let queued = snap.queued as f64;
         let Some(client) = &self.scraper else {
             return (queued + f64::from(snap.replicas.iter().map(|r| r.in_flight).sum::<u32>()), None);
