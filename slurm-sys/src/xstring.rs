@@ -47,8 +47,12 @@ pub fn xstrdup(s: &str) -> Result<*mut c_char, XstringError> {
 /// `slot` must point to a `char *` that is NULL or was allocated by Slurm.
 pub unsafe fn replace(slot: *mut *mut c_char, s: &str) -> Result<(), XstringError> {
     let new = xstrdup(s)?;
-    xfree(slot);
-    *slot = new;
+    // SAFETY: the caller vouches for `slot`; xfree leaves it NULL, and the
+    // new string is Slurm's to free.
+    unsafe {
+        xfree(slot);
+        *slot = new;
+    }
     Ok(())
 }
 
@@ -57,13 +61,18 @@ pub unsafe fn replace(slot: *mut *mut c_char, s: &str) -> Result<(), XstringErro
 /// # Safety
 /// `slot` must point to a `char *` that is NULL or was allocated by Slurm.
 pub unsafe fn xfree(slot: *mut *mut c_char) {
-    if slot.is_null() || (*slot).is_null() {
-        return;
+    // SAFETY: the caller vouches that a non-NULL `slot` points to a
+    // `char *` that is NULL or Slurm's; `xfree(void **)` frees it and sets
+    // it to NULL itself, which the last line repeats for a host without it.
+    unsafe {
+        if slot.is_null() || (*slot).is_null() {
+            return;
+        }
+        if let Some(f) = host::slurm_xfree() {
+            f(slot.cast::<*mut c_void>());
+        }
+        *slot = std::ptr::null_mut();
     }
-    if let Some(f) = host::slurm_xfree() {
-        f(slot.cast::<*mut c_void>());
-    }
-    *slot = std::ptr::null_mut();
 }
 
 /// Reads a C string owned by Slurm into a Rust string, `None` for NULL.
@@ -76,7 +85,8 @@ pub unsafe fn read(p: *const c_char) -> Option<String> {
     if p.is_null() {
         None
     } else {
-        Some(CStr::from_ptr(p).to_string_lossy().into_owned())
+        // SAFETY: not NULL, so NUL-terminated by the caller's promise.
+        Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
     }
 }
 
@@ -91,7 +101,9 @@ mod tests {
 
     #[test]
     fn read_null_is_none() {
+        // SAFETY: NULL, then a static NUL-terminated string.
         assert_eq!(unsafe { read(std::ptr::null()) }, None);
+        // SAFETY: as above.
         assert_eq!(unsafe { read(c"abc".as_ptr()) }.as_deref(), Some("abc"));
     }
 }
