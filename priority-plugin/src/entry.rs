@@ -381,6 +381,18 @@ mod tests {
         assert_eq!(code(r.rule), slurm_err_t::ESLURM_INVALID_QOS as c_int);
     }
 
+    /// The exported functions as slurmctld calls them, without a job
+    /// description: refused at submission, nothing to check on update.
+    #[test]
+    fn without_a_job_description() {
+        let null = std::ptr::null_mut();
+        assert_eq!(job_submit(null, 0, std::ptr::null_mut()), FAIL);
+        slurm_sys::since_23_02! {
+            { assert_eq!(job_modify(null, std::ptr::null_mut(), 0, std::ptr::null_mut()), OK); }
+            else { assert_eq!(job_modify(null, std::ptr::null_mut(), 0), OK); }
+        }
+    }
+
     /// Outside slurmctld (no allocator at all) the error names that instead.
     #[test]
     fn without_an_allocator_the_error_says_so() {
