@@ -8,6 +8,11 @@
 //! so no entry point can be written without the barrier. The macro allows
 //! `unsafe_code` on the function it emits (for `#[no_mangle]` and the
 //! argument conversions) and denies it again on the body the plugin wrote.
+//!
+//! The emitted function is a safe `extern "C" fn`, as the hand-written
+//! exports were (the C ABI fixes its signature): Rust code may call it, and
+//! the plugins' tests do, with NULL or valid arguments; what a raw argument
+//! must be is the C API's promise, checked by nothing but Slurm.
 
 /// How an entry point's raw C argument becomes the value its body
 /// receives, e.g. `*mut job_desc_msg_t` as `Option<&mut JobDesc>`.
@@ -63,6 +68,8 @@ impl FromC<*const std::ffi::c_char> for Option<&std::ffi::CStr> {
 /// # fn main() {}
 /// ```
 ///
+/// - Doc comments come first, then `#[guard(PLUGIN, on_panic = VALUE)]`,
+///   then any other attributes.
 /// - `pub extern "C" fn` is exported under its own name (`#[no_mangle]`)
 ///   with the C parameter types written before `as`: the symbol and its C
 ///   signature are exactly what the plugin's source shows.
