@@ -7,8 +7,8 @@ use std::time::Duration;
 use onepool_decisions::annotation::Annotation;
 use onepool_decisions::classify::{JobRequest, ModifyRequest};
 use onepool_decisions::tres::{gpus_in, GpuRequest, Shape};
-use slurm_sys::bindings::job_desc_msg_t;
-use slurm_sys::xstring::read;
+use slurm_sys::bindings::{NO_VAL, NO_VAL16};
+use slurm_sys::job_desc::{JobDesc, StrField};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JobView {
@@ -33,39 +33,32 @@ pub struct JobView {
 const MAX_SPANK_ENTRIES: usize = 1024;
 
 impl JobView {
-    /// # Safety
-    /// `d` must point to a valid `job_desc_msg_t` for the duration of the call.
-    pub unsafe fn read(d: *const job_desc_msg_t) -> JobView {
-        let d = &*d;
-        let n = (d.spank_job_env_size as usize).min(MAX_SPANK_ENTRIES);
-        let spank_env = if d.spank_job_env.is_null() {
-            Vec::new()
-        } else {
-            (0..n).filter_map(|i| read(*d.spank_job_env.add(i))).collect()
-        };
-        let time_limit_min = (d.time_limit != slurm_sys::bindings::NO_VAL).then_some(d.time_limit);
+    pub fn read(d: &JobDesc) -> JobView {
+        let spank_env = d.spank_env(MAX_SPANK_ENTRIES);
+        let r = d.raw();
+        let time_limit_min = (r.time_limit != NO_VAL).then_some(r.time_limit);
         // Unset counts are NO_VAL (or NO_VAL16 for the 16-bit ones).
-        let count = |v: u32| if v == slurm_sys::bindings::NO_VAL { 0 } else { v };
-        let count16 = |v: u16| if u32::from(v) == slurm_sys::bindings::NO_VAL16 { 0 } else { u32::from(v) };
+        let count = |v: u32| if v == NO_VAL { 0 } else { v };
+        let count16 = |v: u16| if u32::from(v) == NO_VAL16 { 0 } else { u32::from(v) };
         JobView {
-            job_id: read(d.job_id_str).unwrap_or_else(|| slurm_sys::compat::job_desc_job_id(d).to_string()),
-            user_id: d.user_id,
-            group_id: d.group_id,
+            job_id: d.get(StrField::JobIdStr).unwrap_or_else(|| d.job_id().to_string()),
+            user_id: r.user_id,
+            group_id: r.group_id,
             shape: Shape {
-                min_nodes: count(d.min_nodes),
-                max_nodes: count(d.max_nodes),
-                tasks: count(d.num_tasks),
-                tasks_per_node: count16(d.ntasks_per_node),
-                sockets_per_node: count16(d.sockets_per_node),
+                min_nodes: count(r.min_nodes),
+                max_nodes: count(r.max_nodes),
+                tasks: count(r.num_tasks),
+                tasks_per_node: count16(r.ntasks_per_node),
+                sockets_per_node: count16(r.sockets_per_node),
             },
-            tres_per_task: read(d.tres_per_task),
-            tres_per_socket: read(d.tres_per_socket),
-            account: read(d.account),
-            partition: read(d.partition),
-            qos: read(d.qos),
+            tres_per_task: d.get(StrField::TresPerTask),
+            tres_per_socket: d.get(StrField::TresPerSocket),
+            account: d.get(StrField::Account),
+            partition: d.get(StrField::Partition),
+            qos: d.get(StrField::Qos),
             time_limit_min,
-            tres_per_job: read(d.tres_per_job),
-            tres_per_node: read(d.tres_per_node),
+            tres_per_job: d.get(StrField::TresPerJob),
+            tres_per_node: d.get(StrField::TresPerNode),
             spank_env,
         }
     }
@@ -109,32 +102,31 @@ impl JobView {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::ffi::CString;
-
+pub(crate) mod tests {
     use super::*;
-    use slurm_sys::bindings::{NO_VAL, NO_VAL16};
+    use slurm_sys::bindings::job_desc_msg_t;
+    use slurm_sys::job_desc::TestJobDesc;
+    use slurm_sys::xstring::libc_allocator::LibcAllocator;
 
     /// A job description as slurmctld hands it over, built in Rust: every
-    /// count unset until a test sets it.
-    fn blank() -> job_desc_msg_t {
-        // SAFETY: job_desc_msg_t is plain C data; all-zero is a valid value
-        // (null strings, zero counts).
-        let mut d: job_desc_msg_t = unsafe { std::mem::zeroed() };
-        d.min_nodes = NO_VAL;
-        d.max_nodes = NO_VAL;
-        d.num_tasks = NO_VAL;
-        d.time_limit = NO_VAL;
-        d.ntasks_per_node = NO_VAL16 as u16;
-        d.sockets_per_node = NO_VAL16 as u16;
-        d
+    /// count unset until `numbers` sets it. Its strings need a
+    /// [`LibcAllocator`] installed first.
+    pub(crate) fn blank(numbers: impl FnOnce(&mut job_desc_msg_t)) -> TestJobDesc {
+        TestJobDesc::new(|d| {
+            d.min_nodes = NO_VAL;
+            d.max_nodes = NO_VAL;
+            d.num_tasks = NO_VAL;
+            d.time_limit = NO_VAL;
+            d.ntasks_per_node = NO_VAL16 as u16;
+            d.sockets_per_node = NO_VAL16 as u16;
+            numbers(d);
+        })
     }
 
     #[test]
     fn unset_counts_read_as_zero_and_no_gpus() {
-        let d = blank();
-        // SAFETY: `d` is a valid description for the call.
-        let v = unsafe { JobView::read(&d) };
+        let d = blank(|_| {});
+        let v = JobView::read(&d);
         assert_eq!(v.shape, Shape::default());
         assert_eq!(v.time_limit_min, None);
         assert_eq!(v.gpus(), 0);
@@ -143,27 +135,27 @@ mod tests {
     /// `-N1-4 --gpus-per-node=4`: up to 16 GPUs.
     #[test]
     fn node_ranges_count_at_their_upper_end() {
-        let per_node = CString::new("gres:gpu:4").unwrap();
-        let mut d = blank();
-        d.min_nodes = 1;
-        d.max_nodes = 4;
-        d.tres_per_node = per_node.as_ptr().cast_mut();
-        // SAFETY: `d` and the string it points to outlive the call.
-        let v = unsafe { JobView::read(&d) };
+        let _alloc = LibcAllocator::install();
+        let mut d = blank(|d| {
+            d.min_nodes = 1;
+            d.max_nodes = 4;
+        });
+        d.set(StrField::TresPerNode, "gres:gpu:4").unwrap();
+        let v = JobView::read(&d);
         assert_eq!(v.gpus(), 16);
     }
 
     /// `--gpus-per-socket=2 --sockets-per-node=2 -N2`: 8 GPUs.
     #[test]
     fn gpus_per_socket_count_sockets_and_nodes() {
-        let per_socket = CString::new("gres:gpu:a100:2").unwrap();
-        let mut d = blank();
-        d.min_nodes = 2;
-        d.max_nodes = 2;
-        d.sockets_per_node = 2;
-        d.tres_per_socket = per_socket.as_ptr().cast_mut();
-        // SAFETY: as above.
-        let v = unsafe { JobView::read(&d) };
+        let _alloc = LibcAllocator::install();
+        let mut d = blank(|d| {
+            d.min_nodes = 2;
+            d.max_nodes = 2;
+            d.sockets_per_node = 2;
+        });
+        d.set(StrField::TresPerSocket, "gres:gpu:a100:2").unwrap();
+        let v = JobView::read(&d);
         assert_eq!(v.gpus(), 8);
         let r = v.request(Annotation::default());
         assert_eq!((r.gpus, r.gpu_type.as_deref()), (8, Some("a100")));
@@ -171,23 +163,27 @@ mod tests {
 
     #[test]
     fn strings_and_spank_environment_are_copied() {
-        let qos = CString::new("normal").unwrap();
-        let part = CString::new("gpu").unwrap();
-        let env = [CString::new("ONEPOOL_WORKLOAD=agents").unwrap(), CString::new("X=1").unwrap()];
-        let mut ptrs: Vec<*mut std::ffi::c_char> = env.iter().map(|e| e.as_ptr().cast_mut()).collect();
-        let mut d = blank();
-        d.qos = qos.as_ptr().cast_mut();
-        d.partition = part.as_ptr().cast_mut();
-        d.time_limit = 90;
-        d.spank_job_env = ptrs.as_mut_ptr();
-        d.spank_job_env_size = 2;
-        // SAFETY: as above.
-        let v = unsafe { JobView::read(&d) };
+        let _alloc = LibcAllocator::install();
+        let mut d = blank(|d| d.time_limit = 90);
+        d.set(StrField::Qos, "normal").unwrap();
+        d.set(StrField::Partition, "gpu").unwrap();
+        d.set_spank_env(&["ONEPOOL_WORKLOAD=agents", "X=1"]).unwrap();
+        let v = JobView::read(&d);
         assert_eq!(v.qos.as_deref(), Some("normal"));
         assert_eq!(v.partition.as_deref(), Some("gpu"));
         assert_eq!(v.time_limit_min, Some(90));
         assert_eq!(v.spank_env, ["ONEPOOL_WORKLOAD=agents", "X=1"]);
         let m = v.modify_request();
         assert_eq!((m.qos.as_deref(), m.partition.as_deref()), (Some("normal"), Some("gpu")));
+    }
+
+    /// The job as `scontrol update` names it, else its number.
+    #[test]
+    fn the_job_id_is_its_name_or_its_number() {
+        let _alloc = LibcAllocator::install();
+        let mut d = blank(|_| {});
+        assert_eq!(JobView::read(&d).job_id, d.job_id().to_string());
+        d.set(StrField::JobIdStr, "42_7").unwrap();
+        assert_eq!(JobView::read(&d).job_id, "42_7");
     }
 }

@@ -4,6 +4,11 @@
 //! node locks, so everything on those paths is in-memory work: no file,
 //! network or blocking call, no allocation handed to Slurm except through
 //! Slurm's own `xstrdup`, and no panic crosses back into C.
+//!
+//! No unsafe code here: entry points come from `slurm_sys::entry_point!`
+//! (which puts each behind the panic barrier) and every C call goes
+//! through `slurm_sys`'s safe wrappers.
+#![deny(unsafe_code)]
 
 mod active;
 mod entry;

@@ -3,42 +3,19 @@
 //! slurmctld's submit path.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{CStr, CString};
 
 use onepool_decisions::classify::Directory;
 use onepool_decisions::policy::Policy;
+use slurm_sys::os;
 
 fn uid_of(name: &str) -> Option<u32> {
-    let c = CString::new(name).ok()?;
-    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut out: *mut libc::passwd = std::ptr::null_mut();
-    let mut buf = vec![0 as libc::c_char; 16 * 1024];
-    // SAFETY: reentrant lookup into our own buffers.
-    let rc = unsafe { libc::getpwnam_r(c.as_ptr(), &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
-    (rc == 0 && !out.is_null()).then_some(pw.pw_uid)
+    os::user_id(name)
 }
 
-/// (gid, member names) of a group.
+/// (gid, member names) of a group. Its buffer grows on ERANGE, so a group
+/// of any size resolves.
 fn group(name: &str) -> Option<(u32, Vec<String>)> {
-    let c = CString::new(name).ok()?;
-    let mut gr: libc::group = unsafe { std::mem::zeroed() };
-    let mut out: *mut libc::group = std::ptr::null_mut();
-    let mut buf = vec![0 as libc::c_char; 256 * 1024];
-    // SAFETY: reentrant lookup into our own buffers.
-    let rc = unsafe { libc::getgrnam_r(c.as_ptr(), &mut gr, buf.as_mut_ptr(), buf.len(), &mut out) };
-    if rc != 0 || out.is_null() {
-        return None;
-    }
-    let mut members = Vec::new();
-    let mut p = gr.gr_mem;
-    // SAFETY: gr_mem is a NULL-terminated array of C strings in `buf`.
-    unsafe {
-        while !p.is_null() && !(*p).is_null() {
-            members.push(CStr::from_ptr(*p).to_string_lossy().into_owned());
-            p = p.add(1);
-        }
-    }
-    Some((gr.gr_gid, members))
+    os::group(name).map(|g| (g.gid, g.members))
 }
 
 /// The users and groups the policy names, resolved once.

@@ -67,9 +67,9 @@ mod tests {
 
     #[test]
     fn job_ids_read_where_this_release_keeps_them() {
-        // SAFETY: plain C data; all-zero is a valid value.
-        let mut d: job_desc_msg_t = unsafe { std::mem::zeroed() };
-        let mut r: submit_response_msg_t = unsafe { std::mem::zeroed() };
+        // bindgen's Default: all-zero, a valid value of plain C data.
+        let mut d = job_desc_msg_t::default();
+        let mut r = submit_response_msg_t::default();
         #[cfg(slurm_ge_26_05)]
         {
             d.step_id.job_id = 42;
@@ -86,8 +86,7 @@ mod tests {
 
     #[test]
     fn reason_uid_is_set_where_the_message_has_it() {
-        // SAFETY: plain C data; all-zero is a valid value.
-        let mut m: update_node_msg_t = unsafe { std::mem::zeroed() };
+        let mut m = update_node_msg_t::default();
         set_update_node_reason_uid(&mut m, 7);
         #[cfg(not(slurm_ge_26_05))]
         assert_eq!(m.reason_uid, 7);

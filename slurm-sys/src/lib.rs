@@ -1,18 +1,26 @@
 //! Types from the installed Slurm headers, and the few safe layers every
-//! onepool plugin shares: Slurm's allocator, Slurm's logger, a panic barrier
-//! for entry points, and run-time resolution of Slurm's functions from the
-//! process that loaded the plugin.
+//! onepool plugin shares: Slurm's allocator, Slurm's logger, entry points
+//! behind a panic barrier, run-time resolution of Slurm's functions from the
+//! process that loaded the plugin, and safe wrappers over every Slurm (and
+//! libc) call the plugins make. The plugin crates deny `unsafe_code`: their
+//! whole FFI edge is here.
 //!
 //! Nothing here links against Slurm. The hosts that load plugins (slurmctld,
 //! slurmd, slurmstepd, srun, sbatch, salloc) carry Slurm's symbols in
 //! `libslurmfull.so`; plugins look them up there when first needed.
 
 pub mod bindings;
+mod buffer;
 pub mod compat;
+pub mod entry;
 pub mod guard;
 pub mod host;
+pub mod job_desc;
 pub mod log;
+pub mod node;
+pub mod os;
 pub mod release;
+pub mod spank;
 pub mod xstring;
 
 pub use bindings::SLURM_VERSION_NUMBER;
@@ -30,15 +38,21 @@ pub const fn version() -> (u32, u32, u32) {
 /// what Slurm's `dlsym` lookups expect: a pointer variable would be read as
 /// the string itself) and `plugin_version` (the Slurm release the plugin was
 /// built against; Slurm refuses a mismatch).
+///
+/// `unsafe_code` flags `#[no_mangle]` and `#[link_section]`; the plugin
+/// crates deny it, so it is allowed on these items alone.
 #[macro_export]
 macro_rules! export_plugin_identity {
     (name: $name:literal, type: $ty:literal) => {
+        #[allow(unsafe_code)]
         #[no_mangle]
         #[used]
         pub static plugin_name: [u8; $name.len() + 1] = $crate::__nul_terminated($name);
+        #[allow(unsafe_code)]
         #[no_mangle]
         #[used]
         pub static plugin_type: [u8; $ty.len() + 1] = $crate::__nul_terminated($ty);
+        #[allow(unsafe_code)]
         #[no_mangle]
         #[used]
         pub static plugin_version: u32 = $crate::SLURM_VERSION_NUMBER;
@@ -46,6 +60,7 @@ macro_rules! export_plugin_identity {
         // Runs when the host dlopens the plugin, before Slurm compares
         // plugin_version and refuses a mismatch with a bare "Incompatible
         // Slurm plugin" line: says which release each side is and what to do.
+        #[allow(unsafe_code)]
         #[used]
         #[link_section = ".init_array"]
         static ONEPOOL_RELEASE_CHECK: extern "C" fn() = {

@@ -10,7 +10,7 @@
 //! node with a reason; fail).
 
 use std::collections::HashSet;
-use std::ffi::{c_int, CString};
+use std::ffi::c_int;
 use std::path::{Path, PathBuf};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
@@ -18,9 +18,8 @@ use std::time::{Duration, Instant};
 use onepool_decisions::handoff::{self, DirtyPrologAction, Holder, KillRules, Plan, Refusal, Refused};
 use onepool_decisions::{gres_conf, ownership};
 use onepool_gpu::{devfile, GpuDevice, GpuError, GpuSource};
-use slurm_sys::bindings::{spank_item, spank_t, update_node_msg_t};
-use slurm_sys::NODE_STATE_DRAIN;
-use slurm_sys::{host, log};
+use slurm_sys::log;
+use slurm_sys::spank::Spank;
 
 use crate::args::PluginArgs;
 use crate::kill::{self, Outcome};
@@ -44,22 +43,6 @@ impl Phase {
             Phase::Epilog => "epilog",
         }
     }
-}
-
-fn job_id(sp: spank_t) -> Option<u32> {
-    let get = host::spank_get_item()?;
-    let mut id: u32 = 0;
-    // SAFETY: S_JOB_ID takes one `uint32_t *`.
-    let rc = unsafe { get(sp, spank_item::S_JOB_ID, &mut id as *mut u32) };
-    (rc == 0).then_some(id)
-}
-
-fn job_uid(sp: spank_t) -> Option<u32> {
-    let get = host::spank_get_item()?;
-    let mut uid: libc::uid_t = 0;
-    // SAFETY: S_JOB_UID takes one `uid_t *`.
-    let rc = unsafe { get(sp, spank_item::S_JOB_UID, &mut uid as *mut libc::uid_t) };
-    (rc == 0).then_some(uid)
 }
 
 /// The job-script environment is this process's environment.
@@ -131,30 +114,11 @@ fn holders(devices: &[GpuDevice], minors: &[u32], node: &str, stepd_uid: u32) ->
 /// Drains `node` with `reason` (Slurm's own reason would only say "Epilog
 /// error"), through slurmctld.
 fn drain(node: &str, reason: &str) -> Result<(), String> {
-    let (Some(init), Some(update)) = (host::slurm_init_update_node_msg(), host::slurm_update_node()) else {
-        return Err("this process cannot update nodes (no slurm_update_node)".into());
-    };
-    host::ensure_api_ready();
-    let names = CString::new(node).map_err(|e| e.to_string())?;
-    let why = log::to_cstring_lossy(reason);
-    let mut msg: update_node_msg_t = unsafe { std::mem::zeroed() };
-    // SAFETY: Slurm initialises the message; the strings outlive the call
-    // and are not freed by slurm_update_node.
-    unsafe { init(&mut msg) };
-    msg.node_names = names.as_ptr() as *mut _;
-    msg.node_state = NODE_STATE_DRAIN;
-    msg.reason = why.as_ptr() as *mut _;
-    slurm_sys::compat::set_update_node_reason_uid(&mut msg, unsafe { libc::getuid() });
-    let rc = unsafe { update(&mut msg) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(format!("slurm_update_node returned {rc}"))
-    }
+    slurm_sys::node::drain(node, reason).map_err(|e| e.to_string())
 }
 
 /// The check; returns the entry point's result.
-pub fn run(sp: spank_t, phase: Phase, args: &PluginArgs) -> c_int {
+pub fn run(sp: Spank, phase: Phase, args: &PluginArgs) -> c_int {
     let stage = phase.name();
     let Some(indices) = env("SLURM_JOB_GPUS") else { return OK };
     let indices = match handoff::parse_index_list(&indices) {
@@ -165,12 +129,12 @@ pub fn run(sp: spank_t, phase: Phase, args: &PluginArgs) -> c_int {
             return OK;
         }
     };
-    let Some(job) = job_id(sp) else {
+    let Some(job) = sp.job_id() else {
         log::error(&format!("{PLUGIN}: {stage}: no job id; GPU hand-off check skipped"));
         return OK;
     };
     let node = env("SLURMD_NODENAME").unwrap_or_default();
-    let job_uid = job_uid(sp);
+    let job_uid = sp.job_uid();
     let mut source = match onepool_gpu::open(&args.gpu_source) {
         Ok(Some(s)) => s,
         Ok(None) => return OK,
@@ -368,8 +332,7 @@ mod tests {
         use std::os::unix::process::CommandExt;
         let mut c = std::process::Command::new("sleep");
         c.arg("60").stdin(std::process::Stdio::null()).envs(env.iter().copied());
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
+        if slurm_sys::os::geteuid() == 0 {
             c.uid(4242).gid(4242);
         }
         c.spawn().unwrap()
@@ -438,8 +401,7 @@ mod tests {
 
     #[test]
     fn a_task_under_a_root_slurmstepd_is_killed_by_its_jobs_epilog_and_kept_by_another_jobs_prolog() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if slurm_sys::os::geteuid() != 0 {
             eprintln!("skipped: a stand-in slurmstepd must run as root");
             return;
         }

@@ -7,11 +7,11 @@
 //! pidfd, which cannot reach another process.
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::os::unix::io::AsRawFd;
+use std::os::fd::OwnedFd;
 
 use onepool_decisions::handoff::{killable, Holder, KillRules, Refusal};
 use onepool_decisions::ownership::{Stat, Uids};
+use slurm_sys::os::{pidfd_open, pidfd_send_signal};
 
 use crate::procinfo;
 
@@ -34,35 +34,6 @@ pub enum Outcome {
     /// plain kill(2) could hit a reused pid.
     NoPidfd,
     Failed(io::Error),
-}
-
-fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
-    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
-    // SAFETY: pidfd_open(pid, flags) takes no pointers.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just returned this descriptor, which nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
-fn pidfd_send_signal(fd: &OwnedFd, signal: libc::c_int) -> io::Result<()> {
-    // SAFETY: a valid pidfd, no siginfo (NULL), no flags.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd(),
-            signal,
-            std::ptr::null::<libc::siginfo_t>(),
-            0 as libc::c_uint,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
 }
 
 /// Kills `h` with SIGKILL if it is still the process decided on.
@@ -124,8 +95,7 @@ mod tests {
     fn child() -> Child {
         let mut c = Command::new("sleep");
         c.arg("60").stdin(Stdio::null());
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
+        if slurm_sys::os::geteuid() == 0 {
             c.uid(4242).gid(4242);
         }
         c.spawn().unwrap()

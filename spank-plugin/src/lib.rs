@@ -13,6 +13,11 @@
 //! brings a second bindgen over the same headers. Everything here runs in
 //! short-lived, forking processes (srun, sbatch, slurmstepd): no threads, no
 //! async runtime.
+//!
+//! No unsafe code here: entry points come from `slurm_sys::entry_point!`
+//! (which puts each behind the panic barrier) and every C call goes
+//! through `slurm_sys`'s safe wrappers.
+#![deny(unsafe_code)]
 
 mod args;
 mod entry;

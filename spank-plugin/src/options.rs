@@ -3,12 +3,11 @@
 //! Slurm keeps a pointer to each registered `struct spank_option`, so the
 //! table is a static that lives as long as the process.
 
-use std::cell::UnsafeCell;
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, CStr};
 use std::sync::{LazyLock, Mutex};
 
 use onepool_decisions::annotation::{Annotation, Key};
-use slurm_sys::bindings::spank_option;
+use slurm_sys::spank::{SpankOption, SpankOptions};
 
 use crate::args::PluginArgs;
 
@@ -29,31 +28,15 @@ pub fn state() -> std::sync::MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-pub struct OptionTable(UnsafeCell<[spank_option; 4]>);
-// SAFETY: Slurm only reads the table; we never write to it after start-up.
-unsafe impl Sync for OptionTable {}
-
-const fn opt(
-    name: &'static std::ffi::CStr,
-    arginfo: &'static std::ffi::CStr,
-    usage: &'static std::ffi::CStr,
-    val: c_int,
-) -> spank_option {
-    spank_option {
-        name: name.as_ptr() as *mut c_char,
-        arginfo: arginfo.as_ptr() as *mut c_char,
-        usage: usage.as_ptr() as *mut c_char,
-        has_arg: 1,
-        val,
-        cb: Some(option_callback),
-    }
+const fn opt(name: &'static CStr, arginfo: &'static CStr, usage: &'static CStr, val: c_int) -> SpankOption {
+    SpankOption::new(name, arginfo, usage, true, val, option_callback)
 }
 
 /// Index = the option's `val`, which is how the callback tells them apart;
 /// the names must equal `Key::option()` (checked by a test).
 pub const KEYS: [Key; 4] = [Key::Workload, Key::Reclaim, Key::DrainTimeout, Key::Endpoint];
 
-pub static TABLE: OptionTable = OptionTable(UnsafeCell::new([
+pub static TABLE: SpankOptions<4> = SpankOptions::new([
     opt(c"workload", c"CLASS", c"onepool workload class of this job (e.g. training, inference, agents)", 0),
     opt(
         c"reclaim",
@@ -63,23 +46,16 @@ pub static TABLE: OptionTable = OptionTable(UnsafeCell::new([
     ),
     opt(c"drain-timeout", c"DURATION", c"how long a graceful reclaim may drain, e.g. 90s or 5m", 2),
     opt(c"endpoint", c"NAME", c"marks the job as a replica of this inference endpoint", 3),
-]));
+]);
 
-impl OptionTable {
-    pub fn entry(&self, i: usize) -> *mut spank_option {
-        // SAFETY: in-bounds pointer into a static array.
-        unsafe { (*self.0.get()).as_mut_ptr().add(i) }
-    }
-}
-
-extern "C" fn option_callback(val: c_int, optarg: *const c_char, _remote: c_int) -> c_int {
-    slurm_sys::guard::guard(PLUGIN, "option callback", -1, || {
+slurm_sys::entry_point! {
+    #[guard(PLUGIN, on_panic = -1, entry = "option callback")]
+    extern "C" fn option_callback(val: c_int, optarg: *const c_char as Option<&CStr>, _remote: c_int) -> c_int {
         let Some(key) = usize::try_from(val).ok().and_then(|i| KEYS.get(i).copied()) else {
             slurm_sys::log::error(&format!("{PLUGIN}: callback for unknown option value {val}"));
             return -1;
         };
-        // SAFETY: Slurm passes the option's argument as a C string (or NULL).
-        let value = unsafe { slurm_sys::xstring::read(optarg) }.unwrap_or_default();
+        let value = optarg.map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
         match state().annotation.set(key, &value) {
             Ok(()) => 0,
             Err(e) => {
@@ -87,7 +63,7 @@ extern "C" fn option_callback(val: c_int, optarg: *const c_char, _remote: c_int)
                 -1
             }
         }
-    })
+    }
 }
 
 #[cfg(test)]
@@ -97,11 +73,12 @@ mod tests {
     #[test]
     fn table_names_match_the_shared_keys() {
         for (i, key) in KEYS.iter().enumerate() {
-            let o = unsafe { &*TABLE.entry(i) };
-            assert_eq!(unsafe { slurm_sys::xstring::read(o.name) }.as_deref(), Some(key.option()));
-            assert_eq!(unsafe { slurm_sys::xstring::read(o.arginfo) }.as_deref(), Some(key.arginfo()));
-            assert_eq!(o.val, i as c_int);
+            let o = TABLE.get(i).unwrap();
+            assert_eq!(o.name().to_str().ok(), Some(key.option()));
+            assert_eq!(o.arginfo().to_str().ok(), Some(key.arginfo()));
+            assert_eq!(o.val(), i as c_int);
         }
+        assert!(TABLE.get(KEYS.len()).is_none());
     }
 
     #[test]

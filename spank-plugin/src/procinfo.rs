@@ -42,8 +42,7 @@ pub fn facts(pid: u32, stepd_uid: u32) -> Option<ProcFacts> {
 /// The uid slurmstepd may run as besides root: this process runs as
 /// slurmd's user (`SlurmdUser`), and slurmd starts slurmstepd as itself.
 pub fn stepd_uid() -> u32 {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() }
+    slurm_sys::os::geteuid()
 }
 
 /// Everything the hand-off rules need about `pid`, seen on GPU `minor` of
@@ -109,7 +108,7 @@ mod tests {
         assert_eq!(h.minor, 3);
         assert_eq!(h.command, "sleep");
         // SAFETY: getuid has no preconditions.
-        assert_eq!(h.uids.map(|u| u.real), Some(unsafe { libc::getuid() }));
+        assert_eq!(h.uids.map(|u| u.real), Some(slurm_sys::os::getuid()));
         assert!(h.start_time.is_some());
         assert_eq!(h.proof, None, "the environment's SLURM_JOB_ID proves nothing");
         assert!(!running_jobs(stepd_uid()).contains(&4242));
