@@ -731,6 +731,10 @@ pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
     parse(&file, &source)
 }
 
+#[path = "config_file.rs"]
+mod file;
+pub use file::{ConfigFile, EndpointFile, HealthFile, ReplicasFile};
+
 #[cfg(test)]
 #[path = "config_tests.rs"]
 mod tests;
