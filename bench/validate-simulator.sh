@@ -213,59 +213,15 @@ echo "raw: $out/sacct.txt (sacct -P -D, epoch seconds), $out/job-log.tsv (onepoo
 }
 
 inference() {
-# onepoold's config from the scenario's endpoint; the stand-in server's
+# onepoold's config from the scenario's endpoint (onepool-devcluster
+# onepoold-config, dev-cluster/src/onepoold.rs); the stand-in server's
 # model load (3 s) and onepoold's health checks (every 0.5 s, ready after
 # one) are what the scenario's startup (4 s) stands for.
 load_s=3
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-python3 - bench/validate/inference.toml "$out/onepoold.toml" "$port" "$load_s" "$PWD" "$out" <<'PY'
-import sys, tomllib
-scen, conf, port, load_s, root, out = sys.argv[1:]
-e = tomllib.load(open(scen, "rb"))["endpoints"][0]
-assert e["prefill_tokens_per_s"] >= 1e9, "the stand-in server ignores the context: prefill must be instant"
-per_token = 1.0 / e["decode_tokens_per_s"]
-q = lambda s: '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-command = (f"env ONEPOOL_MODEL_LOAD_SECONDS={load_s} ONEPOOL_SECONDS_PER_TOKEN={per_token} "
-           f"python3 {root}/etc/dev-cluster/stand-in-model-server.py")
-open(conf, "w").write(f"""# Written by bench/validate-simulator.sh from {scen}
-control_socket = {q(out + "/onepoold.sock")}
-shutdown_grace = "5s"
-
-[[endpoint]]
-name = {q(e["name"])}
-listen = "127.0.0.1:{port}"
-replica_concurrency = {e["max_concurrent"]}
-queue_size = 5000
-queue_timeout = "120s"
-request_timeout = "120s"
-
-[endpoint.health]
-path = "/health"
-interval = "500ms"
-timeout = "1s"
-healthy_after = 1
-unhealthy_after = 3
-
-[endpoint.replicas]
-command = {q(command)}
-gpus = {e["gpus_per_replica"]}
-min = {e["baseline_replicas"]}
-max = {e["max_replicas"]}
-target_per_replica = {e["target_per_replica"]}
-drain_timeout = "30s"
-startup_timeout = "60s"
-baseline_workload = {q(e["baseline_class"])}
-supplemental_workload = {q(e["class"])}
-port_range = "19500-19599"
-launcher = {q(root + "/target/debug/onepool")}
-poll_interval = "2s"
-stable_window = {q(e["stable_window"])}
-panic_window = {q(e["panic_window"])}
-scale_down_delay = {q(e["scale_down_delay"])}
-output = {q(out + "/replica-%j.out")}
-""")
-assert e["min_replicas"] == e["baseline_replicas"], "onepoold's min replicas are its baseline ones"
-PY
+"$dc" onepoold-config bench/validate/inference.toml --listen "127.0.0.1:$port" --model-load-seconds "$load_s" \
+    --server "$PWD/etc/dev-cluster/stand-in-model-server.py" --launcher "$PWD/target/debug/onepool" --out "$out" \
+    > "$out/onepoold.toml"
 started=$(date +%s)
 ONEPOOLD_LOG=info NO_COLOR=1 ./target/debug/onepoold --config "$out/onepoold.toml" > "$out/onepoold.log" 2>&1 &
 onepoold_pid=$!

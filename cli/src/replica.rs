@@ -25,10 +25,10 @@ pub struct ReplicaArgs {
     #[arg(long, env = "ONEPOOL_REPLICA_BACKEND", default_value = "127.0.0.1:8001")]
     pub backend: SocketAddr,
     /// Longest drain after the notice (default: the job's --drain-timeout, else 30s).
-    #[arg(long, env = "ONEPOOL_DRAIN_TIMEOUT", default_value = "30s", value_parser = duration)]
+    #[arg(long, env = "ONEPOOL_DRAIN_TIMEOUT", default_value = "30s", value_parser = onepool_decisions::duration::parse)]
     pub drain_timeout: Duration,
     /// Time the server gets between SIGTERM and SIGKILL.
-    #[arg(long, default_value = "10s", value_parser = duration)]
+    #[arg(long, default_value = "10s", value_parser = onepool_decisions::duration::parse)]
     pub stop_grace: Duration,
     /// Host one replica per node of the job: one srun step each, the i-th
     /// node's listening on --listen's port + 2i (its server one above).
@@ -43,10 +43,6 @@ pub struct ReplicaArgs {
     /// The model server's command line.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
-}
-
-fn duration(s: &str) -> Result<Duration, String> {
-    onepool_decisions::duration::parse(s).map_err(|e| e.to_string())
 }
 
 pub fn run_replica(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {

@@ -1,4 +1,6 @@
-//! Durations as users write them on the command line and in the policy file.
+//! Durations as users write them on the command line, in the policy file,
+//! in onepoold's configuration ([`parse_millis`]) and in the simulator's
+//! inputs ([`parse_seconds`]): onepool's one duration parser and writer.
 
 use std::time::Duration;
 
@@ -99,6 +101,43 @@ fn parse_clock(t: &str) -> Result<u64, &'static str> {
         .ok_or("the number of days is too large")
 }
 
+/// [`parse`]'s forms plus whole milliseconds (`250ms`), for the timeouts
+/// under a second that onepoold's configuration and control API take.
+/// Milliseconds are not bounded by [`MAX`].
+pub fn parse_millis(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if let Some(ms) = t.strip_suffix("ms") {
+        return ms
+            .trim()
+            .parse::<u64>()
+            .map(Duration::from_millis)
+            .map_err(|_| format!("invalid duration {s:?}: expected whole milliseconds before \"ms\" (250ms)"));
+    }
+    parse(t).map_err(|e| format!("{e}, or milliseconds (250ms)"))
+}
+
+/// Seconds, as the simulator counts time: a plain number of seconds,
+/// fractions allowed (`1.5`), or any form [`parse`] accepts. `None` when
+/// it is neither, or negative.
+pub fn parse_seconds(s: &str) -> Option<f64> {
+    let s = s.trim();
+    if let Ok(v) = s.parse::<f64>() {
+        return (v.is_finite() && v >= 0.0).then_some(v);
+    }
+    parse(s).ok().map(|d| d.as_secs_f64())
+}
+
+/// Renders a duration the way [`parse_millis`] reads it back: as
+/// [`format`] does when it is whole seconds, else in whole milliseconds
+/// (`250ms`; anything finer is dropped).
+pub fn format_millis(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format(d)
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
 /// Renders a duration the way [`parse`] reads it back (e.g. `1h30m`, `45s`).
 pub fn format(d: Duration) -> String {
     let mut s = d.as_secs();
@@ -155,6 +194,57 @@ mod tests {
             let e = parse(s).unwrap_err().to_string();
             assert!(e.contains(why), "{s:?}: {e}");
             assert!(e.contains("accepted forms"), "{e}");
+        }
+    }
+
+    #[test]
+    fn durations_accept_milliseconds() {
+        assert_eq!(parse_millis("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_millis("2s").unwrap(), Duration::from_secs(2));
+        assert!(parse_millis("xms").is_err());
+    }
+
+    #[test]
+    fn millisecond_errors_name_both_kinds_of_forms() {
+        assert_eq!(
+            parse_millis(" x ms").unwrap_err(),
+            "invalid duration \" x ms\": expected whole milliseconds before \"ms\" (250ms)"
+        );
+        let e = parse_millis("5x").unwrap_err();
+        assert!(e.starts_with("invalid duration \"5x\": it contains a character"), "{e}");
+        assert!(e.ends_with(&format!("accepted forms: {ACCEPTED_FORMS}, or milliseconds (250ms)")), "{e}");
+        assert_eq!(parse_millis(" 90 ").unwrap(), Duration::from_secs(90));
+    }
+
+    #[test]
+    fn seconds_take_fractions_and_every_duration_form() {
+        assert_eq!(parse_seconds("90"), Some(90.0));
+        assert_eq!(parse_seconds("2h"), Some(7200.0));
+        assert_eq!(parse_seconds("-1"), None);
+        assert_eq!(parse_seconds(" 1.5 "), Some(1.5));
+        assert_eq!(parse_seconds("01:30"), Some(90.0));
+        assert_eq!(parse_seconds("inf"), None);
+        assert_eq!(parse_seconds("soon"), None);
+    }
+
+    #[test]
+    fn millisecond_durations_are_written_as_they_are_read() {
+        for (d, text) in [
+            (Duration::from_millis(250), "250ms"),
+            (Duration::from_millis(1500), "1500ms"),
+            (Duration::from_secs(90), "1m30s"),
+            (Duration::ZERO, "0s"),
+        ] {
+            assert_eq!(format_millis(d), text);
+            assert_eq!(parse_millis(text).unwrap(), d);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn format_millis_round_trips(ms in 0u64..MAX.as_millis() as u64) {
+            let d = Duration::from_millis(ms);
+            prop_assert_eq!(parse_millis(&format_millis(d)).unwrap(), d);
         }
     }
 

@@ -18,6 +18,7 @@
 
 use std::fmt;
 
+use crate::hostlist::{self, RangeRules};
 use crate::ownership::{Proof, Uids};
 
 /// One process found on one GPU.
@@ -225,23 +226,14 @@ impl DirtyPrologAction {
 }
 
 /// Slurm's GPU list for a job (`SLURM_JOB_GPUS`, e.g. `0,2-3`): node-local
-/// GRES indices, not device minors.
+/// GRES indices, not device minors. Spaces around items and empty items
+/// are ignored; a range holds at most 4097 indices.
 pub fn parse_index_list(s: &str) -> Result<Vec<u32>, String> {
-    let mut out = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let bad = || format!("{s:?} is not a GPU index list (expected e.g. 0,2-3)");
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (u32, u32) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
-                if b < a || b - a > 4096 {
-                    return Err(bad());
-                }
-                out.extend(a..=b);
-            }
-            None => out.push(part.parse().map_err(|_| bad())?),
-        }
-    }
-    Ok(out)
+    const RULES: RangeRules = RangeRules { max: u32::MAX as u64, max_len: 4097, lenient: true };
+    let ranges =
+        hostlist::ranges(s, RULES).map_err(|e| format!("{s:?} is not a GPU index list (expected e.g. 0,2-3): {e}"))?;
+    // Every number is at most u32::MAX (RULES.max).
+    Ok(ranges.iter().flat_map(|r| r.numbers()).map(|n| n as u32).collect())
 }
 
 #[cfg(test)]
@@ -365,5 +357,14 @@ mod tests {
         assert_eq!(parse_index_list("").unwrap(), Vec::<u32>::new());
         assert!(parse_index_list("a").unwrap_err().contains("not a GPU index list"));
         assert!(parse_index_list("3-1").is_err());
+        assert_eq!(parse_index_list(" 1 , 4-5,").unwrap(), vec![1, 4, 5]);
+        assert_eq!(
+            parse_index_list("0,3-1").unwrap_err(),
+            "\"0,3-1\" is not a GPU index list (expected e.g. 0,2-3): range `3-1` runs backwards: write the lower \
+             number first"
+        );
+        assert_eq!(parse_index_list("0-4096").unwrap().len(), 4097);
+        assert!(parse_index_list("0-4097").unwrap_err().contains("holds 4098 numbers, more than the 4097 allowed"));
+        assert!(parse_index_list("4294967296").unwrap_err().contains("is above 4294967295"));
     }
 }

@@ -1,7 +1,7 @@
 //! The Azure LLM inference trace format (`TIMESTAMP,ContextTokens,GeneratedTokens`,
 //! e.g. `2023-11-16 18:15:46.6805900,374,44`), one row at a time, for the
-//! router's replay tests and the simulator alike; each caller decides what
-//! a bad row means (abort, or skip and count).
+//! router's replay tests, the simulator and the demo alike ([`read_azure`]);
+//! each caller decides what a bad row means (abort, or skip and count).
 
 /// The header line the format starts with.
 pub const AZURE_HEADER: &str = "TIMESTAMP,ContextTokens,GeneratedTokens";
@@ -12,6 +12,54 @@ pub struct AzureRow {
     pub t: f64,
     pub context_tokens: u32,
     pub generated_tokens: u32,
+}
+
+/// Where a trace goes wrong: its line (from 1) and what is wrong there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceError {
+    pub line: usize,
+    pub what: String,
+}
+
+/// The data rows of a trace's text, in file order, each with its line
+/// number (from 1); blank lines are skipped. A malformed row is an `Err`
+/// saying what is wrong with it: the caller decides what it means.
+#[derive(Debug, Clone)]
+pub struct AzureRows<'a> {
+    lines: std::iter::Enumerate<std::str::Lines<'a>>,
+    header_line: Option<usize>,
+}
+
+impl AzureRows<'_> {
+    /// The header's line; `None` when the text has no line but blank ones.
+    pub fn header_line(&self) -> Option<usize> {
+        self.header_line
+    }
+}
+
+impl Iterator for AzureRows<'_> {
+    type Item = (usize, Result<AzureRow, String>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (index, line) = self.lines.find(|(_, l)| !l.trim().is_empty())?;
+        Some((index + 1, parse_azure_row(line)))
+    }
+}
+
+/// Reads a trace: the header (after any blank lines) must be
+/// [`AZURE_HEADER`]; the rows follow. The one reader of the format: the
+/// simulator, the router's replay tests and the demo all read through it.
+/// A text with nothing but blank lines has no header and no rows.
+pub fn read_azure(text: &str) -> Result<AzureRows<'_>, TraceError> {
+    let mut lines = text.lines().enumerate();
+    let header_line = match lines.find(|(_, l)| !l.trim().is_empty()) {
+        None => None,
+        Some((index, h)) if h.trim() == AZURE_HEADER => Some(index + 1),
+        Some((index, h)) => {
+            return Err(TraceError { line: index + 1, what: format!("header is {h:?}; expected {AZURE_HEADER:?}") })
+        }
+    };
+    Ok(AzureRows { lines, header_line })
 }
 
 /// One data row; the error says what is wrong with it.
@@ -78,6 +126,33 @@ mod tests {
     }
 
     #[test]
+    fn a_trace_is_its_header_then_numbered_rows() {
+        let text = "\n  \nTIMESTAMP,ContextTokens,GeneratedTokens\n5,1,2\n\n6,x,1\n7,3,4\n";
+        let rows = read_azure(text).unwrap();
+        assert_eq!(rows.header_line(), Some(3));
+        let rows: Vec<(usize, Result<AzureRow, String>)> = rows.collect();
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0], (4, Ok(AzureRow { t: 5.0, context_tokens: 1, generated_tokens: 2 })));
+        assert_eq!(rows[1], (6, Err("ContextTokens \"x\" is not a whole number".to_string())));
+        assert_eq!(rows[2].0, 7);
+    }
+
+    #[test]
+    fn a_wrong_header_names_its_line_and_what_was_expected() {
+        assert_eq!(
+            read_azure("\na,b\n5,1,2\n").unwrap_err(),
+            TraceError {
+                line: 2,
+                what: "header is \"a,b\"; expected \"TIMESTAMP,ContextTokens,GeneratedTokens\"".to_string()
+            }
+        );
+        let empty = read_azure(" \n\n").unwrap();
+        assert_eq!(empty.header_line(), None);
+        assert_eq!(empty.count(), 0);
+        assert_eq!(read_azure("TIMESTAMP,ContextTokens,GeneratedTokens").unwrap().count(), 0);
+    }
+
+    #[test]
     fn civil_dates() {
         assert_eq!(days_from_civil(1970, 1, 1), 0);
         assert_eq!(days_from_civil(2000, 3, 1), 11_017);
@@ -88,9 +163,9 @@ mod tests {
     #[test]
     fn the_real_trace_parses() {
         let text = include_str!("../../data/azure-llm-inference-2023-conv.csv");
-        let mut lines = text.lines();
-        assert_eq!(lines.next(), Some(AZURE_HEADER));
-        let rows: Vec<AzureRow> = lines.map(|l| parse_azure_row(l).unwrap()).collect();
+        let rows = read_azure(text).unwrap();
+        assert_eq!(rows.header_line(), Some(1));
+        let rows: Vec<AzureRow> = rows.map(|(_, r)| r.unwrap()).collect();
         assert_eq!(rows.len(), 19_366);
         assert!(rows.last().unwrap().t - rows[0].t < 3_700.0, "one hour");
     }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use onepool_devcluster::onepoold::{validation_config, Validation};
 use onepool_devcluster::{Cluster, UpOptions};
 
 #[derive(Parser)]
@@ -50,6 +51,28 @@ enum Cmd {
     Status,
     /// Print `export` lines for a shell: eval "$(onepool-devcluster env)".
     Env,
+    /// Print onepoold.toml for a simulator scenario's first endpoint, its
+    /// replicas running the stand-in model server
+    /// (bench/validate-simulator.sh).
+    OnepooldConfig {
+        /// The simulator scenario (TOML).
+        scenario: PathBuf,
+        /// The endpoint's address.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// The stand-in server's model load, seconds.
+        #[arg(long)]
+        model_load_seconds: f64,
+        /// The stand-in model server.
+        #[arg(long, default_value = "etc/dev-cluster/stand-in-model-server.py")]
+        server: PathBuf,
+        /// The `onepool` binary the replicas run under.
+        #[arg(long)]
+        launcher: PathBuf,
+        /// Where the control socket and the replica logs go.
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -64,6 +87,23 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> onepool_devcluster::Result<()> {
+    if let Cmd::OnepooldConfig { scenario, listen, model_load_seconds, server, launcher, out } = &cli.cmd {
+        let text = std::fs::read_to_string(scenario).map_err(|source| onepool_devcluster::Error::Io {
+            what: format!("reading {}", scenario.display()),
+            source,
+        })?;
+        let v = Validation {
+            scenario,
+            text: &text,
+            listen: *listen,
+            model_load_s: *model_load_seconds,
+            server,
+            launcher,
+            out,
+        };
+        print!("{}", validation_config(&v).map_err(onepool_devcluster::Error::Setup)?.to_toml());
+        return Ok(());
+    }
     let cluster = Cluster::at(&cli.dir)?;
     let mut say = |m: &str| eprintln!("onepool-devcluster: {m}");
     match cli.cmd {
@@ -117,6 +157,8 @@ fn run(cli: Cli) -> onepool_devcluster::Result<()> {
                 println!("export {k}={v}");
             }
         }
+        // Printed above, without opening the cluster's folder.
+        Cmd::OnepooldConfig { .. } => {}
     }
     Ok(())
 }

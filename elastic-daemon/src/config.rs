@@ -225,20 +225,6 @@ struct RawHealth {
     unhealthy_after: Option<Spanned<i64>>,
 }
 
-/// Durations as in the policy file, plus milliseconds ("250ms"), which
-/// queue and connect timeouts need.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    if let Some(ms) = t.strip_suffix("ms") {
-        return ms
-            .trim()
-            .parse::<u64>()
-            .map(Duration::from_millis)
-            .map_err(|_| format!("invalid duration {s:?}: expected whole milliseconds before \"ms\" (250ms)"));
-    }
-    onepool_decisions::duration::parse(t).map_err(|e| format!("{e}, or milliseconds (250ms)"))
-}
-
 struct Checker {
     diags: Vec<Diagnostic>,
 }
@@ -250,7 +236,7 @@ impl Checker {
 
     fn duration(&mut self, v: &Option<Spanned<String>>, key: &str, default: Duration) -> Duration {
         let Some(v) = v else { return default };
-        match parse_duration(v.get_ref()) {
+        match onepool_decisions::duration::parse_millis(v.get_ref()) {
             Ok(d) if d.is_zero() => {
                 self.error(v.span(), format!("{key} must be longer than zero"));
                 default
@@ -744,6 +730,10 @@ pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
         .map_err(|e| ConfigError(vec![format!("{file}: cannot read the router configuration: {e}")]))?;
     parse(&file, &source)
 }
+
+#[path = "config_file.rs"]
+mod file;
+pub use file::{ConfigFile, EndpointFile, HealthFile, ReplicasFile};
 
 #[cfg(test)]
 #[path = "config_tests.rs"]

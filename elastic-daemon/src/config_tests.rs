@@ -60,13 +60,6 @@ fn syntax_and_unknown_keys_have_a_place() {
 }
 
 #[test]
-fn durations_accept_milliseconds() {
-    assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-    assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
-    assert!(parse_duration("xms").is_err());
-}
-
-#[test]
 fn load_metrics_names_and_path_are_checked() {
     let src = r#"control_socket = "/tmp/x.sock"
 [[endpoint]]

@@ -198,7 +198,7 @@ async fn handle(req: Request<Incoming>, router: &Router) -> Response<Full<Bytes>
                             Err(e) => error(StatusCode::NOT_FOUND, e),
                         };
                     }
-                    let deadline = match b.deadline.as_deref().map(crate::config::parse_duration) {
+                    let deadline = match b.deadline.as_deref().map(onepool_decisions::duration::parse_millis) {
                         None => Duration::from_secs(30),
                         Some(Ok(d)) => d,
                         Some(Err(e)) => return error(StatusCode::BAD_REQUEST, format!("deadline: {e}")),

@@ -20,7 +20,7 @@ pub enum TraceError {
     Parse { file: String, line: usize, message: String },
 }
 
-use onepool_decisions::trace::{parse_azure_row, AZURE_HEADER as HEADER};
+use onepool_decisions::trace::read_azure;
 
 /// Reads at most `limit` requests from the trace file at `path`.
 pub fn load(path: &Path, limit: usize) -> Result<Vec<TraceRequest>, TraceError> {
@@ -29,26 +29,21 @@ pub fn load(path: &Path, limit: usize) -> Result<Vec<TraceRequest>, TraceError> 
     parse(&file, &text, limit)
 }
 
+/// The trace must have a header and be sorted by time.
 pub fn parse(file: &str, text: &str, limit: usize) -> Result<Vec<TraceRequest>, TraceError> {
     let err = |line: usize, message: String| TraceError::Parse { file: file.to_string(), line, message };
-    let mut lines = text.lines().enumerate();
-    match lines.next() {
-        Some((_, h)) if h.trim() == HEADER => {}
-        Some((_, h)) => return Err(err(1, format!("header is {h:?}; expected {HEADER:?}"))),
-        None => return Err(err(1, "the file is empty; expected a header and requests".into())),
+    let rows = read_azure(text).map_err(|e| err(e.line, e.what))?;
+    if rows.header_line().is_none() {
+        return Err(err(1, "the file is empty; expected a header and requests".into()));
     }
     let mut out = Vec::new();
     let mut first: Option<f64> = None;
     let mut previous = f64::MIN;
-    for (i, l) in lines {
+    for (line, row) in rows {
         if out.len() >= limit {
             break;
         }
-        let line = i + 1;
-        if l.trim().is_empty() {
-            continue;
-        }
-        let row = parse_azure_row(l).map_err(|message| err(line, message))?;
+        let row = row.map_err(|message| err(line, message))?;
         let t = row.t;
         if t < previous {
             return Err(err(
@@ -87,6 +82,11 @@ mod tests {
         assert!(e.starts_with("t.csv:1: header is"), "{e}");
         let e = parse("t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-13-01 00:00:00,1,1\n", 10).unwrap_err();
         assert!(e.to_string().starts_with("t.csv:2: TIMESTAMP"), "{e}");
+        let e = parse("t.csv", "", 10).unwrap_err().to_string();
+        assert_eq!(e, "t.csv:1: the file is empty; expected a header and requests");
+        let e = parse("t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n5,1,1\n4,1,1\n", 10).unwrap_err().to_string();
+        assert_eq!(e, "t.csv:3: timestamp at line 3 is earlier than the line before; the trace must be sorted");
+        assert_eq!(parse("t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n5,1,1\n4,x,1\n", 1).unwrap().len(), 1);
     }
 
     #[test]

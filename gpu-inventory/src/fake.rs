@@ -44,6 +44,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use onepool_decisions::hostlist::{self, RangeError, RangeRules};
+
 use crate::procfs;
 use crate::{GpuDevice, GpuError, GpuProcess, GpuSource, ProcessKind};
 
@@ -185,36 +187,37 @@ pub fn parse(path: &Path, text: &str) -> Result<BTreeMap<u32, Vec<GpuProcess>>, 
 }
 
 fn parse_minor(text: &str) -> Result<u32, String> {
-    match text.parse::<u32>() {
-        Ok(minor) if minor <= MAX_GPU_MINOR => Ok(minor),
-        Ok(minor) => Err(format!(
-            "GPU minor {minor} is out of range: GPU minors are 0-{MAX_GPU_MINOR} \
-             (254 and 255 are /dev/nvidia-modeset and /dev/nvidiactl)"
-        )),
-        Err(_) => Err(format!("`{text}` is not a GPU minor (a whole number, N in /dev/nvidiaN)")),
+    match text.parse::<u64>() {
+        Ok(minor) if minor <= u64::from(MAX_GPU_MINOR) => Ok(minor as u32),
+        Ok(minor) => Err(minor_out_of_range(minor)),
+        Err(_) => Err(not_a_minor(text)),
     }
 }
 
-/// `0-15`, `0,2,4-7`.
+fn not_a_minor(text: &str) -> String {
+    format!("`{text}` is not a GPU minor (a whole number, N in /dev/nvidiaN)")
+}
+
+fn minor_out_of_range(minor: u64) -> String {
+    format!(
+        "GPU minor {minor} is out of range: GPU minors are 0-{MAX_GPU_MINOR} \
+         (254 and 255 are /dev/nvidia-modeset and /dev/nvidiactl)"
+    )
+}
+
+/// `0-15`, `0,2,4-7`: onepool's range list parser, with this file's words.
 fn parse_minor_list(list: &str) -> Result<Vec<u32>, String> {
-    let mut minors = Vec::new();
-    for item in list.split(',') {
-        let (first, last) = match item.split_once('-') {
-            Some((first, last)) => (parse_minor(first)?, parse_minor(last)?),
-            None if item.is_empty() => {
-                return Err(format!("empty item in `{list}`: write minors and ranges like `0,2,4-7`"))
-            }
-            None => {
-                let minor = parse_minor(item)?;
-                (minor, minor)
-            }
-        };
-        if first > last {
-            return Err(format!("range `{item}` runs backwards: write the lower minor first"));
-        }
-        minors.extend(first..=last);
-    }
-    Ok(minors)
+    const RULES: RangeRules = RangeRules { max: MAX_GPU_MINOR as u64, max_len: u64::MAX, lenient: false };
+    let ranges = hostlist::ranges(list, RULES).map_err(|e| match e {
+        RangeError::Empty { .. } => format!("empty item in `{list}`: write minors and ranges like `0,2,4-7`"),
+        RangeError::NotANumber { text, .. } => not_a_minor(&text),
+        RangeError::TooLarge { value, .. } => minor_out_of_range(value),
+        RangeError::Backwards { item } => format!("range `{item}` runs backwards: write the lower minor first"),
+        // No limit on a range's length: the largest minor bounds it.
+        e @ RangeError::TooLong { .. } => e.to_string(),
+    })?;
+    // Every number is at most MAX_GPU_MINOR (RULES.max).
+    Ok(ranges.iter().flat_map(|r| r.numbers()).map(|n| n as u32).collect())
 }
 
 #[cfg(test)]
@@ -266,6 +269,11 @@ mod tests {
             error("1 2 3 4 # too many\n"),
             "/etc/gpus.txt:1: expected `<minor> <pid> [<used_mib>]` or `gpus LIST`, found `1 2 3 4`"
         );
+        assert_eq!(
+            error("4294967296 2\n"),
+            "/etc/gpus.txt:1: GPU minor 4294967296 is out of range: GPU minors are 0-253 \
+             (254 and 255 are /dev/nvidia-modeset and /dev/nvidiactl)"
+        );
         assert_eq!(error("x 2\n"), "/etc/gpus.txt:1: `x` is not a GPU minor (a whole number, N in /dev/nvidiaN)");
         assert_eq!(error("0 0\n"), "/etc/gpus.txt:1: `0` is not a pid (a whole number above 0)");
         assert_eq!(error("0 -5\n"), "/etc/gpus.txt:1: `-5` is not a pid (a whole number above 0)");
@@ -297,6 +305,20 @@ mod tests {
         );
         assert_eq!(error("gpus 5-2\n"), "/etc/gpus.txt:1: range `5-2` runs backwards: write the lower minor first");
         assert_eq!(error("gpus 0-a\n"), "/etc/gpus.txt:1: `a` is not a GPU minor (a whole number, N in /dev/nvidiaN)");
+        assert_eq!(error("gpus 0-\n"), "/etc/gpus.txt:1: `` is not a GPU minor (a whole number, N in /dev/nvidiaN)");
+        assert_eq!(error("gpus 1,\n"), "/etc/gpus.txt:1: empty item in `1,`: write minors and ranges like `0,2,4-7`");
+        // Out of range before backwards, as each end is read first.
+        assert_eq!(
+            error("gpus 300-2\n"),
+            "/etc/gpus.txt:1: GPU minor 300 is out of range: GPU minors are 0-253 \
+             (254 and 255 are /dev/nvidia-modeset and /dev/nvidiactl)"
+        );
+        // Above u32 too: out of range, not "not a GPU minor".
+        assert_eq!(
+            error("gpus 4294967296\n"),
+            "/etc/gpus.txt:1: GPU minor 4294967296 is out of range: GPU minors are 0-253 \
+             (254 and 255 are /dev/nvidia-modeset and /dev/nvidiactl)"
+        );
         assert_eq!(
             error("gpus 0-300\n"),
             "/etc/gpus.txt:1: GPU minor 300 is out of range: GPU minors are 0-253 \

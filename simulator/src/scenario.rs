@@ -68,13 +68,14 @@ use std::time::Duration;
 use onepool_decisions::annotation::Annotation;
 use onepool_decisions::autoscale::ScalingPolicy;
 use onepool_decisions::classify::{classify, Directory, JobRequest, Submitter, Verdict};
+use onepool_decisions::duration::parse_seconds;
 use onepool_decisions::policy::{self, Policy, Tier};
 use serde::Deserialize;
 use toml::Spanned;
 
 use crate::engine::{Cancelled, Endpoint, Job, Req, VictimModel, Workload};
 use crate::fleet::{Fleet, NodeGroup};
-use crate::input::{self, azure, jobs, BadRow, OnBadRow, Rows};
+use crate::input::{azure, jobs, BadRow, OnBadRow, Rows};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -237,7 +238,7 @@ pub fn load(path: &Path, on_bad: OnBadRow) -> Result<Scenario, String> {
     };
     fleet.check()?;
     let max_wait = match raw.targets.max_p95_wait {
-        Some(s) => input::parse_duration(&s).ok_or_else(|| format!("targets.max_p95_wait {s:?} is not a duration"))?,
+        Some(s) => parse_seconds(&s).ok_or_else(|| format!("targets.max_p95_wait {s:?} is not a duration"))?,
         None => 3600.0,
     };
     let mut bad_rows = Vec::new();
@@ -336,7 +337,7 @@ pub fn load(path: &Path, on_bad: OnBadRow) -> Result<Scenario, String> {
             None => None,
         };
         let dur = |s: &str, what: &str| {
-            input::parse_duration(s).ok_or_else(|| format!("endpoint {}: {what} {s:?} is not a duration", e.name))
+            parse_seconds(s).ok_or_else(|| format!("endpoint {}: {what} {s:?} is not a duration", e.name))
         };
         let (pre, dec) = (e.prefill_tokens_per_s, e.decode_tokens_per_s);
         let requests: Arc<[Req]> = reqs
@@ -393,7 +394,7 @@ fn victims(policy: &Policy, raw: &RawVictims) -> Result<Vec<VictimModel>, SpanEr
             .ok_or_else(|| (Some(v.span()), format!("{key} {:?}: use \"resubmit\" or \"drop\"", v.get_ref())))
     };
     let duration = |v: &Spanned<String>, key: &str| {
-        input::parse_duration(v.get_ref()).ok_or_else(|| {
+        parse_seconds(v.get_ref()).ok_or_else(|| {
             (Some(v.span()), format!("{key} {:?} is not a duration (e.g. \"30s\", \"2m\")", v.get_ref()))
         })
     };

@@ -7,11 +7,13 @@
 //! endpoint record) are never touched.
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile, ReplicasFile};
 use onepool_elastic_daemon::controller::ControllerView;
 use onepool_elastic_daemon::daemon::Daemon;
 use onepool_elastic_daemon::tokio::runtime::Runtime;
@@ -44,45 +46,43 @@ fn get(port: u16, path: &str) -> Option<u16> {
     buf.split_whitespace().nth(1)?.parse().ok()
 }
 
-fn config(dir: &Path, c: &TestCluster) -> String {
+fn config(dir: &Path, c: &TestCluster) -> ConfigFile {
     let slurm_conf = c.cluster.env().into_iter().find(|(k, _)| k == "SLURM_CONF").expect("SLURM_CONF").1;
-    format!(
-        r#"control_socket = "{dir}/onepoold.sock"
-shutdown_grace = "1s"
-slurm_conf = "{slurm_conf}"
-
-[[endpoint]]
-name = "{ENDPOINT}"
-listen = "127.0.0.1:0"
-replica_concurrency = 4
-queue_size = 1000
-queue_timeout = "120s"
-
-[endpoint.health]
-path = "/"
-interval = "500ms"
-timeout = "1s"
-healthy_after = 1
-
-[endpoint.replicas]
-command = "python3 {dir}/server.py"
-gpus = 1
-min = 1
-max = 3
-target_per_replica = 4
-drain_timeout = "10s"
-startup_timeout = "60s"
-port_range = "18400-18499"
-launcher = "{launcher}"
-poll_interval = "500ms"
-stable_window = "10s"
-panic_window = "2s"
-scale_down_delay = "60s"
-output = "{dir}/replica-%j.log"
-"#,
-        dir = dir.display(),
-        launcher = build_dir().join("onepool").display(),
-    )
+    let (secs, millis) = (Duration::from_secs, Duration::from_millis);
+    ConfigFile {
+        shutdown_grace: Some(secs(1)),
+        slurm_conf: Some(slurm_conf.into()),
+        endpoints: vec![EndpointFile {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            replica_concurrency: Some(4),
+            queue_size: Some(1000),
+            queue_timeout: Some(secs(120)),
+            health: Some(HealthFile {
+                interval: Some(millis(500)),
+                timeout: Some(secs(1)),
+                healthy_after: Some(1),
+                ..HealthFile::new("/")
+            }),
+            replicas: Some(ReplicasFile {
+                gpus: Some(1),
+                min: Some(1),
+                max: Some(3),
+                target_per_replica: Some(4.0),
+                drain_timeout: Some(secs(10)),
+                startup_timeout: Some(secs(60)),
+                port_range: Some((18400, 18499)),
+                launcher: Some(build_dir().join("onepool").display().to_string()),
+                poll_interval: Some(millis(500)),
+                stable_window: Some(secs(10)),
+                panic_window: Some(secs(2)),
+                scale_down_delay: Some(secs(60)),
+                output: Some(format!("{}/replica-%j.log", dir.display())),
+                ..ReplicasFile::new(format!("python3 {}/server.py", dir.display()))
+            }),
+            ..EndpointFile::new(ENDPOINT)
+        }],
+        ..ConfigFile::new(dir.join("onepoold.sock"))
+    }
 }
 
 fn start(rt: &Runtime, config: &Path) -> Daemon {
@@ -105,7 +105,7 @@ fn the_daemon_runs_scales_and_re_adopts_its_replica_jobs_and_touches_nothing_els
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("server.py"), SERVER).unwrap();
     let config_path = dir.join("onepoold.toml");
-    std::fs::write(&config_path, config(&dir, c)).unwrap();
+    config(&dir, c).write(&config_path).unwrap();
 
     // Jobs the daemon must never touch: another user's job named and
     // annotated like one of its replicas, and one of our own uid named

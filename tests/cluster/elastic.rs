@@ -7,6 +7,7 @@
 //! through every test and is never touched.
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -89,7 +90,7 @@ fn graceful_reclaim_loses_no_request_serving_expands_again_and_scale_down_drains
     let _cleanup = Cleanup(c);
     let dir = scratch("elastic-graceful");
     let config = dir.join("onepoold.toml");
-    std::fs::write(&config, daemon_config(c, &dir, ENDPOINT, &[("scale_down_delay", "15s")])).unwrap();
+    daemon_config(c, &dir, ENDPOINT, |r| r.scale_down_delay = Some(Duration::from_secs(15))).write(&config).unwrap();
     let foreign = foreign_job(c);
     let rt = runtime();
     let d = start(&rt, &config);
@@ -178,8 +179,7 @@ fn immediate_reclaim_fails_only_the_victim_s_requests_in_flight() {
     let dir = scratch("elastic-immediate");
     let config = dir.join("onepoold.toml");
     // Supplemental replicas in the agents class: reclaim = "immediate" (GraceTime 0).
-    let text = daemon_config(c, &dir, ENDPOINT, &[("supplemental_workload", "agents")]);
-    std::fs::write(&config, text).unwrap();
+    daemon_config(c, &dir, ENDPOINT, |r| r.supplemental_workload = Some("agents".into())).write(&config).unwrap();
     let foreign = foreign_job(c);
     let rt = runtime();
     let d = start(&rt, &config);
@@ -291,8 +291,9 @@ fn sigkill_of_onepoold_mid_drain_neither_delays_the_protected_job_nor_orphans_or
     let config = dir.join("onepoold.toml");
     // A fixed port: clients keep the endpoint's address across the restart.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let text = daemon_config(c, &dir, ENDPOINT, &[]).replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
-    std::fs::write(&config, text).unwrap();
+    let mut text = daemon_config(c, &dir, ENDPOINT, |_| {});
+    text.endpoints[0].listen = Some(SocketAddr::from(([127, 0, 0, 1], port)));
+    text.write(&config).unwrap();
     let socket = dir.join("onepoold.sock");
     let log = dir.join("onepoold.log");
     let foreign = foreign_job(c);
@@ -376,15 +377,16 @@ fn replicas_are_renewed_before_their_time_limit_and_replaced_after_a_node_failur
     // 2 GPUs per replica: two baseline jobs fit the protected QOS at once
     // (its 4 reserved GPUs), which a renewal needs. Successors start
     // startup + drain + 60 s = 90 s before the 2-minute limit.
-    let replicas = [
-        ("gpus", "2"),
-        ("min", "1"),
-        ("max", "1"),
-        ("time_limit", "2m"),
-        ("startup_timeout", "20s"),
-        ("drain_timeout", "10s"),
-    ];
-    std::fs::write(&config, daemon_config(c, &dir, ENDPOINT, &replicas)).unwrap();
+    daemon_config(c, &dir, ENDPOINT, |r| {
+        r.gpus = Some(2);
+        r.min = Some(1);
+        r.max = Some(1);
+        r.time_limit = Some(Duration::from_secs(2 * 60));
+        r.startup_timeout = Some(Duration::from_secs(20));
+        r.drain_timeout = Some(Duration::from_secs(10));
+    })
+    .write(&config)
+    .unwrap();
     let foreign = foreign_job(c);
     let rt = runtime();
     let d = start(&rt, &config);
@@ -492,15 +494,16 @@ fn a_job_hosting_a_replica_per_node_yields_gracefully_and_shrinks_node_by_node()
     // one poll share a job). The panic window is shorter than the 500 ms
     // beat, so it holds the newest sample only: one of 500 ms would also
     // hold the one before the load.
-    let replicas = [
-        ("gpus", "1"),
-        ("replicas_per_job", "3"),
-        ("max", "4"),
-        ("scale_down_delay", "10s"),
-        ("stable_window", "1s"),
-        ("panic_window", "250ms"),
-    ];
-    std::fs::write(&config, daemon_config(c, &dir, ENDPOINT, &replicas)).unwrap();
+    daemon_config(c, &dir, ENDPOINT, |r| {
+        r.gpus = Some(1);
+        r.replicas_per_job = Some(3);
+        r.max = Some(4);
+        r.scale_down_delay = Some(Duration::from_secs(10));
+        r.stable_window = Some(Duration::from_secs(1));
+        r.panic_window = Some(Duration::from_millis(250));
+    })
+    .write(&config)
+    .unwrap();
     let foreign = foreign_job(c);
     let rt = runtime();
     let d = start(&rt, &config);

@@ -5,13 +5,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile, ReplicasFile};
 use onepool_elastic_daemon::controller::ControllerView;
 use onepool_elastic_daemon::daemon::Daemon;
 use onepool_elastic_daemon::tokio::runtime::Runtime;
@@ -70,62 +71,60 @@ pub fn scratch(name: &str) -> PathBuf {
 }
 
 /// An onepoold configuration with one endpoint `name` whose replicas are
-/// Slurm jobs; `replicas` holds `[endpoint.replicas]` keys that replace or
-/// add to the defaults below.
-pub fn daemon_config(c: &TestCluster, dir: &Path, name: &str, replicas: &[(&str, &str)]) -> String {
+/// Slurm jobs running the stand-in server; `replicas` changes its
+/// `[endpoint.replicas]` from the defaults below.
+pub fn daemon_config(c: &TestCluster, dir: &Path, name: &str, replicas: impl FnOnce(&mut ReplicasFile)) -> ConfigFile {
     let slurm_conf = c.cluster.env().into_iter().find(|(k, _)| k == "SLURM_CONF").expect("SLURM_CONF").1;
-    let mut keys: BTreeMap<&str, String> = [
-        ("command", format!("python3 {}", stand_in_server().display())),
-        ("gpus", "4".into()),
-        ("min", "1".into()),
-        ("max", "3".into()),
-        ("target_per_replica", "4".into()),
-        ("drain_timeout", "20s".into()),
-        ("startup_timeout", "60s".into()),
-        ("port_range", "18500-18599".into()),
-        ("launcher", build_dir().join("onepool").display().to_string()),
-        ("poll_interval", "500ms".into()),
-        ("stable_window", "6s".into()),
-        ("panic_window", "2s".into()),
-        ("scale_down_delay", "60s".into()),
-        ("output", format!("{}/replica-%j.log", dir.display())),
-    ]
-    .into_iter()
-    .collect();
-    for (k, v) in replicas {
-        keys.insert(k, v.to_string());
+    stand_in_config(dir, &slurm_conf, &build_dir().join("onepool"), name, replicas)
+}
+
+/// [`daemon_config`], given SLURM_CONF and the `onepool` binary.
+pub fn stand_in_config(
+    dir: &Path,
+    slurm_conf: &str,
+    launcher: &Path,
+    name: &str,
+    replicas: impl FnOnce(&mut ReplicasFile),
+) -> ConfigFile {
+    let (secs, millis) = (Duration::from_secs, Duration::from_millis);
+    let mut r = ReplicasFile {
+        gpus: Some(4),
+        min: Some(1),
+        max: Some(3),
+        target_per_replica: Some(4.0),
+        drain_timeout: Some(secs(20)),
+        startup_timeout: Some(secs(60)),
+        port_range: Some((18500, 18599)),
+        launcher: Some(launcher.display().to_string()),
+        poll_interval: Some(millis(500)),
+        stable_window: Some(secs(6)),
+        panic_window: Some(secs(2)),
+        scale_down_delay: Some(secs(60)),
+        output: Some(format!("{}/replica-%j.log", dir.display())),
+        ..ReplicasFile::new(format!("python3 {}", stand_in_server().display()))
+    };
+    replicas(&mut r);
+    ConfigFile {
+        shutdown_grace: Some(secs(1)),
+        slurm_conf: Some(slurm_conf.into()),
+        endpoints: vec![EndpointFile {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            replica_concurrency: Some(4),
+            queue_size: Some(1000),
+            queue_timeout: Some(secs(120)),
+            request_timeout: Some(secs(120)),
+            retry_attempts: Some(3),
+            health: Some(HealthFile {
+                interval: Some(millis(500)),
+                timeout: Some(secs(1)),
+                healthy_after: Some(1),
+                ..HealthFile::new("/health")
+            }),
+            replicas: Some(r),
+            ..EndpointFile::new(name)
+        }],
+        ..ConfigFile::new(dir.join("onepoold.sock"))
     }
-    let mut text = format!(
-        r#"control_socket = "{dir}/onepoold.sock"
-shutdown_grace = "1s"
-slurm_conf = "{slurm_conf}"
-
-[[endpoint]]
-name = "{name}"
-listen = "127.0.0.1:0"
-replica_concurrency = 4
-queue_size = 1000
-queue_timeout = "120s"
-request_timeout = "120s"
-
-[endpoint.retry]
-attempts = 3
-
-[endpoint.health]
-path = "/health"
-interval = "500ms"
-timeout = "1s"
-healthy_after = 1
-
-[endpoint.replicas]
-"#,
-        dir = dir.display()
-    );
-    for (k, v) in keys {
-        let quoted = v.parse::<f64>().is_ok() && !k.ends_with("range");
-        text.push_str(&if quoted { format!("{k} = {v}\n") } else { format!("{k} = {v:?}\n") });
-    }
-    text
 }
 
 /// Status of one request, or `None` when the connection failed.
@@ -245,5 +244,23 @@ pub fn control_state(socket: &Path) -> Option<serde_json::Value> {
     match r {
         Ok(Ok((status, v))) if status.is_success() => Some(v),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stand_in_config_loads_with_its_changes() {
+        let dir = Path::new("/tmp/onepool-x");
+        let launcher = Path::new("/src/target/debug/onepool");
+        let c = stand_in_config(dir, "/c/etc/slurm.conf", launcher, "chat", |r| r.min = Some(0))
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.control_socket, dir.join("onepoold.sock"));
+        let r = c.endpoints[0].replicas.as_ref().unwrap();
+        assert_eq!((r.min, r.max, r.gpus, r.port_range), (0, 3, 4, (18500, 18599)));
+        assert_eq!(r.output, "/tmp/onepool-x/replica-%j.log");
     }
 }

@@ -22,8 +22,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use onepool_devcluster::onepoold::stand_in_command;
 use onepool_devcluster::process::Tracked;
 use onepool_devcluster::Cluster;
+use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile, ReplicasFile};
 
 #[path = "../demo/load.rs"]
 mod load;
@@ -118,11 +120,6 @@ fn job_state(job: u32) -> Option<String> {
 
 fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0").context("picking a free port")?.local_addr()?.port())
-}
-
-/// A TOML basic string (JSON's escapes are TOML's).
-fn toml_str(s: &str) -> String {
-    serde_json::Value::String(s.to_string()).to_string()
 }
 
 struct Paths {
@@ -412,59 +409,49 @@ fn submit_as_other_user(slurm_conf: &str, args: &[&str]) -> anyhow::Result<u32> 
     }
 }
 
-fn config(p: &Paths, listen: SocketAddr, slurm_conf: &str, server: &Path) -> String {
-    let command = format!(
-        "env ONEPOOL_MODEL_LOAD_SECONDS={MODEL_LOAD_SECS} ONEPOOL_SECONDS_PER_TOKEN={SECONDS_PER_TOKEN} python3 {}",
-        server.display()
-    );
-    format!(
-        r#"# Written by onepool-demo: one endpoint whose replicas onepoold runs as Slurm jobs.
-control_socket = {socket}
-shutdown_grace = "5s"
-slurm_conf = {slurm_conf}
-
-[[endpoint]]
-name = "{ENDPOINT}"
-listen = "{listen}"
-replica_concurrency = 16
-queue_size = 2000
-queue_timeout = "60s"
-request_timeout = "120s"
-
-[endpoint.retry]
-attempts = 2
-
-[endpoint.health]
-path = "/health"
-interval = "500ms"
-timeout = "1s"
-healthy_after = 1
-unhealthy_after = 3
-
-[endpoint.replicas]
-command = {command}
-gpus = {GPUS}
-min = 1
-max = 3
-target_per_replica = 6
-drain_timeout = "30s"
-startup_timeout = "60s"
-baseline_workload = "inference-baseline"
-supplemental_workload = "inference"
-port_range = "19400-19499"
-launcher = {launcher}
-poll_interval = "500ms"
-stable_window = "10s"
-panic_window = "2s"
-scale_down_delay = "{SCALE_DOWN_DELAY_SECS}s"
-output = {output}
-"#,
-        socket = toml_str(&p.socket.display().to_string()),
-        slurm_conf = toml_str(slurm_conf),
-        command = toml_str(&command),
-        launcher = toml_str(&p.bin.join("onepool").display().to_string()),
-        output = toml_str(&p.log.join("replica-%j.out").display().to_string()),
-    )
+fn config(p: &Paths, listen: SocketAddr, slurm_conf: &str, server: &Path) -> ConfigFile {
+    let command = stand_in_command(server, MODEL_LOAD_SECS.into(), SECONDS_PER_TOKEN);
+    let (secs, millis) = (Duration::from_secs, Duration::from_millis);
+    ConfigFile {
+        comment: Some("Written by onepool-demo: one endpoint whose replicas onepoold runs as Slurm jobs.".into()),
+        shutdown_grace: Some(secs(5)),
+        slurm_conf: Some(slurm_conf.into()),
+        endpoints: vec![EndpointFile {
+            listen: Some(listen),
+            replica_concurrency: Some(16),
+            queue_size: Some(2000),
+            queue_timeout: Some(secs(60)),
+            request_timeout: Some(secs(120)),
+            retry_attempts: Some(2),
+            health: Some(HealthFile {
+                interval: Some(millis(500)),
+                timeout: Some(secs(1)),
+                healthy_after: Some(1),
+                unhealthy_after: Some(3),
+                ..HealthFile::new("/health")
+            }),
+            replicas: Some(ReplicasFile {
+                gpus: Some(GPUS),
+                min: Some(1),
+                max: Some(3),
+                target_per_replica: Some(6.0),
+                drain_timeout: Some(secs(30)),
+                startup_timeout: Some(secs(60)),
+                baseline_workload: Some("inference-baseline".into()),
+                supplemental_workload: Some("inference".into()),
+                port_range: Some((19400, 19499)),
+                launcher: Some(p.bin.join("onepool").display().to_string()),
+                poll_interval: Some(millis(500)),
+                stable_window: Some(secs(10)),
+                panic_window: Some(secs(2)),
+                scale_down_delay: Some(secs(SCALE_DOWN_DELAY_SECS)),
+                output: Some(p.log.join("replica-%j.out").display().to_string()),
+                ..ReplicasFile::new(command)
+            }),
+            ..EndpointFile::new(ENDPOINT)
+        }],
+        ..ConfigFile::new(&p.socket)
+    }
 }
 
 fn run(args: &Args) -> anyhow::Result<()> {
@@ -598,7 +585,8 @@ fn run(args: &Args) -> anyhow::Result<()> {
 
     // 3. onepoold.
     let listen = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-    fs::write(&d.paths.config, config(&d.paths, listen, &slurm_conf, &server))
+    config(&d.paths, listen, &slurm_conf, &server)
+        .write(&d.paths.config)
         .with_context(|| format!("writing {}", d.paths.config.display()))?;
     step(&format!(
         "onepoold starts: endpoint {ENDPOINT:?} at http://{listen}, 1 baseline replica (protected, reserved GPUs), up to 2 supplemental (flexible, idle GPUs), {GPUS} GPUs each"
@@ -819,4 +807,44 @@ fn run(args: &Args) -> anyhow::Result<()> {
 
 fn load_latency(p: &load::Phase, q: f64) -> String {
     p.latency(q).map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_config_loads() {
+        let demo = PathBuf::from("/c/demo");
+        let p = Paths {
+            root: "/c".into(),
+            log: demo.join("replicas"),
+            bin: "/src/target/debug".into(),
+            socket: demo.join("onepoold.sock"),
+            config: demo.join("onepoold.toml"),
+            pid_file: demo.join("onepoold.pid"),
+            onepoold_log: "/c/log/onepoold.log".into(),
+        };
+        let listen: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let c = config(&p, listen, "/c/etc/slurm.conf", &demo.join("stand-in-model-server.py"))
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((c.control_socket, c.slurm_conf), (p.socket.clone(), Some("/c/etc/slurm.conf".into())));
+        let e = &c.endpoints[0];
+        assert_eq!(
+            (e.name.as_str(), e.listen, e.replica_concurrency, e.proxy.retries),
+            (ENDPOINT, Some(listen), 16, 2)
+        );
+        let r = e.replicas.as_ref().unwrap();
+        assert_eq!(
+            r.command,
+            "env ONEPOOL_MODEL_LOAD_SECONDS=3 ONEPOOL_SECONDS_PER_TOKEN=0.004 python3 /c/demo/stand-in-model-server.py"
+        );
+        assert_eq!((r.gpus, r.min, r.max, r.port_range), (GPUS, 1, 3, (19400, 19499)));
+        assert_eq!(r.scale_down_delay, Duration::from_secs(SCALE_DOWN_DELAY_SECS));
+        assert_eq!(
+            (r.launcher.as_str(), r.output.as_str()),
+            ("/src/target/debug/onepool", "/c/demo/replicas/replica-%j.out")
+        );
+    }
 }

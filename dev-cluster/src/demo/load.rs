@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use onepool_decisions::trace::{parse_azure_row, AZURE_HEADER};
+use onepool_decisions::trace::read_azure;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
@@ -25,21 +25,10 @@ pub struct Trace {
 impl Trace {
     pub fn load(path: &Path) -> anyhow::Result<Trace> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading the trace {}", path.display()))?;
-        let mut lines = text.lines().enumerate();
-        match lines.next() {
-            Some((_, h)) if h.trim() == AZURE_HEADER => {}
-            other => bail!(
-                "{}: expected the header {AZURE_HEADER:?}, found {:?}",
-                path.display(),
-                other.map(|(_, l)| l).unwrap_or("")
-            ),
-        }
+        let at = |line: usize, what: &str| anyhow::anyhow!("{}:{line}: {what}", path.display());
         let mut rows = Vec::new();
-        for (i, line) in lines {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let r = parse_azure_row(line).map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), i + 1))?;
+        for (line, row) in read_azure(&text).map_err(|e| at(e.line, &e.what))? {
+            let r = row.map_err(|e| at(line, &e))?;
             rows.push((r.t, r.generated_tokens));
         }
         let Some(first) = rows.iter().map(|r| r.0).reduce(f64::min) else {
@@ -253,5 +242,41 @@ async fn post(target: SocketAddr, tokens: u32) -> Result<u16, String> {
     match tokio::time::timeout(Duration::from_secs(120), exchange).await {
         Ok(r) => r,
         Err(_) => Err("no answer within 120 s".to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(name: &str, text: &str) -> anyhow::Result<Trace> {
+        let path = std::env::temp_dir().join(format!("onepool-demo-trace-{}-{name}.csv", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        let r =
+            Trace::load(&path).map_err(|e| anyhow::anyhow!("{}", e.to_string().replace(&*path.to_string_lossy(), "T")));
+        std::fs::remove_file(&path).unwrap();
+        r
+    }
+
+    #[test]
+    fn rows_are_seconds_after_the_first_request_sorted() {
+        let t = load("ok", "TIMESTAMP,ContextTokens,GeneratedTokens\n12.5,1,30\n\n10,2,20\n11,3,10\n").unwrap();
+        assert_eq!(t.rows, vec![(0.0, 20), (1.0, 10), (2.5, 30)]);
+        assert_eq!(t.rate(0.0, 2.0), 1.0);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_line() {
+        let e = |name, text| load(name, text).err().unwrap().to_string();
+        assert_eq!(
+            e("header", "a,b\n1,2,3\n"),
+            "T:1: header is \"a,b\"; expected \"TIMESTAMP,ContextTokens,GeneratedTokens\""
+        );
+        assert_eq!(
+            e("row", "TIMESTAMP,ContextTokens,GeneratedTokens\n1,2\n"),
+            "T:2: 2 fields; expected 3 (TIMESTAMP,ContextTokens,GeneratedTokens)"
+        );
+        assert_eq!(e("none", "TIMESTAMP,ContextTokens,GeneratedTokens\n"), "T: no requests in the trace");
+        assert_eq!(e("empty", ""), "T: no requests in the trace");
     }
 }

@@ -3,38 +3,20 @@
 //! line (`2023-11-16 18:15:46.6805900,374,44`). A timestamp may also be a
 //! plain number of seconds. Rows need not be sorted; they are sorted here.
 
-use onepool_decisions::trace::{parse_azure_row, AZURE_HEADER};
+use onepool_decisions::trace::read_azure;
 
 use super::{BadRow, OnBadRow, Rows};
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Request {
-    /// Arrival, seconds since the epoch.
-    pub t: f64,
-    pub context_tokens: u32,
-    pub generated_tokens: u32,
-}
+/// One request: arrival (seconds since the epoch) and its tokens.
+pub use onepool_decisions::trace::AzureRow as Request;
 
 pub fn read(file: &str, text: &str, on_bad: OnBadRow) -> Result<Rows<Request>, BadRow> {
     let mut out = Rows::new();
-    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
-    if let Some((i, h)) = lines.next() {
-        if h.trim() != AZURE_HEADER {
-            return Err(BadRow {
-                file: file.into(),
-                line: i + 1,
-                what: "the header must be TIMESTAMP,ContextTokens,GeneratedTokens".into(),
-            });
-        }
-    }
-    for (i, line) in lines {
-        match parse_azure_row(line) {
-            Ok(r) => out.rows.push(Request {
-                t: r.t,
-                context_tokens: r.context_tokens,
-                generated_tokens: r.generated_tokens,
-            }),
-            Err(what) => out.bad(file, i + 1, what, on_bad)?,
+    let rows = read_azure(text).map_err(|e| BadRow { file: file.into(), line: e.line, what: e.what })?;
+    for (line, row) in rows {
+        match row {
+            Ok(r) => out.rows.push(r),
+            Err(what) => out.bad(file, line, what, on_bad)?,
         }
     }
     out.rows.sort_by(|a, b| a.t.total_cmp(&b.t));
@@ -57,6 +39,12 @@ mod tests {
             "t.csv:4: TIMESTAMP \"noon\" is not a time (YYYY-MM-DD HH:MM:SS[.fraction])"
         );
         assert_eq!(r.skipped[1].line, 5);
-        assert!(read("t.csv", "a,b,c\n", OnBadRow::Skip).is_err());
+        assert_eq!(
+            read("t.csv", "\na,b,c\n", OnBadRow::Skip).unwrap_err().to_string(),
+            "t.csv:2: header is \"a,b,c\"; expected \"TIMESTAMP,ContextTokens,GeneratedTokens\""
+        );
+        assert_eq!(read("t.csv", "", OnBadRow::Abort).unwrap().rows, vec![]);
+        let e = read("t.csv", text, OnBadRow::Abort).unwrap_err();
+        assert_eq!((e.line, e.what.as_str()), (4, "TIMESTAMP \"noon\" is not a time (YYYY-MM-DD HH:MM:SS[.fraction])"));
     }
 }

@@ -34,9 +34,10 @@
 //! (`count`), and `qos`, `account`, `partition`. Errors name the line
 //! where the job's object starts.
 
+use onepool_decisions::duration::parse_seconds;
 use serde_json::Value;
 
-use super::{parse_duration, parse_time, BadRow, OnBadRow, Rows};
+use super::{parse_time, BadRow, OnBadRow, Rows};
 
 /// One job of the history.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -123,7 +124,7 @@ fn csv_row<'a>(
     let s = time("submit")?.ok_or_else(|| "submit is empty".to_string())?;
     let _ = submit;
     let duration = match (get(col("duration")), time("end")?) {
-        (Some(d), _) => parse_duration(d).ok_or_else(|| format!("duration {d:?} is not a duration"))?,
+        (Some(d), _) => parse_seconds(d).ok_or_else(|| format!("duration {d:?} is not a duration"))?,
         (None, Some(end)) => {
             let from = time("start")?.unwrap_or(s);
             if end < from {

@@ -65,16 +65,6 @@ impl<T> Rows<T> {
 
 pub use onepool_decisions::trace::parse_time;
 
-/// A duration in seconds: a number of seconds, or any form onepool's
-/// duration parser accepts (`90s`, `2h`, `1d12h`, `1-12:00:00`, ...).
-pub fn parse_duration(s: &str) -> Option<f64> {
-    let s = s.trim();
-    if let Ok(v) = s.parse::<f64>() {
-        return (v.is_finite() && v >= 0.0).then_some(v);
-    }
-    onepool_decisions::duration::parse(s).ok().map(|d| d.as_secs_f64())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,12 +76,5 @@ mod tests {
         assert_eq!(parse_time("2023-11-16 18:15:46.5"), Some(1_700_158_546.5));
         assert_eq!(parse_time("Unknown"), None);
         assert_eq!(parse_time("2023-13-01T00:00:00"), None);
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("90"), Some(90.0));
-        assert_eq!(parse_duration("2h"), Some(7200.0));
-        assert_eq!(parse_duration("-1"), None);
     }
 }

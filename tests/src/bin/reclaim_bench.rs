@@ -146,7 +146,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// submitted, running, and serving in the router.
 fn autoscale_round(c: &TestCluster, dir: &Path) -> [f64; 3] {
     let config = dir.join("onepoold.toml");
-    std::fs::write(&config, daemon_config(c, dir, "chat", &[])).unwrap();
+    daemon_config(c, dir, "chat", |_| {}).write(&config).unwrap();
     let rt = onepool_elastic_daemon::tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
