@@ -9,8 +9,8 @@
 # continues inside that release's root from here.
 bench_build() {
     bench_host bash scripts/install-deps.sh
-    bench_host cargo build --release --quiet -p onepool-job-submit -p onepool-spank
-    bench_host cargo build --release --quiet -p onepool-devcluster -p onepool-tests --bins
+    bench_host cargo build --release --quiet -p onepool-priority-plugin -p onepool-spank-plugin
+    bench_host cargo build --release --quiet -p onepool-dev-cluster -p onepool-tests --bins
     bench_enter_release "$@"
     dc=$target/release/onepool-devcluster
     dir=$target/bench-cluster

@@ -68,7 +68,7 @@ run_release() {
         cargo test --workspace --exclude onepool-tests
     else
         # What depends on the release's headers; the rest is the same code.
-        cargo test -p onepool-slurm-sys -p onepool-job-submit -p onepool-spank
+        cargo test -p onepool-slurm-sys -p onepool-priority-plugin -p onepool-spank-plugin
     fi
 
     echo "== Slurm $rel: integration tests (real Slurm)"

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use onepool_gpu::{procfs, GpuDevice, GpuProcess, ProcessKind, SourceSpec};
+use onepool_gpu_inventory::{procfs, GpuDevice, GpuProcess, ProcessKind, SourceSpec};
 use serde_json::{json, Value};
 
 /// Exit status when the host has no NVIDIA driver: not a failure of the
@@ -28,7 +28,7 @@ pub struct GpusArgs {
 }
 
 pub fn run(args: &GpusArgs) -> anyhow::Result<ExitCode> {
-    let listed = match onepool_gpu::open(&args.source) {
+    let listed = match onepool_gpu_inventory::open(&args.source) {
         Ok(Some(mut source)) => source.devices().map(|devices| Some((source.describe(), devices))),
         Ok(None) => Ok(None),
         Err(e) => Err(e),

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use onepool_devcluster::onepoold::{validation_config, Validation};
-use onepool_devcluster::{Cluster, UpOptions};
+use onepool_dev_cluster::onepoold::{validation_config, Validation};
+use onepool_dev_cluster::{Cluster, UpOptions};
 
 #[derive(Parser)]
 #[command(name = "onepool-devcluster", version, about)]
@@ -86,9 +86,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> onepool_devcluster::Result<()> {
+fn run(cli: Cli) -> onepool_dev_cluster::Result<()> {
     if let Cmd::OnepooldConfig { scenario, listen, model_load_seconds, server, launcher, out } = &cli.cmd {
-        let text = std::fs::read_to_string(scenario).map_err(|source| onepool_devcluster::Error::Io {
+        let text = std::fs::read_to_string(scenario).map_err(|source| onepool_dev_cluster::Error::Io {
             what: format!("reading {}", scenario.display()),
             source,
         })?;
@@ -101,7 +101,7 @@ fn run(cli: Cli) -> onepool_devcluster::Result<()> {
             launcher,
             out,
         };
-        print!("{}", validation_config(&v).map_err(onepool_devcluster::Error::Setup)?.to_toml());
+        print!("{}", validation_config(&v).map_err(onepool_dev_cluster::Error::Setup)?.to_toml());
         return Ok(());
     }
     let cluster = Cluster::at(&cli.dir)?;

@@ -30,7 +30,7 @@ pub fn mismatch(plugin_type: &str, built: u32, built_api: u32, host_api: u32) ->
         format!(
             "{plugin_type}: this onepool plugin was built for Slurm {} but is loaded by Slurm {}, which will refuse it; \
              rebuild it against this release's headers (SLURM_INCLUDE_DIR=<folder holding slurm/slurm.h> \
-             cargo build --release -p onepool-job-submit -p onepool-spank) and install the new .so",
+             cargo build --release -p onepool-priority-plugin -p onepool-spank-plugin) and install the new .so",
             show(built),
             release_of(host_api)
         )

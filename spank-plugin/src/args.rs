@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use onepool_decisions::handoff::DirtyPrologAction;
 use onepool_decisions::{duration, names};
-use onepool_gpu::SourceSpec;
+use onepool_gpu_inventory::SourceSpec;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginArgs {

@@ -176,7 +176,7 @@ slurm_sys::entry_point! {
 /// will run on this node (without a driver they are skipped, not failed).
 fn gpu_source_status() -> String {
     let spec = state().args.gpu_source.clone();
-    match onepool_gpu::open(&spec) {
+    match onepool_gpu_inventory::open(&spec) {
         Ok(Some(mut s)) => match s.devices() {
             Ok(d) => format!("GPU hand-off checks use {} ({} GPUs visible)", s.describe(), d.len()),
             Err(e) => format!("GPU hand-off checks: {e}"),

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use onepool_decisions::handoff::{self, DirtyPrologAction, Holder, KillRules, Plan, Refusal, Refused};
 use onepool_decisions::{gres_conf, ownership};
-use onepool_gpu::{devfile, GpuDevice, GpuError, GpuSource};
+use onepool_gpu_inventory::{devfile, GpuDevice, GpuError, GpuSource};
 use slurm_sys::log;
 use slurm_sys::spank::Spank;
 
@@ -135,7 +135,7 @@ pub fn run(sp: Spank, phase: Phase, args: &PluginArgs) -> c_int {
     };
     let node = env("SLURMD_NODENAME").unwrap_or_default();
     let job_uid = sp.job_uid();
-    let mut source = match onepool_gpu::open(&args.gpu_source) {
+    let mut source = match onepool_gpu_inventory::open(&args.gpu_source) {
         Ok(Some(s)) => s,
         Ok(None) => return OK,
         Err(e) => return source_unavailable(stage, job, &e, args),
@@ -347,7 +347,7 @@ mod tests {
         let dir = scratch(name);
         let file = dir.join("gpus");
         std::fs::write(&file, format!("gpus 0-1\n0 {pid}\n")).unwrap();
-        let mut source = onepool_gpu::FakeSource::new(file);
+        let mut source = onepool_gpu_inventory::FakeSource::new(file);
         let facts = Facts { job, job_uid: None, node: "node1", minors: &[0], rules: KillRules { min_uid: 1 } };
         let plan = settle(&mut source, phase, &facts, Duration::from_millis(600)).unwrap();
         let _ = std::fs::remove_dir_all(dir);

@@ -440,7 +440,7 @@ fn a_broken_policy_at_start_stops_slurmctld_with_every_error_in_its_log() {
         sample.replace("default_class = \"agents\"", "default_class = \"nope\"").replace("rank = 3", "rank = 2");
     let path = std::env::temp_dir().join(format!("onepool-broken-{}.toml", std::process::id()));
     std::fs::write(&path, &broken).unwrap();
-    onepool_devcluster::process::Tracked::read(&l.pid_file("slurmctld"))
+    onepool_dev_cluster::process::Tracked::read(&l.pid_file("slurmctld"))
         .expect("slurmctld runs")
         .stop(Duration::from_secs(15));
     let out = std::process::Command::new("timeout")

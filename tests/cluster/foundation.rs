@@ -126,8 +126,8 @@ fn spank_options_are_checked_on_the_submit_host() {
 fn a_second_cluster_in_another_folder_does_not_collide_and_down_leaves_nothing() {
     let c = cluster();
     let dir = onepool_tests::output_dir().join("second-cluster");
-    let second = onepool_devcluster::Cluster::at(&dir).unwrap();
-    let opts = onepool_devcluster::UpOptions { nodes: 2, ..onepool_tests::up_options() };
+    let second = onepool_dev_cluster::Cluster::at(&dir).unwrap();
+    let opts = onepool_dev_cluster::UpOptions { nodes: 2, ..onepool_tests::up_options() };
     let spec = second.up(&opts, &mut |_| {}).expect("second cluster up");
     assert_ne!(spec.cluster, c.spec.cluster);
     assert_ne!(spec.ctld_port, c.spec.ctld_port);

@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use onepool_devcluster::{Cluster, Spec, UpOptions};
+use onepool_dev_cluster::{Cluster, Spec, UpOptions};
 
 pub struct TestCluster {
     pub cluster: Cluster,
@@ -77,7 +77,7 @@ pub fn cluster() -> &'static TestCluster {
             .map(PathBuf::from)
             .unwrap_or_else(|| output_dir().join("test-cluster"));
         let plugins = build_dir();
-        for (built, _) in onepool_devcluster::PLUGINS {
+        for (built, _) in onepool_dev_cluster::PLUGINS {
             assert!(
                 plugins.join(built).exists(),
                 "{} is missing: run `cargo build --workspace` before the integration tests",

@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use onepool_devcluster::onepoold::stand_in_command;
-use onepool_devcluster::process::Tracked;
-use onepool_devcluster::Cluster;
+use onepool_dev_cluster::onepoold::stand_in_command;
+use onepool_dev_cluster::process::Tracked;
+use onepool_dev_cluster::Cluster;
 use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile, ReplicasFile};
 
 #[path = "../demo/load.rs"]

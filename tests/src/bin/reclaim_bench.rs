@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use onepool_devcluster::{Cluster, UpOptions};
+use onepool_dev_cluster::{Cluster, UpOptions};
 use onepool_elastic_daemon::daemon::Daemon;
 use onepool_router::registry::ReplicaState;
 use onepool_tests::elastic::{completion, daemon_config, scratch, stand_in_server, wait, Load};
