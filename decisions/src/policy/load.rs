@@ -233,6 +233,46 @@ fn valid_qos_name(s: &str) -> bool {
 
 fn check_class(ck: &mut Checker, n: &String, raw: &Spanned<RawClass>, pool: Option<&Pool>) -> Option<Class> {
     let c = raw.get_ref();
+    let mut ok = check_class_names(ck, n, raw);
+    let (time_limit, limits_ok) = check_time_limit(ck, n, c);
+    ok &= limits_ok;
+    if let (Some(cap), Some(pool)) = (&c.max_gpus_per_job, pool) {
+        if *cap.get_ref() > pool.total_gpus {
+            ck.warn(
+                cap.span(),
+                format!("class {n}: max_gpus_per_job {} exceeds the pool's {} GPUs", cap.get_ref(), pool.total_gpus),
+                "lower it to at most total_gpus",
+            );
+        }
+    }
+    let entitled = c.entitled.as_ref().map(|e| {
+        let e = e.get_ref();
+        Entitlement { accounts: e.accounts.clone(), users: e.users.clone(), groups: e.groups.clone() }
+    });
+    let (tier, tier_ok) = match c.tier.get_ref().as_str() {
+        "protected" => check_protected(ck, n, c, entitled.as_ref()),
+        "flexible" => check_flexible(ck, n, c),
+        other => {
+            ck.error(c.tier.span(), format!("class {n}: {other:?} is not a tier"), "use \"protected\" or \"flexible\"");
+            return None;
+        }
+    };
+    (ok && tier_ok).then(|| Class {
+        name: n.clone(),
+        tier,
+        qos: c.qos.get_ref().clone(),
+        manage_qos: c.manage_qos.unwrap_or(true),
+        match_partitions: c.partitions.iter().map(|s| s.get_ref().clone()).collect(),
+        description: c.description.clone(),
+        entitled,
+        max_gpus_per_job: c.max_gpus_per_job.as_ref().map(|s| *s.get_ref()),
+        time_limit,
+    })
+}
+
+/// The class's own name and its QOS name; false when either is unusable.
+fn check_class_names(ck: &mut Checker, n: &str, raw: &Spanned<RawClass>) -> bool {
+    let c = raw.get_ref();
     let mut ok = true;
     if let Err(e) = names::check_class(n) {
         ck.error(raw.span(), e.to_string(), "rename the [classes.NAME] table");
@@ -253,6 +293,12 @@ fn check_class(ck: &mut Checker, n: &String, raw: &Spanned<RawClass>, pool: Opti
         );
         ok = false;
     }
+    ok
+}
+
+/// `time_limit`: its durations, and default within max; false when a
+/// duration given did not parse.
+fn check_time_limit(ck: &mut Checker, n: &str, c: &RawClass) -> (TimeLimitRule, bool) {
     let tl = c.time_limit.as_ref();
     let tl_default = tl.and_then(|t| ck.duration(&t.get_ref().default, "time_limit.default"));
     let tl_max = tl.and_then(|t| ck.duration(&t.get_ref().max, "time_limit.max"));
@@ -279,200 +325,172 @@ fn check_class(ck: &mut Checker, n: &String, raw: &Spanned<RawClass>, pool: Opti
             );
         }
     }
-    if let (Some(cap), Some(pool)) = (&c.max_gpus_per_job, pool) {
-        if *cap.get_ref() > pool.total_gpus {
+    let parsed = !tl.is_some_and(|t| {
+        (t.get_ref().default.is_some() && tl_default.is_none()) || (t.get_ref().max.is_some() && tl_max.is_none())
+    });
+    let rule = TimeLimitRule { required: tl.is_some_and(|t| t.get_ref().required), default: tl_default, max: tl_max };
+    (rule, parsed)
+}
+
+/// A protected class: who is entitled and how many GPUs it protects; the
+/// flexible-only keys refused.
+fn check_protected(ck: &mut Checker, n: &str, c: &RawClass, entitled: Option<&Entitlement>) -> (Tier, bool) {
+    let mut ok = true;
+    for (key, present) in [
+        ("rank", c.rank.as_ref().map(|s| s.span())),
+        ("reclaim", c.reclaim.as_ref().map(|s| s.span())),
+        ("drain_timeout", c.drain_timeout.as_ref().map(|s| s.span())),
+        ("grace_time", c.grace_time.as_ref().map(|s| s.span())),
+    ] {
+        if let Some(span) = present {
+            ck.error(
+                span,
+                format!("class {n} is protected, so `{key}` does not apply (protected work is never reclaimed)"),
+                format!("remove `{key}`, or make the class flexible"),
+            );
+            ok = false;
+        }
+    }
+    match &c.entitled {
+        None => {
+            ck.error(
+                c.tier.span(),
+                format!("protected class {n} does not say who is entitled to it"),
+                "add entitled = { accounts = [...], users = [...], groups = [...] }",
+            );
+            ok = false;
+        }
+        Some(e) if entitled.is_some_and(|e| e.accounts.is_empty() && e.users.is_empty() && e.groups.is_empty()) => {
             ck.warn(
-                cap.span(),
-                format!("class {n}: max_gpus_per_job {} exceeds the pool's {} GPUs", cap.get_ref(), pool.total_gpus),
-                "lower it to at most total_gpus",
+                e.span(),
+                format!("protected class {n} entitles nobody"),
+                "list the accounts, users or groups that own this capacity",
             );
         }
+        Some(_) => {}
     }
-    let entitled = c.entitled.as_ref().map(|e| {
-        let e = e.get_ref();
-        Entitlement { accounts: e.accounts.clone(), users: e.users.clone(), groups: e.groups.clone() }
-    });
-    let tier = match c.tier.get_ref().as_str() {
-        "protected" => {
-            for (key, present) in [
-                ("rank", c.rank.as_ref().map(|s| s.span())),
-                ("reclaim", c.reclaim.as_ref().map(|s| s.span())),
-                ("drain_timeout", c.drain_timeout.as_ref().map(|s| s.span())),
-                ("grace_time", c.grace_time.as_ref().map(|s| s.span())),
-            ] {
-                if let Some(span) = present {
-                    ck.error(
-                        span,
-                        format!(
-                            "class {n} is protected, so `{key}` does not apply (protected work is never reclaimed)"
-                        ),
-                        format!("remove `{key}`, or make the class flexible"),
-                    );
-                    ok = false;
-                }
-            }
-            match &c.entitled {
-                None => {
-                    ck.error(
-                        c.tier.span(),
-                        format!("protected class {n} does not say who is entitled to it"),
-                        "add entitled = { accounts = [...], users = [...], groups = [...] }",
-                    );
-                    ok = false;
-                }
-                Some(e)
-                    if entitled
-                        .as_ref()
-                        .is_some_and(|e| e.accounts.is_empty() && e.users.is_empty() && e.groups.is_empty()) =>
-                {
-                    ck.warn(
-                        e.span(),
-                        format!("protected class {n} entitles nobody"),
-                        "list the accounts, users or groups that own this capacity",
-                    );
-                }
-                Some(_) => {}
-            }
-            let capacity = match &c.capacity {
-                Some(cap) => {
-                    let v = cap.get_ref();
-                    if v.lendable + v.reserved == 0 {
-                        ck.error(
-                            cap.span(),
-                            format!("protected class {n} protects 0 GPUs"),
-                            "set capacity.lendable and/or capacity.reserved",
-                        );
-                        ok = false;
-                    }
-                    Capacity { lendable: v.lendable, reserved: v.reserved }
-                }
-                None => {
-                    ck.error(
-                        c.tier.span(),
-                        format!("protected class {n} has no capacity"),
-                        "add capacity = { lendable = N, reserved = M }",
-                    );
-                    ok = false;
-                    Capacity::default()
-                }
-            };
-            Tier::Protected { capacity }
-        }
-        "flexible" => {
-            if let Some(cap) = &c.capacity {
+    let capacity = match &c.capacity {
+        Some(cap) => {
+            let v = cap.get_ref();
+            if v.lendable + v.reserved == 0 {
                 ck.error(
                     cap.span(),
-                    format!("class {n} is flexible, so it has no protected capacity"),
-                    "remove `capacity`, or make the class protected",
+                    format!("protected class {n} protects 0 GPUs"),
+                    "set capacity.lendable and/or capacity.reserved",
                 );
                 ok = false;
             }
-            let rank = match &c.rank {
-                Some(r) if *r.get_ref() >= 1 => *r.get_ref(),
-                Some(r) => {
-                    ck.error(r.span(), format!("class {n}: rank must be 1 or more"), "1 is the highest flexible rank");
-                    ok = false;
-                    0
-                }
-                None => {
-                    ck.error(
-                        c.tier.span(),
-                        format!("flexible class {n} has no rank"),
-                        "add rank = N (1 = first to get GPUs, last to yield them)",
-                    );
-                    ok = false;
-                    0
-                }
-            };
-            let reclaim = match &c.reclaim {
-                None => ReclaimMode::Immediate,
-                Some(r) => match ReclaimMode::parse(r.get_ref()) {
-                    Some(m) => m,
-                    None => {
-                        ck.error(
-                            r.span(),
-                            format!("class {n}: {:?} is not a reclaim mode", r.get_ref()),
-                            "use \"immediate\", \"graceful\" or \"requeue\"",
-                        );
-                        ok = false;
-                        ReclaimMode::Immediate
-                    }
-                },
-            };
-            let drain = ck.duration(&c.drain_timeout, "drain_timeout");
-            let grace = ck.duration(&c.grace_time, "grace_time");
-            let drain_timeout = match (reclaim, &c.drain_timeout, drain) {
-                (ReclaimMode::Immediate, Some(d), _) => {
-                    ck.error(
-                        d.span(),
-                        format!("class {n} is reclaimed immediately, so drain_timeout never applies"),
-                        "remove drain_timeout, or use reclaim = \"graceful\"",
-                    );
-                    ok = false;
-                    Duration::ZERO
-                }
-                (ReclaimMode::Immediate, None, _) => Duration::ZERO,
-                (_, None, _) => {
-                    ck.error(
-                        c.reclaim.as_ref().unwrap().span(),
-                        format!("class {n} is reclaimed with a notice ({reclaim}) but has no drain_timeout"),
-                        "add drain_timeout = \"60s\" (how long the job may take to yield)",
-                    );
-                    ok = false;
-                    Duration::ZERO
-                }
-                (_, Some(_), None) => {
-                    ok = false;
-                    Duration::ZERO
-                }
-                (_, Some(_), Some(d)) => d,
-            };
-            if c.grace_time.is_some() && grace.is_none() {
-                ok = false;
-            }
-            let grace_time = grace.unwrap_or(drain_timeout);
-            if grace_time < drain_timeout {
-                ck.error(
-                    c.grace_time.as_ref().unwrap().span(),
-                    format!("class {n}: grace_time {} cannot honour drain_timeout {}: Slurm kills the job when GraceTime ends", duration::format(grace_time), duration::format(drain_timeout)),
-                    "raise grace_time to at least drain_timeout, or drop it (it defaults to drain_timeout)",
-                );
-                ok = false;
-            }
-            if reclaim == ReclaimMode::Immediate && grace_time > Duration::ZERO {
-                ck.warn(
-                    c.grace_time.as_ref().unwrap().span(),
-                    format!("class {n} is reclaimed immediately but has a grace_time"),
-                    "remove grace_time",
-                );
-            }
-            Tier::Flexible { rank, reclaim, drain_timeout, grace_time }
+            Capacity { lendable: v.lendable, reserved: v.reserved }
         }
-        other => {
-            ck.error(c.tier.span(), format!("class {n}: {other:?} is not a tier"), "use \"protected\" or \"flexible\"");
-            return None;
+        None => {
+            ck.error(
+                c.tier.span(),
+                format!("protected class {n} has no capacity"),
+                "add capacity = { lendable = N, reserved = M }",
+            );
+            ok = false;
+            Capacity::default()
         }
     };
-    if tl.is_some_and(|t| {
-        (t.get_ref().default.is_some() && tl_default.is_none()) || (t.get_ref().max.is_some() && tl_max.is_none())
-    }) {
+    (Tier::Protected { capacity }, ok)
+}
+
+/// A flexible class: its rank and how it is reclaimed, with drain and
+/// grace times that Slurm can honour.
+fn check_flexible(ck: &mut Checker, n: &str, c: &RawClass) -> (Tier, bool) {
+    let mut ok = true;
+    if let Some(cap) = &c.capacity {
+        ck.error(
+            cap.span(),
+            format!("class {n} is flexible, so it has no protected capacity"),
+            "remove `capacity`, or make the class protected",
+        );
         ok = false;
     }
-    ok.then(|| Class {
-        name: n.clone(),
-        tier,
-        qos: c.qos.get_ref().clone(),
-        manage_qos: c.manage_qos.unwrap_or(true),
-        match_partitions: c.partitions.iter().map(|s| s.get_ref().clone()).collect(),
-        description: c.description.clone(),
-        entitled,
-        max_gpus_per_job: c.max_gpus_per_job.as_ref().map(|s| *s.get_ref()),
-        time_limit: TimeLimitRule {
-            required: tl.is_some_and(|t| t.get_ref().required),
-            default: tl_default,
-            max: tl_max,
+    let rank = match &c.rank {
+        Some(r) if *r.get_ref() >= 1 => *r.get_ref(),
+        Some(r) => {
+            ck.error(r.span(), format!("class {n}: rank must be 1 or more"), "1 is the highest flexible rank");
+            ok = false;
+            0
+        }
+        None => {
+            ck.error(
+                c.tier.span(),
+                format!("flexible class {n} has no rank"),
+                "add rank = N (1 = first to get GPUs, last to yield them)",
+            );
+            ok = false;
+            0
+        }
+    };
+    let reclaim = match &c.reclaim {
+        None => ReclaimMode::Immediate,
+        Some(r) => match ReclaimMode::parse(r.get_ref()) {
+            Some(m) => m,
+            None => {
+                ck.error(
+                    r.span(),
+                    format!("class {n}: {:?} is not a reclaim mode", r.get_ref()),
+                    "use \"immediate\", \"graceful\" or \"requeue\"",
+                );
+                ok = false;
+                ReclaimMode::Immediate
+            }
         },
-    })
+    };
+    let drain = ck.duration(&c.drain_timeout, "drain_timeout");
+    let grace = ck.duration(&c.grace_time, "grace_time");
+    let drain_timeout = match (reclaim, &c.drain_timeout, drain) {
+        (ReclaimMode::Immediate, Some(d), _) => {
+            ck.error(
+                d.span(),
+                format!("class {n} is reclaimed immediately, so drain_timeout never applies"),
+                "remove drain_timeout, or use reclaim = \"graceful\"",
+            );
+            ok = false;
+            Duration::ZERO
+        }
+        (ReclaimMode::Immediate, None, _) => Duration::ZERO,
+        (_, None, _) => {
+            ck.error(
+                c.reclaim.as_ref().unwrap().span(),
+                format!("class {n} is reclaimed with a notice ({reclaim}) but has no drain_timeout"),
+                "add drain_timeout = \"60s\" (how long the job may take to yield)",
+            );
+            ok = false;
+            Duration::ZERO
+        }
+        (_, Some(_), None) => {
+            ok = false;
+            Duration::ZERO
+        }
+        (_, Some(_), Some(d)) => d,
+    };
+    if c.grace_time.is_some() && grace.is_none() {
+        ok = false;
+    }
+    let grace_time = grace.unwrap_or(drain_timeout);
+    if grace_time < drain_timeout {
+        ck.error(
+            c.grace_time.as_ref().unwrap().span(),
+            format!(
+                "class {n}: grace_time {} cannot honour drain_timeout {}: Slurm kills the job when GraceTime ends",
+                duration::format(grace_time),
+                duration::format(drain_timeout)
+            ),
+            "raise grace_time to at least drain_timeout, or drop it (it defaults to drain_timeout)",
+        );
+        ok = false;
+    }
+    if reclaim == ReclaimMode::Immediate && grace_time > Duration::ZERO {
+        ck.warn(
+            c.grace_time.as_ref().unwrap().span(),
+            format!("class {n} is reclaimed immediately but has a grace_time"),
+            "remove grace_time",
+        );
+    }
+    (Tier::Flexible { rank, reclaim, drain_timeout, grace_time }, ok)
 }
 
 fn check_pool_against_classes(ck: &mut Checker, raw: &RawPolicy, pool: &Pool, classes: &[Class]) {
