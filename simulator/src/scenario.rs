@@ -229,22 +229,47 @@ pub fn load(path: &Path, on_bad: OnBadRow) -> Result<Scenario, String> {
     let Some(policy) = loaded.policy.clone() else {
         return Err(format!("the policy has errors:\n{}", loaded.render(&pfile, &ptext).join("\n")));
     };
-    let fleet = match (raw.fleet.groups, raw.fleet.nodes, raw.fleet.gpus_per_node) {
-        (Some(g), None, None) => Fleet { groups: g },
-        (None, Some(n), Some(g)) => {
-            Fleet { groups: vec![NodeGroup { count: n, gpus_per_node: g, gpu_type: raw.fleet.gpu_type }] }
-        }
-        _ => return Err("[fleet] needs either groups = [...] or nodes and gpus_per_node".into()),
-    };
-    fleet.check()?;
+    let fleet = fleet(raw.fleet)?;
     let max_wait = match raw.targets.max_p95_wait {
         Some(s) => parse_seconds(&s).ok_or_else(|| format!("targets.max_p95_wait {s:?} is not a duration"))?,
         None => 3600.0,
     };
     let mut bad_rows = Vec::new();
     let mut ignored = Vec::new();
+    let rows = job_rows(base, &raw.jobs, on_bad, &mut bad_rows, &mut ignored)?;
+    let work_jobs = classify_jobs(&policy, rows, &mut ignored)?;
+    let mut endpoints = Vec::new();
+    for e in raw.endpoints {
+        endpoints.push(endpoint(base, &policy, e, on_bad, &mut bad_rows, &mut ignored)?);
+    }
+    let mut workload = build_workload(&policy, work_jobs, endpoints);
+    workload.victims = victims(&policy, &raw.victims).map_err(|(span, e)| format!("{}: {e}", at(span)))?;
+    Ok(Scenario { policy, fleet, workload, max_p95_wait_s: max_wait, bad_rows, ignored })
+}
+
+/// `[fleet]`: node groups, or one group given by nodes and GPUs per node.
+fn fleet(raw: RawFleet) -> Result<Fleet, String> {
+    let fleet = match (raw.groups, raw.nodes, raw.gpus_per_node) {
+        (Some(g), None, None) => Fleet { groups: g },
+        (None, Some(n), Some(g)) => {
+            Fleet { groups: vec![NodeGroup { count: n, gpus_per_node: g, gpu_type: raw.gpu_type }] }
+        }
+        _ => return Err("[fleet] needs either groups = [...] or nodes and gpus_per_node".into()),
+    };
+    fleet.check()?;
+    Ok(fleet)
+}
+
+/// Every `[[jobs]]` file's rows, their times from 0 unless kept.
+fn job_rows(
+    base: &Path,
+    raw: &[RawJobs],
+    on_bad: OnBadRow,
+    bad_rows: &mut Vec<BadRow>,
+    ignored: &mut Vec<(String, usize)>,
+) -> Result<Vec<jobs::JobRow>, String> {
     let mut rows: Vec<jobs::JobRow> = Vec::new();
-    for j in &raw.jobs {
+    for j in raw {
         let (f, t) = read(base, &j.file)?;
         let r = match j.format.as_str() {
             "csv" => jobs::read_csv(&f, &t, on_bad),
@@ -252,13 +277,23 @@ pub fn load(path: &Path, on_bad: OnBadRow) -> Result<Scenario, String> {
             "sacct-json" => jobs::read_sacct_json(&f, &t, on_bad),
             other => return Err(format!("jobs format {other:?}: use csv, sacct or sacct-json")),
         };
-        let mut got = take(r, &mut bad_rows, &mut ignored)?;
+        let mut got = take(r, bad_rows, ignored)?;
         if !j.keep_times {
             let first = got.iter().map(|r| r.submit).fold(f64::INFINITY, f64::min);
             got.iter_mut().for_each(|r| r.submit -= first);
         }
         rows.extend(got);
     }
+    Ok(rows)
+}
+
+/// The rows the policy accepts, as jobs of their classes in submission
+/// order; the others counted in `ignored` with the reason.
+fn classify_jobs(
+    policy: &Policy,
+    rows: Vec<jobs::JobRow>,
+    ignored: &mut Vec<(String, usize)>,
+) -> Result<Vec<Job>, String> {
     let class_idx = |name: &str| policy.classes.iter().position(|c| c.name == name);
     let mut work_jobs = Vec::new();
     for r in rows {
@@ -271,7 +306,7 @@ pub fn load(path: &Path, on_bad: OnBadRow) -> Result<Scenario, String> {
             gpu_type: r.gpu_type.clone(),
             time_limit: Some(Duration::from_secs_f64(r.duration.ceil().max(1.0))),
         };
-        match classify(&policy, &Nobody, USER, &req) {
+        match classify(policy, &Nobody, USER, &req) {
             Verdict::Accept(p) => {
                 let c = class_idx(&p.class).ok_or("classifier returned an unknown class")?;
                 work_jobs.push(Job {
@@ -286,103 +321,110 @@ pub fn load(path: &Path, on_bad: OnBadRow) -> Result<Scenario, String> {
                     drain: p.record.drain_timeout,
                 });
             }
-            Verdict::Outside => count(&mut ignored, "outside the pool (partition or GPU type)".into(), 1),
-            Verdict::Refuse(f) => count(&mut ignored, format!("refused by the policy: {}", f.message), 1),
+            Verdict::Outside => count(ignored, "outside the pool (partition or GPU type)".into(), 1),
+            Verdict::Refuse(f) => count(ignored, format!("refused by the policy: {}", f.message), 1),
         }
     }
     work_jobs.sort_by(|a, b| a.submit.total_cmp(&b.submit));
-    let mut endpoints = Vec::new();
-    for e in raw.endpoints {
-        let (f, t) = read(base, &e.trace)?;
-        let mut reqs = take(azure::read(&f, &t, on_bad), &mut bad_rows, &mut ignored)?;
-        if !e.keep_times {
-            let first = reqs.first().map(|r| r.t).unwrap_or(0.0);
-            reqs.iter_mut().for_each(|r| r.t -= first);
-        }
-        if e.prefill_tokens_per_s <= 0.0 || e.decode_tokens_per_s <= 0.0 || e.max_concurrent == 0 {
-            return Err(format!("endpoint {}: token rates and max_concurrent must be positive", e.name));
-        }
-        let req = JobRequest {
-            annotation: Annotation {
-                workload: Some(e.class.clone()),
-                endpoint: Some(e.name.clone()),
-                ..Annotation::default()
-            },
-            gpus: u64::from(e.gpus_per_replica),
-            gpu_type: e.gpu_type.clone(),
-            ..JobRequest::default()
-        };
-        let p = match classify(&policy, &Nobody, DAEMON, &req) {
-            Verdict::Accept(p) => p,
-            Verdict::Outside => return Err(format!("endpoint {}: its replicas are outside the pool", e.name)),
-            Verdict::Refuse(r) => return Err(format!("endpoint {}: {}", e.name, r.message)),
-        };
-        let c = class_idx(&p.class).ok_or("classifier returned an unknown class")?;
-        let baseline = match &e.baseline_class {
-            Some(b) => {
-                let breq = JobRequest {
-                    annotation: Annotation { workload: Some(b.clone()), ..req.annotation.clone() },
-                    ..req.clone()
-                };
-                match classify(&policy, &Nobody, DAEMON, &breq) {
-                    Verdict::Accept(bp) => {
-                        Some((class_idx(&bp.class).ok_or("classifier returned an unknown class")?, e.baseline_replicas))
-                    }
-                    Verdict::Outside => {
-                        return Err(format!("endpoint {}: baseline replicas are outside the pool", e.name))
-                    }
-                    Verdict::Refuse(r) => return Err(format!("endpoint {} baseline: {}", e.name, r.message)),
-                }
-            }
-            None => None,
-        };
-        let dur = |s: &str, what: &str| {
-            parse_seconds(s).ok_or_else(|| format!("endpoint {}: {what} {s:?} is not a duration", e.name))
-        };
-        let (pre, dec) = (e.prefill_tokens_per_s, e.decode_tokens_per_s);
-        let requests: Arc<[Req]> = reqs
-            .iter()
-            .map(|r| Req {
-                t: r.t,
-                service: (f64::from(r.context_tokens) / pre + f64::from(r.generated_tokens) / dec) as f32,
-            })
-            .collect();
-        endpoints.push(Endpoint {
-            name: e.name.clone(),
-            class: c,
-            island: c,
-            gpus_per_replica: e.gpus_per_replica.max(1),
-            gpu_type: e.gpu_type,
-            max_concurrent: e.max_concurrent,
-            startup_s: dur(&e.startup, "startup")?,
-            slo_p99_s: dur(&e.slo_p99, "slo_p99")?,
-            scaling: {
-                let d = ScalingPolicy::default();
-                let window = |v: &Option<String>, what: &str, default: Duration| {
-                    v.as_deref().map_or(Ok(default), |s| dur(s, what).map(Duration::from_secs_f64))
-                };
-                if e.panic_threshold.is_some_and(|t| !(t > 0.0 && t.is_finite())) {
-                    return Err(format!("endpoint {}: panic_threshold must be a positive number", e.name));
-                }
-                ScalingPolicy {
-                    target_per_replica: e.target_per_replica.unwrap_or(0.7 * f64::from(e.max_concurrent)),
-                    min: e.min_replicas.unwrap_or(1),
-                    max: e.max_replicas.unwrap_or(u32::MAX),
-                    stable_window: window(&e.stable_window, "stable_window", d.stable_window)?,
-                    panic_window: window(&e.panic_window, "panic_window", d.panic_window)?,
-                    panic_threshold: e.panic_threshold.unwrap_or(d.panic_threshold),
-                    scale_down_delay: window(&e.scale_down_delay, "scale_down_delay", d.scale_down_delay)?,
-                }
-            },
-            reclaim: p.record.reclaim,
-            drain: p.record.drain_timeout,
-            baseline,
-            requests,
-        });
+    Ok(work_jobs)
+}
+
+/// One `[[endpoints]]`: its trace as requests with service times, its
+/// replicas' class (and the baseline's) as the policy places them, its
+/// autoscaling.
+fn endpoint(
+    base: &Path,
+    policy: &Policy,
+    e: RawEndpoint,
+    on_bad: OnBadRow,
+    bad_rows: &mut Vec<BadRow>,
+    ignored: &mut Vec<(String, usize)>,
+) -> Result<Endpoint, String> {
+    let class_idx = |name: &str| policy.classes.iter().position(|c| c.name == name);
+    let (f, t) = read(base, &e.trace)?;
+    let mut reqs = take(azure::read(&f, &t, on_bad), bad_rows, ignored)?;
+    if !e.keep_times {
+        let first = reqs.first().map(|r| r.t).unwrap_or(0.0);
+        reqs.iter_mut().for_each(|r| r.t -= first);
     }
-    let mut workload = build_workload(&policy, work_jobs, endpoints);
-    workload.victims = victims(&policy, &raw.victims).map_err(|(span, e)| format!("{}: {e}", at(span)))?;
-    Ok(Scenario { policy, fleet, workload, max_p95_wait_s: max_wait, bad_rows, ignored })
+    if e.prefill_tokens_per_s <= 0.0 || e.decode_tokens_per_s <= 0.0 || e.max_concurrent == 0 {
+        return Err(format!("endpoint {}: token rates and max_concurrent must be positive", e.name));
+    }
+    let req = JobRequest {
+        annotation: Annotation {
+            workload: Some(e.class.clone()),
+            endpoint: Some(e.name.clone()),
+            ..Annotation::default()
+        },
+        gpus: u64::from(e.gpus_per_replica),
+        gpu_type: e.gpu_type.clone(),
+        ..JobRequest::default()
+    };
+    let p = match classify(policy, &Nobody, DAEMON, &req) {
+        Verdict::Accept(p) => p,
+        Verdict::Outside => return Err(format!("endpoint {}: its replicas are outside the pool", e.name)),
+        Verdict::Refuse(r) => return Err(format!("endpoint {}: {}", e.name, r.message)),
+    };
+    let c = class_idx(&p.class).ok_or("classifier returned an unknown class")?;
+    let baseline = match &e.baseline_class {
+        Some(b) => {
+            let breq = JobRequest {
+                annotation: Annotation { workload: Some(b.clone()), ..req.annotation.clone() },
+                ..req.clone()
+            };
+            match classify(policy, &Nobody, DAEMON, &breq) {
+                Verdict::Accept(bp) => {
+                    Some((class_idx(&bp.class).ok_or("classifier returned an unknown class")?, e.baseline_replicas))
+                }
+                Verdict::Outside => return Err(format!("endpoint {}: baseline replicas are outside the pool", e.name)),
+                Verdict::Refuse(r) => return Err(format!("endpoint {} baseline: {}", e.name, r.message)),
+            }
+        }
+        None => None,
+    };
+    let dur = |s: &str, what: &str| {
+        parse_seconds(s).ok_or_else(|| format!("endpoint {}: {what} {s:?} is not a duration", e.name))
+    };
+    let (pre, dec) = (e.prefill_tokens_per_s, e.decode_tokens_per_s);
+    let requests: Arc<[Req]> = reqs
+        .iter()
+        .map(|r| Req {
+            t: r.t,
+            service: (f64::from(r.context_tokens) / pre + f64::from(r.generated_tokens) / dec) as f32,
+        })
+        .collect();
+    Ok(Endpoint {
+        name: e.name.clone(),
+        class: c,
+        island: c,
+        gpus_per_replica: e.gpus_per_replica.max(1),
+        gpu_type: e.gpu_type,
+        max_concurrent: e.max_concurrent,
+        startup_s: dur(&e.startup, "startup")?,
+        slo_p99_s: dur(&e.slo_p99, "slo_p99")?,
+        scaling: {
+            let d = ScalingPolicy::default();
+            let window = |v: &Option<String>, what: &str, default: Duration| {
+                v.as_deref().map_or(Ok(default), |s| dur(s, what).map(Duration::from_secs_f64))
+            };
+            if e.panic_threshold.is_some_and(|t| !(t > 0.0 && t.is_finite())) {
+                return Err(format!("endpoint {}: panic_threshold must be a positive number", e.name));
+            }
+            ScalingPolicy {
+                target_per_replica: e.target_per_replica.unwrap_or(0.7 * f64::from(e.max_concurrent)),
+                min: e.min_replicas.unwrap_or(1),
+                max: e.max_replicas.unwrap_or(u32::MAX),
+                stable_window: window(&e.stable_window, "stable_window", d.stable_window)?,
+                panic_window: window(&e.panic_window, "panic_window", d.panic_window)?,
+                panic_threshold: e.panic_threshold.unwrap_or(d.panic_threshold),
+                scale_down_delay: window(&e.scale_down_delay, "scale_down_delay", d.scale_down_delay)?,
+            }
+        },
+        reclaim: p.record.reclaim,
+        drain: p.record.drain_timeout,
+        baseline,
+        requests,
+    })
 }
 
 type SpanErr = (Option<std::ops::Range<usize>>, String);

@@ -456,6 +456,89 @@ fn config(p: &Paths, listen: SocketAddr, slurm_conf: &str, server: &Path) -> Con
 
 fn run(args: &Args) -> anyhow::Result<()> {
     let started = Instant::now();
+    let Setup { cluster, spec, slurm_conf, trace, service, uid, server, paths } = setup(args)?;
+    let root = cluster.layout.root.clone();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.spawn(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+            return;
+        };
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        ABORT.store(true, Ordering::SeqCst);
+    });
+    clear_the_pool(&paths, uid, service)?;
+    let tl = Arc::new(Timeline::new());
+    let mut d = Demo { paths, rt, onepoold: None, watch: None, load: None, uid, service, cleaned: false };
+    let watch = Watch::start(
+        tl.clone(),
+        Target {
+            endpoint: ENDPOINT.to_string(),
+            socket: d.paths.socket.clone(),
+            slurm_conf: slurm_conf.clone(),
+            uid: service.0,
+        },
+        d.rt.handle().clone(),
+    );
+    d.watch = Some(watch);
+
+    show_the_pool(&cluster, &spec)?;
+    let other = someone_elses_job(&mut d, &tl, &slurm_conf)?;
+    let listen = onepoold_starts(&mut d, &tl, &slurm_conf, &server)?;
+    let load = load_light_then_heavy(&mut d, &tl, trace, listen)?;
+    let (training, time_to_capacity) = protected_training_arrives(&mut d, &tl)?;
+    training_ends(&mut d, training)?;
+    load_ends(&mut d, &tl, &load)?;
+    let other_state = job_state(other);
+    summary(&d, &tl, &load, training, time_to_capacity, other, other_state.as_deref());
+    let (sent, served, failed) = load.totals();
+
+    step("Cleaning up: onepoold stops (SIGTERM), the demo's jobs are cancelled; the cluster keeps running");
+    d.cleanup(true);
+    let dc = d.paths.bin.join("onepool-devcluster");
+    println!(
+        "cluster: {}   (eval \"$({} --dir {} env)\" to use it; '{} --dir {} down' to stop it)",
+        root.display(),
+        dc.display(),
+        root.display(),
+        dc.display(),
+        root.display()
+    );
+    println!("demo wall time {:.0} s", started.elapsed().as_secs_f64());
+
+    let mut problems = Vec::new();
+    if failed > 0 {
+        problems.push(format!("{failed} request(s) failed; under graceful reclaim none may"));
+    }
+    if sent == 0 || served + failed != sent {
+        problems.push(format!("{sent} sent but {served} served and {failed} failed"));
+    }
+    if other_state.as_deref() != Some("RUNNING") {
+        problems.push(format!("{OTHER_USER}'s job {other} is {other_state:?}, not RUNNING: it must be left alone"));
+    }
+    if !problems.is_empty() {
+        bail!("{}", problems.join("; "));
+    }
+    Ok(())
+}
+
+/// What the demo found and prepared before its scenario starts.
+struct Setup {
+    cluster: Cluster,
+    spec: onepool_dev_cluster::Spec,
+    slurm_conf: String,
+    trace: Trace,
+    service: (u32, u32),
+    uid: u32,
+    server: PathBuf,
+    paths: Paths,
+}
+
+/// Checks the cluster and the build, and lays out the demo's folder.
+fn setup(args: &Args) -> anyhow::Result<Setup> {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     if uid != 0 {
@@ -514,18 +597,12 @@ fn run(args: &Args) -> anyhow::Result<()> {
         root: root.clone(),
         bin,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.spawn(async {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
-            return;
-        };
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
-        }
-        ABORT.store(true, Ordering::SeqCst);
-    });
+    Ok(Setup { cluster, spec, slurm_conf, trace, service, uid, server, paths })
+}
+
+/// Stops a onepoold and cancels the jobs an interrupted run left behind;
+/// fails when other jobs hold GPUs (the scenario fills the pool exactly).
+fn clear_the_pool(paths: &Paths, uid: u32, service: (u32, u32)) -> anyhow::Result<()> {
     // A onepoold left over from an interrupted run would re-adopt its jobs.
     if let Some(t) = Tracked::read(&paths.pid_file) {
         t.stop(Duration::from_secs(10));
@@ -543,21 +620,11 @@ fn run(args: &Args) -> anyhow::Result<()> {
             others.trim_end()
         );
     }
-    let tl = Arc::new(Timeline::new());
-    let mut d = Demo { paths, rt, onepoold: None, watch: None, load: None, uid, service, cleaned: false };
-    let watch = Watch::start(
-        tl.clone(),
-        Target {
-            endpoint: ENDPOINT.to_string(),
-            socket: d.paths.socket.clone(),
-            slurm_conf: slurm_conf.clone(),
-            uid: service.0,
-        },
-        d.rt.handle().clone(),
-    );
-    d.watch = Some(watch);
+    Ok(())
+}
 
-    // 1. The pool.
+/// 1. The pool.
+fn show_the_pool(cluster: &Cluster, spec: &onepool_dev_cluster::Spec) -> anyhow::Result<()> {
     let policy_text = fs::read_to_string(cluster.layout.policy())
         .with_context(|| format!("reading {}", cluster.layout.policy().display()))?;
     let policy = onepool_decisions::policy::load(&policy_text).policy.context("the cluster's policy has errors")?;
@@ -570,11 +637,15 @@ fn run(args: &Args) -> anyhow::Result<()> {
     ));
     print!("$ sinfo\n{}", slurm("sinfo", &["-o", "%P %D %t %G"])?);
 
-    // 2. Someone else's job, which onepoold must leave alone.
+    Ok(())
+}
+
+/// 2. Someone else's job, which onepoold must leave alone.
+fn someone_elses_job(d: &mut Demo, tl: &Timeline, slurm_conf: &str) -> anyhow::Result<u32> {
     step(&format!("{OTHER_USER} (account {OTHER_ACCOUNT}) runs a flexible training job on one node"));
     ensure_other_user()?;
     let other = submit_as_other_user(
-        &slurm_conf,
+        slurm_conf,
         &["--workload=training", "--gpus=4", "-N1", "-J", OTHER_JOB, "-o", "/dev/null", "--wrap", "sleep 1800"],
     )?;
     d.watch().follow(other, &format!("{OTHER_USER}'s training job {other}"), false);
@@ -583,9 +654,13 @@ fn run(args: &Args) -> anyhow::Result<()> {
         job_state(other).as_deref() == Some("RUNNING")
     })?;
 
-    // 3. onepoold.
+    Ok(other)
+}
+
+/// 3. onepoold starts with one baseline replica.
+fn onepoold_starts(d: &mut Demo, tl: &Timeline, slurm_conf: &str, server: &Path) -> anyhow::Result<SocketAddr> {
     let listen = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-    config(&d.paths, listen, &slurm_conf, &server)
+    config(&d.paths, listen, slurm_conf, server)
         .write(&d.paths.config)
         .with_context(|| format!("writing {}", d.paths.config.display()))?;
     step(&format!(
@@ -603,7 +678,12 @@ fn run(args: &Args) -> anyhow::Result<()> {
         !d.watch().seen().serving(Kind::Baseline).is_empty()
     })?;
 
-    // 4. Load: light, then heavy.
+    Ok(listen)
+}
+
+/// 4. Load: light, then heavy, until two supplemental replicas serve and
+/// may be reclaimed.
+fn load_light_then_heavy(d: &mut Demo, tl: &Timeline, trace: Trace, listen: SocketAddr) -> anyhow::Result<Arc<Load>> {
     step("Load: the Azure LLM conversation trace (2023, CC-BY 4.0, see data/NOTICE.md) replayed as POST {\"max_tokens\": GeneratedTokens}");
     println!(
         "each request takes GeneratedTokens x {SECONDS_PER_TOKEN} s on the stand-in model server (mean {:.2} s); \
@@ -635,7 +715,12 @@ fn run(args: &Args) -> anyhow::Result<()> {
     println!();
     d.show_status();
 
-    // 5. Protected training arrives.
+    Ok(load)
+}
+
+/// 5. Protected training arrives; Slurm preempts a supplemental replica,
+/// which drains. Returns the training job and its time to capacity.
+fn protected_training_arrives(d: &mut Demo, tl: &Timeline) -> anyhow::Result<(u32, f64)> {
     step("Critical training (protected, 4 GPUs) arrives; every GPU is taken");
     let t_submit = Instant::now();
     let training = slurm(
@@ -694,7 +779,11 @@ fn run(args: &Args) -> anyhow::Result<()> {
         println!("    {line}");
     }
 
-    // 6. Training ends; the replicas expand again.
+    Ok((training, time_to_capacity))
+}
+
+/// 6. Training ends; the replicas expand again.
+fn training_ends(d: &mut Demo, training: u32) -> anyhow::Result<()> {
     step(&format!(
         "Training runs {TRAINING_SECS} s and ends; onepoold's pending supplemental replica takes the GPUs back"
     ));
@@ -706,7 +795,11 @@ fn run(args: &Args) -> anyhow::Result<()> {
     })?;
     d.sleep("the load on three replicas", 5.0)?;
 
-    // 7. The load ends; onepoold scales back to the baseline.
+    Ok(())
+}
+
+/// 7. The load ends; onepoold scales back to the baseline.
+fn load_ends(d: &mut Demo, tl: &Timeline, load: &Load) -> anyhow::Result<()> {
     step(&format!(
         "The load ends; {SCALE_DOWN_DELAY_SECS} s later (scale_down_delay) onepoold drains the supplemental replicas"
     ));
@@ -719,9 +812,19 @@ fn run(args: &Args) -> anyhow::Result<()> {
         let scaled_back = s.replicas().all(|j| j.kind == Kind::Baseline || j.ended.is_some());
         scaled_back
     })?;
-    let other_state = job_state(other);
+    Ok(())
+}
 
-    // 8. Summary.
+/// 8. Summary: the timeline, the replica jobs, the requests.
+fn summary(
+    d: &Demo,
+    tl: &Timeline,
+    load: &Load,
+    training: u32,
+    time_to_capacity: f64,
+    other: u32,
+    other_state: Option<&str>,
+) {
     step("Timeline (seconds since the demo started)");
     for (t, e) in tl.events() {
         println!("  {t:>6.1}s  {e}");
@@ -774,35 +877,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
         println!("  failed: {n} x {why}");
     }
     println!("time to capacity: critical training job {training} RUNNING {time_to_capacity:.1} s after submission (the victim drained first)");
-    println!("{OTHER_USER}'s job {other}: {}", other_state.clone().unwrap_or_else(|| "gone".into()));
-
-    step("Cleaning up: onepoold stops (SIGTERM), the demo's jobs are cancelled; the cluster keeps running");
-    d.cleanup(true);
-    let dc = d.paths.bin.join("onepool-devcluster");
-    println!(
-        "cluster: {}   (eval \"$({} --dir {} env)\" to use it; '{} --dir {} down' to stop it)",
-        root.display(),
-        dc.display(),
-        root.display(),
-        dc.display(),
-        root.display()
-    );
-    println!("demo wall time {:.0} s", started.elapsed().as_secs_f64());
-
-    let mut problems = Vec::new();
-    if failed > 0 {
-        problems.push(format!("{failed} request(s) failed; under graceful reclaim none may"));
-    }
-    if sent == 0 || served + failed != sent {
-        problems.push(format!("{sent} sent but {served} served and {failed} failed"));
-    }
-    if other_state.as_deref() != Some("RUNNING") {
-        problems.push(format!("{OTHER_USER}'s job {other} is {other_state:?}, not RUNNING: it must be left alone"));
-    }
-    if !problems.is_empty() {
-        bail!("{}", problems.join("; "));
-    }
-    Ok(())
+    println!("{OTHER_USER}'s job {other}: {}", other_state.unwrap_or("gone"));
 }
 
 fn load_latency(p: &load::Phase, q: f64) -> String {
