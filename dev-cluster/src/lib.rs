@@ -197,6 +197,7 @@ impl FolderLock {
 impl Drop for FolderLock {
     fn drop(&mut self) {
         use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor this value owns and keeps open.
         unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
     }
 }

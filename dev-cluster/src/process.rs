@@ -61,6 +61,8 @@ impl Tracked {
             sleep(Duration::from_millis(50));
         }
         if self.alive() {
+            // SAFETY: kill has no memory preconditions; the pid is the tracked
+            // process, checked alive (same start time) just above.
             unsafe { libc::kill(self.pid, libc::SIGKILL) };
             let deadline = Instant::now() + Duration::from_secs(5);
             while self.alive() && Instant::now() < deadline {

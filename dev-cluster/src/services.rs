@@ -509,6 +509,8 @@ fn kill_orphaned_steps(l: &Layout, progress: &mut dyn FnMut(&str)) {
     }
     for pid in &victims {
         if let Some(t) = Tracked::of(*pid) {
+            // SAFETY: kill has no memory preconditions; Tracked::of matched the
+            // pid to a live process of this cluster.
             unsafe { libc::kill(t.pid, libc::SIGKILL) };
         }
     }

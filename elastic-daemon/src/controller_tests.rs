@@ -173,8 +173,10 @@ impl Slurm for ScriptedSlurm {
 fn running(id: u32, name: &str, nodes: &str, count: u32) -> JobInfo {
     let supp = "onepool:class=inference;tier=flexible;reclaim=graceful;drain=1m;endpoint=llm";
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
     let json = serde_json::json!({"jobs": [{
-        "job_id": id, "job_state": "RUNNING", "name": name, "user_id": unsafe { libc::getuid() },
+        "job_id": id, "job_state": "RUNNING", "name": name, "user_id": uid,
         "admin_comment": supp, "nodes": nodes, "batch_host": "node1", "node_count": count,
         "start_time": now - 100, "time_limit": 60,
     }]});

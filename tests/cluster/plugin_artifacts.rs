@@ -31,6 +31,8 @@ fn installed_version_number() -> u32 {
 /// plugin needs nothing of Slurm at load time, and reads plugin_version.
 fn loaded_identity(file: &str) -> (String, u32) {
     let path = CString::new(build_dir().join(file).to_str().unwrap()).unwrap();
+    // SAFETY: dlopen of our own plugin (its load-time constructor only logs),
+    // and reads of the two symbols it exports with these C types.
     unsafe {
         let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
         assert!(!h.is_null(), "dlopen {file} failed: {:?}", std::ffi::CStr::from_ptr(libc::dlerror()));

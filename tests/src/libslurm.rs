@@ -66,6 +66,8 @@ impl LibSlurm {
 
     /// Submits `job` as the calling user; the job id, or Slurm's error text.
     pub fn submit(&self, job: &Job) -> Result<u32, String> {
+        // SAFETY: job_desc_msg_t is plain C data (pointers and integers);
+        // all-zero is valid, and slurm_init_job_desc_msg sets it up next.
         let mut d: job_desc_msg_t = unsafe { std::mem::zeroed() };
         (self.init_desc)(&mut d);
         let c = |s: &str| CString::new(s).expect("no NUL");
@@ -92,8 +94,9 @@ impl LibSlurm {
             d.spank_job_env = spank_ptrs.as_mut_ptr();
             d.spank_job_env_size = spank_ptrs.len() as u32;
         }
-        // SAFETY: getuid/getgid have no preconditions.
+        // SAFETY: getuid has no preconditions.
         d.user_id = unsafe { libc::getuid() };
+        // SAFETY: getgid has no preconditions.
         d.group_id = unsafe { libc::getgid() };
         d.min_nodes = job.min_nodes.unwrap_or(1);
         if let Some(n) = job.max_nodes {

@@ -623,7 +623,7 @@ fn clear_the_pool(paths: &Paths, uid: u32, service: (u32, u32)) -> anyhow::Resul
     Ok(())
 }
 
-/// 1. The pool.
+/// Phase 1: The pool.
 fn show_the_pool(cluster: &Cluster, spec: &onepool_dev_cluster::Spec) -> anyhow::Result<()> {
     let policy_text = fs::read_to_string(cluster.layout.policy())
         .with_context(|| format!("reading {}", cluster.layout.policy().display()))?;
@@ -640,7 +640,7 @@ fn show_the_pool(cluster: &Cluster, spec: &onepool_dev_cluster::Spec) -> anyhow:
     Ok(())
 }
 
-/// 2. Someone else's job, which onepoold must leave alone.
+/// Phase 2: Someone else's job, which onepoold must leave alone.
 fn someone_elses_job(d: &mut Demo, tl: &Timeline, slurm_conf: &str) -> anyhow::Result<u32> {
     step(&format!("{OTHER_USER} (account {OTHER_ACCOUNT}) runs a flexible training job on one node"));
     ensure_other_user()?;
@@ -657,7 +657,7 @@ fn someone_elses_job(d: &mut Demo, tl: &Timeline, slurm_conf: &str) -> anyhow::R
     Ok(other)
 }
 
-/// 3. onepoold starts with one baseline replica.
+/// Phase 3: onepoold starts with one baseline replica.
 fn onepoold_starts(d: &mut Demo, tl: &Timeline, slurm_conf: &str, server: &Path) -> anyhow::Result<SocketAddr> {
     let listen = SocketAddr::from(([127, 0, 0, 1], free_port()?));
     config(&d.paths, listen, slurm_conf, server)
@@ -681,7 +681,7 @@ fn onepoold_starts(d: &mut Demo, tl: &Timeline, slurm_conf: &str, server: &Path)
     Ok(listen)
 }
 
-/// 4. Load: light, then heavy, until two supplemental replicas serve and
+/// Phase 4: Load: light, then heavy, until two supplemental replicas serve and
 /// may be reclaimed.
 fn load_light_then_heavy(d: &mut Demo, tl: &Timeline, trace: Trace, listen: SocketAddr) -> anyhow::Result<Arc<Load>> {
     step("Load: the Azure LLM conversation trace (2023, CC-BY 4.0, see data/NOTICE.md) replayed as POST {\"max_tokens\": GeneratedTokens}");
@@ -718,7 +718,7 @@ fn load_light_then_heavy(d: &mut Demo, tl: &Timeline, trace: Trace, listen: Sock
     Ok(load)
 }
 
-/// 5. Protected training arrives; Slurm preempts a supplemental replica,
+/// Phase 5: Protected training arrives; Slurm preempts a supplemental replica,
 /// which drains. Returns the training job and its time to capacity.
 fn protected_training_arrives(d: &mut Demo, tl: &Timeline) -> anyhow::Result<(u32, f64)> {
     step("Critical training (protected, 4 GPUs) arrives; every GPU is taken");
@@ -759,7 +759,7 @@ fn protected_training_arrives(d: &mut Demo, tl: &Timeline) -> anyhow::Result<(u3
     };
     d.wait("the victim Slurm preempted", Duration::from_secs(10), |d| !preempted(d).is_empty())
         .context("the training job runs, but no job was seen being preempted (were GPUs free?)")?;
-    let (victim, victim_kind, victim_label) = preempted(&d)[0].clone();
+    let (victim, victim_kind, victim_label) = preempted(d)[0].clone();
     println!();
     d.show_status();
     if victim_kind != Kind::Supplemental {
@@ -782,7 +782,7 @@ fn protected_training_arrives(d: &mut Demo, tl: &Timeline) -> anyhow::Result<(u3
     Ok((training, time_to_capacity))
 }
 
-/// 6. Training ends; the replicas expand again.
+/// Phase 6: Training ends; the replicas expand again.
 fn training_ends(d: &mut Demo, training: u32) -> anyhow::Result<()> {
     step(&format!(
         "Training runs {TRAINING_SECS} s and ends; onepoold's pending supplemental replica takes the GPUs back"
@@ -798,7 +798,7 @@ fn training_ends(d: &mut Demo, training: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// 7. The load ends; onepoold scales back to the baseline.
+/// Phase 7: The load ends; onepoold scales back to the baseline.
 fn load_ends(d: &mut Demo, tl: &Timeline, load: &Load) -> anyhow::Result<()> {
     step(&format!(
         "The load ends; {SCALE_DOWN_DELAY_SECS} s later (scale_down_delay) onepoold drains the supplemental replicas"
@@ -815,7 +815,7 @@ fn load_ends(d: &mut Demo, tl: &Timeline, load: &Load) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// 8. Summary: the timeline, the replica jobs, the requests.
+/// Phase 8: Summary: the timeline, the replica jobs, the requests.
 fn summary(
     d: &Demo,
     tl: &Timeline,
