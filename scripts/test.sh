@@ -66,6 +66,8 @@ run_release() {
     echo "== Slurm $rel: unit tests"
     if [ "$rel" = 22.05 ]; then
         cargo test --workspace --exclude onepool-tests
+        # The harness's own unit tests (no cluster).
+        cargo test -p onepool-tests --lib
     else
         # What depends on the release's headers; the rest is the same code.
         cargo test -p onepool-slurm-sys -p onepool-priority-plugin -p onepool-spank-plugin

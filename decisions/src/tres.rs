@@ -90,6 +90,18 @@ impl GpuRequest {
     }
 }
 
+/// What a job asks in TRES, as its description holds it, for
+/// [`gpus_per_job_as_per_node`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TresAsk<'a> {
+    pub per_job: Option<&'a str>,
+    pub per_node: Option<&'a str>,
+    pub per_socket: Option<&'a str>,
+    pub per_task: Option<&'a str>,
+    /// `--ntasks-per-gpu` was given.
+    pub tasks_per_gpu: bool,
+}
+
 /// The same GPUs asked per node instead of per job, for a job that is held
 /// to one node (`--gpus=4 -N1` becomes `--gpus-per-node=4 -N1`): the two
 /// mean the same allocation there. Slurm 26.05.5 started such per-job
@@ -99,27 +111,30 @@ impl GpuRequest {
 ///
 /// Returns the new `(tres_per_job, tres_per_node)`, the per-job string
 /// without its GPU entries (`None` when nothing is left), or `None` when
-/// the job may span nodes, asks no GPUs per job, or already asks GPUs per
-/// node (then Slurm's own check of the two decides).
-pub fn gpus_per_job_as_per_node(
-    shape: &Shape,
-    per_job: Option<&str>,
-    per_node: Option<&str>,
-) -> Option<(Option<String>, String)> {
-    if shape.max_nodes != 1 || shape.min_nodes > 1 {
+/// the job may span nodes, asks no GPUs per job, or names GPUs in any
+/// other way too (per node, socket or task, or `--ntasks-per-gpu`): Slurm
+/// derives task counts from the per-job figure with those, so moving it
+/// could change the job's shape.
+pub fn gpus_per_job_as_per_node(shape: &Shape, ask: &TresAsk<'_>) -> Option<(Option<String>, String)> {
+    if shape.max_nodes != 1 || shape.min_nodes > 1 || ask.tasks_per_gpu {
         return None;
     }
     let entries = |s: Option<&str>| -> Vec<String> {
         s.unwrap_or_default().split(',').map(str::trim).filter(|e| !e.is_empty()).map(String::from).collect()
     };
-    let is_gpu = |e: &String| gpus_in(e).0 > 0;
-    let (gpus, rest): (Vec<String>, Vec<String>) = entries(per_job).into_iter().partition(is_gpu);
-    let node = entries(per_node);
-    if gpus.is_empty() || node.iter().any(is_gpu) {
+    let names_gpu = |e: &String| {
+        let e = e.strip_prefix("gres:").or_else(|| e.strip_prefix("gres/")).unwrap_or(e);
+        e.split([':', '=']).next() == Some("gpu")
+    };
+    if [ask.per_node, ask.per_socket, ask.per_task].into_iter().any(|t| entries(t).iter().any(names_gpu)) {
+        return None;
+    }
+    let (gpus, rest): (Vec<String>, Vec<String>) = entries(ask.per_job).into_iter().partition(names_gpu);
+    if gpus_in(&gpus.join(",")).0 == 0 {
         return None;
     }
     let job = (!rest.is_empty()).then(|| rest.join(","));
-    Some((job, node.into_iter().chain(gpus).collect::<Vec<_>>().join(",")))
+    Some((job, entries(ask.per_node).into_iter().chain(gpus).collect::<Vec<_>>().join(",")))
 }
 
 #[cfg(test)]
@@ -128,31 +143,46 @@ mod tests {
         Shape { min_nodes: 1, max_nodes: 1, ..Shape::default() }
     }
 
+    fn ask<'a>(per_job: Option<&'a str>, per_node: Option<&'a str>) -> TresAsk<'a> {
+        TresAsk { per_job, per_node, ..TresAsk::default() }
+    }
+
     #[test]
     fn single_node_gpus_per_job_move_to_per_node() {
         assert_eq!(
-            gpus_per_job_as_per_node(&one_node(), Some("gres/gpu:4"), None),
+            gpus_per_job_as_per_node(&one_node(), &ask(Some("gres/gpu:4"), None)),
             Some((None, "gres/gpu:4".to_string()))
         );
         // Other per-job TRES stay; per-node TRES already there are kept.
         assert_eq!(
-            gpus_per_job_as_per_node(&one_node(), Some("gres/gpu:a100:2,license/x:1"), Some("gres/shard:1")),
+            gpus_per_job_as_per_node(&one_node(), &ask(Some("gres/gpu:a100:2,license/x:1"), Some("gres/shard:1"))),
             Some((Some("license/x:1".to_string()), "gres/shard:1,gres/gpu:a100:2".to_string()))
         );
         // No lower bound given, at most one node: still one node.
         let max_only = Shape { max_nodes: 1, ..Shape::default() };
-        assert!(gpus_per_job_as_per_node(&max_only, Some("gres:gpu:2"), None).is_some());
+        assert!(gpus_per_job_as_per_node(&max_only, &ask(Some("gres:gpu:2"), None)).is_some());
     }
 
     #[test]
-    fn jobs_that_may_span_nodes_or_ask_per_node_are_left_alone() {
+    fn jobs_that_may_span_nodes_or_ask_gpus_otherwise_are_left_alone() {
         let range = Shape { min_nodes: 1, max_nodes: 2, ..Shape::default() };
-        assert_eq!(gpus_per_job_as_per_node(&range, Some("gres/gpu:4"), None), None);
-        assert_eq!(gpus_per_job_as_per_node(&Shape::default(), Some("gres/gpu:4"), None), None);
-        assert_eq!(gpus_per_job_as_per_node(&one_node(), Some("gres/gpu:4"), Some("gres/gpu:4")), None);
-        assert_eq!(gpus_per_job_as_per_node(&one_node(), None, Some("gres/gpu:4")), None);
-        assert_eq!(gpus_per_job_as_per_node(&one_node(), Some("license/x:1"), None), None);
-        assert_eq!(gpus_per_job_as_per_node(&one_node(), Some("gres/gpu:0"), None), None);
+        let four = Some("gres/gpu:4");
+        assert_eq!(gpus_per_job_as_per_node(&range, &ask(four, None)), None);
+        assert_eq!(gpus_per_job_as_per_node(&Shape::default(), &ask(four, None)), None);
+        assert_eq!(gpus_per_job_as_per_node(&one_node(), &ask(four, four)), None);
+        // Even a per-node entry of 0 GPUs names them there.
+        assert_eq!(gpus_per_job_as_per_node(&one_node(), &ask(four, Some("gres/gpu:0"))), None);
+        assert_eq!(gpus_per_job_as_per_node(&one_node(), &ask(None, four)), None);
+        assert_eq!(gpus_per_job_as_per_node(&one_node(), &ask(Some("license/x:1"), None)), None);
+        assert_eq!(gpus_per_job_as_per_node(&one_node(), &ask(Some("gres/gpu:0"), None)), None);
+        // --gpus=4 --gpus-per-task=1, --gpus-per-socket, --ntasks-per-gpu:
+        // Slurm derives tasks from the per-job count.
+        let per_task = TresAsk { per_task: Some("gres/gpu:1"), ..ask(four, None) };
+        assert_eq!(gpus_per_job_as_per_node(&one_node(), &per_task), None);
+        let per_socket = TresAsk { per_socket: Some("gres/gpu:2"), ..ask(four, None) };
+        assert_eq!(gpus_per_job_as_per_node(&one_node(), &per_socket), None);
+        let tasks_per_gpu = TresAsk { tasks_per_gpu: true, ..ask(four, None) };
+        assert_eq!(gpus_per_job_as_per_node(&one_node(), &tasks_per_gpu), None);
     }
 
     use super::*;

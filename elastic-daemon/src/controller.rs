@@ -578,13 +578,14 @@ impl Controller {
     /// One poll: read, adopt, route, decide, act.
     async fn round(&mut self) -> Result<(), RoundError> {
         let jobs = self.read().await?;
+        // The poll's time: when Slurm's answer came.
+        let now = Instant::now();
         let seen = self.adopt(jobs).await?;
         self.route_running().await?;
         if self.adopted.is_none() {
             let n = self.tracked.values().flat_map(|t| t.members.values()).filter(|m| !m.released && !m.draining());
             self.adopted = Some(n.count() as u32);
         }
-        let now = Instant::now();
         let snap = self.endpoint.snapshot();
         let replicas = self.replicas(&seen, &snap, now);
         let desired = self.decide(&snap, &replicas, now).await;

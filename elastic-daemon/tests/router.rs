@@ -319,6 +319,31 @@ async fn a_reused_connection_closed_before_any_answer_is_retried_on_a_new_one() 
     h.daemon.shutdown().await;
 }
 
+/// A replica that closes a reused connection unanswered only after working
+/// on the request a while (it died on it) may have done the work: the POST
+/// is not sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_connection_closed_late_without_an_answer_fails_a_post() {
+    let requests = Arc::new(AtomicU64::new(0));
+    let n = requests.clone();
+    let (addr, _) = scripted_backend(move |_, _, _| {
+        if n.fetch_add(1, Ordering::SeqCst) == 0 {
+            (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec(), false)
+        } else {
+            // Blocks this backend task's thread: fine for one request.
+            std::thread::sleep(onepool_router::backend_pool::KEEP_ALIVE_RACE * 3);
+            (Vec::new(), true)
+        }
+    })
+    .await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[addr]).await;
+    let c = client();
+    assert_eq!(send(&c, "POST", &format!("{}/ok", h.url)).await.0, StatusCode::OK);
+    assert_eq!(send(&c, "POST", &format!("{}/ok", h.url)).await.0, StatusCode::BAD_GATEWAY);
+    assert_eq!(requests.load(Ordering::SeqCst), 2, "the POST went out once");
+    h.daemon.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connection_closed_by_the_replica_is_not_an_error() {
     let (addr, accepted) = counting_backend(true).await;

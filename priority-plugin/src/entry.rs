@@ -100,9 +100,7 @@ fn apply(
     gpus_per_job_short_on_one_node: bool,
 ) -> Result<(), XstringError> {
     if gpus_per_job_short_on_one_node {
-        if let Some((per_job, per_node)) =
-            tres::gpus_per_job_as_per_node(&job.shape, job.tres_per_job.as_deref(), job.tres_per_node.as_deref())
-        {
+        if let Some((per_job, per_node)) = tres::gpus_per_job_as_per_node(&job.shape, &job.tres_ask()) {
             d.set(StrField::TresPerNode, &per_node)?;
             match per_job {
                 Some(rest) => d.set(StrField::TresPerJob, &rest)?,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use onepool_decisions::annotation::Annotation;
 use onepool_decisions::classify::{JobRequest, ModifyRequest};
-use onepool_decisions::tres::{gpus_in, GpuRequest, Shape};
+use onepool_decisions::tres::{self, gpus_in, GpuRequest, Shape};
 use slurm_sys::bindings::{NO_VAL, NO_VAL16};
 use slurm_sys::job_desc::{JobDesc, StrField};
 
@@ -18,6 +18,8 @@ pub struct JobView {
     pub group_id: u32,
     pub shape: Shape,
     pub tres_per_task: Option<String>,
+    /// `--ntasks-per-gpu` (0: not given).
+    pub tasks_per_gpu: u32,
     pub tres_per_socket: Option<String>,
     pub account: Option<String>,
     pub partition: Option<String>,
@@ -52,6 +54,7 @@ impl JobView {
                 sockets_per_node: count16(r.sockets_per_node),
             },
             tres_per_task: d.get(StrField::TresPerTask),
+            tasks_per_gpu: count16(r.ntasks_per_tres),
             tres_per_socket: d.get(StrField::TresPerSocket),
             account: d.get(StrField::Account),
             partition: d.get(StrField::Partition),
@@ -72,6 +75,17 @@ impl JobView {
             per_node: count(&self.tres_per_node),
             per_socket: count(&self.tres_per_socket),
             per_task: count(&self.tres_per_task),
+        }
+    }
+
+    /// What the job asks in TRES, for the 26.05 per-node rewrite.
+    pub fn tres_ask(&self) -> tres::TresAsk<'_> {
+        tres::TresAsk {
+            per_job: self.tres_per_job.as_deref(),
+            per_node: self.tres_per_node.as_deref(),
+            per_socket: self.tres_per_socket.as_deref(),
+            per_task: self.tres_per_task.as_deref(),
+            tasks_per_gpu: self.tasks_per_gpu > 0,
         }
     }
 

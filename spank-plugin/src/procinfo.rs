@@ -107,7 +107,6 @@ mod tests {
         child.wait().unwrap();
         assert_eq!(h.minor, 3);
         assert_eq!(h.command, "sleep");
-        // SAFETY: getuid has no preconditions.
         assert_eq!(h.uids.map(|u| u.real), Some(slurm_sys::os::getuid()));
         assert!(h.start_time.is_some());
         assert_eq!(h.proof, None, "the environment's SLURM_JOB_ID proves nothing");

@@ -28,6 +28,12 @@ use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
+/// How soon after our request a replica's close of a reused connection is
+/// taken for its keep-alive timeout having fired as the request arrived
+/// (the close is then already on its way: on one network, well under a
+/// millisecond) rather than for the replica failing on the request.
+pub const KEEP_ALIVE_RACE: Duration = Duration::from_millis(100);
+
 /// How long a connection may sit unused before it is closed rather than
 /// reused (replicas close idle connections on their own schedule too).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -392,12 +398,15 @@ pub struct Outgoing<'a> {
 /// to read. Idle connections found closed are skipped. The response head
 /// must arrive by `deadline`.
 ///
-/// A reused connection that the replica closes after the request went out
-/// but before any byte of an answer is the race of its keep-alive timeout
-/// with our request: the replica dropped the connection unread, so the
-/// request goes out once more, on a new connection, whatever its method
-/// (as HTTP clients do for a closed idle connection). A new connection that
-/// does the same is an answer: the replica failed.
+/// A reused connection that the replica closes right after the request
+/// went out (within [`KEEP_ALIVE_RACE`]) and before any byte of an answer
+/// is the race of its keep-alive timeout with our request: the replica
+/// dropped the connection unread, so the request goes out once more, on a
+/// new connection, whatever its method (as HTTP clients do for a closed
+/// idle connection). A close that comes later may follow work done (a
+/// replica that died on the request), so it is a failure, as is anything
+/// that goes wrong on the new connection: the request was sent once, and
+/// the caller must not take it for one that never reached a replica.
 pub async fn send(
     idle: &Arc<IdleConns>,
     address: SocketAddr,
@@ -405,12 +414,20 @@ pub async fn send(
     deadline: Instant,
     request: Outgoing<'_>,
 ) -> Result<Response<BackendBody>, SendError> {
-    let mut idle_ok = true;
+    // The first attempt's failure, once the request went out on a reused
+    // connection closed unanswered: the second attempt is on a new one.
+    let mut sent_once: Option<String> = None;
     loop {
-        let (mut c, reused) = match idle_ok.then(|| idle.pop()).flatten() {
+        let (mut c, reused) = match sent_once.is_none().then(|| idle.pop()).flatten() {
             Some(c) => (c, true),
             // Boxed: rare, and large.
-            None => (Box::pin(connect(address, connect_timeout, deadline)).await?, false),
+            None => match (Box::pin(connect(address, connect_timeout, deadline)).await, &sent_once) {
+                (Ok(c), _) => (c, false),
+                (Err(SendError::NotSent(e)), Some(first)) => {
+                    return Err(SendError::Failed(format!("{first}; sent again: {e}")))
+                }
+                (Err(e), _) => return Err(e),
+            },
         };
         c.arm(deadline);
         let mut written = 0;
@@ -420,14 +437,15 @@ pub async fn send(
             Err(Exchange::TimedOut) => return Err(SendError::TimedOut),
             // Nothing went out: the connection was closed under us.
             Err(_) if written == 0 && reused => continue,
-            Err(e) if written == 0 => return Err(SendError::NotSent(describe(address, e))),
+            Err(e) if written == 0 && sent_once.is_none() => return Err(SendError::NotSent(describe(address, e))),
             Err(e) => return Err(SendError::Failed(describe(address, e))),
         }
+        let written_at = Instant::now();
         let head = match poll_fn(|cx| c.poll_head(cx, request.head_request, request.headers)).await {
             Ok(h) => h,
             Err(Exchange::TimedOut) => return Err(SendError::TimedOut),
-            Err(e) if reused && !c.answered && closed_unread(&e) => {
-                idle_ok = false;
+            Err(e) if reused && !c.answered && closed_unread(&e) && written_at.elapsed() < KEEP_ALIVE_RACE => {
+                sent_once = Some(describe(address, e));
                 continue;
             }
             Err(e) => return Err(SendError::Failed(describe(address, e))),
