@@ -233,34 +233,10 @@ async fn scripted_backend(
             let answer = answer.clone();
             tokio::spawn(async move {
                 let mut buf = Vec::new();
-                loop {
-                    // One request: its head, then a Content-Length body.
-                    let head_end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        let mut chunk = [0u8; 4096];
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    };
-                    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-                    let mut words = head.split(' ');
+                while let Some((line, body)) = read_message(&mut s, &mut buf).await {
+                    let mut words = line.split(' ');
                     let (method, path) = (words.next().unwrap().to_string(), words.next().unwrap().to_string());
-                    let len: usize = head
-                        .to_ascii_lowercase()
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .map_or(0, |v| v.trim().parse().unwrap());
-                    while buf.len() < head_end + len {
-                        let mut chunk = [0u8; 65536];
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    buf.drain(..head_end + len);
+                    let len = body.len();
                     let (bytes, close) = answer(&method, &path, len);
                     if s.write_all(&bytes).await.is_err() || close {
                         return;

@@ -304,6 +304,15 @@ pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 /// One response from a kept-alive connection: its status line and body.
 #[allow(dead_code)] // not every test binary uses it
 pub async fn read_response(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<(String, String)> {
+    let (line, body) = read_message(s, buf).await?;
+    Some((line, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// One HTTP/1.1 message (request or response, Content-Length framed) from
+/// a kept-alive connection: its first line and its body; what follows it
+/// stays in `buf`. None when the peer closes first.
+#[allow(dead_code)] // not every test binary uses it
+pub async fn read_message(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<(String, Vec<u8>)> {
     use tokio::io::AsyncReadExt;
     let head_end = loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -322,13 +331,13 @@ pub async fn read_response(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> 
         .find_map(|l| l.strip_prefix("content-length:"))
         .map_or(0, |v| v.trim().parse().unwrap());
     while buf.len() < head_end + len {
-        let mut chunk = [0u8; 4096];
+        let mut chunk = [0u8; 65536];
         match s.read(&mut chunk).await {
             Ok(0) | Err(_) => return None,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
-    let body = String::from_utf8_lossy(&buf[head_end..head_end + len]).to_string();
+    let body = buf[head_end..head_end + len].to_vec();
     buf.drain(..head_end + len);
     Some((head.lines().next().unwrap_or_default().to_string(), body))
 }
