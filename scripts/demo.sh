@@ -2,7 +2,9 @@
 # The main job: installs what is missing, builds onepool, brings up a real
 # 4-node Slurm cluster with 16 (fake) GPUs and onepool's plugins loaded, and
 # shows the shared pool at work through onepoold: it scales an inference
-# endpoint's replicas (Slurm jobs) with the load of a real LLM trace, a
+# endpoint's replicas (Slurm jobs, each a real llama-server with a small real
+# model, made once by scripts/model-server.sh) with the load of a real LLM
+# trace as chat completions, a
 # protected training job takes a supplemental replica's GPUs (the replica
 # drains first; no request is lost), and the replicas expand again after.
 # Leaves the cluster running; stop it with
@@ -14,6 +16,7 @@ cd "$(dirname "$0")/.."
 bin=${ONEPOOL_BIN_DIR:-}
 if [ -z "$bin" ]; then
     bash scripts/install-deps.sh
+    bash scripts/model-server.sh >/dev/null
     cargo build --workspace --quiet
     bin=./target/debug
 fi
@@ -28,5 +31,4 @@ sed 's/^min_runtime_before_reclaim = .*/min_runtime_before_reclaim = "10s"/' etc
 # a generated config; on any failure or Ctrl-C it stops onepoold and cancels
 # the demo's jobs, and exits non-zero.
 exec "$bin/onepool-demo" --dir "$dir" \
-    --trace data/azure-llm-inference-2023-conv.csv \
-    --server etc/dev-cluster/stand-in-model-server.py
+    --trace data/azure-llm-inference-2023-conv.csv

@@ -39,7 +39,7 @@ done < <(env)
 # shellcheck disable=SC2016 # expanded by the inner shell
 inner='
     set -eu
-    root=$1 tree=$2; shift 2
+    root=$1 tree=$2 models=$3; shift 3
     mount -t proc proc "$root/proc"
     mount --rbind /dev "$root/dev"
     mount --rbind /sys "$root/sys"
@@ -47,8 +47,15 @@ inner='
     mount --bind /etc/hosts "$root/etc/hosts"
     mkdir -p "$root/$tree"
     mount --bind "$tree" "$root/$tree"
+    # The model server and model (scripts/model-server.sh), where the host
+    # has them.
+    if [ -n "$models" ] && [ -d "$models" ]; then
+        mkdir -p "$root/$models"
+        mount --bind "$models" "$root/$models"
+    fi
     cd "$tree"
     exec chroot "$root" /usr/bin/env -i "$@"
 '
-exec unshare --mount --propagation private bash -c "$inner" inner "$root" "$tree" \
+models=${ONEPOOL_MODEL_SERVER_DIR:-/var/cache/onepool/model-server}
+exec unshare --mount --propagation private bash -c "$inner" inner "$root" "$tree" "$models" \
     "${env_args[@]}" bash -c 'cd "$0" && exec "$@"' "$cwd" "$@"

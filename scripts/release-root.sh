@@ -53,6 +53,8 @@ RECIPE_VERSION=1
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 packages_file="$here/etc/release-roots/packages.txt"
+# Python packages (PyPI), installed with the root's own python3 and pip.
+requirements_file="$here/etc/python-requirements.txt"
 roots_dir=${ONEPOOL_ROOTS_DIR:-/var/cache/onepool/roots}
 max_age_days=${ONEPOOL_ROOT_MAX_AGE_DAYS:-7}
 
@@ -120,7 +122,7 @@ find_mirror() {
 }
 mirror=$(find_mirror)
 
-recipe_digest=$(printf '%s\n' "recipe=$RECIPE_VERSION" "suite=$suite" "mirror=$mirror" "${packages[@]}" | sha256sum | cut -d' ' -f1)
+recipe_digest=$( (printf '%s\n' "recipe=$RECIPE_VERSION" "suite=$suite" "mirror=$mirror" "${packages[@]}"; cat "$requirements_file") | sha256sum | cut -d' ' -f1)
 root="$roots_dir/$suite"
 stamp_name=.onepool-root-stamp
 
@@ -235,6 +237,8 @@ build_root() {
         echo 'Acquire::Check-Valid-Until "false";' >"$build/etc/apt/apt.conf.d/99onepool-no-valid-until"
     fi
     cp -L /etc/resolv.conf "$build/etc/resolv.conf" 2>/dev/null || true
+    cp -L "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}" "$build/tmp/onepool-host-ca.crt" || return 1
+    cp "$requirements_file" "$build/tmp/onepool-requirements.txt" || return 1
 
     local inner
     # shellcheck disable=SC2016 # expanded by the inner shell
@@ -251,6 +255,11 @@ build_root() {
         chroot "$r" apt-get update -qq
         chroot "$r" apt-get install -y -qq --no-install-recommends "$@"
         chroot "$r" apt-get clean
+        # PyPI through the host'"'"'s certificate bundle (it may hold a site CA
+        # the root lacks); the host'"'"'s local wheel folder is not there.
+        chroot "$r" env -u PIP_FIND_LINKS PIP_CERT=/tmp/onepool-host-ca.crt \
+            python3 -m pip install --quiet --break-system-packages --no-cache-dir -r /tmp/onepool-requirements.txt
+        rm -f "$r/tmp/onepool-host-ca.crt" "$r/tmp/onepool-requirements.txt"
     '
     if unshare --mount --propagation private true 2>/dev/null; then
         say "installing packages (chroot inside a private mount namespace, unshare)"

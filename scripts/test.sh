@@ -30,6 +30,9 @@ for r in "${asked[@]}"; do
     esac
 done
 bash scripts/install-deps.sh
+# The real model server and model the serving tests and the demo run
+# (built once per machine; every release root sees the same files).
+bash scripts/model-server.sh >/dev/null
 
 # Every integration test, as the executables cargo built for onepool-tests.
 test_executables() {

@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod layout;
+pub mod model_server;
 pub mod onepoold;
 pub mod process;
 pub mod spec;

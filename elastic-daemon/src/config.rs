@@ -204,8 +204,17 @@ struct RawReplicas {
     panic_threshold: Option<Spanned<f64>>,
     scale_down_delay: Option<Spanned<String>>,
     output: Option<Spanned<String>>,
-    load_metrics: Option<Spanned<Vec<String>>>,
+    load_metrics: Option<Spanned<RawLoadMetrics>>,
     metrics_path: Option<Spanned<String>>,
+}
+
+/// `load_metrics`: metric names, or "auto" for the model servers onepool
+/// knows ([`crate::replica_metrics::KNOWN_SERVERS`]).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawLoadMetrics {
+    Names(Vec<String>),
+    Preset(String),
 }
 
 #[derive(Deserialize)]
@@ -527,7 +536,15 @@ fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> ReplicaSetting
     if let (Some(o), true) = (&r.output, output.is_empty()) {
         c.error(o.span(), "replicas.output is empty; give an sbatch -o path (default /dev/null)".into());
     }
-    let load_metrics = r.load_metrics.as_ref().map(|m| m.get_ref().clone()).unwrap_or_default();
+    let load_metrics = match r.load_metrics.as_ref().map(|m| (m.get_ref(), m.span())) {
+        None => Vec::new(),
+        Some((RawLoadMetrics::Names(n), _)) => n.clone(),
+        Some((RawLoadMetrics::Preset(p), _)) if p == "auto" => crate::replica_metrics::known_load_metrics(),
+        Some((RawLoadMetrics::Preset(p), span)) => {
+            c.error(span, format!("replicas.load_metrics = {p:?}: give a list of metric names, or \"auto\" (the load gauges of llama.cpp, vLLM, SGLang and TGI)"));
+            Vec::new()
+        }
+    };
     if let Some(m) = &r.load_metrics {
         let valid = |n: &str| {
             let mut chars = n.chars();

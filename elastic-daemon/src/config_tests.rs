@@ -82,6 +82,20 @@ metrics_path = "metrics"
 }
 
 #[test]
+fn load_metrics_auto_is_the_known_servers_gauges() {
+    let src = |v: &str| {
+        format!(
+            "control_socket = \"/tmp/x.sock\"\n[[endpoint]]\nname = \"llm\"\nlisten = \"127.0.0.1:0\"\n[endpoint.replicas]\ncommand = \"x\"\nload_metrics = {v}\n"
+        )
+    };
+    let r = parse("t.toml", &src("\"auto\"")).unwrap().endpoints[0].replicas.clone().unwrap();
+    assert!(r.load_metrics.contains(&"llamacpp:requests_deferred".to_string()), "{:?}", r.load_metrics);
+    assert!(r.load_metrics.contains(&"vllm:num_requests_waiting".to_string()), "{:?}", r.load_metrics);
+    let e = parse("t.toml", &src("\"vllm\"")).unwrap_err().to_string();
+    assert!(e.contains("t.toml:7:16: error: replicas.load_metrics = \"vllm\": give a list of metric names, or \"auto\""), "{e}");
+}
+
+#[test]
 fn resource_bounds_are_checked() {
     let src = r#"control_socket = "/tmp/x.sock"
 max_buffered_body_bytes = 2097152

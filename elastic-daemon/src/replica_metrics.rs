@@ -9,6 +9,23 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+/// The load gauges of the model servers onepool knows, as (server, what
+/// it is decoding, what waits in it): `load_metrics = "auto"` sums them all,
+/// and as each server exports only its own, a replica's load is what its
+/// server holds. Names from each server's documentation of its /metrics
+/// (llama.cpp's measured here: llama-server b1 of llama-cpp-python 0.3.36).
+pub const KNOWN_SERVERS: [(&str, &str, &str); 4] = [
+    ("llama.cpp", "llamacpp:requests_processing", "llamacpp:requests_deferred"),
+    ("vLLM", "vllm:num_requests_running", "vllm:num_requests_waiting"),
+    ("SGLang", "sglang:num_running_reqs", "sglang:num_queue_reqs"),
+    ("TGI", "tgi_batch_current_size", "tgi_queue_size"),
+];
+
+/// Every metric name of [`KNOWN_SERVERS`].
+pub fn known_load_metrics() -> Vec<String> {
+    KNOWN_SERVERS.iter().flat_map(|(_, running, waiting)| [running.to_string(), waiting.to_string()]).collect()
+}
+
 /// Largest metrics page read; a bigger one is a misconfiguration.
 const MAX_BODY: usize = 4 << 20;
 
@@ -98,6 +115,28 @@ pub fn client(timeout: Duration) -> reqwest::Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What llama-server (llama-cpp-python 0.3.36's llama.cpp) served on
+    /// /metrics with one request decoding and two deferred, trimmed.
+    const LLAMA_CPP: &str = "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 33
+# HELP llamacpp:requests_processing Number of requests processing.
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 1
+# HELP llamacpp:requests_deferred Number of requests deferred.
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 2
+";
+
+    #[test]
+    fn auto_reads_whichever_known_server_answers() {
+        let auto = known_load_metrics();
+        assert_eq!(sum_samples(LLAMA_CPP, &auto), Some(3.0));
+        assert_eq!(sum_samples(VLLM, &auto), Some(19.0));
+        // A server onepool does not know: the router's count is used.
+        assert_eq!(sum_samples("other_requests_running 4\n", &auto), None);
+    }
 
     const VLLM: &str = r#"# HELP vllm:num_requests_running Number of requests currently running on GPU.
 # TYPE vllm:num_requests_running gauge

@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 use onepool_elastic_daemon::controller::ControllerView;
 use onepool_elastic_daemon::daemon::Daemon;
 use onepool_elastic_daemon::tokio::runtime::Runtime;
-use onepool_tests::elastic::{completion, control_state, daemon_config, queue, scratch, wait, Load};
+use onepool_tests::elastic::{
+    assert_untouched, completion, control_state, daemon_config, foreign_job, protected_training, queue, scratch, wait,
+    Load,
+};
 use onepool_tests::{build_dir, cluster, Cleanup, TestCluster, TEST_MIN_RUNTIME_SECS};
 
 const ENDPOINT: &str = "chat";
@@ -38,50 +41,7 @@ fn ready_ports(d: &Daemon) -> BTreeSet<u16> {
 
 /// Jobs of `kind` the daemon serves from.
 fn serving(d: &Daemon, kind: &str) -> Vec<u32> {
-    let ready = ready_ports(d);
-    view(d)
-        .jobs
-        .iter()
-        .filter(|j| j.kind == kind && j.phase == "serving" && ready.contains(&j.port))
-        .map(|j| j.job)
-        .collect()
-}
-
-/// Another user's protected job (4 GPUs) that no test may touch.
-fn foreign_job(c: &TestCluster) -> u32 {
-    let alice = c.user("op-alice", "core-ml");
-    let r = c.run_as(
-        &alice,
-        "sbatch",
-        &[
-            "--parsable",
-            "-o",
-            "/dev/null",
-            "--account=core-ml",
-            "--workload=critical-training",
-            "--time=30:00",
-            "--gpus=4",
-            "-N1",
-            "--wrap",
-            "sleep 900",
-        ],
-    );
-    assert!(r.ok, "sbatch as op-alice: {}{}", r.stdout, r.stderr);
-    let id: u32 = r.stdout.trim().split(';').next().unwrap().parse().unwrap();
-    c.wait_state(id, "RUNNING", Duration::from_secs(30));
-    id
-}
-
-fn assert_untouched(c: &TestCluster, id: u32) {
-    assert_eq!(c.state(id).as_deref(), Some("RUNNING"), "job {id} is not onepoold's and must keep running");
-}
-
-/// Submits protected training for 4 GPUs; returns its id and how long it took to run.
-fn protected_training(c: &TestCluster) -> (u32, Duration) {
-    let t0 = Instant::now();
-    let id = c.sbatch(&["--workload=critical-training", "--time=10:00", "--gpus=4", "-N1", "--wrap", "sleep 600"]);
-    c.wait_state(id, "RUNNING", Duration::from_secs(90));
-    (id, t0.elapsed())
+    onepool_tests::elastic::serving(d, ENDPOINT, kind)
 }
 
 #[test]

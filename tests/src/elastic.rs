@@ -56,6 +56,56 @@ pub fn ready_ports(d: &Daemon, endpoint: &str) -> BTreeSet<u16> {
     snap.replicas.iter().filter(|r| r.state == ReplicaState::Ready).map(|r| r.address.port()).collect()
 }
 
+/// Jobs of `kind` ("baseline", "supplemental") the daemon serves from on
+/// `endpoint`.
+pub fn serving(d: &Daemon, endpoint: &str, kind: &str) -> Vec<u32> {
+    let ready = ready_ports(d, endpoint);
+    replica_view(d, endpoint)
+        .jobs
+        .iter()
+        .filter(|j| j.kind == kind && j.phase == "serving" && ready.contains(&j.port))
+        .map(|j| j.job)
+        .collect()
+}
+
+/// Another user's protected job (4 GPUs) that no test may touch.
+pub fn foreign_job(c: &TestCluster) -> u32 {
+    let alice = c.user("op-alice", "core-ml");
+    let r = c.run_as(
+        &alice,
+        "sbatch",
+        &[
+            "--parsable",
+            "-o",
+            "/dev/null",
+            "--account=core-ml",
+            "--workload=critical-training",
+            "--time=30:00",
+            "--gpus=4",
+            "-N1",
+            "--wrap",
+            "sleep 900",
+        ],
+    );
+    assert!(r.ok, "sbatch as op-alice: {}{}", r.stdout, r.stderr);
+    let id: u32 = r.stdout.trim().split(';').next().unwrap().parse().unwrap();
+    c.wait_state(id, "RUNNING", Duration::from_secs(30));
+    id
+}
+
+pub fn assert_untouched(c: &TestCluster, id: u32) {
+    assert_eq!(c.state(id).as_deref(), Some("RUNNING"), "job {id} is not onepoold's and must keep running");
+}
+
+/// Submits protected training for 4 GPUs; returns its id and how long it
+/// took to run.
+pub fn protected_training(c: &TestCluster) -> (u32, Duration) {
+    let t0 = Instant::now();
+    let id = c.sbatch(&["--workload=critical-training", "--time=10:00", "--gpus=4", "-N1", "--wrap", "sleep 600"]);
+    c.wait_state(id, "RUNNING", Duration::from_secs(90));
+    (id, t0.elapsed())
+}
+
 /// The dev cluster's stand-in model server: `POST {"max_tokens": N}` takes
 /// N x `$ONEPOOL_SECONDS_PER_TOKEN` (0.001 s by default).
 pub fn stand_in_server() -> PathBuf {
@@ -127,6 +177,76 @@ pub fn stand_in_config(
     }
 }
 
+/// The real model server (llama-server with SmolLM2-135M, from
+/// scripts/model-server.sh) as the replicas' command: `slots` requests at
+/// once, one CPU thread each replica.
+pub fn llama_replicas(r: &mut ReplicasFile, slots: u32) {
+    let server = onepool_dev_cluster::model_server::ModelServer::locate().unwrap_or_else(|e| panic!("{e}"));
+    let slots = onepool_dev_cluster::model_server::Slots { parallel: slots, context: 512, threads: 1 };
+    r.command = server.replica_command(slots);
+    // A real model loads in seconds, more on a busy machine.
+    r.startup_timeout = Some(Duration::from_secs(120));
+}
+
+/// How a chat completion ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Chat {
+    /// 2xx and whole (a stream up to `data: [DONE]`), with the text.
+    Done(String),
+    /// An HTTP status other than 2xx, with the body.
+    Status(u16, String),
+    /// The connection failed, or a stream ended without `[DONE]`.
+    Cut(String),
+}
+
+/// One chat completion for the real model through `port`, streamed or not,
+/// over its own connection.
+pub fn chat(port: u16, prompt: &str, max_tokens: u32, stream: bool) -> Chat {
+    let body = serde_json::json!({
+        "model": onepool_dev_cluster::model_server::MODEL_NAME,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    })
+    .to_string();
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return Chat::Cut("connect".into()) };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(180)));
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    if s.write_all(head.as_bytes()).and_then(|_| s.write_all(body.as_bytes())).is_err() {
+        return Chat::Cut("sending".into());
+    }
+    let mut raw = Vec::new();
+    if let Err(e) = s.read_to_end(&mut raw) {
+        return Chat::Cut(format!("reading: {e}"));
+    }
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let Some(status) = text.split_whitespace().nth(1).and_then(|s| s.parse::<u16>().ok()) else {
+        return Chat::Cut(format!("no status in {:?}", &text[..text.len().min(80)]));
+    };
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    match status {
+        200..=299 if !stream || body.contains("data: [DONE]") => Chat::Done(body),
+        200..=299 => {
+            Chat::Cut(format!("the stream ended before [DONE]: ...{}", &body[body.len().saturating_sub(200)..]))
+        }
+        _ => Chat::Status(status, body),
+    }
+}
+
+/// The value of an unlabelled Prometheus sample on `port`'s /metrics
+/// (a replica's llama-server: the launcher's port + 1).
+pub fn metric(port: u16, name: &str) -> Option<f64> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// Status of one request, or `None` when the connection failed.
 pub fn request(port: u16, method: &str, path: &str, body: &str) -> Option<u16> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
@@ -158,17 +278,35 @@ pub struct Load {
 }
 
 impl Load {
+    /// Completions of `secs` each on the stand-in server.
     pub fn start(port: u16, clients: usize, secs: f64) -> Load {
+        Load::with(clients, move || completion(port, secs))
+    }
+
+    /// Streamed chat completions of `max_tokens` for the real model; a
+    /// stream cut off counts as 0.
+    pub fn streams(port: u16, clients: usize, max_tokens: u32) -> Load {
+        Load::with(clients, move || match chat(port, "Tell me about sharing GPUs.", max_tokens, true) {
+            Chat::Done(_) => Some(200),
+            Chat::Status(s, _) => Some(s),
+            Chat::Cut(_) => None,
+        })
+    }
+
+    /// `clients` threads calling `one` back to back (`None`: the request
+    /// failed without a status).
+    pub fn with(clients: usize, one: impl Fn() -> Option<u16> + Send + Sync + 'static) -> Load {
+        let one = Arc::new(one);
         let stop = Arc::new(AtomicBool::new(false));
         let sent = Arc::new(AtomicU64::new(0));
         let statuses = Arc::new(Mutex::new(BTreeMap::new()));
         let clients = (0..clients)
             .map(|_| {
-                let (stop, sent, statuses) = (stop.clone(), sent.clone(), statuses.clone());
+                let (stop, sent, statuses, one) = (stop.clone(), sent.clone(), statuses.clone(), one.clone());
                 std::thread::spawn(move || {
                     while !stop.load(Ordering::SeqCst) {
                         sent.fetch_add(1, Ordering::SeqCst);
-                        let status = completion(port, secs).unwrap_or(0);
+                        let status = one().unwrap_or(0);
                         if status == 0 {
                             // Nothing listens (the router is down): do not spin.
                             std::thread::sleep(Duration::from_millis(100));

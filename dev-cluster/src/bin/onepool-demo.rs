@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use onepool_dev_cluster::onepoold::stand_in_command;
+use onepool_dev_cluster::model_server::{ModelServer, Slots, MODEL_NAME};
 use onepool_dev_cluster::process::Tracked;
 use onepool_dev_cluster::Cluster;
 use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile, ReplicasFile};
@@ -32,22 +32,23 @@ mod load;
 #[path = "../demo/watch.rs"]
 mod watch;
 
-use load::{Load, Trace};
+use load::{ChatShape, Load, Trace};
 use watch::{Kind, Target, Timeline, Watch};
 
 const ENDPOINT: &str = "chat";
 /// GPUs per replica (one node of the dev cluster).
 const GPUS: u32 = 4;
 /// Trace seconds per wall second in the light and the heavy phase.
-const LIGHT: f64 = 1.0;
-const HEAVY: f64 = 5.0;
+const LIGHT: f64 = 0.2;
+const HEAVY: f64 = 1.0;
 const LIGHT_SECS: u64 = 15;
 /// The demo policy's min_runtime_before_reclaim (PreemptExemptTime).
 const MIN_RUNTIME_SECS: f64 = 10.0;
 const TRAINING_SECS: u64 = 20;
 const SCALE_DOWN_DELAY_SECS: u64 = 20;
-const MODEL_LOAD_SECS: u32 = 3;
-const SECONDS_PER_TOKEN: f64 = 0.004;
+/// One replica's llama-server: one CPU thread (the machine has few), as
+/// many requests at once as the endpoint sends it.
+const SLOTS: Slots = Slots { parallel: 4, context: 256, threads: 1 };
 /// The other user's job, which onepoold must leave alone.
 const OTHER_USER: &str = "op-ana";
 const OTHER_ACCOUNT: &str = "research";
@@ -68,9 +69,9 @@ struct Args {
     /// The Azure LLM inference trace to replay.
     #[arg(long, default_value = "data/azure-llm-inference-2023-conv.csv")]
     trace: PathBuf,
-    /// The stand-in model server the replicas run.
-    #[arg(long, default_value = "etc/dev-cluster/stand-in-model-server.py")]
-    server: PathBuf,
+    /// The model server and model (scripts/model-server.sh makes them).
+    #[arg(long, env = "ONEPOOL_MODEL_SERVER_DIR", default_value = "/var/cache/onepool/model-server")]
+    model_server: PathBuf,
 }
 
 fn main() -> ExitCode {
@@ -409,8 +410,8 @@ fn submit_as_other_user(slurm_conf: &str, args: &[&str]) -> anyhow::Result<u32> 
     }
 }
 
-fn config(p: &Paths, listen: SocketAddr, slurm_conf: &str, server: &Path) -> ConfigFile {
-    let command = stand_in_command(server, MODEL_LOAD_SECS.into(), SECONDS_PER_TOKEN);
+fn config(p: &Paths, listen: SocketAddr, slurm_conf: &str, server: &ModelServer) -> ConfigFile {
+    let command = server.replica_command(SLOTS);
     let (secs, millis) = (Duration::from_secs, Duration::from_millis);
     ConfigFile {
         comment: Some("Written by onepool-demo: one endpoint whose replicas onepoold runs as Slurm jobs.".into()),
@@ -418,7 +419,7 @@ fn config(p: &Paths, listen: SocketAddr, slurm_conf: &str, server: &Path) -> Con
         slurm_conf: Some(slurm_conf.into()),
         endpoints: vec![EndpointFile {
             listen: Some(listen),
-            replica_concurrency: Some(16),
+            replica_concurrency: Some(SLOTS.parallel),
             queue_size: Some(2000),
             queue_timeout: Some(secs(60)),
             request_timeout: Some(secs(120)),
@@ -434,7 +435,9 @@ fn config(p: &Paths, listen: SocketAddr, slurm_conf: &str, server: &Path) -> Con
                 gpus: Some(GPUS),
                 min: Some(1),
                 max: Some(3),
-                target_per_replica: Some(6.0),
+                target_per_replica: Some(3.0),
+                // The server's own count of what it decodes and defers.
+                load_metrics: Some(vec!["llamacpp:requests_processing".into(), "llamacpp:requests_deferred".into()]),
                 drain_timeout: Some(secs(30)),
                 startup_timeout: Some(secs(60)),
                 baseline_workload: Some("inference-baseline".into()),
@@ -533,7 +536,7 @@ struct Setup {
     trace: Trace,
     service: (u32, u32),
     uid: u32,
-    server: PathBuf,
+    server: ModelServer,
     paths: Paths,
 }
 
@@ -586,8 +589,7 @@ fn setup(args: &Args) -> anyhow::Result<Setup> {
         std::os::unix::fs::chown(d, Some(service.0), Some(service.1))
             .with_context(|| format!("handing {} to {service_user}", d.display()))?;
     }
-    let server = demo_dir.join("stand-in-model-server.py");
-    fs::copy(&args.server, &server).with_context(|| format!("copying {}", args.server.display()))?;
+    let server = ModelServer::at(&args.model_server)?;
     let paths = Paths {
         socket: demo_dir.join("onepoold.sock"),
         config: demo_dir.join("onepoold.toml"),
@@ -658,7 +660,7 @@ fn someone_elses_job(d: &mut Demo, tl: &Timeline, slurm_conf: &str) -> anyhow::R
 }
 
 /// Phase 3: onepoold starts with one baseline replica.
-fn onepoold_starts(d: &mut Demo, tl: &Timeline, slurm_conf: &str, server: &Path) -> anyhow::Result<SocketAddr> {
+fn onepoold_starts(d: &mut Demo, tl: &Timeline, slurm_conf: &str, server: &ModelServer) -> anyhow::Result<SocketAddr> {
     let listen = SocketAddr::from(([127, 0, 0, 1], free_port()?));
     config(&d.paths, listen, slurm_conf, server)
         .write(&d.paths.config)
@@ -684,16 +686,18 @@ fn onepoold_starts(d: &mut Demo, tl: &Timeline, slurm_conf: &str, server: &Path)
 /// Phase 4: Load: light, then heavy, until two supplemental replicas serve and
 /// may be reclaimed.
 fn load_light_then_heavy(d: &mut Demo, tl: &Timeline, trace: Trace, listen: SocketAddr) -> anyhow::Result<Arc<Load>> {
-    step("Load: the Azure LLM conversation trace (2023, CC-BY 4.0, see data/NOTICE.md) replayed as POST {\"max_tokens\": GeneratedTokens}");
+    step("Load: the Azure LLM conversation trace (2023, CC-BY 4.0, see data/NOTICE.md) replayed as chat completions");
+    let shape = ChatShape::DEMO;
     println!(
-        "each request takes GeneratedTokens x {SECONDS_PER_TOKEN} s on the stand-in model server (mean {:.2} s); \
-         onepoold asks for one replica per 6 requests in flight or queued",
-        trace.rows.iter().map(|r| f64::from(r.1)).sum::<f64>() / trace.rows.len() as f64 * SECONDS_PER_TOKEN
+        "each row is a chat completion for {MODEL_NAME} on llama-server, every other one streamed: ContextTokens/{} prompt words \
+         ({}-{}), max_tokens GeneratedTokens/{} ({}-{}), scaled down for a few CPU cores; \
+         onepoold asks for one replica per 3 requests the servers process or defer",
+        shape.prompt_div, shape.prompt_words.0, shape.prompt_words.1, shape.answer_div, shape.answer_tokens.0, shape.answer_tokens.1
     );
     let light_end = LIGHT_SECS as f64 * LIGHT;
     let light_rate = trace.rate(0.0, light_end) * LIGHT;
     let heavy_rate = trace.rate(light_end, light_end + 60.0 * HEAVY) * HEAVY;
-    let load = Load::start(d.rt.handle(), trace, listen, tl.t0);
+    let load = Load::start(d.rt.handle(), trace, listen, MODEL_NAME, shape, tl.t0);
     d.load = Some(load.clone());
     load.phase("light", LIGHT);
     tl.note(format!("load: light, the trace at {LIGHT}x (~{light_rate:.1} requests/s): the baseline replica copes"));
@@ -854,13 +858,14 @@ fn summary(
     }
     step("Requests");
     println!(
-        "  {:<7} {:>6} {:>12} {:>6} {:>7} {:>7} {:>8} {:>8}",
-        "PHASE", "SPEED", "SECONDS", "SENT", "SERVED", "FAILED", "P50_S", "P99_S"
+        "  {:<7} {:>6} {:>12} {:>6} {:>7} {:>7} {:>8} {:>8} {:>9} {:>9}",
+        "PHASE", "SPEED", "SECONDS", "SENT", "SERVED", "FAILED", "P50_S", "P99_S", "TTFT_P50", "TTFT_P99"
     );
     for p in load.phases() {
-        let lat = |q| load_latency(&p, q);
+        let lat = |q| seconds(p.latency(q));
+        let ttft = |q| seconds(p.ttft(q));
         println!(
-            "  {:<7} {:>5}x {:>12} {:>6} {:>7} {:>7} {:>8} {:>8}",
+            "  {:<7} {:>5}x {:>12} {:>6} {:>7} {:>7} {:>8} {:>8} {:>9} {:>9}",
             p.name,
             p.speed,
             format!("{:.1}-{:.1}", p.start, p.end.unwrap_or(p.start)),
@@ -868,7 +873,9 @@ fn summary(
             p.served,
             p.failed,
             lat(0.5),
-            lat(0.99)
+            lat(0.99),
+            ttft(0.5),
+            ttft(0.99)
         );
     }
     let (sent, served, failed) = load.totals();
@@ -880,8 +887,8 @@ fn summary(
     println!("{OTHER_USER}'s job {other}: {}", other_state.unwrap_or("gone"));
 }
 
-fn load_latency(p: &load::Phase, q: f64) -> String {
-    p.latency(q).map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
+fn seconds(v: Option<f64>) -> String {
+    v.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
 }
 
 #[cfg(test)]
@@ -901,20 +908,20 @@ mod tests {
             onepoold_log: "/c/log/onepoold.log".into(),
         };
         let listen: SocketAddr = "127.0.0.1:4000".parse().unwrap();
-        let c = config(&p, listen, "/c/etc/slurm.conf", &demo.join("stand-in-model-server.py"))
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"));
+        let dir = std::env::temp_dir().join(format!("onepool-demo-config-{}", std::process::id()));
+        for f in ["bin/llama-server", "models/SmolLM2-135M-Instruct.Q4_1.gguf"] {
+            fs::create_dir_all(dir.join(f).parent().unwrap()).unwrap();
+            fs::write(dir.join(f), "").unwrap();
+        }
+        let server = ModelServer::at(&dir).unwrap();
+        let c = config(&p, listen, "/c/etc/slurm.conf", &server).build().unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((c.control_socket, c.slurm_conf), (p.socket.clone(), Some("/c/etc/slurm.conf".into())));
         let e = &c.endpoints[0];
-        assert_eq!(
-            (e.name.as_str(), e.listen, e.replica_concurrency, e.proxy.retries),
-            (ENDPOINT, Some(listen), 16, 2)
-        );
+        assert_eq!((e.name.as_str(), e.listen, e.replica_concurrency, e.proxy.retries), (ENDPOINT, Some(listen), 4, 2));
         let r = e.replicas.as_ref().unwrap();
-        assert_eq!(
-            r.command,
-            "env ONEPOOL_MODEL_LOAD_SECONDS=3 ONEPOOL_SECONDS_PER_TOKEN=0.004 python3 /c/demo/stand-in-model-server.py"
-        );
+        assert_eq!(r.command, server.replica_command(SLOTS));
+        assert_eq!(r.load_metrics, ["llamacpp:requests_processing", "llamacpp:requests_deferred"]);
+        fs::remove_dir_all(&dir).unwrap();
         assert_eq!((r.gpus, r.min, r.max, r.port_range), (GPUS, 1, 3, (19400, 19499)));
         assert_eq!(r.scale_down_delay, Duration::from_secs(SCALE_DOWN_DELAY_SECS));
         assert_eq!(

@@ -1,6 +1,9 @@
 //! The demo's clients: the Azure LLM conversation trace (real arrival
-//! times and output sizes) replayed against the endpoint's stable address,
-//! each row one `POST /v1/completions` with `{"max_tokens": GeneratedTokens}`.
+//! times, prompt and answer sizes) replayed against the endpoint's stable
+//! address, each row one OpenAI chat completion for the real model, every
+//! other one streamed (server-sent events). Prompt and answer are the
+//! trace's sizes scaled down ([`ChatShape`]) so that a 2-core machine
+//! serving several replicas on its CPU copes.
 //! The replay speed (trace seconds per wall second) can be changed while it
 //! runs, which is how the demo ramps from light to heavy load; every request
 //! is counted in the phase it was sent in.
@@ -17,9 +20,50 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 
-/// The trace as (seconds since its first request, generated tokens).
+/// The trace as (seconds since its first request, context tokens,
+/// generated tokens).
 pub struct Trace {
-    pub rows: Vec<(f64, u32)>,
+    pub rows: Vec<(f64, u32, u32)>,
+}
+
+/// How a trace row becomes a request: its context and generated tokens
+/// divided, then kept within bounds (the conversation trace's medians, 1020
+/// and 129, become 32 prompt words and 8 answer tokens).
+#[derive(Clone, Copy, Debug)]
+pub struct ChatShape {
+    pub prompt_div: u32,
+    pub prompt_words: (u32, u32),
+    pub answer_div: u32,
+    pub answer_tokens: (u32, u32),
+}
+
+impl ChatShape {
+    pub const DEMO: ChatShape =
+        ChatShape { prompt_div: 32, prompt_words: (8, 64), answer_div: 16, answer_tokens: (1, 32) };
+
+    /// (prompt words, max_tokens) of a row.
+    pub fn of(&self, context_tokens: u32, generated_tokens: u32) -> (u32, u32) {
+        let (pw, at) = (self.prompt_words, self.answer_tokens);
+        ((context_tokens / self.prompt_div).clamp(pw.0, pw.1), (generated_tokens / self.answer_div).clamp(at.0, at.1))
+    }
+
+    /// The request body of trace row `i` (odd rows stream).
+    pub fn body(&self, model: &str, i: usize, context_tokens: u32, generated_tokens: u32) -> (String, bool) {
+        const WORDS: [&str; 16] = [
+            "the", "pool", "shares", "its", "GPUs", "between", "training", "and", "serving", "so", "no", "island",
+            "sits", "idle", "while", "work",
+        ];
+        let (words, max_tokens) = self.of(context_tokens, generated_tokens);
+        let prompt: Vec<&str> = (0..words as usize).map(|w| WORDS[(w + i) % WORDS.len()]).collect();
+        let stream = i % 2 == 1;
+        let body = serde_json::json!({
+            "model": model,
+            "messages": [{"role": "user", "content": prompt.join(" ")}],
+            "max_tokens": max_tokens,
+            "stream": stream,
+        });
+        (body.to_string(), stream)
+    }
 }
 
 impl Trace {
@@ -29,7 +73,7 @@ impl Trace {
         let mut rows = Vec::new();
         for (line, row) in read_azure(&text).map_err(|e| at(e.line, &e.what))? {
             let r = row.map_err(|e| at(line, &e))?;
-            rows.push((r.t, r.generated_tokens));
+            rows.push((r.t, r.context_tokens, r.generated_tokens));
         }
         let Some(first) = rows.iter().map(|r| r.0).reduce(f64::min) else {
             bail!("{}: no requests in the trace", path.display());
@@ -61,23 +105,36 @@ pub struct Phase {
     pub failed: u64,
     /// Seconds, of the requests answered 2xx.
     pub latencies: Vec<f64>,
+    /// Seconds to the first generated token, of the streams answered 2xx.
+    pub ttfts: Vec<f64>,
 }
 
 impl Phase {
     /// The `q` quantile (0..=1) of the served requests' latency.
     pub fn latency(&self, q: f64) -> Option<f64> {
-        let mut v = self.latencies.clone();
-        if v.is_empty() {
-            return None;
-        }
-        v.sort_by(f64::total_cmp);
-        let i = ((v.len() - 1) as f64 * q).round() as usize;
-        Some(v[i])
+        quantile(&self.latencies, q)
     }
+
+    /// The `q` quantile of the served streams' time to first token.
+    pub fn ttft(&self, q: f64) -> Option<f64> {
+        quantile(&self.ttfts, q)
+    }
+}
+
+fn quantile(v: &[f64], q: f64) -> Option<f64> {
+    let mut v = v.to_vec();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() - 1) as f64 * q).round() as usize;
+    Some(v[i])
 }
 
 pub struct Load {
     target: SocketAddr,
+    model: String,
+    shape: ChatShape,
     t0: Instant,
     /// Trace seconds per wall second, as f64 bits; 0 pauses the replay.
     speed: AtomicU64,
@@ -90,9 +147,18 @@ pub struct Load {
 
 impl Load {
     /// Starts the replay paused; [`Load::phase`] sets it going.
-    pub fn start(rt: &Handle, trace: Trace, target: SocketAddr, t0: Instant) -> Arc<Load> {
+    pub fn start(
+        rt: &Handle,
+        trace: Trace,
+        target: SocketAddr,
+        model: &str,
+        shape: ChatShape,
+        t0: Instant,
+    ) -> Arc<Load> {
         let load = Arc::new(Load {
             target,
+            model: model.to_string(),
+            shape,
             t0,
             speed: AtomicU64::new(0f64.to_bits()),
             stop: AtomicBool::new(false),
@@ -169,7 +235,8 @@ impl Load {
                 continue;
             }
             while i < trace.rows.len() && trace.rows[i].0 <= at {
-                self.send(trace.rows[i].1);
+                let (_, context, generated) = trace.rows[i];
+                self.send(self.shape.body(&self.model, i, context, generated));
                 i += 1;
             }
             if i == trace.rows.len() {
@@ -179,7 +246,7 @@ impl Load {
         }
     }
 
-    fn send(self: &Arc<Self>, tokens: u32) {
+    fn send(self: &Arc<Self>, (body, stream): (String, bool)) {
         let phase = {
             let mut p = self.lock_phases();
             let Some(cur) = p.last_mut() else { return };
@@ -190,13 +257,12 @@ impl Load {
         let me = self.clone();
         tokio::spawn(async move {
             let start = Instant::now();
-            let r = post(me.target, tokens).await;
+            let r = chat(me.target, &body, stream).await;
             let took = start.elapsed().as_secs_f64();
             me.in_flight.fetch_sub(1, Ordering::SeqCst);
-            let failure = match r {
-                Ok(s) if (200..300).contains(&s) => None,
-                Ok(s) => Some(format!("HTTP {s}")),
-                Err(e) => Some(e),
+            let (failure, ttft) = match r {
+                Ok(a) => (None, a.first_token.map(|t| t.duration_since(start).as_secs_f64())),
+                Err(e) => (Some(e), None),
             };
             {
                 let mut p = me.lock_phases();
@@ -205,6 +271,7 @@ impl Load {
                     None => {
                         cur.served += 1;
                         cur.latencies.push(took);
+                        cur.ttfts.extend(ttft);
                     }
                     Some(_) => cur.failed += 1,
                 }
@@ -220,11 +287,18 @@ impl Load {
     }
 }
 
-/// One request over its own connection; the status, or what went wrong.
-async fn post(target: SocketAddr, tokens: u32) -> Result<u16, String> {
-    let body = format!("{{\"max_tokens\": {tokens}}}");
+/// A chat completion answered whole: for a stream, every event up to
+/// `data: [DONE]`.
+struct Answer {
+    /// When the first generated text arrived (streams only).
+    first_token: Option<Instant>,
+}
+
+/// One chat completion over its own connection; what went wrong unless it
+/// was answered whole with 2xx.
+async fn chat(target: SocketAddr, body: &str, stream: bool) -> Result<Answer, String> {
     let request = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: chat\r\nContent-Type: application/json\r\n\
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: chat\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
@@ -232,17 +306,43 @@ async fn post(target: SocketAddr, tokens: u32) -> Result<u16, String> {
         let mut s = TcpStream::connect(target).await.map_err(|e| format!("connect: {e}"))?;
         s.write_all(request.as_bytes()).await.map_err(|e| format!("sending: {e}"))?;
         let mut answer = Vec::new();
-        s.read_to_end(&mut answer).await.map_err(|e| format!("reading the answer: {e}"))?;
-        let head = String::from_utf8_lossy(&answer[..answer.len().min(64)]).to_string();
-        head.split_whitespace()
+        let mut first_token = None;
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            let n = s.read(&mut buf).await.map_err(|e| format!("reading the answer: {e}"))?;
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buf[..n]);
+            // The first event with text in its delta (the first one only
+            // names the role).
+            if stream && first_token.is_none() && contains(&answer, b"\"delta\":{\"content\":\"") {
+                first_token = Some(Instant::now());
+            }
+        }
+        let text = String::from_utf8_lossy(&answer);
+        let status = text
+            .split_whitespace()
             .nth(1)
             .and_then(|s| s.parse::<u16>().ok())
-            .ok_or_else(|| format!("no HTTP status in the answer {head:?}"))
+            .ok_or_else(|| format!("no HTTP status in the answer {:?}", &text[..text.len().min(64)]))?;
+        if !(200..300).contains(&status) {
+            return Err(format!("HTTP {status}"));
+        }
+        let whole = if stream { text.contains("data: [DONE]") } else { text.contains("\"choices\"") };
+        if !whole {
+            return Err(if stream { "stream cut off before [DONE]" } else { "answer without choices" }.to_string());
+        }
+        Ok(Answer { first_token })
     };
-    match tokio::time::timeout(Duration::from_secs(120), exchange).await {
+    match tokio::time::timeout(Duration::from_secs(180), exchange).await {
         Ok(r) => r,
-        Err(_) => Err("no answer within 120 s".to_string()),
+        Err(_) => Err("no whole answer within 180 s".to_string()),
     }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 #[cfg(test)]
@@ -261,8 +361,24 @@ mod tests {
     #[test]
     fn rows_are_seconds_after_the_first_request_sorted() {
         let t = load("ok", "TIMESTAMP,ContextTokens,GeneratedTokens\n12.5,1,30\n\n10,2,20\n11,3,10\n").unwrap();
-        assert_eq!(t.rows, vec![(0.0, 20), (1.0, 10), (2.5, 30)]);
+        assert_eq!(t.rows, vec![(0.0, 2, 20), (1.0, 3, 10), (2.5, 1, 30)]);
         assert_eq!(t.rate(0.0, 2.0), 1.0);
+    }
+
+    #[test]
+    fn rows_become_small_chat_completions_every_other_one_streamed() {
+        let s = ChatShape::DEMO;
+        assert_eq!(s.of(1020, 129), (31, 8));
+        assert_eq!((s.of(0, 0), s.of(100_000, 100_000)), ((8, 1), (64, 32)));
+        let (body, stream) = s.body("m", 3, 320, 48);
+        assert!(stream);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (v["model"].as_str(), v["max_tokens"].as_u64(), v["stream"].as_bool()),
+            (Some("m"), Some(3), Some(true))
+        );
+        assert_eq!(v["messages"][0]["content"].as_str().unwrap().split(' ').count(), 10);
+        assert!(!s.body("m", 4, 320, 48).1);
     }
 
     #[test]

@@ -684,7 +684,7 @@ fn error_response(status: StatusCode, message: &str) -> Response<ProxyBody> {
 }
 
 fn unavailable(ctx: &Target, message: &str) -> Response<ProxyBody> {
-    let mut r = error_response(StatusCode::SERVICE_UNAVAILABLE, message);
+    let mut r = openai_error(StatusCode::SERVICE_UNAVAILABLE, message);
     let secs = ctx.endpoint.queue_settings().timeout.as_secs().max(1);
     r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
     r
@@ -701,9 +701,12 @@ fn json_response(status: StatusCode, body: serde_json::Value) -> Response<ProxyB
     r
 }
 
-/// An OpenAI-style error answer, which OpenAI clients show as it is.
+/// An OpenAI-style error answer, which OpenAI clients show as it is: the
+/// endpoint's own answers (no replica, the replica failed) are read by the
+/// same clients that read the model server's.
 fn openai_error(status: StatusCode, message: &str) -> Response<ProxyBody> {
-    json_response(status, serde_json::json!({ "error": { "message": message, "type": "invalid_request_error" } }))
+    let kind = if status.is_server_error() { "server_error" } else { "invalid_request_error" };
+    json_response(status, serde_json::json!({ "error": { "message": message, "type": kind, "code": status.as_u16() } }))
 }
 
 /// The host a request names, lower case, without a port.
@@ -1119,7 +1122,7 @@ impl Prepared {
 async fn forward(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
     let name = ctx.endpoint.name();
     let failed = |f: Failure| match f {
-        Failure::Replica => error_response(StatusCode::BAD_GATEWAY, "the replica failed before answering"),
+        Failure::Replica => openai_error(StatusCode::BAD_GATEWAY, "the replica failed before answering"),
         Failure::Draining => unavailable(ctx, "the replica is draining and no other one could take the request"),
     };
     let mut tried = Vec::new();
@@ -1168,7 +1171,7 @@ async fn forward(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
                 // Not retried: the replica may still be working on it, and a
                 // second attempt would double the wait.
                 counted(504);
-                return error_response(StatusCode::GATEWAY_TIMEOUT, "the replica did not answer in time");
+                return openai_error(StatusCode::GATEWAY_TIMEOUT, "the replica did not answer in time");
             }
             Err(e) => {
                 let replica = replica.address;

@@ -1,0 +1,207 @@
+//! A real model server behind onepoold on the real cluster: replicas are
+//! llama.cpp's llama-server with SmolLM2-135M (scripts/model-server.sh)
+//! under `onepool replica`, as Slurm jobs onepoold submits. The official
+//! OpenAI Python client talks to the endpoint; a client that hangs up in
+//! the middle of a stream frees the server's slot; a graceful reclaim with
+//! streams in flight completes every one of them.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use onepool_dev_cluster::model_server::MODEL_NAME;
+use onepool_elastic_daemon::config::EndpointFile;
+use onepool_tests::elastic::{
+    assert_untouched, daemon_config, foreign_job, llama_replicas, metric, protected_training, ready_ports, runtime,
+    scratch, serving, start_daemon, wait, Load,
+};
+use onepool_tests::{cluster, workspace_root, Cleanup, TEST_MIN_RUNTIME_SECS};
+
+const ENDPOINT: &str = "chat";
+
+#[test]
+fn the_openai_client_lists_completes_and_streams_and_reads_the_error_when_no_replica_serves() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("serving-openai");
+    let config = dir.join("onepoold.toml");
+    let mut file = daemon_config(c, &dir, ENDPOINT, |r| {
+        llama_replicas(r, 4);
+        r.max = Some(1);
+    });
+    // An endpoint with no replica at all: its requests wait a second in the
+    // queue, then get onepoold's own answer.
+    file.endpoints.push(EndpointFile {
+        listen: Some(([127, 0, 0, 1], 0).into()),
+        queue_timeout: Some(Duration::from_secs(1)),
+        ..EndpointFile::new("idle")
+    });
+    file.write(&config).unwrap();
+    let rt = runtime();
+    let d = start_daemon(&rt, &config);
+    let port = d.endpoint(ENDPOINT).unwrap().listen.unwrap().port();
+    let idle = d.endpoint("idle").unwrap().listen.unwrap().port();
+    let t = wait("the llama-server replica to serve", Duration::from_secs(150), || {
+        serving(&d, ENDPOINT, "baseline").len() == 1
+    });
+    eprintln!("llama-server replica serving {:.1} s after onepoold started", t.as_secs_f64());
+
+    let script = workspace_root().join("tests/clients/openai_client.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(format!("http://127.0.0.1:{port}/v1"))
+        .arg(MODEL_NAME)
+        .arg(format!("http://127.0.0.1:{idle}/v1"))
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the openai client failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let seen: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    eprintln!("the openai client saw: {seen:#}");
+    assert!(seen["models"].as_array().unwrap().iter().any(|m| m == MODEL_NAME), "{seen}");
+    for what in ["completion", "chat"] {
+        assert!(seen[what]["tokens"].as_u64().unwrap() > 0, "{what}: {seen}");
+        assert!(!seen[what]["text"].as_str().unwrap().is_empty(), "{what}: {seen}");
+    }
+    let stream = &seen["stream"];
+    // The role, at least two pieces of text, the finish.
+    assert!(stream["chunks"].as_u64().unwrap() >= 4, "{stream}");
+    assert!(!stream["text"].as_str().unwrap().is_empty(), "{stream}");
+    assert!(matches!(stream["finish_reason"].as_str(), Some("length" | "stop")), "{stream}");
+    // The client reads onepoold's own answer as an API error with its
+    // status and sentence, not a parse failure.
+    let none = &seen["no_replica"];
+    assert_eq!(
+        (none["raised"].as_str(), none["status"].as_u64(), none["retry_after"].as_str()),
+        (Some("InternalServerError"), Some(503), Some("1")),
+        "{none}"
+    );
+    assert_eq!(none["message"].as_str(), Some("no replica became free in time; retry later"), "{none}");
+
+    rt.block_on(d.shutdown());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Sends a streamed chat completion for `max_tokens` and returns the
+/// connection once the first generated text arrived.
+fn stream_until_first_token(port: u16, max_tokens: u32) -> TcpStream {
+    let body = serde_json::json!({
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "Write a long story about a GPU cluster."}],
+        "max_tokens": max_tokens,
+        "stream": true,
+    })
+    .to_string();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("\"delta\":{\"content\":\"") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before any text: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    s
+}
+
+#[test]
+fn a_client_that_hangs_up_mid_stream_frees_the_servers_slot_at_once() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("serving-hangup");
+    let config = dir.join("onepoold.toml");
+    daemon_config(c, &dir, ENDPOINT, |r| {
+        llama_replicas(r, 4);
+        r.max = Some(1);
+    })
+    .write(&config)
+    .unwrap();
+    let rt = runtime();
+    let d = start_daemon(&rt, &config);
+    let port = d.endpoint(ENDPOINT).unwrap().listen.unwrap().port();
+    wait("the llama-server replica to serve", Duration::from_secs(150), || {
+        serving(&d, ENDPOINT, "baseline").len() == 1
+    });
+    // The launcher listens on the replica's port, llama-server one above.
+    let server = *ready_ports(&d, ENDPOINT).iter().next().unwrap() + 1;
+    let processing = || metric(server, "llamacpp:requests_processing");
+    let predicted = || metric(server, "llamacpp:tokens_predicted_total").unwrap_or(0.0);
+    assert_eq!(processing(), Some(0.0), "llama-server's /metrics on port {server}");
+
+    // 2000 tokens would take minutes here; the client leaves after the first.
+    let before = predicted();
+    let s = stream_until_first_token(port, 2000);
+    assert_eq!(processing(), Some(1.0), "the stream occupies a slot");
+    let hung_up = Instant::now();
+    drop(s);
+    let freed = wait("llama-server to free the slot", Duration::from_secs(10), || processing() == Some(0.0));
+    std::thread::sleep(Duration::from_millis(500));
+    let generated = predicted() - before;
+    eprintln!(
+        "slot free {:.2} s after the client hung up; {generated} tokens generated in all",
+        hung_up.elapsed().as_secs_f64().min(freed.as_secs_f64())
+    );
+    // Polled every 200 ms: "at once" is within a few polls, not the minutes
+    // the rest of the answer would take.
+    assert!(freed < Duration::from_secs(2), "the slot was freed only after {freed:?}");
+    assert!(generated < 1000.0, "the server went on generating for the client that left: {generated} tokens");
+
+    rt.block_on(d.shutdown());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_graceful_reclaim_completes_every_stream_in_flight_and_the_training_starts_when_they_end() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("serving-reclaim");
+    let config = dir.join("onepoold.toml");
+    daemon_config(c, &dir, ENDPOINT, |r| llama_replicas(r, 4)).write(&config).unwrap();
+    let foreign = foreign_job(c);
+    let rt = runtime();
+    let d = start_daemon(&rt, &config);
+    let port = d.endpoint(ENDPOINT).unwrap().listen.unwrap().port();
+    let t0 = Instant::now();
+    let secs = || t0.elapsed().as_secs_f64();
+    wait("the baseline replica to serve", Duration::from_secs(150), || serving(&d, ENDPOINT, "baseline").len() == 1);
+    eprintln!("{:>5.1}s baseline replica serving", secs());
+
+    // 16 clients streaming 48-token answers back to back: 4 replicas'
+    // worth at 4 per replica, max is 3.
+    let load = Load::streams(port, 16, 48);
+    wait("two supplemental replicas to serve", Duration::from_secs(180), || {
+        serving(&d, ENDPOINT, "supplemental").len() == 2
+    });
+    eprintln!("{:>5.1}s two supplemental replicas serving", secs());
+    std::thread::sleep(Duration::from_secs(TEST_MIN_RUNTIME_SECS + 1));
+    assert_eq!(load.failed(), 0, "{:?}", load.statuses);
+
+    let supplemental = serving(&d, ENDPOINT, "supplemental");
+    let (training, took) = protected_training(c);
+    eprintln!("{:>5.1}s protected training RUNNING {took:?} after submission", secs());
+    let victims: Vec<u32> =
+        supplemental.iter().copied().filter(|j| c.state(*j).as_deref() != Some("RUNNING")).collect();
+    assert_eq!(victims.len(), 1, "one supplemental replica yields its GPUs: {victims:?}");
+    // The victim stops taking new streams and finishes the ones it has (a
+    // few seconds each here), far sooner than the drain timeout (20 s).
+    assert!(took < Duration::from_secs(15), "time to capacity {took:?}");
+
+    // Streams go on through the rest while the training runs.
+    std::thread::sleep(Duration::from_secs(5));
+    let (sent, statuses) = load.finish();
+    eprintln!("streams: {sent} sent, {statuses:?}");
+    assert_eq!(statuses.keys().copied().collect::<Vec<_>>(), vec![200], "every stream completed: {statuses:?}");
+    assert_eq!(c.state(training).as_deref(), Some("RUNNING"));
+    assert_untouched(c, foreign);
+
+    c.ok("scancel", &[&training.to_string(), &foreign.to_string()]);
+    rt.block_on(d.shutdown());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
