@@ -92,7 +92,10 @@ fn load_metrics_auto_is_the_known_servers_gauges() {
     assert!(r.load_metrics.contains(&"llamacpp:requests_deferred".to_string()), "{:?}", r.load_metrics);
     assert!(r.load_metrics.contains(&"vllm:num_requests_waiting".to_string()), "{:?}", r.load_metrics);
     let e = parse("t.toml", &src("\"vllm\"")).unwrap_err().to_string();
-    assert!(e.contains("t.toml:7:16: error: replicas.load_metrics = \"vllm\": give a list of metric names, or \"auto\""), "{e}");
+    assert!(
+        e.contains("t.toml:7:16: error: replicas.load_metrics = \"vllm\": give a list of metric names, or \"auto\""),
+        "{e}"
+    );
 }
 
 #[test]

@@ -50,6 +50,7 @@ if len(sys.argv) > 3:
             "raised": type(e).__name__,
             "status": e.status_code,
             "message": e.message,
+            "body": e.body,
             "retry_after": e.response.headers.get("retry-after"),
         }
 

@@ -77,7 +77,12 @@ fn the_openai_client_lists_completes_and_streams_and_reads_the_error_when_no_rep
         (Some("InternalServerError"), Some(503), Some("1")),
         "{none}"
     );
-    assert_eq!(none["message"].as_str(), Some("no replica became free in time; retry later"), "{none}");
+    assert_eq!(
+        (none["body"]["message"].as_str(), none["body"]["type"].as_str()),
+        (Some("no replica became free in time; retry later"), Some("server_error")),
+        "{none}"
+    );
+    assert!(none["message"].as_str().unwrap().contains("no replica became free in time"), "{none}");
 
     rt.block_on(d.shutdown());
     std::fs::remove_dir_all(&dir).unwrap();

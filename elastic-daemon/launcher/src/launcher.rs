@@ -200,13 +200,22 @@ async fn front(
             &format!("model server not reachable ({e}); retry elsewhere\n"),
             true,
         ),
-        Err(e) => plain(StatusCode::BAD_GATEWAY, &format!("model server failed: {e}\n"), false),
+        Err(e) => {
+            tracing::warn!("the model server failed a request: {e:?}");
+            plain(StatusCode::BAD_GATEWAY, &format!("model server failed: {e}\n"), false)
+        }
     }
 }
 
 /// Serves the front proxy until the process ends.
 pub async fn serve_front(listener: TcpListener, backend: SocketAddr, state: Arc<Front>) {
-    let client: Client<HttpConnector, Incoming> = Client::builder(TokioExecutor::new()).build_http();
+    // A new connection per request: the server is on this node (a loopback
+    // connect costs microseconds), and a kept-alive one races the server's
+    // own idle close (llama-server's is 5 s): a request written as the
+    // server closes fails, and its streamed body cannot be sent again. Seen
+    // as 502s with llama-server replicas before this.
+    let client: Client<HttpConnector, Incoming> =
+        Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build_http();
     loop {
         let Ok((stream, _)) = listener.accept().await else { continue };
         let (state, client) = (state.clone(), client.clone());
