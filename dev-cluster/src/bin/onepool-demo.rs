@@ -39,7 +39,7 @@ const ENDPOINT: &str = "chat";
 /// GPUs per replica (one node of the dev cluster).
 const GPUS: u32 = 4;
 /// Trace seconds per wall second in the light and the heavy phase.
-const LIGHT: f64 = 0.2;
+const LIGHT: f64 = 0.4;
 const HEAVY: f64 = 1.0;
 const LIGHT_SECS: u64 = 15;
 /// The demo policy's min_runtime_before_reclaim (PreemptExemptTime).
