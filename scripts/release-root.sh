@@ -238,6 +238,14 @@ build_root() {
     fi
     cp -L /etc/resolv.conf "$build/etc/resolv.conf" 2>/dev/null || true
     cp -L "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}" "$build/tmp/onepool-host-ca.crt" || return 1
+    # The host's own certificate authorities (a site's TLS proxy, say), so
+    # that the root trusts what the host trusts: the ca-certificates
+    # package below adds them to the root's store (pip may use that store
+    # rather than PIP_CERT).
+    if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+        mkdir -p "$build/usr/local/share/ca-certificates"
+        cp -L /usr/local/share/ca-certificates/*.crt "$build/usr/local/share/ca-certificates/" || return 1
+    fi
     cp "$requirements_file" "$build/tmp/onepool-requirements.txt" || return 1
 
     local inner
