@@ -204,17 +204,11 @@ struct RawReplicas {
     panic_threshold: Option<Spanned<f64>>,
     scale_down_delay: Option<Spanned<String>>,
     output: Option<Spanned<String>>,
-    load_metrics: Option<Spanned<RawLoadMetrics>>,
+    /// Metric names, or "auto" for the model servers onepool knows
+    /// ([`crate::replica_metrics::KNOWN_SERVERS`]); read as a value so that
+    /// a wrong type gets this key's own message.
+    load_metrics: Option<Spanned<toml::Value>>,
     metrics_path: Option<Spanned<String>>,
-}
-
-/// `load_metrics`: metric names, or "auto" for the model servers onepool
-/// knows ([`crate::replica_metrics::KNOWN_SERVERS`]).
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum RawLoadMetrics {
-    Names(Vec<String>),
-    Preset(String),
 }
 
 #[derive(Deserialize)]
@@ -536,12 +530,18 @@ fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> ReplicaSetting
     if let (Some(o), true) = (&r.output, output.is_empty()) {
         c.error(o.span(), "replicas.output is empty; give an sbatch -o path (default /dev/null)".into());
     }
+    let names = |v: &[toml::Value]| v.iter().map(|n| n.as_str().map(str::to_string)).collect::<Option<Vec<_>>>();
     let load_metrics = match r.load_metrics.as_ref().map(|m| (m.get_ref(), m.span())) {
         None => Vec::new(),
-        Some((RawLoadMetrics::Names(n), _)) => n.clone(),
-        Some((RawLoadMetrics::Preset(p), _)) if p == "auto" => crate::replica_metrics::known_load_metrics(),
-        Some((RawLoadMetrics::Preset(p), span)) => {
-            c.error(span, format!("replicas.load_metrics = {p:?}: give a list of metric names, or \"auto\" (the load gauges of llama.cpp, vLLM, SGLang and TGI)"));
+        Some((toml::Value::String(p), _)) if p == "auto" => crate::replica_metrics::known_load_metrics(),
+        Some((toml::Value::Array(v), _)) if names(v).is_some() => names(v).unwrap_or_default(),
+        Some((other, span)) => {
+            c.error(
+                span,
+                format!(
+                    "replicas.load_metrics = {other}: give a list of metric names, or \"auto\" (the load gauges of llama.cpp, vLLM, SGLang and TGI)"
+                ),
+            );
             Vec::new()
         }
     };

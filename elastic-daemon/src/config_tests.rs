@@ -91,11 +91,11 @@ fn load_metrics_auto_is_the_known_servers_gauges() {
     let r = parse("t.toml", &src("\"auto\"")).unwrap().endpoints[0].replicas.clone().unwrap();
     assert!(r.load_metrics.contains(&"llamacpp:requests_deferred".to_string()), "{:?}", r.load_metrics);
     assert!(r.load_metrics.contains(&"vllm:num_requests_waiting".to_string()), "{:?}", r.load_metrics);
-    let e = parse("t.toml", &src("\"vllm\"")).unwrap_err().to_string();
-    assert!(
-        e.contains("t.toml:7:16: error: replicas.load_metrics = \"vllm\": give a list of metric names, or \"auto\""),
-        "{e}"
-    );
+    for v in ["\"vllm\"", "5", "[\"a\", 1]"] {
+        let e = parse("t.toml", &src(v)).unwrap_err().to_string();
+        let want = format!("t.toml:7:16: error: replicas.load_metrics = {v}: give a list of metric names, or \"auto\"");
+        assert!(e.contains(&want), "{e}");
+    }
 }
 
 #[test]
