@@ -179,7 +179,17 @@ struct RawEndpoint {
     response_idle_timeout: Option<Spanned<String>>,
     retry: Option<RawRetry>,
     health: Option<RawHealth>,
+    auth: Option<RawAuth>,
     replicas: Option<Spanned<RawReplicas>>,
+}
+
+/// `[endpoint.auth]`: requests must carry one of these bearer tokens.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAuth {
+    /// One token per line; `#` starts a comment. Readable by the daemon's
+    /// user only.
+    bearer_tokens_file: Spanned<String>,
 }
 
 #[derive(Deserialize)]
@@ -277,6 +287,47 @@ impl Checker {
 }
 
 /// Parses and checks `source`; `file` names it in every error.
+/// Shortest token accepted: shorter ones can be guessed.
+const MIN_TOKEN_LEN: usize = 16;
+
+/// The tokens of `[endpoint.auth] bearer_tokens_file`, or an error at the
+/// key: the file is unreadable, open to anyone but its owner, empty, or
+/// holds a short token.
+fn bearer_tokens(c: &mut Checker, path: &Spanned<String>) -> Option<onepool_router::settings::BearerTokens> {
+    use std::os::unix::fs::PermissionsExt;
+    let (file, span) = (path.get_ref(), path.span());
+    let key = "auth.bearer_tokens_file";
+    let text = match std::fs::metadata(file).and_then(|m| Ok((m, std::fs::read_to_string(file)?))) {
+        Ok((m, _)) if m.permissions().mode() & 0o077 != 0 => {
+            let mode = m.permissions().mode() & 0o777;
+            c.error(span, format!("{key} {file:?} is readable or writable by others (mode {mode:o}): chmod 600 it and make onepoold's user its owner"));
+            return None;
+        }
+        Ok((_, text)) => text,
+        Err(e) => {
+            c.error(span, format!("{key} {file:?}: cannot read it: {e}"));
+            return None;
+        }
+    };
+    let mut tokens = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let t = line.split('#').next().unwrap_or("").trim();
+        if t.is_empty() {
+            continue;
+        }
+        if t.len() < MIN_TOKEN_LEN || t.contains(char::is_whitespace) || !t.is_ascii() {
+            c.error(span.clone(), format!("{key} {file:?} line {}: a token is one word of at least {MIN_TOKEN_LEN} ASCII characters (e.g. `openssl rand -hex 32`)", i + 1));
+            return None;
+        }
+        tokens.push(t.to_string());
+    }
+    if tokens.is_empty() {
+        c.error(span, format!("{key} {file:?} holds no token: every request would be refused"));
+        return None;
+    }
+    Some(onepool_router::settings::BearerTokens::new(tokens))
+}
+
 pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
     let raw: RawConfig = toml::from_str(source).map_err(|e| {
         let d = Diagnostic::error(e.span(), e.message().to_string());
@@ -367,6 +418,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
             retries: attempts as u32,
             idempotent: retry.and_then(|r| r.idempotent).unwrap_or(false),
             conn,
+            auth: e.auth.as_ref().and_then(|a| bearer_tokens(&mut c, &a.bearer_tokens_file)),
         };
         let (health, thresholds) = match &e.health {
             None => (None, HealthThresholds::default()),

@@ -142,3 +142,42 @@ endpoint = "chat"
     let conn = &parse("o.toml", ok).unwrap().endpoints[0].proxy.conn;
     assert_eq!((conn.max_connections, conn.max_connections_per_ip), (100, 100));
 }
+
+#[test]
+fn bearer_tokens_come_from_a_private_file_and_bad_ones_are_refused_with_where() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("onepool-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("chat.tokens");
+    let src = format!(
+        "control_socket = \"/tmp/x.sock\"\n[[endpoint]]\nname = \"chat\"\nlisten = \"127.0.0.1:0\"\n[endpoint.auth]\nbearer_tokens_file = \"{}\"\n",
+        file.display()
+    );
+    let write = |text: &str, mode: u32| {
+        std::fs::write(&file, text).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    let err = || parse("t.toml", &src).unwrap_err().to_string();
+    write("# the chat team\n0123456789abcdef0123\n\nfedcba9876543210fedc  # ops\n", 0o600);
+    let c = parse("t.toml", &src).unwrap();
+    assert_eq!(c.endpoints[0].proxy.auth.as_ref().map(|a| a.len()), Some(2));
+    write("0123456789abcdef0123\n", 0o644);
+    assert!(
+        err().contains("t.toml:6:22: error: auth.bearer_tokens_file") && err().contains("mode 644): chmod 600"),
+        "{}",
+        err()
+    );
+    write("short\n", 0o600);
+    assert!(err().contains("line 1: a token is one word of at least 16 ASCII characters"), "{}", err());
+    write("# nothing\n", 0o600);
+    assert!(err().contains("holds no token"), "{}", err());
+    std::fs::remove_file(&file).unwrap();
+    assert!(err().contains("cannot read it"), "{}", err());
+    std::fs::remove_dir_all(&dir).unwrap();
+    // Without the table, nothing is asked of clients.
+    assert!(parse("t.toml", &src.replace("[endpoint.auth]", "").replace("bearer_tokens_file", "#")).unwrap().endpoints
+        [0]
+    .proxy
+    .auth
+    .is_none());
+}

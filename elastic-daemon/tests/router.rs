@@ -773,3 +773,42 @@ async fn without_health_checks_a_failed_request_ejects_nothing() {
     assert_eq!(h.snapshot().replicas[0].state, ReplicaState::Ready);
     h.daemon.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_with_bearer_tokens_refuses_requests_without_one_before_any_replica_sees_them() {
+    let a = backend(Mode::Normal).await;
+    let mut cfg = endpoint_config(4, 4, Duration::from_secs(5));
+    cfg.proxy.auth = Some(onepool_router::settings::BearerTokens::new(["0123456789abcdef-chat".to_string()]));
+    let h = Harness::new(cfg, &[a.addr]).await;
+    let c = client();
+    let with = |auth: Option<&str>, method: &str, body: &'static str| {
+        let mut r = Request::builder().method(method).uri(format!("{}/ok", h.url));
+        if let Some(v) = auth {
+            r = r.header("authorization", v);
+        }
+        let (c, req) = (c.clone(), r.body(Full::new(Bytes::from_static(body.as_bytes()))).unwrap());
+        async move {
+            let resp = c.request(req).await.unwrap();
+            let (status, headers) = (resp.status(), resp.headers().clone());
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            (status, headers, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    for (auth, method, body) in [
+        (None, "GET", ""),
+        (Some("Bearer 0123456789abcdef-chaT"), "GET", ""),
+        (Some("Basic 0123456789abcdef-chat"), "POST", "{\"model\": \"m\"}"),
+    ] {
+        let (s, headers, text) = with(auth, method, body).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{auth:?}");
+        assert_eq!(headers.get("www-authenticate").unwrap(), "Bearer");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["code"], 401, "{text}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("Authorization: Bearer"), "{text}");
+    }
+    assert_eq!(a.stats.served(), 0, "no refused request reached the replica");
+    let (s, _, text) = with(Some("Bearer 0123456789abcdef-chat"), "POST", "{\"model\": \"m\"}").await;
+    assert_eq!((s, text), (StatusCode::OK, a.addr.to_string()));
+    assert_eq!(a.stats.served(), 1);
+    h.daemon.shutdown().await;
+}

@@ -690,6 +690,22 @@ fn unavailable(ctx: &Target, message: &str) -> Response<ProxyBody> {
     r
 }
 
+/// 401 unless the request carries one of the endpoint's bearer tokens
+/// (endpoints with `[endpoint.auth]`).
+fn unauthorized(t: &Target, headers: &HeaderMap) -> Option<Response<ProxyBody>> {
+    let auth = t.settings.auth.as_ref()?;
+    if auth.allows(headers) {
+        return None;
+    }
+    t.endpoint.count_answer(401);
+    let mut r = openai_error(
+        StatusCode::UNAUTHORIZED,
+        "this endpoint needs an API key: send Authorization: Bearer <key> with one of its keys",
+    );
+    r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    Some(r)
+}
+
 fn is_safe(method: &Method) -> bool {
     matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
@@ -776,6 +792,9 @@ fn plan(req: Request<Incoming>, client: &Arc<ClientConn>) -> Plan {
             },
         },
     };
+    if let Some(r) = unauthorized(t, req.headers()) {
+        return Plan::Answer(Box::new(r));
+    }
     let start = Instant::now();
     let (parts, _) = req.into_parts();
     let mut p = Prepared::new(parts, Bytes::new(), t, client, start);
@@ -806,6 +825,10 @@ async fn route(req: Request<Incoming>, client: Arc<ClientConn>) -> Response<Prox
             }
         },
     };
+    // Before its body is read: a client without a token costs nothing more.
+    if let Some(r) = unauthorized(t, req.headers()) {
+        return r;
+    }
     // The body, read whole (bounded) so that a failed attempt can be
     // retried; then the request goes to one of the endpoint's replicas.
     let start = Instant::now();
@@ -955,6 +978,9 @@ async fn route_by_model(
         let msg = format!("model {model:?} is not served here; the models served here are {}", known());
         return refuse(StatusCode::NOT_FOUND, &msg);
     };
+    if let Some(r) = unauthorized(t, &parts.headers) {
+        return Routing::Endpoint(r);
+    }
     if body.len() > t.settings.max_request_body {
         let msg = format!("request body larger than {} bytes", t.settings.max_request_body);
         t.endpoint.count_answer(413);

@@ -3,7 +3,11 @@
 //! read. They live with the router so that the configuration depends on the
 //! router and never the other way round.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use http::header::AUTHORIZATION;
+use http::HeaderMap;
 
 #[derive(Clone, Debug)]
 pub struct ProxySettings {
@@ -27,6 +31,55 @@ pub struct ProxySettings {
     pub idempotent: bool,
     /// The endpoint's own listener's connection limits.
     pub conn: ConnSettings,
+    /// Bearer tokens a request must carry (`[endpoint.auth]`); `None`:
+    /// none needed.
+    pub auth: Option<BearerTokens>,
+}
+
+/// The tokens an endpoint accepts in `Authorization: Bearer TOKEN`.
+#[derive(Clone)]
+pub struct BearerTokens(Arc<Vec<Vec<u8>>>);
+
+impl BearerTokens {
+    pub fn new(tokens: impl IntoIterator<Item = String>) -> BearerTokens {
+        BearerTokens(Arc::new(tokens.into_iter().map(String::into_bytes).collect()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether the request's Authorization field names one of the tokens.
+    /// Every token is compared in full, without stopping at the first
+    /// difference, so the time taken does not tell how much of a guess
+    /// was right.
+    pub fn allows(&self, headers: &HeaderMap) -> bool {
+        let Some(given) = headers.get(AUTHORIZATION).map(|v| v.as_bytes()) else { return false };
+        let Some(given) = given.get(..7).filter(|s| s.eq_ignore_ascii_case(b"bearer ")).map(|_| &given[7..]) else {
+            return false;
+        };
+        let given = given.trim_ascii();
+        let mut found = 0u8;
+        for t in self.0.iter() {
+            let mut diff = u8::from(t.len() != given.len());
+            for (i, b) in t.iter().enumerate() {
+                diff |= b ^ given.get(i).copied().unwrap_or(0);
+            }
+            found |= u8::from(diff == 0);
+        }
+        found == 1
+    }
+}
+
+/// Never prints the tokens.
+impl std::fmt::Debug for BearerTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BearerTokens({} tokens)", self.0.len())
+    }
 }
 
 /// What a listener applies to each connection, before any routing.
@@ -96,5 +149,28 @@ impl Routes {
             Routes::Path(r) => r.iter().map(|p| p.endpoint.as_str()).collect(),
         };
         v.into_iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_listed_bearer_token_passes() {
+        let t = BearerTokens::new(["s3cret-token".to_string(), "other".to_string()]);
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(AUTHORIZATION, v.parse().unwrap());
+            t.allows(&h)
+        };
+        assert!(with("Bearer s3cret-token") && with("bearer other") && with("Bearer  other "));
+        for bad in
+            ["Bearer s3cret-toke", "Bearer s3cret-token2", "Basic s3cret-token", "s3cret-token", "Bearer ", "Bearer"]
+        {
+            assert!(!with(bad), "{bad}");
+        }
+        assert!(!t.allows(&HeaderMap::new()));
+        assert_eq!(format!("{t:?}"), "BearerTokens(2 tokens)");
     }
 }
