@@ -812,3 +812,48 @@ async fn an_endpoint_with_bearer_tokens_refuses_requests_without_one_before_any_
     assert_eq!(a.stats.served(), 1);
     h.daemon.shutdown().await;
 }
+
+/// A replica that answers every request with `body` (JSON), once per
+/// connection.
+async fn json_backend(body: &'static str) -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let _ = read_message(&mut s, &mut buf).await;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(body.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_are_listed_from_every_ready_replica_each_once() {
+    let a = json_backend(r#"{"object":"list","data":[{"id":"SmolLM2-135M-Instruct","owned_by":"llamacpp"}]}"#).await;
+    let b = json_backend(r#"{"object":"list","data":[{"id":"SmolLM2-135M-Instruct"},{"id":"SmolLM2-360M-Instruct"}]}"#)
+        .await;
+    // A replica that is down is left out.
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[a, b, closed_port().await]).await;
+    let (s, text) = get(&client(), &format!("{}/v1/models", h.url)).await;
+    assert_eq!(s, StatusCode::OK, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!((v["object"].as_str(), ids), (Some("list"), vec!["SmolLM2-135M-Instruct", "SmolLM2-360M-Instruct"]));
+    assert_eq!(v["data"][0]["owned_by"], "llamacpp", "the first replica's entry: {text}");
+    h.daemon.shutdown().await;
+
+    // No replica at all: the client reads why.
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[]).await;
+    let (s, text) = get(&client(), &format!("{}/v1/models", h.url)).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(text.contains("no replica is ready to list its models"), "{text}");
+    h.daemon.shutdown().await;
+}

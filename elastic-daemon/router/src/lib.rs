@@ -15,6 +15,7 @@ pub mod backend_pool;
 pub mod endpoint;
 pub mod health;
 pub mod metrics;
+mod models;
 pub mod proxy;
 pub mod registry;
 pub mod settings;

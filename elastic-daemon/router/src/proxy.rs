@@ -706,6 +706,21 @@ fn unauthorized(t: &Target, headers: &HeaderMap) -> Option<Response<ProxyBody>> 
     Some(r)
 }
 
+/// `GET /v1/models`, which the endpoint answers itself from all its
+/// replicas' lists.
+fn is_models_list<B>(req: &Request<B>) -> bool {
+    req.method() == Method::GET && req.uri().path() == "/v1/models"
+}
+
+async fn list_models(t: Arc<Target>) -> Response<ProxyBody> {
+    let r = match crate::models::list(&t.endpoint, t.settings.connect_timeout).await {
+        Ok(list) => json_response(StatusCode::OK, list),
+        Err((status, why)) => openai_error(status, &why),
+    };
+    t.endpoint.count_answer(r.status().as_u16());
+    r
+}
+
 fn is_safe(method: &Method) -> bool {
     matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
@@ -795,6 +810,9 @@ fn plan(req: Request<Incoming>, client: &Arc<ClientConn>) -> Plan {
     if let Some(r) = unauthorized(t, req.headers()) {
         return Plan::Answer(Box::new(r));
     }
+    if is_models_list(&req) {
+        return Plan::Later(Box::pin(list_models(t.clone())));
+    }
     let start = Instant::now();
     let (parts, _) = req.into_parts();
     let mut p = Prepared::new(parts, Bytes::new(), t, client, start);
@@ -828,6 +846,9 @@ async fn route(req: Request<Incoming>, client: Arc<ClientConn>) -> Response<Prox
     // Before its body is read: a client without a token costs nothing more.
     if let Some(r) = unauthorized(t, req.headers()) {
         return r;
+    }
+    if is_models_list(&req) {
+        return Box::pin(list_models(t.clone())).await;
     }
     // The body, read whole (bounded) so that a failed attempt can be
     // retried; then the request goes to one of the endpoint's replicas.

@@ -1,0 +1,96 @@
+//! `GET /v1/models` on an endpoint: the models its ready replicas list
+//! themselves, merged, rather than whichever one replica the request would
+//! reach (during a rolling change of model, replicas differ).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use serde_json::Value;
+
+use crate::endpoint::Endpoint;
+use crate::proxy::backend_client;
+use crate::registry::ReplicaState;
+
+/// Longest wait for one replica's list.
+const LIST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest list read from one replica.
+const MAX_LIST_BYTES: usize = 1 << 20;
+
+/// The merged list as an OpenAI `list` object, or why there is none
+/// (status and sentence).
+pub(crate) async fn list(endpoint: &Endpoint, connect_timeout: Duration) -> Result<Value, (StatusCode, String)> {
+    let ready: Vec<_> = endpoint
+        .snapshot()
+        .replicas
+        .into_iter()
+        .filter(|r| r.state == ReplicaState::Ready)
+        .map(|r| r.address)
+        .collect();
+    if ready.is_empty() {
+        return Err((StatusCode::SERVICE_UNAVAILABLE, "no replica is ready to list its models; retry later".into()));
+    }
+    let client = backend_client(connect_timeout);
+    // Asked together, so one slow replica does not delay the answer more
+    // than LIST_TIMEOUT.
+    let mut asks = tokio::task::JoinSet::new();
+    for (i, address) in ready.iter().enumerate() {
+        let (client, uri) = (client.clone(), format!("http://{address}/v1/models").parse::<Uri>());
+        asks.spawn(async move {
+            let list = async {
+                let mut req = Request::new(Full::new(Bytes::new()));
+                *req.uri_mut() = uri.ok()?;
+                let resp = tokio::time::timeout(LIST_TIMEOUT, client.request(req)).await.ok()?.ok()?;
+                if !resp.status().is_success() {
+                    return None;
+                }
+                let body = http_body_util::Limited::new(resp.into_body(), MAX_LIST_BYTES);
+                let bytes = tokio::time::timeout(LIST_TIMEOUT, body.collect()).await.ok()?.ok()?.to_bytes();
+                serde_json::from_slice::<Value>(&bytes).ok()
+            };
+            (i, list.await)
+        });
+    }
+    // In the replicas' order, whichever answers first.
+    let mut lists = vec![None; ready.len()];
+    while let Some(Ok((i, list))) = asks.join_next().await {
+        lists[i] = list;
+    }
+    let lists: Vec<Value> = lists.into_iter().flatten().collect();
+    if lists.is_empty() {
+        return Err((StatusCode::BAD_GATEWAY, format!("none of the {} ready replicas listed its models", ready.len())));
+    }
+    Ok(serde_json::json!({ "object": "list", "data": merge(&lists) }))
+}
+
+/// The `data` entries of OpenAI model lists, each `id` once (the first
+/// replica's entry for it), in the order first seen.
+pub(crate) fn merge(lists: &[Value]) -> Vec<Value> {
+    let mut seen = std::collections::HashSet::new();
+    lists
+        .iter()
+        .filter_map(|l| l.get("data").and_then(Value::as_array))
+        .flatten()
+        .filter(|m| m.get("id").and_then(Value::as_str).is_some_and(|id| seen.insert(id.to_string())))
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn each_model_is_listed_once_in_the_order_first_seen() {
+        let a = json!({"object": "list", "data": [{"id": "llama-3-8b", "owned_by": "a"}, {"id": "e5"}]});
+        let b = json!({"object": "list", "data": [{"id": "llama-3-8b", "owned_by": "b"}, {"id": "llama-3-8b-v2"}]});
+        let odd = json!({"models": ["x"], "data": [{"name": "no id"}]});
+        let ids: Vec<_> = merge(&[a, odd, b]).iter().map(|m| (m["id"].clone(), m["owned_by"].clone())).collect();
+        assert_eq!(
+            ids,
+            vec![(json!("llama-3-8b"), json!("a")), (json!("e5"), Value::Null), (json!("llama-3-8b-v2"), Value::Null)]
+        );
+    }
+}
