@@ -204,6 +204,10 @@ struct TrackedJob {
     /// Replicas it was seen to host at most (ports reserved for it).
     width: u16,
     running: bool,
+    /// When this controller first saw the job running: a replica adopted
+    /// after a restart has its model loaded long ago, but its health is
+    /// being checked anew, and its startup time counts from here.
+    seen_running: Option<Instant>,
     batch_host: Option<String>,
     /// Slurm's preemption deadline (Unix seconds), once it picked this job.
     preempt_end: Option<u64>,
@@ -218,6 +222,7 @@ impl TrackedJob {
             kind,
             width: width.max(1),
             running: false,
+            seen_running: None,
             batch_host: None,
             preempt_end: None,
             members: BTreeMap::new(),
@@ -528,6 +533,11 @@ impl Controller {
             }
         };
         t.running = l == Live::Running;
+        if !t.running {
+            t.seen_running = None;
+        } else if t.seen_running.is_none() {
+            t.seen_running = Some(Instant::now());
+        }
         t.batch_host = Some(j.batch_host.clone()).filter(|b| t.running && !b.is_empty());
         // Replicas whose node left the job (shrink, node failure) or that
         // were placeholders of a pending job go; the rest are kept.
@@ -662,7 +672,16 @@ impl Controller {
         for (id, t) in &self.tracked {
             let Some((j, l)) = seen.get(id) else { continue };
             let running = *l == Live::Running && j.start_time > 0;
-            let age = if running { Duration::from_secs(unix.saturating_sub(j.start_time)) } else { Duration::ZERO };
+            // Running for Slurm, but no longer than this controller has
+            // known it: an adopted replica older than startup_timeout
+            // would otherwise be replaced before its first health check
+            // (issue #18: every restart of onepoold cancelled them).
+            let age = match (running, t.seen_running) {
+                (true, Some(seen)) => {
+                    Duration::from_secs(unix.saturating_sub(j.start_time)).min(now.saturating_duration_since(seen))
+                }
+                _ => Duration::ZERO,
+            };
             // Slurm prints huge values for UNLIMITED.
             let time_left = (running && j.time_limit > 0 && j.time_limit < 1 << 31)
                 .then(|| Duration::from_secs((j.start_time + j.time_limit * 60).saturating_sub(unix)));

@@ -475,3 +475,27 @@ fn a_submitted_job_that_comes_back_unrecognised_stops_replica_control() {
         assert_eq!(submitted(), 1, "{:?}", slurm.calls.lock().unwrap());
     });
 }
+
+#[test]
+fn a_replica_adopted_after_a_restart_is_not_replaced_for_having_started_long_ago() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let endpoint = test_endpoint("llm");
+        let slurm = Arc::new(ScriptedSlurm::default());
+        // Running for 100 s, far past startup_timeout: the model is loaded;
+        // a restarted onepoold has not yet seen it pass a health check.
+        *slurm.jobs.lock().unwrap() = vec![running(7, "onepool-llm-18000", "node1", 1)];
+        let s = ReplicaSettings { min: 0, max: 1, startup_timeout: Duration::from_secs(10), ..settings() };
+        // With health checks (none has run): the replica is "starting".
+        let (mut c, _) = Controller::new("llm", endpoint.clone(), true, s, slurm.clone());
+        for _ in 0..3 {
+            c.round().await.unwrap();
+        }
+        assert_eq!(c.jobs_view().iter().map(|j| (j.job, j.phase)).collect::<Vec<_>>(), [(7, "starting")]);
+        assert!(
+            slurm.calls.lock().unwrap().is_empty(),
+            "nothing cancelled or submitted: {:?}",
+            slurm.calls.lock().unwrap()
+        );
+    });
+}
