@@ -69,7 +69,10 @@ fn config(dir: &Path, c: &TestCluster) -> ConfigFile {
                 max: Some(3),
                 target_per_replica: Some(4.0),
                 drain_timeout: Some(secs(10)),
-                startup_timeout: Some(secs(60)),
+                // Short, so that the replicas are older than it when the
+                // daemon restarts (below): a restart must not take that
+                // for a model load that never finished.
+                startup_timeout: Some(secs(8)),
                 port_range: Some((18400, 18499)),
                 launcher: Some(build_dir().join("onepool").display().to_string()),
                 poll_interval: Some(millis(500)),
@@ -215,7 +218,9 @@ fn the_daemon_runs_scales_and_re_adopts_its_replica_jobs_and_touches_nothing_els
     eprintln!("load: {sent} requests sent, {served} served");
     assert_eq!(sent, served, "every request under load was served");
 
-    // Restart: the new daemon re-adopts every replica job.
+    // Restart: the new daemon re-adopts every replica job, each older than
+    // startup_timeout (8 s) by now.
+    std::thread::sleep(Duration::from_secs(9));
     let before: BTreeSet<u32> = view(&d).jobs.iter().filter(|j| j.phase != "cancelled").map(|j| j.job).collect();
     assert!(before.contains(&baseline) && supplemental.iter().all(|s| before.contains(s)), "{before:?}");
     rt.block_on(d.shutdown());

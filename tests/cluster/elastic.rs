@@ -419,14 +419,17 @@ fn replicas_are_renewed_before_their_time_limit_and_replaced_after_a_node_failur
         .filter(|l| l.starts_with("onepool_router_requests_total") && !l.contains("2xx"))
         .map(String::from)
         .collect();
-    // 2 clients: 2 in flight when the node fails, plus at most one sent
-    // in the instant before the replica was seen gone. A replica failing at
-    // the connection now leaves rotation on its first failure; a run on
-    // 2026-12-02 (before that) lost 3 without a log to tell why, and the
-    // daemon's log is now in the test's output when it fails.
+    // 2 clients, each losing at most its request in flight when the node
+    // fails and the one it sends next, in the instant before the router
+    // sees the replica gone. Seen on 24.11 (CI, 2026-12-03): the model
+    // server died under the launcher first (two 502s from the launcher,
+    // "model server failed"), both clients sent again at once, and the
+    // launcher died under those two (closed unanswered, re-sent, refused).
+    // A replica failing at the connection leaves rotation on its first
+    // failure, so no third request per client reaches it.
     assert!(
-        sent - ok <= 3,
-        "at most the 2 requests in flight on the failed node (and one racing its loss) fail: {statuses:?}; the router counted: {requests:#?}"
+        sent - ok <= 4,
+        "at most 2 requests per client (in flight on the failed node, and one racing its loss) fail: {statuses:?}; the router counted: {requests:#?}"
     );
     rt.block_on(d.shutdown());
     let _ = std::fs::remove_dir_all(&dir);
