@@ -78,7 +78,9 @@ flock 9
 # build: everything below is part of the recipe's digest.
 if ! have_python_packages; then
     say "installing $requirements (PyPI)"
-    python3 -m pip install --quiet --disable-pip-version-check -r "$requirements" ||
+    # A Debian python3 is "externally managed" (PEP 668): pip installs
+    # into it only when told so. Pinned test-only packages, as in the roots.
+    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages -r "$requirements" ||
         die "pip could not install $requirements"
 fi
 

@@ -53,8 +53,14 @@ pub struct Replica {
     pub kind: Kind,
     pub phase: Phase,
     pub in_flight: u32,
-    /// Seconds since it started running (0 while pending).
+    /// Seconds since it started running (0 while pending): younger
+    /// replicas go first on scale-down.
     pub age: Duration,
+    /// How long it has been starting as far as the daemon knows: since it
+    /// started running, or since the daemon first saw it running if that is
+    /// later (a restarted daemon re-checks the health of replicas whose
+    /// model loaded long ago).
+    pub starting_for: Duration,
     /// Time left before Slurm's time limit ends it.
     pub time_left: Option<Duration>,
     /// Slurm picked it as a preemption victim.
@@ -101,7 +107,7 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
     for r in replicas {
         if r.being_preempted && r.phase != Phase::Draining {
             actions.push(Action::Drain { job: r.job, slot: r.slot });
-        } else if (r.phase == Phase::Starting && r.age > target.startup_timeout)
+        } else if (r.phase == Phase::Starting && r.starting_for > target.startup_timeout)
             || (r.phase == Phase::Draining && r.in_flight == 0)
         {
             // A model load that never finished, or a drain that has.
@@ -266,6 +272,7 @@ mod tests {
             phase,
             in_flight,
             age: Duration::from_secs(age),
+            starting_for: Duration::from_secs(age),
             time_left: None,
             being_preempted: false,
         }
@@ -357,6 +364,18 @@ mod tests {
         // Successor serving: the old one drains; the endpoint never drops below min.
         let serving = r(2, Kind::Baseline, Phase::Serving, 0, 60);
         assert_eq!(reconcile(&t(1, 1, 1), &[old, serving]), [Action::Drain { job: 1, slot: 0 }]);
+    }
+
+    #[test]
+    fn a_starter_is_released_for_how_long_it_has_been_starting_not_for_its_age() {
+        // Adopted after a restart: running for 1000 s, starting for 1 s.
+        let adopted = Replica { starting_for: S, ..r(1, Kind::Baseline, Phase::Starting, 0, 1000) };
+        assert_eq!(reconcile(&t(1, 1, 1), std::slice::from_ref(&adopted)), Vec::<Action>::new());
+        let stale = Replica { starting_for: 301 * S, ..adopted };
+        assert_eq!(
+            reconcile(&t(1, 1, 1), &[stale]),
+            [Action::Release { job: 1, slot: 0 }, Action::Submit(Kind::Baseline)]
+        );
     }
 
     fn member(job: u32, slot: u16, pinned: bool, phase: Phase, in_flight: u32) -> Replica {
@@ -478,6 +497,7 @@ mod tests {
                 phase: [Phase::Pending, Phase::Starting, Phase::Serving, Phase::Draining][phase],
                 in_flight,
                 age: Duration::from_secs(age),
+                starting_for: Duration::from_secs(age),
                 time_left: left.map(Duration::from_secs),
                 being_preempted: pre,
             })

@@ -286,7 +286,6 @@ impl Checker {
     }
 }
 
-/// Parses and checks `source`; `file` names it in every error.
 /// Shortest token accepted: shorter ones can be guessed.
 const MIN_TOKEN_LEN: usize = 16;
 
@@ -328,6 +327,7 @@ fn bearer_tokens(c: &mut Checker, path: &Spanned<String>) -> Option<onepool_rout
     Some(onepool_router::settings::BearerTokens::new(tokens))
 }
 
+/// Parses and checks `source`; `file` names it in every error.
 pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
     let raw: RawConfig = toml::from_str(source).map_err(|e| {
         let d = Diagnostic::error(e.span(), e.message().to_string());

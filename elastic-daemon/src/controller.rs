@@ -672,14 +672,12 @@ impl Controller {
         for (id, t) in &self.tracked {
             let Some((j, l)) = seen.get(id) else { continue };
             let running = *l == Live::Running && j.start_time > 0;
-            // Running for Slurm, but no longer than this controller has
-            // known it: an adopted replica older than startup_timeout
-            // would otherwise be replaced before its first health check
-            // (issue #18: every restart of onepoold cancelled them).
-            let age = match (running, t.seen_running) {
-                (true, Some(seen)) => {
-                    Duration::from_secs(unix.saturating_sub(j.start_time)).min(now.saturating_duration_since(seen))
-                }
+            let age = if running { Duration::from_secs(unix.saturating_sub(j.start_time)) } else { Duration::ZERO };
+            // An adopted replica older than startup_timeout would otherwise
+            // be replaced before its first health check (issue #18: every
+            // restart of onepoold cancelled them).
+            let starting_for = match t.seen_running {
+                Some(seen) if running => age.min(now.saturating_duration_since(seen)),
                 _ => Duration::ZERO,
             };
             // Slurm prints huge values for UNLIMITED.
@@ -711,6 +709,7 @@ impl Controller {
                     phase,
                     in_flight,
                     age,
+                    starting_for,
                     time_left,
                     being_preempted: j.is_being_preempted(),
                 });

@@ -814,17 +814,28 @@ async fn an_endpoint_with_bearer_tokens_refuses_requests_without_one_before_any_
 }
 
 /// A replica that answers every request with `body` (JSON), once per
-/// connection.
-async fn json_backend(body: &'static str) -> std::net::SocketAddr {
+/// connection; with `key`, only requests that carry it as a bearer token
+/// (else 401).
+async fn json_backend(body: &'static str, key: Option<&'static str>) -> std::net::SocketAddr {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = l.accept().await {
             tokio::spawn(async move {
+                // The request head (a GET: no body).
                 let mut buf = Vec::new();
-                let _ = read_message(&mut s, &mut buf).await;
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+                let allowed = key.is_none_or(|k| head.contains(&format!("authorization: bearer {k}")));
+                let (status, body) = if allowed { ("200 OK", body) } else { ("401 Unauthorized", "{}") };
                 let head = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
                     body.len()
                 );
                 let _ = s.write_all(head.as_bytes()).await;
@@ -837,12 +848,24 @@ async fn json_backend(body: &'static str) -> std::net::SocketAddr {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_are_listed_from_every_ready_replica_each_once() {
-    let a = json_backend(r#"{"object":"list","data":[{"id":"SmolLM2-135M-Instruct","owned_by":"llamacpp"}]}"#).await;
-    let b = json_backend(r#"{"object":"list","data":[{"id":"SmolLM2-135M-Instruct"},{"id":"SmolLM2-360M-Instruct"}]}"#)
-        .await;
+    let a =
+        json_backend(r#"{"object":"list","data":[{"id":"SmolLM2-135M-Instruct","owned_by":"llamacpp"}]}"#, None).await;
+    // A replica that checks keys itself gets the client's.
+    let b = json_backend(
+        r#"{"object":"list","data":[{"id":"SmolLM2-135M-Instruct"},{"id":"SmolLM2-360M-Instruct"}]}"#,
+        Some("replica-key"),
+    )
+    .await;
     // A replica that is down is left out.
     let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[a, b, closed_port().await]).await;
-    let (s, text) = get(&client(), &format!("{}/v1/models", h.url)).await;
+    let req = Request::builder()
+        .uri(format!("{}/v1/models", h.url))
+        .header("authorization", "Bearer replica-key")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    let s = resp.status();
+    let text = String::from_utf8_lossy(&resp.into_body().collect().await.unwrap().to_bytes()).into_owned();
     assert_eq!(s, StatusCode::OK, "{text}");
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();

@@ -137,7 +137,7 @@ fn a_client_that_hangs_up_mid_stream_frees_the_servers_slot_at_once() {
     // The launcher listens on the replica's port, llama-server one above.
     let server = *ready_ports(&d, ENDPOINT).iter().next().unwrap() + 1;
     let processing = || metric(server, "llamacpp:requests_processing");
-    let predicted = || metric(server, "llamacpp:tokens_predicted_total").unwrap_or(0.0);
+    let predicted = || metric(server, "llamacpp:tokens_predicted_total").expect("llama-server's token counter");
     assert_eq!(processing(), Some(0.0), "llama-server's /metrics on port {server}");
 
     // 2000 tokens would take minutes here; the client leaves after the first.

@@ -28,7 +28,7 @@ pub struct Trace {
 
 /// How a trace row becomes a request: its context and generated tokens
 /// divided, then kept within bounds (the conversation trace's medians, 1020
-/// and 129, become 32 prompt words and 8 answer tokens).
+/// and 129, become 31 prompt words and 8 answer tokens).
 #[derive(Clone, Copy, Debug)]
 pub struct ChatShape {
     pub prompt_div: u32,

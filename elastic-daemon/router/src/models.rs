@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, StatusCode, Uri};
+use http::header::AUTHORIZATION;
+use http::{HeaderValue, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 
@@ -20,7 +21,14 @@ const MAX_LIST_BYTES: usize = 1 << 20;
 
 /// The merged list as an OpenAI `list` object, or why there is none
 /// (status and sentence).
-pub(crate) async fn list(endpoint: &Endpoint, connect_timeout: Duration) -> Result<Value, (StatusCode, String)> {
+/// `authorization`, the client's, goes to each replica as it would with the
+/// request itself: replicas that check keys of their own (vLLM's
+/// `--api-key`, llama-server's `--api-key-file`) list their models to it.
+pub(crate) async fn list(
+    endpoint: &Endpoint,
+    connect_timeout: Duration,
+    authorization: Option<HeaderValue>,
+) -> Result<Value, (StatusCode, String)> {
     let ready: Vec<_> = endpoint
         .snapshot()
         .replicas
@@ -37,25 +45,33 @@ pub(crate) async fn list(endpoint: &Endpoint, connect_timeout: Duration) -> Resu
     let mut asks = tokio::task::JoinSet::new();
     for (i, address) in ready.iter().enumerate() {
         let (client, uri) = (client.clone(), format!("http://{address}/v1/models").parse::<Uri>());
+        let authorization = authorization.clone();
         asks.spawn(async move {
             let list = async {
                 let mut req = Request::new(Full::new(Bytes::new()));
                 *req.uri_mut() = uri.ok()?;
-                let resp = tokio::time::timeout(LIST_TIMEOUT, client.request(req)).await.ok()?.ok()?;
+                if let Some(a) = authorization {
+                    req.headers_mut().insert(AUTHORIZATION, a);
+                }
+                let resp = client.request(req).await.ok()?;
                 if !resp.status().is_success() {
                     return None;
                 }
                 let body = http_body_util::Limited::new(resp.into_body(), MAX_LIST_BYTES);
-                let bytes = tokio::time::timeout(LIST_TIMEOUT, body.collect()).await.ok()?.ok()?.to_bytes();
+                let bytes = body.collect().await.ok()?.to_bytes();
                 serde_json::from_slice::<Value>(&bytes).ok()
             };
-            (i, list.await)
+            // One bound for the head and the body together.
+            (i, tokio::time::timeout(LIST_TIMEOUT, list).await.ok().flatten())
         });
     }
-    // In the replicas' order, whichever answers first.
+    // In the replicas' order, whichever answers first; a task that failed
+    // counts as a replica that did not answer.
     let mut lists = vec![None; ready.len()];
-    while let Some(Ok((i, list))) = asks.join_next().await {
-        lists[i] = list;
+    while let Some(r) = asks.join_next().await {
+        if let Ok((i, list)) = r {
+            lists[i] = list;
+        }
     }
     let lists: Vec<Value> = lists.into_iter().flatten().collect();
     if lists.is_empty() {

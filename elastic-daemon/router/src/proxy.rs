@@ -712,8 +712,8 @@ fn is_models_list<B>(req: &Request<B>) -> bool {
     req.method() == Method::GET && req.uri().path() == "/v1/models"
 }
 
-async fn list_models(t: Arc<Target>) -> Response<ProxyBody> {
-    let r = match crate::models::list(&t.endpoint, t.settings.connect_timeout).await {
+async fn list_models(t: Arc<Target>, authorization: Option<HeaderValue>) -> Response<ProxyBody> {
+    let r = match crate::models::list(&t.endpoint, t.settings.connect_timeout, authorization).await {
         Ok(list) => json_response(StatusCode::OK, list),
         Err((status, why)) => openai_error(status, &why),
     };
@@ -811,7 +811,7 @@ fn plan(req: Request<Incoming>, client: &Arc<ClientConn>) -> Plan {
         return Plan::Answer(Box::new(r));
     }
     if is_models_list(&req) {
-        return Plan::Later(Box::pin(list_models(t.clone())));
+        return Plan::Later(Box::pin(list_models(t.clone(), req.headers().get(header::AUTHORIZATION).cloned())));
     }
     let start = Instant::now();
     let (parts, _) = req.into_parts();
@@ -848,7 +848,7 @@ async fn route(req: Request<Incoming>, client: Arc<ClientConn>) -> Response<Prox
         return r;
     }
     if is_models_list(&req) {
-        return Box::pin(list_models(t.clone())).await;
+        return Box::pin(list_models(t.clone(), req.headers().get(header::AUTHORIZATION).cloned())).await;
     }
     // The body, read whole (bounded) so that a failed attempt can be
     // retried; then the request goes to one of the endpoint's replicas.
