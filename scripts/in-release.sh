@@ -52,6 +52,8 @@ inner='
     if [ -n "$models" ] && [ -d "$models" ]; then
         mkdir -p "$root/$models"
         mount --bind "$models" "$root/$models"
+        # Read-only: nothing run as root inside may change the host'"'"'s copy.
+        mount -o remount,bind,ro "$root/$models"
     fi
     cd "$tree"
     exec chroot "$root" /usr/bin/env -i "$@"
