@@ -404,14 +404,7 @@ async fn request_head_reaches_the_replica_as_sent() {
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
+                let Some(buf) = read_head(&mut s).await else { return };
                 let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", buf.len());
                 let _ = s.write_all(answer.as_bytes()).await;
                 let _ = s.write_all(&buf).await;
@@ -823,14 +816,7 @@ async fn json_backend(body: &'static str, key: Option<&'static str>) -> std::net
         while let Ok((mut s, _)) = l.accept().await {
             tokio::spawn(async move {
                 // The request head (a GET: no body).
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
+                let Some(buf) = read_head(&mut s).await else { return };
                 let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
                 let allowed = key.is_none_or(|k| head.contains(&format!("authorization: bearer {k}")));
                 let (status, body) = if allowed { ("200 OK", body) } else { ("401 Unauthorized", "{}") };

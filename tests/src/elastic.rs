@@ -236,7 +236,7 @@ pub fn chat(port: u16, prompt: &str, max_tokens: u32, stream: bool) -> Chat {
     }
 }
 
-/// The value of an unlabelled Prometheus sample on `port`'s /metrics
+/// The value of a Prometheus metric (its samples summed) on `port`'s /metrics
 /// (a replica's llama-server: the launcher's port + 1).
 pub fn metric(port: u16, name: &str) -> Option<f64> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
@@ -244,7 +244,7 @@ pub fn metric(port: u16, name: &str) -> Option<f64> {
     write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
-    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    onepool_elastic_daemon::replica_metrics::sum_samples(&text, &[name.to_string()])
 }
 
 /// Status of one request, or `None` when the connection failed.

@@ -309,6 +309,22 @@ pub async fn read_response(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> 
     Some((line, String::from_utf8_lossy(&body).into_owned()))
 }
 
+/// Reads up to the end of a request or response head, and returns what was
+/// read (the head, and whatever of a body came with it); `None` if the
+/// connection ended first.
+pub async fn read_head(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    Some(buf)
+}
+
 /// One HTTP/1.1 message (request or response, Content-Length framed) from
 /// a kept-alive connection: its first line and its body; what follows it
 /// stays in `buf`. None when the peer closes first.
