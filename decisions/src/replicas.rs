@@ -108,9 +108,14 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
         if r.being_preempted && r.phase != Phase::Draining {
             actions.push(Action::Drain { job: r.job, slot: r.slot });
         } else if (r.phase == Phase::Starting && r.starting_for > target.startup_timeout)
-            || (r.phase == Phase::Draining && r.in_flight == 0)
+            || (r.phase == Phase::Draining && r.in_flight == 0 && !r.being_preempted)
         {
-            // A model load that never finished, or a drain that has.
+            // A model load that never finished, or a drain that has. A
+            // victim of Slurm's preemption is never cancelled here: its
+            // launcher got the notice, counts what it still serves (the
+            // router's count is only what the router sent it) and ends the
+            // job when that is done, and GraceTime bounds the wait; a
+            // scancel would cut whatever the router's count missed.
             actions.push(Action::Release { job: r.job, slot: r.slot });
         }
     }
@@ -338,6 +343,19 @@ mod tests {
             reconcile(&t(1, 4, 2), &rs),
             [Action::Drain { job: 2, slot: 0 }, Action::Submit(Kind::Supplemental)]
         );
+    }
+
+    #[test]
+    fn a_drained_victim_of_preemption_is_left_to_its_launcher() {
+        let mut victim = r(2, Kind::Supplemental, Phase::Draining, 0, 300);
+        victim.being_preempted = true;
+        let rs = [r(1, Kind::Baseline, Phase::Serving, 0, 900), victim.clone()];
+        let a = reconcile(&t(1, 4, 2), &rs);
+        assert!(!a.iter().any(|a| matches!(a, Action::Release { job: 2, .. })), "{a:?}");
+        // The same replica drained by the daemon's own scale-down is released.
+        victim.being_preempted = false;
+        let a = reconcile(&t(1, 4, 1), &[r(1, Kind::Baseline, Phase::Serving, 0, 900), victim]);
+        assert_eq!(a, [Action::Release { job: 2, slot: 0 }]);
     }
 
     #[test]

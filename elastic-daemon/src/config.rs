@@ -145,6 +145,7 @@ struct RawListener {
     max_connections: Option<Spanned<i64>>,
     max_connections_per_ip: Option<Spanned<i64>>,
     http2_idle_timeout: Option<Spanned<String>>,
+    tls: Option<RawTls>,
     #[serde(default)]
     route: Vec<Spanned<RawRoute>>,
 }
@@ -180,7 +181,18 @@ struct RawEndpoint {
     retry: Option<RawRetry>,
     health: Option<RawHealth>,
     auth: Option<RawAuth>,
+    tls: Option<RawTls>,
     replicas: Option<Spanned<RawReplicas>>,
+}
+
+/// `[endpoint.tls]`, `[listener.tls]`: the listener terminates TLS.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    /// The chain, leaf first (PEM).
+    cert_file: Spanned<String>,
+    /// Its private key (PEM), readable by the daemon's user only.
+    key_file: Spanned<String>,
 }
 
 /// `[endpoint.auth]`: requests must carry one of these bearer tokens.
@@ -396,6 +408,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
             &mut c,
             [&e.header_read_timeout, &e.http2_idle_timeout],
             [&e.max_header_bytes, &e.max_connections, &e.max_connections_per_ip],
+            e.tls.as_ref(),
         );
         let max_request_body = c.number(&e.max_request_body, "max_request_body", 1, 1 << 30, 8 << 20) as usize;
         if max_request_body > max_buffered_body_bytes {
@@ -484,11 +497,12 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
 /// A listener's connection limits, from an `[[endpoint]]` (its own
 /// listener) or a `[[listener]]`: `[header_read_timeout,
 /// http2_idle_timeout]`, `[max_header_bytes, max_connections,
-/// max_connections_per_ip]`.
+/// max_connections_per_ip]`, and its `tls` table.
 fn conn_settings(
     c: &mut Checker,
     [head_timeout, h2_idle]: [&Option<Spanned<String>>; 2],
     [header_bytes, max_conns, per_ip]: [&Option<Spanned<i64>>; 3],
+    tls: Option<&RawTls>,
 ) -> ConnSettings {
     let max_connections = c.number(max_conns, "max_connections", 1, 1_000_000, 4096) as usize;
     let mut max_connections_per_ip = c.number(per_ip, "max_connections_per_ip", 1, 1_000_000, 512) as usize;
@@ -510,6 +524,28 @@ fn conn_settings(
         max_connections,
         max_connections_per_ip,
         http2_idle_timeout: c.duration(h2_idle, "http2_idle_timeout", Duration::from_secs(60)),
+        tls: tls.and_then(|t| tls_settings(c, t)),
+    }
+}
+
+/// The listener's certificate and key, read and checked now (a listener
+/// that could not complete a handshake is an error here, not at the first
+/// client); the error sits at the key whose file is wrong.
+fn tls_settings(c: &mut Checker, t: &RawTls) -> Option<std::sync::Arc<onepool_router::tls::Tls>> {
+    use onepool_router::tls::{Tls, TlsError, TlsFiles};
+    let files = TlsFiles { cert: t.cert_file.get_ref().into(), key: t.key_file.get_ref().into() };
+    match Tls::new(files) {
+        Ok(tls) => Some(std::sync::Arc::new(tls)),
+        Err(e) => {
+            let at = match &e {
+                TlsError::Read { what: "cert_file", .. }
+                | TlsError::Empty { what: "cert_file", .. }
+                | TlsError::Pem { what: "cert_file", .. } => t.cert_file.span(),
+                _ => t.key_file.span(),
+            };
+            c.error(at, format!("tls: {e}"));
+            None
+        }
     }
 }
 
@@ -691,6 +727,7 @@ fn listener(
         c,
         [&l.header_read_timeout, &l.http2_idle_timeout],
         [&l.max_header_bytes, &l.max_connections, &l.max_connections_per_ip],
+        l.tls.as_ref(),
     );
     let max_body = c.number(&l.max_model_body, "max_model_body", 1, 1 << 30, 1 << 20) as usize;
     if let (Some(v), true) = (&l.max_model_body, max_body > max_buffered) {

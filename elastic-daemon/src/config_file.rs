@@ -372,6 +372,7 @@ mod tests {
                 max_connections: 100,
                 max_connections_per_ip: 10,
                 http2_idle_timeout: secs(90),
+                tls: None,
             }
         );
         let h = e.health.as_ref().unwrap();

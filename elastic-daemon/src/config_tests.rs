@@ -181,3 +181,59 @@ fn bearer_tokens_come_from_a_private_file_and_bad_ones_are_refused_with_where() 
     .auth
     .is_none());
 }
+
+#[test]
+fn tls_files_are_read_and_checked_when_the_config_is_and_errors_point_at_the_key() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("onepool-tls-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (crt, key) = (dir.join("chat.crt"), dir.join("chat.key"));
+    let make = |name: &str| {
+        let k = rcgen::KeyPair::generate().unwrap();
+        let c = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap().self_signed(&k).unwrap();
+        (c.pem(), k.serialize_pem())
+    };
+    let ((cert_pem, key_pem), (_, other_key)) = (make("chat.example"), make("other.example"));
+    let write = |path: &std::path::Path, text: &str, mode: u32| {
+        std::fs::write(path, text).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    let src = format!(
+        "control_socket = \"/tmp/x.sock\"\n[[endpoint]]\nname = \"chat\"\nlisten = \"127.0.0.1:0\"\n[endpoint.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\nby = \"path\"\n[listener.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n[[listener.route]]\nendpoint = \"chat\"\npath = \"/chat\"\n",
+        crt.display(),
+        key.display(),
+        crt.display(),
+        key.display()
+    );
+    let err = || parse("t.toml", &src).unwrap_err().to_string();
+    write(&crt, &cert_pem, 0o644);
+    write(&key, &key_pem, 0o600);
+    let c = parse("t.toml", &src).unwrap();
+    assert!(c.endpoints[0].proxy.conn.tls.is_some() && c.listeners[0].conn.tls.is_some());
+
+    // Each error names the file, says what is wrong, and sits at its key
+    // (line 7 for the endpoint's key_file, 6 for its cert_file).
+    write(&key, &other_key, 0o600);
+    assert!(
+        err().contains("t.toml:7:12: error: tls: key_file")
+            && err().contains("is not the key of the first certificate"),
+        "{}",
+        err()
+    );
+    write(&key, &key_pem, 0o640);
+    assert!(err().contains("t.toml:7:12") && err().contains("(mode 640): chmod 600"), "{}", err());
+    write(&key, "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n", 0o600);
+    assert!(err().contains("holds no PEM PRIVATE KEY"), "{}", err());
+    write(&key, &key_pem, 0o600);
+    write(&crt, "", 0o644);
+    assert!(
+        err().contains("t.toml:6:13: error: tls: cert_file") && err().contains("holds no PEM CERTIFICATE"),
+        "{}",
+        err()
+    );
+    std::fs::remove_file(&crt).unwrap();
+    assert!(err().contains("cannot read cert_file"), "{}", err());
+    // The listener's table is checked as well: both errors are reported.
+    assert_eq!(err().matches("cannot read cert_file").count(), 2, "{}", err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -762,7 +762,15 @@ impl Controller {
             match *action {
                 Action::Submit(_) => {}
                 Action::Drain { job, slot } => self.drain(job, slot),
-                Action::Release { job, slot } => release.push((job, slot)),
+                Action::Release { job, slot } => {
+                    // What the decision saw, for the day a release cuts
+                    // something short.
+                    if let Some(r) = replicas.iter().find(|r| (r.job, r.slot) == (job, slot)) {
+                        tracing::info!(endpoint = %self.name, job, port = slot, phase = ?r.phase, in_flight = r.in_flight,
+                            "releasing a replica's GPUs");
+                    }
+                    release.push((job, slot))
+                }
             }
         }
         if let Err(e) = self.release(&release).await {

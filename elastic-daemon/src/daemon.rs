@@ -149,6 +149,10 @@ impl Daemon {
             tasks.push(tokio::spawn(controller.run(rx.clone())));
         }
         for (listener, dispatch, conn) in listeners {
+            if let Some(tls) = conn.tls.clone() {
+                let every = onepool_router::tls::RELOAD_EVERY;
+                tasks.push(tokio::spawn(onepool_router::tls::keep_fresh(tls, every, rx.clone())));
+            }
             let (metrics, rx, grace) = (metrics.clone(), rx.clone(), config.shutdown_grace);
             tasks.push(tokio::spawn(async move {
                 onepool_router::proxy::serve(listener, dispatch, conn, &metrics, rx, grace).await

@@ -782,6 +782,18 @@ fn protected_training_arrives(d: &mut Demo, tl: &Timeline) -> anyhow::Result<(u3
         };
         println!("    {line}");
     }
+    // What onepoold decided about the victim, beside what its launcher did.
+    let ours = format!("job={victim}");
+    let decided: Vec<String> = fs::read_to_string(&d.paths.onepoold_log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.split_whitespace().any(|w| w == ours))
+        .map(|l| l.split_once("Z ").map_or(l, |(_, rest)| rest.trim_start()).to_string())
+        .collect();
+    println!("onepoold about job {victim} ({}):", d.paths.onepoold_log.display());
+    for line in decided {
+        println!("    {line}");
+    }
 
     Ok((training, time_to_capacity))
 }

@@ -5,7 +5,8 @@
 //! active health checks ([`health`]), the Prometheus metrics ([`metrics`]:
 //! one registry, so the replica controllers' `onepool_replica_*` series are
 //! defined here too) and the settings all of these read ([`settings`]).
-//! [`shutdown`] is the signal every long-running task watches.
+//! [`shutdown`] is the signal every long-running task watches; [`tls`]
+//! terminates TLS on listeners that ask for it.
 //!
 //! The daemon (onepool-elastic-daemon) reads the configuration into
 //! [`settings`], starts the listeners and health checkers, and adds the
@@ -20,3 +21,4 @@ pub mod proxy;
 pub mod registry;
 pub mod settings;
 pub mod shutdown;
+pub mod tls;

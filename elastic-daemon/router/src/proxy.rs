@@ -605,6 +605,7 @@ pub async fn serve(
     builder.http2().timer(TokioTimer::new()).max_header_list_size(conn.max_header_bytes as u32);
     let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
     let conns = Arc::new(Connections::new(&conn, &address, metrics));
+    let acceptor = conn.tls.as_ref().map(|t| t.acceptor());
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -653,9 +654,28 @@ pub async fn serve(
                 Ok::<_, Infallible>(r)
             }
         });
-        let served = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
-        let served = Guarded::new(served, client, (conns.clone(), id, peer.ip()), &conn);
+        let (builder, conns, conn, acceptor) = (builder.clone(), conns.clone(), conn.clone(), acceptor.clone());
         tokio::spawn(async move {
+            // The handshake in the connection's own task, so a slow client
+            // never holds up the accept loop; it gets the head's time.
+            let stream = match acceptor {
+                None => ClientStream::Plain(stream),
+                Some(a) => match tokio::time::timeout(conn.header_read_timeout, a.accept(stream)).await {
+                    Ok(Ok(s)) => ClientStream::Tls(Box::new(s)),
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, "TLS handshake failed: {e}");
+                        conns.remove(id, peer.ip());
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "no TLS handshake in time; connection closed");
+                        conns.remove(id, peer.ip());
+                        return;
+                    }
+                },
+            };
+            let served = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+            let served = Guarded::new(served, client, (conns, id, peer.ip()), &conn);
             match served.await {
                 Ok(()) => {}
                 Err(HeadTimeout::Elapsed) => tracing::debug!(%peer, "no request head in time; connection closed"),
@@ -666,6 +686,62 @@ pub async fn serve(
     drop(listener);
     if tokio::time::timeout(grace, conns.stop()).await.is_err() {
         tracing::warn!(listener = %dispatch.name(), "shutdown grace period over; closing open connections");
+    }
+}
+
+/// A client's connection, in clear or TLS (`[endpoint.tls]`).
+enum ClientStream {
+    Plain(tokio::net::TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>),
+}
+
+impl tokio::io::AsyncRead for ClientStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for ClientStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            ClientStream::Plain(s) => s.is_write_vectored(),
+            ClientStream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
     }
 }
 

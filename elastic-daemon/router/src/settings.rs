@@ -96,6 +96,9 @@ pub struct ConnSettings {
     /// Longest time an HTTP/2 connection may have no stream open, after its
     /// first request (before it, `header_read_timeout` applies).
     pub http2_idle_timeout: Duration,
+    /// TLS termination (`[endpoint.tls]`, `[listener.tls]`); clear HTTP
+    /// without it.
+    pub tls: Option<Arc<crate::tls::Tls>>,
 }
 
 impl ProxySettings {

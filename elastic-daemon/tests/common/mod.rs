@@ -207,6 +207,7 @@ pub fn proxy_settings() -> ProxySettings {
             max_connections: 1024,
             max_connections_per_ip: 1024,
             http2_idle_timeout: Duration::from_secs(5),
+            tls: None,
         },
         auth: None,
     }
