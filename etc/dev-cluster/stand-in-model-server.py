@@ -6,7 +6,9 @@
 #   - answers GET /?sleep=S after S seconds;
 #   - answers POST (OpenAI-style JSON with "max_tokens") after
 #     max_tokens * $ONEPOOL_SECONDS_PER_TOKEN (default 0.001) seconds, so
-#     latency follows the requests' generated tokens;
+#     latency follows the requests' generated tokens; with "stream": true,
+#     as server-sent events, one chunk per token at that pace, then
+#     "data: [DONE]";
 #   - on SIGTERM, per $ONEPOOL_STANDIN_ON_SIGTERM: "exit" (default: at once,
 #     requests in flight are lost), "finish" (stop accepting, finish what is
 #     in flight, then exit) or "ignore" (keep serving until killed). The
@@ -42,8 +44,27 @@ class Handler(http.server.BaseHTTPRequestHandler):
             tokens = int(json.loads(body or b"{}").get("max_tokens", 16))
         except (ValueError, AttributeError):
             return self.answer(400, b"bad JSON\n")
+        if json.loads(body or b"{}").get("stream"):
+            return self.stream(tokens)
         time.sleep(tokens * per_token)
         self.answer(200, json.dumps({"choices": [{"text": "x" * min(tokens, 64)}], "usage": {"completion_tokens": tokens}}).encode())
+
+    def stream(self, tokens):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def chunk(data):
+            event = f"data: {data}\n\n".encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.wfile.flush()
+
+        for _ in range(tokens):
+            time.sleep(per_token)
+            chunk(json.dumps({"choices": [{"index": 0, "delta": {"content": "x"}}]}))
+        chunk("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
 
     def log_message(self, *args):
         pass

@@ -3,7 +3,9 @@
 //! under `onepool replica`, as Slurm jobs onepoold submits. The official
 //! OpenAI Python client talks to the endpoint; a client that hangs up in
 //! the middle of a stream frees the server's slot; a graceful reclaim with
-//! streams in flight completes every one of them.
+//! streams in flight completes every one of them, and one whose drain
+//! timeout passes first tells the cut-off clients why (and sends their
+//! unanswered requests elsewhere).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -13,8 +15,8 @@ use std::time::{Duration, Instant};
 use onepool_dev_cluster::model_server::MODEL_NAME;
 use onepool_elastic_daemon::config::EndpointFile;
 use onepool_tests::elastic::{
-    assert_untouched, daemon_config, foreign_job, llama_replicas, metric, protected_training, ready_ports, runtime,
-    scratch, serving, start_daemon, wait, Load,
+    assert_untouched, chat, daemon_config, foreign_job, llama_replicas, metric, protected_training, ready_ports,
+    runtime, scratch, serving, start_daemon, wait, Chat, Load,
 };
 use onepool_tests::{cluster, workspace_root, Cleanup, TEST_MIN_RUNTIME_SECS};
 
@@ -203,6 +205,81 @@ fn a_graceful_reclaim_completes_every_stream_in_flight_and_the_training_starts_w
     let (sent, statuses) = load.finish();
     eprintln!("streams: {sent} sent, {statuses:?}");
     assert_eq!(statuses.keys().copied().collect::<Vec<_>>(), vec![200], "every stream completed: {statuses:?}");
+    assert_eq!(c.state(training).as_deref(), Some("RUNNING"));
+    assert_untouched(c, foreign);
+
+    c.ok("scancel", &[&training.to_string(), &foreign.to_string()]);
+    rt.block_on(d.shutdown());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_drain_timeout_shorter_than_the_streams_ends_them_with_an_error_event_and_retries_unanswered_requests() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("serving-cutoff");
+    let config = dir.join("onepoold.toml");
+    const DRAIN: Duration = Duration::from_secs(2);
+    daemon_config(c, &dir, ENDPOINT, |r| {
+        llama_replicas(r, 4);
+        r.drain_timeout = Some(DRAIN);
+    })
+    .write(&config)
+    .unwrap();
+    let foreign = foreign_job(c);
+    let rt = runtime();
+    let d = start_daemon(&rt, &config);
+    let port = d.endpoint(ENDPOINT).unwrap().listen.unwrap().port();
+    wait("the baseline replica to serve", Duration::from_secs(150), || serving(&d, ENDPOINT, "baseline").len() == 1);
+
+    // Long answers (as long as a slot's context allows: many seconds at a
+    // thread per server) from 16 clients, 14 streaming and 2 not: the 3
+    // replicas' 12 slots are full, so the victim holds at least 2 streams.
+    let outcomes = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(bool, Chat)>::new()));
+    let load = {
+        let outcomes = outcomes.clone();
+        let clients = std::sync::atomic::AtomicU64::new(0);
+        thread_local!(static STREAMS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) });
+        Load::with(16, move || {
+            let stream = STREAMS.with(|s| {
+                let b = s.get().unwrap_or_else(|| clients.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 2);
+                s.set(Some(b));
+                b
+            });
+            let out = chat(port, "Write a long story about a cluster of GPUs shared by many teams.", 90, stream);
+            let status = match &out {
+                Chat::Done(_) => 200,
+                Chat::Status(s, _) => *s,
+                Chat::Cut(_) => 0,
+            };
+            outcomes.lock().unwrap().push((stream, out));
+            Some(status).filter(|s| *s != 0)
+        })
+    };
+    wait("two supplemental replicas to serve", Duration::from_secs(180), || {
+        serving(&d, ENDPOINT, "supplemental").len() == 2
+    });
+    std::thread::sleep(Duration::from_secs(TEST_MIN_RUNTIME_SECS + 1));
+    let before = outcomes.lock().unwrap().len();
+    let (training, took) = protected_training(c);
+    eprintln!("protected training RUNNING {took:?} after submission (drain timeout {DRAIN:?})");
+    // The victim's longest stream would take far longer: the drain timeout
+    // bounds the wait.
+    assert!(took < DRAIN + Duration::from_secs(8), "time to capacity {took:?}");
+    std::thread::sleep(Duration::from_secs(3));
+    let (sent, statuses) = load.finish();
+    let outcomes = outcomes.lock().unwrap();
+    eprintln!("{sent} requests, {} answered before the reclaim; statuses {statuses:?}", before);
+    let told = outcomes.iter().filter(|(_, o)| matches!(o, Chat::Cut(t) if t.contains("replica_reclaimed"))).count();
+    for (stream, o) in outcomes.iter() {
+        match o {
+            Chat::Done(_) => {}
+            // A stream cut at the drain timeout ends with the error event.
+            Chat::Cut(t) if *stream && t.contains(r#""code":"replica_reclaimed""#) => {}
+            other => panic!("{} request: {other:?}", if *stream { "streamed" } else { "plain" }),
+        }
+    }
+    assert!(told >= 1, "the victim had streams in flight past its drain timeout: {told} told");
     assert_eq!(c.state(training).as_deref(), Some("RUNNING"));
     assert_untouched(c, foreign);
 

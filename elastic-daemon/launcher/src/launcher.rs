@@ -5,10 +5,12 @@
 //! SIGTERM it drains: new requests get 503 with `x-onepool-draining: 1`
 //! (the router takes the replica out and retries them elsewhere, so no
 //! unauthenticated call to the daemon is needed), requests in flight finish
-//! up to the drain timeout, then the server is stopped and the launcher
+//! up to the drain timeout (what is still in flight then is told why, see
+//! [`Front::cut_off`]), then the server is stopped and the launcher
 //! exits, so the job ends and Slurm hands the GPUs to the preemptor at once
 //! instead of at its next periodic kill.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::process::ExitStatus;
@@ -32,7 +34,13 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Notify;
 
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
 use crate::conventions::DRAINING_HEADER;
+
+/// How long the answers of requests cut off at the drain timeout get to
+/// leave before the server is stopped.
+const CUT_FLUSH: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct LauncherConfig {
@@ -75,7 +83,8 @@ pub enum Outcome {
     ServerExited(Option<i32>),
     /// Drained after a notice: every request in flight finished.
     Drained { waited: Duration },
-    /// The drain timeout passed with requests still in flight.
+    /// The drain timeout passed with requests still in flight; they were
+    /// cut off with an answer that says so ([`Front::cut_off`]).
     TimedOut { in_flight: u64 },
 }
 
@@ -96,8 +105,13 @@ pub struct Front {
     in_flight: AtomicU64,
     draining: AtomicBool,
     idle: Notify,
+    /// Set when the drain timeout passed: what is still in flight is cut
+    /// off with an answer that says so (see [`Front::cut_off`]).
+    cut: CancellationToken,
     /// Requests answered "draining" (for logs and tests).
     pub turned_away: AtomicU64,
+    /// Requests cut off at the drain timeout (for logs and tests).
+    pub cut_short: AtomicU64,
 }
 
 impl Front {
@@ -110,6 +124,16 @@ impl Front {
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
     }
+    /// The drain timeout passed: a request the server has not answered yet
+    /// gets the draining status (it never got an answer, so the router
+    /// sends it to another replica), and a stream of server-sent events
+    /// ends with an OpenAI-style error event saying why, instead of a bare
+    /// cut the client cannot tell from a network fault. Any other response
+    /// body in flight is aborted.
+    pub fn cut_off(&self) {
+        self.cut.cancel();
+    }
+
     /// Waits until nothing is in flight or `timeout` passes.
     pub async fn wait_idle(&self, timeout: Duration) -> Result<Duration, u64> {
         let t0 = Instant::now();
@@ -138,26 +162,51 @@ impl Drop for Guard {
     }
 }
 
+/// The last event of a stream cut off at the drain timeout: the shape
+/// OpenAI's API uses for an error in the middle of a stream, which its
+/// clients raise as an API error.
+const CUT_EVENT: &str = "data: {\"error\":{\"message\":\"the replica serving this stream was reclaimed for higher-priority work and its drain timeout passed before the stream finished; retry the request\",\"type\":\"server_error\",\"code\":\"replica_reclaimed\"}}\n\n";
+
+/// A response body from the server that counts as in flight until it
+/// ends, and ends early (see [`Front::cut_off`]) when the drain times out.
 struct GuardedBody {
     inner: Incoming,
     _guard: Guard,
+    cut: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// Server-sent events: cut off with [`CUT_EVENT`].
+    events: bool,
+    ended: bool,
+    state: Arc<Front>,
 }
 
 impl Body for GuardedBody {
     type Data = Bytes;
-    type Error = hyper::Error;
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+    type Error = BoxError;
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        if self.cut.as_mut().poll(cx).is_ready() {
+            self.ended = true;
+            self.state.cut_short.fetch_add(1, Ordering::SeqCst);
+            return Poll::Ready(Some(if self.events {
+                Ok(Frame::data(Bytes::from_static(CUT_EVENT.as_bytes())))
+            } else {
+                Err("the drain timeout passed before the response was complete".into())
+            }));
+        }
+        Pin::new(&mut self.inner).poll_frame(cx).map_err(BoxError::from)
     }
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.ended || self.inner.is_end_stream()
     }
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
 }
 
-type FrontBody = UnsyncBoxBody<Bytes, hyper::Error>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type FrontBody = UnsyncBoxBody<Bytes, BoxError>;
 
 fn plain(status: StatusCode, text: &str, draining: bool) -> Response<FrontBody> {
     let mut r = Response::new(Full::new(Bytes::from(text.to_string())).map_err(|never| match never {}).boxed_unsync());
@@ -187,10 +236,28 @@ async fn front(
         Ok(u) => u,
         Err(_) => return plain(StatusCode::BAD_REQUEST, "bad request target\n", false),
     };
-    match client.request(Request::from_parts(parts, body)).await {
+    let answer = tokio::select! {
+        r = client.request(Request::from_parts(parts, body)) => r,
+        _ = state.cut.cancelled() => {
+            state.cut_short.fetch_add(1, Ordering::SeqCst);
+            return plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the replica's drain timeout passed before the model server answered; retry elsewhere\n",
+                true,
+            );
+        }
+    };
+    match answer {
         Ok(resp) => {
             let (parts, inner) = resp.into_parts();
-            Response::from_parts(parts, GuardedBody { inner, _guard: guard }.boxed_unsync())
+            let events = parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+            let cut = Box::pin(state.cut.clone().cancelled_owned());
+            let body = GuardedBody { inner, _guard: guard, cut, events, ended: false, state: state.clone() };
+            Response::from_parts(parts, body.boxed_unsync())
         }
         // Nothing listens: the server died (the router only sends here
         // after a health check passed through it). The request never reached
@@ -277,7 +344,13 @@ pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, Laun
     tracing::info!(signal = which, in_flight = state.in_flight(), "notice received: draining");
     let outcome = match state.wait_idle(cfg.drain_timeout).await {
         Ok(waited) => Outcome::Drained { waited },
-        Err(in_flight) => Outcome::TimedOut { in_flight },
+        Err(in_flight) => {
+            // Tell what is left why it ends, and give those answers a
+            // moment to leave before the server (and this process) goes.
+            state.cut_off();
+            let _ = state.wait_idle(CUT_FLUSH).await;
+            Outcome::TimedOut { in_flight }
+        }
     };
     tracing::info!(
         ?outcome,

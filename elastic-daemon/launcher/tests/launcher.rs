@@ -28,14 +28,38 @@ async fn get(addr: SocketAddr, path: &str) -> Option<(u16, bool)> {
     Some((status, text.to_ascii_lowercase().contains("x-onepool-draining: 1")))
 }
 
+/// The whole answer to a POST of `json` through the launcher (HTTP/1.1,
+/// the connection closed after it), or what came before the connection
+/// ended.
+async fn post(addr: SocketAddr, json: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        json.len()
+    );
+    s.write_all(format!("{head}{json}").as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf).await;
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
 async fn launch(drain: Duration) -> (SocketAddr, Arc<Front>, tokio::task::JoinHandle<Outcome>) {
+    launch_with(drain, &[]).await
+}
+
+/// A launcher in front of the stand-in server, with `env` for the server.
+async fn launch_with(drain: Duration, env: &[&str]) -> (SocketAddr, Arc<Front>, tokio::task::JoinHandle<Outcome>) {
     let listen = free_addr();
+    let mut command: Vec<String> = vec!["env".into()];
+    command.extend(env.iter().map(|e| e.to_string()));
+    command.extend(["python3".into(), "-c".into(), SERVER.into()]);
     let cfg = LauncherConfig {
         listen,
         backend: free_addr(),
         drain_timeout: drain,
         stop_grace: Duration::from_secs(5),
-        command: vec!["python3".into(), "-c".into(), SERVER.into()],
+        command,
     };
     let front = Arc::new(Front::default());
     let f = front.clone();
@@ -95,4 +119,36 @@ async fn a_request_the_dead_server_never_got_is_answered_draining() {
     let task = tokio::spawn(onepool_launcher::launcher::serve_front(listener, free_addr(), front.clone()));
     assert_eq!(get(listen, "/x").await, Some((503, true)));
     task.abort();
+}
+
+/// At the drain timeout, a stream still in flight ends with an OpenAI-style
+/// error event that says why (and a well-formed end of the response, not a
+/// cut connection), and a request still waiting for the server's answer
+/// gets the draining status, so the router sends it to another replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_is_in_flight_at_the_drain_timeout_is_told_why_it_ends() {
+    // 40 tokens at 0.1 s: 4 s, past the 0.8 s drain timeout.
+    let (addr, front, task) = launch_with(Duration::from_millis(800), &["ONEPOOL_SECONDS_PER_TOKEN=0.1"]).await;
+    let stream = tokio::spawn(async move { post(addr, r#"{"max_tokens": 40, "stream": true}"#).await });
+    let plain = tokio::spawn(async move { post(addr, r#"{"max_tokens": 40}"#).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(front.in_flight(), 2);
+    let t0 = std::time::Instant::now();
+    notice();
+    assert_eq!(task.await.unwrap(), Outcome::TimedOut { in_flight: 2 });
+    let (stream, plain) = (stream.await.unwrap(), plain.await.unwrap());
+    assert!(t0.elapsed() < Duration::from_secs(3), "cut at the timeout, not at the stream's end: {:?}", t0.elapsed());
+
+    assert!(stream.starts_with("HTTP/1.1 200"), "{stream}");
+    assert!(stream.contains(r#""content": "x""#), "some tokens came first: {stream}");
+    assert!(!stream.contains("[DONE]"), "{stream}");
+    let event = stream.lines().find(|l| l.starts_with("data: {\"error\"")).unwrap_or_else(|| panic!("{stream}"));
+    let e: serde_json::Value = serde_json::from_str(&event["data: ".len()..]).unwrap();
+    assert_eq!(e["error"]["code"], "replica_reclaimed");
+    assert_eq!(e["error"]["type"], "server_error");
+    assert!(stream.ends_with("0\r\n\r\n"), "the chunked body ends properly: {stream:?}");
+
+    assert!(plain.starts_with("HTTP/1.1 503"), "{plain}");
+    assert!(plain.to_ascii_lowercase().contains("x-onepool-draining: 1"), "{plain}");
+    assert_eq!(front.cut_short.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
