@@ -222,6 +222,14 @@ fn a_drain_timeout_shorter_than_the_streams_ends_them_with_an_error_event_and_re
     const DRAIN: Duration = Duration::from_secs(2);
     daemon_config(c, &dir, ENDPOINT, |r| {
         llama_replicas(r, 4);
+        // Room for 400-token answers in each of the 4 slots: tens of
+        // seconds each at a thread per server, far past the drain timeout.
+        let server = onepool_dev_cluster::model_server::ModelServer::locate().unwrap();
+        r.command = server.replica_command(onepool_dev_cluster::model_server::Slots {
+            parallel: 4,
+            context: 4 * 512,
+            threads: 1,
+        });
         r.drain_timeout = Some(DRAIN);
     })
     .write(&config)
@@ -232,8 +240,7 @@ fn a_drain_timeout_shorter_than_the_streams_ends_them_with_an_error_event_and_re
     let port = d.endpoint(ENDPOINT).unwrap().listen.unwrap().port();
     wait("the baseline replica to serve", Duration::from_secs(150), || serving(&d, ENDPOINT, "baseline").len() == 1);
 
-    // Long answers (as long as a slot's context allows: many seconds at a
-    // thread per server) from 16 clients, 14 streaming and 2 not: the 3
+    // Long answers from 16 clients, 14 streaming and 2 not: the 3
     // replicas' 12 slots are full, so the victim holds at least 2 streams.
     let outcomes = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(bool, Chat)>::new()));
     let load = {
@@ -246,7 +253,7 @@ fn a_drain_timeout_shorter_than_the_streams_ends_them_with_an_error_event_and_re
                 s.set(Some(b));
                 b
             });
-            let out = chat(port, "Write a long story about a cluster of GPUs shared by many teams.", 90, stream);
+            let out = chat(port, "Write a long story about a cluster of GPUs shared by many teams.", 400, stream);
             let status = match &out {
                 Chat::Done(_) => 200,
                 Chat::Status(s, _) => *s,
