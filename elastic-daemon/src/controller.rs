@@ -722,9 +722,11 @@ impl Controller {
     /// for the autoscaler and shown in the view).
     async fn decide(&mut self, snap: &EndpointSnapshot, replicas: &[Replica], now: Instant) -> u32 {
         let (load, scraped) = self.load(snap).await;
-        let served: u64 = snap.replicas.iter().map(|r| r.served).sum();
+        // The endpoint's own count: replicas that leave do not take their
+        // requests out of the rate (issue #18: 0.0 requests/s was shown at
+        // about 27 while a replica drained).
+        let served = snap.served_total;
         let rate = match self.last_served {
-            // Removed replicas take their counts along: no negative rates.
             Some((before, at)) if served >= before && now > at => (served - before) as f64 / (now - at).as_secs_f64(),
             _ => 0.0,
         };

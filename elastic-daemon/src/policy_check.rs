@@ -46,8 +46,8 @@ pub fn check_endpoint(endpoint: &str, s: &ReplicaSettings, policy: &Policy) -> F
                 let need = (u64::from(s.min) + 1) * u64::from(s.gpus);
                 if room < need {
                     f.warnings.push(format!(
-                        "{at}: class {} protects {room} GPUs; renewing one of {} baseline replicas of {} GPUs before its time limit needs {need} at once, so the successor waits until the old one ends",
-                        c.name, s.min, s.gpus
+                        "{at}: class {} protects {room} GPUs; renewing one of {} baseline replicas of {} GPUs before its time limit needs {need} at once, so the successor waits until the old one ends and the endpoint runs one baseline replica short meanwhile; to renew without that gap, reserve {need} GPUs for the class in the policy ([classes.{}] capacity = {{ reserved = {need}, ... }}), or lower gpus or min here",
+                        c.name, s.min, s.gpus, c.name
                     ));
                 }
             } else {
@@ -223,6 +223,10 @@ mod tests {
             f.warnings[0]
                 .contains("class inference-baseline protects 4 GPUs; renewing one of 1 baseline replicas of 4 GPUs"),
             "{f:?}"
+        );
+        assert!(
+            f.warnings[0].contains("[classes.inference-baseline] capacity = { reserved = 8, ... }"),
+            "the warning says what to change: {f:?}"
         );
         assert!(f.warnings[1].contains("class agents is reclaimed immediately (GraceTime 0)"), "{f:?}");
     }

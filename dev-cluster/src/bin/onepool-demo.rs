@@ -27,12 +27,10 @@ use onepool_dev_cluster::process::Tracked;
 use onepool_dev_cluster::Cluster;
 use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile, ReplicasFile};
 
-#[path = "../demo/load.rs"]
-mod load;
 #[path = "../demo/watch.rs"]
 mod watch;
 
-use load::{ChatShape, Load, Trace};
+use onepool_dev_cluster::replay::{ChatShape, Load, Trace};
 use watch::{Kind, Target, Timeline, Watch};
 
 const ENDPOINT: &str = "chat";

@@ -98,6 +98,8 @@ pub struct EndpointSnapshot {
     pub queued: usize,
     pub peak_queued: usize,
     pub replicas: Vec<Replica>,
+    /// Requests handed to replicas so far, including those that left.
+    pub served_total: u64,
 }
 
 impl Endpoint {
@@ -159,6 +161,7 @@ impl Endpoint {
             queued: g.waiters.len(),
             peak_queued: g.peak_queue,
             replicas: g.pool.replicas().to_vec(),
+            served_total: g.pool.served_total(),
         }
     }
 

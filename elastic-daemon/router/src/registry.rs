@@ -91,11 +91,19 @@ pub struct Pool {
     replicas: Vec<Replica>,
     next_id: ReplicaId,
     thresholds: HealthThresholds,
+    /// Requests handed to any replica since the pool was made; unlike the
+    /// replicas' own counts it does not drop when one leaves, so a rate
+    /// taken from it stays true across scale-down.
+    served_total: u64,
 }
 
 impl Pool {
     pub fn new(endpoint: &str, thresholds: HealthThresholds) -> Pool {
-        Pool { endpoint: endpoint.to_string(), replicas: Vec::new(), next_id: 1, thresholds }
+        Pool { endpoint: endpoint.to_string(), replicas: Vec::new(), next_id: 1, thresholds, served_total: 0 }
+    }
+
+    pub fn served_total(&self) -> u64 {
+        self.served_total
     }
 
     pub fn replicas(&self) -> &[Replica] {
@@ -165,6 +173,7 @@ impl Pool {
             .min_by_key(|r| (r.in_flight, r.served))?;
         r.in_flight += 1;
         r.served += 1;
+        self.served_total += 1;
         r.peak_in_flight = r.peak_in_flight.max(r.in_flight);
         Some(r.id)
     }

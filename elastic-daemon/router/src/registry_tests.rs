@@ -141,6 +141,21 @@ fn release_of_removed_replica_is_ignored() {
 }
 
 #[test]
+fn the_pool_s_count_of_requests_outlives_the_replicas_that_served_them() {
+    let mut p = pool();
+    p.add(addr(1), 4, true).unwrap();
+    let b = p.add(addr(2), 4, true).unwrap();
+    for _ in 0..3 {
+        p.choose(&[]);
+    }
+    assert_eq!(p.served_total(), 3);
+    p.remove(addr(1)).unwrap();
+    assert_eq!(p.served_total(), 3, "a replica that leaves keeps its requests in the endpoint's count");
+    assert_eq!(p.choose(&[]), Some(b));
+    assert_eq!(p.served_total(), 4);
+}
+
+#[test]
 fn a_failed_exchange_ejects_a_ready_replica_until_one_health_check_passes() {
     let mut p = pool();
     let a = p.add(addr(1), 4, true).unwrap();

@@ -1,4 +1,5 @@
-//! The demo's clients: the Azure LLM conversation trace (real arrival
+//! The demo's and the serving benchmarks' clients: the Azure LLM
+//! conversation trace (real arrival
 //! times, prompt and answer sizes) replayed against the endpoint's stable
 //! address, each row one OpenAI chat completion for the real model, every
 //! other one streamed (server-sent events). Prompt and answer are the
@@ -6,7 +7,8 @@
 //! serving several replicas on its CPU copes.
 //! The replay speed (trace seconds per wall second) can be changed while it
 //! runs, which is how the demo ramps from light to heavy load; every request
-//! is counted in the phase it was sent in.
+//! is counted in the phase it was sent in, and recorded with when it was
+//! sent and when it ended ([`Load::requests`]).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -131,6 +133,16 @@ fn quantile(v: &[f64], q: f64) -> Option<f64> {
     Some(v[i])
 }
 
+/// One request of a replay, in seconds on the load's clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub sent: f64,
+    pub ended: f64,
+    pub stream: bool,
+    /// Why it failed; `None` when answered whole with 2xx.
+    pub failure: Option<String>,
+}
+
 pub struct Load {
     target: SocketAddr,
     model: String,
@@ -143,6 +155,7 @@ pub struct Load {
     phases: Mutex<Vec<Phase>>,
     /// Why requests failed, as (status or error, count).
     failures: Mutex<Vec<(String, u64)>>,
+    requests: Mutex<Vec<Request>>,
 }
 
 impl Load {
@@ -165,6 +178,7 @@ impl Load {
             in_flight: AtomicU64::new(0),
             phases: Mutex::new(Vec::new()),
             failures: Mutex::new(Vec::new()),
+            requests: Mutex::new(Vec::new()),
         });
         let l = load.clone();
         rt.spawn(async move { l.replay(trace).await });
@@ -213,6 +227,11 @@ impl Load {
         self.failures.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Every request that ended so far.
+    pub fn requests(&self) -> Vec<Request> {
+        self.requests.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// (sent, served, failed) over every phase.
     pub fn totals(&self) -> (u64, u64, u64) {
         self.lock_phases().iter().fold((0, 0, 0), |(s, o, f), p| (s + p.sent, o + p.served, f + p.failed))
@@ -259,6 +278,13 @@ impl Load {
             let start = Instant::now();
             let r = chat(me.target, &body, stream).await;
             let took = start.elapsed().as_secs_f64();
+            let ended = me.t0.elapsed().as_secs_f64();
+            me.requests.lock().unwrap_or_else(|e| e.into_inner()).push(Request {
+                sent: start.saturating_duration_since(me.t0).as_secs_f64(),
+                ended,
+                stream,
+                failure: r.as_ref().err().cloned(),
+            });
             me.in_flight.fetch_sub(1, Ordering::SeqCst);
             let (failure, ttft) = match r {
                 Ok(a) => (None, a.first_token.map(|t| t.duration_since(start).as_secs_f64())),

@@ -1,0 +1,354 @@
+//! The serving reclaim benchmark (run by bench/serving-reclaim.sh): a
+//! protected training job takes one of three llama-server replicas' GPUs
+//! while the Azure conversation trace is replayed against them as chat
+//! completions (every other one streamed), side by side in one run:
+//!
+//! - onepool: the replicas run under `onepool replica` with Slurm's notice
+//!   (`--signal=B:USR1@N`, preempt_send_user_signal) behind onepoold's
+//!   router (health checks on): the victim stops taking requests, the
+//!   router sends new ones elsewhere, its streams finish, then the GPUs go;
+//! - native: the same llama-server replicas as plain srun steps behind an
+//!   nginx round-robin upstream (`proxy_next_upstream error timeout
+//!   http_502 http_503`), reclaimed by Slurm's GraceTime alone: the steps
+//!   get SIGTERM at once.
+//!
+//! Per round: the time to capacity (protected job submitted -> RUNNING),
+//! the requests that failed among those in flight when it was submitted
+//! and among those that arrived while it waited (the drain), and the
+//! longest a request in flight at the submission still ran (the goal for
+//! onepool: time to capacity within that + 1.5 s).
+//!
+//! Usage: serving_reclaim_bench CLUSTER_DIR TRACE ROUNDS
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use onepool_dev_cluster::model_server::{ModelServer, Slots, MODEL_NAME};
+use onepool_dev_cluster::replay::{ChatShape, Load, Request, Trace};
+use onepool_dev_cluster::{Cluster, UpOptions};
+use onepool_elastic_daemon::config::EndpointConfig;
+use onepool_router::registry::HealthThresholds;
+use onepool_router::settings::HealthCheck;
+use onepool_elastic_daemon::daemon::Daemon;
+use onepool_router::registry::ReplicaState;
+use onepool_tests::{build_dir, workspace_root, TestCluster, TEST_MIN_RUNTIME_SECS};
+
+/// The replicas' drain timeout (onepool) within the inference class's
+/// GraceTime (60 s in etc/onepool.toml).
+const DRAIN_SECS: u64 = 30;
+/// Replay speed of the trace (x real time) and how long it runs before the
+/// protected job comes and after it runs.
+const SPEED: f64 = 1.0;
+const BEFORE: Duration = Duration::from_secs(10);
+const AFTER: Duration = Duration::from_secs(10);
+const SLOTS: Slots = Slots { parallel: 4, context: 256, threads: 1 };
+
+#[derive(Clone, Copy, PartialEq)]
+enum Variant {
+    Onepool,
+    Native,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Onepool => "onepool graceful (router + launcher)",
+            Variant::Native => "native GraceTime behind nginx",
+        }
+    }
+
+    /// sbatch arguments and the batch script of a replica on `port`.
+    fn job(self, server: &ModelServer, port: u16) -> Vec<String> {
+        let mut args = vec!["--workload=inference".to_string(), "--gpus=4".into(), "-N1".into()];
+        let script = match self {
+            Variant::Onepool => {
+                args.push(format!("--signal=B:USR1@{DRAIN_SECS}"));
+                format!(
+                    "exec {} replica --listen 127.0.0.1:{port} --backend 127.0.0.1:{} --drain-timeout {DRAIN_SECS}s -- {}",
+                    build_dir().join("onepool").display(),
+                    port + 1,
+                    server.replica_command(SLOTS)
+                )
+            }
+            Variant::Native => format!(
+                "export ONEPOOL_BACKEND_PORT={port}; exec srun {}",
+                server.replica_command(SLOTS)
+            ),
+        };
+        args.extend(["--wrap".into(), script]);
+        args
+    }
+}
+
+/// What one round measured.
+struct Round {
+    ttc: f64,
+    in_flight: (usize, usize),
+    during: (usize, usize),
+    total: (usize, usize),
+    longest: f64,
+}
+
+fn healthy(port: u16) -> bool {
+    onepool_tests::elastic::request(port, "GET", "/health", "") == Some(200)
+}
+
+/// The front of the variant: onepoold's router in-process, or nginx.
+enum Front {
+    Onepool { rt: onepool_elastic_daemon::tokio::runtime::Runtime, daemon: Daemon },
+    Nginx(Child),
+}
+
+impl Front {
+    fn start(v: Variant, dir: &Path, ports: &[u16]) -> (Front, SocketAddr) {
+        match v {
+            Variant::Onepool => {
+                let rt = onepool_elastic_daemon::tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+                let mut e = EndpointConfig {
+                    health: Some(HealthCheck {
+                        path: "/health".into(),
+                        interval: Duration::from_millis(500),
+                        timeout: Duration::from_secs(1),
+                    }),
+                    thresholds: HealthThresholds { healthy_after: 1, unhealthy_after: 3 },
+                    replica_concurrency: SLOTS.parallel,
+                    queue_size: 2000,
+                    queue_timeout: Duration::from_secs(60),
+                    ..bench_endpoint()
+                };
+                e.proxy.request_timeout = Duration::from_secs(120);
+                let config = onepool_elastic_daemon::config::Config {
+                    control_socket: dir.join("onepoold.sock"),
+                    control_socket_mode: 0o600,
+                    metrics_address: None,
+                    shutdown_grace: Duration::from_secs(5),
+                    max_buffered_body_bytes: 64 << 20,
+                    endpoints: vec![e],
+                    listeners: Vec::new(),
+                    slurm_conf: None,
+                    policy: None,
+                };
+                let daemon = rt.block_on(Daemon::start(config)).expect("the router starts");
+                let ep = daemon.endpoint("chat").unwrap();
+                for p in ports {
+                    ep.endpoint.add(SocketAddr::from(([127, 0, 0, 1], *p)), None, false).unwrap();
+                }
+                let addr = ep.listen.unwrap();
+                let front = Front::Onepool { rt, daemon };
+                let ready = || match &front {
+                    Front::Onepool { daemon, .. } => {
+                        let snap = daemon.endpoint("chat").unwrap().endpoint.snapshot();
+                        snap.replicas.iter().filter(|r| r.state == ReplicaState::Ready).count() == ports.len()
+                    }
+                    Front::Nginx(_) => true,
+                };
+                onepool_tests::elastic::wait("every replica in the router", Duration::from_secs(60), ready);
+                (front, addr)
+            }
+            Variant::Native => {
+                let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+                let servers: String = ports.iter().map(|p| format!("    server 127.0.0.1:{p};\n")).collect();
+                let conf = format!(
+                    "worker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/nginx-error.log;\n\
+                     events {{ worker_connections 4096; }}\n\
+                     http {{\n  access_log off;\n  client_body_temp_path {d}/tmp;\n  proxy_temp_path {d}/tmp;\n\
+                     upstream llama {{\n{servers}  }}\n\
+                     server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://llama;\n\
+                     proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n\
+                     proxy_read_timeout 300s;\n      proxy_next_upstream error timeout http_502 http_503;\n    }}\n  }}\n}}\n",
+                    d = dir.display()
+                );
+                std::fs::create_dir_all(dir.join("tmp")).unwrap();
+                let path = dir.join("nginx.conf");
+                std::fs::write(&path, conf).unwrap();
+                let child = Command::new("nginx")
+                    .args(["-e", &dir.join("nginx-error.log").display().to_string(), "-p"])
+                    .arg(dir)
+                    .arg("-c")
+                    .arg(&path)
+                    .spawn()
+                    .expect("nginx (apt-get install nginx-light)");
+                let addr = SocketAddr::from(([127, 0, 0, 1], port));
+                onepool_tests::elastic::wait("nginx", Duration::from_secs(10), || {
+                    std::net::TcpStream::connect(addr).is_ok()
+                });
+                (Front::Nginx(child), addr)
+            }
+        }
+    }
+
+    fn stop(self) {
+        match self {
+            Front::Onepool { rt, daemon } => rt.block_on(daemon.shutdown()),
+            Front::Nginx(mut child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+fn bench_endpoint() -> EndpointConfig {
+    let mut e = onepool_elastic_daemon::config::parse(
+        "bench",
+        "control_socket = \"/unused\"\n[[endpoint]]\nname = \"chat\"\nlisten = \"127.0.0.1:0\"\n",
+    )
+    .expect("a minimal endpoint")
+    .endpoints
+    .remove(0);
+    e.proxy.retries = 2;
+    e
+}
+
+fn round(c: &TestCluster, v: Variant, server: &ModelServer, trace: &Path, base: u16, dir: &Path) -> Round {
+    let ports: Vec<u16> = (0..3).map(|i| base + 2 * i).collect();
+    let jobs: Vec<u32> = ports
+        .iter()
+        .map(|p| {
+            let args = v.job(server, *p);
+            let a: Vec<&str> = args.iter().map(String::as_str).collect();
+            c.sbatch(&a)
+        })
+        .collect();
+    for (job, port) in jobs.iter().zip(&ports) {
+        c.wait_state(*job, "RUNNING", Duration::from_secs(60));
+        c.wait_until("the replica's server", Duration::from_secs(120), || healthy(*port));
+    }
+    let (front, addr) = Front::start(v, dir, &ports);
+    let rt = onepool_elastic_daemon::tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let t0 = Instant::now();
+    let load = Load::start(rt.handle(), Trace::load(trace).unwrap(), addr, MODEL_NAME, ChatShape::DEMO, t0);
+    load.phase("replay", SPEED);
+    // Past the minimum run time, every replica may be reclaimed.
+    std::thread::sleep(BEFORE.max(Duration::from_secs(TEST_MIN_RUNTIME_SECS + 1)));
+    let submitted = t0.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let owner = c.sbatch(&["--workload=critical-training", "--time=10:00", "--gpus=8", "-N2", "--wrap", "sleep 300"]);
+    c.wait_until("the protected job to run", Duration::from_secs(180), || c.state(owner).as_deref() == Some("RUNNING"));
+    let ttc = started.elapsed().as_secs_f64();
+    let capacity = submitted + ttc;
+    std::thread::sleep(AFTER);
+    load.stop();
+    let wait_end = Instant::now() + Duration::from_secs(200);
+    while load.in_flight() > 0 && Instant::now() < wait_end {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let requests = load.requests();
+    drop(rt);
+    front.stop();
+    c.cancel_all();
+    let count = |f: &dyn Fn(&Request) -> bool| {
+        let rs: Vec<&Request> = requests.iter().filter(|r| f(r)).collect();
+        (rs.iter().filter(|r| r.failure.is_some()).count(), rs.len())
+    };
+    let in_flight_at = |r: &Request| r.sent < submitted && r.ended > submitted;
+    let longest = requests
+        .iter()
+        .filter(|r| in_flight_at(r) && r.failure.is_none())
+        .map(|r| r.ended - submitted)
+        .fold(0.0, f64::max);
+    let mut failures: Vec<String> = requests.iter().filter_map(|r| r.failure.clone()).collect();
+    failures.sort();
+    failures.dedup();
+    if !failures.is_empty() {
+        eprintln!("    failures: {failures:?}");
+    }
+    Round {
+        ttc,
+        in_flight: count(&in_flight_at),
+        during: count(&|r: &Request| r.sent >= submitted && r.sent < capacity),
+        total: count(&|_| true),
+        longest,
+    }
+}
+
+fn bench_policy(dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(workspace_root().join("etc/onepool.toml")).unwrap();
+    let from = "min_runtime_before_reclaim = \"2m\"";
+    assert!(text.contains(from), "etc/onepool.toml changed; update the benchmark");
+    let text = text.replace(from, &format!("min_runtime_before_reclaim = \"{TEST_MIN_RUNTIME_SECS}s\""));
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("bench-policy.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let usage = "usage: serving_reclaim_bench CLUSTER_DIR TRACE ROUNDS";
+    let dir = PathBuf::from(args.next().expect(usage));
+    let trace = PathBuf::from(args.next().expect(usage));
+    let rounds: usize = args.next().and_then(|r| r.parse().ok()).unwrap_or(3);
+    let server = ModelServer::locate().unwrap_or_else(|e| panic!("{e}"));
+    let cluster = Cluster::at(&dir).expect("cluster folder");
+    let options = UpOptions {
+        plugin_source: Some(build_dir()),
+        policy: Some(bench_policy(&dir.join("bench"))),
+        ..UpOptions::default()
+    };
+    let spec = cluster.up(&options, &mut |m| eprintln!("cluster: {m}")).expect("bringing the cluster up");
+    let c = TestCluster { cluster, spec };
+    c.cancel_all();
+    println!(
+        "serving reclaim: 3 llama-server replicas ({MODEL_NAME}, {} slots, 1 thread) x 4 GPUs; the trace {} at {SPEED}x \
+         as chat completions (every other one streamed); protected job for 8 GPUs; onepool's drain timeout {DRAIN_SECS} s; \
+         {rounds} rounds, variants interleaved",
+        SLOTS.parallel,
+        trace.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+    );
+    let variants = [Variant::Onepool, Variant::Native];
+    let mut results: Vec<Vec<Round>> = variants.iter().map(|_| Vec::new()).collect();
+    let scratch = dir.join("bench-fronts");
+    let mut port = 19300;
+    for r in 0..rounds {
+        for (i, v) in variants.iter().enumerate() {
+            let front_dir = scratch.join(format!("{r}-{i}"));
+            std::fs::create_dir_all(&front_dir).unwrap();
+            let res = round(&c, *v, &server, &trace, port, &front_dir);
+            port += 10;
+            println!(
+                "  round {} {:<38} time to capacity {:>5.2} s (longest in flight {:>5.2} s); failed: in flight {}/{}, \
+                 arrived during the wait {}/{}, all {}/{}",
+                r + 1,
+                v.name(),
+                res.ttc,
+                res.longest,
+                res.in_flight.0,
+                res.in_flight.1,
+                res.during.0,
+                res.during.1,
+                res.total.0,
+                res.total.1
+            );
+            results[i].push(res);
+        }
+    }
+    println!();
+    println!(
+        "{:<38} {:>14} {:>18} {:>16} {:>18} {:>12}",
+        "variant", "median TTC s", "median longest s", "lost in flight", "lost during wait", "lost of all"
+    );
+    for (v, rs) in variants.iter().zip(&results) {
+        let sum = |f: &dyn Fn(&Round) -> (usize, usize)| {
+            rs.iter().map(f).fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
+        };
+        let (fl, dw, all) = (sum(&|r| r.in_flight), sum(&|r| r.during), sum(&|r| r.total));
+        println!(
+            "{:<38} {:>14.2} {:>18.2} {:>16} {:>18} {:>12}",
+            v.name(),
+            median(rs.iter().map(|r| r.ttc).collect()),
+            median(rs.iter().map(|r| r.longest).collect()),
+            format!("{}/{}", fl.0, fl.1),
+            format!("{}/{}", dw.0, dw.1),
+            format!("{}/{}", all.0, all.1)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+}
