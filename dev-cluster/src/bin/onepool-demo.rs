@@ -142,6 +142,9 @@ struct Demo {
     /// onepoold's service user: it owns the replica jobs.
     service: (u32, u32),
     cleaned: bool,
+    /// Steps of the story that did not happen as told: each fails the demo
+    /// at the end (after the summary shows what did happen).
+    untold: Vec<String>,
 }
 
 impl Demo {
@@ -473,7 +476,8 @@ fn run(args: &Args) -> anyhow::Result<()> {
     });
     clear_the_pool(&paths, uid, service)?;
     let tl = Arc::new(Timeline::new());
-    let mut d = Demo { paths, rt, onepoold: None, watch: None, load: None, uid, service, cleaned: false };
+    let mut d =
+        Demo { paths, rt, onepoold: None, watch: None, load: None, uid, service, cleaned: false, untold: Vec::new() };
     let watch = Watch::start(
         tl.clone(),
         Target {
@@ -489,9 +493,10 @@ fn run(args: &Args) -> anyhow::Result<()> {
     show_the_pool(&cluster, &spec)?;
     let other = someone_elses_job(&mut d, &tl, &slurm_conf)?;
     let listen = onepoold_starts(&mut d, &tl, &slurm_conf, &server)?;
-    let load = load_light_then_heavy(&mut d, &tl, trace, listen)?;
+    let trace_name = trace_name(&args.trace);
+    let load = load_light_then_heavy(&mut d, &tl, trace, &trace_name, listen)?;
     let (training, time_to_capacity) = protected_training_arrives(&mut d, &tl)?;
-    training_ends(&mut d, training)?;
+    training_ends(&mut d, &tl, training)?;
     load_ends(&mut d, &tl, &load)?;
     let other_state = job_state(other);
     summary(&d, &tl, &load, training, time_to_capacity, other, other_state.as_deref());
@@ -510,7 +515,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
     );
     println!("demo wall time {:.0} s", started.elapsed().as_secs_f64());
 
-    let mut problems = Vec::new();
+    let mut problems = std::mem::take(&mut d.untold);
     if failed > 0 {
         problems.push(format!("{failed} request(s) failed; under graceful reclaim none may"));
     }
@@ -683,8 +688,14 @@ fn onepoold_starts(d: &mut Demo, tl: &Timeline, slurm_conf: &str, server: &Model
 
 /// Phase 4: Load: light, then heavy, until two supplemental replicas serve and
 /// may be reclaimed.
-fn load_light_then_heavy(d: &mut Demo, tl: &Timeline, trace: Trace, listen: SocketAddr) -> anyhow::Result<Arc<Load>> {
-    step("Load: the Azure LLM conversation trace (2023, CC-BY 4.0, see data/NOTICE.md) replayed as chat completions");
+fn load_light_then_heavy(
+    d: &mut Demo,
+    tl: &Timeline,
+    trace: Trace,
+    trace_name: &str,
+    listen: SocketAddr,
+) -> anyhow::Result<Arc<Load>> {
+    step(&format!("Load: {trace_name} replayed as chat completions"));
     let shape = ChatShape::DEMO;
     println!(
         "each row is a chat completion for {MODEL_NAME} on llama-server, every other one streamed: ContextTokens/{} prompt words \
@@ -797,7 +808,7 @@ fn protected_training_arrives(d: &mut Demo, tl: &Timeline) -> anyhow::Result<(u3
 }
 
 /// Phase 6: Training ends; the replicas expand again.
-fn training_ends(d: &mut Demo, training: u32) -> anyhow::Result<()> {
+fn training_ends(d: &mut Demo, tl: &Timeline, training: u32) -> anyhow::Result<()> {
     step(&format!(
         "Training runs {TRAINING_SECS} s and ends; onepoold's pending supplemental replica takes the GPUs back"
     ));
@@ -807,9 +818,49 @@ fn training_ends(d: &mut Demo, training: u32) -> anyhow::Result<()> {
     d.wait("two supplemental replicas to serve again", Duration::from_secs(90), |d| {
         d.watch().seen().serving(Kind::Supplemental).len() >= 2
     })?;
+    let s = d.watch().seen();
+    let ended = s.job(training).and_then(|j| j.ended).unwrap_or(0.0);
+    let successors: Vec<(f64, f64, String)> = s
+        .replicas()
+        .filter(|j| j.kind == Kind::Supplemental && j.running.is_some_and(|r| r >= ended))
+        .map(|j| (j.running.unwrap_or(0.0), j.seen, j.label.clone()))
+        .collect();
+    drop(s);
+    if let Some(untold) = taken_back(ended, &successors) {
+        tl.note(format!("not as told: {untold}"));
+        d.untold.push(untold);
+    }
     d.sleep("the load on three replicas", 5.0)?;
 
     Ok(())
+}
+
+/// Whether a supplemental replica that was already pending when the
+/// training ended (at `ended`) got its GPUs back; otherwise what happened
+/// instead. `successors`: (running since, submitted, label) of the
+/// supplemental replicas that started after it ended.
+fn taken_back(ended: f64, successors: &[(f64, f64, String)]) -> Option<String> {
+    let first = successors.iter().min_by(|a, b| a.0.total_cmp(&b.0))?;
+    if first.1 < ended {
+        return None;
+    }
+    Some(format!(
+        "no pending replica took the GPUs back when the training ended at {ended:.1}s: {} was submitted {:.1} s after it and ran at {:.1}s",
+        first.2,
+        first.1 - ended,
+        first.0
+    ))
+}
+
+/// The heading's name of the replayed trace: the shipped one by its
+/// source, any other by its path.
+fn trace_name(path: &Path) -> String {
+    match path.file_name().and_then(|f| f.to_str()) {
+        Some("azure-llm-inference-2023-conv.csv") => {
+            "the Azure LLM conversation trace (2023, CC-BY 4.0, see data/NOTICE.md)".to_string()
+        }
+        _ => format!("the trace {}", path.display()),
+    }
 }
 
 /// Phase 7: The load ends; onepoold scales back to the baseline.
@@ -893,7 +944,22 @@ fn summary(
     for (why, n) in load.failures() {
         println!("  failed: {n} x {why}");
     }
-    println!("time to capacity: critical training job {training} RUNNING {time_to_capacity:.1} s after submission (the victim drained first)");
+    let s = d.watch().seen();
+    let started = s.job(training).and_then(|j| j.running);
+    let victim = s.replicas().filter(|j| j.preempted.is_some()).map(|j| (j.label.clone(), j.draining, j.ended)).next();
+    let how = match (victim, started) {
+        (Some((label, Some(_), Some(end))), Some(run)) if end <= run => {
+            format!("{label} drained and ended {:.1} s before", run - end)
+        }
+        (Some((label, _, end)), _) => {
+            format!("{label} ended at {}", end.map_or("-".to_string(), |e| format!("{e:.1}s")))
+        }
+        (None, _) => "no victim was seen".to_string(),
+    };
+    drop(s);
+    println!(
+        "time to capacity: critical training job {training} RUNNING {time_to_capacity:.1} s after submission ({how})"
+    );
     println!("{OTHER_USER}'s job {other}: {}", other_state.unwrap_or("gone"));
 }
 
@@ -904,6 +970,23 @@ fn seconds(v: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_story_of_the_gpus_taken_back_is_checked_not_told() {
+        let pending = (94.0, 67.7, "supplemental replica 6".to_string());
+        assert_eq!(taken_back(93.8, std::slice::from_ref(&pending)), None);
+        // Cancelled while the load dropped; a new one came 35 s later.
+        let late = (130.0, 128.8, "supplemental replica 9".to_string());
+        let told = taken_back(93.8, &[late]).unwrap();
+        assert!(told.contains("supplemental replica 9 was submitted 35.0 s after it"), "{told}");
+        assert_eq!(taken_back(93.8, &[]), None);
+    }
+
+    #[test]
+    fn the_heading_names_the_trace_replayed() {
+        assert!(trace_name(Path::new("data/azure-llm-inference-2023-conv.csv")).contains("conversation trace"));
+        assert_eq!(trace_name(Path::new("/tmp/bursty.csv")), "the trace /tmp/bursty.csv");
+    }
 
     #[test]
     fn the_demo_config_loads() {

@@ -29,10 +29,10 @@ use onepool_dev_cluster::model_server::{ModelServer, Slots, MODEL_NAME};
 use onepool_dev_cluster::replay::{ChatShape, Load, Request, Trace};
 use onepool_dev_cluster::{Cluster, UpOptions};
 use onepool_elastic_daemon::config::EndpointConfig;
-use onepool_router::registry::HealthThresholds;
-use onepool_router::settings::HealthCheck;
 use onepool_elastic_daemon::daemon::Daemon;
+use onepool_router::registry::HealthThresholds;
 use onepool_router::registry::ReplicaState;
+use onepool_router::settings::HealthCheck;
 use onepool_tests::{build_dir, workspace_root, TestCluster, TEST_MIN_RUNTIME_SECS};
 
 /// The replicas' drain timeout (onepool) within the inference class's
@@ -72,10 +72,9 @@ impl Variant {
                     server.replica_command(SLOTS)
                 )
             }
-            Variant::Native => format!(
-                "export ONEPOOL_BACKEND_PORT={port}; exec srun {}",
-                server.replica_command(SLOTS)
-            ),
+            Variant::Native => {
+                format!("export ONEPOOL_BACKEND_PORT={port}; exec srun {}", server.replica_command(SLOTS))
+            }
         };
         args.extend(["--wrap".into(), script]);
         args
@@ -105,7 +104,11 @@ impl Front {
     fn start(v: Variant, dir: &Path, ports: &[u16]) -> (Front, SocketAddr) {
         match v {
             Variant::Onepool => {
-                let rt = onepool_elastic_daemon::tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+                let rt = onepool_elastic_daemon::tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .unwrap();
                 let mut e = EndpointConfig {
                     health: Some(HealthCheck {
                         path: "/health".into(),
@@ -217,7 +220,11 @@ fn round(c: &TestCluster, v: Variant, server: &ModelServer, trace: &Path, base: 
         c.wait_until("the replica's server", Duration::from_secs(120), || healthy(*port));
     }
     let (front, addr) = Front::start(v, dir, &ports);
-    let rt = onepool_elastic_daemon::tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = onepool_elastic_daemon::tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let t0 = Instant::now();
     let load = Load::start(rt.handle(), Trace::load(trace).unwrap(), addr, MODEL_NAME, ChatShape::DEMO, t0);
     load.phase("replay", SPEED);
@@ -336,9 +343,7 @@ fn main() {
         "variant", "median TTC s", "median longest s", "lost in flight", "lost during wait", "lost of all"
     );
     for (v, rs) in variants.iter().zip(&results) {
-        let sum = |f: &dyn Fn(&Round) -> (usize, usize)| {
-            rs.iter().map(f).fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
-        };
+        let sum = |f: &dyn Fn(&Round) -> (usize, usize)| rs.iter().map(f).fold((0, 0), |(a, b), (x, y)| (a + x, b + y));
         let (fl, dw, all) = (sum(&|r| r.in_flight), sum(&|r| r.during), sum(&|r| r.total));
         println!(
             "{:<38} {:>14.2} {:>18.2} {:>16} {:>18} {:>12}",
