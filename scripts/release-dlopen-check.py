@@ -8,6 +8,10 @@ libslurmfull.so was loaded RTLD_GLOBAL as slurmctld/slurmd/srun have it, and
 reads plugin_type and plugin_version; then looks up, through the process's
 global scope (what dlsym(RTLD_DEFAULT, ..) sees), every libslurmfull symbol
 slurm-sys/src/host.rs resolves. Exit status 1 on any failure.
+
+With --foreign SO...: the plugins were built for another release; checks
+that each one, loaded as Slurm loads it, logs the line telling the admin
+what to do and carries a plugin_version Slurm refuses.
 """
 import ctypes
 import os
@@ -64,5 +68,38 @@ def main(paths):
     return 0 if ok else 1
 
 
+def refused(paths):
+    """--foreign: each plugin was built for another release. Loaded as Slurm
+    loads it (libslurmfull already in the process), its constructor must
+    log the line that tells the admin which releases differ and what to do,
+    and its plugin_version must differ (Slurm then refuses it)."""
+    ok = True
+    want = header_version()
+    ctypes.CDLL(LIBSLURMFULL, mode=os.RTLD_LAZY | os.RTLD_GLOBAL)
+    for p in paths:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            os.dup2(w, 2)
+            try:
+                h = ctypes.CDLL(p, mode=os.RTLD_LAZY | os.RTLD_LOCAL)
+                version = ctypes.c_uint32.in_dll(h, "plugin_version").value
+                os._exit(0 if version != want else 3)
+            except OSError:
+                os._exit(2)
+        os.close(w)
+        said = os.fdopen(r).read()
+        status = os.waitpid(pid, 0)[1] >> 8
+        line = next((l for l in said.splitlines() if "this onepool plugin was built for Slurm" in l), None)
+        good = status == 0 and line is not None and "rebuild it against this release's headers" in line
+        ok &= good
+        print(f"{p} (built for another release): " + (f"refused as it should be: {line.strip()}" if good else
+              f"FAILED (exit {status}; plugin_version {'differs' if status != 3 else 'is the same'}; said {said!r})"))
+    return 0 if ok else 1
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--foreign"]:
+        sys.exit(refused(sys.argv[2:]))
     sys.exit(main(sys.argv[1:]))

@@ -74,6 +74,15 @@ run_release() {
     else
         # What depends on the release's headers; the rest is the same code.
         cargo test -p onepool-slurm-sys -p onepool-priority-plugin -p onepool-spank-plugin
+        # The host's build is a plugin for another release here: loaded as
+        # Slurm loads it, it must say so and what to do.
+        local foreign=(target/debug/libjob_submit_onepool.so target/debug/libspank_onepool.so)
+        if [ -f "${foreign[0]}" ] && [ -f "${foreign[1]}" ]; then
+            echo "== Slurm $rel: plugins built for 22.05 are refused with what to do"
+            "${run[@]}" python3 "$PWD/scripts/release-dlopen-check.py" --foreign "${foreign[@]/#/$PWD/}"
+        else
+            echo "== Slurm $rel: no 22.05 build of the plugins here; the refusal of a foreign release's plugin is not checked"
+        fi
     fi
 
     echo "== Slurm $rel: integration tests (real Slurm)"

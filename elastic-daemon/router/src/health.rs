@@ -10,12 +10,12 @@ use http_body_util::Full;
 use tokio::sync::watch;
 
 use crate::endpoint::Endpoint;
-use crate::proxy::backend_client;
+use crate::replica_client::replica_client;
 use crate::settings::HealthCheck;
 
 /// Checks `endpoint`'s replicas until `shutdown` turns true.
 pub async fn run(endpoint: Arc<Endpoint>, check: HealthCheck, mut shutdown: watch::Receiver<bool>) {
-    let client = backend_client(check.timeout);
+    let client = replica_client(check.timeout);
     let mut tick = tokio::time::interval(check.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     endpoint.eject_on_failure();

@@ -1,7 +1,8 @@
 //! onepoold's inference router: the replicas of each endpoint and which
 //! one takes the next request ([`registry`]), the bounded queue and the
 //! waiting ([`endpoint`]), the reverse proxy on per-endpoint and shared
-//! listeners ([`proxy`]) with its upstream connections ([`backend_pool`]),
+//! listeners ([`proxy`]) with its upstream connections ([`backend_pool`]) and
+//! the client of its own calls to replicas ([`replica_client`]),
 //! active health checks ([`health`]), the Prometheus metrics ([`metrics`]:
 //! one registry, so the replica controllers' `onepool_replica_*` series are
 //! defined here too) and the settings all of these read ([`settings`]).
@@ -19,6 +20,7 @@ pub mod metrics;
 mod models;
 pub mod proxy;
 pub mod registry;
+pub mod replica_client;
 pub mod settings;
 pub mod shutdown;
 pub mod tls;

@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 
 use crate::endpoint::Endpoint;
-use crate::proxy::backend_client;
+use crate::replica_client::replica_client;
 use crate::registry::ReplicaState;
 
 /// Longest wait for one replica's list.
@@ -39,7 +39,7 @@ pub(crate) async fn list(
     if ready.is_empty() {
         return Err((StatusCode::SERVICE_UNAVAILABLE, "no replica is ready to list its models; retry later".into()));
     }
-    let client = backend_client(connect_timeout);
+    let client = replica_client(connect_timeout);
     // Asked together, so one slow replica does not delay the answer more
     // than LIST_TIMEOUT.
     let mut asks = tokio::task::JoinSet::new();

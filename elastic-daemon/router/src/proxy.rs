@@ -23,8 +23,6 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use onepool_launcher::conventions::DRAINING_HEADER;
@@ -77,16 +75,6 @@ impl Body for ProxyBody {
             BodyKind::Replica(b) => b.size_hint(),
         }
     }
-}
-pub type BackendClient = Client<HttpConnector, Full<Bytes>>;
-
-/// A pooled HTTP client (the health checks'; proxied requests use the
-/// replicas' own connections, `backend_pool`).
-pub fn backend_client(connect_timeout: Duration) -> BackendClient {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.set_nodelay(true);
-    Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector)
 }
 
 /// One endpoint as the proxy sees it: shared by its own listener and by

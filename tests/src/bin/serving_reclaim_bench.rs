@@ -28,11 +28,9 @@ use std::time::{Duration, Instant};
 use onepool_dev_cluster::model_server::{ModelServer, Slots, MODEL_NAME};
 use onepool_dev_cluster::replay::{ChatShape, Load, Request, Trace};
 use onepool_dev_cluster::{Cluster, UpOptions};
-use onepool_elastic_daemon::config::EndpointConfig;
+use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile};
 use onepool_elastic_daemon::daemon::Daemon;
-use onepool_router::registry::HealthThresholds;
 use onepool_router::registry::ReplicaState;
-use onepool_router::settings::HealthCheck;
 use onepool_tests::{build_dir, workspace_root, TestCluster, TEST_MIN_RUNTIME_SECS};
 
 /// The replicas' drain timeout (onepool) within the inference class's
@@ -109,30 +107,28 @@ impl Front {
                     .enable_all()
                     .build()
                     .unwrap();
-                let mut e = EndpointConfig {
-                    health: Some(HealthCheck {
-                        path: "/health".into(),
-                        interval: Duration::from_millis(500),
-                        timeout: Duration::from_secs(1),
-                    }),
-                    thresholds: HealthThresholds { healthy_after: 1, unhealthy_after: 3 },
-                    replica_concurrency: SLOTS.parallel,
-                    queue_size: 2000,
-                    queue_timeout: Duration::from_secs(60),
-                    ..bench_endpoint()
-                };
-                e.proxy.request_timeout = Duration::from_secs(120);
-                let config = onepool_elastic_daemon::config::Config {
-                    control_socket: dir.join("onepoold.sock"),
-                    control_socket_mode: 0o600,
-                    metrics_address: None,
-                    shutdown_grace: Duration::from_secs(5),
-                    max_buffered_body_bytes: 64 << 20,
-                    endpoints: vec![e],
-                    listeners: Vec::new(),
-                    slurm_conf: None,
-                    policy: None,
-                };
+                // A router only: the bench submits the replicas itself.
+                let config = ConfigFile {
+                    endpoints: vec![EndpointFile {
+                        listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+                        replica_concurrency: Some(SLOTS.parallel),
+                        queue_size: Some(2000),
+                        queue_timeout: Some(Duration::from_secs(60)),
+                        request_timeout: Some(Duration::from_secs(120)),
+                        retry_attempts: Some(2),
+                        health: Some(HealthFile {
+                            interval: Some(Duration::from_millis(500)),
+                            timeout: Some(Duration::from_secs(1)),
+                            healthy_after: Some(1),
+                            unhealthy_after: Some(3),
+                            ..HealthFile::new("/health")
+                        }),
+                        ..EndpointFile::new("chat")
+                    }],
+                    ..ConfigFile::new(dir.join("onepoold.sock"))
+                }
+                .build()
+                .unwrap_or_else(|e| panic!("{e}"));
                 let daemon = rt.block_on(Daemon::start(config)).expect("the router starts");
                 let ep = daemon.endpoint("chat").unwrap();
                 for p in ports {
@@ -191,18 +187,6 @@ impl Front {
             }
         }
     }
-}
-
-fn bench_endpoint() -> EndpointConfig {
-    let mut e = onepool_elastic_daemon::config::parse(
-        "bench",
-        "control_socket = \"/unused\"\n[[endpoint]]\nname = \"chat\"\nlisten = \"127.0.0.1:0\"\n",
-    )
-    .expect("a minimal endpoint")
-    .endpoints
-    .remove(0);
-    e.proxy.retries = 2;
-    e
 }
 
 fn round(c: &TestCluster, v: Variant, server: &ModelServer, trace: &Path, base: u16, dir: &Path) -> Round {
