@@ -11,8 +11,11 @@
 # and a batch history of one training job about every 3 minutes (1-16
 # GPUs, 30 min-12 h). Each size runs twice under /usr/bin/time -v:
 #   shared: `--shared-only`, the one shared-pool simulation;
-#   full:   the default, which also sizes each separate island by bisection
-#           (its own total time is printed by the command: "search: N runs in S s").
+#   full:   `--no-search`: also sizes each separate island by bisection (its
+#           own total time is printed by the command: "search: N runs in S s"),
+#           but not the shared pool, which the default searches only for the
+#           shorter inputs (simulator/README.md), so that every row measures
+#           the same work, as in bench/RESULTS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 days_list=("${@:-1 3 10 30}")
@@ -56,7 +59,7 @@ TOML
     n_jobs=$(( $(wc -l < "$work/jobs-$d.csv") - 1 ))
     for mode in shared full; do
         flag=--shared-only
-        [ "$mode" = full ] && flag=
+        [ "$mode" = full ] && flag=--no-search
         /usr/bin/time -v "$bin/onepool" simulate "$work/scenario-$d.toml" --json $flag \
             > "$work/out-$d-$mode.json" 2> "$work/time-$d-$mode.txt" \
             || { cat "$work/time-$d-$mode.txt" >&2; exit 1; }

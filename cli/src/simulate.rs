@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, Context};
 use clap::{Args, ValueEnum};
-use onepool_simulator::compare::{self, Settings};
+use onepool_simulator::compare::{self, Search, Settings};
 use onepool_simulator::input::OnBadRow;
 use onepool_simulator::report::{self, Report};
 use onepool_simulator::{scenario, svg};
@@ -25,9 +25,13 @@ pub struct SimulateArgs {
     /// What a malformed input row does: reported and left out, or stop
     #[arg(long, value_enum, default_value_t = BadRowArg::Skip)]
     pub on_bad_row: BadRowArg,
-    /// Also search the smallest shared pool that meets every target
-    #[arg(long)]
+    /// Search the smallest shared pool that meets every target whatever it
+    /// costs (by default it is searched when its estimated cost is small)
+    #[arg(long, conflicts_with = "no_search")]
     pub search: bool,
+    /// Do not search the smallest shared pool, even when it is cheap
+    #[arg(long)]
+    pub no_search: bool,
     /// Simulate the shared pool on this many nodes (the fleet's mix) instead of the scenario's
     #[arg(long)]
     pub nodes: Option<u32>,
@@ -69,7 +73,12 @@ pub fn run(a: &SimulateArgs) -> anyhow::Result<ExitCode> {
         separate: !a.shared_only,
         ..Settings::default()
     };
-    let (cmp, shared) = compare::compare(&sc.workload, &sc.policy, &fleet, &settings, a.search);
+    let search = match (a.search, a.no_search) {
+        (true, _) => Search::Always,
+        (false, true) => Search::Never,
+        (false, false) => Search::Auto,
+    };
+    let (cmp, shared) = compare::compare(&sc.workload, &sc.policy, &fleet, &settings, search);
     let files = match &a.plots {
         Some(dir) => svg::write_all(dir, &cmp).with_context(|| format!("writing plots into {}", dir.display()))?,
         None => Vec::new(),

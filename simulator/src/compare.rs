@@ -44,6 +44,9 @@ pub struct Settings {
     pub job_log: bool,
     /// Size the separate islands (off: only the shared run).
     pub separate: bool,
+    /// Most simulated items a shared-pool search may cost by default
+    /// ([`Search::Auto`]); see [`SEARCH_BUDGET`].
+    pub search_budget: u64,
 }
 
 impl Default for Settings {
@@ -55,6 +58,7 @@ impl Default for Settings {
             max_nodes: 4096,
             job_log: false,
             separate: true,
+            search_budget: SEARCH_BUDGET,
         }
     }
 }
@@ -211,21 +215,153 @@ pub fn bisect(max: u32, mut ok: impl FnMut(u32) -> bool) -> (Option<u32>, u32) {
     (Some(hi), runs)
 }
 
+/// Whether to search the smallest shared pool meeting every target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Search {
+    /// When its estimated cost is within [`Settings::search_budget`] (and
+    /// not `--shared-only`): it is the figure the command is run for.
+    #[default]
+    Auto,
+    /// Whatever it costs (`--search`).
+    Always,
+    /// Not at all (`--no-search`).
+    Never,
+}
+
+/// Simulated items (jobs, requests, autoscaler ticks), summed over the
+/// shared-pool search's runs, that a search may cost without `--search`.
+/// The simulation handles about 4 M requests a second in a release build
+/// on the 2-core machine of bench/RESULTS.md, so this is about half a
+/// minute: a 10-day, 3.3 M-request trace on 125 nodes is searched by
+/// default, a 30-day one is not.
+pub const SEARCH_BUDGET: u64 = 100_000_000;
+
+/// What a shared-pool search was expected to cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SearchEstimate {
+    /// Simulations: what the bisection takes to find a pool as large as the
+    /// larger of the simulated fleet and the separate islands.
+    pub runs: u32,
+    /// Simulated items in one run (jobs + requests + autoscaler ticks).
+    pub run_size: u64,
+    /// `runs * run_size`, against `budget`.
+    pub work: u64,
+    pub budget: u64,
+}
+
+/// Why the smallest shared pool was or was not searched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "decision")]
+pub enum SharedSearch {
+    /// `--search`.
+    Asked,
+    /// By default: the estimate was within the budget.
+    Cheap { estimate: SearchEstimate },
+    /// By default, not run: the estimate was over the budget.
+    TooCostly { estimate: SearchEstimate },
+    /// By default, not run: `--shared-only` times the one shared run.
+    SharedOnly,
+    /// `--no-search`.
+    Declined,
+}
+
+impl SharedSearch {
+    pub fn ran(&self) -> bool {
+        matches!(self, SharedSearch::Asked | SharedSearch::Cheap { .. })
+    }
+}
+
+/// Simulated items in one run of `w`: each job and request is at least one
+/// event, and each endpoint is autoscaled every tick through the window.
+pub fn run_size(w: &Workload, s: &Settings) -> u64 {
+    let requests: usize = w.endpoints.iter().map(|e| e.requests.len()).sum();
+    let ticks = ((w.t1 - w.t0).max(0.0) / s.tick_s.max(1e-3)).ceil() as u64;
+    (w.jobs.len() + requests) as u64 + w.endpoints.len() as u64 * ticks
+}
+
+/// Calls [`bisect`] makes when the answer is `nodes` and the test is
+/// monotone: doubling up to the first power of two at or above it, then
+/// halving the gap below it.
+pub fn bisect_runs(nodes: u32) -> u32 {
+    if nodes <= 1 {
+        1
+    } else {
+        2 * (32 - (nodes - 1).leading_zeros())
+    }
+}
+
+/// Whether to run the shared-pool search. `expected_nodes`: the size it is
+/// likely to end near (the fleet's, or the separate islands' if larger),
+/// which sets how many runs it takes.
+pub fn decide_search(search: Search, w: &Workload, s: &Settings, expected_nodes: u32) -> SharedSearch {
+    match search {
+        Search::Always => return SharedSearch::Asked,
+        Search::Never => return SharedSearch::Declined,
+        Search::Auto if !s.separate => return SharedSearch::SharedOnly,
+        Search::Auto => {}
+    }
+    let runs = bisect_runs(expected_nodes.clamp(1, s.max_nodes.max(1)));
+    let run_size = run_size(w, s);
+    let work = u64::from(runs).saturating_mul(run_size);
+    let estimate = SearchEstimate { runs, run_size, work, budget: s.search_budget };
+    if work <= s.search_budget {
+        SharedSearch::Cheap { estimate }
+    } else {
+        SharedSearch::TooCostly { estimate }
+    }
+}
+
+/// The shared pool one size below the one found: the size tried and the
+/// classes that missed their target there (what made the search go up).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Missed {
+    pub gpus: u64,
+    pub classes: Vec<String>,
+}
+
+/// An endpoint whose first replicas run in a (protected) class in the
+/// shared pool; its requests are counted under the endpoint's own class.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BaselineOf {
+    pub endpoint: String,
+    pub replicas: u32,
+    pub requests_counted_under: String,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Comparison {
     pub classes: Vec<ClassRow>,
-    /// Nodes (of the fleet's mix) the separate islands need in all, and their GPUs.
+    /// GPUs the separate islands need in all: each class alone on the
+    /// smallest island (nodes of the fleet's mix) where it meets its target.
     pub separate_gpus: Option<u64>,
+    /// GPUs of the smallest shared pool found where every class meets its
+    /// target under the policy (`None`: not searched, or unmet).
     pub shared_gpus_needed: Option<u64>,
+    /// The size below `shared_gpus_needed` that the search tried, and who missed there.
+    pub shared_smaller_missed: Option<Missed>,
+    /// The largest shared pool the search may try.
+    pub shared_max_gpus: u64,
     pub shared_searched: bool,
+    pub shared_search: SharedSearch,
     /// false: `--shared-only`, the separate islands were not sized.
     pub separate_sized: bool,
-    /// The fleet the shared pool was simulated on (the scenario's, or the needed size).
+    /// The fleet the shared pool was simulated on for the per-class
+    /// figures (the scenario's, or `--nodes`), whatever the search found.
     pub shared_fleet_gpus: u64,
     pub separate_idle_gpu_hours: f64,
     pub shared_idle_gpu_hours: f64,
+    /// From the first submission or request to when all work would be
+    /// done with unlimited GPUs: the later of `jobs_end_hours` and
+    /// `requests_end_hours`.
     pub window_hours: f64,
+    pub jobs_end_hours: Option<f64>,
+    pub requests_end_hours: Option<f64>,
+    /// When the last GPU was released in the shared run (past the window
+    /// when the fleet delayed work).
+    pub shared_last_busy_hours: f64,
+    /// Simulations of both searches, and of the shared one alone.
     pub search_runs: u32,
+    pub shared_search_runs: u32,
     pub search_seconds: f64,
     pub shared_run_seconds: f64,
     /// Per bucket (seconds from the window start): per class demand and allocation in the shared run.
@@ -242,65 +378,114 @@ pub struct ClassRow {
     pub separate_idle_gpu_hours: Option<f64>,
     pub separate: Option<ClassFigures>,
     pub shared: ClassFigures,
+    /// Endpoints whose baseline replicas this class runs in the shared pool.
+    pub baseline_of: Vec<BaselineOf>,
     #[serde(skip)]
     pub demand: Vec<f64>,
     #[serde(skip)]
     pub alloc: Vec<f64>,
 }
 
-/// Runs the comparison. `search`: also find the shared pool's needed size
-/// (the separate islands are always sized by search).
-pub fn compare(w: &Workload, policy: &Policy, fleet: &Fleet, s: &Settings, search: bool) -> (Comparison, RunResult) {
-    let started = std::time::Instant::now();
-    let mut runs = 0;
-    let mut rows_sep = Vec::new();
-    let mut sep_total = Some(0u64);
-    let mut sep_idle = 0.0;
-    let max = s.max_nodes.max(fleet.nodes());
+/// One class's separate island, if it has work: (own work, GPUs, idle GPU-hours, figures).
+type SeparateRow = (bool, Option<u64>, Option<f64>, Option<ClassFigures>);
+
+/// The separate islands: per class, and the nodes and GPUs in all (GPUs
+/// `None` when a class has no island meeting its target, or not sized).
+struct Separate {
+    rows: Vec<SeparateRow>,
+    nodes: u32,
+    gpus: Option<u64>,
+    idle_gpu_hours: f64,
+    runs: u32,
+}
+
+fn size_separate(w: &Workload, fleet: &Fleet, s: &Settings, max: u32) -> Separate {
+    let mut out = Separate { rows: Vec::new(), nodes: 0, gpus: Some(0), idle_gpu_hours: 0.0, runs: 0 };
     for c in 0..w.classes.len() {
         let has = w.jobs.iter().any(|j| j.class == c) || w.endpoints.iter().any(|e| e.class == c);
         if !has || !s.separate {
             if has {
-                sep_total = None;
+                out.gpus = None;
             }
-            rows_sep.push((has, None, None, None));
+            out.rows.push((has, None, None, None));
             continue;
         }
         let (n, r) = bisect(max, |n| {
             let res = run_separate(w, c, &fleet.scaled(n), s);
             figures(w, s, c, &res.classes[c]).meets_target
         });
-        runs += r;
-        match n {
-            Some(n) => {
-                let f = fleet.scaled(n);
-                let res = run_separate(w, c, &f, s);
-                runs += 1;
-                let idle = (f.gpus() as f64 * res.window_s - res.used_in_window_gpu_s) / 3600.0;
-                sep_idle += idle;
-                sep_total = sep_total.map(|t| t + f.gpus());
-                rows_sep.push((true, Some(f.gpus()), Some(idle), Some(figures(w, s, c, &res.classes[c]))));
-            }
-            None => {
-                sep_total = None;
-                rows_sep.push((true, None, None, None));
-            }
-        }
+        out.runs += r;
+        let Some(n) = n else {
+            out.gpus = None;
+            out.rows.push((true, None, None, None));
+            continue;
+        };
+        let f = fleet.scaled(n);
+        let res = run_separate(w, c, &f, s);
+        out.runs += 1;
+        let idle = (f.gpus() as f64 * res.window_s - res.used_in_window_gpu_s) / 3600.0;
+        out.idle_gpu_hours += idle;
+        out.nodes += n;
+        out.gpus = out.gpus.map(|t| t + f.gpus());
+        out.rows.push((true, Some(f.gpus()), Some(idle), Some(figures(w, s, c, &res.classes[c]))));
     }
-    let mut shared_needed = None;
-    if search {
-        let (n, r) = bisect(max, |n| {
-            let res = run_shared(w, policy, &fleet.scaled(n), s);
-            (0..w.classes.len()).all(|c| figures(w, s, c, &res.classes[c]).meets_target)
-        });
-        runs += r;
-        shared_needed = n.map(|n| fleet.scaled(n).gpus());
-    }
+    out
+}
+
+/// The smallest shared pool found, the size below it that missed (with
+/// who missed there), and the runs it took.
+fn search_shared(
+    w: &Workload,
+    policy: &Policy,
+    fleet: &Fleet,
+    s: &Settings,
+    max: u32,
+) -> (Option<u64>, Option<Missed>, u32) {
+    let mut missed: Vec<(u32, Vec<String>)> = Vec::new();
+    let (n, runs) = bisect(max, |n| {
+        let res = run_shared(w, policy, &fleet.scaled(n), s);
+        let misses: Vec<String> = (0..w.classes.len())
+            .filter(|&c| !figures(w, s, c, &res.classes[c]).meets_target)
+            .map(|c| w.classes[c].clone())
+            .collect();
+        let ok = misses.is_empty();
+        missed.push((n, misses));
+        ok
+    });
+    let below = n.and_then(|n| missed.into_iter().find(|(m, _)| *m + 1 == n));
+    let below = below.map(|(m, classes)| Missed { gpus: fleet.scaled(m).gpus(), classes });
+    (n.map(|n| fleet.scaled(n).gpus()), below, runs)
+}
+
+/// Per class: the endpoints whose baseline replicas it runs.
+fn baselines(w: &Workload, c: usize) -> Vec<BaselineOf> {
+    w.endpoints
+        .iter()
+        .filter_map(|e| e.baseline.filter(|b| b.0 == c && e.class != c).map(|b| (e, b.1)))
+        .map(|(e, replicas)| BaselineOf {
+            endpoint: e.name.clone(),
+            replicas,
+            requests_counted_under: w.classes[e.class].clone(),
+        })
+        .collect()
+}
+
+/// Runs the comparison: the separate islands sized by search (unless
+/// `--shared-only`), the smallest shared pool searched as `search` and
+/// its cost decide, and the shared pool simulated on `fleet`.
+pub fn compare(w: &Workload, policy: &Policy, fleet: &Fleet, s: &Settings, search: Search) -> (Comparison, RunResult) {
+    let started = std::time::Instant::now();
+    let max = s.max_nodes.max(fleet.nodes());
+    let sep = size_separate(w, fleet, s, max);
+    let decision = decide_search(search, w, s, fleet.nodes().max(sep.nodes));
+    let (shared_needed, missed, shared_runs) =
+        if decision.ran() { search_shared(w, policy, fleet, s, max) } else { (None, None, 0) };
     let search_seconds = started.elapsed().as_secs_f64();
     let t = std::time::Instant::now();
     let res = run_shared(w, policy, fleet, s);
     let shared_run_seconds = t.elapsed().as_secs_f64();
-    let classes = rows_sep
+    let classes = sep
+        .rows
         .into_iter()
         .enumerate()
         .map(|(c, (own, need, idle, sep))| ClassRow {
@@ -309,21 +494,30 @@ pub fn compare(w: &Workload, policy: &Policy, fleet: &Fleet, s: &Settings, searc
             separate_idle_gpu_hours: idle,
             separate: sep,
             shared: figures(w, s, c, &res.classes[c]),
+            baseline_of: baselines(w, c),
             demand: res.classes[c].demand.clone(),
             alloc: res.classes[c].alloc.clone(),
         })
         .collect();
+    let (jobs_end, requests_end) = w.ends();
     let cmp = Comparison {
         classes,
-        separate_gpus: sep_total,
+        separate_gpus: sep.gpus,
         shared_gpus_needed: shared_needed,
-        shared_searched: search,
+        shared_smaller_missed: missed,
+        shared_max_gpus: fleet.scaled(max).gpus(),
+        shared_searched: decision.ran(),
+        shared_search: decision,
         separate_sized: s.separate,
         shared_fleet_gpus: fleet.gpus(),
-        separate_idle_gpu_hours: sep_idle,
+        separate_idle_gpu_hours: sep.idle_gpu_hours,
         shared_idle_gpu_hours: (fleet.gpus() as f64 * res.window_s - res.used_in_window_gpu_s) / 3600.0,
         window_hours: res.window_s / 3600.0,
-        search_runs: runs,
+        jobs_end_hours: jobs_end.map(|t| t / 3600.0),
+        requests_end_hours: requests_end.map(|t| t / 3600.0),
+        shared_last_busy_hours: res.last_busy_s / 3600.0,
+        search_runs: sep.runs + shared_runs,
+        shared_search_runs: shared_runs,
         search_seconds,
         shared_run_seconds,
         bucket_s: ((w.t1 - w.t0) / 300.0).max(60.0),
@@ -333,7 +527,8 @@ pub fn compare(w: &Workload, policy: &Policy, fleet: &Fleet, s: &Settings, searc
 
 #[cfg(test)]
 mod tests {
-    use super::bisect;
+    use super::*;
+    use crate::engine::{Job, VictimModel};
 
     #[test]
     fn bisection_finds_the_smallest_size_of_a_monotone_test() {
@@ -362,5 +557,80 @@ mod tests {
         let n = n.unwrap();
         assert!(tried.contains(&n) && tried.contains(&(n - 1)), "{tried:?}");
         assert!(ok(n) && !ok(n - 1));
+    }
+
+    #[test]
+    fn the_run_estimate_is_what_bisection_takes_on_a_monotone_test() {
+        for want in 1..=600 {
+            let (_, runs) = bisect(4096, |n| n >= want);
+            assert_eq!(bisect_runs(want), runs, "{want}");
+        }
+    }
+
+    fn jobs_workload(jobs: usize) -> Workload {
+        let job = Job {
+            submit: 0.0,
+            duration: 3600.0,
+            gpus: 1,
+            per_node: 1,
+            gpu_type: None,
+            class: 0,
+            island: 0,
+            reclaim: None,
+            drain: None,
+        };
+        Workload {
+            classes: vec!["a".into()],
+            islands: vec!["a".into()],
+            jobs: vec![job; jobs],
+            endpoints: Vec::new(),
+            victims: vec![VictimModel::default()],
+            t0: 0.0,
+            t1: 3600.0,
+        }
+    }
+
+    #[test]
+    fn the_shared_pool_is_searched_by_default_only_within_the_budget() {
+        // 1,000 jobs, no endpoint: 1,000 items a run; 40 nodes take 12 runs.
+        let w = jobs_workload(1000);
+        let at = |budget: u64, separate: bool, search: Search| {
+            let s = Settings { search_budget: budget, separate, ..Settings::default() };
+            decide_search(search, &w, &s, 40)
+        };
+        let estimate = |budget| SearchEstimate { runs: 12, run_size: 1000, work: 12_000, budget };
+        assert_eq!(at(12_000, true, Search::Auto), SharedSearch::Cheap { estimate: estimate(12_000) });
+        assert_eq!(at(11_999, true, Search::Auto), SharedSearch::TooCostly { estimate: estimate(11_999) });
+        // The flags win over the budget either way; --shared-only only stops the default.
+        assert_eq!(at(0, true, Search::Always), SharedSearch::Asked);
+        assert_eq!(at(0, false, Search::Always), SharedSearch::Asked);
+        assert_eq!(at(u64::MAX, true, Search::Never), SharedSearch::Declined);
+        assert_eq!(at(u64::MAX, false, Search::Auto), SharedSearch::SharedOnly);
+        assert!(SharedSearch::Cheap { estimate: estimate(0) }.ran() && SharedSearch::Asked.ran());
+        assert!(!SharedSearch::TooCostly { estimate: estimate(0) }.ran());
+    }
+
+    #[test]
+    fn a_run_costs_its_jobs_requests_and_autoscaler_ticks() {
+        let mut w = jobs_workload(10);
+        let s = Settings::default();
+        assert_eq!(run_size(&w, &s), 10);
+        w.endpoints.push(crate::engine::Endpoint {
+            name: "e".into(),
+            class: 0,
+            island: 0,
+            gpus_per_replica: 1,
+            gpu_type: None,
+            max_concurrent: 1,
+            startup_s: 0.0,
+            slo_p99_s: 1.0,
+            scaling: Default::default(),
+            reclaim: None,
+            drain: None,
+            baseline: None,
+            requests: vec![crate::engine::Req { t: 0.0, service: 1.0 }; 5].into(),
+        });
+        // An hour at the default 2 s tick: 1,800 ticks.
+        assert_eq!(run_size(&w, &s), 10 + 5 + 1800);
     }
 }

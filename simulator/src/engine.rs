@@ -134,6 +134,17 @@ impl Workload {
             t1: self.t1,
         }
     }
+
+    /// When the batch jobs and when the requests would all be done with
+    /// unlimited GPUs, in seconds from `t0` (`None`: no work of that kind).
+    /// The window ends at the later of the two, so a report can say which
+    /// input set its length.
+    pub fn ends(&self) -> (Option<f64>, Option<f64>) {
+        let jobs = self.jobs.iter().map(|j| j.submit + j.duration).reduce(f64::max);
+        let reqs =
+            self.endpoints.iter().flat_map(|e| e.requests.iter()).map(|r| r.t + f64::from(r.service)).reduce(f64::max);
+        (jobs.map(|t| t - self.t0), reqs.map(|t| t - self.t0))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -212,6 +223,9 @@ pub struct RunResult {
     pub window_s: f64,
     /// GPU-seconds held by anyone inside the window.
     pub used_in_window_gpu_s: f64,
+    /// Seconds from the window's start to the last moment any GPU was held:
+    /// work delayed by the fleet runs past the window.
+    pub last_busy_s: f64,
     pub job_log: Vec<JobLogEntry>,
     pub events: u64,
 }
@@ -337,6 +351,8 @@ struct Sim<'a> {
     batch_left: usize,
     unprotected: f64,
     used_in_window: f64,
+    /// The last time any GPU was held.
+    last_busy: f64,
     log: Vec<JobLogEntry>,
     events: u64,
 }
@@ -415,6 +431,7 @@ pub fn run(w: &Workload, cfg: &Config) -> RunResult {
         batch_left: w.jobs.len(),
         unprotected,
         used_in_window: 0.0,
+        last_busy: w.t0,
         log: Vec::new(),
         events: 0,
     };
@@ -448,6 +465,7 @@ pub fn run(w: &Workload, cfg: &Config) -> RunResult {
         fleet_gpus: cfg.fleet.gpus(),
         window_s,
         used_in_window_gpu_s: sim.used_in_window,
+        last_busy_s: (sim.last_busy - w.t0).max(0.0),
         job_log: sim.log,
         events: sim.events,
     }
@@ -549,6 +567,9 @@ impl Sim<'_> {
         let total_used: f64 = self.used.iter().map(|&u| f64::from(u)).sum();
         let in_win = (t.min(t1) - self.now.max(t0)).max(0.0);
         self.used_in_window += total_used * in_win;
+        if total_used > 0.0 {
+            self.last_busy = t;
+        }
         for c in 0..self.used.len() {
             let u = f64::from(self.used[c]);
             let d = self.demand[c];
@@ -784,12 +805,10 @@ impl Sim<'_> {
         e.scaler.record(self.now, load);
         let ready = e.active.iter().filter(|&&j| self.live[j].ready).count() as u32;
         let want = e.scaler.recommend(self.now, ready).replicas;
+        self.set_target(ep, want);
+        let have = self.eps[ep].active.len() as u32;
         let spec = &self.w.endpoints[ep];
-        let class = spec.class;
         let gpr = spec.gpus_per_replica.max(1);
-        self.demand[class] += f64::from(gpr) * (f64::from(want) - f64::from(e.target));
-        e.target = want;
-        let have = e.active.len() as u32;
         let (island, ty) = (spec.island, spec.gpu_type.clone());
         for _ in have..want {
             let c = self.replica_class(ep);
@@ -830,10 +849,7 @@ impl Sim<'_> {
     /// The trace is over and served: the endpoint's replicas go.
     fn retire(&mut self, ep: usize) {
         self.eps[ep].done = true;
-        let class = self.w.endpoints[ep].class;
-        let gpr = f64::from(self.w.endpoints[ep].gpus_per_replica.max(1));
-        self.demand[class] -= gpr * f64::from(self.eps[ep].target);
-        self.eps[ep].target = 0;
+        self.set_target(ep, 0);
         for j in std::mem::take(&mut self.eps[ep].active) {
             match self.live[j].st {
                 St::Pending => self.live[j].st = St::Done,
@@ -841,6 +857,32 @@ impl Sim<'_> {
                 _ => {}
             }
         }
+    }
+
+    /// Sets the endpoint's replica target and the GPUs it demands. In the
+    /// shared pool its first baseline replicas run in the baseline class
+    /// ([`Sim::replica_class`]; scale-down drains them last), so that class
+    /// demands their GPUs and the endpoint's class the rest: each class's
+    /// demand is then set against what the same class held.
+    fn set_target(&mut self, ep: usize, target: u32) {
+        for (c, g) in self.target_demand(ep, self.eps[ep].target) {
+            self.demand[c] -= g;
+        }
+        for (c, g) in self.target_demand(ep, target) {
+            self.demand[c] += g;
+        }
+        self.eps[ep].target = target;
+    }
+
+    /// GPUs of `target` replicas per class: (baseline class, endpoint's class).
+    fn target_demand(&self, ep: usize, target: u32) -> [(usize, f64); 2] {
+        let spec = &self.w.endpoints[ep];
+        let gpr = f64::from(spec.gpus_per_replica.max(1));
+        let (base, n) = match spec.baseline {
+            Some((c, n)) if self.model.is_some() => (c, n.min(target)),
+            _ => (spec.class, 0),
+        };
+        [(base, gpr * f64::from(n)), (spec.class, gpr * f64::from(target - n))]
     }
 
     /// The class of the endpoint's next replica.
@@ -868,15 +910,14 @@ impl Sim<'_> {
             spec.requests.iter().take_while(|r| r.t < self.w.t0 + 60.0).map(|r| f64::from(r.service)).sum();
         let want = ((first / 60.0) / p.target_per_replica.max(1e-9)).ceil() as u32;
         let want = want.clamp(p.min, p.max.max(p.min));
-        let (class, island, gpr, ty) = (spec.class, spec.island, spec.gpus_per_replica.max(1), spec.gpu_type.clone());
+        let (island, gpr, ty) = (spec.island, spec.gpus_per_replica.max(1), spec.gpu_type.clone());
         for _ in 0..want {
             let c = self.replica_class(ep);
             let id = self.new_live(Kind::Replica { ep }, c, island, gpr, gpr, ty.as_deref());
             self.live[id].warm = true;
             self.eps[ep].active.push(id);
         }
-        self.demand[class] += f64::from(gpr) * f64::from(want);
-        self.eps[ep].target = want;
+        self.set_target(ep, want);
     }
 
     fn allowed_nodes(&self, id: usize) -> std::ops::Range<usize> {

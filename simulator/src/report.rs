@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::compare::{ClassFigures, Comparison};
+use crate::compare::{ClassFigures, ClassRow, Comparison, SearchEstimate, SharedSearch};
 use crate::input::BadRow;
 
 #[derive(Debug, Clone, Serialize)]
@@ -42,7 +42,20 @@ fn opt_gpus(g: Option<u64>) -> String {
     g.map(|g| g.to_string()).unwrap_or_else(|| "unmet".into())
 }
 
-fn service(f: &ClassFigures) -> String {
+/// A number with thousands separators (search costs run to millions).
+fn count(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+fn service(f: &ClassFigures) -> Vec<String> {
     let mut parts = Vec::new();
     if f.jobs_started > 0 || f.unstarted_jobs > 0 {
         parts.push(format!("wait {}/{}", secs(f.wait_mean_s), secs(f.wait_p95_s)));
@@ -59,7 +72,34 @@ fn service(f: &ClassFigures) -> String {
     if f.failed_requests > 0 {
         parts.push(format!("{} cut off", f.failed_requests));
     }
+    parts
+}
+
+/// A class that only runs endpoints' baseline replicas has no service
+/// figures of its own: its replicas serve the endpoint's requests, which
+/// are counted in the endpoint's class row. Say so rather than leave the
+/// cell blank.
+fn service_shared(row: &ClassRow) -> String {
+    let mut parts = service(&row.shared);
+    for b in &row.baseline_of {
+        parts.push(format!(
+            "first {} replicas of {} (requests under {})",
+            b.replicas, b.endpoint, b.requests_counted_under
+        ));
+    }
     parts.join(", ")
+}
+
+/// Separately an endpoint's replicas all run in its own class, on its island.
+fn service_separate(row: &ClassRow) -> String {
+    match &row.separate {
+        Some(f) => service(f).join(", "),
+        None if !row.own_island && !row.baseline_of.is_empty() => {
+            let eps: Vec<String> = row.baseline_of.iter().map(|b| b.endpoint.clone()).collect();
+            format!("none ({}: every replica runs as {})", eps.join(", "), row.baseline_of[0].requests_counted_under)
+        }
+        None => "-".into(),
+    }
 }
 
 fn lost(f: &ClassFigures) -> String {
@@ -70,11 +110,114 @@ fn lost(f: &ClassFigures) -> String {
     }
 }
 
+/// The figure the command is run for first, then what each figure
+/// measured: the two GPU counts are different measurements (a search vs
+/// the size simulated for the table), and the window is set by whichever
+/// input runs longest, not by the trace alone.
+pub fn headline(c: &Comparison) -> String {
+    let mut out = format!(
+        "GPUs needed to meet every target: separate islands {}, one shared pool {}\n",
+        if c.separate_sized { opt_gpus(c.separate_gpus) } else { "not sized (--shared-only)".into() },
+        shared_needed(c)
+    );
+    if c.separate_sized {
+        out.push_str(&format!("  separate islands: {}\n", separate_measured(c)));
+    }
+    out.push_str(&format!("  one shared pool: {}\n", shared_measured(c)));
+    out.push_str(&window_line(c));
+    out.push_str(&format!(
+        "per class below: \"shared\" = one pool of {} GPUs, the fleet simulated (the scenario's, or --nodes), not \
+         the size searched; its last GPU released at {:.1} h{}\n",
+        c.shared_fleet_gpus,
+        c.shared_last_busy_hours,
+        if c.separate_sized { "; \"separate\" = each class on its island above" } else { "" }
+    ));
+    out
+}
+
+fn shared_needed(c: &Comparison) -> String {
+    match (c.shared_gpus_needed, c.shared_search.ran()) {
+        (Some(g), _) => g.to_string(),
+        (None, true) => format!("unmet up to {} GPUs", c.shared_max_gpus),
+        (None, false) => "not searched".into(),
+    }
+}
+
+fn separate_measured(c: &Comparison) -> String {
+    let each: Vec<String> = c
+        .classes
+        .iter()
+        .filter(|r| r.own_island)
+        .map(|r| format!("{} {}", r.shared.class, opt_gpus(r.separate_gpus_needed)))
+        .collect();
+    format!(
+        "each class alone on the smallest island of the fleet's node mix where it meets its target ({})",
+        each.join(", ")
+    )
+}
+
+fn shared_measured(c: &Comparison) -> String {
+    let how = match c.shared_search {
+        SharedSearch::Asked => "searched (--search)".to_string(),
+        SharedSearch::Cheap { estimate } => format!("searched by default ({})", cost(&estimate)),
+        SharedSearch::TooCostly { estimate } => {
+            return format!(
+                "not searched: {} is over the {} a search may cost without a flag; --search forces it",
+                cost(&estimate),
+                count(estimate.budget)
+            )
+        }
+        SharedSearch::SharedOnly => {
+            return "not searched: --shared-only times the one shared run; --search forces it".into()
+        }
+        SharedSearch::Declined => return "not searched (--no-search)".into(),
+    };
+    match (c.shared_gpus_needed, &c.shared_smaller_missed) {
+        (Some(_), Some(m)) => format!(
+            "the smallest pool found by bisection where every class meets its target under the policy, {how}; on {} \
+             GPUs these missed theirs: {}",
+            m.gpus,
+            m.classes.join(", ")
+        ),
+        (Some(_), None) => {
+            format!("the smallest pool found by bisection where every class meets its target under the policy, {how}")
+        }
+        (None, _) => format!("no pool up to {} GPUs met every target, {how}", c.shared_max_gpus),
+    }
+}
+
+fn cost(e: &SearchEstimate) -> String {
+    format!(
+        "about {} simulations of {} jobs, requests and autoscaler ticks, {} in all",
+        e.runs,
+        count(e.run_size),
+        count(e.work)
+    )
+}
+
+/// The window and which input set its length.
+fn window_line(c: &Comparison) -> String {
+    let mut ends = Vec::new();
+    if let Some(h) = c.jobs_end_hours {
+        ends.push(format!("jobs {h:.1} h"));
+    }
+    if let Some(h) = c.requests_end_hours {
+        ends.push(format!("requests {h:.1} h"));
+    }
+    format!(
+        "window {:.1} h: from the first submission or request to when all work would be done with unlimited GPUs \
+         ({}); idle GPU-hours are counted in it\n",
+        c.window_hours,
+        if ends.is_empty() { "no work".into() } else { ends.join(", ") }
+    )
+}
+
 /// The terminal table.
 pub fn table(r: &Report) -> String {
     let c = &r.comparison;
     let mut out = String::new();
-    out.push_str(&format!("window {:.1} h; shared pool simulated on {} GPUs\n\n", c.window_hours, c.shared_fleet_gpus));
+    out.push_str(&headline(c));
+    out.push('\n');
     let header = [
         "class",
         "separate GPUs",
@@ -111,8 +254,8 @@ pub fn table(r: &Report) -> String {
                 _ => "-".into(),
             },
             format!("{}/{}", secs(s.time_to_capacity_mean_s), secs(s.time_to_capacity_max_s)),
-            row.separate.as_ref().map(service).unwrap_or_else(|| "-".into()),
-            service(s),
+            service_separate(row),
+            service_shared(row),
             if s.meets_target { "met".into() } else { "MISSED".into() },
         ]);
     }
@@ -127,15 +270,7 @@ pub fn table(r: &Report) -> String {
             out.push('\n');
         }
     }
-    out.push_str(&format!(
-        "\nGPUs needed: separate islands {}, one shared pool {}\n",
-        if c.separate_sized { opt_gpus(c.separate_gpus) } else { "not sized (--shared-only)".into() },
-        match (c.shared_gpus_needed, c.shared_searched) {
-            (Some(g), _) => g.to_string(),
-            (None, true) => "unmet at every size tried".into(),
-            (None, false) => "not searched (use --search)".into(),
-        }
-    ));
+    out.push('\n');
     let sep_idle = if c.separate_sized {
         format!("separate {:.1} (each island's own, per class above), ", c.separate_idle_gpu_hours)
     } else {
@@ -146,8 +281,8 @@ pub fn table(r: &Report) -> String {
         c.shared_idle_gpu_hours
     ));
     out.push_str(&format!(
-        "search: {} runs in {:.2} s; shared run {:.2} s\n",
-        c.search_runs, c.search_seconds, c.shared_run_seconds
+        "search: {} runs in {:.2} s ({} of them for the shared pool); shared run {:.2} s\n",
+        c.search_runs, c.search_seconds, c.shared_search_runs, c.shared_run_seconds
     ));
     out.push_str("wait = training wait mean/p95; p99 = inference p99 queueing delay\n");
     out.push_str(

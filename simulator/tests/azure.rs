@@ -26,7 +26,7 @@ fn azure_trace_runs_end_to_end() {
     eprintln!("{f:?}");
     assert_eq!(f.requests, 19_366);
     assert!(f.meets_target, "{f:?}");
-    let (cmp, _) = compare::compare(&sc.workload, &sc.policy, &sc.fleet, &s, true);
+    let (cmp, _) = compare::compare(&sc.workload, &sc.policy, &sc.fleet, &s, compare::Search::Always);
     assert!(cmp.separate_gpus.is_some());
     assert!(started.elapsed().as_secs() < 60);
 }

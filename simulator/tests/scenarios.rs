@@ -63,7 +63,7 @@ fn disjoint_peaks_need_the_larger_peak_not_the_sum() {
     let sc = scenario::load(&dir.join("s.toml"), OnBadRow::Abort).unwrap();
     assert_eq!(sc.workload.jobs.len(), 10);
     let s = Settings { max_p95_wait_s: 0.0, ..Settings::default() };
-    let (cmp, _) = compare::compare(&sc.workload, &sc.policy, &sc.fleet, &s, true);
+    let (cmp, _) = compare::compare(&sc.workload, &sc.policy, &sc.fleet, &s, compare::Search::Always);
     assert_eq!(cmp.classes[0].separate_gpus_needed, Some(4));
     assert_eq!(cmp.classes[1].separate_gpus_needed, Some(6));
     assert_eq!(cmp.separate_gpus, Some(10));
