@@ -11,8 +11,8 @@ use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 
 use crate::endpoint::Endpoint;
-use crate::replica_client::replica_client;
 use crate::registry::ReplicaState;
+use crate::replica_client::replica_client;
 
 /// Longest wait for one replica's list.
 const LIST_TIMEOUT: Duration = Duration::from_secs(5);
