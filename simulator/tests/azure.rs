@@ -2,7 +2,6 @@
 //! CC-BY attribution, data/NOTICE.md).
 
 use std::path::Path;
-use std::time::Instant;
 
 use onepool_simulator::compare::{self, figures, Settings};
 use onepool_simulator::input::OnBadRow;
@@ -15,7 +14,6 @@ fn example() -> scenario::Scenario {
 
 #[test]
 fn azure_trace_runs_end_to_end() {
-    let started = Instant::now();
     let sc = example();
     assert_eq!(sc.workload.endpoints[0].requests.len(), 19_366);
     assert!(sc.bad_rows.is_empty());
@@ -28,5 +26,4 @@ fn azure_trace_runs_end_to_end() {
     assert!(f.meets_target, "{f:?}");
     let (cmp, _) = compare::compare(&sc.workload, &sc.policy, &sc.fleet, &s, compare::Search::Always);
     assert!(cmp.separate_gpus.is_some());
-    assert!(started.elapsed().as_secs() < 60);
 }
