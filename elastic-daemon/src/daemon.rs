@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 use crate::config::Config;
 use crate::control;
 use crate::controller::{Controller, ControllerView, SharedSlurm};
+use crate::inherited::{self, Inherited};
 pub use crate::routed::{RoutedEndpoint, Router};
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +58,12 @@ impl Daemon {
     /// Binds every listener first, so a bad address fails the start
     /// before anything serves.
     pub async fn start(config: Config) -> Result<Daemon, StartError> {
+        Daemon::start_with(config, Inherited::default()).await
+    }
+
+    /// [`Daemon::start`] on the sockets `inherited` holds where their
+    /// addresses are configured (see [`crate::inherited`]).
+    pub async fn start_with(config: Config, mut inherited: Inherited) -> Result<Daemon, StartError> {
         let metrics = Arc::new(Metrics::new());
         let budget = BodyBudget::new(config.max_buffered_body_bytes, &metrics);
         let (tx, rx) = watch::channel(false);
@@ -66,11 +73,13 @@ impl Daemon {
         for e in &config.endpoints {
             let listener = match e.listen {
                 None => None,
-                Some(address) => Some(TcpListener::bind(address).await.map_err(|source| StartError::Listen {
-                    endpoint: e.name.clone(),
-                    address,
-                    source,
-                })?),
+                Some(address) => {
+                    Some(inherited::bind(&mut inherited, address).await.map_err(|source| StartError::Listen {
+                        endpoint: e.name.clone(),
+                        address,
+                        source,
+                    })?)
+                }
             };
             let listen = listener.as_ref().map(|l| l.local_addr()).transpose().ok().flatten().or(e.listen);
             let endpoint = Endpoint::new(
@@ -97,12 +106,13 @@ impl Daemon {
         }
         let mut shared = Vec::new();
         for l in &config.listeners {
-            let listener = TcpListener::bind(l.listen)
+            let listener = inherited::bind(&mut inherited, l.listen)
                 .await
                 .map_err(|source| StartError::SharedListen { address: l.listen, source })?;
             shared.push(listener.local_addr().unwrap_or(l.listen));
             listeners.push((listener, Arc::new(Dispatch::routed(&l.routes, &targets, &budget)), l.conn.clone()));
         }
+        inherited.close_unused();
         let metrics_listener = match config.metrics_address {
             Some(address) => {
                 Some(TcpListener::bind(address).await.map_err(|source| StartError::Metrics { address, source })?)

@@ -6,13 +6,15 @@
 //! reading replicas' own load with [`replica_metrics`]) that keep
 //! endpoints' replicas as Slurm jobs. The binary in `main.rs` only reads
 //! the config and starts [`daemon::Daemon`], which wires all of it together
-//! ([`routed`]: the endpoints it serves). [`trace`] reads the Azure trace
-//! the router is replayed with.
+//! ([`routed`]: the endpoints it serves), on listening sockets handed over
+//! at start where there are ([`inherited`]: systemd's socket activation).
+//! [`trace`] reads the Azure trace the router is replayed with.
 
 pub mod config;
 pub mod control;
 pub mod controller;
 pub mod daemon;
+pub mod inherited;
 pub mod policy_check;
 pub mod replica_metrics;
 pub mod round_error;

@@ -40,6 +40,8 @@ fn args() -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
+    // Before any thread starts: it reads and clears the environment.
+    let inherited = onepool_elastic_daemon::inherited::Inherited::take();
     tracing_subscriber::fmt()
         // Colour codes only on a terminal: logs usually go to files/journald.
         .with_ansi(std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none())
@@ -93,7 +95,7 @@ fn main() -> ExitCode {
         }
     };
     rt.block_on(async move {
-        let daemon = match Daemon::start(config).await {
+        let daemon = match Daemon::start_with(config, inherited).await {
             Ok(d) => d,
             Err(e) => {
                 eprintln!("onepoold: {e}");
