@@ -346,34 +346,8 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
         ConfigError(vec![d.render(file, source)])
     })?;
     let mut c = Checker { diags: Vec::new() };
-    let control_socket_mode = match &raw.control_socket_mode {
-        None => 0o600,
-        Some(m) => match u32::from_str_radix(m.get_ref(), 8) {
-            Ok(v) if v & 0o777 == v && v & 0o007 == 0 => v,
-            _ => {
-                c.error(m.span(), format!("control_socket_mode = {:?}: expected an octal mode without access for others, like \"0600\" or \"0660\"", m.get_ref()));
-                0o600
-            }
-        },
-    };
-    if raw.control_socket.get_ref().is_empty() {
-        c.error(
-            raw.control_socket.span(),
-            "control_socket is empty; give a path like /run/onepool/onepoold.sock".into(),
-        );
-    }
-    let metrics_address = raw.metrics_address.as_ref().and_then(|a| {
-        let addr = c.address(a, "metrics_address")?;
-        if !addr.ip().is_loopback() {
-            c.error(
-                a.span(),
-                format!(
-                    "metrics_address {addr} is not a loopback address; metrics are served on 127.0.0.1 or ::1 only"
-                ),
-            );
-        }
-        Some(addr)
-    });
+    let control_socket_mode = control_socket_mode(&mut c, &raw);
+    let metrics_address = metrics_address(&mut c, &raw);
     let shutdown_grace = c.duration(&raw.shutdown_grace, "shutdown_grace", Duration::from_secs(30));
     let max_buffered_body_bytes =
         c.number(&raw.max_buffered_body_bytes, "max_buffered_body_bytes", 1 << 20, 1 << 40, 256 << 20) as usize;
@@ -382,102 +356,13 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
     }
     let mut names: BTreeMap<String, Range<usize>> = BTreeMap::new();
     let mut listens: BTreeMap<SocketAddr, String> = BTreeMap::new();
-    let mut endpoints = Vec::new();
-    for e in &raw.endpoint {
-        let e = e.get_ref();
-        let name = e.name.get_ref().clone();
-        if name.is_empty() || !name.chars().all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch)) {
-            c.error(
-                e.name.span(),
-                format!("endpoint name {name:?} must be non-empty letters, digits, '-', '_' or '.'"),
-            );
-        }
-        if names.insert(name.clone(), e.name.span()).is_some() {
-            c.error(e.name.span(), format!("endpoint {name:?} is defined twice; endpoint names must be unique"));
-        }
-        let listen = e.listen.as_ref().and_then(|l| c.address(l, "listen"));
-        // Port 0 lets the kernel choose, so it never collides.
-        if let (Some(l), Some(raw)) = (listen.filter(|l| l.port() != 0), &e.listen) {
-            if let Some(other) = listens.insert(l, format!("endpoint {name:?}")) {
-                c.error(raw.span(), format!("listen {l} is also used by {other}; give each its own address"));
-            }
-        }
-        let retry = e.retry.as_ref();
-        let attempts = retry.map(|r| c.number(&r.attempts, "retry.attempts", 0, 10, 2)).unwrap_or(2);
-        let conn = conn_settings(
-            &mut c,
-            [&e.header_read_timeout, &e.http2_idle_timeout],
-            [&e.max_header_bytes, &e.max_connections, &e.max_connections_per_ip],
-            e.tls.as_ref(),
-        );
-        let max_request_body = c.number(&e.max_request_body, "max_request_body", 1, 1 << 30, 8 << 20) as usize;
-        if max_request_body > max_buffered_body_bytes {
-            let span = e.max_request_body.as_ref().or(raw.max_buffered_body_bytes.as_ref()).map(|v| v.span());
-            c.diags.push(Diagnostic::error(
-                span,
-                format!("max_request_body = {max_request_body} of endpoint {name:?} is above max_buffered_body_bytes = {max_buffered_body_bytes}; its largest requests could never be served"),
-            ));
-        }
-        let proxy = ProxySettings {
-            request_timeout: c.duration(&e.request_timeout, "request_timeout", Duration::from_secs(300)),
-            connect_timeout: c.duration(&e.connect_timeout, "connect_timeout", Duration::from_secs(2)),
-            max_request_body,
-            body_read_timeout: c.duration(&e.body_read_timeout, "body_read_timeout", Duration::from_secs(30)),
-            response_idle_timeout: c.duration(
-                &e.response_idle_timeout,
-                "response_idle_timeout",
-                Duration::from_secs(60),
-            ),
-            retries: attempts as u32,
-            idempotent: retry.and_then(|r| r.idempotent).unwrap_or(false),
-            conn,
-            auth: e.auth.as_ref().and_then(|a| bearer_tokens(&mut c, &a.bearer_tokens_file)),
-        };
-        let (health, thresholds) = match &e.health {
-            None => (None, HealthThresholds::default()),
-            Some(h) => {
-                if !h.path.get_ref().starts_with('/') {
-                    c.error(h.path.span(), format!("health.path {:?} must start with '/'", h.path.get_ref()));
-                }
-                let check = HealthCheck {
-                    path: h.path.get_ref().clone(),
-                    interval: c.duration(&h.interval, "health.interval", Duration::from_secs(2)),
-                    timeout: c.duration(&h.timeout, "health.timeout", Duration::from_secs(1)),
-                };
-                let t = HealthThresholds {
-                    healthy_after: c.number(&h.healthy_after, "health.healthy_after", 1, 100, 2) as u32,
-                    unhealthy_after: c.number(&h.unhealthy_after, "health.unhealthy_after", 1, 100, 3) as u32,
-                };
-                (Some(check), t)
-            }
-        };
-        let replicas = e.replicas.as_ref().map(|r| replica_settings(&mut c, r));
-        endpoints.push(EndpointConfig {
-            name,
-            listen,
-            replica_concurrency: c.number(&e.replica_concurrency, "replica_concurrency", 1, 100_000, 8) as u32,
-            queue_size: c.number(&e.queue_size, "queue_size", 0, 1_000_000, 256) as usize,
-            queue_timeout: c.duration(&e.queue_timeout, "queue_timeout", Duration::from_secs(10)),
-            proxy,
-            health,
-            thresholds,
-            replicas,
-        });
-    }
+    let endpoints: Vec<EndpointConfig> = raw
+        .endpoint
+        .iter()
+        .map(|e| endpoint(&mut c, e.get_ref(), &raw, max_buffered_body_bytes, &mut names, &mut listens))
+        .collect();
     let listeners = listeners(&mut c, &raw.listener, &names, &mut listens, max_buffered_body_bytes);
-    for e in &raw.endpoint {
-        let e = e.get_ref();
-        let name = e.name.get_ref();
-        let routed = listeners.iter().any(|l| l.routes.endpoints().any(|n| n == name));
-        if e.listen.is_none() && !routed {
-            c.error(
-                e.name.span(),
-                format!(
-                    "endpoint {name:?} has no listen and no [[listener.route]] names it; clients could not reach it"
-                ),
-            );
-        }
-    }
+    check_reachable(&mut c, &raw.endpoint, &listeners);
     if c.diags.iter().any(|d| d.is_error()) {
         return Err(ConfigError(c.diags.iter().map(|d| d.render(file, source)).collect()));
     }
@@ -492,6 +377,155 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
         slurm_conf: raw.slurm_conf.map(|s| PathBuf::from(s.into_inner())),
         policy: raw.policy.map(|s| PathBuf::from(s.into_inner())),
     })
+}
+
+/// The control socket's mode (default 0600; never open to others), and a
+/// check that it has a path.
+fn control_socket_mode(c: &mut Checker, raw: &RawConfig) -> u32 {
+    if raw.control_socket.get_ref().is_empty() {
+        c.error(
+            raw.control_socket.span(),
+            "control_socket is empty; give a path like /run/onepool/onepoold.sock".into(),
+        );
+    }
+    match &raw.control_socket_mode {
+        None => 0o600,
+        Some(m) => match u32::from_str_radix(m.get_ref(), 8) {
+            Ok(v) if v & 0o777 == v && v & 0o007 == 0 => v,
+            _ => {
+                c.error(m.span(), format!("control_socket_mode = {:?}: expected an octal mode without access for others, like \"0600\" or \"0660\"", m.get_ref()));
+                0o600
+            }
+        },
+    }
+}
+
+/// Where the metrics are served: loopback only.
+fn metrics_address(c: &mut Checker, raw: &RawConfig) -> Option<SocketAddr> {
+    let a = raw.metrics_address.as_ref()?;
+    let addr = c.address(a, "metrics_address")?;
+    if !addr.ip().is_loopback() {
+        c.error(
+            a.span(),
+            format!("metrics_address {addr} is not a loopback address; metrics are served on 127.0.0.1 or ::1 only"),
+        );
+    }
+    Some(addr)
+}
+
+/// One `[[endpoint]]`; `names` and `listens` collect what the endpoints
+/// before it took, so that a second use is an error at its key.
+fn endpoint(
+    c: &mut Checker,
+    e: &RawEndpoint,
+    raw: &RawConfig,
+    max_buffered_body_bytes: usize,
+    names: &mut BTreeMap<String, Range<usize>>,
+    listens: &mut BTreeMap<SocketAddr, String>,
+) -> EndpointConfig {
+    let name = e.name.get_ref().clone();
+    if name.is_empty() || !name.chars().all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch)) {
+        c.error(e.name.span(), format!("endpoint name {name:?} must be non-empty letters, digits, '-', '_' or '.'"));
+    }
+    if names.insert(name.clone(), e.name.span()).is_some() {
+        c.error(e.name.span(), format!("endpoint {name:?} is defined twice; endpoint names must be unique"));
+    }
+    let listen = e.listen.as_ref().and_then(|l| c.address(l, "listen"));
+    // Port 0 lets the kernel choose, so it never collides.
+    if let (Some(l), Some(raw)) = (listen.filter(|l| l.port() != 0), &e.listen) {
+        if let Some(other) = listens.insert(l, format!("endpoint {name:?}")) {
+            c.error(raw.span(), format!("listen {l} is also used by {other}; give each its own address"));
+        }
+    }
+    let proxy = proxy_settings(c, e, raw, &name, max_buffered_body_bytes);
+    let (health, thresholds) = health(c, e.health.as_ref());
+    let replicas = e.replicas.as_ref().map(|r| replica_settings(c, r));
+    EndpointConfig {
+        name,
+        listen,
+        replica_concurrency: c.number(&e.replica_concurrency, "replica_concurrency", 1, 100_000, 8) as u32,
+        queue_size: c.number(&e.queue_size, "queue_size", 0, 1_000_000, 256) as usize,
+        queue_timeout: c.duration(&e.queue_timeout, "queue_timeout", Duration::from_secs(10)),
+        proxy,
+        health,
+        thresholds,
+        replicas,
+    }
+}
+
+/// How the endpoint's requests are proxied: limits, timeouts, retries,
+/// its listener's connections and its API keys.
+fn proxy_settings(
+    c: &mut Checker,
+    e: &RawEndpoint,
+    raw: &RawConfig,
+    name: &str,
+    max_buffered_body_bytes: usize,
+) -> ProxySettings {
+    let retry = e.retry.as_ref();
+    let attempts = retry.map(|r| c.number(&r.attempts, "retry.attempts", 0, 10, 2)).unwrap_or(2);
+    let conn = conn_settings(
+        c,
+        [&e.header_read_timeout, &e.http2_idle_timeout],
+        [&e.max_header_bytes, &e.max_connections, &e.max_connections_per_ip],
+        e.tls.as_ref(),
+    );
+    let max_request_body = c.number(&e.max_request_body, "max_request_body", 1, 1 << 30, 8 << 20) as usize;
+    if max_request_body > max_buffered_body_bytes {
+        let span = e.max_request_body.as_ref().or(raw.max_buffered_body_bytes.as_ref()).map(|v| v.span());
+        c.diags.push(Diagnostic::error(
+            span,
+            format!("max_request_body = {max_request_body} of endpoint {name:?} is above max_buffered_body_bytes = {max_buffered_body_bytes}; its largest requests could never be served"),
+        ));
+    }
+    ProxySettings {
+        request_timeout: c.duration(&e.request_timeout, "request_timeout", Duration::from_secs(300)),
+        connect_timeout: c.duration(&e.connect_timeout, "connect_timeout", Duration::from_secs(2)),
+        max_request_body,
+        body_read_timeout: c.duration(&e.body_read_timeout, "body_read_timeout", Duration::from_secs(30)),
+        response_idle_timeout: c.duration(&e.response_idle_timeout, "response_idle_timeout", Duration::from_secs(60)),
+        retries: attempts as u32,
+        idempotent: retry.and_then(|r| r.idempotent).unwrap_or(false),
+        conn,
+        auth: e.auth.as_ref().and_then(|a| bearer_tokens(c, &a.bearer_tokens_file)),
+    }
+}
+
+/// `[endpoint.health]`: the check and how many results in a row move a
+/// replica in or out (defaults without the table).
+fn health(c: &mut Checker, h: Option<&RawHealth>) -> (Option<HealthCheck>, HealthThresholds) {
+    let Some(h) = h else { return (None, HealthThresholds::default()) };
+    if !h.path.get_ref().starts_with('/') {
+        c.error(h.path.span(), format!("health.path {:?} must start with '/'", h.path.get_ref()));
+    }
+    let check = HealthCheck {
+        path: h.path.get_ref().clone(),
+        interval: c.duration(&h.interval, "health.interval", Duration::from_secs(2)),
+        timeout: c.duration(&h.timeout, "health.timeout", Duration::from_secs(1)),
+    };
+    let t = HealthThresholds {
+        healthy_after: c.number(&h.healthy_after, "health.healthy_after", 1, 100, 2) as u32,
+        unhealthy_after: c.number(&h.unhealthy_after, "health.unhealthy_after", 1, 100, 3) as u32,
+    };
+    (Some(check), t)
+}
+
+/// Every endpoint has a listener of its own or a shared one that routes
+/// to it.
+fn check_reachable(c: &mut Checker, endpoints: &[Spanned<RawEndpoint>], listeners: &[ListenerConfig]) {
+    for e in endpoints {
+        let e = e.get_ref();
+        let name = e.name.get_ref();
+        let routed = listeners.iter().any(|l| l.routes.endpoints().any(|n| n == name));
+        if e.listen.is_none() && !routed {
+            c.error(
+                e.name.span(),
+                format!(
+                    "endpoint {name:?} has no listen and no [[listener.route]] names it; clients could not reach it"
+                ),
+            );
+        }
+    }
 }
 
 /// A listener's connection limits, from an `[[endpoint]]` (its own
