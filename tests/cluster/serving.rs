@@ -23,7 +23,7 @@ use onepool_tests::{cluster, workspace_root, Cleanup, TEST_MIN_RUNTIME_SECS};
 const ENDPOINT: &str = "chat";
 
 #[test]
-fn the_openai_client_lists_completes_and_streams_and_reads_the_error_when_no_replica_serves() {
+fn the_openai_client_lists_completes_and_streams_by_endpoint_and_by_model_and_reads_the_error_when_no_replica_serves() {
     let c = cluster();
     let _cleanup = Cleanup(c);
     let dir = scratch("serving-openai");
@@ -39,16 +39,32 @@ fn the_openai_client_lists_completes_and_streams_and_reads_the_error_when_no_rep
         queue_timeout: Some(Duration::from_secs(1)),
         ..EndpointFile::new("idle")
     });
-    file.write(&config).unwrap();
+    // And a shared listener that routes by the request's `model`: the
+    // model server's own name leads to the endpoint.
+    let shared = format!(
+        "\n[[listener]]\nlisten = \"127.0.0.1:0\"\nby = \"model\"\n[[listener.route]]\nendpoint = \"{ENDPOINT}\"\nmodel = \"{MODEL_NAME}\"\n"
+    );
+    std::fs::write(&config, file.to_toml() + &shared).unwrap();
     let rt = runtime();
     let d = start_daemon(&rt, &config);
     let port = d.endpoint(ENDPOINT).unwrap().listen.unwrap().port();
     let idle = d.endpoint("idle").unwrap().listen.unwrap().port();
+    let by_model = d.listeners[0].port();
     let t = wait("the llama-server replica to serve", Duration::from_secs(150), || {
         serving(&d, ENDPOINT, "baseline").len() == 1
     });
     eprintln!("llama-server replica serving {:.1} s after onepoold started", t.as_secs_f64());
+    for base in [port, by_model] {
+        openai_client_sees_the_endpoint(base, idle);
+    }
 
+    rt.block_on(d.shutdown());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Runs the official client against `http://127.0.0.1:PORT/v1` (and the
+/// replica-less endpoint on `idle`) and checks what it saw.
+fn openai_client_sees_the_endpoint(port: u16, idle: u16) {
     let script = workspace_root().join("tests/clients/openai_client.py");
     let out = Command::new("python3")
         .arg(&script)
@@ -85,9 +101,6 @@ fn the_openai_client_lists_completes_and_streams_and_reads_the_error_when_no_rep
         "{none}"
     );
     assert!(none["message"].as_str().unwrap().contains("no replica became free in time"), "{none}");
-
-    rt.block_on(d.shutdown());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Sends a streamed chat completion for `max_tokens` and returns the
