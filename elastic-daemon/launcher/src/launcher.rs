@@ -41,6 +41,8 @@ use crate::conventions::DRAINING_HEADER;
 /// How long the answers of requests cut off at the drain timeout get to
 /// leave before the server is stopped.
 const CUT_FLUSH: Duration = Duration::from_secs(1);
+/// How long a server stopped after a timed-out drain gets before SIGKILL.
+const CUT_STOP_GRACE: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct LauncherConfig {
@@ -296,18 +298,26 @@ pub async fn serve_front(listener: TcpListener, backend: SocketAddr, state: Arc<
     }
 }
 
+/// SIGTERM to the server's process group, SIGKILL to it after `grace`.
 async fn stop(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
-    if let Some(pid) = child.id() {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let group = child.id().map(|pid| -(pid as i32));
+    if let Some(g) = group {
+        // SAFETY: kill(2) on the process group our child leads.
+        unsafe { libc::kill(g, libc::SIGTERM) };
     }
-    match tokio::time::timeout(grace, child.wait()).await {
+    let status = match tokio::time::timeout(grace, child.wait()).await {
         Ok(status) => status.ok(),
         Err(_) => {
             let _ = child.kill().await;
             child.wait().await.ok()
         }
+    };
+    if let Some(g) = group {
+        // What the server left behind in its group goes with it.
+        // SAFETY: as above; the group may be empty by now (ESRCH).
+        unsafe { libc::kill(g, libc::SIGKILL) };
     }
+    status
 }
 
 /// Runs the server behind the front proxy until it exits or a notice
@@ -326,6 +336,9 @@ pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, Laun
     let mut child = Command::new(program)
         .args(args)
         .env("ONEPOOL_BACKEND_PORT", cfg.backend.port().to_string())
+        // Its own process group, so that stopping it reaches the worker
+        // processes servers such as vLLM fork (they hold GPUs too).
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .map_err(|source| LauncherError::Spawn { cmd: cfg.command.join(" "), source })?;
@@ -357,7 +370,16 @@ pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, Laun
         turned_away = state.turned_away.load(Ordering::SeqCst),
         "drain finished; stopping the server"
     );
-    stop(&mut child, cfg.stop_grace).await;
+    // After a timed-out drain nothing is left for the server to finish,
+    // and the job's GraceTime is nearly spent: a server that does not exit
+    // at once is killed. (llama-server stopped with its slots still
+    // generating hung until the 10 s SIGKILL on 24.11, and the protected
+    // job waited for it.)
+    let grace = match outcome {
+        Outcome::TimedOut { .. } => cfg.stop_grace.min(CUT_STOP_GRACE),
+        _ => cfg.stop_grace,
+    };
+    stop(&mut child, grace).await;
     front_task.abort();
     Ok(outcome)
 }

@@ -152,3 +152,45 @@ async fn what_is_in_flight_at_the_drain_timeout_is_told_why_it_ends() {
     assert!(plain.to_ascii_lowercase().contains("x-onepool-draining: 1"), "{plain}");
     assert_eq!(front.cut_short.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+/// Stopping the server stops what it started too (vLLM forks workers that
+/// hold GPUs): the whole process group goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_the_server_stops_the_processes_it_started() {
+    let pidfile = std::env::temp_dir().join(format!("onepool-launcher-worker-{}", std::process::id()));
+    let script = format!("sleep 300 & echo $! > {}; exec python3 -c \"$0\"", pidfile.display());
+    let listen = free_addr();
+    let cfg = LauncherConfig {
+        listen,
+        backend: free_addr(),
+        drain_timeout: Duration::from_secs(5),
+        stop_grace: Duration::from_secs(5),
+        command: vec!["sh".into(), "-c".into(), script, SERVER.into()],
+    };
+    let front = Arc::new(Front::default());
+    let task = tokio::spawn(async move { run(cfg, front).await.expect("launcher runs") });
+    for _ in 0..100 {
+        if get(listen, "/").await == Some((200, false)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let worker: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    // Running, not a zombie waiting for init to reap it.
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+    };
+    assert!(alive(worker), "the server's worker runs");
+    notice();
+    assert!(matches!(task.await.unwrap(), Outcome::Drained { .. }));
+    // Reaped by init once killed; give it a moment.
+    for _ in 0..50 {
+        if !alive(worker) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!alive(worker), "the worker went with the server");
+    std::fs::remove_file(&pidfile).unwrap();
+}
