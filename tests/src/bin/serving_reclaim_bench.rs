@@ -38,10 +38,14 @@ use onepool_tests::{build_dir, workspace_root, TestCluster, TEST_MIN_RUNTIME_SEC
 const DRAIN_SECS: u64 = 30;
 /// Replay speed of the trace (x real time) and how long it runs before the
 /// protected job comes and after it runs.
-const SPEED: f64 = 1.0;
+const SPEED: f64 = 3.0;
+/// Longer answers than the demo's, so that streams are in flight when the
+/// protected job comes: GeneratedTokens/4, 8 to 96 tokens.
+const SHAPE: ChatShape = ChatShape { prompt_div: 32, prompt_words: (8, 64), answer_div: 4, answer_tokens: (8, 96) };
 const BEFORE: Duration = Duration::from_secs(10);
 const AFTER: Duration = Duration::from_secs(10);
 const SLOTS: Slots = Slots { parallel: 4, context: 256, threads: 1 };
+// (256 per slot holds a 64-word prompt and 96 tokens.)
 
 #[derive(Clone, Copy, PartialEq)]
 enum Variant {
@@ -81,6 +85,7 @@ impl Variant {
 
 /// What one round measured.
 struct Round {
+    failures: Vec<String>,
     ttc: f64,
     in_flight: (usize, usize),
     during: (usize, usize),
@@ -210,7 +215,7 @@ fn round(c: &TestCluster, v: Variant, server: &ModelServer, trace: &Path, base: 
         .build()
         .unwrap();
     let t0 = Instant::now();
-    let load = Load::start(rt.handle(), Trace::load(trace).unwrap(), addr, MODEL_NAME, ChatShape::DEMO, t0);
+    let load = Load::start(rt.handle(), Trace::load(trace).unwrap(), addr, MODEL_NAME, SHAPE, t0);
     load.phase("replay", SPEED);
     // Past the minimum run time, every replica may be reclaimed.
     std::thread::sleep(BEFORE.max(Duration::from_secs(TEST_MIN_RUNTIME_SECS + 1)));
@@ -240,13 +245,30 @@ fn round(c: &TestCluster, v: Variant, server: &ModelServer, trace: &Path, base: 
         .filter(|r| in_flight_at(r) && r.failure.is_none())
         .map(|r| r.ended - submitted)
         .fold(0.0, f64::max);
-    let mut failures: Vec<String> = requests.iter().filter_map(|r| r.failure.clone()).collect();
+    // Why requests failed, and when relative to the protected job.
+    let mut failures: Vec<String> = Vec::new();
+    for r in requests.iter().filter(|r| r.failure.is_some()) {
+        let when = if in_flight_at(r) {
+            "in flight"
+        } else if r.sent >= submitted && r.sent < capacity {
+            "during the wait"
+        } else if r.sent >= capacity {
+            "after"
+        } else {
+            "before"
+        };
+        failures.push(format!("{} ({when})", r.failure.as_deref().unwrap_or_default()));
+    }
     failures.sort();
-    failures.dedup();
-    if !failures.is_empty() {
-        eprintln!("    failures: {failures:?}");
+    let mut counted: Vec<(String, usize)> = Vec::new();
+    for f in failures {
+        match counted.last_mut() {
+            Some((g, n)) if *g == f => *n += 1,
+            _ => counted.push((f, 1)),
+        }
     }
     Round {
+        failures: counted.iter().map(|(f, n)| format!("{n} x {f}")).collect(),
         ttc,
         in_flight: count(&in_flight_at),
         during: count(&|r: &Request| r.sent >= submitted && r.sent < capacity),
@@ -318,6 +340,9 @@ fn main() {
                 res.total.0,
                 res.total.1
             );
+            if !res.failures.is_empty() {
+                println!("      failed: {}", res.failures.join("; "));
+            }
             results[i].push(res);
         }
     }
