@@ -78,8 +78,13 @@ fn notice() {
     unsafe { libc::raise(libc::SIGUSR1) };
 }
 
+/// The notice is a signal to the whole test process: every launcher
+/// running in it drains. Tests that raise it take turns.
+static NOTICE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notice_drains_in_flight_requests_turns_new_ones_away_and_stops_the_server() {
+    let _turn = NOTICE.lock().await;
     // A clean drain: the slow request finishes, the late one is turned away.
     let (addr, front, task) = launch(Duration::from_secs(10)).await;
     let slow = tokio::spawn(async move { get(addr, "/?sleep=1.5").await });
@@ -127,6 +132,7 @@ async fn a_request_the_dead_server_never_got_is_answered_draining() {
 /// gets the draining status, so the router sends it to another replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_is_in_flight_at_the_drain_timeout_is_told_why_it_ends() {
+    let _turn = NOTICE.lock().await;
     // 40 tokens at 0.1 s: 4 s, past the 0.8 s drain timeout.
     let (addr, front, task) = launch_with(Duration::from_millis(800), &["ONEPOOL_SECONDS_PER_TOKEN=0.1"]).await;
     let stream = tokio::spawn(async move { post(addr, r#"{"max_tokens": 40, "stream": true}"#).await });
@@ -157,6 +163,7 @@ async fn what_is_in_flight_at_the_drain_timeout_is_told_why_it_ends() {
 /// hold GPUs): the whole process group goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_the_server_stops_the_processes_it_started() {
+    let _turn = NOTICE.lock().await;
     let pidfile = std::env::temp_dir().join(format!("onepool-launcher-worker-{}", std::process::id()));
     let script = format!("sleep 300 & echo $! > {}; exec python3 -c \"$0\"", pidfile.display());
     let listen = free_addr();
