@@ -19,6 +19,17 @@ use std::time::{Duration, Instant};
 
 use onepool_dev_cluster::{Cluster, Spec, UpOptions};
 
+/// A benchmark's cluster of its own in `dir`, up with `policy` and the
+/// plugins just built, its queue empty.
+pub fn bench_cluster(dir: &std::path::Path, policy: PathBuf) -> TestCluster {
+    let cluster = Cluster::at(dir).expect("cluster folder");
+    let options = UpOptions { plugin_source: Some(build_dir()), policy: Some(policy), ..UpOptions::default() };
+    let spec = cluster.up(&options, &mut |m| eprintln!("cluster: {m}")).expect("bringing the cluster up");
+    let c = TestCluster { cluster, spec };
+    c.cancel_all();
+    c
+}
+
 pub struct TestCluster {
     pub cluster: Cluster,
     pub spec: Spec,

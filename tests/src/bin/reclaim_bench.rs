@@ -20,7 +20,6 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use onepool_dev_cluster::{Cluster, UpOptions};
 use onepool_elastic_daemon::daemon::Daemon;
 use onepool_router::registry::ReplicaState;
 use onepool_tests::elastic::{completion, daemon_config, scratch, stand_in_server, wait, Load};
@@ -196,15 +195,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let dir = PathBuf::from(args.next().expect("usage: reclaim_bench CLUSTER_DIR ROUNDS"));
     let rounds: usize = args.next().and_then(|r| r.parse().ok()).unwrap_or(3);
-    let cluster = Cluster::at(&dir).expect("cluster folder");
-    let options = UpOptions {
-        plugin_source: Some(build_dir()),
-        policy: Some(bench_policy(&dir.join("bench"))),
-        ..UpOptions::default()
-    };
-    let spec = cluster.up(&options, &mut |m| eprintln!("cluster: {m}")).expect("bringing the cluster up");
-    let c = TestCluster { cluster, spec };
-    c.cancel_all();
+    let c = onepool_tests::bench_cluster(&dir, bench_policy(&dir.join("bench")));
     println!(
         "reclaim: 3 borrowers x 4 GPUs, {IN_FLIGHT} requests of {REQUEST_SECS} s in flight on each; protected job for 8 GPUs (one free node + one borrower's); GraceTime {GRACE_SECS} s; {rounds} rounds, variants interleaved"
     );

@@ -27,7 +27,6 @@ use std::time::{Duration, Instant};
 
 use onepool_dev_cluster::model_server::{ModelServer, Slots, MODEL_NAME};
 use onepool_dev_cluster::replay::{ChatShape, Load, Request, Trace};
-use onepool_dev_cluster::{Cluster, UpOptions};
 use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile};
 use onepool_elastic_daemon::daemon::Daemon;
 use onepool_router::registry::ReplicaState;
@@ -300,15 +299,7 @@ fn main() {
     let trace = PathBuf::from(args.next().expect(usage));
     let rounds: usize = args.next().and_then(|r| r.parse().ok()).unwrap_or(3);
     let server = ModelServer::locate().unwrap_or_else(|e| panic!("{e}"));
-    let cluster = Cluster::at(&dir).expect("cluster folder");
-    let options = UpOptions {
-        plugin_source: Some(build_dir()),
-        policy: Some(bench_policy(&dir.join("bench"))),
-        ..UpOptions::default()
-    };
-    let spec = cluster.up(&options, &mut |m| eprintln!("cluster: {m}")).expect("bringing the cluster up");
-    let c = TestCluster { cluster, spec };
-    c.cancel_all();
+    let c = onepool_tests::bench_cluster(&dir, bench_policy(&dir.join("bench")));
     println!(
         "serving reclaim: 3 llama-server replicas ({MODEL_NAME}, {} slots, 1 thread) x 4 GPUs; the trace {} at {SPEED}x \
          as chat completions (every other one streamed); protected job for 8 GPUs; onepool's drain timeout {DRAIN_SECS} s; \
