@@ -65,13 +65,18 @@ pub fn workspace_root() -> PathBuf {
 /// still show that the minimum run time holds).
 pub const TEST_MIN_RUNTIME_SECS: u64 = 10;
 
-fn test_policy() -> PathBuf {
+/// The text of the test policy (benchmarks change it further).
+pub fn test_policy_text() -> String {
     let sample = std::fs::read_to_string(workspace_root().join("etc/onepool.toml")).expect("etc/onepool.toml");
     let from = "min_runtime_before_reclaim = \"2m\"";
     assert!(sample.contains(from), "etc/onepool.toml no longer says {from}; update the test harness");
-    let text = sample.replace(from, &format!("min_runtime_before_reclaim = \"{TEST_MIN_RUNTIME_SECS}s\""));
+    sample.replace(from, &format!("min_runtime_before_reclaim = \"{TEST_MIN_RUNTIME_SECS}s\""))
+}
+
+/// The test policy, written next to the build.
+pub fn test_policy() -> PathBuf {
     let path = output_dir().join("onepool-test-policy.toml");
-    std::fs::write(&path, text).expect("writing the test policy");
+    std::fs::write(&path, test_policy_text()).expect("writing the test policy");
     path
 }
 

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use onepool_elastic_daemon::daemon::Daemon;
 use onepool_router::registry::ReplicaState;
 use onepool_tests::elastic::{completion, daemon_config, scratch, stand_in_server, wait, Load};
-use onepool_tests::{build_dir, workspace_root, TestCluster, TEST_MIN_RUNTIME_SECS};
+use onepool_tests::{build_dir, TestCluster, TEST_MIN_RUNTIME_SECS};
 
 /// GraceTime of the graceful classes in the benchmark's policy (and the
 /// replicas' drain timeout), as in the brief's measurement of native Slurm.
@@ -177,11 +177,7 @@ fn autoscale_round(c: &TestCluster, dir: &Path) -> [f64; 3] {
 }
 
 fn bench_policy(dir: &Path) -> PathBuf {
-    let text = std::fs::read_to_string(workspace_root().join("etc/onepool.toml")).unwrap();
-    let text = text.replace(
-        "min_runtime_before_reclaim = \"2m\"",
-        &format!("min_runtime_before_reclaim = \"{TEST_MIN_RUNTIME_SECS}s\""),
-    );
+    let text = onepool_tests::test_policy_text();
     let from = "reclaim = \"graceful\"\ndrain_timeout = \"60s\"";
     assert!(text.contains(from), "etc/onepool.toml's inference class changed; update the benchmark");
     let text = text.replace(from, &format!("reclaim = \"graceful\"\ndrain_timeout = \"{GRACE_SECS}s\""));

@@ -30,7 +30,7 @@ use onepool_dev_cluster::replay::{ChatShape, Load, Request, Trace};
 use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile};
 use onepool_elastic_daemon::daemon::Daemon;
 use onepool_router::registry::ReplicaState;
-use onepool_tests::{build_dir, workspace_root, TestCluster, TEST_MIN_RUNTIME_SECS};
+use onepool_tests::{build_dir, TestCluster, TEST_MIN_RUNTIME_SECS};
 
 /// The replicas' drain timeout (onepool) within the inference class's
 /// GraceTime (60 s in etc/onepool.toml).
@@ -276,17 +276,6 @@ fn round(c: &TestCluster, v: Variant, server: &ModelServer, trace: &Path, base: 
     }
 }
 
-fn bench_policy(dir: &Path) -> PathBuf {
-    let text = std::fs::read_to_string(workspace_root().join("etc/onepool.toml")).unwrap();
-    let from = "min_runtime_before_reclaim = \"2m\"";
-    assert!(text.contains(from), "etc/onepool.toml changed; update the benchmark");
-    let text = text.replace(from, &format!("min_runtime_before_reclaim = \"{TEST_MIN_RUNTIME_SECS}s\""));
-    std::fs::create_dir_all(dir).unwrap();
-    let path = dir.join("bench-policy.toml");
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -299,7 +288,7 @@ fn main() {
     let trace = PathBuf::from(args.next().expect(usage));
     let rounds: usize = args.next().and_then(|r| r.parse().ok()).unwrap_or(3);
     let server = ModelServer::locate().unwrap_or_else(|e| panic!("{e}"));
-    let c = onepool_tests::bench_cluster(&dir, bench_policy(&dir.join("bench")));
+    let c = onepool_tests::bench_cluster(&dir, onepool_tests::test_policy());
     println!(
         "serving reclaim: 3 llama-server replicas ({MODEL_NAME}, {} slots, 1 thread) x 4 GPUs; the trace {} at {SPEED}x \
          as chat completions (every other one streamed); protected job for 8 GPUs; onepool's drain timeout {DRAIN_SECS} s; \
