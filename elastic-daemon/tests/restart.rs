@@ -154,8 +154,14 @@ fn restarts_and_an_upgrade_on_a_handed_over_socket_refuse_no_client() {
     )
     .unwrap();
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_onepoold"));
-    let mut daemon = spawn(&binary, &config, &socket);
-    add_replica(&rt, &control, replica.addr);
+    // A new process on the socket, its replica in its router, then a
+    // second of load through it.
+    let start = |binary: &Path| {
+        let d = spawn(binary, &config, &socket);
+        add_replica(&rt, &control, replica.addr);
+        d
+    };
+    let mut daemon = start(&binary);
     let clients = Clients::start(addr, 8);
     std::thread::sleep(Duration::from_secs(1));
 
@@ -164,8 +170,7 @@ fn restarts_and_an_upgrade_on_a_handed_over_socket_refuse_no_client() {
     let t_term = Instant::now();
     signal(&daemon, libc::SIGTERM);
     assert!(daemon.wait().unwrap().success());
-    daemon = spawn(&binary, &config, &socket);
-    add_replica(&rt, &control, replica.addr);
+    daemon = start(&binary);
     std::thread::sleep(Duration::from_secs(1));
 
     // An upgrade: the same, with another binary file.
@@ -174,8 +179,7 @@ fn restarts_and_an_upgrade_on_a_handed_over_socket_refuse_no_client() {
     let t_upgrade = Instant::now();
     signal(&daemon, libc::SIGTERM);
     assert!(daemon.wait().unwrap().success());
-    daemon = spawn(&upgraded, &config, &socket);
-    add_replica(&rt, &control, replica.addr);
+    daemon = start(&upgraded);
     std::thread::sleep(Duration::from_secs(1));
     let graceful = clients.since(t_term);
     assert!(!graceful.is_empty() && clients.since(t_upgrade).len() > 8, "requests went on across the restarts");
@@ -185,8 +189,7 @@ fn restarts_and_an_upgrade_on_a_handed_over_socket_refuse_no_client() {
     let t_kill = Instant::now();
     signal(&daemon, libc::SIGKILL);
     daemon.wait().unwrap();
-    daemon = spawn(&binary, &config, &socket);
-    add_replica(&rt, &control, replica.addr);
+    daemon = start(&binary);
     std::thread::sleep(Duration::from_secs(1));
     let all = clients.finish();
     signal(&daemon, libc::SIGTERM);
