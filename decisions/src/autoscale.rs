@@ -6,6 +6,14 @@
 //! dip does not drain replicas that the next minute needs again (each
 //! replica costs a model load to bring back).
 //!
+//! With a `trend_horizon`, the panic window also looks ahead: the load's
+//! slope over that window (least squares) is projected the horizon ahead,
+//! and a rising load asks for the replicas it will need then. Set it near
+//! the model's load time, so that a replica asked for now is ready when
+//! the load it was asked for arrives. By Little's law the load (in flight
+//! plus queued) is the request rate times the time a request spends, so
+//! its trend is the rate's trend at the endpoint's latency.
+//!
 //! Time is passed in as seconds (`f64`), so the live daemon and the
 //! simulator drive the same code with real or simulated clocks.
 
@@ -24,6 +32,8 @@ pub struct ScalingPolicy {
     pub panic_threshold: f64,
     /// A lower count is only applied once it has been wanted this long.
     pub scale_down_delay: Duration,
+    /// How far ahead a rising load is projected (zero: not at all).
+    pub trend_horizon: Duration,
 }
 
 impl Default for ScalingPolicy {
@@ -36,6 +46,7 @@ impl Default for ScalingPolicy {
             panic_window: Duration::from_secs(6),
             panic_threshold: 2.0,
             scale_down_delay: Duration::from_secs(120),
+            trend_horizon: Duration::ZERO,
         }
     }
 }
@@ -52,6 +63,9 @@ pub struct Recommendation {
     pub mode: Mode,
     pub stable_load: f64,
     pub panic_load: f64,
+    /// The panic window's load projected `trend_horizon` ahead (the panic
+    /// load when it is not rising).
+    pub projected_load: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -61,6 +75,22 @@ pub struct Autoscaler {
     panic_until: Option<f64>,
     panic_floor: u32,
     wanted: VecDeque<(f64, u32)>,
+}
+
+/// Least-squares slope of the samples since `since`, per second.
+fn slope_since(samples: &VecDeque<(f64, f64)>, since: f64) -> f64 {
+    let recent = || samples.iter().filter(|(t, _)| *t >= since);
+    let n = recent().count() as f64;
+    if n < 2.0 {
+        return 0.0;
+    }
+    let (mt, mv) = recent().fold((0.0, 0.0), |(a, b), (t, v)| (a + t / n, b + v / n));
+    let (cov, var) = recent().fold((0.0, 0.0), |(c, w), (t, v)| (c + (t - mt) * (v - mv), w + (t - mt) * (t - mt)));
+    if var > 0.0 {
+        cov / var
+    } else {
+        0.0
+    }
 }
 
 fn mean_since(samples: &VecDeque<(f64, f64)>, since: f64) -> f64 {
@@ -105,7 +135,14 @@ impl Autoscaler {
         let stable_load = mean_since(&self.samples, now - p.stable_window.as_secs_f64());
         let panic_load = mean_since(&self.samples, now - p.panic_window.as_secs_f64());
         let want_stable = self.replicas_for(stable_load);
-        let want_panic = self.replicas_for(panic_load);
+        let horizon = p.trend_horizon.as_secs_f64();
+        let projected_load = if horizon > 0.0 {
+            let slope = slope_since(&self.samples, now - p.panic_window.as_secs_f64());
+            panic_load + (slope * horizon).max(0.0)
+        } else {
+            panic_load
+        };
+        let want_panic = self.replicas_for(projected_load);
         let bursting = if ready == 0 {
             want_panic > 0
         } else {
@@ -133,6 +170,7 @@ impl Autoscaler {
             mode,
             stable_load,
             panic_load,
+            projected_load,
         }
     }
 
@@ -162,6 +200,7 @@ mod tests {
             panic_window: Duration::from_secs(6),
             panic_threshold: 2.0,
             scale_down_delay: Duration::from_secs(30),
+            trend_horizon: Duration::ZERO,
         })
     }
 
@@ -223,6 +262,41 @@ mod tests {
         }
         assert!(first_drop.unwrap() >= 120 + 30, "{first_drop:?}");
         assert_eq!(ready, 3);
+    }
+
+    #[test]
+    fn a_rising_load_asks_for_the_replicas_it_will_need_a_horizon_ahead() {
+        let with_trend = |h: u64| {
+            let mut a = scaler();
+            a.policy.trend_horizon = Duration::from_secs(h);
+            a
+        };
+        let (mut flat, mut ahead) = (with_trend(0), with_trend(10));
+        let (mut rf, mut ra) = (1, 1);
+        run(&mut flat, 0, 60, 5.0, &mut rf);
+        run(&mut ahead, 0, 60, 5.0, &mut ra);
+        assert_eq!((rf, ra), (1, 1), "a steady load projects to itself");
+        // The load climbs 3 a second for 4 s: now 17 (2 replicas at 10
+        // each), and at that pace 47 in 10 s. The 6 s window still holds two
+        // flat seconds, so the fitted slope is below 3: about 30 projected.
+        let (mut last_f, mut last_a) = (None, None);
+        for (i, t) in (60..64).enumerate() {
+            let load = 8.0 + 3.0 * i as f64;
+            flat.record(f64::from(t), load);
+            ahead.record(f64::from(t), load);
+            last_f = Some(flat.recommend(f64::from(t), rf));
+            last_a = Some(ahead.recommend(f64::from(t), ra));
+        }
+        let (f, a) = (last_f.unwrap(), last_a.unwrap());
+        assert!(f.replicas <= 2, "{f:?}");
+        assert!(a.replicas >= 4 && a.projected_load > 25.0, "{a:?}");
+        // A falling load is not projected down.
+        let mut falling = with_trend(10);
+        for t in 0..6 {
+            falling.record(f64::from(t), 60.0 - 10.0 * f64::from(t));
+        }
+        let r = falling.recommend(5.0, 6);
+        assert_eq!(r.projected_load, r.panic_load);
     }
 
     #[test]

@@ -11,6 +11,19 @@
 //! a replica near its time limit gets a successor first and is drained once
 //! the successor serves; a job Slurm is preempting is drained at once.
 //!
+//! **Warm headroom** ([`Headroom`], issue #18). A model loads in tens of
+//! seconds to minutes, so replicas submitted when a burst begins arrive
+//! after it. An endpoint with headroom keeps extra replicas loaded on pool
+//! GPUs nobody else is waiting for, in the lowest-ranked (warm) class, so
+//! that a burst lands on replicas already serving. Slurm's preemption, not
+//! onepoold, takes those GPUs back: every other class outranks the warm
+//! one, and an idle replica drains at once. Scale-down then depends on
+//! whether any job waits for GPUs: while none does, supplemental replicas
+//! the load no longer needs stay (and count as headroom); once one waits,
+//! they are drained as without headroom. At `max`, warm replicas carry load
+//! instead of being replaced (a replacement would cost a model load while
+//! the warm one serves); if Slurm takes one, a supplemental one follows.
+//!
 //! A replica is one server on one node. A job may host several, one per
 //! node (`replicas_per_job`): [`reconcile`] decides per replica, and
 //! [`plan_releases`] turns the replicas to release into what Slurm is told
@@ -27,6 +40,9 @@ pub enum Kind {
     Baseline,
     /// Above `min`; flexible class, reclaimable.
     Supplemental,
+    /// Headroom above the load's need; lowest-ranked flexible class, taken
+    /// by Slurm for any other work.
+    Warm,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +93,38 @@ pub struct EndpointTarget {
     pub renew_before: Duration,
     /// Longest model load; a replica starting for longer is replaced.
     pub startup_timeout: Duration,
+    /// Warm headroom; `None`: surplus replicas are drained as soon as the
+    /// autoscaler no longer wants them.
+    pub headroom: Option<Headroom>,
+}
+
+/// An endpoint's warm headroom this round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Headroom {
+    /// Replicas wanted above `desired` ([`WarmSpec::replicas_above`]);
+    /// `max` bounds them with the rest.
+    pub replicas: u32,
+    /// A pending job other than a warm replica waits for the pool's GPUs:
+    /// no warm replica is submitted, pending ones are withdrawn, and
+    /// surplus replicas are drained.
+    pub gpus_wanted: bool,
+}
+
+/// How much warm headroom an endpoint asks for: at least `replicas` idle
+/// replicas, and at least `fraction` of the replicas its load needs.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct WarmSpec {
+    pub replicas: u32,
+    pub fraction: f64,
+}
+
+impl WarmSpec {
+    /// Warm replicas wanted when the load needs `desired`.
+    pub fn replicas_above(&self, desired: u32) -> u32 {
+        let by_fraction = (self.fraction.max(0.0) * f64::from(desired)).ceil();
+        let by_fraction = if by_fraction >= f64::from(u32::MAX) { u32::MAX } else { by_fraction as u32 };
+        self.replicas.max(by_fraction)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,13 +181,24 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
         .filter(|r| r.phase == Phase::Serving && r.time_left.is_some_and(|t| t <= target.renew_before))
         .collect();
     let is_expiring = |r: &Replica| expiring.iter().any(|e| (e.job, e.slot) == (r.job, r.slot));
-    let count_lasting = |kind: Kind| alive.iter().filter(|r| r.kind == kind && !is_expiring(r)).count() as u32;
-    let (base_lasting, supp_lasting) = (count_lasting(Kind::Baseline), count_lasting(Kind::Supplemental));
+    let lasting =
+        |kind: Kind| -> Vec<&Replica> { alive.iter().copied().filter(|r| r.kind == kind && !is_expiring(r)).collect() };
+    let (base_lasting, supp, warm) =
+        (lasting(Kind::Baseline).len() as u32, lasting(Kind::Supplemental), lasting(Kind::Warm));
+    let (supp_lasting, warm_lasting) = (supp.len() as u32, warm.len() as u32);
     let want_supp = desired - target.min;
+    let max = target.max.max(target.min);
+    // Without headroom, GPUs count as wanted: surplus goes as it always did.
+    let (want_warm, keep_idle, gpus_wanted) = match target.headroom {
+        Some(h) => (h.replicas.min(max - desired), true, h.gpus_wanted),
+        None => (0, false, true),
+    };
     for _ in base_lasting..target.min {
         actions.push(Action::Submit(Kind::Baseline));
     }
-    let supp_to_add = want_supp.saturating_sub(supp_lasting);
+    // Warm replicas hold their places within `max` (see the module's notes).
+    let room = max.saturating_sub(target.min + supp_lasting + warm_lasting);
+    let supp_to_add = want_supp.saturating_sub(supp_lasting).min(room);
     for _ in 0..supp_to_add {
         actions.push(Action::Submit(Kind::Supplemental));
     }
@@ -151,6 +210,7 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
         let enough = match e.kind {
             Kind::Baseline => serving_lasting(Kind::Baseline) >= target.min,
             Kind::Supplemental => serving_lasting(Kind::Supplemental) >= want_supp,
+            Kind::Warm => serving_lasting(Kind::Warm) >= want_warm,
         };
         if enough {
             actions.push(Action::Drain { job: e.job, slot: e.slot });
@@ -158,20 +218,52 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
     }
     // Scale down: release pending surplus first, then drain the cheapest.
     // A pinned replica's GPUs come back only with its whole job: last.
-    let surplus = supp_lasting.saturating_sub(want_supp);
-    if surplus > 0 {
-        let mut candidates: Vec<&Replica> =
-            alive.iter().copied().filter(|r| r.kind == Kind::Supplemental && !is_expiring(r)).collect();
-        candidates
-            .sort_by_key(|r| (r.phase != Phase::Pending, r.phase == Phase::Serving, r.pinned, r.in_flight, r.age));
-        for r in candidates.into_iter().take(surplus as usize) {
-            actions.push(match r.phase {
-                Phase::Pending | Phase::Starting => Action::Release { job: r.job, slot: r.slot },
-                _ => Action::Drain { job: r.job, slot: r.slot },
-            });
+    // Surplus that already holds GPUs nobody waits for stays, as headroom.
+    let (mut kept_supp, mut supp_leaving) = (0, 0);
+    let idle_room = max.saturating_sub(base_lasting.max(target.min) + want_supp);
+    for r in cheapest_first(supp).into_iter().take(supp_lasting.saturating_sub(want_supp) as usize) {
+        supp_leaving += 1;
+        match r.phase {
+            Phase::Pending => actions.push(Action::Release { job: r.job, slot: r.slot }),
+            _ if keep_idle && !gpus_wanted && kept_supp < idle_room => {
+                (kept_supp, supp_leaving) = (kept_supp + 1, supp_leaving - 1)
+            }
+            Phase::Starting => actions.push(Action::Release { job: r.job, slot: r.slot }),
+            _ => actions.push(Action::Drain { job: r.job, slot: r.slot }),
+        }
+    }
+    // Warm replicas: within max with the rest; while a job waits for GPUs,
+    // only those the headroom or the load (at max) asks for, and none
+    // pending (Slurm takes the running ones when it needs them).
+    let others = base_lasting.max(target.min) + supp_lasting + supp_to_add - supp_leaving;
+    let mut keep_warm = warm_lasting.min(max.saturating_sub(others));
+    let warm = cheapest_first(warm);
+    let mut leaving = warm_lasting - keep_warm;
+    if gpus_wanted {
+        keep_warm = keep_warm.min(want_warm + want_supp.saturating_sub(supp_lasting));
+        let pending = warm.iter().filter(|r| r.phase == Phase::Pending).count() as u32;
+        leaving = pending.max(warm_lasting - keep_warm);
+    }
+    for r in warm.into_iter().take(leaving as usize) {
+        actions.push(match r.phase {
+            Phase::Pending | Phase::Starting => Action::Release { job: r.job, slot: r.slot },
+            _ => Action::Drain { job: r.job, slot: r.slot },
+        });
+    }
+    if !gpus_wanted {
+        let room = max.saturating_sub(others + warm_lasting);
+        for _ in 0..want_warm.saturating_sub(warm_lasting + kept_supp).min(room) {
+            actions.push(Action::Submit(Kind::Warm));
         }
     }
     actions
+}
+
+/// Scale-down order: pending, then starting, then serving; a pinned one
+/// last; the fewest requests in flight, then the youngest.
+fn cheapest_first(mut rs: Vec<&Replica>) -> Vec<&Replica> {
+    rs.sort_by_key(|r| (r.phase != Phase::Pending, r.phase == Phase::Serving, r.pinned, r.in_flight, r.age));
+    rs
 }
 
 /// How many replicas each new job hosts: the submissions `reconcile`
@@ -265,7 +357,7 @@ mod tests {
     const S: Duration = Duration::from_secs(1);
 
     fn t(min: u32, max: u32, desired: u32) -> EndpointTarget {
-        EndpointTarget { min, max, desired, renew_before: 600 * S, startup_timeout: 300 * S }
+        EndpointTarget { min, max, desired, renew_before: 600 * S, startup_timeout: 300 * S, headroom: None }
     }
 
     fn r(job: u32, kind: Kind, phase: Phase, in_flight: u32, age: u64) -> Replica {
@@ -396,6 +488,87 @@ mod tests {
         );
     }
 
+    fn warm_t(min: u32, max: u32, desired: u32, replicas: u32, gpus_wanted: bool) -> EndpointTarget {
+        EndpointTarget { headroom: Some(Headroom { replicas, gpus_wanted }), ..t(min, max, desired) }
+    }
+
+    #[test]
+    fn warm_headroom_is_submitted_only_while_no_job_waits_for_gpus() {
+        let rs = [r(1, Kind::Baseline, Phase::Serving, 3, 100)];
+        assert_eq!(
+            reconcile(&warm_t(1, 4, 1, 2, false), &rs),
+            [Action::Submit(Kind::Warm), Action::Submit(Kind::Warm)]
+        );
+        assert!(reconcile(&warm_t(1, 4, 1, 2, true), &rs).is_empty());
+        // Bounded by max with the rest.
+        assert_eq!(
+            reconcile(&warm_t(1, 3, 2, 5, false), &rs),
+            [Action::Submit(Kind::Supplemental), Action::Submit(Kind::Warm)]
+        );
+    }
+
+    #[test]
+    fn a_waiting_job_withdraws_pending_warm_replicas_and_leaves_running_ones_to_slurm() {
+        let rs = [
+            r(1, Kind::Baseline, Phase::Serving, 0, 900),
+            r(2, Kind::Warm, Phase::Serving, 0, 300),
+            r(3, Kind::Warm, Phase::Pending, 0, 0),
+        ];
+        assert!(reconcile(&warm_t(1, 4, 1, 2, false), &rs).is_empty());
+        assert_eq!(reconcile(&warm_t(1, 4, 1, 2, true), &rs), [Action::Release { job: 3, slot: 0 }]);
+        // Headroom lowered: the running one above it drains too.
+        assert_eq!(
+            reconcile(&warm_t(1, 4, 1, 0, true), &rs),
+            [Action::Release { job: 3, slot: 0 }, Action::Drain { job: 2, slot: 0 }]
+        );
+    }
+
+    #[test]
+    fn surplus_on_gpus_nobody_wants_stays_as_headroom_and_goes_when_a_job_waits() {
+        let rs = [
+            r(1, Kind::Baseline, Phase::Serving, 0, 900),
+            r(2, Kind::Supplemental, Phase::Serving, 0, 300),
+            r(3, Kind::Supplemental, Phase::Serving, 1, 200),
+        ];
+        // The load needs the baseline only; two supplementals stay, and with
+        // a headroom of 2 no warm replica is added beside them.
+        assert!(reconcile(&warm_t(1, 4, 1, 2, false), &rs).is_empty());
+        assert_eq!(reconcile(&warm_t(1, 4, 1, 3, false), &rs), [Action::Submit(Kind::Warm)]);
+        // A job waits: the surplus drains, cheapest first.
+        assert_eq!(
+            reconcile(&warm_t(1, 4, 1, 2, true), &rs),
+            [Action::Drain { job: 2, slot: 0 }, Action::Drain { job: 3, slot: 0 }]
+        );
+        // Pending surplus never waits for GPUs on the headroom's account.
+        let rs = [r(1, Kind::Baseline, Phase::Serving, 0, 900), r(4, Kind::Supplemental, Phase::Pending, 0, 0)];
+        assert_eq!(reconcile(&warm_t(1, 4, 1, 0, false), &rs), [Action::Release { job: 4, slot: 0 }]);
+    }
+
+    #[test]
+    fn at_max_warm_replicas_carry_load_instead_of_being_replaced() {
+        let rs = [
+            r(1, Kind::Baseline, Phase::Serving, 8, 900),
+            r(2, Kind::Warm, Phase::Serving, 8, 300),
+            r(3, Kind::Warm, Phase::Serving, 8, 300),
+        ];
+        assert!(reconcile(&warm_t(1, 3, 3, 2, false), &rs).is_empty());
+        // Slurm took one for other work: a supplemental takes its place.
+        let taken = Replica { being_preempted: true, ..rs[2].clone() };
+        let rs = [rs[0].clone(), rs[1].clone(), taken];
+        assert_eq!(
+            reconcile(&warm_t(1, 3, 3, 2, true), &rs),
+            [Action::Drain { job: 3, slot: 0 }, Action::Submit(Kind::Supplemental)]
+        );
+    }
+
+    #[test]
+    fn warm_spec_asks_for_the_larger_of_its_count_and_fraction() {
+        let w = WarmSpec { replicas: 1, fraction: 0.5 };
+        assert_eq!([0, 1, 2, 3, 8].map(|d| w.replicas_above(d)), [1, 1, 1, 2, 4]);
+        assert_eq!(WarmSpec::default().replicas_above(100), 0);
+        assert_eq!(WarmSpec { replicas: 0, fraction: f64::INFINITY }.replicas_above(1), u32::MAX);
+    }
+
     fn member(job: u32, slot: u16, pinned: bool, phase: Phase, in_flight: u32) -> Replica {
         Replica { slot, pinned, ..r(job, Kind::Supplemental, phase, in_flight, 100) }
     }
@@ -500,18 +673,18 @@ mod tests {
     fn arb_replica() -> impl Strategy<Value = Replica> {
         (
             (1u32..6, 0u16..4, any::<bool>()),
-            any::<bool>(),
+            0usize..3,
             0usize..4,
             0u32..10,
             0u64..1000,
             any::<bool>(),
             proptest::option::of(0u64..2000),
         )
-            .prop_map(|((job, slot, pinned), base, phase, in_flight, age, pre, left)| Replica {
+            .prop_map(|((job, slot, pinned), kind, phase, in_flight, age, pre, left)| Replica {
                 job,
                 slot,
                 pinned,
-                kind: if base { Kind::Baseline } else { Kind::Supplemental },
+                kind: [Kind::Baseline, Kind::Supplemental, Kind::Warm][kind],
                 phase: [Phase::Pending, Phase::Starting, Phase::Serving, Phase::Draining][phase],
                 in_flight,
                 age: Duration::from_secs(age),
@@ -560,6 +733,33 @@ mod tests {
                         prop_assert!(r.time_left.is_some_and(|t| t <= target.renew_before), "{r:?}");
                     }
                 }
+            }
+        }
+
+        /// With headroom, the endpoint never asks for more than `max`
+        /// replicas: those it keeps plus those it submits.
+        #[test]
+        fn headroom_stays_within_max(
+            rs in proptest::collection::vec(arb_replica(), 0..8), min in 0u32..4, extra in 0u32..4,
+            desired in 0u32..10, warm in 0u32..6, wanted in any::<bool>(),
+        ) {
+            let mut seen = std::collections::HashSet::new();
+            let rs: Vec<Replica> = rs.into_iter().filter(|r| seen.insert((r.job, r.slot))).collect();
+            let target = warm_t(min, min + extra, desired, warm, wanted);
+            let a = reconcile(&target, &rs);
+            let leaving = |r: &Replica| a.iter().any(|a| matches!(a, Action::Drain { job, slot } | Action::Release { job, slot } if (*job, *slot) == (r.job, r.slot)));
+            let kept = rs.iter().filter(|r| live(r) && !leaving(r)).count() as u32;
+            let added = a.iter().filter(|a| matches!(a, Action::Submit(_))).count() as u32;
+            // Expiring replicas get successors beside them for a while, and
+            // baselines above min or replicas above max are not the headroom's doing.
+            let within = rs.iter().filter(|r| live(r)).count() as u32 <= min + extra
+                && rs.iter().filter(|r| live(r) && r.kind == Kind::Baseline).count() as u32 <= min
+                && !rs.iter().any(|r| r.time_left.is_some_and(|t| t <= target.renew_before));
+            if within {
+                prop_assert!(kept + added <= min + extra, "{a:?}");
+            }
+            if wanted {
+                prop_assert!(!a.contains(&Action::Submit(Kind::Warm)));
             }
         }
     }

@@ -99,6 +99,30 @@ pub struct ReplicaSettings {
     pub load_metrics: Vec<String>,
     /// Where the replicas serve those metrics.
     pub metrics_path: String,
+    /// How far ahead the autoscaler projects a rising load (zero: not).
+    pub trend_horizon: Duration,
+    /// Warm headroom on idle pool GPUs (`[endpoint.replicas.warm]`).
+    pub warm: Option<WarmSettings>,
+}
+
+/// `[endpoint.replicas.warm]`: replicas kept loaded above the load's need
+/// while no job waits for the pool's GPUs
+/// ([`onepool_decisions::replicas::Headroom`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WarmSettings {
+    /// Their class: flexible, ranked below every other flexible class.
+    pub workload: String,
+    pub spec: onepool_decisions::replicas::WarmSpec,
+    /// Filled at start from the policy: the pool's partitions (where a
+    /// waiting job wants the GPUs) and the warm classes' QOS (whose
+    /// waiting jobs want nothing).
+    pub scope: PoolScope,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolScope {
+    pub partitions: Vec<String>,
+    pub warm_qos: Vec<String>,
 }
 
 /// One shared listener: every request is routed to an endpoint by its
@@ -231,6 +255,16 @@ struct RawReplicas {
     /// a wrong type gets this key's own message.
     load_metrics: Option<Spanned<toml::Value>>,
     metrics_path: Option<Spanned<String>>,
+    trend_horizon: Option<Spanned<String>>,
+    warm: Option<Spanned<RawWarm>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWarm {
+    workload: Option<Spanned<String>>,
+    replicas: Option<Spanned<i64>>,
+    fraction: Option<Spanned<f64>>,
 }
 
 #[derive(Deserialize)]
@@ -685,6 +719,7 @@ fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> ReplicaSetting
         c.error(p.span(), format!("replicas.metrics_path = {metrics_path:?} must start with '/'"));
     }
     let defaults = onepool_decisions::autoscale::ScalingPolicy::default();
+    let warm = r.warm.as_ref().map(|w| warm_settings(c, w, max));
     ReplicaSettings {
         command: r.command.get_ref().clone(),
         gpus: c.number(&r.gpus, "replicas.gpus", 1, 64, 1) as u32,
@@ -707,6 +742,39 @@ fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> ReplicaSetting
         output,
         load_metrics,
         metrics_path,
+        trend_horizon: r
+            .trend_horizon
+            .as_ref()
+            .map_or(Duration::ZERO, |_| c.duration(&r.trend_horizon, "replicas.trend_horizon", Duration::ZERO)),
+        warm,
+    }
+}
+
+fn warm_settings(c: &mut Checker, w: &Spanned<RawWarm>, max: u32) -> WarmSettings {
+    let span = w.span();
+    let w = w.get_ref();
+    let replicas = c.number(&w.replicas, "replicas.warm.replicas", 0, 1000, 0) as u32;
+    let fraction = match &w.fraction {
+        None => 0.0,
+        Some(f) if f.get_ref().is_finite() && *f.get_ref() >= 0.0 && *f.get_ref() <= 100.0 => *f.get_ref(),
+        Some(f) => {
+            c.error(f.span(), format!("replicas.warm.fraction = {} is out of range; use 0 to 100", f.get_ref()));
+            0.0
+        }
+    };
+    if replicas == 0 && fraction == 0.0 {
+        c.error(
+            span,
+            "[endpoint.replicas.warm] asks for no headroom: give replicas (idle replicas to keep) or fraction (of the replicas the load needs)".into(),
+        );
+    } else if replicas >= max {
+        let at = w.replicas.as_ref().map(|r| r.span()).unwrap_or(span);
+        c.error(at, format!("replicas.warm.replicas = {replicas} leaves no room under replicas.max = {max} for replicas the load needs; max bounds all of them"));
+    }
+    WarmSettings {
+        workload: workload(c, &w.workload, "replicas.warm.workload", "inference-warm"),
+        spec: onepool_decisions::replicas::WarmSpec { replicas, fraction },
+        scope: PoolScope::default(),
     }
 }
 

@@ -91,6 +91,16 @@ pub struct ReplicasFile {
     pub output: Option<String>,
     pub load_metrics: Option<Vec<String>>,
     pub metrics_path: Option<String>,
+    pub trend_horizon: Option<Duration>,
+    pub warm: Option<WarmFile>,
+}
+
+/// `[endpoint.replicas.warm]`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WarmFile {
+    pub workload: Option<String>,
+    pub replicas: Option<u32>,
+    pub fraction: Option<f64>,
 }
 
 impl ConfigFile {
@@ -205,6 +215,13 @@ impl ReplicasFile {
         t.put("output", self.output.as_deref().map(text));
         t.put("load_metrics", self.load_metrics.as_ref().map(|m| toml::Value::Array(m.iter().map(text).collect())));
         t.put("metrics_path", self.metrics_path.as_deref().map(text));
+        t.put("trend_horizon", self.trend_horizon.map(time));
+        if let Some(w) = &self.warm {
+            t.table("[endpoint.replicas.warm]");
+            t.put("workload", w.workload.as_deref().map(text));
+            t.put("replicas", w.replicas.map(int));
+            t.put("fraction", w.fraction.map(toml::Value::Float));
+        }
     }
 }
 
@@ -328,6 +345,12 @@ mod tests {
                         output: Some("/tmp/replica-%j.out".into()),
                         load_metrics: Some(vec!["vllm:num_requests_waiting".into(), "queue_depth".into()]),
                         metrics_path: Some("/stats".into()),
+                        trend_horizon: Some(secs(12)),
+                        warm: Some(WarmFile {
+                            workload: Some("spare".into()),
+                            replicas: Some(1),
+                            fraction: Some(0.25),
+                        }),
                         ..ReplicasFile::new("env A=\"x y\" python3 'server.py' \\\n --port $ONEPOOL_BACKEND_PORT")
                     }),
                     ..EndpointFile::new("chat")
@@ -403,6 +426,12 @@ mod tests {
                 output: "/tmp/replica-%j.out".into(),
                 load_metrics: vec!["vllm:num_requests_waiting".into(), "queue_depth".into()],
                 metrics_path: "/stats".into(),
+                trend_horizon: secs(12),
+                warm: Some(crate::config::WarmSettings {
+                    workload: "spare".into(),
+                    spec: onepool_decisions::replicas::WarmSpec { replicas: 1, fraction: 0.25 },
+                    scope: Default::default(),
+                }),
             })
         );
         assert_eq!((c.endpoints[1].name.as_str(), c.endpoints[1].listen), ("embed", f.endpoints[1].listen));
@@ -498,6 +527,8 @@ mod tests {
                 output,
                 load_metrics: metrics,
                 metrics_path,
+                trend_horizon: times[7],
+                warm: (max > 1).then(|| WarmFile { workload: None, replicas: Some(max - 1), fraction: Some(0.5) }),
             }
         }
     }

@@ -237,3 +237,32 @@ fn tls_files_are_read_and_checked_when_the_config_is_and_errors_point_at_the_key
     assert_eq!(err().matches("cannot read cert_file").count(), 2, "{}", err());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn warm_headroom_and_the_trend_are_read_and_checked() {
+    let base = "control_socket = \"/tmp/x.sock\"\n[[endpoint]]\nname = \"e\"\nlisten = \"127.0.0.1:0\"\n[endpoint.replicas]\ncommand = \"x\"\nmax = 4\n";
+    let c =
+        parse("w.toml", &format!("{base}trend_horizon = \"20s\"\n[endpoint.replicas.warm]\nfraction = 0.5\n")).unwrap();
+    let r = c.endpoints[0].replicas.as_ref().unwrap();
+    assert_eq!(r.trend_horizon, Duration::from_secs(20));
+    let w = r.warm.as_ref().unwrap();
+    assert_eq!((w.workload.as_str(), w.spec.replicas, w.spec.fraction), ("inference-warm", 0, 0.5));
+    let none = parse("w.toml", base).unwrap();
+    let r = none.endpoints[0].replicas.as_ref().unwrap();
+    assert_eq!((r.trend_horizon, r.warm.is_none()), (Duration::ZERO, true));
+    for (table, want) in [
+        ("[endpoint.replicas.warm]\n", "w.toml:8:1: error: [endpoint.replicas.warm] asks for no headroom"),
+        (
+            "[endpoint.replicas.warm]\nreplicas = 4\n",
+            "w.toml:9:12: error: replicas.warm.replicas = 4 leaves no room under replicas.max = 4",
+        ),
+        (
+            "[endpoint.replicas.warm]\nfraction = -1.0\n",
+            "w.toml:9:12: error: replicas.warm.fraction = -1 is out of range",
+        ),
+        ("[endpoint.replicas.warm]\nreplicas = 1\nwarmth = 2\n", "unknown field `warmth`"),
+    ] {
+        let e = parse("w.toml", &format!("{base}{table}")).unwrap_err().to_string();
+        assert!(e.contains(want), "{table:?}: {e}");
+    }
+}

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use onepool_decisions::autoscale::{Autoscaler, ScalingPolicy};
 use onepool_decisions::replicas::{
-    pack_submissions, plan_releases, reconcile, Action, EndpointTarget, JobLayout, Kind, Phase, Release, Replica,
+    pack_submissions, plan_releases, reconcile, Action, EndpointTarget, Headroom, JobLayout, Kind, Phase, Release,
+    Replica,
 };
 use onepool_launcher::conventions::{job_name, port_from_name};
 use onepool_launcher::replica_group::port_from_step_name;
@@ -57,6 +58,8 @@ pub fn owned(job: &JobInfo, endpoint: &str, uid: u32, s: &ReplicaSettings) -> Op
         Some((port, Kind::Baseline))
     } else if record.class == s.supplemental_workload {
         Some((port, Kind::Supplemental))
+    } else if s.warm.as_ref().is_some_and(|w| record.class == w.workload) {
+        Some((port, Kind::Warm))
     } else {
         None
     }
@@ -78,6 +81,7 @@ pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16, r
     let class = match kind {
         Kind::Baseline => &s.baseline_workload,
         Kind::Supplemental => &s.supplemental_workload,
+        Kind::Warm => s.warm.as_ref().map_or(&s.supplemental_workload, |w| &w.workload),
     };
     let drain_secs = s.drain_timeout.as_secs_f64().ceil().max(1.0) as u64;
     let drain = onepool_decisions::duration::format(Duration::from_secs(drain_secs));
@@ -131,7 +135,7 @@ const PHASES: [&str; 5] = ["pending", "starting", "serving", "draining", "cancel
 pub struct ReplicaJob {
     pub job: u32,
     pub port: u16,
-    /// "baseline" or "supplemental".
+    /// "baseline", "supplemental" or "warm".
     pub kind: &'static str,
     /// "pending", "starting", "serving" or "draining"; "cancelled" once
     /// scancel (or a shrink releasing its node) was sent and Slurm has not
@@ -158,6 +162,11 @@ pub struct ControllerView {
     pub max: u32,
     /// Replicas the autoscaler wants now (baseline included).
     pub desired: u32,
+    /// With warm headroom: the warm replicas wanted above `desired`, and
+    /// whether a job waited for the pool's GPUs at the last poll (then no
+    /// warm replica is added and surplus ones go).
+    pub headroom: Option<u32>,
+    pub gpus_wanted: Option<bool>,
     /// In flight plus queued, as the autoscaler saw it last.
     pub load: f64,
     /// Requests answered per second over the last poll.
@@ -361,6 +370,7 @@ impl Controller {
             panic_window: settings.panic_window,
             panic_threshold: settings.panic_threshold,
             scale_down_delay: settings.scale_down_delay,
+            trend_horizon: settings.trend_horizon,
         });
         let metrics = endpoint.metrics().clone();
         let c = Controller {
@@ -449,6 +459,7 @@ impl Controller {
                     kind: match t.kind {
                         Kind::Baseline => "baseline",
                         Kind::Supplemental => "supplemental",
+                        Kind::Warm => "warm",
                     },
                     phase: if m.released {
                         "cancelled"
@@ -593,7 +604,10 @@ impl Controller {
         let seen = self.adopt(jobs).await?;
         self.route_running().await?;
         if self.adopted.is_none() {
-            let n = self.tracked.values().flat_map(|t| t.members.values()).filter(|m| !m.released && !m.draining());
+            // Warm replicas are headroom, not load: counting them would
+            // have a restart submit supplementals to match.
+            let load_bearing = self.tracked.values().filter(|t| t.kind != Kind::Warm);
+            let n = load_bearing.flat_map(|t| t.members.values()).filter(|m| !m.released && !m.draining());
             self.adopted = Some(n.count() as u32);
         }
         let snap = self.endpoint.snapshot();
@@ -750,15 +764,37 @@ impl Controller {
     /// Drains, releases and submits what reconcile asks for `desired`.
     async fn act(&mut self, desired: u32, replicas: &[Replica]) -> Result<(), RoundError> {
         let s = &self.settings;
+        let mut errors = Vec::new();
+        let headroom = match &s.warm {
+            None => None,
+            Some(w) => {
+                let gpus_wanted = match self.gpus_wanted(&w.scope).await {
+                    Ok(wanted) => wanted,
+                    // Unknown: as if wanted, so that nothing is kept or
+                    // added on GPUs somebody may be waiting for.
+                    Err(e) => {
+                        errors.push(e);
+                        true
+                    }
+                };
+                let replicas = w.spec.replicas_above(desired.clamp(s.min, s.max.max(s.min)));
+                Some(Headroom { replicas, gpus_wanted })
+            }
+        };
+        {
+            let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
+            v.headroom = headroom.map(|h| h.replicas);
+            v.gpus_wanted = headroom.map(|h| h.gpus_wanted);
+        }
         let target = EndpointTarget {
             min: s.min,
             max: s.max,
             desired,
             renew_before: s.startup_timeout + s.drain_timeout + Duration::from_secs(60),
             startup_timeout: s.startup_timeout,
+            headroom,
         };
         let actions = reconcile(&target, replicas);
-        let mut errors = Vec::new();
         let mut release = Vec::new();
         for action in &actions {
             match *action {
@@ -785,6 +821,14 @@ impl Controller {
             }
         }
         RoundError::all(errors)
+    }
+
+    /// Whether a pending job in the pool, other than a warm replica, waits
+    /// for nodes or GPUs (one squeue, shared by the endpoints).
+    async fn gpus_wanted(&self, scope: &crate::config::PoolScope) -> Result<bool, RoundError> {
+        let (slurm, parts) = (self.slurm.clone(), scope.partitions.clone());
+        let waiting = blocking(&self.metrics, &self.name, "squeue_pending", move || slurm.waiting(&parts)).await?;
+        Ok(waiting.iter().any(|w| w.wants_resources() && !scope.warm_qos.contains(&w.qos)))
     }
 
     /// What the autoscaler sees: requests queued in the router plus each

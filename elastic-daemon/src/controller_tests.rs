@@ -501,3 +501,59 @@ fn a_replica_adopted_after_a_restart_is_not_replaced_for_having_started_long_ago
         );
     });
 }
+
+fn queued(id: u32, name: &str, uid: u32, comment: &str, qos: &str, reason: &str) -> JobInfo {
+    let json = serde_json::json!({"jobs": [{
+        "job_id": id, "job_state": "PENDING", "name": name, "user_id": uid, "admin_comment": comment,
+        "partition": "gpu", "qos": qos, "state_reason": reason,
+    }]});
+    onepool_slurm_commands::state::parse_jobs(&json.to_string()).unwrap().remove(0)
+}
+
+#[test]
+fn warm_headroom_is_added_while_nobody_waits_and_withdrawn_when_a_job_does() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        let base = "onepool:class=inference-baseline;tier=protected;endpoint=llm";
+        let warm = "onepool:class=inference-warm;tier=flexible;reclaim=graceful;drain=30s;endpoint=llm";
+        let baseline = JobInfo { start_time: 1, nodes: "node1".into(), ..job(7, "onepool-llm-18000", uid, base) };
+        let slurm = Arc::new(ScriptedSlurm::default());
+        *slurm.jobs.lock().unwrap() = vec![baseline.clone()];
+        let mut s = ReplicaSettings { max: 3, ..settings() };
+        s.warm = Some(crate::config::WarmSettings {
+            workload: "inference-warm".into(),
+            spec: onepool_decisions::replicas::WarmSpec { replicas: 1, fraction: 0.0 },
+            scope: crate::config::PoolScope {
+                partitions: vec!["gpu".into()],
+                warm_qos: vec!["op-inference-warm".into()],
+            },
+        });
+        let (mut c, view) = Controller::new("llm", test_endpoint("llm"), false, s, slurm.clone());
+        // Another endpoint's warm replica waiting is nobody wanting GPUs.
+        slurm.jobs.lock().unwrap().push(queued(8, "onepool-x-18000", uid, "", "op-inference-warm", "Resources"));
+        c.round().await.unwrap();
+        let calls = slurm.calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        assert!(calls[0].starts_with("sbatch -J onepool-llm-18002 --workload=inference-warm "), "{calls:?}");
+        let v = view.lock().unwrap().clone();
+        assert_eq!((v.headroom, v.gpus_wanted), (Some(1), Some(false)));
+        // The warm job waits for GPUs, and now so does a training job: the
+        // warm one is withdrawn and no other is submitted.
+        let pending_warm = queued(100, "onepool-llm-18002", uid, warm, "op-inference-warm", "Resources");
+        let training = queued(9, "train", uid + 1, "", "op-training", "Resources");
+        *slurm.jobs.lock().unwrap() = vec![baseline.clone(), pending_warm.clone(), training];
+        c.round().await.unwrap();
+        assert_eq!(slurm.calls.lock().unwrap()[1..], ["scancel 100"]);
+        assert_eq!(view.lock().unwrap().gpus_wanted, Some(true));
+        // The training job started elsewhere; what waits now is held by a
+        // dependency and wants no GPUs yet: the headroom comes back.
+        let held = queued(10, "eval", uid + 1, "", "op-agents", "Dependency");
+        *slurm.jobs.lock().unwrap() = vec![baseline, held];
+        c.round().await.unwrap();
+        let calls = slurm.calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 3, "{calls:?}");
+        assert!(calls[2].starts_with("sbatch -J onepool-llm-18004 --workload=inference-warm "), "{calls:?}");
+    });
+}

@@ -39,6 +39,8 @@ pub enum StartError {
     Metrics { address: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Control(#[from] ControlError),
+    #[error("{0}")]
+    Policy(String),
 }
 
 pub struct Daemon {
@@ -63,7 +65,8 @@ impl Daemon {
 
     /// [`Daemon::start`] on the sockets `inherited` holds where their
     /// addresses are configured (see [`crate::inherited`]).
-    pub async fn start_with(config: Config, mut inherited: Inherited) -> Result<Daemon, StartError> {
+    pub async fn start_with(mut config: Config, mut inherited: Inherited) -> Result<Daemon, StartError> {
+        crate::policy_check::resolve_warm(&mut config).map_err(StartError::Policy)?;
         let metrics = Arc::new(Metrics::new());
         let budget = BodyBudget::new(config.max_buffered_body_bytes, &metrics);
         let (tx, rx) = watch::channel(false);

@@ -12,7 +12,7 @@ use onepool_decisions::annotation::ReclaimMode;
 use onepool_decisions::duration;
 use onepool_decisions::policy::{self, Policy, Tier};
 
-use crate::config::{Config, ReplicaSettings};
+use crate::config::{Config, PoolScope, ReplicaSettings};
 
 /// Where the policy is: the configured path, else `$ONEPOOL_POLICY`, else
 /// `onepool.toml` beside `slurm_conf`, else the default path.
@@ -86,7 +86,98 @@ pub fn check_endpoint(endpoint: &str, s: &ReplicaSettings, policy: &Policy) -> F
             check_size(&mut f, &at, "supplemental", c.max_gpus_per_job, s, &c.name);
         }
     }
+    if let Some(w) = &s.warm {
+        check_warm(&mut f, &at, &w.workload, s, policy);
+    }
     f
+}
+
+/// The warm class must be the cheapest work in the pool: flexible and
+/// outranked by every other flexible class. A class ranked below it could
+/// never preempt a warm replica and would wait behind it for as long as
+/// nobody else needed the GPUs.
+fn check_warm(f: &mut Findings, at: &str, workload: &str, s: &ReplicaSettings, policy: &Policy) {
+    let Some(c) = policy.class(workload) else {
+        f.errors.push(format!(
+            "{at}: warm.workload = {workload:?} is not a class of the policy (classes: {}); add a flexible class ranked below every other, e.g. [classes.inference-warm] tier = \"flexible\", rank = <the highest>, reclaim = \"graceful\"",
+            policy.class_names().join(", ")
+        ));
+        return;
+    };
+    let Some(rank) = c.rank() else {
+        f.errors.push(format!(
+            "{at}: warm.workload = {workload:?} is a protected class; warm replicas must be the first work Slurm takes back (a flexible class ranked below every other)"
+        ));
+        return;
+    };
+    let below: Vec<&str> = policy
+        .classes
+        .iter()
+        .filter(|o| o.name != c.name && o.rank().is_some_and(|r| r >= rank))
+        .map(|o| o.name.as_str())
+        .collect();
+    if !below.is_empty() {
+        f.errors.push(format!(
+            "{at}: warm.workload = {workload:?} (rank {rank}) is not ranked below flexible class(es) {}: their jobs could not take a warm replica's GPUs; give {workload} the highest rank number",
+            below.join(", ")
+        ));
+    }
+    if workload == s.supplemental_workload || workload == s.baseline_workload {
+        f.errors.push(format!("{at}: warm.workload = {workload:?} is also the baseline or supplemental class; give warm replicas a class of their own"));
+    }
+    match c.tier {
+        Tier::Flexible { grace_time, reclaim, .. } if reclaim != ReclaimMode::Immediate && grace_time < s.drain_timeout => {
+            f.errors.push(format!(
+                "{at}: drain_timeout = {} is longer than warm class {}'s GraceTime ({}): Slurm would kill a warm replica carrying a burst before its drain ends; lower drain_timeout here or raise the class's",
+                duration::format(s.drain_timeout),
+                c.name,
+                duration::format(grace_time)
+            ))
+        }
+        _ => {}
+    }
+    check_size(f, at, "warm", c.max_gpus_per_job, s, &c.name);
+}
+
+/// Where a waiting job wants the pool's GPUs, and which waiting jobs are
+/// warm replicas themselves (of any endpoint): for warm headroom.
+pub fn pool_scope(config: &Config, policy: &Policy) -> PoolScope {
+    let mut partitions = policy.pool.partitions.clone();
+    partitions.extend(policy.pool.flexible_partition.clone());
+    let mut warm_qos: Vec<String> = config
+        .endpoints
+        .iter()
+        .filter_map(|e| e.replicas.as_ref()?.warm.as_ref())
+        .filter_map(|w| Some(policy.class(&w.workload)?.qos.clone()))
+        .collect();
+    warm_qos.sort();
+    warm_qos.dedup();
+    PoolScope { partitions, warm_qos }
+}
+
+/// Reads the policy and fills in every endpoint's warm headroom scope; an
+/// error names what is missing (warm headroom cannot tell whether anybody
+/// waits for GPUs without the pool's partitions).
+pub fn resolve_warm(config: &mut Config) -> Result<(), String> {
+    if !config.endpoints.iter().any(|e| e.replicas.as_ref().is_some_and(|r| r.warm.is_some())) {
+        return Ok(());
+    }
+    let path = policy_path(config);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        format!("warm headroom needs the policy (the pool's partitions and the warm class's QOS): cannot read {}: {e}; set `policy` in onepoold's config", path.display())
+    })?;
+    let policy = policy::load(&text).policy.ok_or_else(|| {
+        format!(
+            "warm headroom needs the policy, and {} has errors (run `onepool policy check {}`)",
+            path.display(),
+            path.display()
+        )
+    })?;
+    let scope = pool_scope(config, &policy);
+    for w in config.endpoints.iter_mut().filter_map(|e| e.replicas.as_mut()?.warm.as_mut()) {
+        w.scope = scope.clone();
+    }
+    Ok(())
 }
 
 fn check_size(f: &mut Findings, at: &str, kind: &str, max: Option<u32>, s: &ReplicaSettings, class: &str) {
@@ -169,6 +260,25 @@ mod tests {
         policy::load(include_str!("../../etc/onepool.toml")).policy.unwrap()
     }
 
+    /// The commented block starting at `header` in a shipped file, uncommented.
+    fn commented(text: &str, header: &str) -> String {
+        let start = text.find(&format!("# {header}")).unwrap_or_else(|| panic!("{header} in the sample"));
+        text[start..].lines().map_while(|l| l.strip_prefix("# ")).map(|l| format!("{l}\n")).collect()
+    }
+
+    /// The shipped samples with their commented warm headroom taken in.
+    fn shipped_with_warm() -> (Policy, ReplicaSettings) {
+        let policy_text = include_str!("../../etc/onepool.toml");
+        let text = format!("{policy_text}\n{}", commented(policy_text, "[classes.inference-warm]"));
+        let p = policy::load(&text).policy.unwrap();
+        let daemon = include_str!("../../etc/onepoold.toml");
+        let warm = commented(daemon, "[endpoint.replicas.warm]");
+        let at = daemon.find("\n[[listener]]").unwrap();
+        let c =
+            crate::config::parse("etc/onepoold.toml", &format!("{}\n{warm}{}", &daemon[..at], &daemon[at..])).unwrap();
+        (p, c.endpoints[0].replicas.clone().unwrap())
+    }
+
     #[test]
     fn the_shipped_configs_agree() {
         let text = include_str!("../../etc/onepoold.toml");
@@ -229,6 +339,48 @@ mod tests {
             "the warning says what to change: {f:?}"
         );
         assert!(f.warnings[1].contains("class agents is reclaimed immediately (GraceTime 0)"), "{f:?}");
+    }
+
+    #[test]
+    fn the_warm_class_must_be_flexible_and_outranked_by_every_other() {
+        let warm =
+            |w: &str| settings(&format!("max = 4\n[endpoint.replicas.warm]\nworkload = \"{w}\"\nreplicas = 1\n"));
+        let s = settings("max = 4");
+        assert!(s.warm.is_none());
+        let (with_warm, s) = shipped_with_warm();
+        assert_eq!(s.warm.as_ref().map(|w| (w.spec.replicas, w.spec.fraction)), Some((1, 0.5)));
+        assert_eq!(check_endpoint("chat", &s, &with_warm), Findings::default(), "the samples' commented blocks agree");
+        let f = check_endpoint("llm", &warm("inference-warm"), &shipped());
+        assert!(f.errors[0].contains("warm.workload = \"inference-warm\" is not a class of the policy"), "{f:?}");
+        let f = check_endpoint("llm", &warm("agents"), &with_warm);
+        assert_eq!(f.errors.len(), 1, "{f:?}");
+        assert!(
+            f.errors[0]
+                .contains("warm.workload = \"agents\" (rank 3) is not ranked below flexible class(es) inference-warm"),
+            "{f:?}"
+        );
+        let f = check_endpoint("llm", &warm("inference-baseline"), &with_warm);
+        assert!(f.errors[0].contains("is a protected class; warm replicas must be the first work"), "{f:?}");
+        let f = check_endpoint(
+            "llm",
+            &settings("max = 4\ndrain_timeout = \"45s\"\n[endpoint.replicas.warm]\nreplicas = 1\n"),
+            &with_warm,
+        );
+        assert_eq!(f.errors.len(), 1, "{f:?}");
+        assert!(
+            f.errors[0].contains("drain_timeout = 45s is longer than warm class inference-warm's GraceTime (30s)"),
+            "{f:?}"
+        );
+    }
+
+    #[test]
+    fn the_pool_scope_names_the_pool_s_partitions_and_the_warm_qos() {
+        let (p, s) = shipped_with_warm();
+        let mut c = crate::config::parse("etc/onepoold.toml", include_str!("../../etc/onepoold.toml")).unwrap();
+        c.endpoints[0].replicas = Some(s);
+        let scope = pool_scope(&c, &p);
+        assert_eq!(scope.partitions, ["gpu", "gpu-flex"]);
+        assert_eq!(scope.warm_qos, ["op-inference-warm"]);
     }
 
     #[test]

@@ -34,6 +34,7 @@
 //! panic_window = "6s"           #   as there: 60s, 6s, 2, 2m)
 //! panic_threshold = 2.0
 //! scale_down_delay = "2m"
+//! trend_horizon = "0s"          # optional: a rising load projected this far ahead
 //! baseline_class = "inference-baseline"  # optional: in the shared pool the first
 //! baseline_replicas = 2         #   replicas run in this (protected) class
 //! keep_times = false
@@ -157,6 +158,7 @@ struct RawEndpoint {
     panic_window: Option<String>,
     panic_threshold: Option<f64>,
     scale_down_delay: Option<String>,
+    trend_horizon: Option<String>,
     baseline_class: Option<String>,
     #[serde(default)]
     baseline_replicas: u32,
@@ -418,6 +420,7 @@ fn endpoint(
                 panic_window: window(&e.panic_window, "panic_window", d.panic_window)?,
                 panic_threshold: e.panic_threshold.unwrap_or(d.panic_threshold),
                 scale_down_delay: window(&e.scale_down_delay, "scale_down_delay", d.scale_down_delay)?,
+                trend_horizon: window(&e.trend_horizon, "trend_horizon", d.trend_horizon)?,
             }
         },
         reclaim: p.record.reclaim,

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::runner::{CommandError, Runner};
 use crate::state::{
-    parse_admin_comment, parse_jobs, parse_nodes, parse_steps, parse_user_jobs, JobInfo, NodeInfo, StateError,
-    StepInfo, STEP_FORMAT, USER_JOB_FIELDS,
+    parse_admin_comment, parse_jobs, parse_nodes, parse_steps, parse_user_jobs, parse_waiting, JobInfo, NodeInfo,
+    StateError, StepInfo, WaitingJob, STEP_FORMAT, USER_JOB_FIELDS, WAITING_FIELDS,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +54,16 @@ pub trait Slurm {
     fn nodes(&self) -> Result<Vec<NodeInfo>, SlurmError>;
     /// The running steps of `user`'s jobs.
     fn steps(&self, user: u32) -> Result<Vec<StepInfo>, SlurmError>;
+    /// The pending jobs of every user in any of `partitions`, and why each
+    /// waits.
+    fn waiting(&self, partitions: &[String]) -> Result<Vec<WaitingJob>, SlurmError> {
+        let jobs = self.jobs()?.into_iter();
+        let inside = |j: &JobInfo| j.partition.split(',').any(|p| partitions.iter().any(|q| q == p));
+        Ok(jobs
+            .filter(|j| j.job_state == "PENDING" && inside(j))
+            .map(|j| WaitingJob { job_id: j.job_id, user_id: j.user_id, qos: j.qos, reason: j.state_reason })
+            .collect())
+    }
 }
 
 /// Slurm through its command-line tools.
@@ -133,6 +143,11 @@ impl<R: Runner> Slurm for Commands<R> {
         let user = user.to_string();
         Ok(parse_steps(&self.runner.run(&["squeue", "-h", "--steps", "-u", &user, "-o", STEP_FORMAT])?)?)
     }
+
+    fn waiting(&self, partitions: &[String]) -> Result<Vec<WaitingJob>, SlurmError> {
+        let parts = partitions.join(",");
+        Ok(parse_waiting(&self.runner.run(&["squeue", "-h", "-t", "PD", "-p", &parts, "-O", WAITING_FIELDS])?)?)
+    }
 }
 
 /// One user's jobs and steps read once for every caller that asks within
@@ -146,6 +161,7 @@ pub struct Coalesced<S> {
     pub max_age: Duration,
     jobs: Mutex<Option<Read<JobInfo>>>,
     steps: Mutex<Option<Read<StepInfo>>>,
+    waiting: Mutex<Option<Read<WaitingJob>>>,
 }
 
 struct Read<T> {
@@ -156,12 +172,13 @@ struct Read<T> {
 
 impl<S: Slurm> Coalesced<S> {
     pub fn new(inner: S, max_age: Duration) -> Coalesced<S> {
-        Coalesced { inner, max_age, jobs: Mutex::new(None), steps: Mutex::new(None) }
+        Coalesced { inner, max_age, jobs: Mutex::new(None), steps: Mutex::new(None), waiting: Mutex::new(None) }
     }
 
     fn forget(&self) {
         *lock(&self.jobs) = None;
         *lock(&self.steps) = None;
+        *lock(&self.waiting) = None;
     }
 }
 
@@ -217,6 +234,10 @@ impl<S: Slurm> Slurm for Coalesced<S> {
     fn steps(&self, user: u32) -> Result<Vec<StepInfo>, SlurmError> {
         shared(&self.steps, self.max_age, user, || self.inner.steps(user))
     }
+    /// Every endpoint asks about the same pool's partitions.
+    fn waiting(&self, partitions: &[String]) -> Result<Vec<WaitingJob>, SlurmError> {
+        shared(&self.waiting, self.max_age, 0, || self.inner.waiting(partitions))
+    }
 }
 
 #[cfg(test)]
@@ -257,13 +278,15 @@ mod tests {
         s.cancel(4242, Some("USR1")).unwrap();
         s.update_job(4242, &[("NodeList", "node[1-2]")]).unwrap();
         assert!(s.steps(0).unwrap().is_empty());
+        assert!(s.waiting(&["gpu".into(), "gpu-flex".into()]).unwrap().is_empty());
         assert_eq!(
             *s.runner.seen.borrow(),
             [
                 "sbatch --parsable --qos=op-inference replica.sh",
                 "scancel --signal=USR1 4242",
                 "scontrol update JobId=4242 NodeList=node[1-2]",
-                "squeue -h --steps -u 0 -o %i|%j|%N"
+                "squeue -h --steps -u 0 -o %i|%j|%N",
+                "squeue -h -t PD -p gpu,gpu-flex -O JobID:|,UserID:|,QOS:|,Reason:|"
             ]
         );
     }

@@ -259,6 +259,46 @@ pub fn parse_steps(out: &str) -> Result<Vec<StepInfo>, StateError> {
     Ok(steps)
 }
 
+/// A pending job and why it waits, from [`parse_waiting`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitingJob {
+    pub job_id: u32,
+    pub user_id: u32,
+    pub qos: String,
+    /// Slurm's pending reason (`Resources`, `Priority`, `Dependency`, ...).
+    pub reason: String,
+}
+
+impl WaitingJob {
+    /// It waits for nodes or GPUs to come free (or for jobs ahead of it
+    /// that do), not for a dependency, a hold, a begin time or a limit:
+    /// GPUs given back now would let it, or the jobs ahead of it, start.
+    pub fn wants_resources(&self) -> bool {
+        matches!(self.reason.as_str(), "Resources" | "Priority")
+    }
+}
+
+/// squeue's `-O` fields for [`parse_waiting`].
+pub const WAITING_FIELDS: &str = "JobID:|,UserID:|,QOS:|,Reason:|";
+
+/// Reads `squeue -h -t PD -p PARTITIONS -O WAITING_FIELDS`.
+pub fn parse_waiting(out: &str) -> Result<Vec<WaitingJob>, StateError> {
+    let bad = |line: usize, why: String| StateError { what: "squeue -t PD -O", detail: format!("line {line}: {why}") };
+    let mut jobs = Vec::new();
+    for (i, l) in out.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let f: Vec<&str> = l.split('|').map(str::trim).collect();
+        if f.len() < 4 {
+            return Err(bad(i + 1, format!("{} fields, expected 4: {l:?}", f.len())));
+        }
+        // A pending array prints JOB_[TASKS]: the job id before the '_'.
+        let id = f[0].split(['_', '+']).next().unwrap_or_default();
+        let job_id = id.parse().map_err(|_| bad(i + 1, format!("job id {:?} is not a number", f[0])))?;
+        let user_id = f[1].parse().map_err(|_| bad(i + 1, format!("user id {:?} is not a number", f[1])))?;
+        jobs.push(WaitingJob { job_id, user_id, qos: f[2].to_string(), reason: f[3].to_string() });
+    }
+    Ok(jobs)
+}
+
 /// squeue's `-O` fields for [`parse_user_jobs`], read with
 /// `SLURM_TIME_FORMAT=%s` (times in Unix seconds). The name goes last: it
 /// is the one field that may hold the separator.
@@ -500,5 +540,20 @@ mod tests {
         assert!(parse_jobs("not json").unwrap_err().to_string().starts_with("squeue --json:"));
         let e = parse_jobs(r#"{"jobs": [], "errors": [{"error": "boom"}]}"#).unwrap_err();
         assert!(e.to_string().contains("boom"), "{e}");
+    }
+
+    #[test]
+    fn waiting_jobs_and_whether_gpus_would_help_them() {
+        let out =
+            "101|1000|op-training|Resources\n102_[3-9]|1001|op-agents|Priority\n103|1002|op-agents|Dependency\n\n";
+        let w = parse_waiting(out).unwrap();
+        assert_eq!(
+            w.iter().map(|j| (j.job_id, j.user_id)).collect::<Vec<_>>(),
+            [(101, 1000), (102, 1001), (103, 1002)]
+        );
+        assert_eq!(w.iter().map(WaitingJob::wants_resources).collect::<Vec<_>>(), [true, true, false]);
+        let e = parse_waiting("101|x|q|Resources\n").unwrap_err();
+        assert!(e.to_string().contains("line 1: user id \"x\" is not a number"), "{e}");
+        assert!(parse_waiting("101|1000\n").unwrap_err().to_string().contains("2 fields, expected 4"));
     }
 }

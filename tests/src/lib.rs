@@ -73,6 +73,16 @@ pub fn test_policy_text() -> String {
     sample.replace(from, &format!("min_runtime_before_reclaim = \"{TEST_MIN_RUNTIME_SECS}s\""))
 }
 
+/// [`test_policy_text`] with the sample's commented warm class
+/// (`[classes.inference-warm]`) taken in, as its comment tells admins to.
+pub fn warm_policy_text() -> String {
+    let sample = test_policy_text();
+    let start = sample.find("# [classes.inference-warm]").expect("etc/onepool.toml's commented warm class");
+    let block: String = sample[start..].lines().map_while(|l| l.strip_prefix("# ")).map(|l| format!("{l}\n")).collect();
+    assert!(block.contains("rank = "), "the warm class block ends early: {block}");
+    format!("{sample}\n{block}")
+}
+
 /// The test policy, written next to the build.
 pub fn test_policy() -> PathBuf {
     let path = output_dir().join("onepool-test-policy.toml");
