@@ -955,7 +955,7 @@ pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
 
 #[path = "config_file.rs"]
 mod file;
-pub use file::{ConfigFile, EndpointFile, HealthFile, ReplicasFile};
+pub use file::{ConfigFile, EndpointFile, HealthFile, ReplicasFile, WarmFile};
 
 #[cfg(test)]
 #[path = "config_tests.rs"]
