@@ -139,6 +139,8 @@ pub struct Request {
     pub sent: f64,
     pub ended: f64,
     pub stream: bool,
+    /// The tokens it asked for (a stand-in server's service time follows them).
+    pub max_tokens: u32,
     /// Why it failed; `None` when answered whole with 2xx.
     pub failure: Option<String>,
 }
@@ -255,7 +257,8 @@ impl Load {
             }
             while i < trace.rows.len() && trace.rows[i].0 <= at {
                 let (_, context, generated) = trace.rows[i];
-                self.send(self.shape.body(&self.model, i, context, generated));
+                let max_tokens = self.shape.of(context, generated).1;
+                self.send(self.shape.body(&self.model, i, context, generated), max_tokens);
                 i += 1;
             }
             if i == trace.rows.len() {
@@ -265,7 +268,7 @@ impl Load {
         }
     }
 
-    fn send(self: &Arc<Self>, (body, stream): (String, bool)) {
+    fn send(self: &Arc<Self>, (body, stream): (String, bool), max_tokens: u32) {
         let phase = {
             let mut p = self.lock_phases();
             let Some(cur) = p.last_mut() else { return };
@@ -283,6 +286,7 @@ impl Load {
                 sent: start.saturating_duration_since(me.t0).as_secs_f64(),
                 ended,
                 stream,
+                max_tokens,
                 failure: r.as_ref().err().cloned(),
             });
             me.in_flight.fetch_sub(1, Ordering::SeqCst);

@@ -38,6 +38,14 @@ impl Inherited {
         }
         let (mut listeners, mut unusable) = (Vec::new(), Vec::new());
         for fd in FIRST_FD..FIRST_FD + count {
+            // A descriptor the protocol promised but that is not open (a
+            // launcher that left it close-on-exec): owning it would abort
+            // the process at its first use.
+            // SAFETY: F_GETFD only reads the descriptor's flags.
+            if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+                unusable.push((fd, "not open; LISTEN_FDS counts descriptors this process was not given".to_string()));
+                continue;
+            }
             // SAFETY: by the socket activation protocol these descriptors
             // are open and handed to this process (LISTEN_PID is ours);
             // nothing else in it owns them, and each is taken once here.
@@ -65,7 +73,7 @@ impl Inherited {
     /// Closes the sockets no listener asked for.
     pub fn close_unused(self) {
         for (fd, e) in self.unusable {
-            tracing::warn!(fd, "an inherited descriptor is not a listening TCP socket; closed: {e}");
+            tracing::warn!(fd, "an inherited descriptor is not a listening TCP socket; not used: {e}");
         }
         for (a, _) in self.listeners {
             tracing::warn!(address = %a, "an inherited socket matches no listener in the configuration; closed");

@@ -99,7 +99,9 @@ fn spawn(binary: &Path, config: &Path, socket: &TcpListener) -> Child {
     // SAFETY: dup2 is async-signal-safe; the child only execs after it.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(fd, 3) < 0 {
+            // dup2 onto itself keeps close-on-exec: clear it then.
+            let r = if fd == 3 { libc::fcntl(3, libc::F_SETFD, 0) } else { libc::dup2(fd, 3) };
+            if r < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

@@ -3,8 +3,9 @@
 //! replica for protected training (graceful: nothing lost; immediate: only
 //! the victim's requests in flight fail), re-expansion once the training
 //! ends, scale-down that drains before it cancels, and a daemon killed with
-//! SIGKILL in the middle of a drain. Another user's protected job runs
-//! through every test and is never touched.
+//! SIGKILL in the middle of a drain, and restarts of the onepoold binary
+//! (SIGTERM, an upgrade, SIGKILL) under load that keep every replica. Another
+//! user's protected job runs through every test and is never touched.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -196,16 +197,47 @@ struct Onepoold(Child);
 
 impl Onepoold {
     fn spawn(config: &Path, log: &Path) -> Onepoold {
+        Onepoold::spawn_on(&build_dir().join("onepoold"), config, log, None)
+    }
+
+    /// `binary`, handed `socket` (when given) as systemd's socket
+    /// activation does: descriptor 3, LISTEN_PID and LISTEN_FDS.
+    fn spawn_on(binary: &Path, config: &Path, log: &Path, socket: Option<&std::net::TcpListener>) -> Onepoold {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
         let out = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
         // The in-process tests run onepoold's code as root too; the demo
         // runs it as the service user.
-        let child = Command::new(build_dir().join("onepoold"))
-            .args(["--config", config.to_str().unwrap(), "--allow-root"])
+        let mut cmd = Command::new("sh");
+        // LISTEN_PID must be the daemon's own pid: the shell's, which exec keeps.
+        let script = match socket {
+            Some(_) => "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" --config \"$1\" --allow-root",
+            None => "exec \"$0\" --config \"$1\" --allow-root",
+        };
+        cmd.args(["-c", script, binary.to_str().unwrap(), config.to_str().unwrap()])
             .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .expect("starting onepoold");
-        Onepoold(child)
+            .stderr(out);
+        if let Some(fd) = socket.map(|s| s.as_raw_fd()) {
+            // SAFETY: dup2 is async-signal-safe; the child only execs after it.
+            unsafe {
+                cmd.pre_exec(move || {
+                    // dup2 onto itself keeps close-on-exec: clear it then.
+                    let r = if fd == 3 { libc::fcntl(3, libc::F_SETFD, 0) } else { libc::dup2(fd, 3) };
+                    if r < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        Onepoold(cmd.spawn().expect("starting onepoold"))
+    }
+
+    /// SIGTERM, and whether it then exited cleanly.
+    fn stop(&mut self) -> bool {
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        self.0.wait().is_ok_and(|s| s.success())
     }
 
     fn kill9(&mut self) {
@@ -535,5 +567,84 @@ fn a_job_hosting_a_replica_per_node_yields_gracefully_and_shrinks_node_by_node()
     assert_eq!(statuses.get(&200).copied(), Some(sent), "the shrinks lost nothing: {statuses:?}");
     assert_untouched(c, foreign);
     rt.block_on(d.shutdown());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue #18: a restart must never cost a serving replica. Replicas older
+/// than startup_timeout, clients sending back to back through a socket the
+/// restarts hand over (systemd's socket activation), and onepoold stopped
+/// with SIGTERM, upgraded to another binary file, then SIGKILLed: the same
+/// replica jobs serve after each, nothing is submitted or cancelled, no
+/// request fails across the first two, and the SIGKILL loses at most what
+/// the killed process held.
+#[test]
+fn restarts_and_an_upgrade_of_the_binary_keep_every_replica_serving_under_load() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("elastic-restart");
+    let config = dir.join("onepoold.toml");
+    let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = socket.local_addr().unwrap();
+    let mut text = daemon_config(c, &dir, ENDPOINT, |r| {
+        (r.gpus, r.min, r.max) = (Some(1), Some(2), Some(2));
+        r.startup_timeout = Some(Duration::from_secs(5));
+    });
+    text.endpoints[0].listen = Some(addr);
+    text.write(&config).unwrap();
+    let control = dir.join("onepoold.sock");
+    let log = dir.join("onepoold.log");
+    let binary = build_dir().join("onepoold");
+    let serving = || -> BTreeSet<u32> {
+        control_state(&control)
+            .map(|s| jobs_of(&s).into_iter().filter(|(_, _, p)| p == "serving").map(|(j, _, _)| j).collect())
+            .unwrap_or_default()
+    };
+    let mut daemon = Onepoold::spawn_on(&binary, &config, &log, Some(&socket));
+    wait("two baseline replicas serving", Duration::from_secs(60), || serving().len() == 2);
+    let jobs = serving();
+    // Older than startup_timeout: an adopted replica must not be taken for
+    // a model load that never finished.
+    std::thread::sleep(Duration::from_secs(6));
+    let load = Load::start(addr.port(), 6, 0.2);
+    std::thread::sleep(Duration::from_secs(2));
+    let upgraded = dir.join("onepoold-upgraded");
+    std::fs::copy(&binary, &upgraded).unwrap();
+    for (what, next) in [("SIGTERM restart", &binary), ("upgrade", &upgraded)] {
+        assert!(daemon.stop(), "{what}: onepoold exits cleanly on SIGTERM");
+        daemon = Onepoold::spawn_on(next, &config, &log, Some(&socket));
+        wait(&format!("{what}: the same replicas serving"), Duration::from_secs(30), || serving() == jobs);
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(load.failed(), 0, "{what}: {:?}", load.statuses.lock().unwrap());
+    }
+    let before_kill = load.statuses.lock().unwrap().clone();
+    daemon.kill9();
+    daemon = Onepoold::spawn_on(&binary, &config, &log, Some(&socket));
+    wait("after SIGKILL: the same replicas serving", Duration::from_secs(30), || serving() == jobs);
+    std::thread::sleep(Duration::from_secs(2));
+    let (sent, statuses) = load.finish();
+    let lost = statuses.iter().filter(|(s, _)| **s != 200).map(|(_, n)| n).sum::<u64>();
+    assert!(lost <= 6, "at most the 6 clients' requests in flight at the kill: {statuses:?}");
+    eprintln!("{sent} requests; SIGTERM and upgrade: none failed ({before_kill:?}); SIGKILL: {lost} lost");
+    // Nothing submitted or cancelled: Slurm knows exactly the two jobs.
+    let state = control_state(&control).unwrap();
+    assert_eq!(state["endpoints"][0]["replica_jobs"]["submitted"], serde_json::json!([]), "{state}");
+    let ours: BTreeSet<u32> = replica_jobs_in_slurm(c).iter().map(|q| q.id).collect();
+    assert_eq!(ours, jobs);
+    // Earlier tests' replica jobs have lower ids; none of this test's is
+    // anything but the two, in Slurm's accounting too.
+    let first = *jobs.iter().next().unwrap();
+    let sacct = c.ok("sacct", &["-X", "-n", "-P", "-o", "JobID,JobName,State"]);
+    let cancelled: Vec<&str> = sacct
+        .lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split('|').collect();
+            let id: u32 = f[0].parse().unwrap_or(0);
+            id >= first
+                && f.get(1).is_some_and(|n| n.starts_with(&format!("onepool-{ENDPOINT}-")))
+                && !jobs.contains(&id)
+        })
+        .collect();
+    assert!(cancelled.is_empty(), "replica jobs other than the two: {cancelled:?}");
+    assert!(daemon.stop());
     let _ = std::fs::remove_dir_all(&dir);
 }

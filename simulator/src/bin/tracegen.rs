@@ -2,6 +2,11 @@
 //!
 //!     onepool-tracegen trace BASE.csv DAYS REQUESTS [SEED] > trace.csv
 //!     onepool-tracegen jobs DAYS GAP_SECONDS CLASS [SEED] > jobs.csv
+//!     onepool-tracegen bursts BASE.csv SECONDS [SEED] > bursty.csv
+//!
+//! `bursts`: quiet gaps of 30-140 s (Pareto, shape 1.2) at 0.5 requests/s,
+//! and bursts of 1.6-8 s at 36-62 requests/s; request sizes drawn from
+//! BASE's rows ([`generate::BurstShape::ISSUE_18`]).
 
 use std::io::{BufWriter, Write};
 use std::process::ExitCode;
@@ -14,23 +19,18 @@ fn main() -> ExitCode {
     let num = |i: usize, d: u64| args.get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(d);
     let out = std::io::stdout().lock();
     let mut out = BufWriter::new(out);
+    let base = |path: &str| -> Option<Vec<azure::Request>> {
+        let text = std::fs::read_to_string(path).map_err(|e| eprintln!("onepool-tracegen: {path}: {e}")).ok()?;
+        azure::read(path, &text, OnBadRow::Abort).map(|r| r.rows).map_err(|e| eprintln!("onepool-tracegen: {e}")).ok()
+    };
     match args.first().map(String::as_str) {
-        Some("trace") if args.len() >= 4 => {
-            let text = match std::fs::read_to_string(&args[1]) {
-                Ok(t) => t,
-                Err(e) => {
-                    eprintln!("onepool-tracegen: {}: {e}", args[1]);
-                    return ExitCode::from(2);
-                }
+        Some(kind @ ("trace" | "bursts")) if args.len() >= 3 => {
+            let Some(base) = base(&args[1]) else { return ExitCode::from(2) };
+            let reqs = if kind == "trace" {
+                generate::tile(&base, num(2, 1) as u32, num(3, 1_000_000), num(4, 1))
+            } else {
+                generate::bursts(&base, num(2, 600) as f64, &generate::BurstShape::ISSUE_18, num(3, 1))
             };
-            let base = match azure::read(&args[1], &text, OnBadRow::Abort) {
-                Ok(r) => r.rows,
-                Err(e) => {
-                    eprintln!("onepool-tracegen: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            let reqs = generate::tile(&base, num(2, 1) as u32, num(3, 1_000_000), num(4, 1));
             let _ = writeln!(out, "TIMESTAMP,ContextTokens,GeneratedTokens");
             for r in reqs {
                 let _ = writeln!(out, "{:.3},{},{}", r.t, r.context_tokens, r.generated_tokens);
@@ -42,7 +42,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: onepool-tracegen trace BASE.csv DAYS REQUESTS [SEED] | jobs DAYS GAP_SECONDS CLASS [SEED]"
+                "usage: onepool-tracegen trace BASE.csv DAYS REQUESTS [SEED] | jobs DAYS GAP_SECONDS CLASS [SEED] | bursts BASE.csv SECONDS [SEED]"
             );
             return ExitCode::from(2);
         }

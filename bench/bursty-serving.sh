@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Bursty serving benchmark (issue #18): a bursty trace (onepool-tracegen
+# bursts: quiet gaps of 30-140 s, bursts of 1.6-8 s at 36-62 requests/s,
+# request sizes from the Azure conversation trace) replayed through onepoold
+# on a real cluster of its own, three ways side by side: reactive (the
+# autoscaler alone), warm headroom + trend, over-provisioned. Reports the
+# queueing delay (p50/p99, all requests and those of burst seconds), failed
+# requests, the GPU-minutes the endpoint held, the replica jobs submitted
+# and a protected job's time to capacity with each variant in its way.
+# The cluster lives in target/bursty-cluster and is stopped at the end.
+#
+#   bash bench/bursty-serving.sh [SECONDS] [SEED]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-240}
+seed=${2:-7}
+bash scripts/install-deps.sh
+cargo build --quiet --workspace --bins
+dir=$PWD/target/bursty-cluster
+trap './target/debug/onepool-devcluster --dir "$dir" down >/dev/null || true' EXIT
+trace=$PWD/target/bursty-$seconds-$seed.csv
+./target/debug/onepool-tracegen bursts data/azure-llm-inference-2023-conv.csv "$seconds" "$seed" >"$trace"
+echo "Slurm $(dpkg-query -W -f '${Version}' slurm-client 2>/dev/null); $(nproc) cores; trace: onepool-tracegen bursts ... $seconds $seed"
+./target/debug/bursty_bench "$dir" "$trace"

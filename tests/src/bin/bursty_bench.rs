@@ -1,0 +1,241 @@
+//! The bursty serving benchmark (run by bench/bursty-serving.sh, issue
+//! #18): one bursty trace replayed through onepoold on a real cluster of
+//! its own, three ways side by side:
+//!
+//! - reactive: replicas follow the load (the autoscaler alone);
+//! - warm: the same, plus one warm replica on GPUs nobody waits for
+//!   (`[endpoint.replicas.warm]`, lowest class) and the load's trend
+//!   projected a model load ahead (`trend_horizon`);
+//! - over-provisioned: every replica loaded all the time (a target load so
+//!   low that the autoscaler always wants `max`).
+//!
+//! Replicas are the stand-in model server (exact timing: a request of N
+//! tokens takes N x `PER_TOKEN` s, so the queueing delay is its latency
+//! less that), 16 requests each at once, a 3 s model load, one whole
+//! 4-GPU node each, up to 3; a flexible training job holds the fourth node.
+//! Near the end of the trace, in a quiet gap, protected training asks for
+//! two nodes: its time to capacity is measured with whatever each variant
+//! holds in the way.
+//!
+//! Per variant: queueing delay p50/p99 (all requests, and those sent
+//! during bursts), failed requests, GPU-minutes the endpoint's replicas
+//! held (running jobs x 4 GPUs, sampled every 0.5 s), replica jobs
+//! submitted, and the protected job's time to capacity.
+//!
+//! Usage: bursty_bench CLUSTER_DIR TRACE.csv
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use onepool_dev_cluster::replay::{ChatShape, Load, Trace};
+use onepool_elastic_daemon::config::WarmFile;
+use onepool_tests::elastic::{replica_view, runtime, serving, stand_in_config, stand_in_server, start_daemon, wait};
+use onepool_tests::{build_dir, TestCluster};
+
+const PER_TOKEN: f64 = 0.02;
+const MODEL_LOAD_S: u32 = 3;
+/// GeneratedTokens/4, 8 to 96 tokens: 0.16 to 1.92 s of service.
+const SHAPE: ChatShape = ChatShape { prompt_div: 32, prompt_words: (8, 64), answer_div: 4, answer_tokens: (8, 96) };
+/// A second of trace with more requests than this is a burst second.
+const BURST_PER_S: usize = 10;
+const ENDPOINT: &str = "chat";
+
+#[derive(Clone, Copy)]
+enum Variant {
+    Reactive,
+    Warm,
+    Over,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Reactive => "reactive",
+            Variant::Warm => "warm headroom + trend",
+            Variant::Over => "over-provisioned",
+        }
+    }
+}
+
+struct Outcome {
+    delays: Vec<f64>,
+    burst_delays: Vec<f64>,
+    failed: usize,
+    sent: usize,
+    gpu_minutes: f64,
+    submitted: usize,
+    ttc: f64,
+}
+
+fn quantile(v: &[f64], q: f64) -> f64 {
+    let mut v = v.to_vec();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn run(
+    c: &TestCluster,
+    v: Variant,
+    trace_path: &std::path::Path,
+    policy: &std::path::Path,
+    dir: &std::path::Path,
+) -> Outcome {
+    c.cancel_all();
+    let fill = c.sbatch(&["--workload=training", "-N1", "--gpus-per-node=4", "--time=60", "--wrap", "sleep 3600"]);
+    c.wait_state(fill, "RUNNING", Duration::from_secs(30));
+    let slurm_conf = c.cluster.env().into_iter().find(|(k, _)| k == "SLURM_CONF").expect("SLURM_CONF").1;
+    let command = format!(
+        "env ONEPOOL_MODEL_LOAD_SECONDS={MODEL_LOAD_S} ONEPOOL_SECONDS_PER_TOKEN={PER_TOKEN} python3 {}",
+        stand_in_server().display()
+    );
+    let mut config = stand_in_config(dir, &slurm_conf, &build_dir().join("onepool"), ENDPOINT, |r| {
+        r.command = command;
+        r.gpus = Some(4);
+        r.min = Some(1);
+        r.max = Some(3);
+        r.target_per_replica = Some(6.0);
+        r.stable_window = Some(Duration::from_secs(10));
+        r.panic_window = Some(Duration::from_secs(2));
+        r.scale_down_delay = Some(Duration::from_secs(20));
+        r.drain_timeout = Some(Duration::from_secs(20));
+        match v {
+            Variant::Reactive => {}
+            Variant::Warm => {
+                r.warm = Some(WarmFile { workload: Some("inference-warm".into()), replicas: Some(1), fraction: None });
+                r.trend_horizon = Some(Duration::from_secs(u64::from(MODEL_LOAD_S)));
+            }
+            Variant::Over => r.target_per_replica = Some(0.001),
+        }
+    });
+    config.policy = Some(policy.to_path_buf());
+    config.endpoints[0].replica_concurrency = Some(16);
+    let path = dir.join("onepoold.toml");
+    config.write(&path).unwrap();
+    let rt = runtime();
+    let d = start_daemon(&rt, &path);
+    let ready = match v {
+        Variant::Warm => 2,
+        Variant::Reactive | Variant::Over => 1,
+    };
+    wait("the variant's replicas serving", Duration::from_secs(120), || {
+        ["baseline", "supplemental", "warm"].iter().map(|k| serving(&d, ENDPOINT, k).len()).sum::<usize>() >= ready
+    });
+    if let Variant::Over = v {
+        // Loaded from the start: the autoscaler wants max at any load.
+        let load = onepool_tests::elastic::Load::start(d.endpoint(ENDPOINT).unwrap().listen.unwrap().port(), 1, 0.2);
+        wait("every replica loaded", Duration::from_secs(120), || {
+            ["baseline", "supplemental"].iter().map(|k| serving(&d, ENDPOINT, k).len()).sum::<usize>() == 3
+        });
+        load.finish();
+    }
+    let trace = Trace::load(trace_path).unwrap();
+    let span = trace.rows.last().map(|r| r.0).unwrap_or(0.0);
+    let mut per_s = vec![0usize; span as usize + 1];
+    for r in &trace.rows {
+        per_s[r.0 as usize] += 1;
+    }
+    let addr = d.endpoint(ENDPOINT).unwrap().listen.unwrap();
+    let submitted_before = replica_view(&d, ENDPOINT).submitted.len();
+    let t0 = Instant::now();
+    let load = Load::start(rt.handle(), trace, addr, "stand-in", SHAPE, t0);
+    load.phase("trace", 1.0);
+    // Protected training for two nodes, 10 s before the trace ends.
+    let protected_at = (span - 10.0).max(0.0);
+    let mut gpu_seconds = 0.0;
+    let mut protected: Option<(u32, Instant)> = None;
+    let mut ttc = f64::NAN;
+    let tick = Duration::from_millis(500);
+    while t0.elapsed().as_secs_f64() < span {
+        std::thread::sleep(tick);
+        let holding = replica_view(&d, ENDPOINT).jobs.iter().filter(|j| j.phase != "pending").count();
+        gpu_seconds += holding as f64 * 4.0 * tick.as_secs_f64();
+        if protected.is_none() && t0.elapsed().as_secs_f64() >= protected_at {
+            let at = Instant::now();
+            let id = c.sbatch(&[
+                "--workload=critical-training",
+                "--time=10:00",
+                "-N2",
+                "--gpus-per-node=4",
+                "--wrap",
+                "sleep 600",
+            ]);
+            protected = Some((id, at));
+        }
+        if let (Some((id, at)), true) = (protected, ttc.is_nan()) {
+            if c.state(id).as_deref() == Some("RUNNING") {
+                ttc = at.elapsed().as_secs_f64();
+            }
+        }
+    }
+    load.pause();
+    if let Some((id, at)) = protected.filter(|_| ttc.is_nan()) {
+        c.wait_state(id, "RUNNING", Duration::from_secs(180));
+        ttc = at.elapsed().as_secs_f64();
+    }
+    wait("the replay's requests answered", Duration::from_secs(120), || load.in_flight() == 0);
+    load.stop();
+    let submitted = replica_view(&d, ENDPOINT).submitted.len() - submitted_before;
+    rt.block_on(d.shutdown());
+    c.cancel_all();
+    let reqs = load.requests();
+    let ok: Vec<_> = reqs.iter().filter(|r| r.failure.is_none()).collect();
+    let delay =
+        |r: &&onepool_dev_cluster::replay::Request| ((r.ended - r.sent) - f64::from(r.max_tokens) * PER_TOKEN).max(0.0);
+    let in_burst = |r: &&&onepool_dev_cluster::replay::Request| {
+        per_s.get((r.sent - 0.0) as usize).is_some_and(|&n| n > BURST_PER_S)
+    };
+    Outcome {
+        delays: ok.iter().map(delay).collect(),
+        burst_delays: ok.iter().filter(in_burst).map(delay).collect(),
+        failed: reqs.len() - ok.len(),
+        sent: reqs.len(),
+        gpu_minutes: gpu_seconds / 60.0,
+        submitted,
+        ttc,
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let usage = "usage: bursty_bench CLUSTER_DIR TRACE.csv";
+    let dir = PathBuf::from(args.next().expect(usage));
+    let trace = PathBuf::from(args.next().expect(usage));
+    let policy = dir.with_extension("policy.toml");
+    std::fs::write(&policy, onepool_tests::warm_policy_text()).unwrap();
+    let c = onepool_tests::bench_cluster(&dir, policy.clone());
+    let t = Trace::load(&trace).unwrap();
+    let span = t.rows.last().map(|r| r.0).unwrap_or(0.0);
+    println!(
+        "bursty serving: {} ({} requests over {span:.0} s, mean {:.1}/s); stand-in replicas of 16 at once, {PER_TOKEN} s/token, \
+         {MODEL_LOAD_S} s model load, 4 GPUs each, min 1, max 3, target 6, windows 10 s / 2 s, scale-down delay 20 s; \
+         flexible training on the 4th node; protected training for 2 nodes 10 s before the end",
+        trace.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+        t.rows.len(),
+        t.rows.len() as f64 / span.max(1.0),
+    );
+    println!(
+        "{:<24} {:>10} {:>10} {:>14} {:>14} {:>9} {:>11} {:>10} {:>9}",
+        "variant", "delay p50", "delay p99", "burst p50", "burst p99", "failed", "GPU-min", "submitted", "TTC s"
+    );
+    for v in [Variant::Reactive, Variant::Warm, Variant::Over] {
+        let scratch = dir.join(format!("bursty-{}", v.name().split(' ').next().unwrap()));
+        std::fs::create_dir_all(&scratch).unwrap();
+        let o = run(&c, v, &trace, &policy, &scratch);
+        println!(
+            "{:<24} {:>9.3}s {:>9.3}s {:>13.3}s {:>13.3}s {:>9} {:>11.1} {:>10} {:>9.2}",
+            v.name(),
+            quantile(&o.delays, 0.5),
+            quantile(&o.delays, 0.99),
+            quantile(&o.burst_delays, 0.5),
+            quantile(&o.burst_delays, 0.99),
+            format!("{}/{}", o.failed, o.sent),
+            o.gpu_minutes,
+            o.submitted,
+            o.ttc
+        );
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+}
