@@ -8,8 +8,11 @@
 # requests, the GPU-minutes the endpoint held, the replica jobs submitted
 # and a protected job's time to capacity with each variant in its way.
 # The cluster lives in target/bursty-cluster and is stopped at the end.
+# TRACE=conversation replays the first SECONDS of the Azure conversation
+# trace instead (steady load, for comparison).
 #
 #   bash bench/bursty-serving.sh [SECONDS] [SEED]
+#   TRACE=conversation bash bench/bursty-serving.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-240}
@@ -18,7 +21,13 @@ bash scripts/install-deps.sh
 cargo build --quiet --workspace --bins
 dir=$PWD/target/bursty-cluster
 trap './target/debug/onepool-devcluster --dir "$dir" down >/dev/null || true' EXIT
-trace=$PWD/target/bursty-$seconds-$seed.csv
-./target/debug/onepool-tracegen bursts data/azure-llm-inference-2023-conv.csv "$seconds" "$seed" >"$trace"
-echo "Slurm $(dpkg-query -W -f '${Version}' slurm-client 2>/dev/null); $(nproc) cores; trace: onepool-tracegen bursts ... $seconds $seed"
-./target/debug/bursty_bench "$dir" "$trace"
+if [ "${TRACE:-bursts}" = conversation ]; then
+    trace=$PWD/data/azure-llm-inference-2023-conv.csv
+    what="the first $seconds s of the Azure conversation trace"
+else
+    trace=$PWD/target/bursty-$seconds-$seed.csv
+    ./target/debug/onepool-tracegen bursts data/azure-llm-inference-2023-conv.csv "$seconds" "$seed" >"$trace"
+    what="onepool-tracegen bursts data/azure-llm-inference-2023-conv.csv $seconds $seed"
+fi
+echo "Slurm $(dpkg-query -W -f '${Version}' slurm-client 2>/dev/null); $(nproc) cores; trace: $what"
+./target/debug/bursty_bench "$dir" "$trace" "$seconds"

@@ -895,6 +895,11 @@ impl Controller {
             match self.endpoint.add(address, None, !self.health_checked) {
                 Ok(_) | Err(RegistryError::Duplicate { .. }) => {
                     tracing::info!(endpoint = %self.name, job = id, %address, "replica running; in the router");
+                    // Warm headroom stays idle until the others are full:
+                    // Slurm then takes it back without a drain to wait for.
+                    if self.tracked.get(&id).is_some_and(|t| t.kind == Kind::Warm) {
+                        let _ = self.endpoint.set_spill(address, true);
+                    }
                     if let Some(m) = self.tracked.get_mut(&id).and_then(|t| t.members.get_mut(&port)) {
                         m.address = Some(address);
                     }

@@ -1,7 +1,8 @@
 //! Warm headroom on the real cluster (issue #18), on a cluster of its own
 //! whose policy takes in the sample's commented warm class: onepoold keeps
 //! a warm replica loaded on GPUs nobody waits for, in the lowest-ranked
-//! QOS; protected training that needs those GPUs gets them from Slurm's
+//! QOS, and the router sends it requests only when the others are full;
+//! protected training that needs those GPUs gets them from Slurm's
 //! preemption at once (the idle replica drains in no time), ahead of the
 //! flexible work beside it; and while a job waits for GPUs, onepoold
 //! withdraws its pending warm replica instead of queueing it.
@@ -52,6 +53,11 @@ fn a_warm_replica_fills_idle_gpus_yields_them_first_and_never_waits_in_line() {
     assert_eq!(c.job_fields(warm)["QOS"], "op-inference-warm");
     let v = replica_view(&d, ENDPOINT);
     assert_eq!((v.headroom, v.gpus_wanted), (Some(1), Some(false)), "{v:?}");
+    // The router sends it requests only when the baseline is full.
+    let snap = d.endpoint(ENDPOINT).unwrap().endpoint.snapshot();
+    let spill: Vec<u16> = snap.replicas.iter().filter(|r| r.spill).map(|r| r.address.port()).collect();
+    let warm_port = v.jobs.iter().find(|j| j.job == warm).unwrap().port;
+    assert_eq!(spill, [warm_port]);
 
     // Flexible training takes the two free nodes; still nobody waits, the
     // warm replica stays.

@@ -175,6 +175,12 @@ impl Endpoint {
         Ok(id)
     }
 
+    /// Marks a replica as headroom: it takes requests only when every
+    /// other ready replica is at its limit.
+    pub fn set_spill(&self, address: SocketAddr, spill: bool) -> Result<(), RegistryError> {
+        self.lock().pool.set_spill(address, spill)
+    }
+
     pub fn remove(&self, address: SocketAddr) -> Result<Replica, RegistryError> {
         let mut g = self.lock();
         let r = g.pool.remove(address)?;

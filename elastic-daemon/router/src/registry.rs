@@ -50,6 +50,10 @@ pub struct Replica {
     /// Requests handed to this replica since it was added.
     pub served: u64,
     pub peak_in_flight: u32,
+    /// Headroom (a warm replica): takes requests only when every other
+    /// ready replica is at its limit, so that it stays idle, and quick to
+    /// give back, until a burst needs it.
+    pub spill: bool,
     #[serde(skip)]
     passes: u32,
     #[serde(skip)]
@@ -144,6 +148,7 @@ impl Pool {
             limit,
             served: 0,
             peak_in_flight: 0,
+            spill: false,
             passes: 0,
             failures: 0,
             ejected: false,
@@ -161,16 +166,29 @@ impl Pool {
         Ok(self.replicas.remove(i))
     }
 
+    /// Marks a replica as headroom ([`Replica::spill`]) or not.
+    pub fn set_spill(&mut self, address: SocketAddr, spill: bool) -> Result<(), RegistryError> {
+        let endpoint = self.endpoint.clone();
+        let r = self
+            .replicas
+            .iter_mut()
+            .find(|r| r.address == address)
+            .ok_or(RegistryError::UnknownReplica { endpoint, address })?;
+        r.spill = spill;
+        Ok(())
+    }
+
     /// Picks the ready replica with room and the fewest requests in flight,
     /// skipping `exclude` (replicas a retried request already failed on),
-    /// and counts the request on it. Ties go to the replica that has served
-    /// fewer requests, so equal replicas share the load evenly.
+    /// and counts the request on it; headroom replicas only when no other
+    /// has room. Ties go to the replica that has served fewer requests, so
+    /// equal replicas share the load evenly.
     pub fn choose(&mut self, exclude: &[ReplicaId]) -> Option<ReplicaId> {
         let r = self
             .replicas
             .iter_mut()
             .filter(|r| r.has_room() && !exclude.contains(&r.id))
-            .min_by_key(|r| (r.in_flight, r.served))?;
+            .min_by_key(|r| (r.spill, r.in_flight, r.served))?;
         r.in_flight += 1;
         r.served += 1;
         self.served_total += 1;

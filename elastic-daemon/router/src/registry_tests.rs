@@ -9,6 +9,22 @@ fn pool() -> Pool {
 }
 
 #[test]
+fn a_spill_replica_takes_requests_only_when_the_others_are_full() {
+    let mut p = pool();
+    let warm = p.add(addr(1), 2, true).unwrap();
+    let a = p.add(addr(2), 2, true).unwrap();
+    p.set_spill(addr(1), true).unwrap();
+    assert_eq!([p.choose(&[]), p.choose(&[])], [Some(a), Some(a)]);
+    assert_eq!(p.choose(&[]), Some(warm), "the others are at their limit");
+    p.release(a);
+    assert_eq!(p.choose(&[]), Some(a), "room again elsewhere: the spill replica waits");
+    // A request retried away from the others may still land on it.
+    p.release(a);
+    assert_eq!(p.choose(&[a]), Some(warm));
+    assert!(p.set_spill(addr(9), true).is_err());
+}
+
+#[test]
 fn choose_prefers_least_outstanding() {
     let mut p = pool();
     let a = p.add(addr(1), 4, true).unwrap();

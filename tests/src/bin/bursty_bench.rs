@@ -22,7 +22,8 @@
 //! held (running jobs x 4 GPUs, sampled every 0.5 s), replica jobs
 //! submitted, and the protected job's time to capacity.
 //!
-//! Usage: bursty_bench CLUSTER_DIR TRACE.csv
+//! Usage: bursty_bench CLUSTER_DIR TRACE.csv [SECONDS]
+//! (SECONDS: replay only the trace's first SECONDS.)
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -76,13 +77,14 @@ fn quantile(v: &[f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
-fn run(
-    c: &TestCluster,
-    v: Variant,
-    trace_path: &std::path::Path,
-    policy: &std::path::Path,
-    dir: &std::path::Path,
-) -> Outcome {
+/// The trace, cut to its first `limit` seconds.
+fn load_trace(path: &std::path::Path, limit: f64) -> Trace {
+    let mut t = Trace::load(path).unwrap_or_else(|e| panic!("{e}"));
+    t.rows.retain(|r| r.0 < limit);
+    t
+}
+
+fn run(c: &TestCluster, v: Variant, trace: Trace, policy: &std::path::Path, dir: &std::path::Path) -> Outcome {
     c.cancel_all();
     let fill = c.sbatch(&["--workload=training", "-N1", "--gpus-per-node=4", "--time=60", "--wrap", "sleep 3600"]);
     c.wait_state(fill, "RUNNING", Duration::from_secs(30));
@@ -131,7 +133,6 @@ fn run(
         });
         load.finish();
     }
-    let trace = Trace::load(trace_path).unwrap();
     let span = trace.rows.last().map(|r| r.0).unwrap_or(0.0);
     let mut per_s = vec![0usize; span as usize + 1];
     for r in &trace.rows {
@@ -200,13 +201,14 @@ fn run(
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let usage = "usage: bursty_bench CLUSTER_DIR TRACE.csv";
+    let usage = "usage: bursty_bench CLUSTER_DIR TRACE.csv [SECONDS]";
     let dir = PathBuf::from(args.next().expect(usage));
     let trace = PathBuf::from(args.next().expect(usage));
+    let limit: f64 = args.next().map(|s| s.parse().expect(usage)).unwrap_or(f64::INFINITY);
     let policy = dir.with_extension("policy.toml");
     std::fs::write(&policy, onepool_tests::warm_policy_text()).unwrap();
     let c = onepool_tests::bench_cluster(&dir, policy.clone());
-    let t = Trace::load(&trace).unwrap();
+    let t = load_trace(&trace, limit);
     let span = t.rows.last().map(|r| r.0).unwrap_or(0.0);
     println!(
         "bursty serving: {} ({} requests over {span:.0} s, mean {:.1}/s); stand-in replicas of 16 at once, {PER_TOKEN} s/token, \
@@ -223,7 +225,7 @@ fn main() {
     for v in [Variant::Reactive, Variant::Warm, Variant::Over] {
         let scratch = dir.join(format!("bursty-{}", v.name().split(' ').next().unwrap()));
         std::fs::create_dir_all(&scratch).unwrap();
-        let o = run(&c, v, &trace, &policy, &scratch);
+        let o = run(&c, v, load_trace(&trace, limit), &policy, &scratch);
         println!(
             "{:<24} {:>9.3}s {:>9.3}s {:>13.3}s {:>13.3}s {:>9} {:>11.1} {:>10} {:>9.2}",
             v.name(),
