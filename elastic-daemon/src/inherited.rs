@@ -7,7 +7,7 @@
 //! listener asks for is closed, with a warning.
 
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 
 /// The first descriptor systemd passes.
 const FIRST_FD: RawFd = 3;
@@ -86,5 +86,25 @@ pub async fn bind(inherited: &mut Inherited, address: SocketAddr) -> std::io::Re
     match inherited.listener(address)? {
         Some(l) => Ok(l),
         None => tokio::net::TcpListener::bind(address).await,
+    }
+}
+
+/// The handing side, as systemd does it (for launchers and tests): the
+/// process `cmd` starts gets `socket` as descriptor 3. The command must
+/// still set LISTEN_PID to onepoold's own pid and LISTEN_FDS=1; a shell's
+/// `LISTEN_PID=$$ LISTEN_FDS=1 exec onepoold ...` does.
+pub fn hand_over(cmd: &mut std::process::Command, socket: &TcpListener) {
+    use std::os::unix::process::CommandExt;
+    let fd = socket.as_raw_fd();
+    // SAFETY: dup2 and fcntl are async-signal-safe; the child only execs after.
+    unsafe {
+        cmd.pre_exec(move || {
+            // dup2 onto itself keeps close-on-exec: clear it then.
+            let r = if fd == FIRST_FD { libc::fcntl(fd, libc::F_SETFD, 0) } else { libc::dup2(fd, FIRST_FD) };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }

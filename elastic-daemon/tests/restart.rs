@@ -10,8 +10,6 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -90,23 +88,12 @@ impl Clients {
 
 /// onepoold from `binary`, handed `socket` as descriptor 3.
 fn spawn(binary: &Path, config: &Path, socket: &TcpListener) -> Child {
-    let fd = socket.as_raw_fd();
     let mut cmd = Command::new("sh");
     // LISTEN_PID must be the daemon's own pid: the shell's, which exec keeps.
     cmd.args(["-c", "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" --config \"$1\"", &binary.display().to_string()])
         .arg(config)
         .env("ONEPOOLD_LOG", "warn");
-    // SAFETY: dup2 is async-signal-safe; the child only execs after it.
-    unsafe {
-        cmd.pre_exec(move || {
-            // dup2 onto itself keeps close-on-exec: clear it then.
-            let r = if fd == 3 { libc::fcntl(3, libc::F_SETFD, 0) } else { libc::dup2(fd, 3) };
-            if r < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    onepool_elastic_daemon::inherited::hand_over(&mut cmd, socket);
     cmd.spawn().expect("onepoold starts")
 }
 

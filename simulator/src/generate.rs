@@ -99,8 +99,11 @@ pub fn bursts(base: &[Request], seconds: f64, shape: &BurstShape, seed: u64) -> 
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     let poisson = |rng: &mut Rng, from: f64, to: f64, rate: f64, out: &mut Vec<Request>| {
+        if rate <= 0.0 {
+            return;
+        }
         let mut t = from;
-        while rate > 0.0 {
+        loop {
             t += -(1.0 - rng.unit()).ln() / rate;
             if t >= to {
                 break;

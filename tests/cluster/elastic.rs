@@ -203,8 +203,6 @@ impl Onepoold {
     /// `binary`, handed `socket` (when given) as systemd's socket
     /// activation does: descriptor 3, LISTEN_PID and LISTEN_FDS.
     fn spawn_on(binary: &Path, config: &Path, log: &Path, socket: Option<&std::net::TcpListener>) -> Onepoold {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::process::CommandExt;
         let out = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
         // The in-process tests run onepoold's code as root too; the demo
         // runs it as the service user.
@@ -217,18 +215,8 @@ impl Onepoold {
         cmd.args(["-c", script, binary.to_str().unwrap(), config.to_str().unwrap()])
             .stdout(out.try_clone().unwrap())
             .stderr(out);
-        if let Some(fd) = socket.map(|s| s.as_raw_fd()) {
-            // SAFETY: dup2 is async-signal-safe; the child only execs after it.
-            unsafe {
-                cmd.pre_exec(move || {
-                    // dup2 onto itself keeps close-on-exec: clear it then.
-                    let r = if fd == 3 { libc::fcntl(3, libc::F_SETFD, 0) } else { libc::dup2(fd, 3) };
-                    if r < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+        if let Some(socket) = socket {
+            onepool_elastic_daemon::inherited::hand_over(&mut cmd, socket);
         }
         Onepoold(cmd.spawn().expect("starting onepoold"))
     }

@@ -143,17 +143,14 @@ fn run(c: &TestCluster, v: Variant, trace: Trace, policy: &std::path::Path, dir:
     let t0 = Instant::now();
     let load = Load::start(rt.handle(), trace, addr, "stand-in", SHAPE, t0);
     load.phase("trace", 1.0);
-    // Protected training for two nodes, 10 s before the trace ends.
-    let protected_at = (span - 10.0).max(0.0);
+    // Protected training for two nodes, 10 s before the trace ends; its
+    // state polled every 50 ms on a thread of its own.
+    let protected_at = t0 + Duration::from_secs_f64((span - 10.0).max(0.0));
     let mut gpu_seconds = 0.0;
-    let mut protected: Option<(u32, Instant)> = None;
-    let mut ttc = f64::NAN;
     let tick = Duration::from_millis(500);
-    while t0.elapsed().as_secs_f64() < span {
-        std::thread::sleep(tick);
-        let holding = replica_view(&d, ENDPOINT).jobs.iter().filter(|j| j.phase != "pending").count();
-        gpu_seconds += holding as f64 * 4.0 * tick.as_secs_f64();
-        if protected.is_none() && t0.elapsed().as_secs_f64() >= protected_at {
+    let ttc = std::thread::scope(|s| {
+        let protected = s.spawn(|| {
+            std::thread::sleep(protected_at.saturating_duration_since(Instant::now()));
             let at = Instant::now();
             let id = c.sbatch(&[
                 "--workload=critical-training",
@@ -163,19 +160,20 @@ fn run(c: &TestCluster, v: Variant, trace: Trace, policy: &std::path::Path, dir:
                 "--wrap",
                 "sleep 600",
             ]);
-            protected = Some((id, at));
-        }
-        if let (Some((id, at)), true) = (protected, ttc.is_nan()) {
-            if c.state(id).as_deref() == Some("RUNNING") {
-                ttc = at.elapsed().as_secs_f64();
+            while c.state(id).as_deref() != Some("RUNNING") {
+                assert!(at.elapsed() < Duration::from_secs(180), "protected job {id} never ran");
+                std::thread::sleep(Duration::from_millis(50));
             }
+            at.elapsed().as_secs_f64()
+        });
+        while t0.elapsed().as_secs_f64() < span {
+            std::thread::sleep(tick);
+            let holding = replica_view(&d, ENDPOINT).jobs.iter().filter(|j| j.phase != "pending").count();
+            gpu_seconds += holding as f64 * 4.0 * tick.as_secs_f64();
         }
-    }
-    load.pause();
-    if let Some((id, at)) = protected.filter(|_| ttc.is_nan()) {
-        c.wait_state(id, "RUNNING", Duration::from_secs(180));
-        ttc = at.elapsed().as_secs_f64();
-    }
+        load.pause();
+        protected.join().expect("the protected job's thread")
+    });
     wait("the replay's requests answered", Duration::from_secs(120), || load.in_flight() == 0);
     load.stop();
     let submitted = replica_view(&d, ENDPOINT).submitted.len() - submitted_before;
