@@ -222,15 +222,15 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
     let (mut kept_supp, mut supp_leaving) = (0, 0);
     let idle_room = max.saturating_sub(base_lasting.max(target.min) + want_supp);
     for r in cheapest_first(supp).into_iter().take(supp_lasting.saturating_sub(want_supp) as usize) {
-        supp_leaving += 1;
-        match r.phase {
-            Phase::Pending => actions.push(Action::Release { job: r.job, slot: r.slot }),
-            _ if keep_idle && !gpus_wanted && kept_supp < idle_room => {
-                (kept_supp, supp_leaving) = (kept_supp + 1, supp_leaving - 1)
-            }
-            Phase::Starting => actions.push(Action::Release { job: r.job, slot: r.slot }),
-            _ => actions.push(Action::Drain { job: r.job, slot: r.slot }),
+        if r.phase != Phase::Pending && keep_idle && !gpus_wanted && kept_supp < idle_room {
+            kept_supp += 1;
+            continue;
         }
+        supp_leaving += 1;
+        actions.push(match r.phase {
+            Phase::Pending | Phase::Starting => Action::Release { job: r.job, slot: r.slot },
+            _ => Action::Drain { job: r.job, slot: r.slot },
+        });
     }
     // Warm replicas: within max with the rest; while a job waits for GPUs,
     // only those the headroom or the load (at max) asks for, and none
