@@ -92,36 +92,21 @@ pub fn check_endpoint(endpoint: &str, s: &ReplicaSettings, policy: &Policy) -> F
     f
 }
 
-/// The warm class must be the cheapest work in the pool: flexible and
-/// outranked by every other flexible class. A class ranked below it could
-/// never preempt a warm replica and would wait behind it for as long as
-/// nobody else needed the GPUs.
+/// The warm class: what [`Policy::warm_class`] requires, and what depends
+/// on the endpoint's own settings (its other classes, its drain timeout,
+/// its replica size).
 fn check_warm(f: &mut Findings, at: &str, workload: &str, s: &ReplicaSettings, policy: &Policy) {
-    let Some(c) = policy.class(workload) else {
-        f.errors.push(format!(
-            "{at}: warm.workload = {workload:?} is not a class of the policy (classes: {}); add a flexible class ranked below every other, e.g. [classes.inference-warm] tier = \"flexible\", rank = <the highest>, reclaim = \"graceful\"",
-            policy.class_names().join(", ")
-        ));
-        return;
+    let c = match policy.warm_class(workload) {
+        Ok(c) => c,
+        Err(e) => {
+            // A class that exists but is ranked wrong is still checked below.
+            f.errors.push(format!("{at}: warm.workload = {e}"));
+            match policy.class(workload) {
+                Some(c) if !c.is_protected() => c,
+                _ => return,
+            }
+        }
     };
-    let Some(rank) = c.rank() else {
-        f.errors.push(format!(
-            "{at}: warm.workload = {workload:?} is a protected class; warm replicas must be the first work Slurm takes back (a flexible class ranked below every other)"
-        ));
-        return;
-    };
-    let below: Vec<&str> = policy
-        .classes
-        .iter()
-        .filter(|o| o.name != c.name && o.rank().is_some_and(|r| r >= rank))
-        .map(|o| o.name.as_str())
-        .collect();
-    if !below.is_empty() {
-        f.errors.push(format!(
-            "{at}: warm.workload = {workload:?} (rank {rank}) is not ranked below flexible class(es) {}: their jobs could not take a warm replica's GPUs; give {workload} the highest rank number",
-            below.join(", ")
-        ));
-    }
     if workload == s.supplemental_workload || workload == s.baseline_workload {
         f.errors.push(format!("{at}: warm.workload = {workload:?} is also the baseline or supplemental class; give warm replicas a class of their own"));
     }

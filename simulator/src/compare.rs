@@ -628,6 +628,7 @@ mod tests {
             reclaim: None,
             drain: None,
             baseline: None,
+            warm: None,
             requests: vec![crate::engine::Req { t: 0.0, service: 1.0 }; 5].into(),
         });
         // An hour at the default 2 s tick: 1,800 ticks.

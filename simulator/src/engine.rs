@@ -9,9 +9,13 @@
 //! free slot (`max_concurrent` per replica); a request takes
 //! `context/prefill_tokens_per_s + generated/decode_tokens_per_s` seconds.
 //! Every `tick_s` the endpoint's load (in flight + queued) is fed to
-//! onepool's own [`Autoscaler`]; more replicas are submitted as Slurm jobs
-//! of the endpoint's class, fewer are drained (pending ones cancelled
-//! first). A replica serves `startup_s` after it gets its GPUs.
+//! onepool's own [`Autoscaler`], and its recommendation to onepoold's own
+//! [`reconcile`]: what it submits, drains and releases is what onepoold
+//! would do (baseline replicas in the baseline class, supplemental in the
+//! endpoint's, warm headroom in the warm class while no job waits for
+//! GPUs). A replica serves `startup_s` after it gets its GPUs; a warm
+//! replica gets requests only when every other one is full, as
+//! onepoold's router does.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
@@ -19,6 +23,7 @@ use std::sync::Arc;
 
 use onepool_decisions::annotation::ReclaimMode;
 use onepool_decisions::autoscale::{Autoscaler, ScalingPolicy};
+use onepool_decisions::replicas::{self, reconcile, Action, EndpointTarget, Headroom, Phase, WarmSpec};
 use serde::Serialize;
 
 use crate::fleet::Fleet;
@@ -64,6 +69,9 @@ pub struct Endpoint {
     /// In the shared pool, the first `baseline_replicas` replicas run in
     /// this (protected) class; in separate pools all run in `class`.
     pub baseline: Option<(usize, u32)>,
+    /// Warm headroom (onepoold's `[endpoint.replicas.warm]`): its class and
+    /// how many replicas; in the shared pool only.
+    pub warm: Option<(usize, WarmSpec)>,
     pub requests: Arc<[Req]>,
 }
 
@@ -227,6 +235,12 @@ pub struct RunResult {
     /// work delayed by the fleet runs past the window.
     pub last_busy_s: f64,
     pub job_log: Vec<JobLogEntry>,
+    /// With `job_log`: every request served, (endpoint, arrival and
+    /// queueing delay in seconds from the window's start).
+    pub request_log: Vec<(usize, f32, f32)>,
+    /// Per endpoint: replica jobs submitted after the start (those already
+    /// serving when the trace starts not counted), withdrawn ones included.
+    pub replicas_submitted: Vec<u32>,
     pub events: u64,
 }
 
@@ -270,7 +284,7 @@ struct Live {
     /// A requeued job may not start before this (Slurm's BeginTime).
     not_before: f64,
     /// A replica that already runs when the trace starts: ready at once.
-    warm: bool,
+    preloaded: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -324,6 +338,8 @@ struct EpState {
     target: u32,
     /// Every request served: the endpoint's replicas are gone.
     done: bool,
+    /// Replica jobs submitted by the autoscaler.
+    submitted: u32,
 }
 
 struct Sim<'a> {
@@ -354,6 +370,7 @@ struct Sim<'a> {
     /// The last time any GPU was held.
     last_busy: f64,
     log: Vec<JobLogEntry>,
+    request_log: Vec<(usize, f32, f32)>,
     events: u64,
 }
 
@@ -433,6 +450,7 @@ pub fn run(w: &Workload, cfg: &Config) -> RunResult {
         used_in_window: 0.0,
         last_busy: w.t0,
         log: Vec::new(),
+        request_log: Vec::new(),
         events: 0,
     };
     for e in &w.endpoints {
@@ -453,11 +471,16 @@ pub fn run(w: &Workload, cfg: &Config) -> RunResult {
             scaler: Autoscaler::new(p),
             target: 0,
             done: false,
+            submitted: 0,
         });
     }
     for ep in 0..sim.eps.len() {
         sim.warm_start(ep);
     }
+    // Replicas that serve when the trace starts hold their GPUs before the
+    // first round looks at what waits.
+    sim.dirty = false;
+    sim.schedule();
     sim.main_loop();
     let window_s = (w.t1 - w.t0).max(0.0);
     RunResult {
@@ -467,6 +490,8 @@ pub fn run(w: &Workload, cfg: &Config) -> RunResult {
         used_in_window_gpu_s: sim.used_in_window,
         last_busy_s: (sim.last_busy - w.t0).max(0.0),
         job_log: sim.log,
+        request_log: sim.request_log,
+        replicas_submitted: sim.eps.iter().map(|e| e.submitted).collect(),
         events: sim.events,
     }
 }
@@ -639,7 +664,7 @@ impl Sim<'_> {
             reclaim_wait: f64::NEG_INFINITY,
             notice: 0.0,
             not_before: f64::NEG_INFINITY,
-            warm: false,
+            preloaded: false,
         });
         let id = self.live.len() - 1;
         self.pending[class].push_back(id);
@@ -781,9 +806,14 @@ impl Sim<'_> {
     }
 
     fn dispatch(&mut self, ep: usize) {
+        let warm = self.w.endpoints[ep].warm.filter(|_| self.model.is_some()).map(|w| w.0);
         let e = &mut self.eps[ep];
         while !e.queue.is_empty() {
-            let Some((job, gen)) = e.slots.pop() else { break };
+            // A warm replica's slot only when no other replica has one (the
+            // router's spill), so that Slurm takes warm replicas back idle.
+            let pick = e.slots.iter().rposition(|&(j, _)| Some(self.live[j].class) != warm);
+            let Some(i) = pick.or(e.slots.len().checked_sub(1)) else { break };
+            let (job, gen) = e.slots.remove(i);
             let l = &mut self.live[job];
             if l.gen != gen || l.st != St::Running || !l.ready {
                 continue;
@@ -792,7 +822,11 @@ impl Sim<'_> {
             l.inflight += 1;
             e.inflight += 1;
             let class = self.w.endpoints[ep].class;
-            self.stats[class].delays.push((self.now - arr) as f32);
+            let delay = (self.now - arr) as f32;
+            self.stats[class].delays.push(delay);
+            if self.cfg.job_log {
+                self.request_log.push((ep, (arr - self.w.t0) as f32, delay));
+            }
             self.seq += 1;
             let ev = Ev::ReqDone { ep, job, gen };
             self.heap.push(Item(self.now + f64::from(service), ev.rank(), self.seq, ev));
@@ -803,42 +837,109 @@ impl Sim<'_> {
         let e = &mut self.eps[ep];
         let load = f64::from(e.inflight) + e.queue.len() as f64;
         e.scaler.record(self.now, load);
-        let ready = e.active.iter().filter(|&&j| self.live[j].ready).count() as u32;
-        let want = e.scaler.recommend(self.now, ready).replicas;
+        let replicas: Vec<replicas::Replica> = self.eps[ep].active.iter().map(|&j| self.replica(ep, j)).collect();
+        let ready = replicas.iter().filter(|r| r.phase == Phase::Serving).count() as u32;
+        let want = self.eps[ep].scaler.recommend(self.now, ready).replicas;
         self.set_target(ep, want);
-        let have = self.eps[ep].active.len() as u32;
+        let p = self.eps[ep].scaler.policy();
+        let (min, max) = (self.baseline(ep).map_or(0, |b| b.1).min(p.max), p.max);
+        let headroom = self.warm(ep).map(|(_, spec)| Headroom {
+            replicas: spec.replicas_above(want.clamp(min, max.max(min))),
+            gpus_wanted: self.gpus_wanted(),
+        });
+        // Replicas never reach Slurm's time limit here, and model loads
+        // always finish: no renewals, no stale starters.
+        let target = EndpointTarget {
+            min,
+            max,
+            desired: want,
+            renew_before: std::time::Duration::ZERO,
+            startup_timeout: std::time::Duration::MAX,
+            headroom,
+        };
         let spec = &self.w.endpoints[ep];
-        let gpr = spec.gpus_per_replica.max(1);
-        let (island, ty) = (spec.island, spec.gpu_type.clone());
-        for _ in have..want {
-            let c = self.replica_class(ep);
-            let id = self.new_live(Kind::Replica { ep }, c, island, gpr, gpr, ty.as_deref());
-            self.eps[ep].active.push(id);
-        }
-        if want < have {
-            // As onepoold (onepool_decisions::replicas::reconcile): pending
-            // first, then starting, then the ready one with the fewest
-            // requests in flight, the youngest among equals; baseline last.
-            let mut order = self.eps[ep].active.clone();
-            let baseline = self.w.endpoints[ep].baseline.map(|b| b.0);
-            order.sort_by_key(|&j| {
-                let l = &self.live[j];
-                (Some(l.class) == baseline, l.st != St::Pending, l.ready, l.inflight, std::cmp::Reverse(j))
-            });
-            for &j in order.iter().take((have - want) as usize) {
-                self.eps[ep].active.retain(|&x| x != j);
-                match (self.live[j].st, self.live[j].ready) {
-                    (St::Pending, _) => self.live[j].st = St::Done,
-                    (_, false) => self.release(j),
-                    _ => {
-                        self.live[j].st = St::Draining;
-                        if self.live[j].inflight == 0 {
-                            self.release(j);
-                        }
+        let (island, gpr, ty) = (spec.island, spec.gpus_per_replica.max(1), spec.gpu_type.clone());
+        for action in reconcile(&target, &replicas) {
+            match action {
+                Action::Submit(kind) => {
+                    let c = self.class_of(ep, kind);
+                    let id = self.new_live(Kind::Replica { ep }, c, island, gpr, gpr, ty.as_deref());
+                    self.eps[ep].active.push(id);
+                    self.eps[ep].submitted += 1;
+                }
+                Action::Drain { job, .. } | Action::Release { job, .. } => {
+                    let j = job as usize;
+                    self.eps[ep].active.retain(|&x| x != j);
+                    match (self.live[j].st, self.live[j].ready) {
+                        (St::Pending, _) => self.live[j].st = St::Done,
+                        (St::Running, true) if self.live[j].inflight > 0 => self.live[j].st = St::Draining,
+                        (St::Running, _) => self.release(j),
+                        _ => {}
                     }
                 }
             }
         }
+    }
+
+    /// A replica as onepoold's reconcile sees it.
+    fn replica(&self, ep: usize, j: usize) -> replicas::Replica {
+        let l = &self.live[j];
+        let kind = match self.baseline(ep) {
+            Some((c, _)) if c == l.class => replicas::Kind::Baseline,
+            _ if self.warm(ep).is_some_and(|w| w.0 == l.class) => replicas::Kind::Warm,
+            _ => replicas::Kind::Supplemental,
+        };
+        let (phase, age) = match (l.st, l.ready) {
+            (St::Pending, _) => (Phase::Pending, 0.0),
+            (St::Running, false) => (Phase::Starting, self.now - l.start),
+            (St::Running, true) => (Phase::Serving, self.now - l.start),
+            _ => (Phase::Draining, self.now - l.start),
+        };
+        let age = std::time::Duration::from_secs_f64(age.max(0.0));
+        replicas::Replica {
+            job: j as u32,
+            slot: 0,
+            pinned: false,
+            kind,
+            phase,
+            in_flight: l.inflight,
+            age,
+            starting_for: age,
+            time_left: None,
+            being_preempted: false,
+        }
+    }
+
+    /// The baseline (class, replicas), in the shared pool only.
+    fn baseline(&self, ep: usize) -> Option<(usize, u32)> {
+        self.w.endpoints[ep].baseline.filter(|_| self.model.is_some())
+    }
+
+    /// The warm headroom (class, spec), in the shared pool only.
+    fn warm(&self, ep: usize) -> Option<(usize, WarmSpec)> {
+        self.w.endpoints[ep].warm.filter(|_| self.model.is_some())
+    }
+
+    fn class_of(&self, ep: usize, kind: replicas::Kind) -> usize {
+        let spec = &self.w.endpoints[ep];
+        match kind {
+            replicas::Kind::Baseline => self.baseline(ep).map_or(spec.class, |b| b.0),
+            replicas::Kind::Supplemental => spec.class,
+            replicas::Kind::Warm => self.warm(ep).map_or(spec.class, |w| w.0),
+        }
+    }
+
+    /// As onepoold asks squeue: does a pending job other than a warm
+    /// replica wait for GPUs (not held by its begin time, not by a QOS
+    /// limit, whose reason Slurm gives as the limit, not Resources)?
+    fn gpus_wanted(&self) -> bool {
+        let warm: Vec<usize> = self.w.endpoints.iter().filter_map(|e| e.warm.map(|w| w.0)).collect();
+        self.pending.iter().enumerate().filter(|(c, _)| !warm.contains(c)).any(|(_, q)| {
+            q.iter().any(|&id| {
+                let l = &self.live[id];
+                l.st == St::Pending && l.not_before <= self.now && self.within_limits(id)
+            })
+        })
     }
 
     fn endpoint_finished(&self, ep: usize) -> bool {
@@ -885,24 +986,9 @@ impl Sim<'_> {
         [(base, gpr * f64::from(n)), (spec.class, gpr * f64::from(target - n))]
     }
 
-    /// The class of the endpoint's next replica.
-    fn replica_class(&self, ep: usize) -> usize {
-        let spec = &self.w.endpoints[ep];
-        match spec.baseline {
-            Some((c, n)) if self.model.is_some() => {
-                let have = self.eps[ep].active.iter().filter(|&&j| self.live[j].class == c).count() as u32;
-                if have < n {
-                    c
-                } else {
-                    spec.class
-                }
-            }
-            _ => spec.class,
-        }
-    }
-
     /// The endpoint already serves when the trace starts: as many ready
-    /// replicas as the first minute's load needs at the autoscaler's target.
+    /// replicas as the first minute's load needs at the autoscaler's
+    /// target (baseline ones first), and its warm headroom on top.
     fn warm_start(&mut self, ep: usize) {
         let spec = &self.w.endpoints[ep];
         let p = self.eps[ep].scaler.policy().clone();
@@ -910,11 +996,16 @@ impl Sim<'_> {
             spec.requests.iter().take_while(|r| r.t < self.w.t0 + 60.0).map(|r| f64::from(r.service)).sum();
         let want = ((first / 60.0) / p.target_per_replica.max(1e-9)).ceil() as u32;
         let want = want.clamp(p.min, p.max.max(p.min));
+        let base = self.baseline(ep).map_or(0, |b| b.1).min(want);
+        let warm = self.warm(ep).map_or(0, |w| w.1.replicas_above(want).min(p.max.saturating_sub(want)));
         let (island, gpr, ty) = (spec.island, spec.gpus_per_replica.max(1), spec.gpu_type.clone());
-        for _ in 0..want {
-            let c = self.replica_class(ep);
+        let kinds = std::iter::repeat_n(replicas::Kind::Baseline, base as usize)
+            .chain(std::iter::repeat_n(replicas::Kind::Supplemental, (want - base) as usize))
+            .chain(std::iter::repeat_n(replicas::Kind::Warm, warm as usize));
+        for kind in kinds {
+            let c = self.class_of(ep, kind);
             let id = self.new_live(Kind::Replica { ep }, c, island, gpr, gpr, ty.as_deref());
-            self.live[id].warm = true;
+            self.live[id].preloaded = true;
             self.eps[ep].active.push(id);
         }
         self.set_target(ep, want);
@@ -994,8 +1085,8 @@ impl Sim<'_> {
                 self.push(now + rem, Ev::End { job: id, gen });
             }
             Kind::Replica { ep } => {
-                let s = if self.live[id].warm { 0.0 } else { self.w.endpoints[ep].startup_s };
-                self.live[id].warm = false;
+                let s = if self.live[id].preloaded { 0.0 } else { self.w.endpoints[ep].startup_s };
+                self.live[id].preloaded = false;
                 self.push(now + s, Ev::Ready { job: id, gen });
             }
         }

@@ -37,6 +37,10 @@
 //! trend_horizon = "0s"          # optional: a rising load projected this far ahead
 //! baseline_class = "inference-baseline"  # optional: in the shared pool the first
 //! baseline_replicas = 2         #   replicas run in this (protected) class
+//! warm_class = "inference-warm" # optional: warm headroom (onepoold's [endpoint.replicas.warm]):
+//! warm_replicas = 1             #   in the shared pool, while no job waits for GPUs, this many
+//! warm_fraction = 0.0           #   (or this fraction of the load's replicas, the larger) more
+//!                               #   replicas stay loaded in this class, the lowest-ranked
 //! keep_times = false
 //!
 //! [victims]                     # optional: what reclaimed batch jobs do (model inputs)
@@ -71,6 +75,7 @@ use onepool_decisions::autoscale::ScalingPolicy;
 use onepool_decisions::classify::{classify, Directory, JobRequest, Submitter, Verdict};
 use onepool_decisions::duration::parse_seconds;
 use onepool_decisions::policy::{self, Policy, Tier};
+use onepool_decisions::replicas::WarmSpec;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -162,6 +167,9 @@ struct RawEndpoint {
     baseline_class: Option<String>,
     #[serde(default)]
     baseline_replicas: u32,
+    warm_class: Option<String>,
+    warm_replicas: Option<u32>,
+    warm_fraction: Option<f64>,
     #[serde(default)]
     keep_times: bool,
 }
@@ -384,6 +392,7 @@ fn endpoint(
         }
         None => None,
     };
+    let warm = warm(policy, &e)?;
     let dur = |s: &str, what: &str| {
         parse_seconds(s).ok_or_else(|| format!("endpoint {}: {what} {s:?} is not a duration", e.name))
     };
@@ -426,8 +435,46 @@ fn endpoint(
         reclaim: p.record.reclaim,
         drain: p.record.drain_timeout,
         baseline,
+        warm,
         requests,
     })
+}
+
+/// An endpoint's warm headroom: its class as onepoold requires it, and
+/// how much it asks for.
+fn warm(policy: &Policy, e: &RawEndpoint) -> Result<Option<(usize, WarmSpec)>, String> {
+    let Some(name) = &e.warm_class else {
+        if e.warm_replicas.is_some() || e.warm_fraction.is_some() {
+            return Err(format!("endpoint {}: warm_replicas and warm_fraction need warm_class", e.name));
+        }
+        return Ok(None);
+    };
+    let c = policy.warm_class(name).map_err(|m| format!("endpoint {}: warm_class = {m}", e.name))?;
+    if Some(name) == e.baseline_class.as_ref() || *name == e.class {
+        return Err(format!(
+            "endpoint {}: warm_class = {name:?} is also the endpoint's class or baseline class; give warm replicas a class of their own",
+            e.name
+        ));
+    }
+    let fraction = e.warm_fraction.unwrap_or(0.0);
+    if !(fraction.is_finite() && fraction >= 0.0) {
+        return Err(format!("endpoint {}: warm_fraction = {fraction} must be a number of 0 or more", e.name));
+    }
+    let spec = WarmSpec { replicas: e.warm_replicas.unwrap_or(0), fraction };
+    if spec.replicas == 0 && spec.fraction == 0.0 {
+        return Err(format!(
+            "endpoint {}: warm_class is set but warm_replicas and warm_fraction ask for no headroom",
+            e.name
+        ));
+    }
+    if let Some(max) = e.max_replicas.filter(|&m| spec.replicas >= m) {
+        return Err(format!(
+            "endpoint {}: warm_replicas = {} leaves no room for the load's replicas under max_replicas = {max}",
+            e.name, spec.replicas
+        ));
+    }
+    let i = policy.classes.iter().position(|k| k.name == c.name).ok_or("the policy lost a class")?;
+    Ok(Some((i, spec)))
 }
 
 type SpanErr = (Option<std::ops::Range<usize>>, String);

@@ -202,6 +202,7 @@ fn scale_down_drains_the_replica_with_the_fewest_requests_in_flight() {
         reclaim: Some(Immediate),
         drain: None,
         baseline: None,
+        warm: None,
         requests: reqs,
     };
     let w = build_workload(&p, vec![], vec![ep]);
@@ -209,10 +210,12 @@ fn scale_down_drains_the_replica_with_the_fewest_requests_in_flight() {
     let r = compare::run_shared(&w, &p, &Fleet::uniform(2, 1), &s);
     let log: Vec<(usize, f64, f64)> = r.job_log.iter().map(|e| (e.job, e.start, e.end)).collect();
     assert_eq!(log.len(), 2, "{log:?}");
-    // Replica 0 (older) had the 1 s request and is drained first, well before 500 s.
-    assert_eq!((log[0].0, log[0].1), (0, 0.0));
+    // Both serve from the start; the one that had the 1 s request is
+    // drained first, well before 500 s, and the other ends with its request.
+    assert_eq!((log[0].1, log[1].1), (0.0, 0.0));
+    assert_ne!(log[0].0, log[1].0);
     assert!(log[0].2 > 10.0 && log[0].2 < 30.0, "{log:?}");
-    assert_eq!((log[1].0, log[1].2), (1, 500.0));
+    assert_eq!(log[1].2, 500.0, "{log:?}");
     assert_eq!(r.classes[1].failed_requests, 0);
 }
 
@@ -359,6 +362,7 @@ fn workload(p: &Policy, jobs: &[(u32, u32, u32, usize)], ep: Option<(u32, f64)>)
                 reclaim: Some(Immediate),
                 drain: None,
                 baseline: None,
+                warm: None,
                 requests: reqs,
             }]
         })
@@ -556,6 +560,7 @@ proptest! {
                 reclaim: Some(Immediate),
                 drain: None,
                 baseline: baseline.then_some((0, 1)),
+                warm: None,
                 requests: reqs.into(),
             }]
         });
@@ -615,4 +620,109 @@ fn more_gpus_can_delay_a_protected_job_when_jobs_span_several_gpus() {
     assert_eq!(one.classes[0].waits, vec![0.0, 0.0]);
     assert_eq!(two.classes[0].waits, vec![0.0, 20.5]);
     assert_eq!((one.classes[1].reclaims, two.classes[1].reclaims), (0, 1));
+}
+
+const WARM_POLICY: &str = r#"
+[pool]
+partitions = ["gpu"]
+total_gpus = 4
+default_class = "train"
+min_runtime_before_reclaim = "0s"
+
+[classes.inf]
+tier = "flexible"
+rank = 1
+qos = "op-inf"
+reclaim = "graceful"
+drain_timeout = "1m"
+
+[classes.train]
+tier = "flexible"
+rank = 2
+qos = "op-train"
+reclaim = "immediate"
+
+[classes.warm]
+tier = "flexible"
+rank = 3
+qos = "op-warm"
+reclaim = "graceful"
+drain_timeout = "1m"
+"#;
+
+/// The warm-headroom scenario: 4 one-GPU nodes; requests of 10 s, one at
+/// 0, two at once at 100 (the burst), one at 300; training for 3 GPUs at
+/// 200. `warm` is added to the endpoint's table.
+fn warm_scenario(name: &str, warm: &str) -> Result<scenario::Scenario, String> {
+    let scen = format!(
+        "policy = \"policy.toml\"\n[fleet]\nnodes = 4\ngpus_per_node = 1\n\
+         [[jobs]]\nfile = \"jobs.csv\"\nkeep_times = true\n\
+         [[endpoints]]\nname = \"chat\"\ntrace = \"trace.csv\"\nkeep_times = true\nclass = \"inf\"\n\
+         gpus_per_replica = 1\nmax_concurrent = 1\nprefill_tokens_per_s = 1e12\ndecode_tokens_per_s = 1\n\
+         startup = \"30s\"\nslo_p99 = \"1s\"\nmin_replicas = 1\nmax_replicas = 3\ntarget_per_replica = 1\n\
+         scale_down_delay = \"20s\"\n{warm}\n"
+    );
+    let dir = folder(
+        name,
+        &[
+            ("policy.toml", WARM_POLICY),
+            ("jobs.csv", "submit,duration,gpus,gpus_per_node,class\n200,1h,3,1,train\n"),
+            ("trace.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n0,0,10\n100,0,10\n100,0,10\n300,0,10\n"),
+            ("s.toml", &scen),
+        ],
+    );
+    scenario::load(&dir.join("s.toml"), OnBadRow::Abort)
+}
+
+/// Warm headroom as onepoold keeps it (the same `reconcile`): the burst's
+/// second request lands on the warm replica at once instead of waiting
+/// for the first; training that needs the warm replica's GPU gets it as
+/// soon as the idle warm replica is taken back (0.5 s, an immediate free);
+/// while training waits no warm replica is submitted, and once nobody
+/// waits one is submitted again (and pends: no GPU is free).
+#[test]
+fn warm_headroom_serves_the_burst_at_once_and_yields_to_training() {
+    let s = Settings { job_log: true, ..Settings::default() };
+    let reactive = warm_scenario("reactive", "").unwrap();
+    let r = compare::run_shared(&reactive.workload, &reactive.policy, &reactive.fleet, &s);
+    let (inf, train, warm) = (0, 1, 2);
+    let delays = |r: &onepool_simulator::engine::RunResult| r.request_log.iter().map(|x| x.2).collect::<Vec<_>>();
+    assert_eq!(delays(&r), vec![0.0, 0.0, 10.0, 0.0], "without headroom the burst's second request waits");
+    assert_eq!(r.classes[train].waits, vec![0.0]);
+    assert_eq!(r.classes[warm].used_gpu_s, 0.0);
+
+    let sc = warm_scenario("warm", "warm_class = \"warm\"\nwarm_replicas = 1").unwrap();
+    let r = compare::run_shared(&sc.workload, &sc.policy, &sc.fleet, &s);
+    assert_eq!(delays(&r), vec![0.0, 0.0, 0.0, 0.0], "{:?}", r.request_log);
+    assert_eq!(r.classes[warm].reclaims, 1);
+    assert_eq!(r.classes[train].waits, vec![0.5]);
+    let warm_jobs: Vec<_> =
+        r.job_log.iter().filter(|e| e.class == warm).map(|e| (e.start, e.end, e.reclaimed)).collect();
+    assert_eq!(warm_jobs, vec![(0.0, 200.5, true)]);
+    assert_eq!(r.replicas_submitted, vec![1], "one warm replica submitted after the training started");
+    assert_eq!(r.classes[inf].failed_requests, 0);
+}
+
+#[test]
+fn warm_headroom_settings_are_checked() {
+    let err = |name: &str, warm: &str| warm_scenario(name, warm).unwrap_err();
+    assert_eq!(err("w1", "warm_replicas = 1"), "endpoint chat: warm_replicas and warm_fraction need warm_class");
+    assert!(err("w2", "warm_class = \"nope\"\nwarm_replicas = 1")
+        .starts_with("endpoint chat: warm_class = \"nope\" is not a class of the policy (classes: inf, train, warm)"));
+    assert_eq!(
+        err("w3", "warm_class = \"train\"\nwarm_replicas = 1"),
+        "endpoint chat: warm_class = \"train\" (rank 2) is not ranked below flexible class(es) warm: their jobs could not take a warm replica's GPUs; give train the highest rank number"
+    );
+    assert_eq!(
+        err("w4", "warm_class = \"warm\""),
+        "endpoint chat: warm_class is set but warm_replicas and warm_fraction ask for no headroom"
+    );
+    assert_eq!(
+        err("w5", "warm_class = \"warm\"\nwarm_replicas = 3"),
+        "endpoint chat: warm_replicas = 3 leaves no room for the load's replicas under max_replicas = 3"
+    );
+    assert_eq!(
+        err("w6", "warm_class = \"inf\"\nwarm_replicas = 1"),
+        "endpoint chat: warm_class = \"inf\" (rank 1) is not ranked below flexible class(es) train, warm: their jobs could not take a warm replica's GPUs; give inf the highest rank number"
+    );
 }

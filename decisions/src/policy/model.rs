@@ -127,6 +127,39 @@ impl Policy {
     pub fn class_names(&self) -> Vec<&str> {
         self.classes.iter().map(|c| c.name.as_str()).collect()
     }
+    /// The class warm replicas (issue #18) may run in: it must be the
+    /// cheapest work in the pool, flexible and outranked by every other
+    /// flexible class. A class ranked below it could never preempt a warm
+    /// replica and would wait behind it for as long as nobody else needed
+    /// the GPUs. The error says what is wrong and how to fix it, without
+    /// where (onepoold's config and the simulator's scenario each add
+    /// their key).
+    pub fn warm_class(&self, name: &str) -> Result<&Class, String> {
+        let Some(c) = self.class(name) else {
+            return Err(format!(
+                "{name:?} is not a class of the policy (classes: {}); add a flexible class ranked below every other, e.g. [classes.inference-warm] tier = \"flexible\", rank = <the highest>, reclaim = \"graceful\"",
+                self.class_names().join(", ")
+            ));
+        };
+        let Some(rank) = c.rank() else {
+            return Err(format!(
+                "{name:?} is a protected class; warm replicas must be the first work Slurm takes back (a flexible class ranked below every other)"
+            ));
+        };
+        let below: Vec<&str> = self
+            .classes
+            .iter()
+            .filter(|o| o.name != c.name && o.rank().is_some_and(|r| r >= rank))
+            .map(|o| o.name.as_str())
+            .collect();
+        if !below.is_empty() {
+            return Err(format!(
+                "{name:?} (rank {rank}) is not ranked below flexible class(es) {}: their jobs could not take a warm replica's GPUs; give {name} the highest rank number",
+                below.join(", ")
+            ));
+        }
+        Ok(c)
+    }
     pub fn reserved_gpus(&self) -> u32 {
         self.classes
             .iter()

@@ -22,14 +22,25 @@
 //! held (running jobs x 4 GPUs, sampled every 0.5 s), replica jobs
 //! submitted, and the protected job's time to capacity.
 //!
-//! Usage: bursty_bench CLUSTER_DIR TRACE.csv [SECONDS]
-//! (SECONDS: replay only the trace's first SECONDS.)
+//! Each variant also goes through `onepool simulate`'s engine (a scenario
+//! written from the same settings: the trace with each request's
+//! max_tokens as its generated tokens at 1/`PER_TOKEN` tokens/s, the same
+//! policy, fleet, training jobs and autoscaler settings, the replica's 3 s
+//! load plus onepoold's 0.5 s health checks as a 4 s startup, onepoold's
+//! 0.5 s poll as the tick), and its figures are printed under the cluster's,
+//! so the simulator's model of warm headroom is checked against the run.
+//!
+//! Usage: bursty_bench [--simulate-only] CLUSTER_DIR TRACE.csv [SECONDS]
+//! (SECONDS: replay only the trace's first SECONDS; --simulate-only: the
+//! simulator's rows alone, no cluster.)
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use onepool_dev_cluster::replay::{ChatShape, Load, Trace};
 use onepool_elastic_daemon::config::WarmFile;
+use onepool_simulator::compare::{self, Settings};
+use onepool_simulator::input::OnBadRow;
 use onepool_tests::elastic::{replica_view, runtime, serving, stand_in_config, stand_in_server, start_daemon, wait};
 use onepool_tests::{build_dir, TestCluster};
 
@@ -49,6 +60,17 @@ enum Variant {
 }
 
 impl Variant {
+    /// The endpoint's keys in the simulator's scenario, beyond what all share.
+    fn scenario_keys(self) -> String {
+        match self {
+            Variant::Reactive => "target_per_replica = 6\n".into(),
+            Variant::Warm => format!(
+                "target_per_replica = 6\nwarm_class = \"inference-warm\"\nwarm_replicas = 1\ntrend_horizon = \"{MODEL_LOAD_S}s\"\n"
+            ),
+            Variant::Over => "target_per_replica = 0.001\n".into(),
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Variant::Reactive => "reactive",
@@ -197,15 +219,100 @@ fn run(c: &TestCluster, v: Variant, trace: Trace, policy: &std::path::Path, dir:
     }
 }
 
+/// The variant through the simulator (see the module's notes).
+fn simulate(v: Variant, trace: &Trace, policy: &std::path::Path, dir: &std::path::Path) -> Outcome {
+    std::fs::create_dir_all(dir).unwrap();
+    let span = trace.rows.last().map(|r| r.0).unwrap_or(0.0);
+    let mut csv = String::from("TIMESTAMP,ContextTokens,GeneratedTokens\n");
+    for &(t, context, generated) in &trace.rows {
+        csv.push_str(&format!("{t:.3},0,{}\n", SHAPE.of(context, generated).1));
+    }
+    std::fs::write(dir.join("trace.csv"), csv).unwrap();
+    // The flexible training on the fourth node from the start; protected
+    // training for two nodes 10 s before the end (as root on the cluster:
+    // here an entitled account).
+    let jobs = format!(
+        "submit,duration,gpus,gpus_per_node,class,account\n0,1h,4,4,training,\n{:.3},600,8,4,critical-training,core-ml\n",
+        (span - 10.0).max(0.0)
+    );
+    std::fs::write(dir.join("jobs.csv"), jobs).unwrap();
+    let scenario = format!(
+        "policy = {policy:?}\n[fleet]\nnodes = 4\ngpus_per_node = 4\n[[jobs]]\nfile = \"jobs.csv\"\nkeep_times = true\n\
+         [[endpoints]]\nname = \"{ENDPOINT}\"\ntrace = \"trace.csv\"\nkeep_times = true\nclass = \"inference\"\n\
+         baseline_class = \"inference-baseline\"\nbaseline_replicas = 1\ngpus_per_replica = 4\nmax_concurrent = 16\n\
+         prefill_tokens_per_s = 1e12\ndecode_tokens_per_s = {}\nstartup = \"{}s\"\nslo_p99 = \"1s\"\n\
+         min_replicas = 1\nmax_replicas = 3\nstable_window = \"10s\"\npanic_window = \"2s\"\nscale_down_delay = \"20s\"\n{}",
+        1.0 / PER_TOKEN,
+        MODEL_LOAD_S + 1,
+        v.scenario_keys()
+    );
+    let path = dir.join("scenario.toml");
+    std::fs::write(&path, scenario).unwrap();
+    let sc = onepool_simulator::scenario::load(&path, OnBadRow::Abort).unwrap_or_else(|e| panic!("{e}"));
+    let s = Settings { tick_s: 0.5, job_log: true, separate: false, ..Settings::default() };
+    let r = compare::run_shared(&sc.workload, &sc.policy, &sc.fleet, &s);
+    let class = |name: &str| sc.policy.classes.iter().position(|c| c.name == name).expect("class in the policy");
+    let replica_classes = [class("inference-baseline"), class("inference"), class("inference-warm")];
+    let gpu_seconds: f64 = r
+        .job_log
+        .iter()
+        .filter(|e| replica_classes.contains(&e.class))
+        .map(|e| 4.0 * (e.end.min(span) - e.start.max(0.0)).max(0.0))
+        .sum();
+    let mut per_s = vec![0usize; span as usize + 1];
+    for row in &trace.rows {
+        per_s[row.0 as usize] += 1;
+    }
+    let delays: Vec<f64> = r.request_log.iter().map(|x| f64::from(x.2)).collect();
+    let burst_delays = r
+        .request_log
+        .iter()
+        .filter(|x| per_s.get(x.1 as usize).is_some_and(|&n| n > BURST_PER_S))
+        .map(|x| f64::from(x.2))
+        .collect();
+    let sent = trace.rows.len();
+    let failed: u64 = replica_classes.iter().map(|&c| r.classes[c].failed_requests + r.classes[c].unserved).sum();
+    Outcome {
+        delays,
+        burst_delays,
+        failed: failed as usize,
+        sent,
+        gpu_minutes: gpu_seconds / 60.0,
+        submitted: r.replicas_submitted.first().copied().unwrap_or(0) as usize,
+        ttc: r.classes[class("critical-training")].waits.first().copied().unwrap_or(f64::NAN),
+    }
+}
+
+fn print_row(what: &str, o: &Outcome) {
+    println!(
+        "{:<28} {:>9.3}s {:>9.3}s {:>13.3}s {:>13.3}s {:>9} {:>11.1} {:>10} {:>9.2}",
+        what,
+        quantile(&o.delays, 0.5),
+        quantile(&o.delays, 0.99),
+        quantile(&o.burst_delays, 0.5),
+        quantile(&o.burst_delays, 0.99),
+        format!("{}/{}", o.failed, o.sent),
+        o.gpu_minutes,
+        o.submitted,
+        o.ttc
+    );
+}
+
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let usage = "usage: bursty_bench CLUSTER_DIR TRACE.csv [SECONDS]";
-    let dir = PathBuf::from(args.next().expect(usage));
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let simulate_only = args.first().is_some_and(|a| a == "--simulate-only");
+    if simulate_only {
+        args.remove(0);
+    }
+    let mut args = args.into_iter();
+    let usage = "usage: bursty_bench [--simulate-only] CLUSTER_DIR TRACE.csv [SECONDS]";
+    let dir = std::path::absolute(args.next().expect(usage)).expect("the cluster directory");
     let trace = PathBuf::from(args.next().expect(usage));
     let limit: f64 = args.next().map(|s| s.parse().expect(usage)).unwrap_or(f64::INFINITY);
     let policy = dir.with_extension("policy.toml");
+    std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(&policy, onepool_tests::warm_policy_text()).unwrap();
-    let c = onepool_tests::bench_cluster(&dir, policy.clone());
+    let c = (!simulate_only).then(|| onepool_tests::bench_cluster(&dir, policy.clone()));
     let t = load_trace(&trace, limit);
     let span = t.rows.last().map(|r| r.0).unwrap_or(0.0);
     println!(
@@ -217,25 +324,18 @@ fn main() {
         t.rows.len() as f64 / span.max(1.0),
     );
     println!(
-        "{:<24} {:>10} {:>10} {:>14} {:>14} {:>9} {:>11} {:>10} {:>9}",
+        "{:<28} {:>10} {:>10} {:>14} {:>14} {:>9} {:>11} {:>10} {:>9}",
         "variant", "delay p50", "delay p99", "burst p50", "burst p99", "failed", "GPU-min", "submitted", "TTC s"
     );
     for v in [Variant::Reactive, Variant::Warm, Variant::Over] {
         let scratch = dir.join(format!("bursty-{}", v.name().split(' ').next().unwrap()));
         std::fs::create_dir_all(&scratch).unwrap();
-        let o = run(&c, v, load_trace(&trace, limit), &policy, &scratch);
-        println!(
-            "{:<24} {:>9.3}s {:>9.3}s {:>13.3}s {:>13.3}s {:>9} {:>11.1} {:>10} {:>9.2}",
-            v.name(),
-            quantile(&o.delays, 0.5),
-            quantile(&o.delays, 0.99),
-            quantile(&o.burst_delays, 0.5),
-            quantile(&o.burst_delays, 0.99),
-            format!("{}/{}", o.failed, o.sent),
-            o.gpu_minutes,
-            o.submitted,
-            o.ttc
-        );
+        if let Some(c) = &c {
+            let o = run(c, v, load_trace(&trace, limit), &policy, &scratch);
+            print_row(v.name(), &o);
+        }
+        let o = simulate(v, &load_trace(&trace, limit), &policy, &scratch.join("simulated"));
+        print_row(&format!("  simulated: {}", v.name().split(' ').next().unwrap()), &o);
         let _ = std::fs::remove_dir_all(&scratch);
     }
 }
