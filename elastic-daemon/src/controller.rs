@@ -126,6 +126,9 @@ pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16, r
     args
 }
 
+/// Every [`ReplicaJob::kind`].
+const KINDS: [&str; 3] = ["baseline", "supplemental", "warm"];
+
 /// Every [`ReplicaJob::phase`].
 const PHASES: [&str; 5] = ["pending", "starting", "serving", "draining", "cancelled"];
 
@@ -436,7 +439,7 @@ impl Controller {
     /// `onepool_replica_jobs` and `onepool_replica_desired` from the view
     /// just made (every kind and phase, so one that emptied reads 0).
     fn export(&self, v: &ControllerView) {
-        for kind in ["baseline", "supplemental"] {
+        for kind in KINDS {
             for phase in PHASES {
                 let n = v.jobs.iter().filter(|j| j.kind == kind && j.phase == phase).count();
                 let labels =

@@ -530,7 +530,8 @@ fn warm_headroom_is_added_while_nobody_waits_and_withdrawn_when_a_job_does() {
                 warm_qos: vec!["op-inference-warm".into()],
             },
         });
-        let (mut c, view) = Controller::new("llm", test_endpoint("llm"), false, s, slurm.clone());
+        let endpoint = test_endpoint("llm");
+        let (mut c, view) = Controller::new("llm", endpoint.clone(), false, s, slurm.clone());
         // Another endpoint's warm replica waiting is nobody wanting GPUs.
         slurm.jobs.lock().unwrap().push(queued(8, "onepool-x-18000", uid, "", "op-inference-warm", "Resources"));
         c.round().await.unwrap();
@@ -539,6 +540,15 @@ fn warm_headroom_is_added_while_nobody_waits_and_withdrawn_when_a_job_does() {
         assert!(calls[0].starts_with("sbatch -J onepool-llm-18002 --workload=inference-warm "), "{calls:?}");
         let v = view.lock().unwrap().clone();
         assert_eq!((v.headroom, v.gpus_wanted), (Some(1), Some(false)));
+        // Warm replicas are exported under their own kind.
+        c.export(&ControllerView { jobs: c.jobs_view(), ..Default::default() });
+        let m = endpoint.metrics().encode();
+        for want in [
+            r#"onepool_replica_jobs{endpoint="llm",kind="warm",phase="pending"} 1"#,
+            r#"onepool_replica_jobs{endpoint="llm",kind="warm",phase="serving"} 0"#,
+        ] {
+            assert!(m.contains(want), "{want} not in:\n{m}");
+        }
         // The warm job waits for GPUs, and now so does a training job: the
         // warm one is withdrawn and no other is submitted.
         let pending_warm = queued(100, "onepool-llm-18002", uid, warm, "op-inference-warm", "Resources");

@@ -57,7 +57,7 @@ pub struct DrainLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReplicaJobLabels {
     pub endpoint: String,
-    /// "baseline" or "supplemental".
+    /// "baseline", "supplemental" or "warm".
     pub kind: String,
     /// "pending", "starting", "serving", "draining" or "cancelled".
     pub phase: String,
@@ -284,3 +284,7 @@ pub struct ReplicaMetrics {
 pub fn replica_labels(endpoint: &str, replica: &str) -> ReplicaLabels {
     ReplicaLabels { endpoint: endpoint.to_string(), replica: replica.to_string() }
 }
+
+#[cfg(test)]
+#[path = "dashboard_tests.rs"]
+mod dashboard_tests;
