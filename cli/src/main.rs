@@ -1,5 +1,6 @@
 //! `onepool`: the administrator's command for the shared GPU pool.
 
+mod doctor;
 mod gpus;
 mod policy;
 mod replica;
@@ -31,6 +32,9 @@ enum Command {
     Status(status::StatusArgs),
     /// Run an inference replica's server and drain it gracefully on Slurm's preemption notice
     Replica(replica::ReplicaArgs),
+    /// Check a live cluster against the policy: every setting it relies on, PASS/WARN/FAIL with the fix
+    #[command(after_help = doctor::EXIT_STATUS_HELP)]
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Exit status when the command could not do its work at all (unreadable
@@ -45,6 +49,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => simulate::run(&args),
         Command::Status(args) => status::run(&args),
         Command::Replica(args) => replica::run_replica(&args),
+        Command::Doctor(args) => doctor::run(&args),
     };
     match result {
         Ok(code) => code,

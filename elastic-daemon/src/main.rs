@@ -14,29 +14,33 @@ const DEFAULT_CONFIG: &str = "/etc/slurm/onepoold.toml";
 
 fn usage() -> String {
     format!(
-        "usage: onepoold [--config FILE] [--allow-root]   (default {DEFAULT_CONFIG}, or $ONEPOOL_DAEMON_CONFIG)\n\
-         --allow-root: run replica control as root (development clusters only: replica jobs and their model servers then run as root)"
+        "usage: onepoold [--config FILE] [--allow-root] [--check]   (default {DEFAULT_CONFIG}, or $ONEPOOL_DAEMON_CONFIG)\n\
+         --allow-root: run replica control as root (development clusters only: replica jobs and their model servers then run as root)\n\
+         --check: check the configuration (and its replica settings against the policy) and exit: 0 fit, 1 not"
     )
 }
 
 struct Args {
     config: PathBuf,
     allow_root: bool,
+    check: bool,
 }
 
 fn args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
     let mut path = std::env::var_os("ONEPOOL_DAEMON_CONFIG").map(PathBuf::from);
     let mut allow_root = false;
+    let mut check = false;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--config" | "-c" => path = Some(args.next().ok_or_else(usage)?.into()),
             "--allow-root" => allow_root = true,
+            "--check" => check = true,
             "--help" | "-h" => return Err(usage()),
             other => return Err(format!("unknown argument {other:?}; {}", usage())),
         }
     }
-    Ok(Args { config: path.unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG)), allow_root })
+    Ok(Args { config: path.unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG)), allow_root, check })
 }
 
 fn main() -> ExitCode {
@@ -50,14 +54,14 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let Args { config: path, allow_root } = match args() {
+    let Args { config: path, allow_root, check } = match args() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(2);
         }
     };
-    let config = match config::load(&path) {
+    let mut config = match config::load(&path) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");
@@ -65,6 +69,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if check {
+        return check_only(&path, &mut config);
+    }
     // Replica jobs run as the user that submits them: as root, every model
     // server would too.
     // SAFETY: geteuid has no preconditions.
@@ -127,4 +134,32 @@ fn main() -> ExitCode {
         tracing::info!("stopped");
         ExitCode::SUCCESS
     })
+}
+
+/// `--check`: what a start would refuse or warn about, without starting
+/// (`onepool doctor` runs it).
+fn check_only(path: &std::path::Path, config: &mut config::Config) -> ExitCode {
+    let findings = onepool_elastic_daemon::policy_check::check(config);
+    let mut errors = findings.errors;
+    if let Err(e) = onepool_elastic_daemon::policy_check::resolve_warm(config) {
+        errors.push(e);
+    }
+    for w in &findings.warnings {
+        println!("warning: {w}");
+    }
+    for e in &errors {
+        println!("error: {e}");
+    }
+    if errors.is_empty() {
+        println!(
+            "{}: fits ({} endpoint(s), {} warning(s))",
+            path.display(),
+            config.endpoints.len(),
+            findings.warnings.len()
+        );
+        ExitCode::SUCCESS
+    } else {
+        println!("{}: onepoold would not start ({} error(s))", path.display(), errors.len());
+        ExitCode::FAILURE
+    }
 }

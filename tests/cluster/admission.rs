@@ -492,3 +492,82 @@ fn render_against_the_live_cluster_prints_only_what_differs() {
     c.ok("sacctmgr", &["-i", "modify", "qos", "where", "name=op-agents", "set", "Priority=1000"]);
     assert!(render().1.contains("nothing to change"));
 }
+
+/// `onepool doctor` on the dev cluster, which configured itself from the
+/// policy: every check passes (Slurm's settings, each class QOS, the
+/// partitions, the plugstack line, the installed plugins' release against
+/// slurmctld's, the nodes' GPU device files, onepoold's config checked by
+/// `onepoold --check`). A QOS changed by hand fails with the fix, and the
+/// fix as printed repairs it; a onepoold config that does not fit the
+/// policy fails with onepoold's own error.
+#[test]
+fn doctor_passes_the_dev_cluster_and_the_fix_it_prints_repairs_what_it_finds() {
+    let c = cluster();
+    let onepool = build_dir().join("onepool");
+    let policy = c.cluster.layout.policy();
+    let dir = onepool_tests::elastic::scratch("doctor");
+    let good = dir.join("onepoold.toml");
+    let mut config = onepool_tests::elastic::daemon_config(c, &dir, "chat", |_| {});
+    config.policy = Some(policy.clone());
+    config.write(&good).unwrap();
+    let doctor = |daemon: &std::path::Path| {
+        let out = c
+            .cmd(onepool.to_str().unwrap())
+            .arg("doctor")
+            .arg(&policy)
+            .arg("--daemon-config")
+            .arg(daemon)
+            .arg("--json")
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
+        (out.status.code(), v)
+    };
+    let failed = |v: &serde_json::Value| -> Vec<serde_json::Value> {
+        v["checks"].as_array().unwrap().iter().filter(|c| c["status"] != "pass").cloned().collect()
+    };
+    let (code, v) = doctor(&good);
+    assert_eq!((code, failed(&v)), (Some(0), vec![]), "{v:#}");
+    let checks: Vec<&str> = v["checks"].as_array().unwrap().iter().map(|c| c["check"].as_str().unwrap()).collect();
+    for want in [
+        "slurm.conf PreemptType",
+        "slurm.conf SlurmctldParameters",
+        "QOS op-inference (class inference)",
+        "partition gpu",
+        "plugstack spank_onepool.so",
+        "plugin job_submit_onepool.so",
+        "plugin spank_onepool.so",
+        "gres.conf GPUs of node4",
+        "onepoold config",
+    ] {
+        assert!(checks.contains(&want), "{want} not checked: {checks:?}");
+    }
+    let plugin = v["checks"].as_array().unwrap().iter().find(|c| c["check"] == "plugin job_submit_onepool.so").unwrap();
+    assert!(plugin["detail"].as_str().unwrap().contains("built for Slurm"), "{plugin}");
+
+    // Someone lowers a class's GraceTime: the doctor fails it, and its fix works.
+    let grace = c.ok("sacctmgr", &["-n", "-P", "show", "qos", "op-inference", "format=GraceTime"]);
+    c.ok("sacctmgr", &["-i", "modify", "qos", "where", "name=op-inference", "set", "GraceTime=0"]);
+    let (code, v) = doctor(&good);
+    let f = failed(&v);
+    assert_eq!((code, f.len()), (Some(1), 1), "{v:#}");
+    assert_eq!(f[0]["check"], "QOS op-inference (class inference)");
+    let fix: Vec<&str> = f[0]["fix"].as_str().unwrap().split(' ').collect();
+    assert_eq!(fix[..6], ["sacctmgr", "-i", "modify", "qos", "where", "name=op-inference"], "{fix:?}");
+    assert!(fix.iter().any(|w| w.starts_with("GraceTime=")), "{fix:?} (was {grace})");
+    c.ok(fix[0], &fix[1..]);
+    assert_eq!(doctor(&good).0, Some(0));
+
+    // A onepoold config that does not fit the policy: onepoold's own error.
+    let bad = dir.join("bad.toml");
+    let mut config = onepool_tests::elastic::daemon_config(c, &dir, "chat", |r| r.supplemental_workload = Some("nope".into()));
+    config.policy = Some(policy.clone());
+    config.write(&bad).unwrap();
+    let (code, v) = doctor(&bad);
+    let f = failed(&v);
+    assert_eq!((code, f.len()), (Some(1), 1), "{v:#}");
+    assert_eq!(f[0]["check"], "onepoold config");
+    assert!(f[0]["detail"].as_str().unwrap().contains("\"nope\" is not a class of the policy"), "{}", f[0]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

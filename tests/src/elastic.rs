@@ -283,6 +283,25 @@ impl Load {
         Load::with(clients, move || completion(port, secs))
     }
 
+    /// As [`Load::start`], with clients that retry a request whose
+    /// connection failed before any answer, twice, after 0.5 s then 1 s:
+    /// what the official openai client does by default (`max_retries=2`,
+    /// connection errors retried). `retried` counts the retries.
+    pub fn retrying(port: u16, clients: usize, secs: f64, retried: Arc<AtomicU64>) -> Load {
+        Load::with(clients, move || {
+            let mut wait = Duration::from_millis(500);
+            for _ in 0..2 {
+                if let Some(status) = completion(port, secs) {
+                    return Some(status);
+                }
+                retried.fetch_add(1, Ordering::SeqCst);
+                std::thread::sleep(wait);
+                wait *= 2;
+            }
+            completion(port, secs)
+        })
+    }
+
     /// Streamed chat completions of `max_tokens` for the real model; a
     /// stream cut off counts as 0.
     pub fn streams(port: u16, clients: usize, max_tokens: u32) -> Load {

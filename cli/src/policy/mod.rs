@@ -1,9 +1,9 @@
 //! `onepool policy check|render`.
 
-mod check;
+pub(crate) mod check;
 mod json;
 mod render;
-mod source;
+pub(crate) mod source;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

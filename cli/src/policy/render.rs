@@ -178,24 +178,9 @@ mod tests {
 
     /// `sacctmgr show qos` of a cluster that has the sample's QOS already.
     fn matching_qos() -> String {
-        onepool_decisions::render::render(&onepool_decisions::policy::load(SAMPLE).policy.unwrap())
-            .all_qos()
-            .map(|q| {
-                let gpus = |n: Option<u32>| n.map(|n| format!("gres/gpu={n}")).unwrap_or_default();
-                format!(
-                    "{}|{}|{}|{}|{}|{}|{}|{}|{}\n",
-                    q.name,
-                    q.priority,
-                    q.preempt.join(","),
-                    q.preempt_mode.map_or("cluster", |m| m.as_str()),
-                    onepool_decisions::render::slurm_time(q.grace_time),
-                    gpus(q.grp_gpus),
-                    gpus(q.max_gpus_per_job),
-                    if q.deny_on_limit { "DenyOnLimit" } else { "" },
-                    q.max_wall.map(onepool_decisions::render::slurm_time).unwrap_or_default()
-                )
-            })
-            .collect()
+        onepool_slurm_commands::fake::samples::qos_matching(&onepool_decisions::render::render(
+            &onepool_decisions::policy::load(SAMPLE).policy.unwrap(),
+        ))
     }
 
     #[test]

@@ -537,7 +537,17 @@ where
                 *w = Some(cx.waker().clone());
             }
         }
-        if !this.stopping && this.conns.stopping.load(Ordering::SeqCst) {
+        // A connection accepted just before the shutdown whose request has
+        // not been read yet is not idle: its client has sent, or is sending,
+        // a request that no other process will see (it left the listening
+        // socket's queue). Closing it would fail that request, so it is
+        // stopped once its first request is in (served, then closed), or
+        // ends at the head timeout if none comes. An idle keep-alive
+        // connection closes at once, as before.
+        if !this.stopping
+            && this.conns.stopping.load(Ordering::SeqCst)
+            && this.client.received.load(Ordering::Relaxed) > 0
+        {
             this.stopping = true;
             this.conn.as_mut().graceful_stop();
         }

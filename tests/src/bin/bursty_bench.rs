@@ -57,6 +57,9 @@ enum Variant {
     Reactive,
     Warm,
     Over,
+    /// The two parts of `Warm` alone (simulated only, by default).
+    ReactiveTrend,
+    WarmNoTrend,
 }
 
 impl Variant {
@@ -68,6 +71,10 @@ impl Variant {
                 "target_per_replica = 6\nwarm_class = \"inference-warm\"\nwarm_replicas = 1\ntrend_horizon = \"{MODEL_LOAD_S}s\"\n"
             ),
             Variant::Over => "target_per_replica = 0.001\n".into(),
+            Variant::ReactiveTrend => format!("target_per_replica = 6\ntrend_horizon = \"{MODEL_LOAD_S}s\"\n"),
+            Variant::WarmNoTrend => {
+                "target_per_replica = 6\nwarm_class = \"inference-warm\"\nwarm_replicas = 1\n".into()
+            }
         }
     }
 
@@ -76,6 +83,8 @@ impl Variant {
             Variant::Reactive => "reactive",
             Variant::Warm => "warm headroom + trend",
             Variant::Over => "over-provisioned",
+            Variant::ReactiveTrend => "reactive+trend (trend alone)",
+            Variant::WarmNoTrend => "warm-no-trend (headroom alone)",
         }
     }
 }
@@ -132,6 +141,10 @@ fn run(c: &TestCluster, v: Variant, trace: Trace, policy: &std::path::Path, dir:
                 r.trend_horizon = Some(Duration::from_secs(u64::from(MODEL_LOAD_S)));
             }
             Variant::Over => r.target_per_replica = Some(0.001),
+            Variant::ReactiveTrend => r.trend_horizon = Some(Duration::from_secs(u64::from(MODEL_LOAD_S))),
+            Variant::WarmNoTrend => {
+                r.warm = Some(WarmFile { workload: Some("inference-warm".into()), replicas: Some(1), fraction: None })
+            }
         }
     });
     config.policy = Some(policy.to_path_buf());
@@ -141,8 +154,8 @@ fn run(c: &TestCluster, v: Variant, trace: Trace, policy: &std::path::Path, dir:
     let rt = runtime();
     let d = start_daemon(&rt, &path);
     let ready = match v {
-        Variant::Warm => 2,
-        Variant::Reactive | Variant::Over => 1,
+        Variant::Warm | Variant::WarmNoTrend => 2,
+        Variant::Reactive | Variant::Over | Variant::ReactiveTrend => 1,
     };
     wait("the variant's replicas serving", Duration::from_secs(120), || {
         ["baseline", "supplemental", "warm"].iter().map(|k| serving(&d, ENDPOINT, k).len()).sum::<usize>() >= ready
@@ -327,7 +340,13 @@ fn main() {
         "{:<28} {:>10} {:>10} {:>14} {:>14} {:>9} {:>11} {:>10} {:>9}",
         "variant", "delay p50", "delay p99", "burst p50", "burst p99", "failed", "GPU-min", "submitted", "TTC s"
     );
-    for v in [Variant::Reactive, Variant::Warm, Variant::Over] {
+    // Each part of warm headroom + trend alone: simulated only, unless asked
+    // for on the cluster too (ONEPOOL_BENCH_PARTS=1, 26 more minutes).
+    let mut variants = vec![Variant::Reactive, Variant::Warm, Variant::Over];
+    if simulate_only || std::env::var_os("ONEPOOL_BENCH_PARTS").is_some() {
+        variants.extend([Variant::ReactiveTrend, Variant::WarmNoTrend]);
+    }
+    for v in variants {
         let scratch = dir.join(format!("bursty-{}", v.name().split(' ').next().unwrap()));
         std::fs::create_dir_all(&scratch).unwrap();
         if let Some(c) = &c {

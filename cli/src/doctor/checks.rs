@@ -1,0 +1,334 @@
+//! The doctor's verdicts, one line each, from what was read off the
+//! cluster. Pure, so that every rule is tested on canned inputs.
+
+use onepool_decisions::policy::diag::Severity;
+use onepool_decisions::render::conf::Want;
+use onepool_decisions::render::live::{Changes, PartitionChange};
+use onepool_decisions::render::Rendered;
+use serde_json::{json, Value};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Status {
+    Pass,
+    Warn,
+    Fail,
+}
+
+impl Status {
+    pub fn label(self) -> &'static str {
+        match self {
+            Status::Pass => "PASS",
+            Status::Warn => "WARN",
+            Status::Fail => "FAIL",
+        }
+    }
+}
+
+/// One line of the report: what was checked, the verdict, what was seen
+/// and, unless it passed, what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub status: Status,
+    pub what: String,
+    pub detail: String,
+    pub fix: Option<String>,
+}
+
+impl Check {
+    pub fn pass(what: impl Into<String>, detail: impl Into<String>) -> Check {
+        Check { status: Status::Pass, what: what.into(), detail: detail.into(), fix: None }
+    }
+    pub fn warn(what: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check { status: Status::Warn, what: what.into(), detail: detail.into(), fix: Some(fix.into()) }
+    }
+    pub fn fail(what: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check { status: Status::Fail, what: what.into(), detail: detail.into(), fix: Some(fix.into()) }
+    }
+    pub fn json(&self) -> Value {
+        json!({"status": self.status.label().to_lowercase(), "check": self.what, "detail": self.detail, "fix": self.fix})
+    }
+}
+
+/// Each slurm.conf setting the policy relies on. A mismatched
+/// `PreemptExemptTime` only changes how long borrowers run before reclaim:
+/// a warning; every other one breaks a guarantee or a graceful reclaim.
+pub fn slurm_conf(rendered: &Rendered, changes: &Changes, live: impl Fn(&str) -> Option<String>) -> Vec<Check> {
+    rendered
+        .slurm_conf
+        .iter()
+        .map(|line| {
+            let what = format!("slurm.conf {}", line.key);
+            match changes.slurm_conf.iter().find(|c| c.key == line.key) {
+                None => Check::pass(what, live(line.key).unwrap_or_else(|| line.value.clone())),
+                Some(c) => {
+                    let now = c.live.as_deref().unwrap_or("not set");
+                    let detail = format!("{now}: {}", c.why);
+                    let fix = format!("set {}={} in slurm.conf, then `scontrol reconfigure` (or restart slurmctld)", c.key, c.value);
+                    if matches!(line.want, Want::Duration(_)) {
+                        Check::warn(what, detail, fix)
+                    } else {
+                        Check::fail(what, detail, fix)
+                    }
+                }
+            }
+        })
+        .collect()
+}
+
+/// Each class QOS (and the flexible partition's) against the policy:
+/// Priority, Preempt, PreemptMode, GraceTime and the GPU limits.
+pub fn qos(rendered: &Rendered, changes: &Changes) -> Vec<Check> {
+    rendered
+        .all_qos()
+        .map(|spec| {
+            let what = match &spec.class {
+                Some(class) => format!("QOS {} (class {class})", spec.name),
+                None => format!("QOS {} (flexible partition)", spec.name),
+            };
+            match changes.qos.iter().find(|c| c.name().eq_ignore_ascii_case(&spec.name)) {
+                None => Check::pass(what, "Priority, Preempt, PreemptMode, GraceTime and limits as the policy renders them"),
+                Some(c) => {
+                    let detail = match c {
+                        onepool_decisions::render::live::QosChange::Add(_) => "does not exist".to_string(),
+                        onepool_decisions::render::live::QosChange::Modify { .. } => {
+                            let command = c.command();
+                            let wanted = command.iter().skip_while(|w| *w != "set").skip(1).cloned().collect::<Vec<_>>();
+                            format!("differs from the policy, which wants {}", wanted.join(" "))
+                        }
+                    };
+                    Check::fail(what, detail, c.command().join(" "))
+                }
+            }
+        })
+        .collect()
+}
+
+/// The pool's partitions: they exist, each lets only the pool's QOS run,
+/// and the flexible partition caps what flexible work holds.
+pub fn partitions(rendered: &Rendered, changes: &Changes) -> Vec<Check> {
+    let mut out = Vec::new();
+    for p in &rendered.pool_partitions {
+        let what = format!("partition {p}");
+        let missing = changes.problems.iter().find(|d| d.message.contains(&format!("partition {p:?}")));
+        match (missing, changes.access.iter().find(|a| a.want.name == *p)) {
+            (Some(d), _) => out.push(Check::fail(what, d.message.clone(), d.help.clone().unwrap_or_default())),
+            (None, Some(a)) => {
+                let now = a.live.as_ref().map_or("ALL".to_string(), |l| l.join(","));
+                out.push(Check::fail(
+                    what,
+                    format!("AllowQos={now}: jobs in other QOS could run there outside the policy"),
+                    a.want.instruction().trim().replace('\n', " "),
+                ))
+            }
+            (None, None) => out.push(Check::pass(what, "exists; AllowQos as the policy renders it")),
+        }
+    }
+    if let Some(flex) = &rendered.flexible_partition {
+        let what = format!("partition {} (flexible)", flex.name);
+        out.push(match &changes.partition {
+            None => Check::pass(what, format!("exists with QOS={}", flex.qos.name)),
+            Some(PartitionChange::Missing { line, why }) => {
+                Check::fail(what, format!("missing: {why}"), format!("add to slurm.conf: {line}"))
+            }
+            Some(PartitionChange::WrongQos { name, live_qos, qos }) => Check::fail(
+                what,
+                format!("QOS={}: flexible jobs there are not capped", live_qos.as_deref().unwrap_or("N/A")),
+                format!("add QOS={qos} to PartitionName={name} in slurm.conf"),
+            ),
+        });
+    }
+    out
+}
+
+/// Problems the rendering cannot fix that no line above covers (e.g. a
+/// site QOS that must exist).
+pub fn problems(rendered: &Rendered, changes: &Changes) -> Vec<Check> {
+    changes
+        .problems
+        .iter()
+        .filter(|d| !rendered.pool_partitions.iter().any(|p| d.message.contains(&format!("partition {p:?}"))))
+        .map(|d| {
+            let fix = d.help.clone().unwrap_or_else(|| "see the message".into());
+            match d.severity {
+                Severity::Error => Check::fail("cluster", d.message.clone(), fix),
+                Severity::Warning => Check::warn("cluster", d.message.clone(), fix),
+            }
+        })
+        .collect()
+}
+
+/// The plugstack line of onepool's SPANK plugin, from each file's text
+/// (`include`d files too). Slurm acts on a failing SPANK prolog only for
+/// a `required` plugin.
+pub fn plugstack(files: &[(String, String)]) -> Check {
+    let what = "plugstack spank_onepool.so";
+    for (file, text) in files {
+        for (n, line) in text.lines().enumerate() {
+            let mut words = line.split_whitespace();
+            let (Some(kind), Some(path)) = (words.next(), words.next()) else { continue };
+            if kind.starts_with('#') || !path.ends_with("spank_onepool.so") {
+                continue;
+            }
+            let at = format!("{file}:{}", n + 1);
+            return match kind {
+                "required" => Check::pass(what, format!("required at {at}")),
+                "optional" => Check::fail(
+                    what,
+                    format!("optional at {at}: a node where it fails to load runs jobs without the GPU hand-off check and the workload options"),
+                    format!("change `optional` to `required` at {at}"),
+                ),
+                other => Check::fail(what, format!("{other:?} at {at} is neither required nor optional"), format!("write `required {path}` at {at}")),
+            };
+        }
+    }
+    let read: Vec<&str> = files.iter().map(|(f, _)| f.as_str()).collect();
+    Check::fail(
+        what,
+        format!("no line loads it (read: {})", if read.is_empty() { "nothing".into() } else { read.join(", ") }),
+        "add `required /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_onepool.so` (its installed path) to plugstack.conf on every node",
+    )
+}
+
+/// `major.minor.micro` of a `SLURM_VERSION_NUMBER`.
+pub fn release(n: u32) -> String {
+    format!("{}.{:02}.{}", n >> 16, (n >> 8) & 0xff, n & 0xff)
+}
+
+/// An installed plugin's build release against slurmctld's: Slurm
+/// refuses a plugin whose major.minor differs.
+pub fn plugin_release(name: &str, found: Result<(String, Option<u32>), String>, slurm: &str) -> Check {
+    let what = format!("plugin {name}");
+    let fix = format!(
+        "install the onepool plugins built for Slurm {slurm}: rebuild them against this release's headers (README: Building the plugins for a site)"
+    );
+    match found {
+        Err(e) => Check::fail(what, e, fix),
+        Ok((path, None)) => Check::fail(what, format!("{path} exports no plugin_version: Slurm will not load it"), fix),
+        Ok((path, Some(n))) => {
+            let built = release(n);
+            let major_minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
+            if major_minor(&built) == major_minor(slurm) {
+                Check::pass(what, format!("{path}, built for Slurm {built}; slurmctld runs {slurm}"))
+            } else {
+                Check::fail(what, format!("{path} was built for Slurm {built} but slurmctld runs {slurm}: Slurm refuses it"), fix)
+            }
+        }
+    }
+}
+
+/// gres.conf's `AutoDetect` value, when set for every node.
+pub fn autodetect(gres_conf: &str) -> Option<String> {
+    gres_conf.lines().map(|l| l.split('#').next().unwrap_or("").trim()).find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim().eq_ignore_ascii_case("AutoDetect") && !l.contains(char::is_whitespace)).then(|| v.trim().to_string())
+    })
+}
+
+/// The GPU device files of the nodes on this host (per node, from
+/// `gres_conf::gpu_files`): each must exist and be a character device
+/// (Slurm rejects regular files). `kind` says what a path is:
+/// `Some(true)` a character device, `Some(false)` something else, `None`
+/// missing.
+pub fn gres_devices(
+    gres_file: &str,
+    auto: Option<&str>,
+    here: &[(String, Result<Vec<String>, String>)],
+    elsewhere: usize,
+    kind: impl Fn(&str) -> Option<bool>,
+) -> Vec<Check> {
+    let mut out = Vec::new();
+    let auto = auto.filter(|a| !a.eq_ignore_ascii_case("off"));
+    if let Some(a) = auto {
+        out.push(Check::pass(
+            "gres.conf AutoDetect",
+            format!("AutoDetect={a}: slurmd finds the GPUs itself (check `slurmd -G` on a node)"),
+        ));
+    }
+    for (node, files) in here {
+        let what = format!("gres.conf GPUs of {node}");
+        let files = match files {
+            Err(e) => {
+                out.push(Check::fail(what, format!("{gres_file}: {e}"), format!("fix {gres_file}")));
+                continue;
+            }
+            Ok(f) if f.is_empty() => {
+                if auto.is_none() {
+                    out.push(Check::warn(
+                        what,
+                        format!("no Name=gpu File= line for it in {gres_file}"),
+                        "add `NodeName=<node> Name=gpu File=/dev/nvidia[0-N]`",
+                    ));
+                }
+                continue;
+            }
+            Ok(f) => f,
+        };
+        let missing: Vec<&str> = files.iter().filter(|f| kind(f).is_none()).map(String::as_str).collect();
+        let not_char: Vec<&str> = files.iter().filter(|f| kind(f) == Some(false)).map(String::as_str).collect();
+        out.push(if !missing.is_empty() {
+            Check::fail(
+                what,
+                format!("missing: {}", missing.join(", ")),
+                format!("fix File= in {gres_file}, or load the driver that creates these device nodes"),
+            )
+        } else if !not_char.is_empty() {
+            Check::fail(
+                what,
+                format!("not character devices: {}", not_char.join(", ")),
+                format!("point File= in {gres_file} at the GPUs' device nodes (Slurm rejects regular files)"),
+            )
+        } else {
+            Check::pass(what, format!("{} device file(s) present", files.len()))
+        });
+    }
+    if elsewhere > 0 {
+        out.push(Check::warn(
+            "gres.conf GPUs of other hosts",
+            format!("{elsewhere} node(s) run on other hosts: their device files cannot be seen from here"),
+            "run `onepool doctor --local` on each node (e.g. through your configuration management)",
+        ));
+    }
+    out
+}
+
+/// onepoold's own check of its config against the policy (`onepoold --check`).
+pub fn daemon(config: Option<&str>, result: Option<Result<String, String>>) -> Check {
+    let what = "onepoold config";
+    match (config, result) {
+        (None, _) | (_, None) => Check::warn(
+            what,
+            "no onepoold config here (not checked)",
+            "pass --daemon-config FILE, or run the doctor on the host where onepoold runs",
+        ),
+        (Some(path), Some(Ok(out))) => Check::pass(what, format!("{path}: {}", out.lines().last().unwrap_or("fits").trim())),
+        (Some(path), Some(Err(out))) => {
+            let errors: Vec<&str> = out.lines().filter(|l| l.starts_with("error: ")).collect();
+            let detail = if errors.is_empty() { out.trim().to_string() } else { errors.join("; ") };
+            Check::fail(what, format!("{path}: {detail}"), format!("fix {path} (each error names its key), then `onepoold --check --config {path}`"))
+        }
+    }
+}
+
+/// The text report: one line per check, the fix under what did not pass.
+pub fn text(checks: &[Check]) -> String {
+    let mut out = String::new();
+    for c in checks {
+        out.push_str(&format!("{}  {}: {}\n", c.status.label(), c.what, c.detail));
+        if let Some(fix) = &c.fix {
+            out.push_str(&format!("      fix: {fix}\n"));
+        }
+    }
+    let n = |s: Status| checks.iter().filter(|c| c.status == s).count();
+    out.push_str(&format!("{} passed, {} warning(s), {} failed\n", n(Status::Pass), n(Status::Warn), n(Status::Fail)));
+    out
+}
+
+pub fn json(checks: &[Check]) -> Value {
+    let n = |s: Status| checks.iter().filter(|c| c.status == s).count();
+    json!({
+        "checks": checks.iter().map(Check::json).collect::<Vec<_>>(),
+        "passed": n(Status::Pass),
+        "warnings": n(Status::Warn),
+        "failed": n(Status::Fail),
+    })
+}

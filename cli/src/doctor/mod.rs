@@ -1,0 +1,256 @@
+//! `onepool doctor`: is this cluster ready for the policy? Every setting
+//! the policy relies on, read from the live cluster through Slurm's own
+//! commands and files, one line each with PASS/WARN/FAIL and the fix.
+//! Exit status: 0 nothing failed, 1 something failed, 2 the doctor could
+//! not look (a Slurm command or file it needs failed).
+
+mod checks;
+mod elf;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use onepool_decisions::gres_conf;
+use onepool_decisions::policy::load;
+use onepool_decisions::render::live::{self, parse_sacctmgr_qos, parse_scontrol_config, parse_scontrol_partitions, LiveConfig};
+use onepool_decisions::render::render;
+use onepool_slurm_commands::{CommandError, Runner, SystemRunner};
+
+pub use checks::{Check, Status};
+
+const COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+const DAEMON_CONFIG: &str = "/etc/slurm/onepoold.toml";
+const SHOW_NODES: &[&str] = &["scontrol", "-o", "show", "nodes"];
+
+pub const EXIT_STATUS_HELP: &str = "Exit status: 0 nothing failed (warnings allowed), 1 a check failed, 2 the doctor could not read the cluster";
+
+#[derive(Args)]
+pub struct DoctorArgs {
+    /// Policy file [default: $ONEPOOL_POLICY, else /etc/slurm/onepool.toml]
+    pub policy: Option<PathBuf>,
+    /// onepoold's config [default: $ONEPOOL_DAEMON_CONFIG, else /etc/slurm/onepoold.toml when it exists]
+    #[arg(long)]
+    pub daemon_config: Option<PathBuf>,
+    /// Only what this host holds (plugstack, installed plugins, GPU device files): run it on each node
+    #[arg(long)]
+    pub local: bool,
+    /// One JSON object: {"checks": [{"status", "check", "detail", "fix"}], "passed", "warnings", "failed"}
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
+    let src = crate::policy::source::read(args.policy.clone())?;
+    let daemon_config = args
+        .daemon_config
+        .clone()
+        .or_else(|| std::env::var_os("ONEPOOL_DAEMON_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from))
+        .or_else(|| Path::new(DAEMON_CONFIG).exists().then(|| PathBuf::from(DAEMON_CONFIG)));
+    let host = Host::this();
+    let checks = examine(&src, daemon_config.as_deref(), args.local, &SystemRunner::new(COMMAND_TIMEOUT), &host)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&checks::json(&checks))?);
+    } else {
+        print!("{}", checks::text(&checks));
+    }
+    Ok(if checks.iter().any(|c| c.status == Status::Fail) { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+/// What the doctor reads off this host beyond Slurm's commands: its names
+/// (to find the nodes it runs) and its files.
+pub struct Host {
+    pub names: Vec<String>,
+    pub read: Box<dyn Fn(&Path) -> std::io::Result<Vec<u8>>>,
+    /// `Some(true)`: a character device; `None`: missing.
+    pub kind: Box<dyn Fn(&str) -> Option<bool>>,
+    /// A plugin file's `plugin_version` ([`elf::plugin_version`]).
+    pub plugin_version: Box<dyn Fn(&Path) -> Result<Option<u32>, String>>,
+    pub onepoold: PathBuf,
+}
+
+impl Host {
+    fn this() -> Host {
+        use std::os::unix::fs::FileTypeExt;
+        let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+        if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+            let h = h.trim().to_string();
+            names.extend(h.split('.').next().map(str::to_string));
+            names.push(h);
+        }
+        // The onepoold installed beside this onepool, else the one on PATH.
+        let onepoold = std::env::current_exe()
+            .ok()
+            .and_then(|e| Some(e.parent()?.join("onepoold")))
+            .filter(|p| p.exists())
+            .unwrap_or_else(|| PathBuf::from("onepoold"));
+        Host {
+            names,
+            read: Box::new(|p| std::fs::read(p)),
+            kind: Box::new(|p| std::fs::metadata(p).ok().map(|m| m.file_type().is_char_device())),
+            plugin_version: Box::new(|p| {
+                let bytes = std::fs::read(p).map_err(|e| e.to_string())?;
+                elf::plugin_version(&bytes)
+            }),
+            onepoold,
+        }
+    }
+}
+
+/// Every check, in report order.
+pub fn examine(
+    src: &crate::policy::source::Source,
+    daemon_config: Option<&Path>,
+    local: bool,
+    runner: &dyn Runner,
+    host: &Host,
+) -> anyhow::Result<Vec<Check>> {
+    let loaded = load(&src.text);
+    let policy = match &loaded.policy {
+        Some(p) if loaded.errors().next().is_none() => p,
+        _ => {
+            let detail = crate::policy::check::summary(&src.name, &loaded);
+            return Ok(vec![Check::fail("policy", detail, format!("onepool policy check {}", src.name))]);
+        }
+    };
+    let rendered = render(policy);
+    let cmd = |argv: &[&str]| runner.run(argv).with_context(|| format!("the doctor needs `{}`", argv.join(" ")));
+    let config = parse_scontrol_config(&cmd(live::SHOW_CONFIG)?);
+    anyhow::ensure!(!config.values.is_empty(), "`scontrol show config` printed no settings");
+    let slurm = config.get("SLURM_VERSION").unwrap_or("unknown").to_string();
+    let mut out = vec![Check::pass("policy", format!("{} loads; Slurm {slurm}", src.name))];
+    if !local {
+        let qos = parse_sacctmgr_qos(&cmd(live::SHOW_QOS)?).map_err(|e| anyhow::anyhow!("`sacctmgr show qos`: {e}"))?;
+        let partitions = parse_scontrol_partitions(&cmd(live::SHOW_PARTITIONS)?)
+            .map_err(|e| anyhow::anyhow!("`scontrol show partition`: {e}"))?;
+        let changes = live::diff(&rendered, &qos, &config, &partitions);
+        out.extend(checks::slurm_conf(&rendered, &changes, |k| config.get(k).map(str::to_string)));
+        out.extend(checks::qos(&rendered, &changes));
+        out.extend(checks::partitions(&rendered, &changes));
+        out.extend(checks::problems(&rendered, &changes));
+    }
+    let stack = plugstack_files(&config, host);
+    out.push(checks::plugstack(&stack));
+    out.extend(plugins(&config, &stack, &slurm, local, host));
+    out.extend(gres(&config, &cmd(SHOW_NODES)?, host));
+    if !local {
+        let result = daemon_config.map(|p| {
+            let argv = [host.onepoold.to_string_lossy().into_owned(), "--check".into(), "--config".into(), p.display().to_string()];
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            match runner.run(&argv) {
+                Ok(out) => Ok(out),
+                Err(CommandError::Failed { stdout, stderr, .. }) => Err(format!("{stdout}{stderr}")),
+                Err(e) => Err(e.to_string()),
+            }
+        });
+        out.push(checks::daemon(daemon_config.map(|p| p.display().to_string()).as_deref(), result));
+    }
+    Ok(out)
+}
+
+/// plugstack.conf and the files it `include`s (`*` in the last part of a path).
+fn plugstack_files(config: &LiveConfig, host: &Host) -> Vec<(String, String)> {
+    let Some(first) = config.get("PlugStackConfig").filter(|p| !p.is_empty() && *p != "(null)") else {
+        return Vec::new();
+    };
+    let mut files = Vec::new();
+    let mut todo = vec![PathBuf::from(first)];
+    while let Some(p) = todo.pop() {
+        let Ok(bytes) = (host.read)(&p) else { continue };
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        for line in text.lines() {
+            if let Some(pattern) = line.trim().strip_prefix("include ") {
+                todo.extend(glob(pattern.trim()));
+            }
+        }
+        files.push((p.display().to_string(), text));
+        if files.len() > 64 {
+            break;
+        }
+    }
+    files
+}
+
+fn glob(pattern: &str) -> Vec<PathBuf> {
+    let path = Path::new(pattern);
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Vec::new();
+    };
+    let Some((prefix, suffix)) = name.split_once('*') else { return vec![path.to_path_buf()] };
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with(prefix) && n.ends_with(suffix)))
+        .map(|e| e.path())
+        .collect();
+    found.sort();
+    found
+}
+
+/// The installed plugins against slurmctld's release: the job submit
+/// plugin from PluginDir, the SPANK plugin from its plugstack line.
+fn plugins(config: &LiveConfig, stack: &[(String, String)], slurm: &str, local: bool, host: &Host) -> Vec<Check> {
+    let dirs: Vec<PathBuf> = config.get("PluginDir").unwrap_or("").split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect();
+    let in_dirs = |name: &str| dirs.iter().map(|d| d.join(name)).find(|p| (host.read)(p).is_ok());
+    let spank = stack.iter().flat_map(|(_, t)| t.lines()).find_map(|l| {
+        let mut w = l.split_whitespace();
+        let (kind, path) = (w.next()?, w.next()?);
+        (!kind.starts_with('#') && path.ends_with("spank_onepool.so")).then(|| path.to_string())
+    });
+    let spank = spank.map(|p| if Path::new(&p).is_absolute() { Some(PathBuf::from(p)) } else { in_dirs(&p) });
+    let mut wanted = vec![("spank_onepool.so", spank.flatten().or_else(|| in_dirs("spank_onepool.so")))];
+    if !local {
+        wanted.insert(0, ("job_submit_onepool.so", in_dirs("job_submit_onepool.so")));
+    }
+    wanted
+        .into_iter()
+        .map(|(name, path)| {
+            let found = match path {
+                None => Err(format!("not found in PluginDir ({})", dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(":"))),
+                Some(p) => (host.plugin_version)(&p)
+                    .map_err(|e| format!("{}: {e}", p.display()))
+                    .map(|v| (p.display().to_string(), v)),
+            };
+            checks::plugin_release(name, found, slurm)
+        })
+        .collect()
+}
+
+/// gres.conf's GPU device files for the nodes that run on this host.
+fn gres(config: &LiveConfig, nodes: &str, host: &Host) -> Vec<Check> {
+    let conf_dir = config.get("SLURM_CONF").map(|c| Path::new(c).parent().unwrap_or(Path::new("/")).to_path_buf());
+    let file = conf_dir.unwrap_or_else(|| PathBuf::from("/etc/slurm")).join("gres.conf");
+    let mut here = Vec::new();
+    let mut elsewhere = 0;
+    for line in nodes.lines() {
+        let field = |key: &str| line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('='));
+        let (Some(name), gres) = (field("NodeName"), field("Gres").unwrap_or("")) else { continue };
+        if !gres.split(',').any(|g| g.starts_with("gpu")) {
+            continue;
+        }
+        let hostname = field("NodeHostName").unwrap_or(name);
+        if host.names.iter().any(|h| h == hostname) {
+            here.push(name.to_string());
+        } else {
+            elsewhere += 1;
+        }
+    }
+    let shown = file.display().to_string();
+    let text = match (host.read)(&file) {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e) if here.is_empty() => return checks::gres_devices(&shown, None, &[], elsewhere, |_| None).into_iter().chain([Check::warn("gres.conf", format!("{shown}: {e}"), "run the doctor where gres.conf is")]).collect(),
+        Err(e) => return vec![Check::fail("gres.conf", format!("{shown}: {e}"), format!("create {shown} with the nodes' GPU device files"))],
+    };
+    let auto = checks::autodetect(&text);
+    let per_node: Vec<(String, Result<Vec<String>, String>)> =
+        here.into_iter().map(|n| {
+            let files = gres_conf::gpu_files(&text, &n);
+            (n, files)
+        }).collect();
+    checks::gres_devices(&shown, auto.as_deref(), &per_node, elsewhere, |p| (host.kind)(p))
+}
+
+#[cfg(test)]
+mod tests;

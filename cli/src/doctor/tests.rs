@@ -1,0 +1,217 @@
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use onepool_decisions::policy::load;
+use onepool_decisions::render::render;
+use onepool_slurm_commands::fake::samples::{qos_matching, CONFIG, PARTITIONS};
+use onepool_slurm_commands::fake::FakeRunner;
+
+use super::*;
+use crate::policy::source::Source;
+
+const SAMPLE: &str = include_str!("../../../etc/onepool.toml");
+const BUILT_22_05_8: u32 = (22 << 16) | (5 << 8) | 8;
+
+fn sample() -> Source {
+    Source { name: "etc/onepool.toml".into(), text: SAMPLE.into() }
+}
+
+/// A cluster whose settings, QOS and partitions match the sample policy,
+/// two GPU nodes on this host and one elsewhere, and onepoold's config fit.
+struct Cluster {
+    config: String,
+    qos: String,
+    partitions: String,
+    nodes: String,
+    files: HashMap<PathBuf, String>,
+    devices: Vec<String>,
+    versions: HashMap<PathBuf, Result<Option<u32>, String>>,
+    daemon: Result<String, String>,
+}
+
+impl Cluster {
+    fn healthy() -> Cluster {
+        let config = format!(
+            "{}PluginDir = /usr/lib/slurm:/opt/onepool/lib\nPlugStackConfig = /etc/slurm/plugstack.conf\nSLURM_CONF = /etc/slurm/slurm.conf\nSLURM_VERSION = 22.05.8\n",
+            CONFIG.replace("= lua", "= lua,onepool")
+        );
+        let partitions = format!(
+            "{}PartitionName=gpu-flex QoS=onepool-flexible-cap AllowQos=op-training,op-inference,op-agents\n",
+            PARTITIONS.replace("QoS=N/A", "QoS=N/A AllowQos=op-critical-training,op-inference-baseline")
+        );
+        let files = HashMap::from([
+            // plugstack.conf.d is globbed on the real file system, where it
+            // finds nothing: the line is in plugstack.conf itself.
+            (
+                PathBuf::from("/etc/slurm/plugstack.conf"),
+                "include /etc/slurm/plugstack.conf.d/*.conf\nrequired /opt/onepool/lib/spank_onepool.so handoff_timeout=30s\n"
+                    .to_string(),
+            ),
+            (PathBuf::from("/etc/slurm/gres.conf"), "AutoDetect=off\nNodeName=node[1-2] Name=gpu File=/dev/nvidia[0-1]\nNodeName=node3 Name=gpu File=/dev/nvidia[0-1]\n".to_string()),
+        ]);
+        Cluster {
+            config,
+            qos: qos_matching(&render(&load(SAMPLE).policy.unwrap())),
+            partitions,
+            nodes: "NodeName=node1 Arch=x86_64 NodeHostName=localhost Gres=gpu:2 State=IDLE\n\
+                    NodeName=node2 Arch=x86_64 NodeHostName=localhost Gres=gpu:2 State=IDLE\n\
+                    NodeName=node3 Arch=x86_64 NodeHostName=far Gres=gpu:2 State=IDLE\n\
+                    NodeName=login Arch=x86_64 NodeHostName=localhost Gres=(null) State=IDLE\n"
+                .into(),
+            files,
+            devices: vec!["/dev/nvidia0".into(), "/dev/nvidia1".into()],
+            versions: HashMap::from([
+                (PathBuf::from("/opt/onepool/lib/job_submit_onepool.so"), Ok(Some(BUILT_22_05_8))),
+                (PathBuf::from("/opt/onepool/lib/spank_onepool.so"), Ok(Some(BUILT_22_05_8))),
+            ]),
+            daemon: Ok("/etc/slurm/onepoold.toml: fits (1 endpoint(s), 0 warning(s))\n".into()),
+        }
+    }
+
+    fn examine(self, local: bool) -> anyhow::Result<Vec<Check>> {
+        let mut runner = FakeRunner::new(&self.qos, &self.config, &self.partitions);
+        runner.answers.insert(SHOW_NODES.join(" "), Ok(self.nodes.clone()));
+        runner.answers.insert("onepoold --check --config /etc/slurm/onepoold.toml".into(), self.daemon.clone());
+        if local {
+            runner.answers.remove(&live::SHOW_QOS.join(" "));
+        }
+        let files = self.files.clone();
+        let plugin_paths: Vec<PathBuf> = self.versions.keys().cloned().collect();
+        let devices = self.devices.clone();
+        let versions = self.versions.clone();
+        let host = Host {
+            names: vec!["localhost".into()],
+            read: Box::new(move |p: &Path| {
+                files.get(p).map(|t| t.clone().into_bytes()).or_else(|| plugin_paths.contains(&p.to_path_buf()).then(Vec::new)).ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
+            }),
+            kind: Box::new(move |p: &str| devices.iter().any(|d| d == p).then_some(true)),
+            plugin_version: Box::new(move |p: &Path| versions.get(p).cloned().unwrap_or(Err("missing".into()))),
+            onepoold: PathBuf::from("onepoold"),
+        };
+        examine(&sample(), Some(Path::new("/etc/slurm/onepoold.toml")), local, &runner, &host)
+    }
+}
+
+fn find<'a>(checks: &'a [Check], what: &str) -> &'a Check {
+    checks.iter().find(|c| c.what == what).unwrap_or_else(|| panic!("no check {what:?} in {checks:#?}"))
+}
+
+#[test]
+fn a_cluster_that_matches_the_policy_passes_every_check() {
+    let checks = Cluster::healthy().examine(false).unwrap();
+    let not_passed: Vec<&Check> = checks.iter().filter(|c| c.status != Status::Pass).collect();
+    // node3 runs elsewhere: its device files cannot be seen from here.
+    assert_eq!(not_passed.len(), 1, "{not_passed:#?}");
+    assert_eq!(not_passed[0].what, "gres.conf GPUs of other hosts");
+    assert_eq!(not_passed[0].status, Status::Warn);
+    let whats: Vec<&str> = checks.iter().map(|c| c.what.as_str()).collect();
+    for key in ["JobSubmitPlugins", "PreemptType", "PreemptMode", "AccountingStorageEnforce", "PriorityWeightQOS", "SlurmctldParameters", "PrologFlags"] {
+        assert!(whats.contains(&format!("slurm.conf {key}").as_str()), "{whats:?}");
+    }
+    for q in ["QOS op-critical-training (class critical-training)", "QOS op-inference-baseline (class inference-baseline)", "QOS onepool-flexible-cap (flexible partition)", "partition gpu", "partition gpu-flex (flexible)"] {
+        assert!(whats.contains(&q), "{q}: {whats:?}");
+    }
+    assert_eq!(find(&checks, "gres.conf GPUs of node1").detail, "2 device file(s) present");
+    assert!(!whats.contains(&"gres.conf GPUs of login"), "a node without GPUs has nothing to check");
+    assert_eq!(
+        find(&checks, "plugin job_submit_onepool.so").detail,
+        "/opt/onepool/lib/job_submit_onepool.so, built for Slurm 22.05.8; slurmctld runs 22.05.8"
+    );
+    assert!(find(&checks, "plugstack spank_onepool.so").detail.starts_with("required at /etc/slurm/plugstack.conf:2"));
+    assert!(find(&checks, "onepoold config").detail.ends_with("fits (1 endpoint(s), 0 warning(s))"));
+    let text = checks::text(&checks);
+    assert!(text.ends_with(&format!("{} passed, 1 warning(s), 0 failed\n", checks.len() - 1)), "{text}");
+}
+
+#[test]
+fn each_broken_setting_fails_with_its_fix() {
+    let mut c = Cluster::healthy();
+    c.config = c
+        .config
+        .replace("preempt/qos", "preempt/none")
+        .replace("SlurmctldParameters     = preempt_send_user_signal", "SlurmctldParameters     = enable_configless")
+        .replace("PreemptExemptTime       = 00:02:00", "PreemptExemptTime       = 00:00:00");
+    c.qos = c.qos.replace("op-training|3000|", "op-training|1|");
+    assert!(!c.qos.contains("op-training|3000|"), "the fixture changed op-training");
+    c.files.insert(PathBuf::from("/etc/slurm/plugstack.conf"), "optional /opt/onepool/lib/spank_onepool.so\n".into());
+    c.versions.insert(PathBuf::from("/opt/onepool/lib/job_submit_onepool.so"), Ok(Some((24 << 16) | (11 << 8) | 1)));
+    c.devices.pop();
+    c.daemon = Err("error: endpoint chat: replicas.supplemental_workload = \"nope\" is not a class of the policy\n/etc/slurm/onepoold.toml: onepoold would not start (1 error(s))\n".into());
+    let checks = c.examine(false).unwrap();
+    let preempt = find(&checks, "slurm.conf PreemptType");
+    assert_eq!(preempt.status, Status::Fail);
+    assert!(preempt.detail.starts_with("preempt/none: reclaim follows the class QOS Preempt lists"), "{preempt:?}");
+    assert_eq!(preempt.fix.as_deref(), Some("set PreemptType=preempt/qos in slurm.conf, then `scontrol reconfigure` (or restart slurmctld)"));
+    assert_eq!(find(&checks, "slurm.conf SlurmctldParameters").fix.as_deref(), Some("set SlurmctldParameters=enable_configless,preempt_send_user_signal in slurm.conf, then `scontrol reconfigure` (or restart slurmctld)"));
+    assert_eq!(find(&checks, "slurm.conf PreemptExemptTime").status, Status::Warn, "a different exempt time only changes thrash protection");
+    let training = find(&checks, "QOS op-training (class training)");
+    assert_eq!(training.status, Status::Fail);
+    assert_eq!(training.detail, "differs from the policy, which wants Priority=3000");
+    assert_eq!(training.fix.as_deref(), Some("sacctmgr -i modify qos where name=op-training set Priority=3000"));
+    let stack = find(&checks, "plugstack spank_onepool.so");
+    assert_eq!((stack.status, stack.fix.as_deref()), (Status::Fail, Some("change `optional` to `required` at /etc/slurm/plugstack.conf:1")));
+    let plugin = find(&checks, "plugin job_submit_onepool.so");
+    assert_eq!(plugin.detail, "/opt/onepool/lib/job_submit_onepool.so was built for Slurm 24.11.1 but slurmctld runs 22.05.8: Slurm refuses it");
+    assert_eq!(find(&checks, "plugin spank_onepool.so").status, Status::Pass);
+    let gres = find(&checks, "gres.conf GPUs of node1");
+    assert_eq!((gres.status, gres.detail.as_str()), (Status::Fail, "missing: /dev/nvidia1"));
+    let daemon = find(&checks, "onepoold config");
+    assert_eq!(daemon.status, Status::Fail);
+    assert_eq!(daemon.detail, "/etc/slurm/onepoold.toml: error: endpoint chat: replicas.supplemental_workload = \"nope\" is not a class of the policy");
+    let v = checks::json(&checks);
+    assert_eq!(v["failed"], checks.iter().filter(|c| c.status == Status::Fail).count());
+    assert_eq!(v["checks"][0]["status"], "pass");
+    assert!(v["checks"].as_array().unwrap().iter().any(|c| c["check"] == "slurm.conf PreemptType" && c["status"] == "fail"));
+}
+
+#[test]
+fn missing_plugins_and_plugstack_line_fail() {
+    let mut c = Cluster::healthy();
+    c.files.insert(PathBuf::from("/etc/slurm/plugstack.conf"), "required /usr/lib/slurm/other.so\n".into());
+    c.versions.clear();
+    let checks = c.examine(false).unwrap();
+    let stack = find(&checks, "plugstack spank_onepool.so");
+    assert_eq!(stack.detail, "no line loads it (read: /etc/slurm/plugstack.conf)");
+    assert_eq!(find(&checks, "plugin job_submit_onepool.so").detail, "not found in PluginDir (/usr/lib/slurm:/opt/onepool/lib)");
+}
+
+#[test]
+fn local_checks_only_what_this_host_holds() {
+    let checks = Cluster::healthy().examine(true).unwrap();
+    let whats: Vec<&str> = checks.iter().map(|c| c.what.as_str()).collect();
+    assert_eq!(
+        whats,
+        ["policy", "plugstack spank_onepool.so", "plugin spank_onepool.so", "gres.conf GPUs of node1", "gres.conf GPUs of node2", "gres.conf GPUs of other hosts"]
+    );
+}
+
+#[test]
+fn a_slurm_command_that_fails_is_trouble_not_a_verdict() {
+    let mut runner = FakeRunner::new("", "", "");
+    runner.answers.insert(live::SHOW_CONFIG.join(" "), Err("slurm_load_ctl_conf error: Unable to contact slurm controller".into()));
+    let host = Host {
+        names: vec![],
+        read: Box::new(|_: &Path| Err(std::io::Error::from(std::io::ErrorKind::NotFound))),
+        kind: Box::new(|_: &str| None),
+        plugin_version: Box::new(|_: &Path| Ok(None)),
+        onepoold: PathBuf::from("onepoold"),
+    };
+    let e = format!("{:#}", examine(&sample(), None, false, &runner, &host).unwrap_err());
+    assert!(e.starts_with("the doctor needs `scontrol show config`"), "{e}");
+    assert!(e.contains("Unable to contact slurm controller"), "{e}");
+}
+
+#[test]
+fn a_policy_with_errors_is_one_failed_check() {
+    let src = Source { name: "p.toml".into(), text: SAMPLE.replace("rank = 3", "rank = 2") };
+    let host = Host {
+        names: vec![],
+        read: Box::new(|_: &Path| Err(std::io::Error::from(std::io::ErrorKind::NotFound))),
+        kind: Box::new(|_: &str| None),
+        plugin_version: Box::new(|_: &Path| Ok(None)),
+        onepoold: PathBuf::from("onepoold"),
+    };
+    let checks = examine(&src, None, false, &FakeRunner::new("", "", ""), &host).unwrap();
+    assert_eq!(checks.len(), 1);
+    assert_eq!((checks[0].status, checks[0].fix.as_deref()), (Status::Fail, Some("onepool policy check p.toml")));
+}
