@@ -16,7 +16,9 @@
 # daemons and commands.
 #
 # ONEPOOL_KEEP_CLUSTER=1 leaves the test cluster running for the next run;
-# ONEPOOL_SKIP_DEMO=1 skips the demo.
+# ONEPOOL_SKIP_DEMO=1 skips the demo; ONEPOOL_SKIP_PACKAGES=1 skips the last
+# stage of each release, its package (scripts/package.sh RELEASE, then
+# scripts/package-test.sh RELEASE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC2206 # a list of words
@@ -110,6 +112,16 @@ run_release() {
     fi
     cleanup "$dc" "$demo_dir" "${run[@]}"
     trap - EXIT
+
+    # --- packages (issue #17) ---
+    if [ "${ONEPOOL_SKIP_PACKAGES:-0}" != 1 ]; then
+        echo "== Slurm $rel: packages (scripts/package.sh, then scripts/package-test.sh: dpkg -i into a throwaway copy, a cluster on the installed plugins)"
+        local t0=$SECONDS
+        bash scripts/package.sh "$rel"
+        ONEPOOL_DEVCLUSTER=$PWD/$target/debug/onepool-devcluster bash scripts/package-test.sh "$rel"
+        echo "== Slurm $rel: packages built and tested in $((SECONDS - t0)) s"
+    fi
+    # --- end of packages ---
 }
 
 # Stops what a run started (both clusters), inside the root it ran in, and

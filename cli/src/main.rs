@@ -4,6 +4,7 @@ mod doctor;
 mod gpus;
 mod policy;
 mod replica;
+mod report;
 mod simulate;
 mod status;
 
@@ -35,6 +36,8 @@ enum Command {
     /// Check a live cluster against the policy: every setting it relies on, PASS/WARN/FAIL with the fix
     #[command(after_help = doctor::EXIT_STATUS_HELP)]
     Doctor(doctor::DoctorArgs),
+    /// What sharing did over a period, from Slurm's accounting: GPU-hours per class, borrowed, idle, reclaims
+    Report(report::ReportArgs),
 }
 
 /// Exit status when the command could not do its work at all (unreadable
@@ -50,6 +53,7 @@ fn main() -> ExitCode {
         Command::Status(args) => status::run(&args),
         Command::Replica(args) => replica::run_replica(&args),
         Command::Doctor(args) => doctor::run(&args),
+        Command::Report(args) => report::run(&args),
     };
     match result {
         Ok(code) => code,

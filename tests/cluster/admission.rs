@@ -520,8 +520,9 @@ fn doctor_passes_the_dev_cluster_and_the_fix_it_prints_repairs_what_it_finds() {
             .arg("--json")
             .output()
             .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{e}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("{e}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+        });
         (out.status.code(), v)
     };
     let failed = |v: &serde_json::Value| -> Vec<serde_json::Value> {
@@ -561,7 +562,8 @@ fn doctor_passes_the_dev_cluster_and_the_fix_it_prints_repairs_what_it_finds() {
 
     // A onepoold config that does not fit the policy: onepoold's own error.
     let bad = dir.join("bad.toml");
-    let mut config = onepool_tests::elastic::daemon_config(c, &dir, "chat", |r| r.supplemental_workload = Some("nope".into()));
+    let mut config =
+        onepool_tests::elastic::daemon_config(c, &dir, "chat", |r| r.supplemental_workload = Some("nope".into()));
     config.policy = Some(policy.clone());
     config.write(&bad).unwrap();
     let (code, v) = doctor(&bad);

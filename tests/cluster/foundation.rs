@@ -38,6 +38,7 @@ fn a_one_gpu_job_sees_exactly_one_gpu() {
 fn a_guaranteed_job_preempts_an_opportunistic_one() {
     let c = cluster();
     let _cleanup = Cleanup(c);
+    let from = c.ok("date", &["+%Y-%m-%dT%H:%M:%S"]).trim().to_string();
     // Opportunistic work holds every GPU flexible work may hold (12), and
     // baseline serving the 4 reserved ones.
     let borrowers: Vec<u32> =
@@ -47,7 +48,11 @@ fn a_guaranteed_job_preempts_an_opportunistic_one() {
         c.wait_state(*j, "RUNNING", Duration::from_secs(30));
     }
     let owner = c.sbatch(&["-q", "op-critical-training", "--time=1:00:00", "--gpus=4", "-N1", "--wrap", "sleep 600"]);
-    let took = c.wait_state(owner, "RUNNING", Duration::from_secs(40));
+    // The borrowers are younger than PreemptExemptTime (10 s): Slurm
+    // preempts one at its first scheduling pass after that, which was
+    // 10-39 s after submission in runs here (the main scheduler's periodic
+    // pass is every 60 s).
+    let took = c.wait_state(owner, "RUNNING", Duration::from_secs(80));
     eprintln!("guaranteed job running {took:?} after submission");
     let gone: Vec<u32> = borrowers.iter().copied().filter(|b| c.state(*b).is_none()).collect();
     assert_eq!(gone.len(), 1, "exactly one borrower yields 4 GPUs: {gone:?}");
@@ -55,6 +60,37 @@ fn a_guaranteed_job_preempts_an_opportunistic_one() {
     c.wait_until("accounting to record the preemption", Duration::from_secs(30), || {
         c.sacct_state(gone[0]).as_deref() == Some("PREEMPTED")
     });
+
+    // `onepool report` measures the same from Slurm's accounting: the
+    // reclaim, who got the GPUs and how soon, the classes' GPU-hours
+    // (sacct counts whole seconds: the owner has run for some first).
+    std::thread::sleep(Duration::from_secs(2));
+    let out = c
+        .cmd(onepool_tests::build_dir().join("onepool").to_str().unwrap())
+        .args(["report", "--json", "--from", &from])
+        .arg(c.cluster.layout.policy())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let reclaims = r["reclaims"].as_array().unwrap();
+    assert_eq!(reclaims.len(), 1, "{r:#}");
+    let x = &reclaims[0];
+    assert_eq!(
+        (x["job"].as_str(), x["class"].as_str(), x["mode"].as_str()),
+        (Some(gone[0].to_string().as_str()), Some("agents"), Some("immediate"))
+    );
+    assert_eq!(
+        (x["for_job"].as_str(), x["for_class"].as_str()),
+        (Some(owner.to_string().as_str()), Some("critical-training")),
+        "{x}"
+    );
+    // sacct's times are whole seconds.
+    assert!(x["time_to_capacity_s"].as_f64().unwrap() <= took.as_secs_f64().ceil() + 1.0, "{x} (measured {took:?})");
+    let hours = |class: &str| {
+        r["classes"].as_array().unwrap().iter().find(|c| c["class"] == class).unwrap()["gpu_hours"].as_f64().unwrap()
+    };
+    assert!(hours("agents") > 0.0 && hours("critical-training") > 0.0 && hours("inference-baseline") > 0.0, "{r:#}");
 }
 
 #[test]

@@ -63,7 +63,10 @@ pub fn slurm_conf(rendered: &Rendered, changes: &Changes, live: impl Fn(&str) ->
                 Some(c) => {
                     let now = c.live.as_deref().unwrap_or("not set");
                     let detail = format!("{now}: {}", c.why);
-                    let fix = format!("set {}={} in slurm.conf, then `scontrol reconfigure` (or restart slurmctld)", c.key, c.value);
+                    let fix = format!(
+                        "set {}={} in slurm.conf, then `scontrol reconfigure` (or restart slurmctld)",
+                        c.key, c.value
+                    );
                     if matches!(line.want, Want::Duration(_)) {
                         Check::warn(what, detail, fix)
                     } else {
@@ -86,13 +89,16 @@ pub fn qos(rendered: &Rendered, changes: &Changes) -> Vec<Check> {
                 None => format!("QOS {} (flexible partition)", spec.name),
             };
             match changes.qos.iter().find(|c| c.name().eq_ignore_ascii_case(&spec.name)) {
-                None => Check::pass(what, "Priority, Preempt, PreemptMode, GraceTime and limits as the policy renders them"),
+                None => {
+                    Check::pass(what, "Priority, Preempt, PreemptMode, GraceTime and limits as the policy renders them")
+                }
                 Some(c) => {
                     let detail = match c {
                         onepool_decisions::render::live::QosChange::Add(_) => "does not exist".to_string(),
                         onepool_decisions::render::live::QosChange::Modify { .. } => {
                             let command = c.command();
-                            let wanted = command.iter().skip_while(|w| *w != "set").skip(1).cloned().collect::<Vec<_>>();
+                            let wanted =
+                                command.iter().skip_while(|w| *w != "set").skip(1).cloned().collect::<Vec<_>>();
                             format!("differs from the policy, which wants {}", wanted.join(" "))
                         }
                     };
@@ -210,7 +216,11 @@ pub fn plugin_release(name: &str, found: Result<(String, Option<u32>), String>, 
             if major_minor(&built) == major_minor(slurm) {
                 Check::pass(what, format!("{path}, built for Slurm {built}; slurmctld runs {slurm}"))
             } else {
-                Check::fail(what, format!("{path} was built for Slurm {built} but slurmctld runs {slurm}: Slurm refuses it"), fix)
+                Check::fail(
+                    what,
+                    format!("{path} was built for Slurm {built} but slurmctld runs {slurm}: Slurm refuses it"),
+                    fix,
+                )
             }
         }
     }
@@ -300,11 +310,17 @@ pub fn daemon(config: Option<&str>, result: Option<Result<String, String>>) -> C
             "no onepoold config here (not checked)",
             "pass --daemon-config FILE, or run the doctor on the host where onepoold runs",
         ),
-        (Some(path), Some(Ok(out))) => Check::pass(what, format!("{path}: {}", out.lines().last().unwrap_or("fits").trim())),
+        (Some(path), Some(Ok(out))) => {
+            Check::pass(what, format!("{path}: {}", out.lines().last().unwrap_or("fits").trim()))
+        }
         (Some(path), Some(Err(out))) => {
             let errors: Vec<&str> = out.lines().filter(|l| l.starts_with("error: ")).collect();
             let detail = if errors.is_empty() { out.trim().to_string() } else { errors.join("; ") };
-            Check::fail(what, format!("{path}: {detail}"), format!("fix {path} (each error names its key), then `onepoold --check --config {path}`"))
+            Check::fail(
+                what,
+                format!("{path}: {detail}"),
+                format!("fix {path} (each error names its key), then `onepoold --check --config {path}`"),
+            )
         }
     }
 }

@@ -14,7 +14,9 @@ use anyhow::Context;
 use clap::Args;
 use onepool_decisions::gres_conf;
 use onepool_decisions::policy::load;
-use onepool_decisions::render::live::{self, parse_sacctmgr_qos, parse_scontrol_config, parse_scontrol_partitions, LiveConfig};
+use onepool_decisions::render::live::{
+    self, parse_sacctmgr_qos, parse_scontrol_config, parse_scontrol_partitions, LiveConfig,
+};
 use onepool_decisions::render::render;
 use onepool_slurm_commands::{CommandError, Runner, SystemRunner};
 
@@ -24,7 +26,8 @@ const COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 const DAEMON_CONFIG: &str = "/etc/slurm/onepoold.toml";
 const SHOW_NODES: &[&str] = &["scontrol", "-o", "show", "nodes"];
 
-pub const EXIT_STATUS_HELP: &str = "Exit status: 0 nothing failed (warnings allowed), 1 a check failed, 2 the doctor could not read the cluster";
+pub const EXIT_STATUS_HELP: &str =
+    "Exit status: 0 nothing failed (warnings allowed), 1 a check failed, 2 the doctor could not read the cluster";
 
 #[derive(Args)]
 pub struct DoctorArgs {
@@ -136,7 +139,12 @@ pub fn examine(
     out.extend(gres(&config, &cmd(SHOW_NODES)?, host));
     if !local {
         let result = daemon_config.map(|p| {
-            let argv = [host.onepoold.to_string_lossy().into_owned(), "--check".into(), "--config".into(), p.display().to_string()];
+            let argv = [
+                host.onepoold.to_string_lossy().into_owned(),
+                "--check".into(),
+                "--config".into(),
+                p.display().to_string(),
+            ];
             let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
             match runner.run(&argv) {
                 Ok(out) => Ok(out),
@@ -192,7 +200,8 @@ fn glob(pattern: &str) -> Vec<PathBuf> {
 /// The installed plugins against slurmctld's release: the job submit
 /// plugin from PluginDir, the SPANK plugin from its plugstack line.
 fn plugins(config: &LiveConfig, stack: &[(String, String)], slurm: &str, local: bool, host: &Host) -> Vec<Check> {
-    let dirs: Vec<PathBuf> = config.get("PluginDir").unwrap_or("").split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect();
+    let dirs: Vec<PathBuf> =
+        config.get("PluginDir").unwrap_or("").split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect();
     let in_dirs = |name: &str| dirs.iter().map(|d| d.join(name)).find(|p| (host.read)(p).is_ok());
     let spank = stack.iter().flat_map(|(_, t)| t.lines()).find_map(|l| {
         let mut w = l.split_whitespace();
@@ -208,7 +217,10 @@ fn plugins(config: &LiveConfig, stack: &[(String, String)], slurm: &str, local: 
         .into_iter()
         .map(|(name, path)| {
             let found = match path {
-                None => Err(format!("not found in PluginDir ({})", dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(":"))),
+                None => Err(format!(
+                    "not found in PluginDir ({})",
+                    dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(":")
+                )),
                 Some(p) => (host.plugin_version)(&p)
                     .map_err(|e| format!("{}: {e}", p.display()))
                     .map(|v| (p.display().to_string(), v)),
@@ -240,15 +252,28 @@ fn gres(config: &LiveConfig, nodes: &str, host: &Host) -> Vec<Check> {
     let shown = file.display().to_string();
     let text = match (host.read)(&file) {
         Ok(b) => String::from_utf8_lossy(&b).into_owned(),
-        Err(e) if here.is_empty() => return checks::gres_devices(&shown, None, &[], elsewhere, |_| None).into_iter().chain([Check::warn("gres.conf", format!("{shown}: {e}"), "run the doctor where gres.conf is")]).collect(),
-        Err(e) => return vec![Check::fail("gres.conf", format!("{shown}: {e}"), format!("create {shown} with the nodes' GPU device files"))],
+        Err(e) if here.is_empty() => {
+            return checks::gres_devices(&shown, None, &[], elsewhere, |_| None)
+                .into_iter()
+                .chain([Check::warn("gres.conf", format!("{shown}: {e}"), "run the doctor where gres.conf is")])
+                .collect()
+        }
+        Err(e) => {
+            return vec![Check::fail(
+                "gres.conf",
+                format!("{shown}: {e}"),
+                format!("create {shown} with the nodes' GPU device files"),
+            )]
+        }
     };
     let auto = checks::autodetect(&text);
-    let per_node: Vec<(String, Result<Vec<String>, String>)> =
-        here.into_iter().map(|n| {
+    let per_node: Vec<(String, Result<Vec<String>, String>)> = here
+        .into_iter()
+        .map(|n| {
             let files = gres_conf::gpu_files(&text, &n);
             (n, files)
-        }).collect();
+        })
+        .collect();
     checks::gres_devices(&shown, auto.as_deref(), &per_node, elsewhere, |p| (host.kind)(p))
 }
 

@@ -82,7 +82,11 @@ impl Cluster {
         let host = Host {
             names: vec!["localhost".into()],
             read: Box::new(move |p: &Path| {
-                files.get(p).map(|t| t.clone().into_bytes()).or_else(|| plugin_paths.contains(&p.to_path_buf()).then(Vec::new)).ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
+                files
+                    .get(p)
+                    .map(|t| t.clone().into_bytes())
+                    .or_else(|| plugin_paths.contains(&p.to_path_buf()).then(Vec::new))
+                    .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
             }),
             kind: Box::new(move |p: &str| devices.iter().any(|d| d == p).then_some(true)),
             plugin_version: Box::new(move |p: &Path| versions.get(p).cloned().unwrap_or(Err("missing".into()))),
@@ -105,10 +109,24 @@ fn a_cluster_that_matches_the_policy_passes_every_check() {
     assert_eq!(not_passed[0].what, "gres.conf GPUs of other hosts");
     assert_eq!(not_passed[0].status, Status::Warn);
     let whats: Vec<&str> = checks.iter().map(|c| c.what.as_str()).collect();
-    for key in ["JobSubmitPlugins", "PreemptType", "PreemptMode", "AccountingStorageEnforce", "PriorityWeightQOS", "SlurmctldParameters", "PrologFlags"] {
+    for key in [
+        "JobSubmitPlugins",
+        "PreemptType",
+        "PreemptMode",
+        "AccountingStorageEnforce",
+        "PriorityWeightQOS",
+        "SlurmctldParameters",
+        "PrologFlags",
+    ] {
         assert!(whats.contains(&format!("slurm.conf {key}").as_str()), "{whats:?}");
     }
-    for q in ["QOS op-critical-training (class critical-training)", "QOS op-inference-baseline (class inference-baseline)", "QOS onepool-flexible-cap (flexible partition)", "partition gpu", "partition gpu-flex (flexible)"] {
+    for q in [
+        "QOS op-critical-training (class critical-training)",
+        "QOS op-inference-baseline (class inference-baseline)",
+        "QOS onepool-flexible-cap (flexible partition)",
+        "partition gpu",
+        "partition gpu-flex (flexible)",
+    ] {
         assert!(whats.contains(&q), "{q}: {whats:?}");
     }
     assert_eq!(find(&checks, "gres.conf GPUs of node1").detail, "2 device file(s) present");
@@ -141,15 +159,25 @@ fn each_broken_setting_fails_with_its_fix() {
     let preempt = find(&checks, "slurm.conf PreemptType");
     assert_eq!(preempt.status, Status::Fail);
     assert!(preempt.detail.starts_with("preempt/none: reclaim follows the class QOS Preempt lists"), "{preempt:?}");
-    assert_eq!(preempt.fix.as_deref(), Some("set PreemptType=preempt/qos in slurm.conf, then `scontrol reconfigure` (or restart slurmctld)"));
+    assert_eq!(
+        preempt.fix.as_deref(),
+        Some("set PreemptType=preempt/qos in slurm.conf, then `scontrol reconfigure` (or restart slurmctld)")
+    );
     assert_eq!(find(&checks, "slurm.conf SlurmctldParameters").fix.as_deref(), Some("set SlurmctldParameters=enable_configless,preempt_send_user_signal in slurm.conf, then `scontrol reconfigure` (or restart slurmctld)"));
-    assert_eq!(find(&checks, "slurm.conf PreemptExemptTime").status, Status::Warn, "a different exempt time only changes thrash protection");
+    assert_eq!(
+        find(&checks, "slurm.conf PreemptExemptTime").status,
+        Status::Warn,
+        "a different exempt time only changes thrash protection"
+    );
     let training = find(&checks, "QOS op-training (class training)");
     assert_eq!(training.status, Status::Fail);
     assert_eq!(training.detail, "differs from the policy, which wants Priority=3000");
     assert_eq!(training.fix.as_deref(), Some("sacctmgr -i modify qos where name=op-training set Priority=3000"));
     let stack = find(&checks, "plugstack spank_onepool.so");
-    assert_eq!((stack.status, stack.fix.as_deref()), (Status::Fail, Some("change `optional` to `required` at /etc/slurm/plugstack.conf:1")));
+    assert_eq!(
+        (stack.status, stack.fix.as_deref()),
+        (Status::Fail, Some("change `optional` to `required` at /etc/slurm/plugstack.conf:1"))
+    );
     let plugin = find(&checks, "plugin job_submit_onepool.so");
     assert_eq!(plugin.detail, "/opt/onepool/lib/job_submit_onepool.so was built for Slurm 24.11.1 but slurmctld runs 22.05.8: Slurm refuses it");
     assert_eq!(find(&checks, "plugin spank_onepool.so").status, Status::Pass);
@@ -161,7 +189,11 @@ fn each_broken_setting_fails_with_its_fix() {
     let v = checks::json(&checks);
     assert_eq!(v["failed"], checks.iter().filter(|c| c.status == Status::Fail).count());
     assert_eq!(v["checks"][0]["status"], "pass");
-    assert!(v["checks"].as_array().unwrap().iter().any(|c| c["check"] == "slurm.conf PreemptType" && c["status"] == "fail"));
+    assert!(v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["check"] == "slurm.conf PreemptType" && c["status"] == "fail"));
 }
 
 #[test]
@@ -172,7 +204,10 @@ fn missing_plugins_and_plugstack_line_fail() {
     let checks = c.examine(false).unwrap();
     let stack = find(&checks, "plugstack spank_onepool.so");
     assert_eq!(stack.detail, "no line loads it (read: /etc/slurm/plugstack.conf)");
-    assert_eq!(find(&checks, "plugin job_submit_onepool.so").detail, "not found in PluginDir (/usr/lib/slurm:/opt/onepool/lib)");
+    assert_eq!(
+        find(&checks, "plugin job_submit_onepool.so").detail,
+        "not found in PluginDir (/usr/lib/slurm:/opt/onepool/lib)"
+    );
 }
 
 #[test]
@@ -181,14 +216,24 @@ fn local_checks_only_what_this_host_holds() {
     let whats: Vec<&str> = checks.iter().map(|c| c.what.as_str()).collect();
     assert_eq!(
         whats,
-        ["policy", "plugstack spank_onepool.so", "plugin spank_onepool.so", "gres.conf GPUs of node1", "gres.conf GPUs of node2", "gres.conf GPUs of other hosts"]
+        [
+            "policy",
+            "plugstack spank_onepool.so",
+            "plugin spank_onepool.so",
+            "gres.conf GPUs of node1",
+            "gres.conf GPUs of node2",
+            "gres.conf GPUs of other hosts"
+        ]
     );
 }
 
 #[test]
 fn a_slurm_command_that_fails_is_trouble_not_a_verdict() {
     let mut runner = FakeRunner::new("", "", "");
-    runner.answers.insert(live::SHOW_CONFIG.join(" "), Err("slurm_load_ctl_conf error: Unable to contact slurm controller".into()));
+    runner.answers.insert(
+        live::SHOW_CONFIG.join(" "),
+        Err("slurm_load_ctl_conf error: Unable to contact slurm controller".into()),
+    );
     let host = Host {
         names: vec![],
         read: Box::new(|_: &Path| Err(std::io::Error::from(std::io::ErrorKind::NotFound))),

@@ -1,0 +1,195 @@
+//! `onepool report`: what sharing did on a live cluster over a period,
+//! measured from Slurm's accounting (`sacct`): GPU-hours per class, those
+//! run on borrowed protected capacity, idle GPU-hours, each reclaim with
+//! its mode, the work the victim lost and the time to capacity of the job
+//! that got its GPUs, and in audit mode what the plugin would have placed
+//! or refused (from slurmctld's log). The counterpart of `onepool
+//! simulate`: the simulator predicts, the report measures.
+
+mod svg;
+pub mod usage;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use onepool_decisions::policy::load;
+use onepool_decisions::render::live::{self, parse_scontrol_config};
+use onepool_slurm_commands::{Runner, SystemRunner};
+
+const COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+#[derive(Args)]
+pub struct ReportArgs {
+    /// Policy file [default: $ONEPOOL_POLICY, else /etc/slurm/onepool.toml]
+    pub policy: Option<PathBuf>,
+    /// Start of the period, as sacct takes it (e.g. 2026-12-01T00:00:00, or now-7days) [default: 24 hours before --to]
+    #[arg(long)]
+    pub from: Option<String>,
+    /// End of the period [default: now]
+    #[arg(long)]
+    pub to: Option<String>,
+    /// slurmctld's log, for audit mode's "would place/refuse" lines [default: SlurmctldLogFile]
+    #[arg(long)]
+    pub log: Option<PathBuf>,
+    /// Write a chart of the figures (SVG, a manager's one page) to this file
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// One JSON object instead of text
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
+    let src = crate::policy::source::read(args.policy.clone())?;
+    let loaded = load(&src.text);
+    let policy = match &loaded.policy {
+        Some(p) if loaded.errors().next().is_none() => p,
+        _ => anyhow::bail!("{} (onepool policy check {})", crate::policy::check::summary(&src.name, &loaded), src.name),
+    };
+    let runner = SystemRunner::new(COMMAND_TIMEOUT);
+    let report = gather(args, policy, &runner)?;
+    if let Some(path) = &args.svg {
+        std::fs::write(path, svg::chart(&report)).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", text(&report));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reads the period's allocations (and the audit lines) and computes the report.
+pub fn gather(
+    args: &ReportArgs,
+    policy: &onepool_decisions::policy::Policy,
+    runner: &dyn Runner,
+) -> anyhow::Result<usage::Report> {
+    let cmd = |argv: &[&str]| runner.run(argv).with_context(|| format!("the report needs `{}`", argv.join(" ")));
+    // The period in the cluster's own clock and format, as sacct reads it.
+    let now = cmd(&["date", "+%Y-%m-%dT%H:%M:%S"])?.trim().to_string();
+    let to_text = args.to.clone().unwrap_or(now);
+    let to = time(&to_text, None)?;
+    let from_text = args.from.clone().unwrap_or_else(|| format_time(to - 86_400.0));
+    let from = time(&from_text, Some(to))?;
+    anyhow::ensure!(from < to, "--from {from_text} is not before --to {to_text}");
+    let out = cmd(&[
+        "sacct",
+        "-a",
+        "-X",
+        "-D",
+        "-P",
+        "-n",
+        "--starttime",
+        &format_time(from),
+        "--endtime",
+        &format_time(to),
+        &format!("--format={}", usage::SACCT_FORMAT),
+    ])?;
+    let runs = usage::parse_sacct(&out).map_err(|e| anyhow::anyhow!(e))?;
+    let mut report = usage::compute(&runs, policy, from, to);
+    let log = match &args.log {
+        Some(p) => Some(p.clone()),
+        None => parse_scontrol_config(&cmd(live::SHOW_CONFIG)?).get("SlurmctldLogFile").map(PathBuf::from),
+    };
+    if let Some(text) = log.and_then(|p| std::fs::read_to_string(p).ok()) {
+        let a = usage::audit(&text, from, to);
+        if policy.pool.audit || !a.would_place.is_empty() || !a.would_refuse.is_empty() {
+            report.audit = Some(a);
+        }
+    }
+    Ok(report)
+}
+
+/// A time as the arguments give it: sacct's `YYYY-MM-DDTHH:MM:SS`, or
+/// `now-N{days,hours,minutes}` relative to `to`.
+fn time(s: &str, to: Option<f64>) -> anyhow::Result<f64> {
+    if let (Some(rest), Some(to)) = (s.strip_prefix("now-"), to) {
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let n: f64 =
+            digits.parse().with_context(|| format!("{s:?}: expected now-N followed by days, hours or minutes"))?;
+        let unit = match &rest[digits.len()..] {
+            "days" | "day" | "d" => 86_400.0,
+            "hours" | "hour" | "h" => 3600.0,
+            "minutes" | "minute" | "min" | "m" => 60.0,
+            other => anyhow::bail!("{s:?}: unknown unit {other:?} (days, hours or minutes)"),
+        };
+        return Ok(to - n * unit);
+    }
+    onepool_decisions::trace::parse_time(s).with_context(|| format!("{s:?} is not a time (YYYY-MM-DDTHH:MM:SS)"))
+}
+
+fn format_time(t: f64) -> String {
+    let secs = t.floor() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+pub fn text(r: &usage::Report) -> String {
+    let mut out = format!(
+        "onepool report {} to {} ({:.1} h), pool of {} GPUs\n\n",
+        format_time(r.from),
+        format_time(r.to),
+        (r.to - r.from) / 3600.0,
+        r.pool_gpus
+    );
+    out.push_str(&format!("{:<24} {:>10} {:>10} {:>14} {:>6}\n", "class", "tier", "GPU-hours", "on borrowed", "jobs"));
+    for c in &r.classes {
+        let tier = if c.protected { "protected" } else { "flexible" };
+        let borrowed = if c.protected { "-".to_string() } else { format!("{:.2}", c.borrowed_gpu_hours) };
+        out.push_str(&format!("{:<24} {:>10} {:>10.2} {:>14} {:>6}\n", c.class, tier, c.gpu_hours, borrowed, c.jobs));
+    }
+    let used: f64 = r.classes.iter().map(|c| c.gpu_hours).sum();
+    let capacity = f64::from(r.pool_gpus) * (r.to - r.from) / 3600.0;
+    out.push_str(&format!(
+        "\nused {used:.2} of {capacity:.2} GPU-hours ({:.0} %); idle {:.2}; outside the pool {:.2}\n",
+        if capacity > 0.0 { 100.0 * used / capacity } else { 0.0 },
+        r.idle_gpu_hours,
+        r.outside_gpu_hours
+    ));
+    out.push_str(&format!("\nreclaims: {}\n", r.reclaims.len()));
+    for m in ["immediate", "graceful", "requeue"] {
+        let of: Vec<&usage::Reclaim> = r.reclaims.iter().filter(|x| x.mode == m).collect();
+        if of.is_empty() {
+            continue;
+        }
+        let lost: f64 = of.iter().map(|x| x.run_gpu_hours).sum();
+        out.push_str(&format!("  {m}: {} (runs ended: {lost:.2} GPU-hours)\n", of.len()));
+    }
+    for x in &r.reclaims {
+        let taker = match (&x.for_job, &x.for_class, x.time_to_capacity_s) {
+            (Some(j), Some(c), Some(t)) => format!("for job {j} ({c}), which ran {t:.1} s after submission"),
+            (Some(j), _, Some(t)) => format!("for job {j}, which ran {t:.1} s after submission"),
+            _ => "no job started on its nodes right after".to_string(),
+        };
+        out.push_str(&format!("  job {} ({}, {}) at +{:.0} s: {taker}\n", x.job, x.class, x.mode, x.at_s));
+    }
+    if let Some(a) = &r.audit {
+        out.push_str("\naudit mode (slurmctld's log): the plugin would have\n");
+        for (class, n) in &a.would_place {
+            out.push_str(&format!("  placed {n} job(s) in {class}\n"));
+        }
+        for (why, n) in &a.would_refuse {
+            out.push_str(&format!("  refused {n} job(s): {why}\n"));
+        }
+        if a.would_refuse_updates > 0 {
+            out.push_str(&format!("  refused {} update(s)\n", a.would_refuse_updates));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
