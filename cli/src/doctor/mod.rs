@@ -61,15 +61,19 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     Ok(if checks.iter().any(|c| c.status == Status::Fail) { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
+type ReadFile = Box<dyn Fn(&Path) -> std::io::Result<Vec<u8>>>;
+type FileKind = Box<dyn Fn(&str) -> Option<bool>>;
+type PluginVersion = Box<dyn Fn(&Path) -> Result<Option<u32>, String>>;
+
 /// What the doctor reads off this host beyond Slurm's commands: its names
 /// (to find the nodes it runs) and its files.
 pub struct Host {
     pub names: Vec<String>,
-    pub read: Box<dyn Fn(&Path) -> std::io::Result<Vec<u8>>>,
+    pub read: ReadFile,
     /// `Some(true)`: a character device; `None`: missing.
-    pub kind: Box<dyn Fn(&str) -> Option<bool>>,
+    pub kind: FileKind,
     /// A plugin file's `plugin_version` ([`elf::plugin_version`]).
-    pub plugin_version: Box<dyn Fn(&Path) -> Result<Option<u32>, String>>,
+    pub plugin_version: PluginVersion,
     pub onepoold: PathBuf,
 }
 
