@@ -63,24 +63,6 @@ op-agents|1000||cancel|00:00:00||gres/gpu=4|DenyOnLimit|
     /// `sacctmgr show qos` of a cluster that already has every QOS the
     /// policy renders, as rendered.
     pub fn qos_matching(rendered: &onepool_decisions::render::Rendered) -> String {
-        use onepool_decisions::render::slurm_time;
-        let gpus = |n: Option<u32>| n.map(|n| format!("gres/gpu={n}")).unwrap_or_default();
-        rendered
-            .all_qos()
-            .map(|q| {
-                format!(
-                    "{}|{}|{}|{}|{}|{}|{}|{}|{}\n",
-                    q.name,
-                    q.priority,
-                    q.preempt.join(","),
-                    q.preempt_mode.map_or("cluster", |m| m.as_str()),
-                    slurm_time(q.grace_time),
-                    gpus(q.grp_gpus),
-                    gpus(q.max_gpus_per_job),
-                    if q.deny_on_limit { "DenyOnLimit" } else { "" },
-                    q.max_wall.map(slurm_time).unwrap_or_default()
-                )
-            })
-            .collect()
+        rendered.all_qos().map(|q| onepool_decisions::render::live::sacctmgr_line(q) + "\n").collect()
     }
 }

@@ -227,6 +227,17 @@ fn local_checks_only_what_this_host_holds() {
     );
 }
 
+/// A host with no files, for checks that never get to them.
+fn nothing_here() -> Host {
+    Host {
+        names: vec![],
+        read: Box::new(|_: &Path| Err(std::io::Error::from(std::io::ErrorKind::NotFound))),
+        kind: Box::new(|_: &str| None),
+        plugin_version: Box::new(|_: &Path| Ok(None)),
+        onepoold: PathBuf::from("onepoold"),
+    }
+}
+
 #[test]
 fn a_slurm_command_that_fails_is_trouble_not_a_verdict() {
     let mut runner = FakeRunner::new("", "", "");
@@ -234,13 +245,7 @@ fn a_slurm_command_that_fails_is_trouble_not_a_verdict() {
         live::SHOW_CONFIG.join(" "),
         Err("slurm_load_ctl_conf error: Unable to contact slurm controller".into()),
     );
-    let host = Host {
-        names: vec![],
-        read: Box::new(|_: &Path| Err(std::io::Error::from(std::io::ErrorKind::NotFound))),
-        kind: Box::new(|_: &str| None),
-        plugin_version: Box::new(|_: &Path| Ok(None)),
-        onepoold: PathBuf::from("onepoold"),
-    };
+    let host = nothing_here();
     let e = format!("{:#}", examine(&sample(), None, false, &runner, &host).unwrap_err());
     assert!(e.starts_with("the doctor needs `scontrol show config`"), "{e}");
     assert!(e.contains("Unable to contact slurm controller"), "{e}");
@@ -249,13 +254,7 @@ fn a_slurm_command_that_fails_is_trouble_not_a_verdict() {
 #[test]
 fn a_policy_with_errors_is_one_failed_check() {
     let src = Source { name: "p.toml".into(), text: SAMPLE.replace("rank = 3", "rank = 2") };
-    let host = Host {
-        names: vec![],
-        read: Box::new(|_: &Path| Err(std::io::Error::from(std::io::ErrorKind::NotFound))),
-        kind: Box::new(|_: &str| None),
-        plugin_version: Box::new(|_: &Path| Ok(None)),
-        onepoold: PathBuf::from("onepoold"),
-    };
+    let host = nothing_here();
     let checks = examine(&src, None, false, &FakeRunner::new("", "", ""), &host).unwrap();
     assert_eq!(checks.len(), 1);
     assert_eq!((checks[0].status, checks[0].fix.as_deref()), (Status::Fail, Some("onepool policy check p.toml")));

@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub use diff::{diff, AccessChange, Changes, ConfChange, PartitionChange, QosChange};
-pub use parse::{allow_list, parse_sacctmgr_qos, parse_scontrol_config, parse_scontrol_partitions, ParseError};
+pub use parse::{
+    allow_list, parse_sacctmgr_qos, parse_scontrol_config, parse_scontrol_partitions, sacctmgr_line, ParseError,
+};
 
 /// The QOS with exactly the fields [`parse_sacctmgr_qos`] reads, in its order.
 pub const SHOW_QOS: &[&str] = &[

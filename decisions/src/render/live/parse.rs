@@ -144,3 +144,23 @@ pub fn allow_list(value: &str) -> Option<Vec<String>> {
         Some(owned(items))
     }
 }
+
+/// How [`super::SHOW_QOS`] prints a QOS that has exactly `q`'s settings:
+/// the inverse of [`parse_sacctmgr_qos`], for tests and tools that stand in
+/// for a cluster already configured by the policy.
+pub fn sacctmgr_line(q: &crate::render::QosSpec) -> String {
+    use crate::render::slurm_time;
+    let gpus = |n: Option<u32>| n.map(|n| format!("gres/gpu={n}")).unwrap_or_default();
+    format!(
+        "{}|{}|{}|{}|{}|{}|{}|{}|{}",
+        q.name,
+        q.priority,
+        q.preempt.join(","),
+        q.preempt_mode.map_or("cluster", |m| m.as_str()),
+        slurm_time(q.grace_time),
+        gpus(q.grp_gpus),
+        gpus(q.max_gpus_per_job),
+        if q.deny_on_limit { "DenyOnLimit" } else { "" },
+        q.max_wall.map(slurm_time).unwrap_or_default()
+    )
+}

@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::render::tests::{policy_of, SAMPLE};
-use crate::render::{render, slurm_time, QosSpec, Rendered};
+use crate::render::{render, Rendered};
 
 /// `sacctmgr -n -P show qos` as Slurm 22.05 prints it for a site with its
 /// own QOS (the first five fields are real output; the limits and flags
@@ -104,26 +104,9 @@ fn scontrol_partitions_one_a_line() {
     assert!(e.message.contains("no PartitionName="), "{e}");
 }
 
-/// How sacctmgr shows a QOS that has exactly `q`'s settings.
-fn shown(q: &QosSpec) -> String {
-    let gpus = |n: Option<u32>| n.map(|n| format!("gres/gpu={n}")).unwrap_or_default();
-    format!(
-        "{}|{}|{}|{}|{}|{}|{}|{}|{}",
-        q.name,
-        q.priority,
-        q.preempt.join(","),
-        q.preempt_mode.map_or("cluster", |m| m.as_str()),
-        slurm_time(q.grace_time),
-        gpus(q.grp_gpus),
-        gpus(q.max_gpus_per_job),
-        if q.deny_on_limit { "DenyOnLimit" } else { "" },
-        q.max_wall.map(slurm_time).unwrap_or_default()
-    )
-}
-
 /// A cluster already configured by `r`, with the site's own QOS too.
 fn live_of(r: &Rendered) -> (Vec<LiveQos>, LiveConfig, Vec<LivePartition>) {
-    let qos: Vec<String> = r.all_qos().map(shown).collect();
+    let qos: Vec<String> = r.all_qos().map(sacctmgr_line).collect();
     let qos = parse_sacctmgr_qos(&format!("{SITE_QOS}{}\n", qos.join("\n"))).unwrap();
     let mut config = CONFIG_HEADER.to_string();
     for line in &r.slurm_conf {
