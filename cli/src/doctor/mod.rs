@@ -70,7 +70,8 @@ type PluginVersion = Box<dyn Fn(&Path) -> Result<Option<u32>, String>>;
 pub struct Host {
     pub names: Vec<String>,
     pub read: ReadFile,
-    /// `Some(true)`: a character device; `None`: missing.
+    /// What a path is: `Some(true)` a character device, `Some(false)`
+    /// something else, `None` missing.
     pub kind: FileKind,
     /// A plugin file's `plugin_version` ([`elf::plugin_version`]).
     pub plugin_version: PluginVersion,
@@ -206,7 +207,8 @@ fn glob(pattern: &str) -> Vec<PathBuf> {
 fn plugins(config: &LiveConfig, stack: &[(String, String)], slurm: &str, local: bool, host: &Host) -> Vec<Check> {
     let dirs: Vec<PathBuf> =
         config.get("PluginDir").unwrap_or("").split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect();
-    let in_dirs = |name: &str| dirs.iter().map(|d| d.join(name)).find(|p| (host.read)(p).is_ok());
+    // Found by what the path is (no read: the plugin is read once, for its version).
+    let in_dirs = |name: &str| dirs.iter().map(|d| d.join(name)).find(|p| (host.kind)(&p.to_string_lossy()).is_some());
     let spank = stack.iter().flat_map(|(_, t)| t.lines()).find_map(|l| {
         let mut w = l.split_whitespace();
         let (kind, path) = (w.next()?, w.next()?);
@@ -254,20 +256,17 @@ fn gres(config: &LiveConfig, nodes: &str, host: &Host) -> Vec<Check> {
         }
     }
     let shown = file.display().to_string();
+    // Without nodes here, an unreadable gres.conf is only worth a warning.
+    let mut unread = None;
     let text = match (host.read)(&file) {
         Ok(b) => String::from_utf8_lossy(&b).into_owned(),
-        Err(e) if here.is_empty() => {
-            return checks::gres_devices(&shown, None, &[], elsewhere, |_| None)
-                .into_iter()
-                .chain([Check::warn("gres.conf", format!("{shown}: {e}"), "run the doctor where gres.conf is")])
-                .collect()
+        Err(e) if !here.is_empty() => {
+            let fix = format!("create {shown} with the nodes' GPU device files");
+            return vec![Check::fail("gres.conf", format!("{shown}: {e}"), fix)];
         }
         Err(e) => {
-            return vec![Check::fail(
-                "gres.conf",
-                format!("{shown}: {e}"),
-                format!("create {shown} with the nodes' GPU device files"),
-            )]
+            unread = Some(Check::warn("gres.conf", format!("{shown}: {e}"), "run the doctor where gres.conf is"));
+            String::new()
         }
     };
     let auto = checks::autodetect(&text);
@@ -278,7 +277,9 @@ fn gres(config: &LiveConfig, nodes: &str, host: &Host) -> Vec<Check> {
             (n, files)
         })
         .collect();
-    checks::gres_devices(&shown, auto.as_deref(), &per_node, elsewhere, |p| (host.kind)(p))
+    let mut out = checks::gres_devices(&shown, auto.as_deref(), &per_node, elsewhere, |p| (host.kind)(p));
+    out.extend(unread);
+    out
 }
 
 #[cfg(test)]

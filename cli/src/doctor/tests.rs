@@ -85,10 +85,12 @@ impl Cluster {
                 files
                     .get(p)
                     .map(|t| t.clone().into_bytes())
-                    .or_else(|| plugin_paths.contains(&p.to_path_buf()).then(Vec::new))
                     .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
             }),
-            kind: Box::new(move |p: &str| devices.iter().any(|d| d == p).then_some(true)),
+            kind: Box::new(move |p: &str| {
+                let plugin = plugin_paths.iter().any(|f| f.as_os_str() == p);
+                (devices.iter().any(|d| d == p) || plugin).then_some(!plugin)
+            }),
             plugin_version: Box::new(move |p: &Path| versions.get(p).cloned().unwrap_or(Err("missing".into()))),
             onepoold: PathBuf::from("onepoold"),
         };

@@ -16,6 +16,7 @@ use anyhow::Context;
 use clap::Args;
 use onepool_decisions::policy::load;
 use onepool_decisions::render::live::{self, parse_scontrol_config};
+use onepool_decisions::trace::format_time;
 use onepool_slurm_commands::{Runner, SystemRunner};
 
 const COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
@@ -119,22 +120,6 @@ fn time(s: &str, to: Option<f64>) -> anyhow::Result<f64> {
         return Ok(to - n * unit);
     }
     onepool_decisions::trace::parse_time(s).with_context(|| format!("{s:?} is not a time (YYYY-MM-DDTHH:MM:SS)"))
-}
-
-fn format_time(t: f64) -> String {
-    let secs = t.floor() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
 }
 
 pub fn text(r: &usage::Report) -> String {

@@ -108,6 +108,17 @@ fn quantile(v: &[f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
+/// Whether a time of the trace falls in a burst second (more than
+/// `BURST_PER_S` requests in that second of the trace).
+fn burst_seconds(trace: &Trace) -> impl Fn(f64) -> bool {
+    let span = trace.rows.last().map(|r| r.0).unwrap_or(0.0);
+    let mut per_s = vec![0usize; span as usize + 1];
+    for r in &trace.rows {
+        per_s[r.0 as usize] += 1;
+    }
+    move |t: f64| per_s.get(t as usize).is_some_and(|&n| n > BURST_PER_S)
+}
+
 /// The trace, cut to its first `limit` seconds.
 fn load_trace(path: &std::path::Path, limit: f64) -> Trace {
     let mut t = Trace::load(path).unwrap_or_else(|e| panic!("{e}"));
@@ -169,10 +180,7 @@ fn run(c: &TestCluster, v: Variant, trace: Trace, policy: &std::path::Path, dir:
         load.finish();
     }
     let span = trace.rows.last().map(|r| r.0).unwrap_or(0.0);
-    let mut per_s = vec![0usize; span as usize + 1];
-    for r in &trace.rows {
-        per_s[r.0 as usize] += 1;
-    }
+    let in_burst_second = burst_seconds(&trace);
     let addr = d.endpoint(ENDPOINT).unwrap().listen.unwrap();
     let submitted_before = replica_view(&d, ENDPOINT).submitted.len();
     let t0 = Instant::now();
@@ -218,9 +226,7 @@ fn run(c: &TestCluster, v: Variant, trace: Trace, policy: &std::path::Path, dir:
     let ok: Vec<_> = reqs.iter().filter(|r| r.failure.is_none()).collect();
     let delay =
         |r: &&onepool_dev_cluster::replay::Request| ((r.ended - r.sent) - f64::from(r.max_tokens) * PER_TOKEN).max(0.0);
-    let in_burst = |r: &&&onepool_dev_cluster::replay::Request| {
-        per_s.get((r.sent - 0.0) as usize).is_some_and(|&n| n > BURST_PER_S)
-    };
+    let in_burst = |r: &&&onepool_dev_cluster::replay::Request| in_burst_second(r.sent);
     Outcome {
         delays: ok.iter().map(delay).collect(),
         burst_delays: ok.iter().filter(in_burst).map(delay).collect(),
@@ -272,17 +278,10 @@ fn simulate(v: Variant, trace: &Trace, policy: &std::path::Path, dir: &std::path
         .filter(|e| replica_classes.contains(&e.class))
         .map(|e| 4.0 * (e.end.min(span) - e.start.max(0.0)).max(0.0))
         .sum();
-    let mut per_s = vec![0usize; span as usize + 1];
-    for row in &trace.rows {
-        per_s[row.0 as usize] += 1;
-    }
+    let in_burst_second = burst_seconds(trace);
     let delays: Vec<f64> = r.request_log.iter().map(|x| f64::from(x.2)).collect();
-    let burst_delays = r
-        .request_log
-        .iter()
-        .filter(|x| per_s.get(x.1 as usize).is_some_and(|&n| n > BURST_PER_S))
-        .map(|x| f64::from(x.2))
-        .collect();
+    let burst_delays =
+        r.request_log.iter().filter(|x| in_burst_second(f64::from(x.1))).map(|x| f64::from(x.2)).collect();
     let sent = trace.rows.len();
     let failed: u64 = replica_classes.iter().map(|&c| r.classes[c].failed_requests + r.classes[c].unserved).sum();
     Outcome {
