@@ -19,9 +19,9 @@ bench_build() {
 }
 
 bench_user_account() {
-    sacctmgr -n -P show account format=account | grep -qx research ||
+    grep -qx research <<<"$(sacctmgr -n -P show account format=account)" ||
         sacctmgr -i add account research Description=bench Organization=bench >/dev/null
-    sacctmgr -n -P show assoc format=account,user | grep -qx "research|$bench_user" ||
+    grep -qx "research|$bench_user" <<<"$(sacctmgr -n -P show assoc format=account,user)" ||
         sacctmgr -i add user "$bench_user" Account=research >/dev/null
 }
 

@@ -40,7 +40,7 @@ for variant in "default" "preempt_youngest_first" "preempt_strict_order" "preemp
     "$dc" --dir "$dir" down >/dev/null 2>&1 || true
     "$dc" --dir "$dir" up --no-install --policy "$dir/policy.toml" --site-conf "$dir/site.conf" >/dev/null
     eval "$("$dc" --dir "$dir" env)"
-    scontrol show config | grep -q "SchedulerParameters *= *$params" || { echo "SchedulerParameters not applied" >&2; exit 1; }
+    grep -q "SchedulerParameters *= *$params" <<<"$(scontrol show config)" || { echo "SchedulerParameters not applied" >&2; exit 1; }
     for r in $(seq 1 "$rounds"); do
         base=$(sbatch --parsable -o /dev/null --workload=inference-baseline --gpus=4 -N1 --wrap 'sleep 600')
         wait_running "$base"

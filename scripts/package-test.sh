@@ -146,7 +146,7 @@ rc=$?
 set -e
 indent <<<"$refusal"
 [ $rc -ne 0 ] || fail "dpkg -i $(basename "$wrong_deb") succeeded on Slurm $rel"
-echo "$refusal" | grep -q "pre-dependency problem" || fail "the refusal is no dependency error"
+grep -q "pre-dependency problem" <<<"$refusal" || fail "the refusal is no dependency error"
 # (dpkg remembers the name it selected: `unknown ok not-installed`.)
 # shellcheck disable=SC2016 # expanded inside the root
 in_root sh -c 'dpkg-query -W -f="\${Status}\n" onepool 2>/dev/null | grep -qv "not-installed\$" && exit 1
@@ -254,10 +254,14 @@ step "removed and purged"
 rpmf=target/packages/onepool-${version}-1.slurm${rel}.x86_64.rpm
 if command -v rpm >/dev/null && [ -f "$rpmf" ]; then
     next=$(printf '%s.%02d' "${rel%.*}" $((10#${rel#*.} + 1)))
-    rpm -qpl "$rpmf" 2>/dev/null | grep -qx /usr/lib64/slurm/job_submit_onepool.so || fail "$rpmf: no /usr/lib64/slurm/job_submit_onepool.so"
-    rpm -qpl "$rpmf" 2>/dev/null | grep -qx /usr/lib64/slurm/spank_onepool.so || fail "$rpmf: no spank_onepool.so"
-    rpm -qpR "$rpmf" 2>/dev/null | grep -qx "slurm >= $rel" || fail "$rpmf: no slurm >= $rel"
-    rpm -qpR "$rpmf" 2>/dev/null | grep -qx "slurm < $next" || fail "$rpmf: no slurm < $next"
+    # Read whole before matching: `rpm -qpl | grep -q` under pipefail fails
+    # whenever grep exits before rpm's last write (SIGPIPE, 1 run in ~200).
+    files=$(rpm -qpl "$rpmf") || fail "rpm -qpl $rpmf"
+    requires=$(rpm -qpR "$rpmf") || fail "rpm -qpR $rpmf"
+    grep -qx /usr/lib64/slurm/job_submit_onepool.so <<<"$files" || fail "$rpmf: no /usr/lib64/slurm/job_submit_onepool.so"
+    grep -qx /usr/lib64/slurm/spank_onepool.so <<<"$files" || fail "$rpmf: no spank_onepool.so"
+    grep -qx "slurm >= $rel" <<<"$requires" || fail "$rpmf: no slurm >= $rel"
+    grep -qx "slurm < $next" <<<"$requires" || fail "$rpmf: no slurm < $next"
     step "$(basename "$rpmf"): files and the slurm >= $rel, < $next pin listed (not installed: no RHEL here)"
 else
     step "no rpm or no $(basename "$rpmf"): the .rpm is not inspected"
