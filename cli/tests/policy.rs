@@ -110,9 +110,14 @@ fn render_parts_and_json() {
             || l.starts_with("# ")
             || l.starts_with("sacctmgr -i add qos ")
             || l.starts_with("sacctmgr -i add account onepool ")
-            || l == "sacctmgr -i add user onepool Account=onepool"),
+            || l == "sacctmgr -i add user onepool Account=onepool"
+            || l.starts_with("sacctmgr -i modify account where name=root set qos+=")),
         "{qos}"
     );
+    // Without the grant every job given a class QOS is refused under
+    // AccountingStorageEnforce=qos; it comes after the QOS it names.
+    let grant = "sacctmgr -i modify account where name=root set qos+=op-agents,op-inference,op-training,op-critical-training,op-inference-baseline";
+    assert!(qos.find(grant).unwrap() > qos.find("add qos op-inference-baseline").unwrap(), "{qos}");
     assert_eq!(qos.lines().filter(|l| l.starts_with("sacctmgr -i add qos")).count(), 6);
     assert!(
         qos.contains("# onepoold's service user onepool submits and owns the replica jobs (so model servers never run as root); the policy entitles it to inference-baseline\n"),

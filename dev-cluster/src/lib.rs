@@ -49,6 +49,11 @@ pub struct UpOptions {
     /// slurm.conf lines that replace the template's settings of the same
     /// keys (e.g. `MinJobAge=5` for a benchmark that submits many jobs).
     pub site_conf: Option<PathBuf>,
+    /// The site before onepool: slurm.conf's onepool Include and
+    /// plugstack.conf empty, no QOS from the policy, no plugins copied. The
+    /// starting point of the deployment runbook's test (docs/deploy.md):
+    /// from there only the runbook's own commands configure onepool.
+    pub before_onepool: bool,
 }
 
 impl Default for UpOptions {
@@ -62,6 +67,7 @@ impl Default for UpOptions {
             job_submit_plugins: None,
             job_submit_lua: None,
             site_conf: None,
+            before_onepool: false,
         }
     }
 }
@@ -124,10 +130,11 @@ impl Cluster {
         let configs_changed = services::write_configs(&self.layout, &spec, &policy, opts)?;
         services::make_gpu_devices(&self.layout, &spec)?;
         let plugins_changed = match &opts.plugin_source {
-            Some(src) => services::install_plugins(&self.layout, src)?,
-            None => false,
+            Some(src) if !opts.before_onepool => services::install_plugins(&self.layout, src)?,
+            _ => false,
         };
-        services::start_all(self, &spec, &policy, plugins_changed || configs_changed, progress)?;
+        let policy = (!opts.before_onepool).then_some(&policy);
+        services::start_all(self, &spec, policy, plugins_changed || configs_changed, progress)?;
         Ok(spec)
     }
 
@@ -147,6 +154,14 @@ impl Cluster {
             fs::write(&dest, &text).ctx(|| format!("writing {}", dest.display()))?;
         }
         Ok(policy)
+    }
+
+    /// Stops slurmctld and starts it again on the configuration files as they
+    /// are (an admin's edits included: nothing is rewritten), as
+    /// `systemctl restart slurmctld` would, and waits until it answers.
+    pub fn restart_slurmctld(&self, progress: &mut dyn FnMut(&str)) -> Result<()> {
+        let _lock = self.lock()?;
+        services::restart_slurmctld(self, progress)
     }
 
     /// Stops every process this cluster started (and the job steps its

@@ -44,7 +44,14 @@ enum Cmd {
         /// slurm.conf lines replacing the template's settings of the same keys.
         #[arg(long)]
         site_conf: Option<PathBuf>,
+        /// Start as the site before onepool: no onepool settings in
+        /// slurm.conf, no SPANK plugin, no class QOS, no plugins copied (the
+        /// deployment runbook's test starts here).
+        #[arg(long)]
+        before_onepool: bool,
     },
+    /// Stop slurmctld and start it again on the configuration files as they are.
+    RestartSlurmctld,
     /// Stop every process this cluster started.
     Down,
     /// Show which daemons run, and sinfo when slurmctld is up.
@@ -116,6 +123,7 @@ fn run(cli: Cli) -> onepool_dev_cluster::Result<()> {
             job_submit_plugins,
             job_submit_lua,
             site_conf,
+            before_onepool,
         } => {
             let plugin_source = plugins.or_else(|| std::env::current_exe().ok()?.parent().map(PathBuf::from));
             let opts = UpOptions {
@@ -127,6 +135,7 @@ fn run(cli: Cli) -> onepool_dev_cluster::Result<()> {
                 job_submit_plugins,
                 job_submit_lua,
                 site_conf,
+                before_onepool,
             };
             let spec = cluster.up(&opts, &mut say)?;
             say(&format!(
@@ -138,6 +147,7 @@ fn run(cli: Cli) -> onepool_dev_cluster::Result<()> {
                 cluster.layout.root.display()
             ));
         }
+        Cmd::RestartSlurmctld => cluster.restart_slurmctld(&mut say)?,
         Cmd::Down => cluster.down(&mut say)?,
         Cmd::Status => {
             let mut ctld_up = false;

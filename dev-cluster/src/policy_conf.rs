@@ -6,12 +6,17 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use onepool_decisions::policy::{Policy, FLEXIBLE_CAP_QOS};
+use onepool_decisions::policy::Policy;
 use onepool_decisions::render::live::{self, LiveConfig, LivePartition};
 use onepool_decisions::render::render;
 
 use crate::error::{Error, Result};
 use crate::Cluster;
+
+/// The Include file's text when the cluster starts as the site before onepool.
+pub(crate) const BEFORE_ONEPOOL: &str =
+    "# Empty: the site before onepool (`onepool-devcluster up --before-onepool`).\n\
+     # `onepool policy render --against-live` prints the lines to put here.\n";
 
 /// The `Key=Value` settings and partitions of a slurm.conf text.
 fn read_site(conf: &str) -> (LiveConfig, Vec<LivePartition>) {
@@ -120,10 +125,9 @@ pub(crate) fn apply_qos(cl: &Cluster, policy: &Policy, progress: &mut dyn FnMut(
     if !changes.qos.is_empty() {
         progress(&format!("applied {} QOS change(s) from the policy", changes.qos.len()));
     }
-    let names: Vec<&str> = rendered.all_qos().map(|q| q.name.as_str()).filter(|n| *n != FLEXIBLE_CAP_QOS).collect();
-    let list = format!("qos+={}", names.join(","));
-    cl.run("sacctmgr", &["-i", "modify", "account", "where", "name=root", "set", &list])?;
-    cl.run("sacctmgr", &["-i", "modify", "user", "where", "name=root", "set", &list])?;
+    let grant = rendered.root_grant().command();
+    let args: Vec<&str> = grant.iter().skip(1).map(String::as_str).collect();
+    cl.run("sacctmgr", &args)?;
     service_user(cl, &rendered.service, progress)
 }
 

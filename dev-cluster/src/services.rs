@@ -131,12 +131,18 @@ pub(crate) fn write_configs(
         site =
             policy_conf::override_settings(&site, &fs::read_to_string(p).ctx(|| format!("reading {}", p.display()))?);
     }
-    let (slurm_conf, policy_conf) = policy_conf::merge(&site, policy, opts.job_submit_plugins.as_deref())?;
+    let (slurm_conf, policy_conf) = if opts.before_onepool {
+        (site, policy_conf::BEFORE_ONEPOOL.to_string())
+    } else {
+        policy_conf::merge(&site, policy, opts.job_submit_plugins.as_deref())?
+    };
     let mut changed = write_file(&l.slurm_conf(), &slurm_conf, 0o644)?;
     changed |= write_file(&l.policy_slurm_conf(), &policy_conf, 0o644)?;
     changed |= write_file(&l.slurmdbd_conf(), &text(templates::SLURMDBD_CONF)?, 0o600)?;
     changed |= write_file(&l.gres_conf(), &text(templates::GRES_CONF)?, 0o644)?;
-    changed |= write_file(&l.plugstack_conf(), &text(templates::PLUGSTACK_CONF)?, 0o644)?;
+    let plugstack =
+        if opts.before_onepool { BEFORE_ONEPOOL_PLUGSTACK.to_string() } else { text(templates::PLUGSTACK_CONF)? };
+    changed |= write_file(&l.plugstack_conf(), &plugstack, 0o644)?;
     let lua = match &opts.job_submit_lua {
         Some(p) => fs::read_to_string(p).ctx(|| format!("reading {}", p.display()))?,
         None => templates::JOB_SUBMIT_LUA.to_string(),
@@ -144,6 +150,9 @@ pub(crate) fn write_configs(
     changed |= write_file(&l.job_submit_lua(), &lua, 0o644)?;
     Ok(changed)
 }
+
+const BEFORE_ONEPOOL_PLUGSTACK: &str =
+    "# The site's plugstack.conf before onepool (`onepool-devcluster up --before-onepool`).\n";
 
 /// Writes `text` unless the file already holds it; returns whether it changed.
 fn write_file(path: &Path, text: &str, mode: u32) -> Result<bool> {
@@ -217,7 +226,7 @@ fn slurm_env(c: &mut Command, l: &Layout) {
 pub(crate) fn start_all(
     cl: &Cluster,
     spec: &Spec,
-    policy: &onepool_decisions::policy::Policy,
+    policy: Option<&onepool_decisions::policy::Policy>,
     restart_slurm: bool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<()> {
@@ -251,7 +260,9 @@ pub(crate) fn start_all(
         write_file(&l.policy_slurm_conf(), &full, 0o644)?;
         write_file(&l.slurm_conf(), &site, 0o644)?;
     }
-    policy_conf::apply_qos(cl, policy, progress)?;
+    if let Some(policy) = policy {
+        policy_conf::apply_qos(cl, policy, progress)?;
+    }
     start_slurmctld(cl, progress)?;
     for (node, _) in spec.node_names().iter().zip(&spec.slurmd_ports) {
         let name = format!("slurmd-{node}");
@@ -401,6 +412,14 @@ fn register_cluster(cl: &Cluster, spec: &Spec) -> Result<()> {
         cl.run("sacctmgr", &["-i", "add", "cluster", &spec.cluster])?;
     }
     Ok(())
+}
+
+pub(crate) fn restart_slurmctld(cl: &Cluster, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    if let Some(t) = running(&cl.layout, "slurmctld") {
+        t.stop(Duration::from_secs(10));
+        progress("stopped slurmctld");
+    }
+    start_slurmctld(cl, progress)
 }
 
 fn start_slurmctld(cl: &Cluster, progress: &mut dyn FnMut(&str)) -> Result<()> {

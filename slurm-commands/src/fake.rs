@@ -18,6 +18,7 @@ impl FakeRunner {
         answers.insert(live::SHOW_QOS.join(" "), Ok(qos.to_string()));
         answers.insert(live::SHOW_CONFIG.join(" "), Ok(config.to_string()));
         answers.insert(live::SHOW_PARTITIONS.join(" "), Ok(partitions.to_string()));
+        answers.insert(live::SHOW_ASSOC.join(" "), Ok(samples::ASSOC.to_string()));
         FakeRunner { answers }
     }
 }
@@ -51,6 +52,16 @@ PriorityType            = priority/multifactor
 PriorityWeightQOS       = 10000
 PrologFlags             = Alloc,Contain
 SlurmctldParameters     = preempt_send_user_signal
+";
+
+    /// The associations of a site where the sample policy's class QOS are
+    /// granted at the root and onepoold's account exists.
+    pub const ASSOC: &str = "\
+root||normal,op-agents,op-critical-training,op-inference,op-inference-baseline,op-training
+root|root|normal,op-agents,op-critical-training,op-inference,op-inference-baseline,op-training
+onepool||normal,op-agents,op-critical-training,op-inference,op-inference-baseline,op-training
+onepool|onepool|normal,op-agents,op-critical-training,op-inference,op-inference-baseline,op-training
+research|ann|normal,op-agents,op-critical-training,op-inference,op-inference-baseline,op-training
 ";
 
     pub const PARTITIONS: &str = "PartitionName=gpu Nodes=node[1-4] QoS=N/A State=UP\n";

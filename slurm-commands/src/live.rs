@@ -2,7 +2,7 @@
 //! compared with what the policy renders.
 
 use onepool_decisions::render::live::{
-    self, parse_sacctmgr_qos, parse_scontrol_config, parse_scontrol_partitions, Changes,
+    self, parse_sacctmgr_assoc, parse_sacctmgr_qos, parse_scontrol_config, parse_scontrol_partitions, Changes,
 };
 use onepool_decisions::render::Rendered;
 
@@ -27,7 +27,8 @@ pub fn changes(rendered: &Rendered, runner: &dyn Runner) -> Result<Changes, Live
     }
     let partitions = parse_scontrol_partitions(&runner.run(live::SHOW_PARTITIONS)?)
         .map_err(|e| output(live::SHOW_PARTITIONS, &e))?;
-    Ok(live::diff(rendered, &qos, &config, &partitions))
+    let assocs = parse_sacctmgr_assoc(&runner.run(live::SHOW_ASSOC)?).map_err(|e| output(live::SHOW_ASSOC, &e))?;
+    Ok(live::diff(rendered, &qos, &config, &partitions).with_associations(rendered, &assocs))
 }
 
 #[cfg(test)]
@@ -76,5 +77,38 @@ pub mod tests {
         assert!(e.contains("line 1: expected 9 '|'-separated fields"), "{e}");
         let e = changes(&sample(), &FakeRunner::new(QOS, "nothing here\n", PARTITIONS)).unwrap_err().to_string();
         assert!(e.contains("printed no settings"), "{e}");
+    }
+
+    #[test]
+    fn associations_without_the_class_qos_get_a_grant_and_a_missing_service_account_is_added() {
+        let mut runner = FakeRunner::new(QOS, CONFIG, PARTITIONS);
+        // A site before onepool: only its own QOS, no onepool account.
+        runner
+            .answers
+            .insert(live::SHOW_ASSOC.join(" "), Ok("root||normal\nroot|root|normal\nresearch|ann|normal\n".into()));
+        let c = changes(&sample(), &runner).unwrap();
+        assert_eq!(c.grants.len(), 1, "{:?}", c.grants);
+        let text = c.sacctmgr_text();
+        assert!(
+            text.contains(
+                "sacctmgr -i modify account where name=root set qos+=op-agents,op-inference,op-training,op-critical-training,op-inference-baseline\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("sacctmgr -i add user onepool Account=onepool\n"), "{text}");
+        // Grants after the QOS they name; the service account last.
+        let cmds: Vec<String> = c.sacctmgr_commands().iter().map(|a| a.join(" ")).collect();
+        let at = |p: &str| cmds.iter().position(|c| c.starts_with(p)).unwrap();
+        assert!(at("sacctmgr -i add qos op-inference-baseline") < at("sacctmgr -i modify account"));
+        assert!(at("sacctmgr -i modify account") < at("sacctmgr -i add user onepool"));
+        assert!(!c.is_empty());
+    }
+
+    #[test]
+    fn unreadable_association_output_is_an_error_naming_the_command() {
+        let mut runner = FakeRunner::new(QOS, CONFIG, PARTITIONS);
+        runner.answers.insert(live::SHOW_ASSOC.join(" "), Ok("root|normal\n".into()));
+        let e = changes(&sample(), &runner).unwrap_err().to_string();
+        assert!(e.contains("sacctmgr -n -P show assoc") && e.contains("expected 3 fields"), "{e}");
     }
 }

@@ -4,7 +4,7 @@
 use onepool_decisions::policy::diag::Severity;
 use onepool_decisions::render::conf::Want;
 use onepool_decisions::render::live::{Changes, PartitionChange};
-use onepool_decisions::render::Rendered;
+use onepool_decisions::render::{shell_line, Rendered};
 use serde_json::{json, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -107,6 +107,30 @@ pub fn qos(rendered: &Rendered, changes: &Changes) -> Vec<Check> {
             }
         })
         .collect()
+}
+
+/// The associations: every one lists the class QOS (else Slurm refuses
+/// their jobs: "Invalid qos specification"), and onepoold's account exists.
+/// `changes` carries `Changes::with_associations`'s result.
+pub fn associations(rendered: &Rendered, changes: &Changes) -> Vec<Check> {
+    let what = "associations' QOS lists";
+    let grants = if changes.grants.is_empty() {
+        Check::pass(what, "every association may use the class QOS")
+    } else {
+        let fix: Vec<String> = changes.grants.iter().map(|g| shell_line(&g.command())).collect();
+        let detail: Vec<String> = changes.grants.iter().map(|g| g.why()).collect();
+        Check::fail(what, detail.join("; "), fix.join(" && "))
+    };
+    let s = &rendered.service;
+    let what = format!("onepoold's Slurm association {}/{}", s.account, s.user);
+    let service = match &changes.service {
+        None => Check::pass(what, "exists"),
+        Some(s) => {
+            let fix: Vec<String> = s.commands().iter().map(|c| shell_line(c.as_slice())).collect();
+            Check::warn(what, "missing: onepoold cannot submit replica jobs", fix.join(" && "))
+        }
+    };
+    vec![grants, service]
 }
 
 /// The pool's partitions: they exist, each lets only the pool's QOS run,

@@ -15,7 +15,7 @@ use clap::Args;
 use onepool_decisions::gres_conf;
 use onepool_decisions::policy::load;
 use onepool_decisions::render::live::{
-    self, parse_sacctmgr_qos, parse_scontrol_config, parse_scontrol_partitions, LiveConfig,
+    self, parse_sacctmgr_assoc, parse_sacctmgr_qos, parse_scontrol_config, parse_scontrol_partitions, LiveConfig,
 };
 use onepool_decisions::render::render;
 use onepool_slurm_commands::{CommandError, Runner, SystemRunner};
@@ -132,9 +132,12 @@ pub fn examine(
         let qos = parse_sacctmgr_qos(&cmd(live::SHOW_QOS)?).map_err(|e| anyhow::anyhow!("`sacctmgr show qos`: {e}"))?;
         let partitions = parse_scontrol_partitions(&cmd(live::SHOW_PARTITIONS)?)
             .map_err(|e| anyhow::anyhow!("`scontrol show partition`: {e}"))?;
-        let changes = live::diff(&rendered, &qos, &config, &partitions);
+        let assocs =
+            parse_sacctmgr_assoc(&cmd(live::SHOW_ASSOC)?).map_err(|e| anyhow::anyhow!("`sacctmgr show assoc`: {e}"))?;
+        let changes = live::diff(&rendered, &qos, &config, &partitions).with_associations(&rendered, &assocs);
         out.extend(checks::slurm_conf(&rendered, &changes, |k| config.get(k).map(str::to_string)));
         out.extend(checks::qos(&rendered, &changes));
+        out.extend(checks::associations(&rendered, &changes));
         out.extend(checks::partitions(&rendered, &changes));
         out.extend(checks::problems(&rendered, &changes));
     }

@@ -23,6 +23,7 @@ struct Cluster {
     qos: String,
     partitions: String,
     nodes: String,
+    assoc: String,
     files: HashMap<PathBuf, String>,
     devices: Vec<String>,
     versions: HashMap<PathBuf, Result<Option<u32>, String>>,
@@ -58,6 +59,7 @@ impl Cluster {
                     NodeName=node3 Arch=x86_64 NodeHostName=far Gres=gpu:2 State=IDLE\n\
                     NodeName=login Arch=x86_64 NodeHostName=localhost Gres=(null) State=IDLE\n"
                 .into(),
+            assoc: onepool_slurm_commands::fake::samples::ASSOC.into(),
             files,
             devices: vec!["/dev/nvidia0".into(), "/dev/nvidia1".into()],
             versions: HashMap::from([
@@ -71,9 +73,11 @@ impl Cluster {
     fn examine(self, local: bool) -> anyhow::Result<Vec<Check>> {
         let mut runner = FakeRunner::new(&self.qos, &self.config, &self.partitions);
         runner.answers.insert(SHOW_NODES.join(" "), Ok(self.nodes.clone()));
+        runner.answers.insert(live::SHOW_ASSOC.join(" "), Ok(self.assoc.clone()));
         runner.answers.insert("onepoold --check --config /etc/slurm/onepoold.toml".into(), self.daemon.clone());
         if local {
             runner.answers.remove(&live::SHOW_QOS.join(" "));
+            runner.answers.remove(&live::SHOW_ASSOC.join(" "));
         }
         let files = self.files.clone();
         let plugin_paths: Vec<PathBuf> = self.versions.keys().cloned().collect();
@@ -128,6 +132,8 @@ fn a_cluster_that_matches_the_policy_passes_every_check() {
         "QOS onepool-flexible-cap (flexible partition)",
         "partition gpu",
         "partition gpu-flex (flexible)",
+        "associations' QOS lists",
+        "onepoold's Slurm association onepool/onepool",
     ] {
         assert!(whats.contains(&q), "{q}: {whats:?}");
     }
@@ -156,6 +162,7 @@ fn each_broken_setting_fails_with_its_fix() {
     c.files.insert(PathBuf::from("/etc/slurm/plugstack.conf"), "optional /opt/onepool/lib/spank_onepool.so\n".into());
     c.versions.insert(PathBuf::from("/opt/onepool/lib/job_submit_onepool.so"), Ok(Some((24 << 16) | (11 << 8) | 1)));
     c.devices.pop();
+    c.assoc = "root||normal,op-agents\nroot|root|normal,op-agents\nresearch|ann|normal,op-agents\n".into();
     c.daemon = Err("error: endpoint chat: replicas.supplemental_workload = \"nope\" is not a class of the policy\n/etc/slurm/onepoold.toml: onepoold would not start (1 error(s))\n".into());
     let checks = c.examine(false).unwrap();
     let preempt = find(&checks, "slurm.conf PreemptType");
@@ -183,6 +190,14 @@ fn each_broken_setting_fails_with_its_fix() {
     let plugin = find(&checks, "plugin job_submit_onepool.so");
     assert_eq!(plugin.detail, "/opt/onepool/lib/job_submit_onepool.so was built for Slurm 24.11.1 but slurmctld runs 22.05.8: Slurm refuses it");
     assert_eq!(find(&checks, "plugin spank_onepool.so").status, Status::Pass);
+    let grants = find(&checks, "associations' QOS lists");
+    assert_eq!(grants.status, Status::Fail);
+    assert_eq!(grants.fix.as_deref(), Some("sacctmgr -i modify account where name=root set qos+=op-inference,op-training,op-critical-training,op-inference-baseline"));
+    let service = find(&checks, "onepoold's Slurm association onepool/onepool");
+    assert_eq!(
+        (service.status, service.fix.as_deref()),
+        (Status::Warn, Some("sacctmgr -i add account onepool 'Description=onepoold replicas' Organization=onepool && sacctmgr -i add user onepool Account=onepool"))
+    );
     let gres = find(&checks, "gres.conf GPUs of node1");
     assert_eq!((gres.status, gres.detail.as_str()), (Status::Fail, "missing: /dev/nvidia1"));
     let daemon = find(&checks, "onepoold config");

@@ -2,8 +2,9 @@
 //! configuration-management tools (argv lists, no shell quoting).
 
 use onepool_decisions::policy::{Diagnostic, Severity};
+use onepool_decisions::render::grant::Grant;
 use onepool_decisions::render::live::{AccessChange, Changes, ConfChange, PartitionChange, QosChange};
-use onepool_decisions::render::{ConfLine, FlexiblePartition, PartitionAccess, QosSpec, Rendered};
+use onepool_decisions::render::{ConfLine, FlexiblePartition, PartitionAccess, QosSpec, Rendered, ServiceAccount};
 use serde_json::{json, Map, Value};
 
 /// Which parts to include.
@@ -20,16 +21,8 @@ pub fn rendered(policy: &str, r: &Rendered, parts: Parts) -> Value {
         out.insert("sacctmgr".into(), json!(r.sacctmgr_commands()));
         out.insert("qos".into(), r.all_qos().map(qos).collect());
         out.insert("site_qos".into(), r.site_qos.iter().map(|s| json!({"class": s.class, "qos": s.qos})).collect());
-        out.insert(
-            "service".into(),
-            json!({
-                "user": r.service.user,
-                "account": r.service.account,
-                "protected_classes": r.service.protected_classes,
-                "why": r.service.why(),
-                "commands": r.service.commands(),
-            }),
-        );
+        out.insert("grants".into(), json!([grant(&r.root_grant())]));
+        out.insert("service".into(), service(&r.service));
     }
     if parts.slurm_conf {
         out.insert("slurm_conf".into(), r.slurm_conf.iter().map(conf_line).collect());
@@ -46,6 +39,8 @@ pub fn changes(policy: &str, c: &Changes, parts: Parts) -> Value {
     if parts.sacctmgr {
         out.insert("sacctmgr".into(), json!(c.sacctmgr_commands()));
         out.insert("qos".into(), c.qos.iter().map(qos_change).collect());
+        out.insert("grants".into(), c.grants.iter().map(grant).collect());
+        out.insert("service".into(), c.service.as_ref().map_or(Value::Null, service));
     }
     if parts.slurm_conf {
         out.insert("slurm_conf".into(), c.slurm_conf.iter().map(conf_change).collect());
@@ -54,6 +49,26 @@ pub fn changes(policy: &str, c: &Changes, parts: Parts) -> Value {
     }
     out.insert("problems".into(), c.problems.iter().map(problem).collect());
     Value::Object(out)
+}
+
+fn grant(g: &Grant) -> Value {
+    json!({
+        "account": g.to.account,
+        "user": g.to.user,
+        "qos": g.qos,
+        "why": g.why(),
+        "command": g.command(),
+    })
+}
+
+fn service(s: &ServiceAccount) -> Value {
+    json!({
+        "user": s.user,
+        "account": s.account,
+        "protected_classes": s.protected_classes,
+        "why": s.why(),
+        "commands": s.commands(),
+    })
 }
 
 fn qos(q: &QosSpec) -> Value {

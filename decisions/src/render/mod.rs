@@ -4,6 +4,7 @@
 //! not onepool's daemon runs. [`live`] compares it with a running cluster.
 
 pub mod conf;
+pub mod grant;
 pub mod live;
 pub mod qos;
 
@@ -244,13 +245,21 @@ impl Rendered {
         self.all_qos().map(QosSpec::add_command).collect()
     }
 
+    /// The class QOS added to the root account's list, so that the jobs
+    /// given them are not refused (see [`grant`]).
+    pub fn root_grant(&self) -> grant::Grant {
+        grant::Grant { to: grant::Association::root(), qos: grant::job_qos(self.all_qos()) }
+    }
+
     /// The same commands for a person: one a line, each under a comment;
-    /// then onepoold's service account.
+    /// then the grant of the class QOS and onepoold's service account.
     pub fn sacctmgr_text(&self) -> String {
         let mut out = String::new();
         for q in self.all_qos() {
             out.push_str(&format!("# {}\n{}\n", q.why, shell_line(&q.add_command())));
         }
+        let g = self.root_grant();
+        out.push_str(&format!("# {}\n{}\n", g.why(), shell_line(&g.command())));
         out.push_str(&format!("# {}\n", self.service.why()));
         for c in self.service.commands() {
             out.push_str(&format!("{}\n", shell_line(&c)));

@@ -81,9 +81,10 @@ fn the_human_form_puts_each_command_under_its_reason() {
     assert!(text.contains(
         "# class inference: flexible, rank 2; when reclaimed, gets a drain notice and 1m (GraceTime), then is cancelled\n"
     ));
-    // Six QOS under their reasons, then the service user's account and
-    // association under theirs.
-    assert_eq!(text.lines().count(), 15);
+    // Six QOS under their reasons, the grant of the class QOS at the root
+    // under its, then the service user's account and association.
+    assert_eq!(text.lines().count(), 17);
+    assert!(text.contains("sacctmgr -i modify account where name=root set qos+=op-agents,op-inference,op-training,op-critical-training,op-inference-baseline\n# onepoold's service user"), "{text}");
     assert!(text.ends_with("sacctmgr -i add account onepool 'Description=onepoold replicas' Organization=onepool\nsacctmgr -i add user onepool Account=onepool\n"), "{text}");
 }
 

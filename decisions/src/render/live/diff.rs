@@ -4,8 +4,9 @@
 
 use super::{LiveConfig, LivePartition, LiveQos};
 use crate::policy::Diagnostic;
+use crate::render::grant::{self, Grant, LiveAssociation};
 use crate::render::qos::{modify_command, same_name, same_names, shell_line, QosPreemptMode, QosSetting, QosSpec};
-use crate::render::{FlexiblePartition, PartitionAccess, Rendered};
+use crate::render::{FlexiblePartition, PartitionAccess, Rendered, ServiceAccount};
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Changes {
@@ -16,6 +17,12 @@ pub struct Changes {
     pub partition: Option<PartitionChange>,
     /// The pool's partitions whose `AllowQos` lets other QOS run there.
     pub access: Vec<AccessChange>,
+    /// Associations that must list the class QOS (see
+    /// [`crate::render::grant`]); filled from `sacctmgr show assoc` by
+    /// [`Changes::with_associations`].
+    pub grants: Vec<Grant>,
+    /// onepoold's service account, when its association is missing.
+    pub service: Option<ServiceAccount>,
     /// What the changes cannot fix: a QOS the site must create, a partition
     /// the pool names that does not exist.
     pub problems: Vec<Diagnostic>,
@@ -83,19 +90,47 @@ impl QosChange {
 impl Changes {
     /// True when the cluster already matches (problems aside).
     pub fn is_empty(&self) -> bool {
-        self.qos.is_empty() && self.slurm_conf.is_empty() && self.partition.is_none() && self.access.is_empty()
+        self.qos.is_empty()
+            && self.slurm_conf.is_empty()
+            && self.partition.is_none()
+            && self.access.is_empty()
+            && self.grants.is_empty()
+            && self.service.is_none()
+    }
+
+    /// Adds what the associations lack: the class QOS in their lists, and
+    /// onepoold's service account.
+    pub fn with_associations(mut self, rendered: &Rendered, live: &[LiveAssociation]) -> Changes {
+        self.grants = grant::grants(&grant::job_qos(rendered.all_qos()), live);
+        let s = &rendered.service;
+        let has_service = live.iter().any(|a| a.assoc.account == s.account && a.assoc.user.as_ref() == Some(&s.user));
+        self.service = (!has_service).then(|| s.clone());
+        self
     }
     pub fn has_errors(&self) -> bool {
         self.problems.iter().any(Diagnostic::is_error)
     }
+    /// The QOS changes, then the grants, then the service account: in an
+    /// order that works (a grant names QOS that must exist).
     pub fn sacctmgr_commands(&self) -> Vec<Vec<String>> {
-        self.qos.iter().map(QosChange::command).collect()
+        let qos = self.qos.iter().map(QosChange::command);
+        let grants = self.grants.iter().map(Grant::command);
+        qos.chain(grants).chain(self.service.iter().flat_map(ServiceAccount::commands)).collect()
     }
-    /// One command a line, each under a comment naming its class.
+    /// One command a line, each under a comment saying why.
     pub fn sacctmgr_text(&self) -> String {
         let mut out = String::new();
         for change in &self.qos {
             out.push_str(&format!("# {}\n{}\n", change.why(), shell_line(&change.command())));
+        }
+        for g in &self.grants {
+            out.push_str(&format!("# {}\n{}\n", g.why(), shell_line(&g.command())));
+        }
+        if let Some(s) = &self.service {
+            out.push_str(&format!("# {}\n", s.why()));
+            for c in s.commands() {
+                out.push_str(&format!("{}\n", shell_line(&c)));
+            }
         }
         out
     }

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 pub use diff::{diff, AccessChange, Changes, ConfChange, PartitionChange, QosChange};
 pub use parse::{
-    allow_list, parse_sacctmgr_qos, parse_scontrol_config, parse_scontrol_partitions, sacctmgr_line, ParseError,
+    allow_list, parse_sacctmgr_assoc, parse_sacctmgr_qos, parse_scontrol_config, parse_scontrol_partitions,
+    sacctmgr_line, ParseError,
 };
 
 /// The QOS with exactly the fields [`parse_sacctmgr_qos`] reads, in its order.
@@ -24,6 +25,9 @@ pub const SHOW_QOS: &[&str] = &[
     "qos",
     "format=Name,Priority,Preempt,PreemptMode,GraceTime,GrpTRES,MaxTRESPerJob,Flags,MaxWall",
 ];
+/// Every association and its QOS list (inherited ones included), for
+/// [`parse_sacctmgr_assoc`].
+pub const SHOW_ASSOC: &[&str] = &["sacctmgr", "-n", "-P", "show", "assoc", "format=Account,User,QOS"];
 /// slurmctld's running configuration, for [`parse_scontrol_config`].
 pub const SHOW_CONFIG: &[&str] = &["scontrol", "show", "config"];
 /// One partition per line, for [`parse_scontrol_partitions`].

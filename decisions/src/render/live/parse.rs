@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::{LiveConfig, LivePartition, LiveQos};
 use crate::duration;
 use crate::render::conf::list_items;
+use crate::render::grant::{Association, LiveAssociation};
 
 /// A line of command output that does not read as expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -130,6 +131,28 @@ pub fn parse_scontrol_partitions(text: &str) -> Result<Vec<LivePartition>, Parse
             nodes: get("Nodes").filter(|v| !v.is_empty() && v != "(null)"),
             qos: get("QoS").filter(|v| !v.is_empty() && v != "N/A" && v != "(null)"),
             allow_qos: get("AllowQos").and_then(|v| allow_list(&v)),
+        });
+    }
+    Ok(out)
+}
+
+/// Output of [`super::SHOW_ASSOC`]: `Account|User|QOS`, one association a
+/// line (an empty user: the account's own).
+pub fn parse_sacctmgr_assoc(text: &str) -> Result<Vec<LiveAssociation>, ParseError> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let fields: Vec<&str> = line.split('|').map(str::trim).collect();
+        let [account, user, qos] = fields[..] else {
+            return Err(ParseError {
+                command: super::SHOW_ASSOC.join(" "),
+                line: n + 1,
+                message: format!("expected 3 fields (Account|User|QOS), found {}", fields.len()),
+                text: line.to_string(),
+            });
+        };
+        out.push(LiveAssociation {
+            assoc: Association { account: account.to_string(), user: (!user.is_empty()).then(|| user.to_string()) },
+            qos: owned(list_items(qos)),
         });
     }
     Ok(out)
