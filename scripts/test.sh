@@ -18,7 +18,8 @@
 # ONEPOOL_KEEP_CLUSTER=1 leaves the test cluster running for the next run;
 # ONEPOOL_SKIP_DEMO=1 skips the demo; ONEPOOL_SKIP_PACKAGES=1 skips the last
 # stage of each release, its package (scripts/package.sh RELEASE, then
-# scripts/package-test.sh RELEASE).
+# scripts/package-test.sh RELEASE, and for 22.05 scripts/deploy-test.sh, the
+# runbook docs/deploy.md followed on a cluster that starts without onepool).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC2206 # a list of words
@@ -120,6 +121,12 @@ run_release() {
         bash scripts/package.sh "$rel"
         ONEPOOL_DEVCLUSTER=$PWD/$target/debug/onepool-devcluster bash scripts/package-test.sh "$rel"
         echo "== Slurm $rel: packages built and tested in $((SECONDS - t0)) s"
+        if [ "$rel" = 22.05 ]; then
+            echo "== Slurm $rel: docs/deploy.md followed on a cluster before onepool (scripts/deploy-test.sh)"
+            t0=$SECONDS
+            bash scripts/deploy-test.sh
+            echo "== Slurm $rel: the runbook followed in $((SECONDS - t0)) s"
+        fi
     fi
     # --- end of packages ---
 }

@@ -325,6 +325,15 @@ pub fn gres_devices(
     out
 }
 
+/// The config found at its default place while the policy is in audit mode.
+pub fn daemon_during_audit(path: &str) -> Check {
+    Check::warn(
+        "onepoold config",
+        format!("{path} not checked: the policy is in audit mode, where onepoold cannot run"),
+        format!("after the trial (audit = false): onepool doctor --daemon-config {path}"),
+    )
+}
+
 /// onepoold's own check of its config against the policy (`onepoold --check`).
 pub fn daemon(config: Option<&str>, result: Option<Result<String, String>>) -> Check {
     let what = "onepoold config";

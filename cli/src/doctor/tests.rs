@@ -28,6 +28,8 @@ struct Cluster {
     devices: Vec<String>,
     versions: HashMap<PathBuf, Result<Option<u32>, String>>,
     daemon: Result<String, String>,
+    daemon_named: bool,
+    policy: Source,
 }
 
 impl Cluster {
@@ -67,6 +69,8 @@ impl Cluster {
                 (PathBuf::from("/opt/onepool/lib/spank_onepool.so"), Ok(Some(BUILT_22_05_8))),
             ]),
             daemon: Ok("/etc/slurm/onepoold.toml: fits (1 endpoint(s), 0 warning(s))\n".into()),
+            daemon_named: false,
+            policy: sample(),
         }
     }
 
@@ -98,7 +102,8 @@ impl Cluster {
             plugin_version: Box::new(move |p: &Path| versions.get(p).cloned().unwrap_or(Err("missing".into()))),
             onepoold: PathBuf::from("onepoold"),
         };
-        examine(&sample(), Some(Path::new("/etc/slurm/onepoold.toml")), local, &runner, &host)
+        let daemon = DaemonConfig { path: "/etc/slurm/onepoold.toml".into(), named: self.daemon_named };
+        examine(&self.policy, Some(&daemon), local, &runner, &host)
     }
 }
 
@@ -275,4 +280,26 @@ fn a_policy_with_errors_is_one_failed_check() {
     let checks = examine(&src, None, false, &FakeRunner::new("", "", ""), &host).unwrap();
     assert_eq!(checks.len(), 1);
     assert_eq!((checks[0].status, checks[0].fix.as_deref()), (Status::Fail, Some("onepool policy check p.toml")));
+}
+
+#[test]
+fn during_an_audit_trial_the_packaged_daemon_config_is_a_warning_and_a_named_one_is_checked() {
+    let audit = |named: bool| {
+        let mut c = Cluster::healthy();
+        c.policy.text = c.policy.text.replace("audit = false", "audit = true");
+        assert!(c.policy.text.contains("audit = true"), "the sample changed");
+        c.daemon = Err("error: the policy is in audit mode (pool.audit = true)\n".into());
+        c.daemon_named = named;
+        c.examine(false).unwrap()
+    };
+    let found = audit(false);
+    let d = find(&found, "onepoold config");
+    assert_eq!(d.status, Status::Warn);
+    assert_eq!(
+        d.detail,
+        "/etc/slurm/onepoold.toml not checked: the policy is in audit mode, where onepoold cannot run"
+    );
+    assert!(found.iter().all(|c| c.status != Status::Fail), "{found:#?}");
+    let named = audit(true);
+    assert_eq!(find(&named, "onepoold config").status, Status::Fail);
 }
