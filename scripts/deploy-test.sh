@@ -19,10 +19,9 @@
 #     Include file; "restart slurmctld": onepool-devcluster restart-slurmctld;
 #   - `systemctl enable --now onepoold...`: the unit's ExecStart, run as its
 #     User with its RuntimeDirectory made (no systemd in a chroot);
-#   - step 7 (upgrading Slurm) is not run: there is no newer Slurm for this
-#     root offline. scripts/package-test.sh checks that the wrong release's
-#     package is refused, tests/cluster/release_guard.rs that a plugin of
-#     another release is refused by slurmctld with onepool's sentence.
+#   - step 7 (upgrading Slurm) needs a newer Slurm: scripts/upgrade-test.sh
+#     runs its command on a Slurm 24.11 system left with onepool's 22.05
+#     package.
 # Needs root; the packages are built first when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -72,11 +71,9 @@ but this test runs
     echo "    \$ $1"
 }
 
-mount -t tmpfs -o size=2g onepool-deploy-test "$work"
-mkdir -p "$work"/{upper,work,root}
-mount -t overlay overlay -o "lowerdir=/,upperdir=$work/upper,workdir=$work/work" "$work/root"
-root=$work/root
-[ -f "$root/.onepool-root-stamp" ] || echo "deploy-test: overlay of /" >"$root/.onepool-root-stamp"
+# shellcheck source=scripts/lib/throwaway-root.sh
+source scripts/lib/throwaway-root.sh
+throwaway_root / "$work"
 cdir=$here/target/deploy-cluster
 # Inside the root: a shell with the cluster's SLURM_CONF, in /tmp.
 in_root() { bash "$here/scripts/in-release.sh" "$root" env SLURM_CONF="$cdir/etc/slurm.conf" "$@"; }
@@ -84,11 +81,7 @@ sh_root() { in_root bash -euo pipefail -c "cd /tmp; $1"; }
 as_user() { in_root runuser -u op-deploy -- bash -euo pipefail -c "cd /tmp; $1"; }
 teardown() {
     in_root "$dc" --dir "$cdir" down >/dev/null 2>&1 || true
-    local p r
-    for p in /proc/[0-9]*; do
-        r=$(readlink "$p/root" 2>/dev/null) || continue
-        if [ "$r" = "$root" ]; then kill -9 "${p#/proc/}" 2>/dev/null || true; fi
-    done
+    kill_in_root
 }
 trap teardown EXIT
 
@@ -97,7 +90,7 @@ trap teardown EXIT
 no_onepool="! grep -Eq '^[^#]*(_onepool\\.so|JobSubmitPlugins=.*onepool)' $cdir/etc/slurm.conf $cdir/etc/onepool-slurm.conf $cdir/etc/plugstack.conf"
 
 # The site before onepool: a cluster, its users, no onepool anywhere.
-sh_root 'for u in onepool; do getent passwd $u >/dev/null && userdel $u; getent group $u >/dev/null && groupdel $u; done; true'
+forget_onepool_user
 rm -rf "$cdir"
 in_root "$dc" --dir "$cdir" up --nodes 2 --no-install --before-onepool 2>&1 | indent
 [ "${PIPESTATUS[0]}" = 0 ] || fail "onepool-devcluster up --before-onepool"
@@ -220,7 +213,7 @@ say "6. onepoold runs as $user; doctor and status read it"
 
 # 7. Not run: see the header.
 doc "apt-get install slurmctld slurmd slurm-client ./onepool_0.1.0+slurm24.11_amd64.deb"
-echo "    (not run: no newer Slurm for this root offline)"
+echo "    (run by scripts/upgrade-test.sh, on Slurm 24.11)"
 
 # 8. Rollback.
 doc "systemctl disable --now onepoold.service onepoold.socket"

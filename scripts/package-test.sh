@@ -114,30 +114,21 @@ fi
 { [ -n "$dc" ] && [ -x "$dc" ]; } || fail "no onepool-devcluster (cargo build --release -p onepool-dev-cluster --bin onepool-devcluster)"
 
 # The throwaway copy.
-mount -t tmpfs -o size=2g onepool-package-test "$work"
-mkdir -p "$work"/{upper,work,root}
-mount -t overlay overlay -o "lowerdir=$lower,upperdir=$work/upper,workdir=$work/work" "$work/root"
-root=$work/root
-# in-release.sh's mark of a finished root (the host's / has none).
-[ -f "$root/.onepool-root-stamp" ] || echo "package-test: overlay of $lower" >"$root/.onepool-root-stamp"
+# shellcheck source=scripts/lib/throwaway-root.sh
+source scripts/lib/throwaway-root.sh
+throwaway_root "$lower" "$work"
 in_root() { bash "$here/scripts/in-release.sh" "$root" "$@"; }
 
 teardown() {
     in_root "$dc" --dir "$cluster_dir" down >/dev/null 2>&1 || true
-    local p r
-    for p in /proc/[0-9]*; do
-        r=$(readlink "$p/root" 2>/dev/null) || continue
-        if [ "$r" = "$root" ]; then kill -9 "${p#/proc/}" 2>/dev/null || true; fi
-    done
+    kill_in_root
 }
 trap teardown EXIT
 step "throwaway copy of $lower mounted"
 
 pkgs=$(in_root sh -c "dpkg-query -W -f='\${Package} \${Version}\n' 'slurm*' 'libslurm*' 2>/dev/null | grep -v ' $' || true")
 indent <<<"$pkgs"
-# The cached roots and the host already have a user `onepool` (the tests and
-# the demo make it): removed in the copy, so that the postinst must make it.
-in_root sh -c 'if getent passwd onepool >/dev/null; then userdel onepool; fi; if getent group onepool >/dev/null; then groupdel onepool; fi'
+forget_onepool_user
 
 # 1. The wrong release's package is refused before anything is unpacked.
 set +e

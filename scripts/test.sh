@@ -18,8 +18,9 @@
 # ONEPOOL_KEEP_CLUSTER=1 leaves the test cluster running for the next run;
 # ONEPOOL_SKIP_DEMO=1 skips the demo; ONEPOOL_SKIP_PACKAGES=1 skips the last
 # stage of each release, its package (scripts/package.sh RELEASE, then
-# scripts/package-test.sh RELEASE, and for 22.05 scripts/deploy-test.sh, the
-# runbook docs/deploy.md followed on a cluster that starts without onepool).
+# scripts/package-test.sh RELEASE; for 22.05 scripts/deploy-test.sh, the
+# runbook docs/deploy.md followed on a cluster that starts without onepool,
+# for 24.11 scripts/upgrade-test.sh, its step 7 from onepool for 22.05).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC2206 # a list of words
@@ -126,6 +127,11 @@ run_release() {
             t0=$SECONDS
             bash scripts/deploy-test.sh
             echo "== Slurm $rel: the runbook followed in $((SECONDS - t0)) s"
+        elif [ "$rel" = 24.11 ]; then
+            echo "== Slurm $rel: docs/deploy.md step 7, from onepool for 22.05 (scripts/upgrade-test.sh)"
+            t0=$SECONDS
+            ONEPOOL_DEVCLUSTER=$PWD/$target/debug/onepool-devcluster bash scripts/upgrade-test.sh
+            echo "== Slurm $rel: the upgrade followed in $((SECONDS - t0)) s"
         fi
     fi
     # --- end of packages ---

@@ -437,13 +437,22 @@ fn start_slurmctld(cl: &Cluster, progress: &mut dyn FnMut(&str)) -> Result<()> {
         process::spawn(c, &l.log_file("slurmctld.stdout"), &l.pid_file("slurmctld"))?;
         progress("started slurmctld");
     }
-    process::wait_for("slurmctld to answer `scontrol ping`", &l.log_file("slurmctld"), Duration::from_secs(60), || {
-        running(l, "slurmctld").is_some() && cl.run("scontrol", &["ping"]).map(|o| o.contains("UP")).unwrap_or(false)
-    })
-    .map_err(|e| match running(l, "slurmctld") {
-        None => Error::Setup(format!("slurmctld exited; see {}", display(&l.log_file("slurmctld")))),
-        Some(_) => e,
-    })
+    // A slurmctld that exits (a fatal error in its log) ends the wait at
+    // once instead of after the whole timeout.
+    let mut exited = false;
+    process::wait_for(
+        "slurmctld to answer `scontrol ping`",
+        &l.log_file("slurmctld"),
+        Duration::from_secs(60),
+        || {
+            exited = running(l, "slurmctld").is_none();
+            exited || cl.run("scontrol", &["ping"]).map(|o| o.contains("UP")).unwrap_or(false)
+        },
+    )?;
+    if exited {
+        return Err(Error::Setup(format!("slurmctld exited; see {}", display(&l.log_file("slurmctld")))));
+    }
+    Ok(())
 }
 
 fn wait_nodes_idle(cl: &Cluster, spec: &Spec, progress: &mut dyn FnMut(&str)) -> Result<()> {
