@@ -29,16 +29,11 @@ here=$PWD
 rel=22.05
 [ "$(id -u)" = 0 ] || { echo "deploy-test: needs root (mount, chroot)" >&2; exit 1; }
 
-now() { date +%s.%N; }
-t_start=${ONEPOOL_DEPLOY_TEST_START:-$(now)}
-step_t=$(now)
-say() {
-    printf 'deploy-test: %s (%.1f s; total %.1f s)\n' "$1" \
-        "$(echo "$(now) - $step_t" | bc)" "$(echo "$(now) - $t_start" | bc)"
-    step_t=$(now)
-}
-fail() { echo "deploy-test: FAILED: $*" >&2; exit 1; }
-indent() { sed 's/^/    /'; }
+# shellcheck source=scripts/lib/steps.sh
+source scripts/lib/steps.sh
+# shellcheck source=scripts/lib/throwaway-root.sh
+source scripts/lib/throwaway-root.sh
+steps_begin deploy-test "${ONEPOOL_DEPLOY_TEST_START:-}"
 
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
 deb=target/packages/onepool_${version}+slurm${rel}_amd64.deb
@@ -50,11 +45,7 @@ if [ -z "${ONEPOOL_DEPLOY_TEST_INNER:-}" ]; then
         unshare --mount --propagation private bash "$0"
 fi
 
-dc=
-for d in target/debug/onepool-devcluster target/release/onepool-devcluster; do
-    [ -x "$d" ] && { dc=$here/$d; break; }
-done
-[ -n "$dc" ] || fail "no onepool-devcluster (cargo build -p onepool-dev-cluster)"
+dc=$(find_devcluster) || exit 1
 
 # The runbook's commands, in order.
 mapfile -t doc_cmds < <(awk '/^```(sh|conf)$/ {on=1; next} /^```/ {on=0} on && NF' docs/deploy.md)
@@ -71,8 +62,6 @@ but this test runs
     echo "    \$ $1"
 }
 
-# shellcheck source=scripts/lib/throwaway-root.sh
-source scripts/lib/throwaway-root.sh
 throwaway_root / "$work"
 cdir=$here/target/deploy-cluster
 # Inside the root: a shell with the cluster's SLURM_CONF, in /tmp.

@@ -40,8 +40,8 @@
 # Needs root. The packages are built first when missing (scripts/package.sh);
 # ONEPOOL_PACKAGE_WRONG overrides the release whose package must be refused
 # (default 24.11 for 22.05, else 22.05); ONEPOOL_DEVCLUSTER names the
-# onepool-devcluster binary to use (default: target/release's, else
-# target/debug's; it does not depend on Slurm's headers).
+# onepool-devcluster binary to use (default: the newer of target/release's
+# and target/debug's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 here=$PWD
@@ -53,16 +53,11 @@ case $rel in
 esac
 [ "$(id -u)" = 0 ] || { echo "package-test: needs root (mount, chroot)" >&2; exit 1; }
 
-now() { date +%s.%N; }
-t_start=${ONEPOOL_PACKAGE_TEST_START:-$(now)}
-step_t=$(now)
-step() {
-    printf 'package-test %s: %s (%.1f s; total %.1f s)\n' "$rel" "$1" \
-        "$(echo "$(now) - $step_t" | bc)" "$(echo "$(now) - $t_start" | bc)"
-    step_t=$(now)
-}
-fail() { echo "package-test $rel: FAILED: $*" >&2; exit 1; }
-indent() { sed 's/^/    /'; }
+# shellcheck source=scripts/lib/steps.sh
+source scripts/lib/steps.sh
+# shellcheck source=scripts/lib/throwaway-root.sh
+source scripts/lib/throwaway-root.sh
+steps_begin "package-test $rel" "${ONEPOOL_PACKAGE_TEST_START:-}"
 
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
 wrong=${ONEPOOL_PACKAGE_WRONG:-$([ "$rel" = 22.05 ] && echo 24.11 || echo 22.05)}
@@ -98,24 +93,16 @@ if [ -z "${ONEPOOL_PACKAGE_TEST_INNER:-}" ]; then
         [ -f "$wrong_deb" ] || bash scripts/package.sh "$wrong"
     fi
     if [ "$rel" = 22.05 ]; then lower=/; else lower=$(bash scripts/release-root.sh "$rel" | tail -n 1); fi
-    step "packages ready ($(basename "$deb"), refused: $(basename "$wrong_deb"))"
+    say "packages ready ($(basename "$deb"), refused: $(basename "$wrong_deb"))"
     mkdir -p "$work"
     exec env ONEPOOL_PACKAGE_TEST_INNER="$lower" ONEPOOL_PACKAGE_TEST_START="$t_start" \
         unshare --mount --propagation private bash "$0" "$rel"
 fi
 
 lower=$ONEPOOL_PACKAGE_TEST_INNER
-dc=${ONEPOOL_DEVCLUSTER:-}
-if [ -z "$dc" ]; then
-    for d in target/release/onepool-devcluster target/debug/onepool-devcluster; do
-        [ -x "$d" ] && { dc=$here/$d; break; }
-    done
-fi
-{ [ -n "$dc" ] && [ -x "$dc" ]; } || fail "no onepool-devcluster (cargo build --release -p onepool-dev-cluster --bin onepool-devcluster)"
+dc=$(find_devcluster) || exit 1
 
 # The throwaway copy.
-# shellcheck source=scripts/lib/throwaway-root.sh
-source scripts/lib/throwaway-root.sh
 throwaway_root "$lower" "$work"
 in_root() { bash "$here/scripts/in-release.sh" "$root" "$@"; }
 
@@ -124,7 +111,7 @@ teardown() {
     kill_in_root
 }
 trap teardown EXIT
-step "throwaway copy of $lower mounted"
+say "throwaway copy of $lower mounted"
 
 pkgs=$(in_root sh -c "dpkg-query -W -f='\${Package} \${Version}\n' 'slurm*' 'libslurm*' 2>/dev/null | grep -v ' $' || true")
 indent <<<"$pkgs"
@@ -143,7 +130,7 @@ grep -q "pre-dependency problem" <<<"$refusal" || fail "the refusal is no depend
 in_root sh -c 'dpkg-query -W -f="\${Status}\n" onepool 2>/dev/null | grep -qv "not-installed\$" && exit 1
     [ ! -e /usr/lib/x86_64-linux-gnu/slurm-wlm/job_submit_onepool.so ]' ||
     fail "the refused package left something behind"
-step "dpkg -i $(basename "$wrong_deb") refused (exit $rc)"
+say "dpkg -i $(basename "$wrong_deb") refused (exit $rc)"
 
 # 2. This release's package installs.
 in_root dpkg -i "$here/$deb" 2>&1 | sed 's/^/    /'
@@ -169,12 +156,12 @@ in_root sh -euc '
     ! ls /etc/systemd/system/*.wants/onepoold.* 2>/dev/null | grep -q .
     echo "    installed: $(dpkg-query -W -f="\${Package} \${Version}" onepool), user onepool uid $uid"
 ' || fail "the installed files"
-step "dpkg -i $(basename "$deb") installed and checked"
+say "dpkg -i $(basename "$deb") installed and checked"
 
 # 3. The installed CLI checks the installed policy.
 in_root /usr/bin/onepool policy check /etc/slurm/onepool.toml 2>&1 | sed 's/^/    /'
 [ "${PIPESTATUS[0]}" = 0 ] || fail "onepool policy check /etc/slurm/onepool.toml"
-step "onepool policy check /etc/slurm/onepool.toml"
+say "onepool policy check /etc/slurm/onepool.toml"
 
 # 4. A dev cluster on the installed plugins and policy. onepool-devcluster
 # copies the plugins from a folder of cargo's file names: that folder holds
@@ -187,7 +174,7 @@ cdir=$cluster_dir/cluster
 in_root "$dc" --dir "$cdir" up --nodes 1 --no-install \
     --plugins "$cluster_dir/installed-plugins" --policy /etc/slurm/onepool.toml 2>&1 | sed 's/^/    /'
 [ "${PIPESTATUS[0]}" = 0 ] || fail "onepool-devcluster up"
-step "dev cluster up on the installed plugins"
+say "dev cluster up on the installed plugins"
 
 # shellcheck disable=SC2016 # expanded inside the root
 in_root env CDIR="$cdir" sh -euc '
@@ -220,12 +207,12 @@ in_root env CDIR="$cdir" sh -euc '
     timeout 60 runuser -u op-pkg -- env SLURM_CONF=$SLURM_CONF srun --workload=agents -N1 -n1 true
     echo "    srun --workload=agents: step ran"
 ' || fail "the plugins in the cluster"
-step "plugins loaded and enforcing"
+say "plugins loaded and enforcing"
 
 in_root "$dc" --dir "$cdir" down 2>&1 | sed 's/^/    /'
 teardown
 trap - EXIT
-step "cluster torn down"
+say "cluster torn down"
 
 # 5. Removal keeps the edited conffiles and the user; purge drops the conffiles.
 # shellcheck disable=SC2016 # expanded inside the root
@@ -239,7 +226,7 @@ in_root sh -euc '
     [ ! -e /etc/slurm/onepool.toml ] && [ ! -e /etc/slurm/onepoold.toml ]
     echo "    dpkg -r kept the edited /etc/slurm/onepool.toml and the user; dpkg --purge removed the conffiles"
 ' || fail "removal"
-step "removed and purged"
+say "removed and purged"
 
 # 6. The .rpm, inspected only (no RHEL-family system here to install it on).
 rpmf=target/packages/onepool-${version}-1.slurm${rel}.x86_64.rpm
@@ -253,7 +240,7 @@ if command -v rpm >/dev/null && [ -f "$rpmf" ]; then
     grep -qx /usr/lib64/slurm/spank_onepool.so <<<"$files" || fail "$rpmf: no spank_onepool.so"
     grep -qx "slurm >= $rel" <<<"$requires" || fail "$rpmf: no slurm >= $rel"
     grep -qx "slurm < $next" <<<"$requires" || fail "$rpmf: no slurm < $next"
-    step "$(basename "$rpmf"): files and the slurm >= $rel, < $next pin listed (not installed: no RHEL here)"
+    say "$(basename "$rpmf"): files and the slurm >= $rel, < $next pin listed (not installed: no RHEL here)"
 else
-    step "no rpm or no $(basename "$rpmf"): the .rpm is not inspected"
+    say "no rpm or no $(basename "$rpmf"): the .rpm is not inspected"
 fi

@@ -27,16 +27,11 @@ here=$PWD
 old=22.05 new=24.11
 [ "$(id -u)" = 0 ] || { echo "upgrade-test: needs root (mount, chroot)" >&2; exit 1; }
 
-now() { date +%s.%N; }
-t_start=${ONEPOOL_UPGRADE_TEST_START:-$(now)}
-step_t=$(now)
-say() {
-    printf 'upgrade-test: %s (%.1f s; total %.1f s)\n' "$1" \
-        "$(echo "$(now) - $step_t" | bc)" "$(echo "$(now) - $t_start" | bc)"
-    step_t=$(now)
-}
-fail() { echo "upgrade-test: FAILED: $*" >&2; exit 1; }
-indent() { sed 's/^/    /'; }
+# shellcheck source=scripts/lib/steps.sh
+source scripts/lib/steps.sh
+# shellcheck source=scripts/lib/throwaway-root.sh
+source scripts/lib/throwaway-root.sh
+steps_begin upgrade-test "${ONEPOOL_UPGRADE_TEST_START:-}"
 
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
 old_deb=target/packages/onepool_${version}+slurm${old}_amd64.deb
@@ -59,16 +54,7 @@ if [ -z "${ONEPOOL_UPGRADE_TEST_INNER:-}" ]; then
 fi
 lower=$ONEPOOL_UPGRADE_TEST_INNER
 
-dc=${ONEPOOL_DEVCLUSTER:-}
-if [ -z "$dc" ]; then
-    for d in target/release/onepool-devcluster target/debug/onepool-devcluster; do
-        [ -x "$d" ] && { dc=$here/$d; break; }
-    done
-fi
-{ [ -n "$dc" ] && [ -x "$dc" ]; } || fail "no onepool-devcluster (cargo build -p onepool-dev-cluster)"
-
-# shellcheck source=scripts/lib/throwaway-root.sh
-source scripts/lib/throwaway-root.sh
+dc=$(find_devcluster) || exit 1
 throwaway_root "$lower" "$work"
 in_root() { bash "$here/scripts/in-release.sh" "$root" env SLURM_CONF="$cdir/etc/slurm.conf" "$@"; }
 teardown() {

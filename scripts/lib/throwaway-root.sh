@@ -35,3 +35,17 @@ forget_onepool_user() {
     # shellcheck disable=SC2016 # expanded inside the root
     bash "${here:?}/scripts/in-release.sh" "$root" sh -c 'if getent passwd onepool >/dev/null; then userdel onepool; fi; if getent group onepool >/dev/null; then groupdel onepool; fi'
 }
+
+# The onepool-devcluster to run: $ONEPOOL_DEVCLUSTER, else the newer of
+# cargo's release and debug builds (it does not depend on Slurm's headers;
+# an older build may lack an option the tests use).
+find_devcluster() {
+    if [ -n "${ONEPOOL_DEVCLUSTER:-}" ]; then
+        echo "$ONEPOOL_DEVCLUSTER"
+        return
+    fi
+    local d
+    d=$(ls -t target/release/onepool-devcluster target/debug/onepool-devcluster 2>/dev/null | head -n 1 || true)
+    [ -n "$d" ] || { echo "no onepool-devcluster (cargo build -p onepool-dev-cluster)" >&2; return 1; }
+    echo "${here:?}/$d"
+}
