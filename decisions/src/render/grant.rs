@@ -67,6 +67,11 @@ impl Grant {
         argv
     }
 
+    /// The command for a person, under a comment saying why.
+    pub fn text(&self) -> String {
+        format!("# {}\n{}\n", self.why(), super::qos::shell_line(&self.command()))
+    }
+
     pub fn why(&self) -> String {
         if self.to.is_root() {
             format!(

@@ -62,6 +62,12 @@ impl ServiceAccount {
         ]
     }
 
+    /// The commands for a person, under a comment saying why.
+    pub fn text(&self) -> String {
+        let commands: String = self.commands().iter().map(|c| format!("{}\n", shell_line(c))).collect();
+        format!("# {}\n{commands}", self.why())
+    }
+
     pub fn why(&self) -> String {
         let classes = if self.protected_classes.is_empty() {
             format!(
@@ -258,12 +264,8 @@ impl Rendered {
         for q in self.all_qos() {
             out.push_str(&format!("# {}\n{}\n", q.why, shell_line(&q.add_command())));
         }
-        let g = self.root_grant();
-        out.push_str(&format!("# {}\n{}\n", g.why(), shell_line(&g.command())));
-        out.push_str(&format!("# {}\n", self.service.why()));
-        for c in self.service.commands() {
-            out.push_str(&format!("{}\n", shell_line(&c)));
-        }
+        out.push_str(&self.root_grant().text());
+        out.push_str(&self.service.text());
         out
     }
 }

@@ -124,13 +124,10 @@ impl Changes {
             out.push_str(&format!("# {}\n{}\n", change.why(), shell_line(&change.command())));
         }
         for g in &self.grants {
-            out.push_str(&format!("# {}\n{}\n", g.why(), shell_line(&g.command())));
+            out.push_str(&g.text());
         }
         if let Some(s) = &self.service {
-            out.push_str(&format!("# {}\n", s.why()));
-            for c in s.commands() {
-                out.push_str(&format!("{}\n", shell_line(&c)));
-            }
+            out.push_str(&s.text());
         }
         out
     }
