@@ -13,17 +13,50 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use onepool_launcher::launcher::{run, Front, LauncherConfig, Outcome};
+use onepool_launcher::access::Access;
+use onepool_launcher::conventions::REPLICA_KEY_ENV;
+use onepool_launcher::launcher::{run, Front, FrontBounds, LauncherConfig, Outcome};
+use onepool_launcher::report::Report;
 use onepool_launcher::replica_group::{self, GroupConfig};
 
 #[derive(clap::Args)]
 pub struct ReplicaArgs {
-    /// Where the router reaches this replica.
-    #[arg(long, env = "ONEPOOL_REPLICA_LISTEN", default_value = "0.0.0.0:8000")]
+    /// Where the router reaches this replica; port 0 (the default, what
+    /// onepoold asks for): a free port the kernel chooses, reported in the
+    /// job's comment (--report).
+    #[arg(long, env = "ONEPOOL_REPLICA_LISTEN", default_value = "0.0.0.0:0")]
     pub listen: SocketAddr,
-    /// Where the model server listens; it is told the port in ONEPOOL_BACKEND_PORT.
-    #[arg(long, env = "ONEPOOL_REPLICA_BACKEND", default_value = "127.0.0.1:8001")]
-    pub backend: SocketAddr,
+    /// Where the model server listens (default: a free loopback port); it
+    /// is told the port in ONEPOOL_BACKEND_PORT, and its own key in
+    /// ONEPOOL_BACKEND_API_KEY (also LLAMA_API_KEY and VLLM_API_KEY).
+    #[arg(long, env = "ONEPOOL_REPLICA_BACKEND")]
+    pub backend: Option<SocketAddr>,
+    /// This replica's slot (the number in its job's name, onepool-ENDPOINT-SLOT).
+    #[arg(long, default_value_t = 0)]
+    pub slot: u16,
+    /// Where the listening port and the server's end are reported: the
+    /// job's comment (the default inside a Slurm job), standard output
+    /// (per-node steps), or nowhere.
+    #[arg(long, value_enum)]
+    pub report: Option<ReportTo>,
+    /// The scontrol that writes the job's comment.
+    #[arg(long, env = "ONEPOOL_SCONTROL", default_value = "scontrol")]
+    pub scontrol: String,
+    /// A path the replica serves (exact, or a prefix when it ends with
+    /// '/'); repeat for more. Default: /v1/, /health and /metrics. Every
+    /// other path (llama-server's /slots, /props) is answered 404.
+    #[arg(long = "allow-path")]
+    pub allow_paths: Vec<String>,
+    /// The request head must arrive within this time.
+    #[arg(long, default_value = "10s", value_parser = onepool_decisions::duration::parse)]
+    pub header_read_timeout: Duration,
+    #[arg(long, default_value_t = 16384)]
+    pub max_header_bytes: usize,
+    #[arg(long, default_value_t = 8 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// Open connections at most; one more is closed at once.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
     /// Longest drain after the notice (default: the job's --drain-timeout, else 30s).
     #[arg(long, env = "ONEPOOL_DRAIN_TIMEOUT", default_value = "30s", value_parser = onepool_decisions::duration::parse)]
     pub drain_timeout: Duration,
@@ -45,18 +78,61 @@ pub struct ReplicaArgs {
     pub command: Vec<String>,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReportTo {
+    Comment,
+    Stdout,
+    None,
+}
+
+fn job_id() -> Option<u32> {
+    std::env::var("SLURM_JOB_ID").ok().and_then(|j| j.parse().ok())
+}
+
+/// onepoold's replica key, from the environment sbatch passed on. Without
+/// it the replica would answer anyone who finds its port (issue #25).
+fn replica_key() -> anyhow::Result<Vec<u8>> {
+    match std::env::var(REPLICA_KEY_ENV) {
+        Ok(k) if k.len() >= 16 => Ok(k.into_bytes()),
+        Ok(_) => anyhow::bail!("{REPLICA_KEY_ENV} is shorter than 16 characters; onepoold makes a 64-character one"),
+        Err(_) => anyhow::bail!(
+            "{REPLICA_KEY_ENV} is not set: a replica answers only requests that carry onepoold's replica key. \
+             onepoold passes it through sbatch's environment; to run a replica by hand, set it to the key in \
+             onepoold's replica_key_file"
+        ),
+    }
+}
+
 pub fn run_replica(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).with_ansi(ansi).init();
+    let key = replica_key()?;
     if args.per_node {
         return run_per_node(args);
     }
+    let report = match (args.report, job_id()) {
+        (Some(ReportTo::Stdout), _) => Report::Stdout { slot: args.slot },
+        (Some(ReportTo::None), _) => Report::Off,
+        (Some(ReportTo::Comment) | None, Some(job)) => {
+            Report::Comment { scontrol: args.scontrol.clone(), job, slot: args.slot }
+        }
+        (Some(ReportTo::Comment), None) => anyhow::bail!("--report comment runs in a Slurm job: SLURM_JOB_ID is not set"),
+        (None, None) => Report::Off,
+    };
     let cfg = LauncherConfig {
         listen: args.listen,
         backend: args.backend,
         drain_timeout: args.drain_timeout,
         stop_grace: args.stop_grace,
         command: args.command.clone(),
+        access: Access::new(Some(key), args.allow_paths.clone()),
+        bounds: FrontBounds {
+            header_read_timeout: args.header_read_timeout,
+            max_header_bytes: args.max_header_bytes,
+            max_body_bytes: args.max_body_bytes,
+            max_connections: args.max_connections,
+        },
+        report,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let outcome = rt.block_on(run(cfg, Arc::new(Front::default()))).context("onepool replica")?;
@@ -67,7 +143,7 @@ pub fn run_replica(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {
         Outcome::TimedOut { in_flight } => {
             eprintln!("onepool replica: drain timed out with {in_flight} request(s) in flight; server stopped")
         }
-        Outcome::ServerExited(code) => eprintln!("onepool replica: the server exited ({code:?})"),
+        Outcome::ServerExited(ended) => eprintln!("onepool replica: the model server {}", ended.report()),
     }
     Ok(ExitCode::from(u8::try_from(outcome.exit_code()).unwrap_or(1)))
 }
@@ -81,13 +157,15 @@ fn run_per_node(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {
     let cfg = GroupConfig {
         nodes,
         listen_ip: args.listen.ip(),
-        base_port: args.listen.port(),
+        base_port: if args.slot != 0 { args.slot } else { args.listen.port() },
+        allow_paths: args.allow_paths.clone(),
         drain_timeout: args.drain_timeout,
         stop_grace: args.stop_grace,
         launcher: launcher.display().to_string(),
         srun: args.srun.clone(),
         scancel: args.scancel.clone(),
-        job_id: std::env::var("SLURM_JOB_ID").ok().and_then(|j| j.parse().ok()),
+        scontrol: args.scontrol.clone(),
+        job_id: job_id(),
         command: args.command.clone(),
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

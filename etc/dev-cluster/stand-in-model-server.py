@@ -3,7 +3,10 @@
 # (set by `onepool replica`) and:
 #   - waits $ONEPOOL_MODEL_LOAD_SECONDS (default 0) before answering, like a
 #     model load; /health answers 503 until then, 200 after;
-#   - answers GET /?sleep=S after S seconds;
+#   - answers GET /v1/anything?sleep=S after S seconds;
+#   - like llama-server with --api-key, answers 401 to a request without
+#     `Authorization: Bearer $ONEPOOL_BACKEND_API_KEY` (set by `onepool
+#     replica`) on every path but /health;
 #   - answers POST (OpenAI-style JSON with "max_tokens") after
 #     max_tokens * $ONEPOOL_SECONDS_PER_TOKEN (default 0.001) seconds, so
 #     latency follows the requests' generated tokens; with "stream": true,
@@ -18,6 +21,7 @@ import http.server, json, os, signal, sys, threading, time, urllib.parse
 loaded = threading.Event()
 threading.Timer(float(os.environ.get("ONEPOOL_MODEL_LOAD_SECONDS", "0")), loaded.set).start()
 per_token = float(os.environ.get("ONEPOOL_SECONDS_PER_TOKEN", "0.001"))
+api_key = os.environ.get("ONEPOOL_BACKEND_API_KEY")
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -29,16 +33,26 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def authorized(self):
+        if api_key is None or self.headers.get("Authorization") == f"Bearer {api_key}":
+            return True
+        self.answer(401, b"invalid api key\n")
+        return False
+
     def do_GET(self):
         url = urllib.parse.urlparse(self.path)
         if url.path == "/health":
             return self.answer(200 if loaded.is_set() else 503, b"ok\n" if loaded.is_set() else b"loading\n")
+        if not self.authorized():
+            return
         loaded.wait()
         time.sleep(float(urllib.parse.parse_qs(url.query).get("sleep", ["0"])[0]))
         self.answer(200, b"ok\n")
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0") or 0))
+        if not self.authorized():
+            return
         loaded.wait()
         try:
             tokens = int(json.loads(body or b"{}").get("max_tokens", 16))

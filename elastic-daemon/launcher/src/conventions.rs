@@ -1,19 +1,46 @@
 //! What the replica side and onepoold agree on without linking each
 //! other's code: the status header of a draining replica (the launcher
-//! sends it, the router's proxy reads it) and the replica job's name with
-//! its port (the controller submits and finds its jobs by it). A per-node
-//! job's step names are [`crate::replica_group`]'s.
+//! sends it, the router's proxy reads it), the replica job's name with its
+//! slot, the key that proves a request comes from onepoold's router, and
+//! the note a replica leaves in its job's `Comment` (where it listens, why
+//! it ended). A per-node job's step names are [`crate::replica_group`]'s.
 
 /// The launcher's answer while a replica drains: 503 with this header set
 /// to "1". The request was not processed, so it is always retried.
 pub const DRAINING_HEADER: &str = "x-onepool-draining";
 
-/// The replica job's name: the port it listens on is part of it.
-pub fn job_name(endpoint: &str, port: u16) -> String {
-    format!("onepool-{endpoint}-{port}")
+/// The header that carries onepoold's replica key on every request the
+/// router, its health checks and its metrics reads send to a launcher. The
+/// launcher answers nothing without it (issue #25: the launcher's port is
+/// in `squeue` for every user to see, and the replica used to answer
+/// anyone who found it).
+pub const REPLICA_KEY_HEADER: &str = "x-onepool-replica-key";
+
+/// The environment variable that hands the replica key from onepoold to
+/// the launcher, through sbatch and the job's environment: a job's
+/// environment is readable by its own user and root only (`scontrol show
+/// job` does not print it; `/proc/PID/environ` is private to the uid),
+/// unlike a command line. The launcher takes it out of its environment
+/// before it starts the model server.
+pub const REPLICA_KEY_ENV: &str = "ONEPOOL_REPLICA_KEY";
+
+/// The model server's own key, made by the launcher at each start: the
+/// launcher sends it as `Authorization: Bearer KEY`, so another process on
+/// the node that finds the server's loopback port gets nothing from it.
+/// Set under this name, and under the names llama-server and vLLM read
+/// their `--api-key` from ([`BACKEND_KEY_ALIASES`]).
+pub const BACKEND_KEY_ENV: &str = "ONEPOOL_BACKEND_API_KEY";
+pub const BACKEND_KEY_ALIASES: [&str; 2] = ["LLAMA_API_KEY", "VLLM_API_KEY"];
+
+/// The replica job's name: its slot (a number onepoold gives each replica
+/// job, from `port_range`) is part of it. Since issue #25 the slot is not
+/// the port the replica listens on: that one the kernel chooses on the
+/// node, and the launcher reports it in the job's [`ReplicaNote`].
+pub fn job_name(endpoint: &str, slot: u16) -> String {
+    format!("onepool-{endpoint}-{slot}")
 }
 
-/// The port encoded in a replica job's name, if the name is this endpoint's.
+/// The slot encoded in a replica job's name, if the name is this endpoint's.
 pub fn port_from_name(endpoint: &str, name: &str) -> Option<u16> {
     let port = name.strip_prefix("onepool-")?.strip_prefix(endpoint)?.strip_prefix('-')?;
     if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
@@ -22,12 +49,148 @@ pub fn port_from_name(endpoint: &str, name: &str) -> Option<u16> {
     port.parse().ok()
 }
 
+/// What a replica job's launcher(s) write into the job's `Comment`
+/// (`scontrol update JobId=.. Comment=..`): the port each replica listens
+/// on and, once a server ended by itself, why. Only the job's own user
+/// (onepoold's) and Slurm's administrators can set a job's comment, and
+/// onepoold reads it only from jobs it owns (uid and job_submit/onepool's
+/// record), so the address cannot be planted by another user the way a
+/// fixed port could be taken.
+///
+/// Text form: `op1;L<slot>=<port>;E<slot>=<cause>`, the cause
+/// percent-encoded (no spaces: `scontrol -o show job` prints the comment
+/// among other `Key=Value` words). Bounded to [`NOTE_MAX`] bytes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplicaNote {
+    /// (slot, port) of each replica that listens.
+    pub listening: Vec<(u16, u16)>,
+    /// (slot, cause) of each replica whose server ended by itself.
+    pub ended: Vec<(u16, String)>,
+}
+
+/// The longest note written; causes are shortened (their last lines kept)
+/// to fit. Slurm takes longer comments, but the note travels in every
+/// `scontrol show job` onepoold reads.
+pub const NOTE_MAX: usize = 1500;
+
+const NOTE_TAG: &str = "op1";
+
+impl ReplicaNote {
+    pub fn port(&self, slot: u16) -> Option<u16> {
+        self.listening.iter().find(|(s, _)| *s == slot).map(|(_, p)| *p)
+    }
+
+    pub fn ended(&self, slot: u16) -> Option<&str> {
+        self.ended.iter().find(|(s, _)| *s == slot).map(|(_, c)| c.as_str())
+    }
+
+    pub fn set_port(&mut self, slot: u16, port: u16) {
+        self.listening.retain(|(s, _)| *s != slot);
+        self.listening.push((slot, port));
+    }
+
+    pub fn set_ended(&mut self, slot: u16, cause: &str) {
+        self.ended.retain(|(s, _)| *s != slot);
+        self.ended.push((slot, cause.to_string()));
+    }
+
+    /// The comment's text; causes are cut from their start (the last lines
+    /// of a server's output say most) until the whole fits [`NOTE_MAX`].
+    pub fn encode(&self) -> String {
+        let mut out = String::from(NOTE_TAG);
+        for (slot, port) in &self.listening {
+            out.push_str(&format!(";L{slot}={port}"));
+        }
+        let causes = self.ended.len().max(1);
+        let room = NOTE_MAX.saturating_sub(out.len()) / causes;
+        for (slot, cause) in &self.ended {
+            let head = format!(";E{slot}=");
+            let budget = room.saturating_sub(head.len());
+            let mut enc = percent_encode(cause);
+            if enc.len() > budget {
+                // Keep the end; cut at an escape's start.
+                let mut cut = enc.len() - budget;
+                while cut < enc.len() && !is_boundary(&enc, cut) {
+                    cut += 1;
+                }
+                enc = enc[cut..].to_string();
+            }
+            out.push_str(&head);
+            out.push_str(&enc);
+        }
+        out
+    }
+
+    /// The note in a job's comment; `None` for a comment that is not one
+    /// (empty, a user's own text, another program's).
+    pub fn decode(comment: &str) -> Option<ReplicaNote> {
+        let mut parts = comment.trim().split(';');
+        if parts.next()? != NOTE_TAG {
+            return None;
+        }
+        let mut note = ReplicaNote::default();
+        for part in parts {
+            let (key, value) = part.split_at_checked(1)?;
+            let (slot, value) = value.split_once('=')?;
+            let slot: u16 = slot.parse().ok()?;
+            match key {
+                "L" => note.set_port(slot, value.parse().ok().filter(|p| *p != 0)?),
+                "E" => note.set_ended(slot, &percent_decode(value)),
+                // A newer launcher's entries: skipped, not refused.
+                _ => {}
+            }
+        }
+        Some(note)
+    }
+}
+
+/// Whether `at` starts a character of the encoded text (not inside `%XX`).
+fn is_boundary(enc: &str, at: usize) -> bool {
+    let b = enc.as_bytes();
+    !(at >= 1 && b[at - 1] == b'%' || at >= 2 && b[at - 2] == b'%')
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.:/()[]@+,".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The lines a per-node job's launcher steps print on their standard
+/// output for the job's main process ([`crate::replica_group`]), which
+/// alone writes the job's comment (several writers would race).
+pub const STEP_LINE: &str = "onepool-replica-note ";
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn names_carry_the_port_and_only_this_endpoint_s_parse() {
+    fn names_carry_the_slot_and_only_this_endpoint_s_parse() {
         assert_eq!(job_name("llm", 18000), "onepool-llm-18000");
         assert_eq!(port_from_name("llm", "onepool-llm-18000"), Some(18000));
         assert_eq!(port_from_name("llm-2", "onepool-llm-2-18000"), Some(18000));
@@ -35,5 +198,40 @@ mod tests {
         assert_eq!(port_from_name("llm", "onepool-llm-+18000"), None);
         assert_eq!(port_from_name("llm", "onepool-llm-"), None);
         assert_eq!(port_from_name("llm", "other-llm-18000"), None);
+    }
+
+    #[test]
+    fn a_note_round_trips_and_has_no_spaces() {
+        let mut n = ReplicaNote::default();
+        n.set_port(19400, 41234);
+        n.set_port(19402, 40001);
+        n.set_ended(19400, "killed by SIGSEGV (core dumped); last output:\nggml_backend_amx_mul_mat: 100% ;=");
+        let text = n.encode();
+        assert!(!text.contains(' ') && !text.contains('\n'), "{text}");
+        assert_eq!(ReplicaNote::decode(&text), Some(n.clone()));
+        assert_eq!(n.port(19402), Some(40001));
+        assert!(n.ended(19400).unwrap().ends_with("100% ;="));
+    }
+
+    #[test]
+    fn a_comment_that_is_not_a_note_is_none() {
+        for c in ["", "my comment", "op1;Lx=1", "op1;L1=0", "op2;L1=2", "op1;L1"] {
+            assert_eq!(ReplicaNote::decode(c), None, "{c:?}");
+        }
+        // Unknown entries of a newer launcher are skipped.
+        assert_eq!(ReplicaNote::decode("op1;L1=2;X5=y").unwrap().listening, [(1, 2)]);
+    }
+
+    #[test]
+    fn a_long_cause_keeps_its_end_within_the_bound() {
+        let mut n = ReplicaNote::default();
+        n.set_port(1, 2);
+        let cause = format!("start {} END", "é%".repeat(2000));
+        n.set_ended(1, &cause);
+        let text = n.encode();
+        assert!(text.len() <= NOTE_MAX, "{}", text.len());
+        let back = ReplicaNote::decode(&text).unwrap();
+        assert!(back.ended(1).unwrap().ends_with(" END"));
+        assert!(!back.ended(1).unwrap().contains('\u{FFFD}') || back.ended(1).unwrap().starts_with('\u{FFFD}'));
     }
 }

@@ -9,13 +9,23 @@
 //! [`Front::cut_off`]), then the server is stopped and the launcher
 //! exits, so the job ends and Slurm hands the GPUs to the preemptor at once
 //! instead of at its next periodic kill.
+//!
+//! Issue #25 closed its side doors: it listens where the kernel chooses
+//! (a port in a known range could be taken first by any user's job) and
+//! reports the port ([`crate::report`]); it answers only requests that
+//! carry onepoold's replica key and ask for a path the endpoint serves
+//! ([`crate::access`]); its front has the router's bounds (header read
+//! timeout, header and body size, connections); and its server gets a key
+//! of its own, so the server's loopback port answers nobody else on the
+//! node. Issue #24: a server that ends by itself is named — signal, exit
+//! code, the last lines it printed ([`crate::exit_cause`]).
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::process::ExitStatus;
+use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -23,20 +33,24 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use crate::conventions::DRAINING_HEADER;
+use crate::access::{Access, Refused};
+use crate::conventions::{ReplicaNote, BACKEND_KEY_ALIASES, BACKEND_KEY_ENV, DRAINING_HEADER, REPLICA_KEY_ENV, REPLICA_KEY_HEADER};
+use crate::exit_cause::{self, OutputTail};
+use crate::report::Report;
 
 /// How long the answers of requests cut off at the drain timeout get to
 /// leave before the server is stopped.
@@ -46,16 +60,57 @@ const CUT_STOP_GRACE: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct LauncherConfig {
-    /// Where the router reaches this replica.
+    /// Where the router reaches this replica; port 0 (what onepoold asks
+    /// for): a port the kernel chooses, reported through `report`.
     pub listen: SocketAddr,
-    /// Where the model server listens (on this node).
-    pub backend: SocketAddr,
+    /// Where the model server listens (on this node); `None`: a free
+    /// loopback port chosen at start.
+    pub backend: Option<SocketAddr>,
     /// Longest drain after the notice; Slurm's GraceTime must cover it.
     pub drain_timeout: Duration,
     /// How long the server gets between SIGTERM and SIGKILL.
     pub stop_grace: Duration,
     /// The model server's command line.
     pub command: Vec<String>,
+    /// Who may send what.
+    pub access: Access,
+    pub bounds: FrontBounds,
+    /// Where the listening port and the server's end are reported.
+    pub report: Report,
+}
+
+/// The front's limits, the router's defaults (onepoold.toml's
+/// `header_read_timeout`, `max_header_bytes`, `max_request_body`,
+/// `max_connections`): the front faces the cluster network like the
+/// router does, and before these a client that sent its head slowly held
+/// a connection for ever.
+#[derive(Debug, Clone, Copy)]
+pub struct FrontBounds {
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_body_bytes: usize,
+    pub max_connections: usize,
+}
+
+impl Default for FrontBounds {
+    fn default() -> FrontBounds {
+        FrontBounds {
+            header_read_timeout: Duration::from_secs(10),
+            max_header_bytes: 16 * 1024,
+            max_body_bytes: 8 * 1024 * 1024,
+            max_connections: 1024,
+        }
+    }
+}
+
+/// What the front needs to pass a request on.
+#[derive(Debug)]
+pub struct FrontConfig {
+    pub backend: SocketAddr,
+    pub access: Access,
+    /// `Bearer <the server's own key>`, added to every request.
+    pub backend_auth: Option<http::HeaderValue>,
+    pub bounds: FrontBounds,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +123,10 @@ pub enum LauncherError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot find a free loopback port for the model server: {0}")]
+    BackendPort(#[source] std::io::Error),
+    #[error("cannot make the model server's key: {0}")]
+    Key(#[source] std::io::Error),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -78,11 +137,32 @@ pub enum LauncherError {
     Signals(#[source] std::io::Error),
 }
 
+/// How a server that ended by itself ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ended {
+    /// "killed by SIGSEGV", "exited with code 1" ([`exit_cause::describe`]).
+    pub cause: String,
+    /// The launcher's exit code for it (the server's, or 128 + signal).
+    pub code: i32,
+    /// The last lines the server printed.
+    pub tail: Vec<String>,
+}
+
+impl Ended {
+    /// The cause with the last lines, as reported to onepoold.
+    pub fn report(&self) -> String {
+        if self.tail.is_empty() {
+            return format!("{}; it printed nothing", self.cause);
+        }
+        format!("{}; last output:\n{}", self.cause, self.tail.join("\n"))
+    }
+}
+
 /// How the launcher ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// The server exited by itself.
-    ServerExited(Option<i32>),
+    ServerExited(Ended),
     /// Drained after a notice: every request in flight finished.
     Drained { waited: Duration },
     /// The drain timeout passed with requests still in flight; they were
@@ -94,7 +174,7 @@ impl Outcome {
     /// The process exit code: 0 for a clean drain.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Outcome::ServerExited(code) => code.unwrap_or(1),
+            Outcome::ServerExited(e) => if e.code == 0 { 1 } else { e.code },
             Outcome::Drained { .. } => 0,
             Outcome::TimedOut { .. } => 1,
         }
@@ -114,6 +194,9 @@ pub struct Front {
     pub turned_away: AtomicU64,
     /// Requests cut off at the drain timeout (for logs and tests).
     pub cut_short: AtomicU64,
+    /// Requests and connections refused: no key, a path not served, a
+    /// body too large, over the connection cap.
+    pub refused: AtomicU64,
 }
 
 impl Front {
@@ -220,12 +303,32 @@ fn plain(status: StatusCode, text: &str, draining: bool) -> Response<FrontBody> 
     r
 }
 
+fn refused(state: &Front, why: Refused) -> Response<FrontBody> {
+    state.refused.fetch_add(1, Ordering::Relaxed);
+    match why {
+        Refused::Key => plain(StatusCode::UNAUTHORIZED, "this replica answers onepoold's router only\n", false),
+        Refused::Path => plain(StatusCode::NOT_FOUND, "not a path this endpoint serves\n", false),
+    }
+}
+
 async fn front(
     req: Request<Incoming>,
     state: Arc<Front>,
-    client: Client<HttpConnector, Incoming>,
-    backend: SocketAddr,
+    client: Client<HttpConnector, Limited<Incoming>>,
+    cfg: Arc<FrontConfig>,
 ) -> Response<FrontBody> {
+    if let Err(why) = cfg.access.check(req.uri().path(), req.headers()) {
+        return refused(&state, why);
+    }
+    let too_long = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .is_some_and(|n| n > cfg.bounds.max_body_bytes as u64);
+    if too_long {
+        state.refused.fetch_add(1, Ordering::Relaxed);
+        return plain(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n", false);
+    }
     if state.is_draining() {
         state.turned_away.fetch_add(1, Ordering::SeqCst);
         return plain(StatusCode::SERVICE_UNAVAILABLE, "replica is draining; retry elsewhere\n", true);
@@ -234,10 +337,21 @@ async fn front(
     let guard = Guard(state.clone());
     let (mut parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    parts.uri = match format!("http://{backend}{path}").parse() {
+    parts.uri = match format!("http://{}{path}", cfg.backend).parse() {
         Ok(u) => u,
         Err(_) => return plain(StatusCode::BAD_REQUEST, "bad request target\n", false),
     };
+    // onepoold's key stops here; the server gets its own.
+    parts.headers.remove(REPLICA_KEY_HEADER);
+    match &cfg.backend_auth {
+        Some(auth) => {
+            parts.headers.insert(http::header::AUTHORIZATION, auth.clone());
+        }
+        None => {
+            parts.headers.remove(http::header::AUTHORIZATION);
+        }
+    }
+    let body = Limited::new(body, cfg.bounds.max_body_bytes);
     let answer = tokio::select! {
         r = client.request(Request::from_parts(parts, body)) => r,
         _ = state.cut.cancelled() => {
@@ -277,23 +391,39 @@ async fn front(
 }
 
 /// Serves the front proxy until the process ends.
-pub async fn serve_front(listener: TcpListener, backend: SocketAddr, state: Arc<Front>) {
+pub async fn serve_front(listener: TcpListener, cfg: Arc<FrontConfig>, state: Arc<Front>) {
     // A new connection per request: the server is on this node (a loopback
     // connect costs microseconds), and a kept-alive one races the server's
     // own idle close (llama-server's is 5 s): a request written as the
     // server closes fails, and its streamed body cannot be sent again. Seen
     // as 502s with llama-server replicas before this.
-    let client: Client<HttpConnector, Incoming> =
+    let client: Client<HttpConnector, Limited<Incoming>> =
         Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build_http();
+    let slots = Arc::new(Semaphore::new(cfg.bounds.max_connections.max(1)));
+    // hyper's smallest read buffer; the head must fit in it.
+    let max_buf = cfg.bounds.max_header_bytes.max(8192);
     loop {
         let Ok((stream, _)) = listener.accept().await else { continue };
-        let (state, client) = (state.clone(), client.clone());
+        // Over the cap: closed at once, before a byte is read.
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            state.refused.fetch_add(1, Ordering::Relaxed);
+            drop(stream);
+            continue;
+        };
+        let (state, client, cfg) = (state.clone(), client.clone(), cfg.clone());
         tokio::spawn(async move {
+            let _slot = slot;
+            let header_read_timeout = cfg.bounds.header_read_timeout;
             let svc = service_fn(move |req| {
-                let (state, client) = (state.clone(), client.clone());
-                async move { Ok::<_, std::convert::Infallible>(front(req, state, client, backend).await) }
+                let (state, client, cfg) = (state.clone(), client.clone(), cfg.clone());
+                async move { Ok::<_, std::convert::Infallible>(front(req, state, client, cfg).await) }
             });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout)
+                .max_buf_size(max_buf)
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
         });
     }
 }
@@ -320,12 +450,41 @@ async fn stop(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
     status
 }
 
+/// A loopback port nothing listens on now, for the model server. Another
+/// process could take it before the server binds it; the server then
+/// fails to start, and says why in its output, which is reported.
+fn free_loopback_port() -> std::io::Result<SocketAddr> {
+    std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()
+}
+
+/// Copies a pipe of the server's to this process's standard error (the
+/// job's output file) and keeps its last lines.
+async fn copy_output(mut from: impl AsyncRead + Unpin, tail: Arc<Mutex<OutputTail>>) {
+    let mut err = tokio::io::stderr();
+    let mut buf = vec![0u8; 8192];
+    loop {
+        match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                let _ = err.write_all(&buf[..n]).await;
+                tail.lock().unwrap_or_else(|e| e.into_inner()).push(&buf[..n]);
+            }
+        }
+    }
+}
+
 /// Runs the server behind the front proxy until it exits or a notice
 /// (SIGUSR1, SIGTERM, SIGINT) drains it.
 pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, LauncherError> {
     let (program, args) = cfg.command.split_first().ok_or(LauncherError::NoCommand)?;
     let listener =
         TcpListener::bind(cfg.listen).await.map_err(|source| LauncherError::Listen { addr: cfg.listen, source })?;
+    let listening = listener.local_addr().map_err(|source| LauncherError::Listen { addr: cfg.listen, source })?;
+    let backend = match cfg.backend {
+        Some(b) => b,
+        None => free_loopback_port().map_err(LauncherError::BackendPort)?,
+    };
+    let backend_key = crate::access::random_key().map_err(LauncherError::Key)?;
     let mut usr1 = signal(SignalKind::user_defined1()).map_err(LauncherError::Signals)?;
     let mut term = signal(SignalKind::terminate()).map_err(LauncherError::Signals)?;
     let mut int = signal(SignalKind::interrupt()).map_err(LauncherError::Signals)?;
@@ -333,20 +492,60 @@ pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, Laun
     // Slurm signals every process of a step, and SIGURG, unlike SIGUSR1,
     // leaves a model server that does not handle it running.
     let mut urg = signal(SignalKind::from_raw(libc::SIGURG)).map_err(LauncherError::Signals)?;
-    let mut child = Command::new(program)
+    let oom_before = exit_cause::oom_kills();
+    let mut command = Command::new(program);
+    command
         .args(args)
-        .env("ONEPOOL_BACKEND_PORT", cfg.backend.port().to_string())
+        .env("ONEPOOL_BACKEND_PORT", backend.port().to_string())
+        .env(BACKEND_KEY_ENV, &backend_key)
+        // onepoold's key is for this process only.
+        .env_remove(REPLICA_KEY_ENV)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         // Its own process group, so that stopping it reaches the worker
         // processes servers such as vLLM fork (they hold GPUs too).
         .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|source| LauncherError::Spawn { cmd: cfg.command.join(" "), source })?;
-    let front_task = tokio::spawn(serve_front(listener, cfg.backend, state.clone()));
+        .kill_on_drop(true);
+    for alias in BACKEND_KEY_ALIASES {
+        command.env(alias, &backend_key);
+    }
+    let mut child = command.spawn().map_err(|source| LauncherError::Spawn { cmd: cfg.command.join(" "), source })?;
+    let tail = Arc::new(Mutex::new(OutputTail::default()));
+    let mut copies = tokio::task::JoinSet::new();
+    if let Some(out) = child.stdout.take() {
+        copies.spawn(copy_output(out, tail.clone()));
+    }
+    if let Some(err) = child.stderr.take() {
+        copies.spawn(copy_output(err, tail.clone()));
+    }
+    let front_cfg = Arc::new(FrontConfig {
+        backend,
+        access: cfg.access.clone(),
+        backend_auth: http::HeaderValue::from_str(&format!("Bearer {backend_key}")).ok(),
+        bounds: cfg.bounds,
+    });
+    let front_task = tokio::spawn(serve_front(listener, front_cfg, state.clone()));
+    tracing::info!(%listening, %backend, "replica front listening; model server starting");
+    let mut note = ReplicaNote::default();
+    cfg.report.listening(&mut note, listening.port()).await;
     let which = tokio::select! {
         status = child.wait() => {
             front_task.abort();
-            return Ok(Outcome::ServerExited(status.ok().and_then(|s| s.code())));
+            // What the server printed last, up to a moment after it ended
+            // (a process it left behind may hold its pipes open).
+            let _ = tokio::time::timeout(Duration::from_secs(1), async { while copies.join_next().await.is_some() {} }).await;
+            let ended = match status {
+                Ok(status) => Ended {
+                    cause: exit_cause::describe(status, oom_before, exit_cause::oom_kills()),
+                    code: exit_cause::exit_code(status),
+                    tail: tail.lock().unwrap_or_else(|e| e.into_inner()).lines(),
+                },
+                Err(e) => Ended { cause: format!("cannot wait for the server: {e}"), code: 1, tail: Vec::new() },
+            };
+            tracing::error!(cause = %ended.cause, "the model server ended by itself");
+            cfg.report.ended(&mut note, &ended.report()).await;
+            return Ok(Outcome::ServerExited(ended));
         }
         _ = usr1.recv() => "SIGUSR1",
         _ = term.recv() => "SIGTERM",

@@ -1,11 +1,17 @@
 //! What `onepool replica` runs on a compute node: the replica launcher
 //! ([`launcher`]: the model server behind a small front proxy that drains
-//! on Slurm's preemption notice) and, for jobs that host one replica per
+//! on Slurm's preemption notice, answers only onepoold's router
+//! ([`access`]), reports where it listens and why its server ended
+//! ([`report`], [`exit_cause`])) and, for jobs that host one replica per
 //! node, the group that starts one launcher per node as an `srun` step
 //! ([`replica_group`]). [`conventions`] holds what onepoold's router and
-//! controller agree on with them (the draining header, the replica job's
-//! name and port), so neither side links the other's code.
+//! controller agree on with them (the draining header, the replica key,
+//! the job's name and the note in its comment), so neither side links the
+//! other's code.
 
+pub mod access;
 pub mod conventions;
+pub mod exit_cause;
 pub mod launcher;
 pub mod replica_group;
+pub mod report;

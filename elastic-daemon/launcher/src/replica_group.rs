@@ -10,6 +10,12 @@
 //! (`replica-<port>`) is how onepoold finds which replica runs where,
 //! also after a restart and after earlier shrinks renumbered nothing.
 //!
+//! Each step's launcher listens where the kernel chooses and prints the
+//! port on its standard output ([`crate::report::Report::Stdout`]); this
+//! process reads those lines and writes every replica's port (and why a
+//! server ended) into the job's comment, which onepoold reads (one writer:
+//! several would overwrite each other).
+//!
 //! The notice is SIGURG (`--signal=B:URG@N`): on 22.05 the preemption
 //! notice reached the steps' processes as well as the batch shell, model
 //! servers included, and SIGUSR1 killed them with their requests in
@@ -22,14 +28,17 @@ use std::net::{IpAddr, SocketAddr};
 use std::process::ExitStatus;
 use std::time::Duration;
 
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::task::JoinSet;
 
+use crate::conventions::ReplicaNote;
+
 #[derive(Debug, Clone)]
 pub struct GroupConfig {
     /// The allocation's nodes in Slurm's order (SLURM_JOB_NODELIST); the
-    /// replica on the i-th listens on `base_port + 2i`, its server one above.
+    /// replica on the i-th has slot `base_port + 2i` (its step's name).
     pub nodes: Vec<String>,
     pub listen_ip: IpAddr,
     pub base_port: u16,
@@ -39,6 +48,10 @@ pub struct GroupConfig {
     pub launcher: String,
     pub srun: String,
     pub scancel: String,
+    /// The scontrol that writes the job's comment.
+    pub scontrol: String,
+    /// Each step's `--allow-path`s.
+    pub allow_paths: Vec<String>,
     /// This job (SLURM_JOB_ID), whose steps get the notice.
     pub job_id: Option<u32>,
     pub command: Vec<String>,
@@ -95,15 +108,20 @@ pub fn srun_argv(cfg: &GroupConfig, node: &str, port: u16) -> Vec<String> {
         cfg.launcher.clone(),
         "replica".into(),
         "--listen".into(),
-        SocketAddr::new(cfg.listen_ip, port).to_string(),
-        "--backend".into(),
-        format!("127.0.0.1:{}", port + 1),
+        SocketAddr::new(cfg.listen_ip, 0).to_string(),
+        "--slot".into(),
+        port.to_string(),
+        "--report".into(),
+        "stdout".into(),
         "--drain-timeout".into(),
         secs(cfg.drain_timeout),
         "--stop-grace".into(),
         secs(cfg.stop_grace),
-        "--".into(),
     ];
+    for p in &cfg.allow_paths {
+        argv.extend(["--allow-path".to_string(), p.clone()]);
+    }
+    argv.push("--".into());
     argv.extend(cfg.command.iter().cloned());
     argv
 }
@@ -160,22 +178,38 @@ pub async fn run(cfg: GroupConfig) -> Result<i32, GroupError> {
     let mut urg = signal(SignalKind::from_raw(libc::SIGURG)).map_err(GroupError::Signals)?;
     let mut pids = Vec::new();
     let mut steps: JoinSet<(String, u16, std::io::Result<ExitStatus>)> = JoinSet::new();
+    let (notes_tx, mut notes) = tokio::sync::mpsc::unbounded_channel::<String>();
     for (node, port) in cfg.nodes.iter().zip(&ports) {
         let argv = srun_argv(&cfg, node, *port);
         let mut child: Child = Command::new(&argv[0])
             .args(&argv[1..])
+            .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .map_err(|source| GroupError::Spawn { cmd: argv.join(" "), source })?;
         tracing::info!(node, port, "started the replica step");
         pids.push((node.clone(), child.id()));
+        if let Some(out) = child.stdout.take() {
+            tokio::spawn(step_output(out, notes_tx.clone()));
+        }
         let (node, port) = (node.clone(), *port);
         steps.spawn(async move { (node, port, child.wait().await) });
     }
+    drop(notes_tx);
+    let mut note = ReplicaNote::default();
+    let mut notes_open = true;
     let mut noticed = false;
     let mut code = 0;
     loop {
         tokio::select! {
+            entry = notes.recv(), if notes_open => {
+                let Some(entry) = entry else { notes_open = false; continue };
+                if merge(&mut note, &entry) {
+                    if let Some(job) = cfg.job_id {
+                        crate::report::write_comment(&cfg.scontrol, job, &note).await;
+                    }
+                }
+            }
             done = steps.join_next() => {
                 let Some(done) = done else { break };
                 let Ok((node, port, status)) = done else { continue };
@@ -203,6 +237,34 @@ pub async fn run(cfg: GroupConfig) -> Result<i32, GroupError> {
     Ok(code)
 }
 
+/// Passes a step's output on, except the lines that report to this
+/// process.
+async fn step_output(out: tokio::process::ChildStdout, notes: tokio::sync::mpsc::UnboundedSender<String>) {
+    let mut lines = BufReader::new(out).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        match crate::report::step_entry(&line) {
+            Some(entry) => {
+                let _ = notes.send(entry.to_string());
+            }
+            None => println!("{line}"),
+        }
+    }
+}
+
+/// Adds a step's entry to the job's note; false when it says nothing new
+/// (or is not an entry).
+fn merge(note: &mut ReplicaNote, entry: &str) -> bool {
+    let Some(one) = ReplicaNote::decode(&format!("op1;{entry}")) else { return false };
+    let before = note.clone();
+    for (slot, port) in one.listening {
+        note.set_port(slot, port);
+    }
+    for (slot, cause) in one.ended {
+        note.set_ended(slot, &cause);
+    }
+    *note != before
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,6 +279,8 @@ mod tests {
             launcher: "/opt/onepool/bin/onepool".into(),
             srun: "srun".into(),
             scancel: "/nonexistent/scancel".into(),
+            scontrol: "/nonexistent/scontrol".into(),
+            allow_paths: Vec::new(),
             job_id: Some(7),
             command: vec!["python3".into(), "-m".into(), "server".into()],
         }
@@ -227,7 +291,7 @@ mod tests {
         assert_eq!(
             srun_argv(&cfg(), "gpu02", 18502).join(" "),
             "srun -N1 -n1 --nodelist=gpu02 --job-name=replica-18502 --kill-on-bad-exit=0 \
-             /opt/onepool/bin/onepool replica --listen 0.0.0.0:18502 --backend 127.0.0.1:18503 \
+             /opt/onepool/bin/onepool replica --listen 0.0.0.0:0 --slot 18502 --report stdout \
              --drain-timeout 30s --stop-grace 10s -- python3 -m server"
         );
         assert_eq!(port_of(18500, 3), Some(18506));

@@ -7,7 +7,10 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
-use onepool_launcher::launcher::{run, Front, LauncherConfig, Outcome};
+use onepool_launcher::access::Access;
+use onepool_launcher::conventions::REPLICA_KEY_HEADER;
+use onepool_launcher::launcher::{run, Front, FrontBounds, FrontConfig, LauncherConfig, Outcome};
+use onepool_launcher::report::Report;
 
 /// The dev cluster's stand-in model server (answers `GET /?sleep=S` after S seconds).
 const SERVER: &str = include_str!("../../../etc/dev-cluster/stand-in-model-server.py");
@@ -16,16 +19,39 @@ fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
-/// (status, draining header) of a GET through the launcher.
+/// onepoold's replica key in these tests.
+const KEY: &str = "test-replica-key-0123456789abcdef";
+
+/// (status, draining header) of a GET through the launcher, with the key.
 async fn get(addr: SocketAddr, path: &str) -> Option<(u16, bool)> {
+    get_with(addr, path, &format!("{REPLICA_KEY_HEADER}: {KEY}\r\n")).await
+}
+
+/// The same with `fields` as the extra header lines.
+async fn get_with(addr: SocketAddr, path: &str, fields: &str) -> Option<(u16, bool)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n{fields}Connection: close\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await.ok()?;
     let text = String::from_utf8_lossy(&buf);
     let status = text.split_whitespace().nth(1)?.parse().ok()?;
     Some((status, text.to_ascii_lowercase().contains("x-onepool-draining: 1")))
+}
+
+fn config(listen: SocketAddr, drain: Duration, command: Vec<String>) -> LauncherConfig {
+    LauncherConfig {
+        listen,
+        backend: None,
+        drain_timeout: drain,
+        stop_grace: Duration::from_secs(5),
+        command,
+        access: Access::new(Some(KEY.as_bytes().to_vec()), Vec::new()),
+        bounds: FrontBounds::default(),
+        report: Report::Off,
+    }
 }
 
 /// The whole answer to a POST of `json` through the launcher (HTTP/1.1,
@@ -35,7 +61,7 @@ async fn post(addr: SocketAddr, json: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{REPLICA_KEY_HEADER}: {KEY}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         json.len()
     );
     s.write_all(format!("{head}{json}").as_bytes()).await.unwrap();
@@ -54,18 +80,12 @@ async fn launch_with(drain: Duration, env: &[&str]) -> (SocketAddr, Arc<Front>, 
     let mut command: Vec<String> = vec!["env".into()];
     command.extend(env.iter().map(|e| e.to_string()));
     command.extend(["python3".into(), "-c".into(), SERVER.into()]);
-    let cfg = LauncherConfig {
-        listen,
-        backend: free_addr(),
-        drain_timeout: drain,
-        stop_grace: Duration::from_secs(5),
-        command,
-    };
+    let cfg = config(listen, drain, command);
     let front = Arc::new(Front::default());
     let f = front.clone();
     let task = tokio::spawn(async move { run(cfg, f).await.expect("launcher runs") });
     for _ in 0..100 {
-        if get(listen, "/").await == Some((200, false)) {
+        if get(listen, "/v1/x").await == Some((200, false)) {
             return (listen, front, task);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -87,12 +107,12 @@ async fn a_notice_drains_in_flight_requests_turns_new_ones_away_and_stops_the_se
     let _turn = NOTICE.lock().await;
     // A clean drain: the slow request finishes, the late one is turned away.
     let (addr, front, task) = launch(Duration::from_secs(10)).await;
-    let slow = tokio::spawn(async move { get(addr, "/?sleep=1.5").await });
+    let slow = tokio::spawn(async move { get(addr, "/v1/x?sleep=1.5").await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(front.in_flight(), 1);
     notice();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(get(addr, "/").await, Some((503, true)), "new requests get the draining status");
+    assert_eq!(get(addr, "/v1/x").await, Some((503, true)), "new requests get the draining status");
     assert_eq!(slow.await.unwrap(), Some((200, false)), "the request in flight finished");
     match task.await.unwrap() {
         Outcome::Drained { waited } => {
@@ -101,11 +121,11 @@ async fn a_notice_drains_in_flight_requests_turns_new_ones_away_and_stops_the_se
         other => panic!("expected a clean drain, got {other:?}"),
     }
     assert!(front.turned_away.load(std::sync::atomic::Ordering::SeqCst) >= 1);
-    assert!(get(addr, "/").await.is_none(), "the launcher is gone");
+    assert!(get(addr, "/v1/x").await.is_none(), "the launcher is gone");
 
     // A drain that outlasts its timeout reports what was still in flight.
     let (addr, _front, task) = launch(Duration::from_millis(500)).await;
-    let slow = tokio::spawn(async move { get(addr, "/?sleep=30").await });
+    let slow = tokio::spawn(async move { get(addr, "/v1/x?sleep=30").await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     notice();
     assert_eq!(task.await.unwrap(), Outcome::TimedOut { in_flight: 1 });
@@ -121,8 +141,14 @@ async fn a_request_the_dead_server_never_got_is_answered_draining() {
     let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
     let front = Arc::new(Front::default());
     // Nothing listens on the backend address.
-    let task = tokio::spawn(onepool_launcher::launcher::serve_front(listener, free_addr(), front.clone()));
-    assert_eq!(get(listen, "/x").await, Some((503, true)));
+    let cfg = FrontConfig {
+        backend: free_addr(),
+        access: Access::new(Some(KEY.as_bytes().to_vec()), Vec::new()),
+        backend_auth: None,
+        bounds: FrontBounds::default(),
+    };
+    let task = tokio::spawn(onepool_launcher::launcher::serve_front(listener, Arc::new(cfg), front.clone()));
+    assert_eq!(get(listen, "/v1/x").await, Some((503, true)));
     task.abort();
 }
 
@@ -167,17 +193,11 @@ async fn stopping_the_server_stops_the_processes_it_started() {
     let pidfile = std::env::temp_dir().join(format!("onepool-launcher-worker-{}", std::process::id()));
     let script = format!("sleep 300 & echo $! > {}; exec python3 -c \"$0\"", pidfile.display());
     let listen = free_addr();
-    let cfg = LauncherConfig {
-        listen,
-        backend: free_addr(),
-        drain_timeout: Duration::from_secs(5),
-        stop_grace: Duration::from_secs(5),
-        command: vec!["sh".into(), "-c".into(), script, SERVER.into()],
-    };
+    let cfg = config(listen, Duration::from_secs(5), vec!["sh".into(), "-c".into(), script, SERVER.into()]);
     let front = Arc::new(Front::default());
     let task = tokio::spawn(async move { run(cfg, front).await.expect("launcher runs") });
     for _ in 0..100 {
-        if get(listen, "/").await == Some((200, false)) {
+        if get(listen, "/v1/x").await == Some((200, false)) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -200,4 +220,70 @@ async fn stopping_the_server_stops_the_processes_it_started() {
     }
     assert!(!alive(worker), "the worker went with the server");
     std::fs::remove_file(&pidfile).unwrap();
+}
+
+/// Issue #25: the launcher answers only requests with onepoold's key, only
+/// on the endpoint's paths; the model server's own port answers nobody
+/// without the key the launcher made for it; a client that sends its head
+/// slowly is cut at the header timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_onepoold_s_router_is_answered_and_only_on_the_endpoint_s_paths() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listen = free_addr();
+    let backend = free_addr();
+    let mut cfg = config(listen, Duration::from_secs(5), vec!["python3".into(), "-c".into(), SERVER.into()]);
+    cfg.backend = Some(backend);
+    cfg.bounds.header_read_timeout = Duration::from_millis(500);
+    let front = Arc::new(Front::default());
+    let f = front.clone();
+    let task = tokio::spawn(async move { run(cfg, f).await.expect("launcher runs") });
+    for _ in 0..100 {
+        if get(listen, "/v1/x").await == Some((200, false)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(get(listen, "/v1/x").await, Some((200, false)));
+    assert_eq!(get_with(listen, "/v1/x", "").await, Some((401, false)), "no key");
+    let wrong = format!("{REPLICA_KEY_HEADER}: {}\r\n", KEY.replace('0', "1"));
+    assert_eq!(get_with(listen, "/v1/x", &wrong).await, Some((401, false)), "a wrong key");
+    let bearer = format!("Authorization: Bearer {KEY}\r\n");
+    assert_eq!(get_with(listen, "/v1/x", &bearer).await, Some((401, false)), "the key in another header");
+    for admin in ["/slots", "/props", "/v1/../slots", "/v1/%2e%2e/props", "//slots"] {
+        assert_eq!(get(listen, admin).await, Some((404, false)), "{admin} with the key");
+    }
+    // The server's port, straight: the launcher's key is not its key, and
+    // without its own the server refuses (as llama-server with --api-key).
+    assert_eq!(get_with(backend, "/v1/x", "").await, Some((401, false)));
+    assert_eq!(get(backend, "/v1/x").await, Some((401, false)));
+    // Slowloris: half a head, then silence; cut at the header timeout.
+    let mut slow = tokio::net::TcpStream::connect(listen).await.unwrap();
+    slow.write_all(b"GET /v1/x HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    let t0 = std::time::Instant::now();
+    let mut buf = Vec::new();
+    let r = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut buf)).await;
+    assert!(r.is_ok(), "the connection was not closed within 5 s");
+    assert!(t0.elapsed() >= Duration::from_millis(400), "closed before the timeout: {:?}", t0.elapsed());
+    assert!(front.refused.load(std::sync::atomic::Ordering::Relaxed) >= 8);
+    task.abort();
+}
+
+/// Issue #24: a server that dies is named by its signal, with its last
+/// output lines, and the launcher ends with 128 + the signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_dies_is_named_with_its_last_output() {
+    let script = "echo loading model; echo 'ggml_backend_amx_mul_mat: tile config' >&2; kill -SEGV $$";
+    let cfg = config(free_addr(), Duration::from_secs(5), vec!["sh".into(), "-c".into(), script.into()]);
+    let out = tokio::time::timeout(Duration::from_secs(10), run(cfg, Arc::new(Front::default()))).await.unwrap().unwrap();
+    let Outcome::ServerExited(ended) = &out else { panic!("{out:?}") };
+    assert_eq!(ended.cause, "killed by SIGSEGV");
+    assert_eq!(out.exit_code(), 139);
+    assert!(ended.tail.contains(&"loading model".to_string()), "{:?}", ended.tail);
+    assert!(ended.report().contains("ggml_backend_amx_mul_mat: tile config"), "{}", ended.report());
+
+    let cfg = config(free_addr(), Duration::from_secs(5), vec!["sh".into(), "-c".into(), "echo no model; exit 3".into()]);
+    let out = run(cfg, Arc::new(Front::default())).await.unwrap();
+    assert_eq!(out.exit_code(), 3);
+    let Outcome::ServerExited(ended) = out else { panic!() };
+    assert_eq!(ended.report(), "exited with code 3; last output:\nno model");
 }

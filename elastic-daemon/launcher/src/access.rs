@@ -1,0 +1,161 @@
+//! Who may use a replica, and for what (issue #25). The launcher's port is
+//! reachable from the whole cluster network and its server's from every
+//! process on the node, other users' jobs included; before this, both
+//! answered anyone, and the launcher passed on every path, the model
+//! server's administrative ones (llama-server's `/slots`, `/props`) too.
+//! Now a request must carry onepoold's replica key
+//! ([`crate::conventions::REPLICA_KEY_HEADER`]) and ask for a path the
+//! endpoint serves.
+
+use http::HeaderMap;
+
+use crate::conventions::REPLICA_KEY_HEADER;
+
+/// The paths a replica serves when nothing else is said: the
+/// OpenAI-compatible API and what onepoold reads (health, metrics).
+pub const DEFAULT_PATHS: [&str; 3] = ["/v1/", "/health", "/metrics"];
+
+#[derive(Clone, Debug)]
+pub struct Access {
+    /// onepoold's replica key; `None` answers every caller (in-process
+    /// tests only: `onepool replica` refuses to start without a key).
+    key: Option<Vec<u8>>,
+    /// Exact paths, or prefixes when they end with `/`.
+    paths: Vec<String>,
+}
+
+/// Why a request is refused, with the status it gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// 401: no key, or not onepoold's.
+    Key,
+    /// 404: a path this replica does not serve through onepool.
+    Path,
+}
+
+impl Access {
+    pub fn new(key: Option<Vec<u8>>, paths: Vec<String>) -> Access {
+        let paths = if paths.is_empty() { DEFAULT_PATHS.iter().map(|p| p.to_string()).collect() } else { paths };
+        Access { key, paths }
+    }
+
+    /// Every caller, every path: for tests of the drain alone.
+    pub fn open() -> Access {
+        Access { key: None, paths: vec!["/".into()] }
+    }
+
+    pub fn has_key(&self) -> bool {
+        self.key.is_some()
+    }
+
+    /// The key is checked first, so a caller without it learns nothing
+    /// of which paths exist.
+    pub fn check(&self, path: &str, headers: &HeaderMap) -> Result<(), Refused> {
+        if let Some(key) = &self.key {
+            let given = headers.get(REPLICA_KEY_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
+            if !constant_time_eq(given, key) {
+                return Err(Refused::Key);
+            }
+        }
+        if !plain_path(path) {
+            return Err(Refused::Path);
+        }
+        let allowed = self.paths.iter().any(|p| match p.strip_suffix('/') {
+            Some(dir) if !dir.is_empty() => path.starts_with(p.as_str()) || path == dir,
+            Some(_) => true,
+            None => path == p,
+        });
+        allowed.then_some(()).ok_or(Refused::Path)
+    }
+}
+
+/// A path a server cannot read as another one: no dot segments, empty
+/// segments, backslashes or percent-escapes (`/v1/../slots`,
+/// `/v1/%2e%2e/slots`, `//slots` would all leave the allowed prefix in
+/// some server's normalisation).
+fn plain_path(path: &str) -> bool {
+    path.starts_with('/')
+        && !path.contains(['\\', '%'])
+        && !path[1..].split('/').any(|seg| seg == "." || seg == "..")
+        && !path.contains("//")
+}
+
+/// Compares in time that depends on the lengths only, so that the time of
+/// an answer does not tell a caller how much of a guessed key was right.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    // Keep the fold from being cut short by the optimiser's knowledge of
+    // the result.
+    std::hint::black_box(diff) == 0
+}
+
+/// A new random key, as hex (32 bytes from the kernel's random source).
+pub fn random_key() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_key(k: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(REPLICA_KEY_HEADER, k.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn the_key_is_required_before_the_path_is_looked_at() {
+        let a = Access::new(Some(b"secret".to_vec()), vec![]);
+        assert_eq!(a.check("/v1/chat/completions", &HeaderMap::new()), Err(Refused::Key));
+        assert_eq!(a.check("/slots", &HeaderMap::new()), Err(Refused::Key));
+        assert_eq!(a.check("/v1/chat/completions", &with_key("secreT")), Err(Refused::Key));
+        assert_eq!(a.check("/v1/chat/completions", &with_key("secret ")), Err(Refused::Key));
+        assert_eq!(a.check("/v1/chat/completions", &with_key("secret")), Ok(()));
+    }
+
+    #[test]
+    fn only_the_endpoint_s_paths_pass_and_none_that_escapes_them() {
+        let a = Access::new(Some(b"k".to_vec()), vec![]);
+        let k = with_key("k");
+        for ok in ["/v1/chat/completions", "/v1/models", "/v1", "/health", "/metrics"] {
+            assert_eq!(a.check(ok, &k), Ok(()), "{ok}");
+        }
+        for bad in [
+            "/slots",
+            "/props",
+            "/slots/0?action=save",
+            "/v1/../slots",
+            "/v1/%2e%2e/slots",
+            "/v1//slots",
+            "/v1/./x",
+            "/healthz",
+            "/health/",
+            "/metrics/../props",
+            "/v1\\..\\slots",
+            "",
+        ] {
+            assert_eq!(a.check(bad, &k), Err(Refused::Path), "{bad}");
+        }
+        let own = Access::new(Some(b"k".to_vec()), vec!["/generate".into(), "/v1/".into()]);
+        assert_eq!(own.check("/generate", &k), Ok(()));
+        assert_eq!(own.check("/health", &k), Err(Refused::Path));
+    }
+
+    #[test]
+    fn keys_compare_whole() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+        assert!(!constant_time_eq(b"", b"a"));
+        let k = random_key().unwrap();
+        assert_eq!(k.len(), 64);
+        assert_ne!(k, random_key().unwrap());
+    }
+}

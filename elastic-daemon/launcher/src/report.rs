@@ -1,0 +1,96 @@
+//! How a launcher tells onepoold where its replica listens and why its
+//! server ended (issue #25: the replica's port is chosen by the kernel on
+//! the node, so nobody can take it first). A one-replica job writes its
+//! job's `Comment` itself; a launcher step of a per-node job prints a line
+//! for the job's main process, which writes the comment for all of them
+//! ([`crate::replica_group`]).
+
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+use crate::conventions::{ReplicaNote, STEP_LINE};
+
+#[derive(Debug, Clone)]
+pub enum Report {
+    /// `scontrol update JobId=JOB Comment=NOTE`.
+    Comment { scontrol: String, job: u32, slot: u16 },
+    /// A line on standard output (per-node steps).
+    Stdout { slot: u16 },
+    /// Nowhere (a launcher started by hand, or in-process tests).
+    Off,
+}
+
+/// Attempts at the comment before giving up: slurmctld may be busy. A
+/// replica whose address never arrives is replaced by onepoold after its
+/// startup timeout, like one that never became healthy.
+const ATTEMPTS: u32 = 4;
+const SCONTROL_TIMEOUT: Duration = Duration::from_secs(15);
+
+impl Report {
+    pub async fn listening(&self, note: &mut ReplicaNote, port: u16) {
+        match self {
+            Report::Comment { slot, .. } => {
+                note.set_port(*slot, port);
+                self.write_comment(note).await;
+            }
+            Report::Stdout { slot } => print_line(&format!("L{slot}={port}")).await,
+            Report::Off => {}
+        }
+    }
+
+    pub async fn ended(&self, note: &mut ReplicaNote, cause: &str) {
+        match self {
+            Report::Comment { slot, .. } => {
+                note.set_ended(*slot, cause);
+                self.write_comment(note).await;
+            }
+            Report::Stdout { slot } => {
+                let mut one = ReplicaNote::default();
+                one.set_ended(*slot, cause);
+                // Only the entry: the group adds it to the job's note.
+                let enc = one.encode();
+                print_line(enc.strip_prefix("op1;").unwrap_or(&enc)).await
+            }
+            Report::Off => {}
+        }
+    }
+
+    async fn write_comment(&self, note: &ReplicaNote) {
+        let Report::Comment { scontrol, job, .. } = self else { return };
+        write_comment(scontrol, *job, note).await;
+    }
+}
+
+/// Writes `note` as job `job`'s comment, retrying a busy slurmctld.
+pub async fn write_comment(scontrol: &str, job: u32, note: &ReplicaNote) {
+    let (id, comment) = (format!("JobId={job}"), format!("Comment={}", note.encode()));
+    let mut wait = Duration::from_millis(500);
+    for attempt in 1..=ATTEMPTS {
+        let out = Command::new(scontrol).args(["update", &id, &comment]).kill_on_drop(true).output();
+        let why = match tokio::time::timeout(SCONTROL_TIMEOUT, out).await {
+            Ok(Ok(o)) if o.status.success() => return,
+            Ok(Ok(o)) => format!("{}: {}", o.status, String::from_utf8_lossy(&o.stderr).trim()),
+            Ok(Err(e)) => format!("cannot run {scontrol}: {e}"),
+            Err(_) => format!("no answer in {} s", SCONTROL_TIMEOUT.as_secs()),
+        };
+        tracing::warn!(attempt, "writing the replica's note into job {job}'s comment failed: {why}");
+        if attempt < ATTEMPTS {
+            tokio::time::sleep(wait).await;
+            wait *= 2;
+        }
+    }
+    tracing::error!("job {job}'s comment could not be written: onepoold will not find this replica's address");
+}
+
+async fn print_line(entry: &str) {
+    let mut out = tokio::io::stdout();
+    let _ = out.write_all(format!("{STEP_LINE}{entry}\n").as_bytes()).await;
+    let _ = out.flush().await;
+}
+
+/// The entry of a step's line, if `line` is one.
+pub fn step_entry(line: &str) -> Option<&str> {
+    line.strip_prefix(STEP_LINE).map(str::trim)
+}
