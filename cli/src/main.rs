@@ -31,6 +31,8 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// The pool per class (from Slurm) and the inference endpoints (from onepoold)
     Status(status::StatusArgs),
+    /// End an endpoint's start back-off now (after fixing why its replicas failed to start)
+    Retry(status::RetryArgs),
     /// Run an inference replica's server and drain it gracefully on Slurm's preemption notice
     Replica(replica::ReplicaArgs),
     /// Check a live cluster against the policy: every setting it relies on, PASS/WARN/FAIL with the fix
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
         Command::Gpus(args) => gpus::run(&args),
         Command::Simulate(args) => simulate::run(&args),
         Command::Status(args) => status::run(&args),
+        Command::Retry(args) => status::retry(&args),
         Command::Replica(args) => replica::run_replica(&args),
         Command::Doctor(args) => doctor::run(&args),
         Command::Report(args) => report::run(&args),

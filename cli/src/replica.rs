@@ -16,8 +16,8 @@ use anyhow::Context;
 use onepool_launcher::access::Access;
 use onepool_launcher::conventions::REPLICA_KEY_ENV;
 use onepool_launcher::launcher::{run, Front, FrontBounds, LauncherConfig, Outcome};
-use onepool_launcher::report::Report;
 use onepool_launcher::replica_group::{self, GroupConfig};
+use onepool_launcher::report::Report;
 
 #[derive(clap::Args)]
 pub struct ReplicaArgs {
@@ -116,7 +116,9 @@ pub fn run_replica(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {
         (Some(ReportTo::Comment) | None, Some(job)) => {
             Report::Comment { scontrol: args.scontrol.clone(), job, slot: args.slot }
         }
-        (Some(ReportTo::Comment), None) => anyhow::bail!("--report comment runs in a Slurm job: SLURM_JOB_ID is not set"),
+        (Some(ReportTo::Comment), None) => {
+            anyhow::bail!("--report comment runs in a Slurm job: SLURM_JOB_ID is not set")
+        }
         (None, None) => Report::Off,
     };
     let cfg = LauncherConfig {

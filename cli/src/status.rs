@@ -106,10 +106,14 @@ pub fn pool_table(policy: &Policy, uses: &BTreeMap<String, ClassUse>) -> String 
 
 /// `GET path` on onepoold's control socket, through the daemon's own client.
 pub fn control_get(socket: &Path, path: &str) -> anyhow::Result<Value> {
+    control_call(socket, http::Method::GET, path)
+}
+
+/// One control request without a body, bounded to 10 s.
+pub fn control_call(socket: &Path, method: http::Method, path: &str) -> anyhow::Result<Value> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let answer = rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(10), onepool_control::request(socket, http::Method::GET, path, None))
-            .await
+        tokio::time::timeout(Duration::from_secs(10), onepool_control::request(socket, method, path, None)).await
     });
     let (status, value) = answer
         .map_err(|_| anyhow::anyhow!("onepoold at {} did not answer within 10 s", socket.display()))?
@@ -174,6 +178,7 @@ pub fn replica_jobs_table(state: &Value, now: u64) -> String {
         if let Some(e) = v["last_error"].as_str() {
             out.push_str(&format!("  last Slurm error: {e}\n"));
         }
+        out.push_str(&start_failures(&v["start_failures"], name, now));
         out.push_str(&format!(
             "  {:>8} {:<13} {:<10} {:<10} {:<22} {}\n",
             "JOBID", "KIND", "PHASE", "NODE", "ADDRESS", "DRAIN"
@@ -199,6 +204,64 @@ pub fn replica_jobs_table(state: &Value, now: u64) -> String {
         }
     }
     out
+}
+
+/// The endpoint's failed starts (issue #24): whether it backs off, until
+/// when, and the last cause with the server's last output lines.
+fn start_failures(f: &Value, endpoint: &str, now: u64) -> String {
+    let total = f["total"].as_u64().unwrap_or(0);
+    if total == 0 {
+        return String::new();
+    }
+    let in_a_row = f["in_a_row"].as_u64().unwrap_or(0);
+    let mut out = if f["backing_off"].as_bool() == Some(true) {
+        let next = match f["next_attempt"].as_u64() {
+            Some(t) if t > now => format!("next attempt in {} s", t - now),
+            _ => "one probe job at a time until a replica serves".to_string(),
+        };
+        format!(
+            "  START BACK-OFF: {in_a_row} failed start(s) in a row ({total} since onepoold started); {next}; \
+             after fixing the cause: onepool retry {endpoint}\n"
+        )
+    } else {
+        format!(
+            "  failed starts: {total} since onepoold started ({in_a_row} in a row before the last replica served)\n"
+        )
+    };
+    if let Some(last) = f["last"].as_object() {
+        let ago = now.saturating_sub(last.get("at").and_then(Value::as_u64).unwrap_or(now));
+        let cause = last.get("cause").and_then(Value::as_str).unwrap_or("?");
+        let mut lines = cause.lines();
+        out.push_str(&format!("  last failed start, {ago} s ago: {}\n", lines.next().unwrap_or("")));
+        for l in lines {
+            out.push_str(&format!("    | {l}\n"));
+        }
+    }
+    out
+}
+
+#[derive(clap::Args)]
+pub struct RetryArgs {
+    /// The endpoint whose replicas failed to start.
+    pub endpoint: String,
+    /// onepoold's control socket.
+    #[arg(long, env = "ONEPOOL_CONTROL_SOCKET", default_value = "/run/onepool/onepoold.sock")]
+    pub socket: PathBuf,
+}
+
+/// `onepool retry ENDPOINT`: ends an endpoint's start back-off once the
+/// cause is fixed, instead of waiting out its next attempt.
+pub fn retry(args: &RetryArgs) -> anyhow::Result<ExitCode> {
+    let path = format!("/v1/endpoints/{}/retry", args.endpoint);
+    let answer = control_call(&args.socket, http::Method::POST, &path)?;
+    let was = &answer["was"];
+    println!(
+        "onepool: endpoint {} submits replica jobs again at onepoold's next poll (it had {} failed start(s) in a row{})",
+        args.endpoint,
+        was["in_a_row"].as_u64().unwrap_or(0),
+        if was["backing_off"].as_bool() == Some(true) { ", backing off" } else { "" }
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
@@ -360,5 +423,20 @@ mod tests {
             "{t}"
         );
         assert!(lines[4].split_whitespace().eq(["43", "supplemental", "pending", "-", "-", "-"]), "{t}");
+    }
+
+    #[test]
+    fn a_start_back_off_shows_its_cause_the_next_attempt_and_the_way_out() {
+        let state = json!({"endpoints": [{"name": "chat", "replica_jobs": {
+            "desired": 1, "min": 1, "max": 1, "load": 0.0, "rate": 0.0, "jobs": [],
+            "start_failures": {"in_a_row": 3, "total": 3, "backing_off": true, "next_attempt": 1038,
+                "last": {"job": 77, "at": 990, "cause": "job 77 ended before it served: FAILED, exit code 139; the model server killed by SIGSEGV; last output:\nloading model\nggml_backend_amx_mul_mat"}}
+        }}]});
+        let t = replica_jobs_table(&state, 1000);
+        assert!(t.contains("  START BACK-OFF: 3 failed start(s) in a row (3 since onepoold started); next attempt in 38 s; after fixing the cause: onepool retry chat\n"), "{t}");
+        assert!(t.contains("  last failed start, 10 s ago: job 77 ended before it served: FAILED, exit code 139; the model server killed by SIGSEGV; last output:\n    | loading model\n    | ggml_backend_amx_mul_mat\n"), "{t}");
+        let calm = json!({"endpoints": [{"name": "chat", "replica_jobs": {"jobs": [],
+            "start_failures": {"in_a_row": 0, "total": 0, "backing_off": false, "next_attempt": null, "last": null}}}]});
+        assert!(!replica_jobs_table(&calm, 1000).contains("failed start"));
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod annotation;
 pub mod autoscale;
+pub mod backoff;
 pub mod classify;
 pub mod duration;
 pub mod gres_conf;

@@ -119,6 +119,7 @@ pub fn validation_config(v: &Validation) -> Result<ConfigFile, String> {
             }),
             ..EndpointFile::new(e.name.clone())
         }],
+        replica_key_file: Some(v.out.join("replica.key")),
         ..ConfigFile::new(v.out.join("onepoold.sock"))
     })
 }

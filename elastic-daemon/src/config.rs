@@ -34,7 +34,15 @@ pub struct Config {
     /// `$ONEPOOL_POLICY`, else `onepool.toml` beside `slurm_conf`, else
     /// /etc/slurm/onepool.toml).
     pub policy: Option<PathBuf>,
+    /// The replica key's file (made at the first start, readable by
+    /// onepoold's user only): every request to a replica carries the key,
+    /// and launchers answer nothing else ([`crate::replica_key`]).
+    pub replica_key_file: PathBuf,
 }
+
+/// Where the replica key lives unless `replica_key_file` says otherwise
+/// (the unit's `StateDirectory=onepool`).
+pub const DEFAULT_REPLICA_KEY_FILE: &str = "/var/lib/onepool/replica.key";
 
 #[derive(Clone, Debug)]
 pub struct EndpointConfig {
@@ -99,6 +107,9 @@ pub struct ReplicaSettings {
     pub load_metrics: Vec<String>,
     /// Where the replicas serve those metrics.
     pub metrics_path: String,
+    /// The paths the replicas' launchers pass on (filled from the health
+    /// check's and metrics' paths; see [`serve_paths`]).
+    pub serve_paths: Vec<String>,
     /// How far ahead the autoscaler projects a rising load (zero: not).
     pub trend_horizon: Duration,
     /// Warm headroom on idle pool GPUs (`[endpoint.replicas.warm]`).
@@ -150,6 +161,7 @@ struct RawConfig {
     shutdown_grace: Option<Spanned<String>>,
     max_buffered_body_bytes: Option<Spanned<i64>>,
     slurm_conf: Option<Spanned<String>>,
+    replica_key_file: Option<Spanned<String>>,
     policy: Option<Spanned<String>>,
     #[serde(default)]
     endpoint: Vec<Spanned<RawEndpoint>>,
@@ -409,6 +421,9 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
         endpoints,
         listeners,
         slurm_conf: raw.slurm_conf.map(|s| PathBuf::from(s.into_inner())),
+        replica_key_file: raw
+            .replica_key_file
+            .map_or_else(|| PathBuf::from(DEFAULT_REPLICA_KEY_FILE), |s| PathBuf::from(s.into_inner())),
         policy: raw.policy.map(|s| PathBuf::from(s.into_inner())),
     })
 }
@@ -473,7 +488,10 @@ fn endpoint(
     }
     let proxy = proxy_settings(c, e, raw, &name, max_buffered_body_bytes);
     let (health, thresholds) = health(c, e.health.as_ref());
-    let replicas = e.replicas.as_ref().map(|r| replica_settings(c, r));
+    let mut replicas = e.replicas.as_ref().map(|r| replica_settings(c, r));
+    if let Some(r) = &mut replicas {
+        r.serve_paths = serve_paths(health.as_ref().map(|h| h.path.as_str()), &r.metrics_path);
+    }
     EndpointConfig {
         name,
         listen,
@@ -636,6 +654,20 @@ fn workload(c: &mut Checker, v: &Option<Spanned<String>>, key: &str, default: &s
     w.clone()
 }
 
+/// The paths a replica's launcher passes on: the OpenAI-compatible API and
+/// what onepoold reads (its health checks, its metrics reads); every other
+/// path, a model server's administrative ones among them, is refused.
+fn serve_paths(health: Option<&str>, metrics: &str) -> Vec<String> {
+    let mut paths = vec!["/v1/".to_string()];
+    for p in [health.unwrap_or("/health"), metrics] {
+        let p = p.split('?').next().unwrap_or(p);
+        if !p.starts_with("/v1/") && !paths.iter().any(|q| q == p) {
+            paths.push(p.to_string());
+        }
+    }
+    paths
+}
+
 /// Checks one `[endpoint.replicas]` table.
 fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> ReplicaSettings {
     let span = r.span();
@@ -742,6 +774,7 @@ fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> ReplicaSetting
         output,
         load_metrics,
         metrics_path,
+        serve_paths: Vec::new(),
         trend_horizon: r
             .trend_horizon
             .as_ref()

@@ -27,6 +27,7 @@ pub struct ConfigFile {
     pub max_buffered_body_bytes: Option<usize>,
     pub slurm_conf: Option<PathBuf>,
     pub policy: Option<PathBuf>,
+    pub replica_key_file: Option<PathBuf>,
     pub endpoints: Vec<EndpointFile>,
 }
 
@@ -123,6 +124,7 @@ impl ConfigFile {
         t.put("max_buffered_body_bytes", self.max_buffered_body_bytes.map(int));
         t.put("slurm_conf", self.slurm_conf.as_deref().map(path));
         t.put("policy", self.policy.as_deref().map(path));
+        t.put("replica_key_file", self.replica_key_file.as_deref().map(path));
         for e in &self.endpoints {
             e.write(&mut t);
         }
@@ -299,6 +301,7 @@ mod tests {
             max_buffered_body_bytes: Some(64 << 20),
             slurm_conf: Some("/etc/slurm-x/slurm.conf".into()),
             policy: Some("/etc/slurm-x/onepool.toml".into()),
+            replica_key_file: Some("/var/lib/one pool/replica.key".into()),
             endpoints: vec![
                 EndpointFile {
                     listen: Some("127.0.0.1:8001".parse().unwrap()),
@@ -379,6 +382,7 @@ mod tests {
         assert_eq!(c.max_buffered_body_bytes, 64 << 20);
         assert_eq!(c.slurm_conf, f.slurm_conf);
         assert_eq!(c.policy, f.policy);
+        assert_eq!(Some(c.replica_key_file), f.replica_key_file);
         assert_eq!(c.endpoints.len(), 2);
         let (e, want) = (&c.endpoints[0], &f.endpoints[0]);
         assert_eq!((e.name.as_str(), e.listen), ("chat", want.listen));
@@ -426,6 +430,7 @@ mod tests {
                 output: "/tmp/replica-%j.out".into(),
                 load_metrics: vec!["vllm:num_requests_waiting".into(), "queue_depth".into()],
                 metrics_path: "/stats".into(),
+                serve_paths: vec!["/v1/".into(), "/health".into(), "/stats".into()],
                 trend_horizon: secs(12),
                 warm: Some(crate::config::WarmSettings {
                     workload: "spare".into(),
@@ -596,6 +601,7 @@ mod tests {
                 max_buffered_body_bytes: budget,
                 slurm_conf: paths.0.map(PathBuf::from),
                 policy: paths.1.map(PathBuf::from),
+                replica_key_file: None,
                 endpoints: vec![endpoint],
             };
             let c = f.build();

@@ -152,6 +152,23 @@ async fn handle(req: Request<Incoming>, router: &Router) -> Response<Full<Bytes>
                 .collect();
             reply(StatusCode::OK, json!({ "endpoints": eps }))
         }
+        (&Method::POST, ["v1", "endpoints", name, "retry"]) => {
+            let Some(ep) = router.endpoints.get(*name) else {
+                let known: Vec<_> = router.endpoints.keys().collect();
+                return error(StatusCode::NOT_FOUND, format!("no endpoint {name:?}; configured: {known:?}"));
+            };
+            let Some(view) = &ep.replica_jobs else {
+                return error(
+                    StatusCode::CONFLICT,
+                    format!("endpoint {name:?} has no [endpoint.replicas]: onepoold submits no replica job for it"),
+                );
+            };
+            let mut v = view.lock().unwrap_or_else(|p| p.into_inner());
+            let was = v.start_failures.clone();
+            v.retry_requested = true;
+            tracing::info!(endpoint = %name, in_a_row = was.in_a_row, "start back-off: retry requested");
+            reply(StatusCode::ACCEPTED, json!({ "endpoint": name, "was": was, "retry": "at the next poll" }))
+        }
         (&Method::POST, ["v1", "endpoints", name, "replicas", rest @ ..]) => {
             let Some(ep) = router.endpoints.get(*name) else {
                 let known: Vec<_> = router.endpoints.keys().collect();

@@ -20,11 +20,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use onepool_decisions::autoscale::{Autoscaler, ScalingPolicy};
+use onepool_decisions::backoff::{Allowance, BackoffPolicy, FailedStart, StartBackoff};
 use onepool_decisions::replicas::{
     pack_submissions, plan_releases, reconcile, Action, EndpointTarget, Headroom, JobLayout, Kind, Phase, Release,
     Replica,
 };
-use onepool_launcher::conventions::{job_name, port_from_name};
+use onepool_launcher::conventions::{job_name, port_from_name, ReplicaNote};
 use onepool_launcher::replica_group::port_from_step_name;
 use onepool_router::endpoint::{Endpoint, EndpointSnapshot};
 use onepool_router::metrics::{EndpointLabels, Metrics, ReplicaJobLabels};
@@ -86,6 +87,15 @@ pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16, r
     let drain_secs = s.drain_timeout.as_secs_f64().ceil().max(1.0) as u64;
     let drain = onepool_decisions::duration::format(Duration::from_secs(drain_secs));
     let launcher = quote(&s.launcher);
+    // The slot names the job; the port is the kernel's choice on the node
+    // (issue #25: a port from a known range could be taken first).
+    let mut common = format!("--listen 0.0.0.0:0 --slot {port} --drain-timeout {drain}");
+    if !s.serve_paths.is_empty() && s.serve_paths.iter().map(String::as_str).ne(onepool_launcher::access::DEFAULT_PATHS)
+    {
+        for p in &s.serve_paths {
+            common.push_str(&format!(" --allow-path {}", quote(p)));
+        }
+    }
     let mut args = vec![
         "-J".to_string(),
         job_name(endpoint, port),
@@ -100,14 +110,10 @@ pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16, r
             // A failed node leaves the job; the replicas on the others serve on.
             "--no-kill".to_string(),
         ]);
-        format!("exec {launcher} replica --per-node --listen 0.0.0.0:{port} --drain-timeout {drain} -- {}", s.command)
+        format!("exec {launcher} replica --per-node {common} -- {}", s.command)
     } else {
         args.extend([format!("--gpus={}", s.gpus), "-N1".to_string()]);
-        format!(
-            "exec {launcher} replica --listen 0.0.0.0:{port} --backend 127.0.0.1:{} --drain-timeout {drain} -- {}",
-            port + 1,
-            s.command
-        )
+        format!("exec {launcher} replica {common} -- {}", s.command)
     };
     // Slurm's preemption notice reaches a per-node job's steps too, and
     // with them the model servers: SIGURG, which they ignore by default
@@ -183,6 +189,37 @@ pub struct ControllerView {
     pub shrunk: Vec<(u32, String)>,
     /// The last failed Slurm call, if the last poll had one.
     pub last_error: Option<String>,
+    /// Replica jobs that failed to start, and the back-off they caused.
+    pub start_failures: StartFailures,
+    /// Set by the control socket (`onepool retry ENDPOINT`): the next poll
+    /// ends the back-off. The view is the one thing both share.
+    #[serde(skip)]
+    pub retry_requested: bool,
+}
+
+/// What `onepool status` shows of failed starts (issue #24).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StartFailures {
+    /// Failed starts in a row; 0 when the endpoint is not backing off.
+    pub in_a_row: u32,
+    /// Every failed start since onepoold started.
+    pub total: u64,
+    /// No replica job is submitted until `next_attempt` (or, once it
+    /// passed, until the one probe job served or failed).
+    pub backing_off: bool,
+    /// Unix seconds.
+    pub next_attempt: Option<u64>,
+    pub last: Option<FailedStartView>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FailedStartView {
+    pub job: u32,
+    /// Unix seconds.
+    pub at: u64,
+    /// Slurm's end of the job, the server's signal or exit code, its last
+    /// output lines; or why onepoold gave up on it.
+    pub cause: String,
 }
 
 /// One replica: a job's only one, or one of a job's per-node ones.
@@ -223,8 +260,14 @@ struct TrackedJob {
     batch_host: Option<String>,
     /// Slurm's preemption deadline (Unix seconds), once it picked this job.
     preempt_end: Option<u64>,
-    /// By port.
+    /// By slot.
     members: BTreeMap<u16, Member>,
+    /// Where its replicas listen, from the job's comment.
+    note: Option<ReplicaNote>,
+    /// When one of its replicas first served.
+    served_at: Option<Instant>,
+    /// onepoold counted it as a failed start already (it gave up on it).
+    failure_counted: bool,
 }
 
 impl TrackedJob {
@@ -238,6 +281,9 @@ impl TrackedJob {
             batch_host: None,
             preempt_end: None,
             members: BTreeMap::new(),
+            note: None,
+            served_at: None,
+            failure_counted: false,
         }
     }
 
@@ -277,7 +323,14 @@ pub struct Controller {
     /// back without job_submit/onepool's record for this endpoint, so
     /// every poll would take it for a missing replica and submit another.
     halted: Option<String>,
+    /// Failed starts and when the next submission may go.
+    backoff: StartBackoff,
 }
+
+/// A replica job that ends this soon after it first served counts as a
+/// failed start too: a server that crashes under its first requests loops
+/// as surely as one that never loads.
+const FAILED_START_WINDOW: Duration = Duration::from_secs(120);
 
 /// Runs one Slurm call on a blocking thread (the commands wait for
 /// slurmctld) and counts its outcome for `endpoint` as `call`.
@@ -376,6 +429,8 @@ impl Controller {
             trend_horizon: settings.trend_horizon,
         });
         let metrics = endpoint.metrics().clone();
+        let scraper =
+            settings_has_metrics.then(|| crate::replica_metrics::client(scrape_timeout, endpoint.replica_key()));
         let c = Controller {
             name: name.to_string(),
             endpoint,
@@ -391,11 +446,12 @@ impl Controller {
             next_pair: 0,
             submit_after: None,
             last_served: None,
-            scraper: settings_has_metrics.then(|| crate::replica_metrics::client(scrape_timeout)),
+            scraper,
             view: view.clone(),
             metrics,
             records: HashMap::new(),
             halted: None,
+            backoff: StartBackoff::new(BackoffPolicy::default()),
         };
         (c, view)
     }
@@ -428,12 +484,52 @@ impl Controller {
                 let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
                 v.rounds += 1;
                 v.last_error = error.map(|e| e.to_string());
+                v.start_failures = self.start_failures_view();
                 v.jobs = self.jobs_view();
                 v.min = self.settings.min;
                 v.max = self.settings.max;
                 self.export(&v);
             }
         }
+    }
+
+    fn since_start(&self, at: Instant) -> Duration {
+        at.saturating_duration_since(self.started)
+    }
+
+    /// A moment as Unix seconds (the back-off counts from the daemon's start).
+    fn unix_at(&self, since_start: Duration) -> u64 {
+        let now = self.since_start(Instant::now());
+        match since_start.checked_sub(now) {
+            Some(ahead) => unix_now() + ahead.as_secs(),
+            None => unix_now().saturating_sub((now - since_start).as_secs()),
+        }
+    }
+
+    fn start_failures_view(&self) -> StartFailures {
+        let b = &self.backoff;
+        StartFailures {
+            in_a_row: b.failures(),
+            total: b.total(),
+            backing_off: b.active(),
+            next_attempt: b.next_attempt().map(|t| self.unix_at(t)),
+            last: b.last().map(|f| FailedStartView { job: f.job, at: self.unix_at(f.at), cause: f.cause.clone() }),
+        }
+    }
+
+    /// Counts a failed start and says so where an admin looks.
+    fn failed_start(&mut self, job: u32, cause: String) {
+        let now = self.since_start(Instant::now());
+        self.backoff.failed(now, FailedStart { job, at: now, cause: cause.clone() });
+        let labels = EndpointLabels { endpoint: self.name.clone() };
+        self.metrics.failed_starts.get_or_create(&labels).inc();
+        let wait = self.backoff.next_attempt().map(|t| t.saturating_sub(now).as_secs()).unwrap_or(0);
+        tracing::error!(
+            endpoint = %self.name,
+            job,
+            in_a_row = self.backoff.failures(),
+            "replica job failed to start: {cause}; no replica job is submitted for {wait} s"
+        );
     }
 
     /// `onepool_replica_jobs` and `onepool_replica_desired` from the view
@@ -447,7 +543,12 @@ impl Controller {
                 self.metrics.replicas.get_or_create(&labels).set(n as i64);
             }
         }
-        self.metrics.desired.get_or_create(&EndpointLabels { endpoint: self.name.clone() }).set(i64::from(v.desired));
+        let labels = EndpointLabels { endpoint: self.name.clone() };
+        self.metrics.desired.get_or_create(&labels).set(i64::from(v.desired));
+        let f = &v.start_failures;
+        self.metrics.backoff_failures.get_or_create(&labels).set(i64::from(f.in_a_row));
+        let left = f.next_attempt.filter(|_| f.backing_off).map_or(0, |t| t.saturating_sub(unix_now()));
+        self.metrics.backoff_seconds.get_or_create(&labels).set(left as i64);
     }
 
     fn jobs_view(&self) -> Vec<ReplicaJob> {
@@ -601,10 +702,16 @@ impl Controller {
 
     /// One poll: read, adopt, route, decide, act.
     async fn round(&mut self) -> Result<(), RoundError> {
+        let retry = std::mem::take(&mut self.view.lock().unwrap_or_else(|e| e.into_inner()).retry_requested);
+        if retry && self.backoff.failures() > 0 {
+            tracing::info!(endpoint = %self.name, "start back-off ended by request; submitting as usual");
+            self.backoff.clear();
+        }
         let jobs = self.read().await?;
         // The poll's time: when Slurm's answer came.
         let now = Instant::now();
         let seen = self.adopt(jobs).await?;
+        self.read_notes().await?;
         self.route_running().await?;
         if self.adopted.is_none() {
             // Warm replicas are headroom, not load: counting them would
@@ -614,9 +721,102 @@ impl Controller {
             self.adopted = Some(n.count() as u32);
         }
         let snap = self.endpoint.snapshot();
+        self.note_serving(&snap, now);
         let replicas = self.replicas(&seen, &snap, now);
         let desired = self.decide(&snap, &replicas, now).await;
         self.act(desired, &replicas).await
+    }
+
+    /// Marks the jobs whose replicas serve (the router has them in), and
+    /// tells the back-off whether any does.
+    fn note_serving(&mut self, snap: &EndpointSnapshot, now: Instant) {
+        let serving_at = |a: SocketAddr| {
+            snap.replicas.iter().any(|r| r.address == a && matches!(r.state, ReplicaState::Ready | ReplicaState::Out))
+        };
+        let mut any = false;
+        for t in self.tracked.values_mut() {
+            if t.members.values().any(|m| m.address.is_some_and(serving_at)) {
+                t.served_at.get_or_insert(now);
+                any = true;
+            }
+        }
+        let at = self.since_start(now);
+        self.backoff.observe(at, any);
+    }
+
+    /// Reads the comment of running jobs whose replicas' ports are not
+    /// known yet: each replica's launcher writes where it listens there
+    /// once it has bound its port.
+    async fn read_notes(&mut self) -> Result<(), RoundError> {
+        let want: Vec<u32> = self
+            .tracked
+            .iter()
+            .filter(|(_, t)| t.running)
+            .filter(|(_, t)| {
+                t.members.iter().any(|(slot, m)| {
+                    m.node.is_some()
+                        && m.address.is_none()
+                        && !m.released
+                        && !m.draining()
+                        && t.note.as_ref().and_then(|n| n.port(*slot)).is_none()
+                })
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in want {
+            let slurm = self.slurm.clone();
+            let d = blocking(&self.metrics, &self.name, "scontrol_show_job", move || slurm.job_details(id)).await?;
+            if let (Some(t), Some(note)) = (self.tracked.get_mut(&id), d.and_then(|d| ReplicaNote::decode(&d.comment)))
+            {
+                t.note = Some(note);
+            }
+        }
+        Ok(())
+    }
+
+    /// Why a replica job that left the queue counts as a failed start, if
+    /// it does: it ran, onepoold did not release it, Slurm did not preempt
+    /// it, and it never served or stopped within [`FAILED_START_WINDOW`]
+    /// of its first answer. The cause comes from Slurm's record of the job
+    /// and the launcher's note (the server's signal or code, its last
+    /// output lines).
+    async fn failed_start_cause(&self, id: u32, t: &TrackedJob) -> Option<String> {
+        let ours = t.failure_counted || t.members.values().any(|m| m.released || m.drain_started.is_some());
+        let short = t.served_at.is_none_or(|s| s.elapsed() < FAILED_START_WINDOW);
+        if ours || t.preempt_end.is_some() || !short {
+            return None;
+        }
+        let slurm = self.slurm.clone();
+        let details = blocking(&self.metrics, &self.name, "scontrol_show_job", move || slurm.job_details(id))
+            .await
+            .ok()
+            .flatten();
+        let when =
+            if t.served_at.is_some() { "ended within its first minutes of serving" } else { "ended before it served" };
+        let Some(d) = details else {
+            // Never seen running and no record left: nothing says it failed.
+            return t.seen_running.map(|_| format!("job {id} {when}; Slurm no longer holds its record (MinJobAge)"));
+        };
+        // A job that failed between two polls was never seen running; one
+        // an admin cancelled while it waited did not fail to start.
+        let failed_state = !matches!(d.state.as_str(), "COMPLETED" | "CANCELLED" | "PREEMPTED" | "REQUEUED");
+        if t.seen_running.is_none() && !failed_state {
+            return None;
+        }
+        let mut cause = format!("job {id} {when}: {}", d.ending());
+        // A job that ended on a time limit or with its node is Slurm's
+        // doing, not the server's, but a replica that never served still
+        // failed to start.
+        let note = ReplicaNote::decode(&d.comment).unwrap_or_default();
+        let ended: Vec<&str> = t.members.keys().filter_map(|slot| note.ended(*slot)).collect();
+        match ended.first() {
+            Some(server) => cause.push_str(&format!("; the model server {server}")),
+            None if note.listening.is_empty() => {
+                cause.push_str("; its launcher never reported a port (it did not start: see the job's output file)")
+            }
+            None => {}
+        }
+        Some(cause)
     }
 
     /// This daemon's jobs with job_submit/onepool's record; stops replica
@@ -677,6 +877,9 @@ impl Controller {
                     Self::unroute(&self.endpoint, m);
                 }
                 tracing::info!(endpoint = %self.name, job = id, "replica job ended; out of the router");
+                if let Some(cause) = self.failed_start_cause(id, &t).await {
+                    self.failed_start(id, cause);
+                }
             }
         }
         Ok(seen)
@@ -809,6 +1012,14 @@ impl Controller {
                     if let Some(r) = replicas.iter().find(|r| (r.job, r.slot) == (job, slot)) {
                         tracing::info!(endpoint = %self.name, job, port = slot, phase = ?r.phase, in_flight = r.in_flight,
                             "releasing a replica's GPUs");
+                        if r.phase == Phase::Starting && r.starting_for > self.settings.startup_timeout {
+                            let counted =
+                                self.tracked.get_mut(&job).map(|t| std::mem::replace(&mut t.failure_counted, true));
+                            if counted == Some(false) {
+                                let cause = self.never_healthy_cause(job, r.starting_for);
+                                self.failed_start(job, cause);
+                            }
+                        }
                     }
                     release.push((job, slot))
                 }
@@ -817,13 +1028,42 @@ impl Controller {
         if let Err(e) = self.release(&release).await {
             errors.push(e);
         }
-        for (kind, n) in pack_submissions(&actions, self.settings.replicas_per_job) {
+        let submissions = pack_submissions(&actions, self.settings.replicas_per_job);
+        let unproven = self.tracked.values().filter(|t| t.served_at.is_none() && !t.failure_counted).count();
+        let now = self.since_start(Instant::now());
+        let allowed = match self.backoff.allowance(now, unproven) {
+            Allowance::Any => submissions.len(),
+            Allowance::One => 1,
+            Allowance::None { .. } => 0,
+        };
+        if allowed < submissions.len() {
+            tracing::debug!(endpoint = %self.name, wanted = submissions.len(), allowed, "start back-off holds submissions");
+        }
+        for (kind, n) in submissions.into_iter().take(allowed) {
+            // A probe is one replica, whatever the job could host.
+            let n = if self.backoff.active() { 1 } else { n };
             if let Err(e) = self.submit(kind, n).await {
                 errors.push(e);
                 break;
             }
         }
         RoundError::all(errors)
+    }
+
+    /// Why a replica released for not becoming healthy failed, with what
+    /// its launcher reported (where it listens).
+    fn never_healthy_cause(&self, job: u32, starting_for: Duration) -> String {
+        let secs = starting_for.as_secs();
+        let limit = onepool_decisions::duration::format(self.settings.startup_timeout);
+        let t = self.tracked.get(&job);
+        let reported = t.and_then(|t| t.note.as_ref()).is_some_and(|n| !n.listening.is_empty());
+        let routed = t.is_some_and(|t| t.members.values().any(|m| m.address.is_some()));
+        let detail = match (reported, routed) {
+            (false, _) => "its launcher never reported a port (see the job's output file)",
+            (true, false) => "its node's address could not be resolved",
+            (true, true) => "its health checks never passed",
+        };
+        format!("job {job} ran {secs} s without becoming healthy (startup_timeout {limit}): {detail}")
     }
 
     /// Whether a pending job in the pool, other than a warm replica, waits
@@ -868,14 +1108,16 @@ impl Controller {
     /// Running replicas not yet in the router join it at their node's
     /// address (as "starting" when health checks will bring them in).
     async fn route_running(&mut self) -> Result<(), RoundError> {
-        let need: Vec<(u32, u16, String)> = self
+        // (job, slot, the port its launcher reported, node)
+        let need: Vec<(u32, u16, u16, String)> = self
             .tracked
             .iter()
             .filter(|(_, t)| t.running)
             .flat_map(|(id, t)| {
-                t.members.iter().filter_map(move |(port, m)| {
+                t.members.iter().filter_map(move |(slot, m)| {
                     let node = m.node.clone()?;
-                    (m.address.is_none() && !m.released && !m.draining()).then_some((*id, *port, node))
+                    let port = t.note.as_ref()?.port(*slot)?;
+                    (m.address.is_none() && !m.released && !m.draining()).then_some((*id, *slot, port, node))
                 })
             })
             .collect();
@@ -884,7 +1126,7 @@ impl Controller {
         }
         let slurm = self.slurm.clone();
         let nodes = blocking(&self.metrics, &self.name, "sinfo", move || slurm.nodes()).await?;
-        for (id, port, host) in need {
+        for (id, slot, port, host) in need {
             let Some(node) = nodes.iter().find(|n| n.name == host) else { continue };
             let host = if node.address.is_empty() { node.name.as_str() } else { node.address.as_str() };
             let address = match host.parse::<IpAddr>() {
@@ -903,7 +1145,7 @@ impl Controller {
                     if self.tracked.get(&id).is_some_and(|t| t.kind == Kind::Warm) {
                         let _ = self.endpoint.set_spill(address, true);
                     }
-                    if let Some(m) = self.tracked.get_mut(&id).and_then(|t| t.members.get_mut(&port)) {
+                    if let Some(m) = self.tracked.get_mut(&id).and_then(|t| t.members.get_mut(&slot)) {
                         m.address = Some(address);
                     }
                 }

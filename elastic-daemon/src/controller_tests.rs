@@ -65,10 +65,14 @@ fn sbatch_arguments() {
             "-o",
             "/dev/null",
             "--wrap",
-            "exec /opt/onepool/bin/onepool replica --listen 0.0.0.0:18004 --backend 127.0.0.1:18005 \
+            "exec /opt/onepool/bin/onepool replica --listen 0.0.0.0:0 --slot 18004 \
              --drain-timeout 30s -- python3 /srv/server.py --model 'x y'",
         ]
     );
+    // Paths of the endpoint's own beyond the defaults go to the launcher.
+    let own = ReplicaSettings { serve_paths: vec!["/v1/".into(), "/healthz".into(), "/metrics".into()], ..s.clone() };
+    let a = sbatch_args("llm", &own, Kind::Supplemental, 18004, 1);
+    assert!(a.last().unwrap().contains("--allow-path /v1/ --allow-path /healthz --allow-path /metrics --"), "{a:?}");
     let a = sbatch_args("llm", &ReplicaSettings { launcher: "/a b/onepool".into(), ..s }, Kind::Baseline, 18000, 1);
     assert_eq!(a[2], "--workload=inference-baseline");
     assert!(a.last().unwrap().starts_with("exec '/a b/onepool' replica"), "{a:?}");
@@ -136,12 +140,21 @@ struct ScriptedSlurm {
     calls: Mutex<Vec<String>>,
     /// How often a user's jobs were read.
     reads: std::sync::atomic::AtomicUsize,
+    /// What `scontrol show job` says of jobs that left the queue.
+    ended: Mutex<HashMap<u32, onepool_slurm_commands::state::JobDetails>>,
+    /// The id the next sbatch answers (100 when unset).
+    next_id: Mutex<Option<u32>>,
 }
 
 impl Slurm for ScriptedSlurm {
     fn submit(&self, args: &[&str]) -> Result<u32, SlurmError> {
         self.calls.lock().unwrap().push(format!("sbatch {}", args.join(" ")));
-        Ok(100)
+        let mut next = self.next_id.lock().unwrap();
+        let id = next.unwrap_or(100);
+        if next.is_some() {
+            *next = Some(id + 1);
+        }
+        Ok(id)
     }
     fn cancel(&self, job: u32, _: Option<&str>) -> Result<(), SlurmError> {
         self.calls.lock().unwrap().push(format!("scancel {job}"));
@@ -168,6 +181,18 @@ impl Slurm for ScriptedSlurm {
     fn steps(&self, _: u32) -> Result<Vec<StepInfo>, SlurmError> {
         Ok(self.steps.lock().unwrap().clone())
     }
+    fn job_details(&self, job: u32) -> Result<Option<onepool_slurm_commands::state::JobDetails>, SlurmError> {
+        if let Some(d) = self.ended.lock().unwrap().get(&job) {
+            return Ok(Some(d.clone()));
+        }
+        let jobs = self.jobs.lock().unwrap();
+        Ok(jobs.iter().find(|j| j.job_id == job).map(|j| onepool_slurm_commands::state::JobDetails {
+            admin_comment: j.admin_comment.clone(),
+            comment: j.comment.clone(),
+            state: j.job_state.clone(),
+            ..Default::default()
+        }))
+    }
 }
 
 fn running(id: u32, name: &str, nodes: &str, count: u32) -> JobInfo {
@@ -175,9 +200,17 @@ fn running(id: u32, name: &str, nodes: &str, count: u32) -> JobInfo {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
+    // Where each replica's launcher reported it listens (the slot's own
+    // number here, so tests can tell replicas by port).
+    let base = port_from_name("llm", name).unwrap_or(0);
+    let mut note = onepool_launcher::conventions::ReplicaNote::default();
+    for i in 0..count.max(1) {
+        let slot = base + 2 * i as u16;
+        note.set_port(slot, slot);
+    }
     let json = serde_json::json!({"jobs": [{
         "job_id": id, "job_state": "RUNNING", "name": name, "user_id": uid,
-        "admin_comment": supp, "nodes": nodes, "batch_host": "node1", "node_count": count,
+        "admin_comment": supp, "comment": note.encode(), "nodes": nodes, "batch_host": "node1", "node_count": count,
         "start_time": now - 100, "time_limit": 60,
     }]});
     onepool_slurm_commands::state::parse_jobs(&json.to_string()).unwrap().remove(0)
@@ -281,7 +314,9 @@ fn a_replica_whose_server_crashed_after_a_shrink_keeps_its_port_and_leaves_the_r
         let slurm = Arc::new(ScriptedSlurm::default());
         // node2 was released earlier: node3's replica still listens on the
         // port the launcher gave the third node (18004), not the second's.
-        *slurm.jobs.lock().unwrap() = vec![running(7, "onepool-llm-18000", "node[1,3]", 2)];
+        let mut job = running(7, "onepool-llm-18000", "node[1,3]", 2);
+        job.comment = "op1;L18000=18000;L18002=18002;L18004=18004".into();
+        *slurm.jobs.lock().unwrap() = vec![job];
         *slurm.steps.lock().unwrap() = vec![step(7, "node1", 18000), step(7, "node3", 18004)];
         let s = ReplicaSettings { replicas_per_job: 3, min: 0, max: 3, ..settings() };
         // No health checks: nothing but the controller takes a replica out.
@@ -390,7 +425,7 @@ fn a_per_node_job_asks_for_its_replicas_nodes_and_runs_one_step_each() {
     assert!(!text.contains("--gpus=2"), "{text}");
     assert!(
         a.last().unwrap().starts_with(
-            "exec /opt/onepool/bin/onepool replica --per-node --listen 0.0.0.0:18010 --drain-timeout 30s -- "
+            "exec /opt/onepool/bin/onepool replica --per-node --listen 0.0.0.0:0 --slot 18010 --drain-timeout 30s -- "
         ),
         "{text}"
     );
@@ -565,5 +600,101 @@ fn warm_headroom_is_added_while_nobody_waits_and_withdrawn_when_a_job_does() {
         let calls = slurm.calls.lock().unwrap().clone();
         assert_eq!(calls.len(), 3, "{calls:?}");
         assert!(calls[2].starts_with("sbatch -J onepool-llm-18004 --workload=inference-warm "), "{calls:?}");
+    });
+}
+
+/// Issue #25: a replica is routed to where its launcher reported it
+/// listens (the job's comment), never to the port in its name, and not at
+/// all before the report.
+#[test]
+fn replicas_are_routed_where_their_launcher_reported_not_by_their_name() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let endpoint = test_endpoint("llm");
+        let slurm = Arc::new(ScriptedSlurm::default());
+        let mut job = running(7, "onepool-llm-18000", "node1", 1);
+        job.comment = String::new();
+        job.admin_comment = "onepool:class=inference-baseline;tier=protected;endpoint=llm".into();
+        *slurm.jobs.lock().unwrap() = vec![job.clone()];
+        let s = ReplicaSettings { min: 1, max: 1, ..settings() };
+        let (mut c, _) = Controller::new("llm", endpoint.clone(), false, s, slurm.clone());
+        c.round().await.unwrap();
+        assert!(endpoint.snapshot().replicas.is_empty(), "no report yet: not routed");
+        assert_eq!(c.jobs_view()[0].phase, "starting");
+        // A comment that is not a note (the job's user could write one by
+        // hand) routes nothing either.
+        job.comment = "listening on 18000".into();
+        *slurm.jobs.lock().unwrap() = vec![job.clone()];
+        c.round().await.unwrap();
+        assert!(endpoint.snapshot().replicas.is_empty());
+        job.comment = "op1;L18000=41234".into();
+        *slurm.jobs.lock().unwrap() = vec![job];
+        c.round().await.unwrap();
+        let routed: Vec<u16> = endpoint.snapshot().replicas.iter().map(|r| r.address.port()).collect();
+        assert_eq!(routed, [41234]);
+        assert_eq!(c.jobs_view()[0].port, 18000, "the slot still names it");
+    });
+}
+
+/// Issue #24: replica jobs that die before serving are failed starts; the
+/// endpoint backs off (no submission until the wait passed, then one probe
+/// at a time), says why in its view and metrics, and a retry request ends
+/// the wait at once.
+#[test]
+fn failed_starts_back_off_show_their_cause_and_end_on_request() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let endpoint = test_endpoint("llm");
+        let slurm = Arc::new(ScriptedSlurm::default());
+        *slurm.next_id.lock().unwrap() = Some(100);
+        let s = ReplicaSettings { min: 1, max: 1, ..settings() };
+        // Health-checked (by nobody here): a routed replica stays "starting".
+        let (mut c, view) = Controller::new("llm", endpoint.clone(), true, s, slurm.clone());
+        let sbatches = |s: &ScriptedSlurm| s.calls.lock().unwrap().iter().filter(|c| c.starts_with("sbatch")).count();
+        c.round().await.unwrap();
+        assert_eq!(sbatches(&slurm), 1);
+        let base = "onepool:class=inference-baseline;tier=protected;endpoint=llm";
+        let mut j = running(100, "onepool-llm-18000", "node1", 1);
+        j.admin_comment = base.into();
+        *slurm.jobs.lock().unwrap() = vec![j];
+        c.round().await.unwrap();
+        // It dies of SIGSEGV before serving.
+        slurm.jobs.lock().unwrap().clear();
+        slurm.ended.lock().unwrap().insert(
+            100,
+            onepool_slurm_commands::state::JobDetails {
+                admin_comment: base.into(),
+                comment: "op1;L18000=18000;E18000=killed%20by%20SIGSEGV%3B%20last%20output%3A%0Aggml_backend_amx_mul_mat".into(),
+                state: "FAILED".into(),
+                exit_code: "139:0".into(),
+                reason: "NonZeroExitCode".into(),
+            },
+        );
+        c.round().await.unwrap();
+        c.round().await.unwrap();
+        assert_eq!(sbatches(&slurm), 1, "no replacement during the back-off: {:?}", slurm.calls.lock().unwrap());
+        let f = c.start_failures_view();
+        assert_eq!((f.in_a_row, f.total, f.backing_off), (1, 1, true));
+        let next = f.next_attempt.unwrap();
+        assert!((9..=11).contains(&next.saturating_sub(unix_now())), "{next}");
+        let cause = f.last.unwrap().cause;
+        assert!(
+            cause.starts_with("job 100 ended before it served: FAILED, exit code 139 (NonZeroExitCode); the model server killed by SIGSEGV; last output:\nggml_backend_amx_mul_mat"),
+            "{cause}"
+        );
+        // A job that failed between two polls (never seen running) counts too.
+        view.lock().unwrap().retry_requested = true;
+        c.round().await.unwrap();
+        assert_eq!(sbatches(&slurm), 2, "the retry ends the wait");
+        slurm.ended.lock().unwrap().insert(
+            101,
+            onepool_slurm_commands::state::JobDetails { state: "FAILED".into(), exit_code: "1:0".into(), ..Default::default() },
+        );
+        c.round().await.unwrap();
+        let f = c.start_failures_view();
+        assert_eq!((f.in_a_row, f.total), (1, 2), "a retry starts the count again; the total stays");
+        assert!(f.last.unwrap().cause.contains("its launcher never reported a port"));
+        let text = endpoint.metrics().encode();
+        assert!(text.contains("onepool_replica_failed_starts_total{endpoint=\"llm\"} 2"), "{text}");
     });
 }

@@ -41,6 +41,8 @@ pub enum StartError {
     Control(#[from] ControlError),
     #[error("{0}")]
     Policy(String),
+    #[error(transparent)]
+    ReplicaKey(#[from] crate::replica_key::KeyError),
 }
 
 pub struct Daemon {
@@ -67,6 +69,11 @@ impl Daemon {
     /// addresses are configured (see [`crate::inherited`]).
     pub async fn start_with(mut config: Config, mut inherited: Inherited) -> Result<Daemon, StartError> {
         crate::policy_check::resolve_warm(&mut config).map_err(StartError::Policy)?;
+        // Read before anything listens: a key nobody else may read, or no start.
+        let replica_key = match config.endpoints.iter().any(|e| e.replicas.is_some()) {
+            true => Some(crate::replica_key::load_or_create(&config.replica_key_file)?),
+            false => None,
+        };
         let metrics = Arc::new(Metrics::new());
         let budget = BodyBudget::new(config.max_buffered_body_bytes, &metrics);
         let (tx, rx) = watch::channel(false);
@@ -92,6 +99,11 @@ impl Daemon {
                 e.thresholds,
                 metrics.clone(),
             );
+            if let (Some(key), Some(_)) = (&replica_key, &e.replicas) {
+                if let Ok(v) = http::HeaderValue::from_str(key) {
+                    endpoint.set_replica_key(v);
+                }
+            }
             endpoints.insert(
                 e.name.clone(),
                 RoutedEndpoint {
@@ -126,10 +138,15 @@ impl Daemon {
         let control_listener = control::bind(&config.control_socket, config.control_socket_mode)?;
         let mut runs = Vec::new();
         if config.endpoints.iter().any(|e| e.replicas.is_some()) {
-            let runner = onepool_slurm_commands::SystemRunner {
-                timeout: Duration::from_secs(30),
-                env: config.slurm_conf.iter().map(|p| ("SLURM_CONF".to_string(), p.display().to_string())).collect(),
-            };
+            let mut env: Vec<(String, String)> =
+                config.slurm_conf.iter().map(|p| ("SLURM_CONF".to_string(), p.display().to_string())).collect();
+            // To the replica jobs through sbatch's environment (the job's
+            // user and root alone can read a job's environment; a command
+            // line every user on this host can).
+            if let Some(key) = &replica_key {
+                env.push((onepool_launcher::conventions::REPLICA_KEY_ENV.to_string(), key.clone()));
+            }
+            let runner = onepool_slurm_commands::SystemRunner { timeout: Duration::from_secs(30), env };
             // Controllers that poll within a quarter of the shortest poll
             // interval share one read of Slurm.
             let share = config

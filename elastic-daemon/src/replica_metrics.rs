@@ -102,9 +102,15 @@ pub async fn scrape(
 }
 
 /// The client the controller scrapes with: short timeouts (a scrape never
-/// holds up a poll for long), no proxies from the environment.
-pub fn client(timeout: Duration) -> reqwest::Client {
+/// holds up a poll for long), no proxies from the environment, onepoold's
+/// replica key on every request (launchers answer nothing without it).
+pub fn client(timeout: Duration, replica_key: Option<&http::HeaderValue>) -> reqwest::Client {
+    let mut headers = http::HeaderMap::new();
+    if let Some(k) = replica_key {
+        headers.insert(onepool_router::REPLICA_KEY_HEADER, k.clone());
+    }
     reqwest::Client::builder()
+        .default_headers(headers)
         .timeout(timeout)
         .connect_timeout(timeout)
         .no_proxy()
@@ -182,16 +188,23 @@ vllm:gpu_cache_usage_perc{model_name="a } b"} 0.5
                     let mut buf = [0u8; 1024];
                     let n = s.read(&mut buf).await.unwrap();
                     let req = String::from_utf8_lossy(&buf[..n]).to_string();
-                    let (status, body) =
-                        if req.starts_with("GET /metrics ") { ("200 OK", VLLM) } else { ("404 Not Found", "") };
+                    // A launcher answers only with onepoold's replica key.
+                    let keyed = req.to_ascii_lowercase().contains("\r\nx-onepool-replica-key: k3y\r\n");
+                    let (status, body) = match (req.starts_with("GET /metrics "), keyed) {
+                        (_, false) => ("401 Unauthorized", ""),
+                        (true, true) => ("200 OK", VLLM),
+                        (false, true) => ("404 Not Found", ""),
+                    };
                     let head =
                         format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
                     s.write_all(head.as_bytes()).await.unwrap();
                     s.write_all(body.as_bytes()).await.unwrap();
                 }
             });
-            let c = client(Duration::from_secs(2));
             let n = names(&["vllm:num_requests_waiting"]);
+            let keyless = client(Duration::from_secs(2), None);
+            assert!(scrape(&keyless, address, "/metrics", &n).await.unwrap_err().contains("401"));
+            let c = client(Duration::from_secs(2), Some(&http::HeaderValue::from_static("k3y")));
             assert_eq!(scrape(&c, address, "/metrics", &n).await, Ok(7.0));
             let e = scrape(&c, address, "/other", &n).await.unwrap_err();
             assert!(e.contains("/other: 404"), "{e}");

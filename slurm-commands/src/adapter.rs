@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::runner::{CommandError, Runner};
 use crate::state::{
-    parse_admin_comment, parse_jobs, parse_nodes, parse_steps, parse_user_jobs, parse_waiting, JobInfo, NodeInfo,
-    StateError, StepInfo, WaitingJob, STEP_FORMAT, USER_JOB_FIELDS, WAITING_FIELDS,
+    parse_job_details, parse_jobs, parse_nodes, parse_steps, parse_user_jobs, parse_waiting, JobDetails, JobInfo,
+    NodeInfo, StateError, StepInfo, WaitingJob, STEP_FORMAT, USER_JOB_FIELDS, WAITING_FIELDS,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +49,18 @@ pub trait Slurm {
     /// One job's `AdminComment` (job_submit/onepool's record); `None` when
     /// it has none or is gone.
     fn admin_comment(&self, job: u32) -> Result<Option<String>, SlurmError> {
-        Ok(self.jobs()?.into_iter().find(|j| j.job_id == job).map(|j| j.admin_comment).filter(|c| !c.is_empty()))
+        Ok(self.job_details(job)?.map(|d| d.admin_comment).filter(|c| !c.is_empty()))
+    }
+    /// One job's comments and how it ended, while slurmctld still holds it
+    /// (`MinJobAge` after its end); `None` once it is gone.
+    fn job_details(&self, job: u32) -> Result<Option<JobDetails>, SlurmError> {
+        Ok(self.jobs()?.into_iter().find(|j| j.job_id == job).map(|j| JobDetails {
+            admin_comment: j.admin_comment,
+            comment: j.comment,
+            state: j.job_state,
+            exit_code: String::new(),
+            reason: j.state_reason,
+        }))
     }
     fn nodes(&self) -> Result<Vec<NodeInfo>, SlurmError>;
     /// The running steps of `user`'s jobs.
@@ -116,10 +127,10 @@ impl<R: Runner> Slurm for Commands<R> {
         Ok(parse_user_jobs(&self.runner.run(&argv)?)?)
     }
 
-    fn admin_comment(&self, job: u32) -> Result<Option<String>, SlurmError> {
+    fn job_details(&self, job: u32) -> Result<Option<JobDetails>, SlurmError> {
         let id = job.to_string();
         match self.runner.run(&["scontrol", "-o", "show", "job", &id]) {
-            Ok(out) => Ok(parse_admin_comment(&out)),
+            Ok(out) => Ok(parse_job_details(&out)),
             // It ended and left slurmctld's table since it was listed.
             Err(CommandError::Failed { stderr, .. }) if stderr.contains("Invalid job id") => Ok(None),
             Err(e) => Err(e.into()),
@@ -227,6 +238,9 @@ impl<S: Slurm> Slurm for Coalesced<S> {
     }
     fn admin_comment(&self, job: u32) -> Result<Option<String>, SlurmError> {
         self.inner.admin_comment(job)
+    }
+    fn job_details(&self, job: u32) -> Result<Option<JobDetails>, SlurmError> {
+        self.inner.job_details(job)
     }
     fn nodes(&self) -> Result<Vec<NodeInfo>, SlurmError> {
         self.inner.nodes()

@@ -104,6 +104,10 @@ pub struct JobInfo {
     pub batch_host: String,
     #[serde(default, deserialize_with = "nullable")]
     pub admin_comment: String,
+    /// The job's own comment (its user's to set; onepool's replicas write
+    /// where they listen into it).
+    #[serde(default, deserialize_with = "nullable")]
+    pub comment: String,
     #[serde(default, deserialize_with = "number")]
     pub submit_time: u64,
     #[serde(default, deserialize_with = "number")]
@@ -362,8 +366,54 @@ pub fn parse_user_jobs(out: &str) -> Result<Vec<JobInfo>, StateError> {
 /// ends at the first space: job_submit/onepool's records have none, and a
 /// comment of someone else's that has one is then not mistaken for one.
 pub fn parse_admin_comment(out: &str) -> Option<String> {
-    let rest = out.split([' ', '\n']).find_map(|w| w.strip_prefix("AdminComment="))?;
+    field(out, "AdminComment")
+}
+
+/// One word-valued `Key=Value` of `scontrol -o show job`'s line.
+fn field(out: &str, key: &str) -> Option<String> {
+    let rest = out.split([' ', '\n']).find_map(|w| w.strip_prefix(key)?.strip_prefix('='))?;
     Some(rest.to_string()).filter(|c| !c.is_empty() && c != "(null)")
+}
+
+/// What `scontrol -o show job` says of one job that a poll of the queue
+/// does not: both comments, and how it ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobDetails {
+    pub admin_comment: String,
+    pub comment: String,
+    pub state: String,
+    /// `ExitCode=CODE:SIGNAL` as Slurm prints it.
+    pub exit_code: String,
+    pub reason: String,
+}
+
+impl JobDetails {
+    /// "FAILED, exit code 1", "TIMEOUT", "NODE_FAIL", "CANCELLED (signal 9)".
+    pub fn ending(&self) -> String {
+        let mut s = self.state.clone();
+        match self.exit_code.split_once(':') {
+            Some(("0", "0")) | None => {}
+            Some((code, "0")) => s.push_str(&format!(", exit code {code}")),
+            Some((_, sig)) => s.push_str(&format!(", signal {sig}")),
+        }
+        if !self.reason.is_empty() && self.reason != "None" {
+            s.push_str(&format!(" ({})", self.reason));
+        }
+        s
+    }
+}
+
+/// Reads `scontrol -o show job JOB`. Comments are single words here:
+/// job_submit/onepool's record and the replicas' notes have no spaces.
+pub fn parse_job_details(out: &str) -> Option<JobDetails> {
+    let state = field(out, "JobState")?;
+    Some(JobDetails {
+        admin_comment: parse_admin_comment(out).unwrap_or_default(),
+        comment: field(out, "Comment").unwrap_or_default(),
+        state,
+        exit_code: field(out, "ExitCode").unwrap_or_default(),
+        reason: field(out, "Reason").unwrap_or_default(),
+    })
 }
 
 #[derive(Deserialize)]
@@ -533,6 +583,22 @@ mod tests {
         assert_eq!(parse_admin_comment(line).as_deref(), Some("onepool:class=inference;tier=flexible;endpoint=chat"));
         assert_eq!(parse_admin_comment("JobId=1 JobName=x Comment=a\n"), None);
         assert_eq!(parse_admin_comment("JobId=1 AdminComment=\n"), None);
+    }
+
+    #[test]
+    fn how_a_job_ended_from_scontrol_show_job() {
+        let line = "JobId=91 JobName=onepool-chat-19400 JobState=FAILED Reason=NonZeroExitCode Dependency=(null) \
+                    ExitCode=139:0 AdminComment=onepool:class=inference-baseline Comment=op1;L19400=41234;E19400=killed%20by%20SIGSEGV\n";
+        let d = parse_job_details(line).unwrap();
+        assert_eq!(d.comment, "op1;L19400=41234;E19400=killed%20by%20SIGSEGV");
+        assert_eq!(d.admin_comment, "onepool:class=inference-baseline");
+        assert_eq!(d.ending(), "FAILED, exit code 139 (NonZeroExitCode)");
+        let killed =
+            JobDetails { state: "CANCELLED".into(), exit_code: "0:9".into(), reason: "None".into(), ..d.clone() };
+        assert_eq!(killed.ending(), "CANCELLED, signal 9");
+        assert_eq!(parse_job_details("slurm_load_jobs error: Invalid job id specified\n"), None);
+        // A comment with no note, and none at all.
+        assert_eq!(parse_job_details("JobId=1 JobState=RUNNING Comment=(null)\n").unwrap().comment, "");
     }
 
     #[test]

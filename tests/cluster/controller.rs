@@ -205,8 +205,8 @@ fn the_daemon_runs_scales_and_re_adopts_its_replica_jobs_and_touches_nothing_els
     let snap = d.endpoint(ENDPOINT).unwrap().endpoint.snapshot();
     let v = view(&d);
     for id in &supplemental {
-        let p = v.jobs.iter().find(|j| j.job == *id).unwrap().port;
-        let r = snap.replicas.iter().find(|r| r.address.port() == p).expect("in the router");
+        let a = v.jobs.iter().find(|j| j.job == *id).unwrap().address;
+        let r = snap.replicas.iter().find(|r| Some(r.address) == a).expect("in the router");
         eprintln!("supplemental job {id} at {}: {} requests served", r.address, r.served);
         assert!(r.served > 0, "supplemental replica {id} took no requests");
     }

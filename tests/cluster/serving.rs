@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use onepool_dev_cluster::model_server::MODEL_NAME;
 use onepool_elastic_daemon::config::EndpointFile;
 use onepool_tests::elastic::{
-    assert_untouched, chat, daemon_config, foreign_job, llama_replicas, metric, protected_training, ready_ports,
-    runtime, scratch, serving, start_daemon, wait, Chat, Load,
+    assert_untouched, chat, daemon_config, foreign_job, llama_replicas, protected_training, replica_metric, runtime,
+    scratch, serving, start_daemon, wait, Chat, Load,
 };
 use onepool_tests::{cluster, workspace_root, Cleanup, TEST_MIN_RUNTIME_SECS};
 
@@ -149,11 +149,12 @@ fn a_client_that_hangs_up_mid_stream_frees_the_servers_slot_at_once() {
     wait("the llama-server replica to serve", Duration::from_secs(150), || {
         serving(&d, ENDPOINT, "baseline").len() == 1
     });
-    // The launcher listens on the replica's port, llama-server one above.
-    let server = *ready_ports(&d, ENDPOINT).iter().next().unwrap() + 1;
-    let processing = || metric(server, "llamacpp:requests_processing");
-    let predicted = || metric(server, "llamacpp:tokens_predicted_total").expect("llama-server's token counter");
-    assert_eq!(processing(), Some(0.0), "llama-server's /metrics on port {server}");
+    // llama-server's own metrics, through its launcher with onepoold's key.
+    let job = serving(&d, ENDPOINT, "baseline")[0];
+    let processing = || replica_metric(&d, ENDPOINT, job, "llamacpp:requests_processing");
+    let predicted =
+        || replica_metric(&d, ENDPOINT, job, "llamacpp:tokens_predicted_total").expect("llama-server's token counter");
+    assert_eq!(processing(), Some(0.0), "llama-server's /metrics through job {job}'s launcher");
 
     // 2000 tokens would take minutes here; the client leaves after the first.
     let before = predicted();

@@ -7,6 +7,7 @@
 //! flexible work beside it; and while a job waits for GPUs, onepoold
 //! withdraws its pending warm replica instead of queueing it.
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use onepool_elastic_daemon::config::WarmFile;
@@ -55,9 +56,9 @@ fn a_warm_replica_fills_idle_gpus_yields_them_first_and_never_waits_in_line() {
     assert_eq!((v.headroom, v.gpus_wanted), (Some(1), Some(false)), "{v:?}");
     // The router sends it requests only when the baseline is full.
     let snap = d.endpoint(ENDPOINT).unwrap().endpoint.snapshot();
-    let spill: Vec<u16> = snap.replicas.iter().filter(|r| r.spill).map(|r| r.address.port()).collect();
-    let warm_port = v.jobs.iter().find(|j| j.job == warm).unwrap().port;
-    assert_eq!(spill, [warm_port]);
+    let spill: Vec<SocketAddr> = snap.replicas.iter().filter(|r| r.spill).map(|r| r.address).collect();
+    let warm_address = v.jobs.iter().find(|j| j.job == warm).unwrap().address.unwrap();
+    assert_eq!(spill, [warm_address]);
 
     // Flexible training takes the two free nodes; still nobody waits, the
     // warm replica stays.

@@ -50,10 +50,20 @@ pub fn replica_view(d: &Daemon, endpoint: &str) -> ControllerView {
     d.replica_view(endpoint).expect("the endpoint has a replica controller")
 }
 
-/// Ports of the replicas the router sends requests to.
+/// Slots (the number in the job's name, `ReplicaJob::port`) of the
+/// replicas the router sends requests to. Since issue #25 a replica listens
+/// on a port the kernel chose, so the router's addresses are matched to
+/// the controller's view of its jobs.
 pub fn ready_ports(d: &Daemon, endpoint: &str) -> BTreeSet<u16> {
     let snap = d.endpoint(endpoint).unwrap().endpoint.snapshot();
-    snap.replicas.iter().filter(|r| r.state == ReplicaState::Ready).map(|r| r.address.port()).collect()
+    let ready: BTreeSet<std::net::SocketAddr> =
+        snap.replicas.iter().filter(|r| r.state == ReplicaState::Ready).map(|r| r.address).collect();
+    replica_view(d, endpoint)
+        .jobs
+        .iter()
+        .filter(|j| j.address.is_some_and(|a| ready.contains(&a)))
+        .map(|j| j.port)
+        .collect()
 }
 
 /// Jobs of `kind` ("baseline", "supplemental") the daemon serves from on
@@ -173,6 +183,7 @@ pub fn stand_in_config(
             replicas: Some(r),
             ..EndpointFile::new(name)
         }],
+        replica_key_file: Some(dir.join("replica.key")),
         ..ConfigFile::new(dir.join("onepoold.sock"))
     }
 }
@@ -239,9 +250,23 @@ pub fn chat(port: u16, prompt: &str, max_tokens: u32, stream: bool) -> Chat {
 /// The value of a Prometheus metric (its samples summed) on `port`'s /metrics
 /// (a replica's llama-server: the launcher's port + 1).
 pub fn metric(port: u16, name: &str) -> Option<f64> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    metric_at(SocketAddr::from(([127, 0, 0, 1], port)), name, None)
+}
+
+/// [`metric`] of a replica's model server, read through its launcher with
+/// onepoold's replica key (the launcher answers nothing without it, and
+/// the server's own port is known to the launcher alone).
+pub fn replica_metric(d: &Daemon, endpoint: &str, job: u32, name: &str) -> Option<f64> {
+    let address = replica_view(d, endpoint).jobs.iter().find(|j| j.job == job)?.address?;
+    let key = d.endpoint(endpoint)?.endpoint.replica_key()?.to_str().ok()?.to_string();
+    metric_at(address, name, Some(&key))
+}
+
+fn metric_at(address: SocketAddr, name: &str, key: Option<&str>) -> Option<f64> {
+    let mut s = TcpStream::connect(address).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let key = key.map(|k| format!("x-onepool-replica-key: {k}\r\n")).unwrap_or_default();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n{key}Connection: close\r\n\r\n").ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
     onepool_elastic_daemon::replica_metrics::sum_samples(&text, &[name.to_string()])
@@ -249,11 +274,16 @@ pub fn metric(port: u16, name: &str) -> Option<f64> {
 
 /// Status of one request, or `None` when the connection failed.
 pub fn request(port: u16, method: &str, path: &str, body: &str) -> Option<u16> {
+    request_with(port, method, path, body, "")
+}
+
+/// [`request`] with `fields` (whole header lines, each ending in CRLF).
+pub fn request_with(port: u16, method: &str, path: &str, body: &str, fields: &str) -> Option<u16> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(180))).ok()?;
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: x\r\n{fields}Connection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .ok()?;

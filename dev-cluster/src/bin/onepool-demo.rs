@@ -454,6 +454,7 @@ fn config(p: &Paths, listen: SocketAddr, slurm_conf: &str, server: &ModelServer)
             }),
             ..EndpointFile::new(ENDPOINT)
         }],
+        replica_key_file: Some(p.socket.with_file_name("replica.key")),
         ..ConfigFile::new(&p.socket)
     }
 }

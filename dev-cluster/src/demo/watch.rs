@@ -196,7 +196,9 @@ struct InRouter {
     in_flight: u64,
 }
 
-/// The endpoint's replicas in the router, by port.
+/// The endpoint's replicas in the router, by the slot in their job's name
+/// (a replica listens where the kernel chose; onepoold's view of its jobs
+/// says which address is which job's).
 fn router_state(rt: &Handle, target: &Target) -> Option<HashMap<u16, InRouter>> {
     let (status, state) = rt
         .block_on(async {
@@ -212,14 +214,17 @@ fn router_state(rt: &Handle, target: &Target) -> Option<HashMap<u16, InRouter>> 
         return None;
     }
     let ep = state["endpoints"].as_array()?.iter().find(|e| e["name"] == target.endpoint.as_str())?;
+    let slots: HashMap<&str, u16> = ep["replica_jobs"]["jobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|j| Some((j["address"].as_str()?, u16::try_from(j["port"].as_u64()?).ok()?)))
+        .collect();
     let mut out = HashMap::new();
     for r in ep["replicas"].as_array()? {
-        let Some(port) = r["address"].as_str().and_then(|a| a.parse::<std::net::SocketAddr>().ok()).map(|a| a.port())
-        else {
-            continue;
-        };
+        let Some(slot) = r["address"].as_str().and_then(|a| slots.get(a)) else { continue };
         out.insert(
-            port,
+            *slot,
             InRouter {
                 state: r["state"].as_str().unwrap_or("?").to_string(),
                 served: r["served"].as_u64().unwrap_or(0),

@@ -8,6 +8,7 @@
 //! - `POST /v1/endpoints/NAME/replicas`        `{"address": "10.0.0.5:8000", "concurrency": 8, "ready": false}`
 //! - `POST /v1/endpoints/NAME/replicas/remove` `{"address": "..."}`
 //! - `POST /v1/endpoints/NAME/replicas/drain`  `{"address": "...", "deadline": "30s"}`
+//! - `POST /v1/endpoints/NAME/retry`           end the endpoint's start back-off at the next poll
 
 use std::path::Path;
 

@@ -20,8 +20,9 @@ pub struct Access {
     /// onepoold's replica key; `None` answers every caller (in-process
     /// tests only: `onepool replica` refuses to start without a key).
     key: Option<Vec<u8>>,
-    /// Exact paths, or prefixes when they end with `/`.
-    paths: Vec<String>,
+    /// Exact paths, or prefixes when they end with `/` (`/` itself is
+    /// the root only); `None`: every path.
+    paths: Option<Vec<String>>,
 }
 
 /// Why a request is refused, with the status it gets.
@@ -36,12 +37,12 @@ pub enum Refused {
 impl Access {
     pub fn new(key: Option<Vec<u8>>, paths: Vec<String>) -> Access {
         let paths = if paths.is_empty() { DEFAULT_PATHS.iter().map(|p| p.to_string()).collect() } else { paths };
-        Access { key, paths }
+        Access { key, paths: Some(paths) }
     }
 
     /// Every caller, every path: for tests of the drain alone.
     pub fn open() -> Access {
-        Access { key: None, paths: vec!["/".into()] }
+        Access { key: None, paths: None }
     }
 
     pub fn has_key(&self) -> bool {
@@ -60,10 +61,10 @@ impl Access {
         if !plain_path(path) {
             return Err(Refused::Path);
         }
-        let allowed = self.paths.iter().any(|p| match p.strip_suffix('/') {
+        let Some(paths) = &self.paths else { return Ok(()) };
+        let allowed = paths.iter().any(|p| match p.strip_suffix('/') {
             Some(dir) if !dir.is_empty() => path.starts_with(p.as_str()) || path == dir,
-            Some(_) => true,
-            None => path == p,
+            _ => path == p,
         });
         allowed.then_some(()).ok_or(Refused::Path)
     }
@@ -146,6 +147,11 @@ mod tests {
         let own = Access::new(Some(b"k".to_vec()), vec!["/generate".into(), "/v1/".into()]);
         assert_eq!(own.check("/generate", &k), Ok(()));
         assert_eq!(own.check("/health", &k), Err(Refused::Path));
+        // A health check on "/" opens the root, not every path.
+        let root = Access::new(Some(b"k".to_vec()), vec!["/v1/".into(), "/".into()]);
+        assert_eq!(root.check("/", &k), Ok(()));
+        assert_eq!(root.check("/slots", &k), Err(Refused::Path));
+        assert_eq!(Access::open().check("/slots", &HeaderMap::new()), Ok(()));
     }
 
     #[test]

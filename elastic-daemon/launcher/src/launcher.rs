@@ -48,7 +48,9 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::access::{Access, Refused};
-use crate::conventions::{ReplicaNote, BACKEND_KEY_ALIASES, BACKEND_KEY_ENV, DRAINING_HEADER, REPLICA_KEY_ENV, REPLICA_KEY_HEADER};
+use crate::conventions::{
+    ReplicaNote, BACKEND_KEY_ALIASES, BACKEND_KEY_ENV, DRAINING_HEADER, REPLICA_KEY_ENV, REPLICA_KEY_HEADER,
+};
 use crate::exit_cause::{self, OutputTail};
 use crate::report::Report;
 
@@ -174,7 +176,13 @@ impl Outcome {
     /// The process exit code: 0 for a clean drain.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Outcome::ServerExited(e) => if e.code == 0 { 1 } else { e.code },
+            Outcome::ServerExited(e) => {
+                if e.code == 0 {
+                    1
+                } else {
+                    e.code
+                }
+            }
             Outcome::Drained { .. } => 0,
             Outcome::TimedOut { .. } => 1,
         }

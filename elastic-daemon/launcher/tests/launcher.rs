@@ -274,14 +274,16 @@ async fn only_onepoold_s_router_is_answered_and_only_on_the_endpoint_s_paths() {
 async fn a_server_that_dies_is_named_with_its_last_output() {
     let script = "echo loading model; echo 'ggml_backend_amx_mul_mat: tile config' >&2; kill -SEGV $$";
     let cfg = config(free_addr(), Duration::from_secs(5), vec!["sh".into(), "-c".into(), script.into()]);
-    let out = tokio::time::timeout(Duration::from_secs(10), run(cfg, Arc::new(Front::default()))).await.unwrap().unwrap();
+    let out =
+        tokio::time::timeout(Duration::from_secs(10), run(cfg, Arc::new(Front::default()))).await.unwrap().unwrap();
     let Outcome::ServerExited(ended) = &out else { panic!("{out:?}") };
     assert_eq!(ended.cause, "killed by SIGSEGV");
     assert_eq!(out.exit_code(), 139);
     assert!(ended.tail.contains(&"loading model".to_string()), "{:?}", ended.tail);
     assert!(ended.report().contains("ggml_backend_amx_mul_mat: tile config"), "{}", ended.report());
 
-    let cfg = config(free_addr(), Duration::from_secs(5), vec!["sh".into(), "-c".into(), "echo no model; exit 3".into()]);
+    let cfg =
+        config(free_addr(), Duration::from_secs(5), vec!["sh".into(), "-c".into(), "echo no model; exit 3".into()]);
     let out = run(cfg, Arc::new(Front::default())).await.unwrap();
     assert_eq!(out.exit_code(), 3);
     let Outcome::ServerExited(ended) = out else { panic!() };

@@ -90,6 +90,8 @@ pub struct Endpoint {
     ejects: std::sync::atomic::AtomicBool,
     /// Asks the health checks for a round now (after an ejection).
     probe_now: Notify,
+    /// onepoold's replica key ([`Endpoint::set_replica_key`]).
+    replica_key: std::sync::OnceLock<http::HeaderValue>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -127,11 +129,26 @@ impl Endpoint {
             metrics,
             ejects: std::sync::atomic::AtomicBool::new(false),
             probe_now: Notify::new(),
+            replica_key: std::sync::OnceLock::new(),
         })
     }
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Sets onepoold's replica key, sent on every request to this
+    /// endpoint's replicas (proxied, health checks, model lists, metrics
+    /// reads); once, before traffic. A second call is ignored.
+    pub fn set_replica_key(&self, key: http::HeaderValue) {
+        let mut key = key;
+        key.set_sensitive(true);
+        let _ = self.replica_key.set(key);
+    }
+
+    /// The replica key, if set (`x-onepool-replica-key`).
+    pub fn replica_key(&self) -> Option<&http::HeaderValue> {
+        self.replica_key.get()
     }
 
     /// The daemon's metrics (the replica controller counts into them too).

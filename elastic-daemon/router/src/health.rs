@@ -27,14 +27,19 @@ pub async fn run(endpoint: Arc<Endpoint>, check: HealthCheck, mut shutdown: watc
             _ = endpoint.probe_requested() => {}
             _ = crate::shutdown::stopped(&mut shutdown) => return,
         }
+        let key = endpoint.replica_key().cloned();
         let probes = endpoint.health_targets().into_iter().map(|(id, address)| {
             let client = client.clone();
             let path = check.path.clone();
+            let key = key.clone();
             async move {
                 let ok = match format!("http://{address}{path}").parse::<Uri>() {
                     Ok(uri) => {
                         let mut req = Request::new(Full::new(Bytes::new()));
                         *req.uri_mut() = uri;
+                        if let Some(k) = key {
+                            req.headers_mut().insert(crate::REPLICA_KEY_HEADER, k);
+                        }
                         matches!(
                             tokio::time::timeout(check.timeout, client.request(req)).await,
                             Ok(Ok(r)) if r.status().is_success()

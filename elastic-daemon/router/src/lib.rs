@@ -24,3 +24,8 @@ pub mod replica_client;
 pub mod settings;
 pub mod shutdown;
 pub mod tls;
+
+/// The header that carries onepoold's replica key to replicas (the
+/// launcher's `onepool_launcher::conventions::REPLICA_KEY_HEADER`: the
+/// same name, kept here so the router does not link the launcher).
+pub const REPLICA_KEY_HEADER: http::HeaderName = http::HeaderName::from_static("x-onepool-replica-key");

@@ -98,6 +98,11 @@ pub struct Metrics {
     pub replicas: Family<ReplicaJobLabels, Gauge>,
     pub desired: Family<EndpointLabels, Gauge>,
     pub preemptions: Family<EndpointLabels, Counter>,
+    /// Replica jobs that ended before serving (or soon after), and the
+    /// start back-off they cause (issue #24).
+    pub failed_starts: Family<EndpointLabels, Counter>,
+    pub backoff_failures: Family<EndpointLabels, Gauge>,
+    pub backoff_seconds: Family<EndpointLabels, Gauge>,
     pub slurm_calls: Family<SlurmCallLabels, Counter>,
     /// Client connections open, by listener.
     pub connections: Family<ListenerLabels, Gauge>,
@@ -127,6 +132,9 @@ impl Metrics {
         let replicas = Family::<ReplicaJobLabels, Gauge>::default();
         let desired = Family::<EndpointLabels, Gauge>::default();
         let preemptions = Family::<EndpointLabels, Counter>::default();
+        let failed_starts = Family::<EndpointLabels, Counter>::default();
+        let backoff_failures = Family::<EndpointLabels, Gauge>::default();
+        let backoff_seconds = Family::<EndpointLabels, Gauge>::default();
         let slurm_calls = Family::<SlurmCallLabels, Counter>::default();
         let connections = Family::<ListenerLabels, Gauge>::default();
         let connections_refused = Family::<RefusedLabels, Counter>::default();
@@ -173,6 +181,21 @@ impl Metrics {
             preemptions.clone(),
         );
         controller.register(
+            "failed_starts",
+            "Replica jobs that ended before serving or within their first minutes of it, or never became healthy",
+            failed_starts.clone(),
+        );
+        controller.register(
+            "backoff_failures",
+            "Failed starts in a row (0: the endpoint is not backing off)",
+            backoff_failures.clone(),
+        );
+        controller.register(
+            "backoff_seconds",
+            "Seconds until the endpoint may submit a replica job again (0: now, or not backing off)",
+            backoff_seconds.clone(),
+        );
+        controller.register(
             "slurm_calls",
             "Slurm commands the replica controllers ran, by outcome",
             slurm_calls.clone(),
@@ -187,6 +210,9 @@ impl Metrics {
             replicas,
             desired,
             preemptions,
+            failed_starts,
+            backoff_failures,
+            backoff_seconds,
             slurm_calls,
             connections,
             connections_refused,

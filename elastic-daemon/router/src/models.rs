@@ -46,12 +46,16 @@ pub(crate) async fn list(
     for (i, address) in ready.iter().enumerate() {
         let (client, uri) = (client.clone(), format!("http://{address}/v1/models").parse::<Uri>());
         let authorization = authorization.clone();
+        let key = endpoint.replica_key().cloned();
         asks.spawn(async move {
             let list = async {
                 let mut req = Request::new(Full::new(Bytes::new()));
                 *req.uri_mut() = uri.ok()?;
                 if let Some(a) = authorization {
                     req.headers_mut().insert(AUTHORIZATION, a);
+                }
+                if let Some(k) = key {
+                    req.headers_mut().insert(crate::REPLICA_KEY_HEADER, k);
                 }
                 let resp = client.request(req).await.ok()?;
                 if !resp.status().is_success() {

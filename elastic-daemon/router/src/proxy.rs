@@ -1105,6 +1105,9 @@ struct Forwarded {
     /// looked at when `hop_by_hop`.
     connection_names: Vec<HeaderName>,
     hop_by_hop: bool,
+    /// onepoold's replica key for the replica (a client's own
+    /// `x-onepool-replica-key` never passes).
+    replica_key: Option<HeaderValue>,
 }
 
 impl Forwarded {
@@ -1148,6 +1151,7 @@ impl Forwarded {
             host_from_replica,
             connection_names,
             hop_by_hop,
+            replica_key: None,
         }
     }
 
@@ -1155,6 +1159,7 @@ impl Forwarded {
     fn passes(&self, name: &HeaderName) -> bool {
         name != header::CONTENT_LENGTH
             && name != X_FORWARDED_FOR
+            && name != crate::REPLICA_KEY_HEADER
             && !(self.hop_by_hop && (is_hop_by_hop(name) || self.connection_names.contains(name)))
     }
 
@@ -1187,6 +1192,9 @@ impl Forwarded {
             }
         }
         field(&mut b, b"x-forwarded-for", self.forwarded_for.as_bytes());
+        if let Some(k) = &self.replica_key {
+            field(&mut b, crate::REPLICA_KEY_HEADER.as_str().as_bytes(), k.as_bytes());
+        }
         if body_len > 0 || self.had_length {
             field(&mut b, b"content-length", body_len.to_string().as_bytes());
         }
@@ -1228,6 +1236,7 @@ impl Prepared {
     fn new(parts: http::request::Parts, body: Bytes, ctx: &Target, client: &ClientConn, start: Instant) -> Prepared {
         let retry_any = ctx.settings.idempotent || is_safe(&parts.method);
         let mut out = Forwarded::new(parts, body, client);
+        out.replica_key = ctx.endpoint.replica_key().cloned();
         let head_request = out.method == Method::HEAD;
         let head = if out.host_from_replica { Vec::new() } else { out.head(None, out.body.len()) };
         // Serialized, the client's header map takes the response's fields:

@@ -248,6 +248,8 @@ pub async fn start_with_budget(endpoint: EndpointConfig, max_buffered_body_bytes
         listeners: Vec::new(),
         slurm_conf: None,
         policy: None,
+        // No [endpoint.replicas] here: the key is neither made nor read.
+        replica_key_file: "/nonexistent/replica.key".into(),
     };
     Daemon::start(config).await.unwrap()
 }

@@ -66,8 +66,11 @@ impl Variant {
         let script = match self {
             Variant::Onepool => {
                 args.push(format!("--signal=B:USR1@{DRAIN_SECS}"));
+                // The bench is its own onepoold: it hands the launcher the
+                // replica key the router sends (here in the batch script,
+                // which only the job's user and root can read).
                 format!(
-                    "exec {} replica --listen 127.0.0.1:{port} --backend 127.0.0.1:{} --drain-timeout {DRAIN_SECS}s -- {}",
+                    "export ONEPOOL_REPLICA_KEY={REPLICA_KEY}; exec {} replica --listen 127.0.0.1:{port} --backend 127.0.0.1:{} --report none --drain-timeout {DRAIN_SECS}s -- {}",
                     build_dir().join("onepool").display(),
                     port + 1,
                     server.replica_command(SLOTS)
@@ -92,8 +95,16 @@ struct Round {
     longest: f64,
 }
 
-fn healthy(port: u16) -> bool {
-    onepool_tests::elastic::request(port, "GET", "/health", "") == Some(200)
+/// The replica key of the bench's router and launchers.
+const REPLICA_KEY: &str = "serving-reclaim-bench-replica-key-0123456789";
+
+/// The launcher answers onepoold's key only; nginx goes to the server itself.
+fn healthy(v: Variant, port: u16) -> bool {
+    let key = match v {
+        Variant::Onepool => format!("x-onepool-replica-key: {REPLICA_KEY}\r\n"),
+        Variant::Native => String::new(),
+    };
+    onepool_tests::elastic::request_with(port, "GET", "/health", "", &key) == Some(200)
 }
 
 /// The front of the variant: onepoold's router in-process, or nginx.
@@ -135,6 +146,7 @@ impl Front {
                 .unwrap_or_else(|e| panic!("{e}"));
                 let daemon = rt.block_on(Daemon::start(config)).expect("the router starts");
                 let ep = daemon.endpoint("chat").unwrap();
+                ep.endpoint.set_replica_key(http::HeaderValue::from_static(REPLICA_KEY));
                 for p in ports {
                     ep.endpoint.add(SocketAddr::from(([127, 0, 0, 1], *p)), None, false).unwrap();
                 }
@@ -205,7 +217,7 @@ fn round(c: &TestCluster, v: Variant, server: &ModelServer, trace: &Path, base: 
         .collect();
     for (job, port) in jobs.iter().zip(&ports) {
         c.wait_state(*job, "RUNNING", Duration::from_secs(60));
-        c.wait_until("the replica's server", Duration::from_secs(120), || healthy(*port));
+        c.wait_until("the replica's server", Duration::from_secs(120), || healthy(v, *port));
     }
     let (front, addr) = Front::start(v, dir, &ports);
     let rt = onepool_elastic_daemon::tokio::runtime::Builder::new_multi_thread()
