@@ -152,7 +152,7 @@ fn immediate_reclaim_fails_only_the_victim_s_requests_in_flight() {
     let load = Load::start(port, 12, 8.0);
     wait("two supplemental replicas to serve", Duration::from_secs(60), || serving(&d, "supplemental").len() == 2);
     let supplemental: BTreeSet<u32> = serving(&d, "supplemental").into_iter().collect();
-    let ports: Vec<(u32, u16)> = view(&d).jobs.iter().map(|j| (j.job, j.port)).collect();
+    let addresses: Vec<(u32, Option<SocketAddr>)> = view(&d).jobs.iter().map(|j| (j.job, j.address)).collect();
     std::thread::sleep(Duration::from_secs(TEST_MIN_RUNTIME_SECS + 1));
     // Wait until requests are in flight everywhere.
     wait("every replica busy", Duration::from_secs(30), || {
@@ -176,7 +176,7 @@ fn immediate_reclaim_fails_only_the_victim_s_requests_in_flight() {
     assert_eq!(failed_before, 0);
     assert!(failed >= 1, "requests were in flight on the victim: {statuses:?}");
     // The router's own count: every failed attempt was on the victim.
-    let victim_port = ports.iter().find(|(j, _)| *j == victims[0]).map(|(_, p)| *p).unwrap();
+    let victim = addresses.iter().find(|(j, _)| *j == victims[0]).and_then(|(_, a)| *a).unwrap();
     let failing: Vec<String> = d
         .metrics
         .encode()
@@ -186,8 +186,8 @@ fn immediate_reclaim_fails_only_the_victim_s_requests_in_flight() {
         .map(String::from)
         .collect();
     assert!(
-        !failing.is_empty() && failing.iter().all(|l| l.contains(&format!(":{victim_port}\""))),
-        "only the victim (port {victim_port}) failed requests: {failing:#?}"
+        !failing.is_empty() && failing.iter().all(|l| l.contains(&format!("replica=\"{victim}\""))),
+        "only the victim ({victim}) failed requests: {failing:#?}"
     );
     assert_eq!(c.state(training).as_deref(), Some("RUNNING"));
     assert_untouched(c, foreign);
