@@ -775,11 +775,15 @@ impl Controller {
     }
 
     /// Why a replica job that left the queue counts as a failed start, if
-    /// it does: it ran, onepoold did not release it, Slurm did not preempt
-    /// it, and it never served or stopped within [`FAILED_START_WINDOW`]
-    /// of its first answer. The cause comes from Slurm's record of the job
-    /// and the launcher's note (the server's signal or code, its last
-    /// output lines).
+    /// it does: onepoold did not release it, Slurm did not preempt it, and
+    /// its server ended by itself (the launcher's note says so), its
+    /// launcher never started, or Slurm ended it (time limit, node, memory)
+    /// before it served — always within [`FAILED_START_WINDOW`] of its
+    /// first answer. A job that ended cleanly (COMPLETED: the launcher
+    /// drained on a notice and exited 0) or was cancelled, preempted or
+    /// requeued did not fail to start, whether or not a poll saw it being
+    /// preempted. The cause comes from Slurm's record of the job and the
+    /// launcher's note (the server's signal or code, its last lines).
     async fn failed_start_cause(&self, id: u32, t: &TrackedJob) -> Option<String> {
         let ours = t.failure_counted || t.members.values().any(|m| m.released || m.drain_started.is_some());
         let short = t.served_at.is_none_or(|s| s.elapsed() < FAILED_START_WINDOW);
@@ -794,26 +798,26 @@ impl Controller {
         let when =
             if t.served_at.is_some() { "ended within its first minutes of serving" } else { "ended before it served" };
         let Some(d) = details else {
-            // Never seen running and no record left: nothing says it failed.
-            return t.seen_running.map(|_| format!("job {id} {when}; Slurm no longer holds its record (MinJobAge)"));
+            // No record left (MinJobAge): a job seen running that never
+            // served is still a failed start; nothing more is known.
+            return (t.seen_running.is_some() && t.served_at.is_none())
+                .then(|| format!("job {id} {when}; Slurm no longer holds its record (MinJobAge)"));
         };
-        // A job that failed between two polls was never seen running; one
-        // an admin cancelled while it waited did not fail to start.
-        let failed_state = !matches!(d.state.as_str(), "COMPLETED" | "CANCELLED" | "PREEMPTED" | "REQUEUED");
-        if t.seen_running.is_none() && !failed_state {
+        if matches!(d.state.as_str(), "COMPLETED" | "CANCELLED" | "PREEMPTED" | "REQUEUED" | "REQUEUE_HOLD") {
             return None;
         }
-        let mut cause = format!("job {id} {when}: {}", d.ending());
-        // A job that ended on a time limit or with its node is Slurm's
-        // doing, not the server's, but a replica that never served still
-        // failed to start.
         let note = ReplicaNote::decode(&d.comment).unwrap_or_default();
-        let ended: Vec<&str> = t.members.keys().filter_map(|slot| note.ended(*slot)).collect();
-        match ended.first() {
+        let server = t.members.keys().find_map(|slot| note.ended(*slot));
+        let mut cause = format!("job {id} {when}: {}", d.ending());
+        match server {
             Some(server) => cause.push_str(&format!("; the model server {server}")),
             None if note.listening.is_empty() => {
                 cause.push_str("; its launcher never reported a port (it did not start: see the job's output file)")
             }
+            // It listened and its server did not end by itself: a drain
+            // that timed out, or Slurm's end (time, node, memory); a
+            // failure to start only if it never served.
+            None if t.served_at.is_some() => return None,
             None => {}
         }
         Some(cause)

@@ -152,7 +152,16 @@ impl Demo {
     /// onepoold exits. Returns how long it waited.
     fn wait(&mut self, what: &str, timeout: Duration, mut ready: impl FnMut(&Demo) -> bool) -> anyhow::Result<f64> {
         let t = Instant::now();
+        let mut checked = Instant::now();
         loop {
+            // A replica that cannot start will not serve however long the
+            // demo waits (issue #24): say why at once.
+            if checked.elapsed() >= Duration::from_secs(1) {
+                checked = Instant::now();
+                if let Some(why) = self.failed_start() {
+                    bail!("{why}; the demo waited for {what}. onepoold's log: {}", self.paths.onepoold_log.display());
+                }
+            }
             if ABORT.load(Ordering::SeqCst) {
                 bail!("interrupted while waiting for {what}");
             }
@@ -178,6 +187,37 @@ impl Demo {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The first failed start of a replica job onepoold reports, with its
+    /// cause (the server's signal or code and last output lines).
+    fn failed_start(&self) -> Option<String> {
+        let socket = self.paths.socket.clone();
+        let (status, state) = self
+            .rt
+            .block_on(async {
+                tokio::time::timeout(
+                    Duration::from_secs(2),
+                    onepool_control::request(&socket, http::Method::GET, "/v1/state", None),
+                )
+                .await
+            })
+            .ok()?
+            .ok()?;
+        if !status.is_success() {
+            return None;
+        }
+        state["endpoints"].as_array()?.iter().find_map(|e| {
+            let f = &e["replica_jobs"]["start_failures"];
+            (f["total"].as_u64()? > 0).then(|| {
+                format!(
+                    "a replica of endpoint {} failed to start ({} time(s)): {}",
+                    e["name"].as_str().unwrap_or("?"),
+                    f["total"],
+                    f["last"]["cause"].as_str().unwrap_or("?")
+                )
+            })
+        })
     }
 
     fn sleep(&mut self, what: &str, secs: f64) -> anyhow::Result<()> {
