@@ -65,6 +65,7 @@ fn main() {
         .allowlist_var("INFINITE.*")
         .allowlist_var("NODE_STATE_.*")
         .allowlist_var("NODE_RESUME")
+        .allowlist_var("JOB_SHARED_.*")
         .allowlist_var("SPANK_OPTION_.*")
         .allowlist_var("ESLURM_.*")
         .allowlist_type("slurm_err_t")

@@ -46,6 +46,8 @@ fn bench(c: &mut Criterion) {
                 gpus: 2,
                 gpu_type: None,
                 time_limit: Some(Duration::from_secs(3600)),
+                exclusive: false,
+                nodes: 1,
             };
             black_box(classify(&policy, &NoDirectory, who, &job))
         })

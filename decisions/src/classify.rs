@@ -42,6 +42,12 @@ pub struct JobRequest {
     pub gpus: u64,
     /// The GPU type the job names (`--gpus=a100:2`), if any.
     pub gpu_type: Option<String>,
+    /// `--exclusive` (not `=user` or `=mcs`): Slurm gives the job every GPU
+    /// of its nodes, whatever it asked for (issue #25: an `--exclusive`
+    /// agents job asking for 1 GPU got `gres/gpu=4`).
+    pub exclusive: bool,
+    /// Nodes the job asks for at least (1 when not given).
+    pub nodes: u32,
     pub time_limit: Option<Duration>,
 }
 
@@ -108,15 +114,21 @@ pub fn classify(policy: &Policy, dir: &dyn Directory, who: Submitter, job: &JobR
         return v;
     }
     if let Some(cap) = class.max_gpus_per_job {
-        if job.gpus > u64::from(cap) {
+        let held = held_gpus(policy, job);
+        if held > u64::from(cap) {
+            let hint = larger_class_hint(policy, dir, who, &JobRequest { gpus: held, ..job.clone() }, class);
+            let asks = if held > job.gpus {
+                format!(
+                    "this --exclusive job gets every GPU of its {} node(s), {held} (it asks for {}); drop --exclusive or ask for fewer nodes",
+                    job.nodes.max(1),
+                    job.gpus
+                )
+            } else {
+                format!("this job asks for {held}; ask for {cap} or fewer")
+            };
             return refuse(
                 Rule::GpuCap,
-                format!(
-                    "class {} allows at most {cap} GPUs per job and this job asks for {}; ask for {cap} or fewer{}",
-                    class.name,
-                    job.gpus,
-                    larger_class_hint(policy, dir, who, job, class)
-                ),
+                format!("class {} allows at most {cap} GPUs per job and {asks}{hint}", class.name),
             );
         }
     }
@@ -298,6 +310,16 @@ fn reclaim_for(class: &Class, a: &Annotation) -> Result<(Option<ReclaimMode>, Op
             };
             Ok((Some(mode), drain))
         }
+    }
+}
+
+/// The GPUs Slurm will give the job: what it asks for, or for an
+/// `--exclusive` job every GPU of its nodes when the policy says how many
+/// a node has.
+pub fn held_gpus(policy: &Policy, job: &JobRequest) -> u64 {
+    match (job.exclusive, policy.pool.gpus_per_node) {
+        (true, Some(per_node)) => job.gpus.max(u64::from(job.nodes.max(1)) * u64::from(per_node)),
+        _ => job.gpus,
     }
 }
 

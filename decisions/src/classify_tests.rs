@@ -333,3 +333,45 @@ proptest! {
         }
     }
 }
+
+/// Issue #25: `--exclusive` gets every GPU of its nodes, so it is counted
+/// so against the class's cap; `--exclusive` within the cap, and any job
+/// on a policy that does not say how many GPUs a node has, as asked.
+#[test]
+fn an_exclusive_job_is_counted_as_slurm_will_allocate_it() {
+    let pol = sample();
+    assert_eq!(pol.pool.gpus_per_node, Some(4));
+    let mut j = job(Some("agents"));
+    j.gpus = 1;
+    j.exclusive = true;
+    j.nodes = 1;
+    assert_eq!(held_gpus(&pol, &j), 4);
+    assert!(matches!(classify(&pol, &dir(), ALICE, &j), Verdict::Accept(_)), "4 GPUs: within agents' cap of 4");
+    j.nodes = 2;
+    let r = refused(classify(&pol, &dir(), ALICE, &j));
+    assert_eq!(r.rule, Rule::GpuCap);
+    assert!(
+        r.message.starts_with(
+            "onepool: class agents allows at most 4 GPUs per job and this --exclusive job gets every GPU of its 2 node(s), 8 (it asks for 1); drop --exclusive or ask for fewer nodes"
+        ),
+        "{}",
+        r.message
+    );
+    // Not exclusive: as asked.
+    j.exclusive = false;
+    assert!(matches!(classify(&pol, &dir(), ALICE, &j), Verdict::Accept(_)));
+    // A policy without gpus_per_node counts as asked, exclusive or not.
+    let mut open = pol.clone();
+    open.pool.gpus_per_node = None;
+    j.exclusive = true;
+    assert_eq!(held_gpus(&open, &j), 1);
+}
+
+#[test]
+fn gpus_per_node_must_fit_the_pool() {
+    let bad = SAMPLE.replace("gpus_per_node = 4", "gpus_per_node = 17");
+    let l = load(&bad);
+    assert!(l.policy.is_none());
+    let text = l.diagnostics.iter().map(|d| d.render("p.toml", &bad)).collect::<Vec<_>>().join("\n");
+    assert!(text.contains("gpus_per_node 17 is not between 1 and total_gpus (16)"), "{text}");
+}

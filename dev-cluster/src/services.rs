@@ -172,9 +172,11 @@ pub(crate) fn make_gpu_devices(l: &Layout, spec: &Spec) -> Result<()> {
             spec.nodes * spec.gpus_per_node - 1
         );
         fs::write(&procs, text).ctx(|| format!("writing {}", procs.display()))?;
-        // Jobs of any user may add their (test) processes.
-        fs::set_permissions(&procs, fs::Permissions::from_mode(0o666)).ctx(|| "chmod gpu-processes".into())?;
     }
+    // Root's alone, like NVML's view of a real node: a line written here
+    // makes the hand-off check drain a node, and any user could (issue #25).
+    // Set on every start, for clusters made when it was open to all.
+    fs::set_permissions(&procs, fs::Permissions::from_mode(0o644)).ctx(|| "chmod gpu-processes".into())?;
     for minor in 0..spec.nodes * spec.gpus_per_node {
         let path = l.dev().join(format!("nvidia{minor}"));
         if path.exists() {

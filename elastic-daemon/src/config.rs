@@ -19,6 +19,10 @@ pub struct Config {
     /// File mode of the control socket (0600 unless set).
     pub control_socket_mode: u32,
     pub metrics_address: Option<SocketAddr>,
+    /// Tokens a scrape of the metrics listener must carry
+    /// (`metrics_bearer_tokens_file`); `None`: every local process may read
+    /// them.
+    pub metrics_auth: Option<onepool_router::settings::BearerTokens>,
     /// How long in-flight requests may run on after SIGTERM.
     pub shutdown_grace: Duration,
     /// Request body bytes all requests in flight may hold at once (bodies
@@ -158,6 +162,7 @@ struct RawConfig {
     control_socket: Spanned<String>,
     control_socket_mode: Option<Spanned<String>>,
     metrics_address: Option<Spanned<String>>,
+    metrics_bearer_tokens_file: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
     max_buffered_body_bytes: Option<Spanned<i64>>,
     slurm_conf: Option<Spanned<String>>,
@@ -350,10 +355,9 @@ const MIN_TOKEN_LEN: usize = 16;
 /// The tokens of `[endpoint.auth] bearer_tokens_file`, or an error at the
 /// key: the file is unreadable, open to anyone but its owner, empty, or
 /// holds a short token.
-fn bearer_tokens(c: &mut Checker, path: &Spanned<String>) -> Option<onepool_router::settings::BearerTokens> {
+fn bearer_tokens(c: &mut Checker, path: &Spanned<String>, key: &str) -> Option<onepool_router::settings::BearerTokens> {
     use std::os::unix::fs::PermissionsExt;
     let (file, span) = (path.get_ref(), path.span());
-    let key = "auth.bearer_tokens_file";
     let text = match std::fs::metadata(file).and_then(|m| Ok((m, std::fs::read_to_string(file)?))) {
         Ok((m, _)) if m.permissions().mode() & 0o077 != 0 => {
             let mode = m.permissions().mode() & 0o777;
@@ -394,6 +398,8 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
     let mut c = Checker { diags: Vec::new() };
     let control_socket_mode = control_socket_mode(&mut c, &raw);
     let metrics_address = metrics_address(&mut c, &raw);
+    let metrics_auth =
+        raw.metrics_bearer_tokens_file.as_ref().and_then(|f| bearer_tokens(&mut c, f, "metrics_bearer_tokens_file"));
     let shutdown_grace = c.duration(&raw.shutdown_grace, "shutdown_grace", Duration::from_secs(30));
     let max_buffered_body_bytes =
         c.number(&raw.max_buffered_body_bytes, "max_buffered_body_bytes", 1 << 20, 1 << 40, 256 << 20) as usize;
@@ -416,6 +422,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
         control_socket: PathBuf::from(raw.control_socket.into_inner()),
         control_socket_mode,
         metrics_address,
+        metrics_auth,
         shutdown_grace,
         max_buffered_body_bytes,
         endpoints,
@@ -539,7 +546,7 @@ fn proxy_settings(
         retries: attempts as u32,
         idempotent: retry.and_then(|r| r.idempotent).unwrap_or(false),
         conn,
-        auth: e.auth.as_ref().and_then(|a| bearer_tokens(c, &a.bearer_tokens_file)),
+        auth: e.auth.as_ref().and_then(|a| bearer_tokens(c, &a.bearer_tokens_file, "auth.bearer_tokens_file")),
     }
 }
 

@@ -23,6 +23,7 @@ pub struct ConfigFile {
     pub control_socket: PathBuf,
     pub control_socket_mode: Option<u32>,
     pub metrics_address: Option<SocketAddr>,
+    pub metrics_bearer_tokens_file: Option<PathBuf>,
     pub shutdown_grace: Option<Duration>,
     pub max_buffered_body_bytes: Option<usize>,
     pub slurm_conf: Option<PathBuf>,
@@ -120,6 +121,7 @@ impl ConfigFile {
         t.put("control_socket", Some(path(&self.control_socket)));
         t.put("control_socket_mode", self.control_socket_mode.map(|m| text(format!("{m:04o}"))));
         t.put("metrics_address", self.metrics_address.map(address));
+        t.put("metrics_bearer_tokens_file", self.metrics_bearer_tokens_file.as_deref().map(path));
         t.put("shutdown_grace", self.shutdown_grace.map(time));
         t.put("max_buffered_body_bytes", self.max_buffered_body_bytes.map(int));
         t.put("slurm_conf", self.slurm_conf.as_deref().map(path));
@@ -297,6 +299,9 @@ mod tests {
             control_socket: "/run/one \"pool\"/onepoold.sock".into(),
             control_socket_mode: Some(0o660),
             metrics_address: Some("127.0.0.1:9100".parse().unwrap()),
+            // Read and checked at build (a real private file): the metrics
+            // listener's test in tests/bounds.rs writes and reads one.
+            metrics_bearer_tokens_file: None,
             shutdown_grace: Some(ms(1500)),
             max_buffered_body_bytes: Some(64 << 20),
             slurm_conf: Some("/etc/slurm-x/slurm.conf".into()),
@@ -597,6 +602,7 @@ mod tests {
                 control_socket: socket.into(),
                 control_socket_mode: mode,
                 metrics_address: Some("127.0.0.1:0".parse().unwrap()),
+                metrics_bearer_tokens_file: None,
                 shutdown_grace: grace,
                 max_buffered_body_bytes: budget,
                 slurm_conf: paths.0.map(PathBuf::from),

@@ -190,7 +190,7 @@ impl Daemon {
         }
         tasks.push(tokio::spawn(control::serve(control_listener, router.clone(), rx.clone())));
         if let Some(l) = metrics_listener {
-            tasks.push(tokio::spawn(serve_metrics(l, metrics.clone(), rx.clone())));
+            tasks.push(tokio::spawn(serve_metrics(l, metrics.clone(), config.metrics_auth.clone(), rx.clone())));
         }
         Ok(Daemon {
             router,
@@ -227,7 +227,15 @@ impl Daemon {
     }
 }
 
-async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, mut shutdown: watch::Receiver<bool>) {
+/// The metrics listener (loopback only). With `auth`, a scrape must carry
+/// one of its bearer tokens: the metrics name every replica's address and
+/// traffic, which other users of the host need not see (issue #25).
+async fn serve_metrics(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    auth: Option<onepool_router::settings::BearerTokens>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     loop {
         let stream = tokio::select! {
             r = listener.accept() => match r {
@@ -239,11 +247,18 @@ async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, mut shutdow
             },
             _ = onepool_router::shutdown::stopped(&mut shutdown) => return,
         };
-        let metrics = metrics.clone();
+        let (metrics, auth) = (metrics.clone(), auth.clone());
         tokio::spawn(async move {
             let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                let metrics = metrics.clone();
+                let (metrics, auth) = (metrics.clone(), auth.clone());
                 async move {
+                    if auth.as_ref().is_some_and(|a| !a.allows(req.headers())) {
+                        let mut r = Response::new(Full::new(Bytes::from_static(b"a bearer token is required\n")));
+                        *r.status_mut() = StatusCode::UNAUTHORIZED;
+                        r.headers_mut()
+                            .insert(http::header::WWW_AUTHENTICATE, http::HeaderValue::from_static("Bearer"));
+                        return Ok::<_, Infallible>(r);
+                    }
                     let mut r = if req.uri().path() == "/metrics" {
                         let mut r = Response::new(Full::new(Bytes::from(metrics.encode())));
                         r.headers_mut().insert(

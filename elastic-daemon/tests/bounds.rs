@@ -318,3 +318,47 @@ async fn idle_http2_connections_are_closed() {
     assert!(a.stats.served() >= 3);
     h.daemon.shutdown().await;
 }
+
+/// With `metrics_bearer_tokens_file`, the metrics listener answers a
+/// scrape only with one of the file's tokens (issue #25: the metrics name
+/// every replica's address and traffic, and the listener is open to every
+/// process on the host).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_listener_can_require_a_token() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("onepool-metrics-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokens = dir.join("metrics.tokens");
+    std::fs::write(&tokens, "prometheus-scrape-token-0123456789\n").unwrap();
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let text = format!(
+        "control_socket = {:?}\nmetrics_address = \"127.0.0.1:0\"\nmetrics_bearer_tokens_file = {:?}\n\
+         [[endpoint]]\nname = \"e\"\nlisten = \"127.0.0.1:0\"\n",
+        socket_path().display().to_string(),
+        tokens.display().to_string()
+    );
+    let config = onepool_elastic_daemon::config::parse("t.toml", &text).unwrap_or_else(|e| panic!("{e}"));
+    let d = onepool_elastic_daemon::daemon::Daemon::start(config).await.unwrap();
+    let addr = d.metrics_address.unwrap();
+    let scrape = |auth: &'static str| async move {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        read_to_close(&mut s, Duration::from_secs(5)).await.0
+    };
+    let none = scrape("").await;
+    assert!(
+        none.starts_with("HTTP/1.1 401") && none.to_ascii_lowercase().contains("www-authenticate: bearer"),
+        "{none}"
+    );
+    assert!(scrape("Authorization: Bearer wrong-token-0123456789\r\n").await.starts_with("HTTP/1.1 401"));
+    let ok = scrape("Authorization: Bearer prometheus-scrape-token-0123456789\r\n").await;
+    assert!(ok.starts_with("HTTP/1.1 200") && ok.contains("onepool_router_requests"), "{ok}");
+    d.shutdown().await;
+    // A token file others could read is refused at start, at its place.
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = onepool_elastic_daemon::config::parse("t.toml", &text).unwrap_err().to_string();
+    assert!(e.contains("t.toml:3:") && e.contains("metrics_bearer_tokens_file") && e.contains("chmod 600"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -28,6 +28,8 @@ pub struct JobView {
     pub tres_per_job: Option<String>,
     pub tres_per_node: Option<String>,
     pub spank_env: Vec<String>,
+    /// `--exclusive` (`shared` is JOB_SHARED_NONE; `=user` and `=mcs` share).
+    pub exclusive: bool,
 }
 
 /// Upper bound on SPANK environment entries read: a client can send any
@@ -63,6 +65,7 @@ impl JobView {
             tres_per_job: d.get(StrField::TresPerJob),
             tres_per_node: d.get(StrField::TresPerNode),
             spank_env,
+            exclusive: u32::from(r.shared) == slurm_sys::bindings::JOB_SHARED_NONE,
         }
     }
 }
@@ -105,6 +108,8 @@ impl JobView {
                 .into_iter()
                 .flatten()
                 .find_map(|t| gpus_in(t).1),
+            exclusive: self.exclusive,
+            nodes: self.shape.min_nodes.max(1),
             time_limit: self.time_limit_min.map(|m| Duration::from_secs(u64::from(m) * 60)),
         }
     }
@@ -133,6 +138,7 @@ pub(crate) mod tests {
             d.time_limit = NO_VAL;
             d.ntasks_per_node = NO_VAL16 as u16;
             d.sockets_per_node = NO_VAL16 as u16;
+            d.shared = NO_VAL16 as u16;
             numbers(d);
         })
     }

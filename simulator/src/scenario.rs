@@ -315,6 +315,9 @@ fn classify_jobs(
             gpus: u64::from(r.gpus),
             gpu_type: r.gpu_type.clone(),
             time_limit: Some(Duration::from_secs_f64(r.duration.ceil().max(1.0))),
+            // The records hold what the jobs held: counted as they ran.
+            exclusive: false,
+            nodes: 1,
         };
         match classify(policy, &Nobody, USER, &req) {
             Verdict::Accept(p) => {

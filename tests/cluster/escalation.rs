@@ -96,6 +96,7 @@ fn held_agents_job(c: &TestCluster, u: &User) -> u32 {
 }
 
 const OVER_CAP: &str = "onepool: class agents allows at most 4 GPUs per job and this job asks for 16";
+const EXCLUSIVE: &str = "onepool: class agents allows at most 4 GPUs per job and this --exclusive job gets every GPU of its 2 node(s), 8 (it asks for 1)";
 
 #[test]
 fn every_submission_path_is_classified_and_capped() {
@@ -147,6 +148,10 @@ fn every_submission_path_is_classified_and_capped() {
             ],
             OVER_CAP,
         ),
+        // --exclusive gets every GPU of its nodes (issue #25): 2 x 4 = 8.
+        ("sbatch", vec!["-A", a, "--workload=agents", "--gpus=1", "--exclusive", "-N2", "--wrap", "true"], EXCLUSIVE),
+        ("srun", vec!["-A", a, "--workload=agents", "--gpus=1", "--exclusive", "-N2", "true"], EXCLUSIVE),
+        ("salloc", vec!["-A", a, "--workload=agents", "--gpus=1", "--exclusive", "-N2", "true"], EXCLUSIVE),
         ("srun", vec!["-A", a, "--qos=normal", "-p", "gpu", "--gpus=16", "true"], OVER_CAP),
         ("salloc", vec!["-A", a, "--qos=normal", "-p", "gpu", "--gpus=16", "true"], OVER_CAP),
         (
@@ -166,6 +171,15 @@ fn every_submission_path_is_classified_and_capped() {
     let j = submit(c, &eve, &["-A", a, "--qos=normal", "-p", "gpu", "--gpus=4", "--hold", "--wrap", "true"]);
     let f = c.job_fields(j);
     assert_eq!((f["QOS"].as_str(), f["Partition"].as_str()), ("op-agents", FLEXIBLE_PARTITION));
+    // One node --exclusive: its 4 GPUs are within the class's cap; it runs
+    // (protected_work_runs checks what it holds).
+    let x = submit(
+        c,
+        &eve,
+        &["-A", a, "--workload=agents", "--gpus=1", "--exclusive", "-N1", "-t", "10", "--wrap", "sleep 300"],
+    );
+    c.wait_state(x, "RUNNING", Duration::from_secs(30));
+    assert_eq!(c.allocated_gpus(x), 4, "Slurm gives --exclusive every GPU of the node");
     protected_work_runs(c, &eve);
 }
 

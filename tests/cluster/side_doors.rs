@@ -218,6 +218,12 @@ fn squatted_ports_and_keyless_or_administrative_requests_leave_protected_serving
     eprintln!("a half-sent head on the launcher's port was cut after {secs} s");
     assert!((8.0..20.0).contains(&secs), "the header read timeout is 10 s: {secs}");
 
+    // 5. The dev cluster's fake GPU source is root's: a line there would
+    // have the hand-off check drain a node.
+    let fake = c.cluster.layout.gpu_processes();
+    let w = c.run_as(&mal, "sh", &["-c", &format!("echo '0 1' >> {}", fake.display())]);
+    assert!(!w.ok, "op-mal wrote into {}", fake.display());
+
     // The point of it all.
     assert!(router_answers(router), "protected serving still answers");
     let (training, took) = protected_training(c);

@@ -221,7 +221,7 @@ mod tests {
         assert!(out.failed);
         assert_eq!(out.stdout, "");
         assert!(
-            out.stderr[0].starts_with("p.toml:61:8: error: rank 2 is used by classes \"agents\" and \"inference\""),
+            out.stderr[0].starts_with("p.toml:66:8: error: rank 2 is used by classes \"agents\" and \"inference\""),
             "{:?}",
             out.stderr
         );

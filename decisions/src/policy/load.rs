@@ -28,6 +28,7 @@ struct RawPool {
     #[serde(default)]
     gpu_types: Vec<Spanned<String>>,
     total_gpus: Spanned<u32>,
+    gpus_per_node: Option<Spanned<u32>>,
     default_class: Spanned<String>,
     min_runtime_before_reclaim: Option<Spanned<String>>,
     flexible_partition: Option<Spanned<String>>,
@@ -199,6 +200,15 @@ fn check_pool(ck: &mut Checker, raw: &Spanned<RawPool>) -> Option<Pool> {
     if *p.total_gpus.get_ref() == 0 {
         ck.error(p.total_gpus.span(), "total_gpus is 0", "give the number of GPUs in the pool's partitions");
     }
+    if let Some(n) = &p.gpus_per_node {
+        if *n.get_ref() == 0 || n.get_ref() > p.total_gpus.get_ref() {
+            ck.error(
+                n.span(),
+                format!("gpus_per_node {} is not between 1 and total_gpus ({})", n.get_ref(), p.total_gpus.get_ref()),
+                "give the GPUs of the pool's largest node (Slurm gives an --exclusive job all of them)",
+            );
+        }
+    }
     let min_runtime = ck.duration(&p.min_runtime_before_reclaim, "min_runtime_before_reclaim");
     let mut ok = true;
     if p.min_runtime_before_reclaim.is_some() && min_runtime.is_none() {
@@ -217,6 +227,7 @@ fn check_pool(ck: &mut Checker, raw: &Spanned<RawPool>) -> Option<Pool> {
         partitions: p.partitions.get_ref().iter().map(|s| s.get_ref().clone()).collect(),
         gpu_types: p.gpu_types.iter().map(|s| s.get_ref().clone()).collect(),
         total_gpus: *p.total_gpus.get_ref(),
+        gpus_per_node: p.gpus_per_node.as_ref().map(|n| *n.get_ref()),
         default_class: p.default_class.get_ref().clone(),
         min_runtime_before_reclaim: min_runtime.unwrap_or_default(),
         flexible_partition: p.flexible_partition.as_ref().map(|s| s.get_ref().clone()),

@@ -18,6 +18,10 @@ pub struct Pool {
     pub partitions: Vec<String>,
     pub gpu_types: Vec<String>,
     pub total_gpus: u32,
+    /// GPUs of the pool's largest node: what Slurm gives an `--exclusive`
+    /// job on each of its nodes, whatever it asked for. `None`: such a job
+    /// is counted as it asks.
+    pub gpus_per_node: Option<u32>,
     pub default_class: String,
     pub min_runtime_before_reclaim: Duration,
     /// Where flexible jobs are routed when some capacity is reserved.

@@ -217,6 +217,7 @@ fn class(name: &str, tier: Tier, manage_qos: bool) -> Class {
 fn policy_from(classes: Vec<Class>) -> Policy {
     Policy {
         pool: Pool {
+            gpus_per_node: None,
             partitions: vec!["gpu".into()],
             gpu_types: vec![],
             total_gpus: 64,

@@ -98,6 +98,9 @@ fn exercised() -> Metrics {
     m.replicas.get_or_create(&ReplicaJobLabels { endpoint: endpoint.into(), kind, phase }).set(1);
     m.desired.get_or_create(&EndpointLabels { endpoint: endpoint.into() }).set(1);
     m.preemptions.get_or_create(&EndpointLabels { endpoint: endpoint.into() }).inc();
+    m.failed_starts.get_or_create(&EndpointLabels { endpoint: endpoint.into() }).inc();
+    m.backoff_failures.get_or_create(&EndpointLabels { endpoint: endpoint.into() }).set(2);
+    m.backoff_seconds.get_or_create(&EndpointLabels { endpoint: endpoint.into() }).set(20);
     m.count_slurm_call(endpoint, "squeue", "ok");
     let listener = "127.0.0.1:8000".to_string();
     m.connections.get_or_create(&ListenerLabels { listener: listener.clone() }).set(1);
