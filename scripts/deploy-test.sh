@@ -180,6 +180,14 @@ say "5. enforcing: job $job runs as op-training in gpu-flex, an unknown class is
 doc "onepoold --check --config /etc/slurm/onepoold.toml"
 sh_root "onepoold --check --config /etc/slurm/onepoold.toml" 2>&1 | indent
 [ "${PIPESTATUS[0]}" = 0 ] || fail "onepoold --check"
+# The admin's edit: the sample's model server (vLLM) is not on this
+# cluster; the dev cluster's stand-in server is.
+sh_root "sed -i 's|^command = .*|command = \"python3 $here/etc/dev-cluster/stand-in-model-server.py\"|' /etc/slurm/onepoold.toml"
+doc "runuser -u onepool -- onepoold --config /etc/slurm/onepoold.toml --preflight chat"
+sh_root "runuser -u onepool -- env SLURM_CONF=$cdir/etc/slurm.conf onepoold --config /etc/slurm/onepoold.toml --preflight chat" >"$work/preflight.txt" 2>&1 ||
+    { cat "$work/preflight.txt"; fail "the serving preflight"; }
+indent <"$work/preflight.txt"
+grep -q "first chat completion answered" "$work/preflight.txt" || fail "the preflight's replica did not answer"
 doc "systemctl enable --now onepoold.socket onepoold.service"
 # No systemd in a chroot: the unit's ExecStart, as its User, with its RuntimeDirectory.
 exec_start=$(sed -n 's/^ExecStart=//p' "$root/lib/systemd/system/onepoold.service")

@@ -16,6 +16,7 @@ pub mod controller;
 pub mod daemon;
 pub mod inherited;
 pub mod policy_check;
+pub mod preflight;
 pub mod replica_key;
 pub mod replica_metrics;
 pub mod round_error;

@@ -14,9 +14,10 @@ const DEFAULT_CONFIG: &str = "/etc/slurm/onepoold.toml";
 
 fn usage() -> String {
     format!(
-        "usage: onepoold [--config FILE] [--allow-root] [--check]   (default {DEFAULT_CONFIG}, or $ONEPOOL_DAEMON_CONFIG)\n\
+        "usage: onepoold [--config FILE] [--allow-root] [--check | --preflight ENDPOINT]   (default {DEFAULT_CONFIG}, or $ONEPOOL_DAEMON_CONFIG)\n\
          --allow-root: run replica control as root (development clusters only: replica jobs and their model servers then run as root)\n\
-         --check: check the configuration (and its replica settings against the policy) and exit: 0 fit, 1 not"
+         --check: check the configuration (and its replica settings against the policy) and exit: 0 fit, 1 not\n\
+         --preflight ENDPOINT: submit one replica of ENDPOINT as onepoold would, wait until it answers a chat completion, cancel it; 0 served, 1 not"
     )
 }
 
@@ -24,6 +25,7 @@ struct Args {
     config: PathBuf,
     allow_root: bool,
     check: bool,
+    preflight: Option<String>,
 }
 
 fn args() -> Result<Args, String> {
@@ -31,16 +33,18 @@ fn args() -> Result<Args, String> {
     let mut path = std::env::var_os("ONEPOOL_DAEMON_CONFIG").map(PathBuf::from);
     let mut allow_root = false;
     let mut check = false;
+    let mut preflight = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--config" | "-c" => path = Some(args.next().ok_or_else(usage)?.into()),
             "--allow-root" => allow_root = true,
             "--check" => check = true,
+            "--preflight" => preflight = Some(args.next().ok_or_else(usage)?),
             "--help" | "-h" => return Err(usage()),
             other => return Err(format!("unknown argument {other:?}; {}", usage())),
         }
     }
-    Ok(Args { config: path.unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG)), allow_root, check })
+    Ok(Args { config: path.unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG)), allow_root, check, preflight })
 }
 
 fn main() -> ExitCode {
@@ -54,7 +58,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let Args { config: path, allow_root, check } = match args() {
+    let Args { config: path, allow_root, check, preflight } = match args() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("{e}");
@@ -72,10 +76,25 @@ fn main() -> ExitCode {
     if check {
         return check_only(&path, &mut config);
     }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if let Some(endpoint) = preflight {
+        // As root, the replica would run as root, and the replica key
+        // file made here would be root's, which onepoold's user cannot read.
+        if root && !allow_root {
+            eprintln!(
+                "onepoold: no preflight as root: the replica job would run as root; run it as onepoold's user: \
+                 runuser -u {} -- onepoold --config {} --preflight {endpoint}",
+                onepool_decisions::policy::SERVICE_USER,
+                path.display()
+            );
+            return ExitCode::from(2);
+        }
+        return preflight_only(&config, &endpoint);
+    }
     // Replica jobs run as the user that submits them: as root, every model
     // server would too.
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 && config.endpoints.iter().any(|e| e.replicas.is_some()) && !allow_root {
+    if root && config.endpoints.iter().any(|e| e.replicas.is_some()) && !allow_root {
         eprintln!(
             "onepoold: not started: running as root, replica jobs and their model servers would run as root; \
              run it as the service user {} (etc/systemd/onepoold.service), or pass --allow-root on a development cluster",
@@ -134,6 +153,32 @@ fn main() -> ExitCode {
         tracing::info!("stopped");
         ExitCode::SUCCESS
     })
+}
+
+/// `--preflight ENDPOINT`: one replica through Slurm, followed until it
+/// serves, then cancelled (onepool_elastic_daemon::preflight).
+fn preflight_only(config: &config::Config, endpoint: &str) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("onepoold: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(onepool_elastic_daemon::preflight::run(config, endpoint, None)) {
+        Ok(p) => {
+            print!("{}", p.report(endpoint));
+            if p.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("onepoold: preflight of endpoint {endpoint}: {e}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// `--check`: what a start would refuse or warn about, without starting

@@ -96,7 +96,7 @@ fn held_agents_job(c: &TestCluster, u: &User) -> u32 {
 }
 
 const OVER_CAP: &str = "onepool: class agents allows at most 4 GPUs per job and this job asks for 16";
-const EXCLUSIVE: &str = "onepool: class agents allows at most 4 GPUs per job and this --exclusive job gets every GPU of its 2 node(s), 8 (it asks for 1)";
+const EXCLUSIVE: &str = "onepool: class agents allows at most 4 GPUs per job and this --exclusive job gets every GPU of its 2 node(s), 8 (it asks for 2)";
 
 #[test]
 fn every_submission_path_is_classified_and_capped() {
@@ -149,9 +149,9 @@ fn every_submission_path_is_classified_and_capped() {
             OVER_CAP,
         ),
         // --exclusive gets every GPU of its nodes (issue #25): 2 x 4 = 8.
-        ("sbatch", vec!["-A", a, "--workload=agents", "--gpus=1", "--exclusive", "-N2", "--wrap", "true"], EXCLUSIVE),
-        ("srun", vec!["-A", a, "--workload=agents", "--gpus=1", "--exclusive", "-N2", "true"], EXCLUSIVE),
-        ("salloc", vec!["-A", a, "--workload=agents", "--gpus=1", "--exclusive", "-N2", "true"], EXCLUSIVE),
+        ("sbatch", vec!["-A", a, "--workload=agents", "--gpus=2", "--exclusive", "-N2", "--wrap", "true"], EXCLUSIVE),
+        ("srun", vec!["-A", a, "--workload=agents", "--gpus=2", "--exclusive", "-N2", "true"], EXCLUSIVE),
+        ("salloc", vec!["-A", a, "--workload=agents", "--gpus=2", "--exclusive", "-N2", "true"], EXCLUSIVE),
         ("srun", vec!["-A", a, "--qos=normal", "-p", "gpu", "--gpus=16", "true"], OVER_CAP),
         ("salloc", vec!["-A", a, "--qos=normal", "-p", "gpu", "--gpus=16", "true"], OVER_CAP),
         (

@@ -319,9 +319,31 @@ fn replicas_that_cannot_start_back_off_say_why_and_come_back_once_fixed() {
     assert!(text.contains("START BACK-OFF") && text.contains("onepool retry exits"), "{text}");
     assert!(text.contains("| cannot open model file /models/missing.gguf"), "{text}");
 
+    // The serving preflight says the same before onepoold would go live.
+    let preflight = |endpoint: &str| {
+        let o = std::process::Command::new(build_dir().join("onepoold"))
+            .args(["--config", config.to_str().unwrap(), "--allow-root", "--preflight", endpoint])
+            .envs(c.cluster.env())
+            .output()
+            .unwrap();
+        (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr))
+    };
+    let (code, out) = preflight("segv");
+    eprintln!("onepoold --preflight segv:\n{out}");
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("FAILED: job") && out.contains("killed by SIGSEGV") && out.contains("| loading model"),
+        "{out}"
+    );
+
     // The admin fixes the command and ends the wait: serving again
     // without a restart of onepoold.
     std::fs::write(&server, format!("exec python3 {}\n", standin.display())).unwrap();
+    let (code, out) = preflight("exits");
+    eprintln!("onepoold --preflight exits:\n{out}");
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("first chat completion answered"), "{out}");
+
     let retry = std::process::Command::new(build_dir().join("onepool"))
         .args(["retry", "exits", "--socket", socket.to_str().unwrap()])
         .output()

@@ -358,6 +358,30 @@ pub fn daemon(config: Option<&str>, result: Option<Result<String, String>>) -> C
     }
 }
 
+/// A serving preflight (`onepoold --preflight`): PASS with the time to the
+/// first answer, FAIL with why the replica did not serve.
+pub fn preflight(endpoint: &str, config: Option<&str>, result: Result<String, String>) -> Check {
+    let what = format!("serving preflight of {endpoint}");
+    match result {
+        Ok(out) => {
+            let answered = out.lines().find(|l| l.contains("first chat completion answered")).unwrap_or("").trim();
+            let job = out.lines().next().unwrap_or("").trim();
+            Check::pass(&what, format!("{job}; {answered}"))
+        }
+        Err(out) => {
+            let detail =
+                out.lines().map(str::trim_end).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("\n        ");
+            let fix = match config {
+                Some(c) => format!(
+                    "fix what the replica's output says (the endpoint's [endpoint.replicas] command in {c}, the model server on the nodes), then run the preflight again"
+                ),
+                None => "pass --daemon-config FILE".to_string(),
+            };
+            Check::fail(&what, detail, fix)
+        }
+    }
+}
+
 /// The text report: one line per check, the fix under what did not pass.
 pub fn text(checks: &[Check]) -> String {
     let mut out = String::new();

@@ -42,6 +42,12 @@ pub struct DoctorArgs {
     /// One JSON object: {"checks": [{"status", "check", "detail", "fix"}], "passed", "warnings", "failed"}
     #[arg(long)]
     pub json: bool,
+    /// Also submit one replica of ENDPOINT through Slurm as onepoold would
+    /// (`onepoold --preflight`), wait until it answers a chat completion,
+    /// report how long that took, and cancel it; on failure, why (the
+    /// server's signal or exit code and last output lines). Repeatable.
+    #[arg(long = "preflight", value_name = "ENDPOINT")]
+    pub preflight: Vec<String>,
 }
 
 pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
@@ -55,13 +61,41 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         None => Path::new(DAEMON_CONFIG).exists().then(|| DaemonConfig { path: DAEMON_CONFIG.into(), named: false }),
     };
     let host = Host::this();
-    let checks = examine(&src, daemon_config.as_ref(), args.local, &SystemRunner::new(COMMAND_TIMEOUT), &host)?;
+    let mut checks = examine(&src, daemon_config.as_ref(), args.local, &SystemRunner::new(COMMAND_TIMEOUT), &host)?;
+    for endpoint in &args.preflight {
+        let config = daemon_config.as_ref().map(|d| d.path.as_path());
+        checks.push(preflight(&host, config, endpoint, &SystemRunner::new(PREFLIGHT_TIMEOUT)));
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&checks::json(&checks))?);
     } else {
         print!("{}", checks::text(&checks));
     }
     Ok(if checks.iter().any(|c| c.status == Status::Fail) { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+/// A preflight waits for the queue (up to 10 minutes) and the model's load.
+const PREFLIGHT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1800);
+
+/// `onepoold --preflight ENDPOINT --config FILE`, as a check.
+fn preflight(host: &Host, config: Option<&Path>, endpoint: &str, runner: &dyn Runner) -> Check {
+    let Some(config) = config else {
+        return checks::preflight(endpoint, None, Err("no onepoold config here: pass --daemon-config FILE".into()));
+    };
+    let argv = [
+        host.onepoold.to_string_lossy().into_owned(),
+        "--config".into(),
+        config.display().to_string(),
+        "--preflight".into(),
+        endpoint.to_string(),
+    ];
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let result = match runner.run(&argv) {
+        Ok(out) => Ok(out),
+        Err(CommandError::Failed { stdout, stderr, .. }) => Err(format!("{stdout}{stderr}")),
+        Err(e) => Err(e.to_string()),
+    };
+    checks::preflight(endpoint, Some(&config.display().to_string()), result)
 }
 
 type ReadFile = Box<dyn Fn(&Path) -> std::io::Result<Vec<u8>>>;

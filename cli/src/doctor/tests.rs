@@ -303,3 +303,16 @@ fn during_an_audit_trial_the_packaged_daemon_config_is_a_warning_and_a_named_one
     let named = audit(true);
     assert_eq!(find(&named, "onepoold config").status, Status::Fail);
 }
+
+#[test]
+fn a_serving_preflight_passes_with_its_time_and_fails_with_the_replica_s_last_lines() {
+    let ok = "preflight of endpoint chat: replica job 7\n  running on node1: 0.6 s\n  its launcher listening at 127.0.0.1:41234: 1.1 s\n  healthy: 8.2 s\n  first chat completion answered (SmolLM2): 8.6 s\n";
+    let c = checks::preflight("chat", Some("/etc/slurm/onepoold.toml"), Ok(ok.into()));
+    assert_eq!(c.status, Status::Pass);
+    assert_eq!(c.detail, "preflight of endpoint chat: replica job 7; first chat completion answered (SmolLM2): 8.6 s");
+    let failed = "preflight of endpoint chat: replica job 8\n  FAILED: job 8 ended before it served: FAILED, exit code 139; the model server killed by SIGSEGV; last output:\n    | ggml_backend_amx_mul_mat\n";
+    let c = checks::preflight("chat", Some("/etc/slurm/onepoold.toml"), Err(failed.into()));
+    assert_eq!(c.status, Status::Fail);
+    assert!(c.detail.contains("killed by SIGSEGV") && c.detail.contains("| ggml_backend_amx_mul_mat"), "{}", c.detail);
+    assert!(c.fix.unwrap().contains("/etc/slurm/onepoold.toml"));
+}
