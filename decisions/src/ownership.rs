@@ -176,12 +176,17 @@ pub struct ProcFacts {
 
 /// Whether `p` is a genuine slurmstepd: run by root or by slurmd's own user
 /// (`stepd_uid`) in every uid slot, from a binary named `slurmstepd` (still
-/// so when an upgrade replaced it on disk). A user's process may call
-/// itself slurmstepd, but cannot run as root.
+/// so when an upgrade replaced it on disk), or `slurmstepd-wlm`: Debian's
+/// packages install it so, behind the `/usr/sbin/slurmstepd` alternative,
+/// and `/proc/PID/exe` names the file itself. (Measured on 22.05, 24.11
+/// and 26.05 when the cgroup mode first exercised the hand-off check's
+/// proofs: without that name no slurmstepd was recognised, and a prolog
+/// took a running job's process for a departed job's.) A user's process
+/// may call itself slurmstepd, but cannot run as root.
 pub fn is_slurmstepd(p: &ProcFacts, stepd_uid: u32) -> bool {
     let Some(exe) = p.exe.as_deref() else { return false };
     let exe = exe.strip_suffix(" (deleted)").unwrap_or(exe);
-    p.uids.only(&[0, stepd_uid]) && exe.rsplit('/').next() == Some("slurmstepd")
+    p.uids.only(&[0, stepd_uid]) && matches!(exe.rsplit('/').next(), Some("slurmstepd" | "slurmstepd-wlm"))
 }
 
 /// The job of a genuine slurmstepd running a job step (`slurmstepd: [J.S]`).
@@ -443,6 +448,17 @@ mod tests {
             facts(70, 60, 120, USER, "/usr/bin/python3", "python"),
         ];
         assert_eq!(walk(&tree, 70), None);
+    }
+
+    #[test]
+    fn debian_s_slurmstepd_wlm_is_a_slurmstepd_and_other_names_are_not() {
+        let mut s = stepd(50, "9.batch");
+        s.exe = Some("/usr/sbin/slurmstepd-wlm".into());
+        assert_eq!(stepd_job(&s, 0), Some(9));
+        for other in ["/usr/sbin/slurmstepd-wlm2", "/tmp/xslurmstepd", "/usr/sbin/slurmstepd.bak"] {
+            s.exe = Some(other.into());
+            assert_eq!(stepd_job(&s, 0), None, "{other}");
+        }
     }
 
     #[test]

@@ -27,6 +27,9 @@ impl Layout {
     pub fn slurmdbd_conf(&self) -> PathBuf {
         self.sub("etc/slurmdbd.conf")
     }
+    pub fn cgroup_conf(&self) -> PathBuf {
+        self.sub("etc/cgroup.conf")
+    }
     pub fn gres_conf(&self) -> PathBuf {
         self.sub("etc/gres.conf")
     }

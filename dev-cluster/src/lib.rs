@@ -5,6 +5,7 @@
 //! Used by the `onepool-devcluster` binary and by the integration tests,
 //! which bring one cluster up per test run (or reuse one that is up).
 
+pub mod cgroups;
 pub mod error;
 pub mod layout;
 pub mod model_server;
@@ -54,6 +55,11 @@ pub struct UpOptions {
     /// starting point of the deployment runbook's test (docs/deploy.md):
     /// from there only the runbook's own commands configure onepool.
     pub before_onepool: bool,
+    /// Processes tracked and devices constrained by cgroup, as production
+    /// nodes run (`ProctrackType=proctrack/cgroup`, `TaskPlugin=task/cgroup`,
+    /// `ConstrainDevices=yes`), on the machine's cgroup v1 hierarchies
+    /// ([`cgroups`]). Fails with what the machine lacks where it cannot.
+    pub cgroup: bool,
 }
 
 impl Default for UpOptions {
@@ -68,6 +74,7 @@ impl Default for UpOptions {
             job_submit_lua: None,
             site_conf: None,
             before_onepool: false,
+            cgroup: false,
         }
     }
 }

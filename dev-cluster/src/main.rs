@@ -49,6 +49,10 @@ enum Cmd {
         /// deployment runbook's test starts here).
         #[arg(long)]
         before_onepool: bool,
+        /// Track processes and constrain GPU devices by cgroup (cgroup v1),
+        /// as production nodes do; fails naming what this machine lacks.
+        #[arg(long)]
+        cgroup: bool,
     },
     /// Stop slurmctld and start it again on the configuration files as they are.
     RestartSlurmctld,
@@ -124,6 +128,7 @@ fn run(cli: Cli) -> onepool_dev_cluster::Result<()> {
             job_submit_lua,
             site_conf,
             before_onepool,
+            cgroup,
         } => {
             let plugin_source = plugins.or_else(|| std::env::current_exe().ok()?.parent().map(PathBuf::from));
             let opts = UpOptions {
@@ -136,6 +141,7 @@ fn run(cli: Cli) -> onepool_dev_cluster::Result<()> {
                 job_submit_lua,
                 site_conf,
                 before_onepool,
+                cgroup,
             };
             let spec = cluster.up(&opts, &mut say)?;
             say(&format!(

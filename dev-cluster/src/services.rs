@@ -131,12 +131,21 @@ pub(crate) fn write_configs(
         site =
             policy_conf::override_settings(&site, &fs::read_to_string(p).ctx(|| format!("reading {}", p.display()))?);
     }
+    let mut changed = false;
+    if opts.cgroup {
+        crate::cgroups::check_this_host()?;
+        site = policy_conf::override_settings(&site, crate::cgroups::SLURM_SETTINGS);
+        changed |= write_file(&l.cgroup_conf(), crate::cgroups::CGROUP_CONF, 0o644)?;
+    } else if l.cgroup_conf().exists() {
+        fs::remove_file(l.cgroup_conf()).ctx(|| "removing cgroup.conf".into())?;
+        changed = true;
+    }
     let (slurm_conf, policy_conf) = if opts.before_onepool {
         (site, policy_conf::BEFORE_ONEPOOL.to_string())
     } else {
         policy_conf::merge(&site, policy, opts.job_submit_plugins.as_deref())?
     };
-    let mut changed = write_file(&l.slurm_conf(), &slurm_conf, 0o644)?;
+    changed |= write_file(&l.slurm_conf(), &slurm_conf, 0o644)?;
     changed |= write_file(&l.policy_slurm_conf(), &policy_conf, 0o644)?;
     changed |= write_file(&l.slurmdbd_conf(), &text(templates::SLURMDBD_CONF)?, 0o600)?;
     changed |= write_file(&l.gres_conf(), &text(templates::GRES_CONF)?, 0o644)?;
@@ -180,6 +189,11 @@ pub(crate) fn make_gpu_devices(l: &Layout, spec: &Spec) -> Result<()> {
     for minor in 0..spec.nodes * spec.gpus_per_node {
         let path = l.dev().join(format!("nvidia{minor}"));
         if path.exists() {
+            // Readable and writable by all, as the driver makes
+            // /dev/nvidiaN: only the devices cgroup (the cgroup mode) or
+            // nothing stands between a job and a GPU it was not given.
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o666))
+                .ctx(|| format!("chmod {}", path.display()))?;
             continue;
         }
         let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("no NUL in path");
@@ -191,6 +205,8 @@ pub(crate) fn make_gpu_devices(l: &Layout, spec: &Spec) -> Result<()> {
                 source: std::io::Error::last_os_error(),
             });
         }
+        // mknod's mode went through the umask.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o666)).ctx(|| format!("chmod {}", path.display()))?;
     }
     Ok(())
 }

@@ -120,6 +120,27 @@ pub fn cluster() -> &'static TestCluster {
     })
 }
 
+/// A cluster of its own whose nodes track processes and constrain GPU
+/// devices by cgroup (`onepool-devcluster up --cgroup`), with the test
+/// policy; `Err` with the measured reason where this machine cannot host
+/// it (no cgroup v1 freezer and devices hierarchies).
+pub fn cgroup_cluster() -> Result<&'static TestCluster, String> {
+    static C: OnceLock<Result<TestCluster, String>> = OnceLock::new();
+    C.get_or_init(|| {
+        onepool_dev_cluster::cgroups::check_this_host().map_err(|e| e.to_string())?;
+        let cluster = Cluster::at(output_dir().join("cgroup-cluster")).map_err(|e| e.to_string())?;
+        let options = UpOptions { cgroup: true, ..up_options() };
+        let spec = cluster
+            .up(&options, &mut |m| eprintln!("cgroup-cluster: {m}"))
+            .unwrap_or_else(|e| panic!("bringing up the cgroup cluster failed: {e}"));
+        let tc = TestCluster { cluster, spec };
+        tc.cancel_all();
+        Ok(tc)
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
 /// What a Slurm command printed, and whether it succeeded.
 #[derive(Debug)]
 pub struct Ran {
