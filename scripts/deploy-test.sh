@@ -81,8 +81,10 @@ no_onepool="! grep -Eq '^[^#]*(_onepool\\.so|JobSubmitPlugins=.*onepool)' $cdir/
 # The site before onepool: a cluster, its users, no onepool anywhere.
 forget_onepool_user
 rm -rf "$cdir"
-in_root "$dc" --dir "$cdir" up --nodes 2 --no-install --before-onepool 2>&1 | indent
-[ "${PIPESTATUS[0]}" = 0 ] || fail "onepool-devcluster up --before-onepool"
+# A site as docs/deploy.md's prerequisites ask: processes tracked and GPU
+# devices constrained by cgroup (the doctor fails without).
+in_root "$dc" --dir "$cdir" up --nodes 2 --no-install --before-onepool --cgroup 2>&1 | indent
+[ "${PIPESTATUS[0]}" = 0 ] || fail "onepool-devcluster up --before-onepool --cgroup"
 sh_root 'id op-deploy >/dev/null 2>&1 || useradd --no-create-home --shell /bin/sh op-deploy
     sacctmgr -i add account research Description=site Organization=site >/dev/null
     sacctmgr -i add user op-deploy Account=research >/dev/null

@@ -107,19 +107,26 @@ build_llama_server() {
 
 # The binary must not assume the build host's CPU: compute nodes are never
 # the build host. ggml's default (GGML_NATIVE: compile for the CPU it is
-# built on) ties it to the builder: a build on a Xeon that advertises AMX died on another Xeon
-# that advertises it too, whose hypervisor does not let processes use the
-# tile state (a general protection fault on `ldtilecfg` at the first
-# evaluation). So GGML_NATIVE=OFF, and ggml's run-time choice instead: the
-# CPU backend is a set of libggml-cpu-<variant>.so, one per instruction set
-# level, and llama-server loads, from its own folder, the best one that
-# CPUID says the CPU runs (GGML_BACKEND_DL, GGML_CPU_ALL_VARIANTS; they need
-# shared libraries, found through an $ORIGIN run path, so bin/ works
-# wherever it is mounted).
+# built on) ties it to the builder, and on a CPU with AMX it also compiles
+# ggml's AMX code, which is broken here: a native build died at its first
+# evaluation with a general protection fault on `ldtilecfg` in
+# ggml_backend_amx_mul_mat, on a Xeon whose kernel does not let processes
+# use the tile state, and the same on this project's build machine, whose
+# kernel does (arch_prctl(ARCH_REQ_XCOMP_PERM) succeeds, and a plain
+# ldtilecfg works): GCC 12's _tile_loadconfig tells the compiler it reads 8
+# of the tile configuration's 64 bytes, so the stores of the tiles' rows
+# and columns are dropped and ldtilecfg loads garbage (gdb shows the
+# configuration on the stack: palette 1, every tile 0, a pointer in the
+# last bytes; bench/RESULTS.md).
 #
-# That choice does not ask the kernel (ggml-cpu/arch/x86/cpu-feats.cpp:
-# "FIXME: this does not check for OS support"): CPUID's AMX bit alone would
-# pick the AMX variant (sapphirerapids) where the tile state is not usable.
+# So GGML_NATIVE=OFF, and ggml's run-time choice instead: the CPU backend
+# is a set of libggml-cpu-<variant>.so, one per instruction set level, and
+# llama-server loads, from its own folder, the best one that CPUID says
+# the CPU runs (GGML_BACKEND_DL, GGML_CPU_ALL_VARIANTS; they need shared
+# libraries, found through an $ORIGIN run path, so bin/ works wherever it
+# is mounted). That choice does not ask the kernel either
+# (ggml-cpu/arch/x86/cpu-feats.cpp: "FIXME: this does not check for OS
+# support"): CPUID's AMX bit alone picks the AMX variant (sapphirerapids).
 # So no variant with AMX is built: the list is cut to those below before
 # configuring, and the build is checked to contain no AMX instruction. Six
 # variants of ggml's fourteen (the others add little for this model; each
@@ -172,11 +179,13 @@ check_portable() {
     done
 }
 
-# start_server BIN MODEL THREADS LOG: llama-server on a free loopback port,
-# one slot; sets $server_pid and $server_port.
+# start_server BIN MODEL THREADS LOG [ARG...]: llama-server on a free
+# loopback port, one slot; sets $server_pid and $server_port.
 start_server() {
+    local bin=$1 model=$2 threads=$3 log=$4
+    shift 4
     server_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    "$1" -m "$2" --host 127.0.0.1 --port "$server_port" -t "$3" -c 2048 --parallel 1 >"$4" 2>&1 &
+    "$bin" -m "$model" --host 127.0.0.1 --port "$server_port" -t "$threads" -c 2048 --parallel 1 "$@" >"$log" 2>&1 &
     server_pid=$!
 }
 

@@ -219,6 +219,49 @@ pub fn plugstack(files: &[(String, String)]) -> Check {
     )
 }
 
+/// Whether the nodes track processes by cgroup while the GPU hand-off
+/// check is on (issue #25). Under `proctrack/linuxproc` a process a job
+/// started with `setsid` outlives the job and keeps its GPU open; nothing
+/// proves whose it was, so the hand-off check drains the node instead of
+/// killing it, and any user can drain every node so. Under
+/// `proctrack/cgroup` Slurm ends such a process with its job, and
+/// `task/cgroup` with `ConstrainDevices=yes` keeps a job off the GPUs it
+/// was not given. A plugstack line with `gpu_source=none` turns the
+/// hand-off check off; `gpu_source=fake:` is the dev cluster's test aid
+/// (a warning there).
+pub fn process_tracking(stack: &[(String, String)], config: impl Fn(&str) -> Option<String>) -> Check {
+    let what = "process tracking";
+    let line = stack.iter().flat_map(|(_, t)| t.lines()).find(|l| {
+        let mut w = l.split_whitespace();
+        matches!((w.next(), w.next()), (Some(k), Some(p)) if !k.starts_with('#') && p.ends_with("spank_onepool.so"))
+    });
+    let source = line.and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("gpu_source="))).unwrap_or("nvml");
+    let proctrack = config("ProctrackType").unwrap_or_default();
+    let task = config("TaskPlugin").unwrap_or_default();
+    if source == "none" {
+        return Check::pass(what, format!("{proctrack}; the GPU hand-off check is off (gpu_source=none)"));
+    }
+    let fix = "set ProctrackType=proctrack/cgroup and TaskPlugin=task/cgroup in slurm.conf and ConstrainDevices=yes in cgroup.conf on every node, then restart slurmd and slurmctld";
+    if proctrack != "proctrack/cgroup" {
+        let detail = format!(
+            "ProctrackType={proctrack}: a process a job leaves behind (setsid) keeps its GPU open, and the GPU hand-off check drains the node instead of killing it"
+        );
+        return if source.starts_with("fake:") {
+            Check::warn(what, format!("{detail} (gpu_source=fake: a test cluster)"), fix)
+        } else {
+            Check::fail(what, detail, fix)
+        };
+    }
+    if !task.split(',').any(|t| t.trim() == "task/cgroup") {
+        return Check::warn(
+            what,
+            format!("{proctrack}, but TaskPlugin={task}: jobs are not kept off the GPUs they were not given"),
+            "add task/cgroup to TaskPlugin and set ConstrainDevices=yes in cgroup.conf",
+        );
+    }
+    Check::pass(what, format!("{proctrack}, {task}"))
+}
+
 /// `major.minor.micro` of a `SLURM_VERSION_NUMBER`.
 pub fn release(n: u32) -> String {
     format!("{}.{:02}.{}", n >> 16, (n >> 8) & 0xff, n & 0xff)

@@ -187,6 +187,7 @@ pub fn examine(
     }
     let stack = plugstack_files(&config, host);
     out.push(checks::plugstack(&stack));
+    out.push(checks::process_tracking(&stack, |k| config.get(k).map(str::to_string)));
     out.extend(plugins(&config, &stack, &slurm, local, host));
     out.extend(gres(&config, &cmd(SHOW_NODES)?, host));
     if !local {

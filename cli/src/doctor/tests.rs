@@ -35,7 +35,7 @@ struct Cluster {
 impl Cluster {
     fn healthy() -> Cluster {
         let config = format!(
-            "{}PluginDir = /usr/lib/slurm:/opt/onepool/lib\nPlugStackConfig = /etc/slurm/plugstack.conf\nSLURM_CONF = /etc/slurm/slurm.conf\nSLURM_VERSION = 22.05.8\n",
+            "{}PluginDir = /usr/lib/slurm:/opt/onepool/lib\nPlugStackConfig = /etc/slurm/plugstack.conf\nProctrackType = proctrack/cgroup\nTaskPlugin = task/affinity,task/cgroup\nSLURM_CONF = /etc/slurm/slurm.conf\nSLURM_VERSION = 22.05.8\n",
             CONFIG.replace("= lua", "= lua,onepool")
         );
         let partitions = format!(
@@ -241,6 +241,7 @@ fn local_checks_only_what_this_host_holds() {
         [
             "policy",
             "plugstack spank_onepool.so",
+            "process tracking",
             "plugin spank_onepool.so",
             "gres.conf GPUs of node1",
             "gres.conf GPUs of node2",
@@ -315,4 +316,28 @@ fn a_serving_preflight_passes_with_its_time_and_fails_with_the_replica_s_last_li
     assert_eq!(c.status, Status::Fail);
     assert!(c.detail.contains("killed by SIGSEGV") && c.detail.contains("| ggml_backend_amx_mul_mat"), "{}", c.detail);
     assert!(c.fix.unwrap().contains("/etc/slurm/onepoold.toml"));
+}
+
+#[test]
+fn nodes_that_do_not_track_processes_by_cgroup_fail_while_the_hand_off_check_is_on() {
+    let stack =
+        |args: &str| vec![("/etc/slurm/plugstack.conf".to_string(), format!("required /x/spank_onepool.so {args}\n"))];
+    let conf = |proctrack: &'static str, task: &'static str| {
+        move |k: &str| match k {
+            "ProctrackType" => Some(proctrack.to_string()),
+            "TaskPlugin" => Some(task.to_string()),
+            _ => None,
+        }
+    };
+    let c = checks::process_tracking(&stack(""), conf("proctrack/linuxproc", "task/none"));
+    assert_eq!(c.status, Status::Fail);
+    assert!(c.detail.starts_with("ProctrackType=proctrack/linuxproc: a process a job leaves behind"), "{}", c.detail);
+    assert!(c.fix.as_deref().unwrap().contains("ProctrackType=proctrack/cgroup"));
+    let fake = checks::process_tracking(&stack("gpu_source=fake:/tmp/g"), conf("proctrack/linuxproc", "task/none"));
+    assert_eq!(fake.status, Status::Warn, "a test cluster's fake source");
+    let off = checks::process_tracking(&stack("gpu_source=none"), conf("proctrack/linuxproc", "task/none"));
+    assert_eq!(off.status, Status::Pass);
+    let no_devices = checks::process_tracking(&stack(""), conf("proctrack/cgroup", "task/affinity"));
+    assert_eq!(no_devices.status, Status::Warn);
+    assert_eq!(checks::process_tracking(&stack(""), conf("proctrack/cgroup", "task/cgroup")).status, Status::Pass);
 }
