@@ -87,6 +87,28 @@ impl Trace {
         Ok(Trace { rows })
     }
 
+    /// The start of the `window` seconds of trace time holding the most
+    /// requests, and how many.
+    pub fn busiest(&self, window: f64) -> (f64, usize) {
+        let mut best = (0.0, 0);
+        let mut end = 0;
+        for (i, r) in self.rows.iter().enumerate() {
+            while end < self.rows.len() && self.rows[end].0 < r.0 + window {
+                end += 1;
+            }
+            if end - i > best.1 {
+                best = (r.0, end - i);
+            }
+        }
+        best
+    }
+
+    /// The trace from `offset` seconds of trace time on, starting at 0.
+    pub fn from(&self, offset: f64) -> Trace {
+        let rows = self.rows.iter().filter(|r| r.0 >= offset).map(|r| (r.0 - offset, r.1, r.2)).collect();
+        Trace { rows }
+    }
+
     /// Requests per second of trace time between `from` and `to`.
     pub fn rate(&self, from: f64, to: f64) -> f64 {
         let n = self.rows.iter().filter(|r| r.0 >= from && r.0 < to).count();
