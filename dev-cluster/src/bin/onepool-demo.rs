@@ -1085,7 +1085,7 @@ mod tests {
         .unwrap();
         let light_end = LIGHT_SECS as f64 * LIGHT;
         let own = shipped.rate(light_end, light_end + 60.0) * HEAVY;
-        assert!(own >= HEAVY_RATE * 0.99 && own < HEAVY_RATE * 1.05, "HEAVY_RATE is the shipped trace's: {own}");
+        assert!((HEAVY_RATE * 0.99..HEAVY_RATE * 1.05).contains(&own), "HEAVY_RATE is the shipped trace's: {own}");
         assert_eq!(Pace::fit(&shipped).unwrap(), Pace { offset: 0.0, light: LIGHT, heavy: HEAVY, fitted: None });
         // One request every 2 s, and a busier minute from 600 s: 1 a second.
         let mut rows: Vec<(f64, u32, u32)> = (0..300).map(|i| (f64::from(i) * 2.0, 100, 10)).collect();
