@@ -27,6 +27,34 @@ fn pid_alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
 }
 
+/// An empty file in the cluster's folder that the user's job writes into.
+fn shared_file(c: &TestCluster, name: &str) -> std::path::PathBuf {
+    let out = c.cluster.layout.root.join(format!("{name}-{}.out", std::process::id()));
+    std::fs::write(&out, "").unwrap();
+    std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    out
+}
+
+/// `script` as a 1-GPU agents job of `u` on `node`; its id.
+fn submit_as(c: &TestCluster, u: &User, node: &str, script: &str) -> u32 {
+    let args = [
+        "--parsable",
+        "-o",
+        "/dev/null",
+        "-A",
+        "research",
+        "--workload=agents",
+        "--gpus=1",
+        "-w",
+        node,
+        "--wrap",
+        script,
+    ];
+    let r = c.run_as(u, "sbatch", &args);
+    assert!(r.ok, "{}{}", r.stdout, r.stderr);
+    r.stdout.trim().parse().unwrap()
+}
+
 /// The cluster, or `None` after printing why this machine cannot host it.
 fn cluster() -> Option<&'static TestCluster> {
     match cgroup_cluster() {
@@ -59,29 +87,9 @@ fn a_setsid_process_is_proven_by_its_job_cgroup_and_goes_with_its_job() {
     let _cleanup = Cleanup(c);
     let mal = user(c);
     let node = "node2";
-    let out = c.cluster.layout.root.join(format!("setsid-{}.out", std::process::id()));
-    std::fs::write(&out, "").unwrap();
-    std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let out = shared_file(c, "setsid");
     let script = format!("setsid sleep 1000 </dev/null >/dev/null 2>&1 &\necho $! > {}\nsleep 300\n", out.display());
-    let r = c.run_as(
-        &mal,
-        "sbatch",
-        &[
-            "--parsable",
-            "-o",
-            "/dev/null",
-            "-A",
-            "research",
-            "--workload=agents",
-            "--gpus=1",
-            "-w",
-            node,
-            "--wrap",
-            &script,
-        ],
-    );
-    assert!(r.ok, "{}{}", r.stdout, r.stderr);
-    let holder_job: u32 = r.stdout.trim().parse().unwrap();
+    let holder_job = submit_as(c, &mal, node, &script);
     c.wait_state(holder_job, "RUNNING", Duration::from_secs(30));
     c.wait_until("the job to start its setsid process", Duration::from_secs(10), || {
         std::fs::read_to_string(&out).is_ok_and(|s| !s.trim().is_empty())
@@ -124,34 +132,14 @@ fn a_job_cannot_open_a_gpu_it_was_not_given() {
     let mal = user(c);
     let node = "node3";
     let dev = c.cluster.layout.root.join("dev");
-    let out = c.cluster.layout.root.join(format!("devices-{}.out", std::process::id()));
-    std::fs::write(&out, "").unwrap();
-    std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let out = shared_file(c, "devices");
     // node3 holds minors 8-11.
     let script = format!(
         "echo gpus=$SLURM_JOB_GPUS >> {out}\nfor m in 8 9 10 11; do python3 -c '\nimport os, sys\ntry:\n    os.close(os.open(sys.argv[1], os.O_RDWR)); print(sys.argv[2], \"opened\")\nexcept OSError as e:\n    print(sys.argv[2], e.errno)' {dev}/nvidia$m $m >> {out}; done\n",
         out = out.display(),
         dev = dev.display()
     );
-    let r = c.run_as(
-        &mal,
-        "sbatch",
-        &[
-            "--parsable",
-            "-o",
-            "/dev/null",
-            "-A",
-            "research",
-            "--workload=agents",
-            "--gpus=1",
-            "-w",
-            node,
-            "--wrap",
-            &script,
-        ],
-    );
-    assert!(r.ok, "{}{}", r.stdout, r.stderr);
-    let job: u32 = r.stdout.trim().parse().unwrap();
+    let job = submit_as(c, &mal, node, &script);
     c.wait_until("the job to finish", Duration::from_secs(60), || c.state(job).is_none());
     let said = std::fs::read_to_string(&out).unwrap();
     let _ = std::fs::remove_file(&out);
