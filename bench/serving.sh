@@ -32,13 +32,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$TARGET_DIR/release/onepool" replica --listen "127.0.0.1:$LAUNCHER_PORT" --backend "127.0.0.1:$((LAUNCHER_PORT + 1))" --drain-timeout 10s -- \
+# The bench is the launcher's onepoold: it names the replica key and the
+# server's own key, and its client sends each where it goes.
+export ONEPOOL_REPLICA_KEY=serving-bench-replica-key-0123456789 ONEPOOL_BACKEND_API_KEY=serving-bench-server-key-0123456789
+printf '%s\n' "$ONEPOOL_REPLICA_KEY" >"$TMP/replica.key"
+chmod 600 "$TMP/replica.key"
+"$TARGET_DIR/release/onepool" replica --report none --listen "127.0.0.1:$LAUNCHER_PORT" --backend "127.0.0.1:$((LAUNCHER_PORT + 1))" --drain-timeout 10s -- \
     sh -c "exec $models/bin/llama-server -m $models/models/SmolLM2-135M-Instruct.Q4_1.gguf --alias SmolLM2-135M-Instruct \
         --host 127.0.0.1 --port \$ONEPOOL_BACKEND_PORT -t 1 --parallel 4 -c 2048 --metrics" >"$TMP/replica.log" 2>&1 &
 PIDS+=($!)
 cat >"$TMP/onepoold.toml" <<CONF
 control_socket = "$TMP/onepoold.sock"
 shutdown_grace = "1s"
+replica_key_file = "$TMP/replica.key"
 
 [[endpoint]]
 name = "chat"
@@ -48,7 +54,7 @@ CONF
 ONEPOOLD_LOG=warn "$TARGET_DIR/release/onepoold" --config "$TMP/onepoold.toml" 2>"$TMP/onepoold.log" &
 PIDS+=($!)
 for _ in $(seq 200); do
-    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$LAUNCHER_PORT/health")" = 200 ] && [ -S "$TMP/onepoold.sock" ] && break
+    [ "$(curl -s -o /dev/null -w '%{http_code}' -H "x-onepool-replica-key: $ONEPOOL_REPLICA_KEY" "http://127.0.0.1:$LAUNCHER_PORT/health")" = 200 ] && [ -S "$TMP/onepoold.sock" ] && break
     sleep 0.1
 done
 curl -sS --fail --unix-socket "$TMP/onepoold.sock" -H 'content-type: application/json' \

@@ -11,12 +11,14 @@ line per target: name, requests, TTFT p50/p99 and total p50/p99 in ms.
 
 import http.client
 import json
+import os
 import statistics
 import sys
 import time
 
 rounds, max_tokens = int(sys.argv[1]), int(sys.argv[2])
 targets = [(a.split("=")[0], int(a.split("=")[1])) for a in sys.argv[3:]]
+keys = dict(targets)
 WORDS = "the pool shares its GPUs between training and serving so no island sits idle".split()
 
 
@@ -29,7 +31,13 @@ def one(port, prompt):
     })
     t0 = time.perf_counter()
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    c.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    # Each hop's key (bench/serving.sh): the server's own, the launcher's.
+    if port == keys.get("direct"):
+        headers["Authorization"] = "Bearer " + os.environ["ONEPOOL_BACKEND_API_KEY"]
+    elif port == keys.get("launcher"):
+        headers["x-onepool-replica-key"] = os.environ["ONEPOOL_REPLICA_KEY"]
+    c.request("POST", "/v1/chat/completions", body, headers)
     r = c.getresponse()
     if r.status != 200:
         raise SystemExit(f"port {port}: HTTP {r.status}: {r.read()[:200]!r}")

@@ -42,6 +42,10 @@ pub struct Config {
     /// onepoold's user only): every request to a replica carries the key,
     /// and launchers answer nothing else ([`crate::replica_key`]).
     pub replica_key_file: PathBuf,
+    /// `replica_key_file` was named: the key is read (and sent) even with
+    /// no `[endpoint.replicas]`, for launchers added through the control
+    /// socket.
+    pub replica_key_named: bool,
 }
 
 /// Where the replica key lives unless `replica_key_file` says otherwise
@@ -428,6 +432,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
         endpoints,
         listeners,
         slurm_conf: raw.slurm_conf.map(|s| PathBuf::from(s.into_inner())),
+        replica_key_named: raw.replica_key_file.is_some(),
         replica_key_file: raw
             .replica_key_file
             .map_or_else(|| PathBuf::from(DEFAULT_REPLICA_KEY_FILE), |s| PathBuf::from(s.into_inner())),

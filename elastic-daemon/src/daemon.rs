@@ -70,7 +70,7 @@ impl Daemon {
     pub async fn start_with(mut config: Config, mut inherited: Inherited) -> Result<Daemon, StartError> {
         crate::policy_check::resolve_warm(&mut config).map_err(StartError::Policy)?;
         // Read before anything listens: a key nobody else may read, or no start.
-        let replica_key = match config.endpoints.iter().any(|e| e.replicas.is_some()) {
+        let replica_key = match config.replica_key_named || config.endpoints.iter().any(|e| e.replicas.is_some()) {
             true => Some(crate::replica_key::load_or_create(&config.replica_key_file)?),
             false => None,
         };
@@ -99,7 +99,7 @@ impl Daemon {
                 e.thresholds,
                 metrics.clone(),
             );
-            if let (Some(key), Some(_)) = (&replica_key, &e.replicas) {
+            if let (Some(key), true) = (&replica_key, e.replicas.is_some() || config.replica_key_named) {
                 if let Ok(v) = http::HeaderValue::from_str(key) {
                     endpoint.set_replica_key(v);
                 }

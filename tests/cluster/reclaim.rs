@@ -10,19 +10,22 @@ use std::time::{Duration, Instant};
 
 use onepool_tests::{build_dir, cluster, Cleanup};
 
-/// The dev cluster's stand-in model server (answers `GET /?sleep=S` after S seconds).
+/// The dev cluster's stand-in model server (answers `GET /v1/x?sleep=S` after S seconds).
 const SERVER: &str = include_str!("../../etc/dev-cluster/stand-in-model-server.py");
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// Status of a GET, or None when the connection failed.
+/// The replica key the test hands its launchers, as onepoold would.
+const KEY: &str = "reclaim-test-replica-key-0123456789";
+
+/// Status of a GET through a launcher, or None when the connection failed.
 fn get(port: u16, path: &str) -> Option<u16> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nx-onepool-replica-key: {KEY}\r\nConnection: close\r\n\r\n").ok()?;
     let mut buf = String::new();
     s.read_to_string(&mut buf).ok()?;
     buf.split_whitespace().nth(1)?.parse().ok()
@@ -44,7 +47,7 @@ fn a_protected_job_gets_a_gracefully_drained_replica_s_gpus_at_once_and_no_reque
         let backend = free_port();
         let log = dir.join(format!("replica-{i}.log"));
         let script = format!(
-            "exec {} replica --listen 127.0.0.1:{port} --backend 127.0.0.1:{backend} --drain-timeout 30s -- python3 {}",
+            "export ONEPOOL_REPLICA_KEY={KEY}; exec {} replica --listen 127.0.0.1:{port} --backend 127.0.0.1:{backend} --report none --drain-timeout 30s -- python3 {}",
             launcher.display(),
             server.display()
         );
@@ -56,7 +59,7 @@ fn a_protected_job_gets_a_gracefully_drained_replica_s_gpus_at_once_and_no_reque
     }
     for (job, port, _) in &replicas {
         c.wait_state(*job, "RUNNING", Duration::from_secs(30));
-        c.wait_until("the replica to answer", Duration::from_secs(30), || get(*port, "/") == Some(200));
+        c.wait_until("the replica to answer", Duration::from_secs(30), || get(*port, "/v1/x") == Some(200));
     }
     c.wait_state(base, "RUNNING", Duration::from_secs(30));
     // Past the policy's minimum run time, every replica may be reclaimed.
@@ -66,7 +69,7 @@ fn a_protected_job_gets_a_gracefully_drained_replica_s_gpus_at_once_and_no_reque
         .iter()
         .map(|(_, port, _)| {
             let p = *port;
-            std::thread::spawn(move || get(p, "/?sleep=3"))
+            std::thread::spawn(move || get(p, "/v1/x?sleep=3"))
         })
         .collect();
     std::thread::sleep(Duration::from_millis(300));

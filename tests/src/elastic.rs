@@ -294,8 +294,13 @@ pub fn request_with(port: u16, method: &str, path: &str, body: &str, fields: &st
 
 /// A completion request that takes `secs` on the stand-in server.
 pub fn completion(port: u16, secs: f64) -> Option<u16> {
+    completion_with(port, secs, "")
+}
+
+/// [`completion`] with `fields` (whole header lines), e.g. a replica key.
+pub fn completion_with(port: u16, secs: f64, fields: &str) -> Option<u16> {
     let tokens = (secs * 1000.0).round() as u64;
-    request(port, "POST", "/v1/completions", &format!("{{\"model\": \"m\", \"max_tokens\": {tokens}}}"))
+    request_with(port, "POST", "/v1/completions", &format!("{{\"model\": \"m\", \"max_tokens\": {tokens}}}"), fields)
 }
 
 /// Clients sending completions back to back until stopped; every answer

@@ -492,7 +492,12 @@ pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, Laun
         Some(b) => b,
         None => free_loopback_port().map_err(LauncherError::BackendPort)?,
     };
-    let backend_key = crate::access::random_key().map_err(LauncherError::Key)?;
+    // The server's key: one given in the environment (a site or a
+    // benchmark that talks to the server itself), else a new one.
+    let backend_key = match std::env::var(BACKEND_KEY_ENV) {
+        Ok(k) if k.len() >= 16 => k,
+        _ => crate::access::random_key().map_err(LauncherError::Key)?,
+    };
     let mut usr1 = signal(SignalKind::user_defined1()).map_err(LauncherError::Signals)?;
     let mut term = signal(SignalKind::terminate()).map_err(LauncherError::Signals)?;
     let mut int = signal(SignalKind::interrupt()).map_err(LauncherError::Signals)?;

@@ -250,6 +250,7 @@ pub async fn start_with_budget(endpoint: EndpointConfig, max_buffered_body_bytes
         policy: None,
         // No [endpoint.replicas] here: the key is neither made nor read.
         replica_key_file: "/nonexistent/replica.key".into(),
+        replica_key_named: false,
         metrics_auth: None,
     };
     Daemon::start(config).await.unwrap()

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use onepool_elastic_daemon::daemon::Daemon;
 use onepool_router::registry::ReplicaState;
-use onepool_tests::elastic::{completion, daemon_config, scratch, stand_in_server, wait, Load};
+use onepool_tests::elastic::{completion_with, daemon_config, scratch, stand_in_server, wait, Load};
 use onepool_tests::{build_dir, TestCluster, TEST_MIN_RUNTIME_SECS};
 
 /// GraceTime of the graceful classes in the benchmark's policy (and the
@@ -66,7 +66,7 @@ impl Variant {
         let server = stand_in_server().display().to_string();
         let launcher = build_dir().join("onepool").display().to_string();
         let replica = format!(
-            "exec {launcher} replica --listen 127.0.0.1:{port} --backend 127.0.0.1:{} --drain-timeout {GRACE_SECS}s -- python3 {server}",
+            "export ONEPOOL_REPLICA_KEY={REPLICA_KEY}; exec {launcher} replica --listen 127.0.0.1:{port} --backend 127.0.0.1:{} --report none --drain-timeout {GRACE_SECS}s -- python3 {server}",
             port + 1
         );
         let native = |mode: &str| {
@@ -89,8 +89,14 @@ struct Round {
     sent: usize,
 }
 
+/// The replica key the bench hands its launchers (the bench is their onepoold).
+const REPLICA_KEY: &str = "reclaim-bench-replica-key-0123456789";
+
+/// A launcher answers with the key only; a native server ignores it.
+const KEYED: &str = "x-onepool-replica-key: reclaim-bench-replica-key-0123456789\r\n";
+
 fn health(port: u16) -> bool {
-    onepool_tests::elastic::request(port, "GET", "/health", "") == Some(200)
+    onepool_tests::elastic::request_with(port, "GET", "/health", "", KEYED) == Some(200)
 }
 
 fn round(c: &TestCluster, v: Variant, base_port: u16) -> Round {
@@ -113,7 +119,7 @@ fn round(c: &TestCluster, v: Variant, base_port: u16) -> Round {
         .flat_map(|(job, port)| {
             (0..IN_FLIGHT).map(move |_| {
                 let p = *port;
-                (*job, std::thread::spawn(move || completion(p, REQUEST_SECS)))
+                (*job, std::thread::spawn(move || completion_with(p, REQUEST_SECS, KEYED)))
             })
         })
         .collect();
