@@ -34,6 +34,9 @@ kill_in_root() {
 forget_onepool_user() {
     # shellcheck disable=SC2016 # expanded inside the root
     bash "${here:?}/scripts/in-release.sh" "$root" sh -c 'if getent passwd onepool >/dev/null; then userdel onepool; fi; if getent group onepool >/dev/null; then groupdel onepool; fi'
+    # Nor its state folder: a replica key left there by a run as root on
+    # the host would be root's, and onepoold refuses a key it does not own.
+    bash "${here:?}/scripts/in-release.sh" "$root" rm -rf /var/lib/onepool
 }
 
 # The onepool-devcluster to run: $ONEPOOL_DEVCLUSTER, else the newer of

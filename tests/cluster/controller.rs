@@ -84,6 +84,9 @@ fn config(dir: &Path, c: &TestCluster) -> ConfigFile {
             }),
             ..EndpointFile::new(ENDPOINT)
         }],
+        // The test's own key, not the host's /var/lib/onepool (the deploy
+        // test's throwaway root overlays the host).
+        replica_key_file: Some(dir.join("replica.key")),
         ..ConfigFile::new(dir.join("onepoold.sock"))
     }
 }
