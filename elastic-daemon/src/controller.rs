@@ -132,6 +132,20 @@ pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16, r
     args
 }
 
+/// What the launcher's note says of a replica job that ended: its server's
+/// end (`server`, from the note), or that the launcher never started;
+/// empty when it listened and its server did not end by itself. Shared by
+/// the controller's failed starts and the preflight.
+pub fn launcher_end(note: &ReplicaNote, server: Option<&str>) -> String {
+    match server {
+        Some(server) => format!("; the model server {server}"),
+        None if note.listening.is_empty() => {
+            "; its launcher never reported a port (it did not start: see the job's output file)".to_string()
+        }
+        None => String::new(),
+    }
+}
+
 /// Every [`ReplicaJob::kind`].
 const KINDS: [&str; 3] = ["baseline", "supplemental", "warm"];
 
@@ -808,18 +822,14 @@ impl Controller {
         }
         let note = ReplicaNote::decode(&d.comment).unwrap_or_default();
         let server = t.members.keys().find_map(|slot| note.ended(*slot));
-        let mut cause = format!("job {id} {when}: {}", d.ending());
-        match server {
-            Some(server) => cause.push_str(&format!("; the model server {server}")),
-            None if note.listening.is_empty() => {
-                cause.push_str("; its launcher never reported a port (it did not start: see the job's output file)")
-            }
-            // It listened and its server did not end by itself: a drain
-            // that timed out, or Slurm's end (time, node, memory); a
-            // failure to start only if it never served.
-            None if t.served_at.is_some() => return None,
-            None => {}
+        // It listened and its server did not end by itself: a drain that
+        // timed out, or Slurm's end (time, node, memory); a failure to
+        // start only if it never served.
+        if server.is_none() && !note.listening.is_empty() && t.served_at.is_some() {
+            return None;
         }
+        let mut cause = format!("job {id} {when}: {}", d.ending());
+        cause.push_str(&launcher_end(&note, server));
         Some(cause)
     }
 

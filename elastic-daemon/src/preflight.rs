@@ -158,15 +158,9 @@ async fn follow(
             "RUNNING" => {}
             _ => {
                 let note = ReplicaNote::decode(&d.comment).unwrap_or_default();
-                let mut why = format!("job {} ended before it served: {}", p.job, d.ending());
-                match note.ended.first() {
-                    Some((_, server)) => why.push_str(&format!("; the model server {server}")),
-                    None if note.listening.is_empty() => {
-                        why.push_str("; its launcher never reported a port (see the job's output file)")
-                    }
-                    None => {}
-                }
-                p.failure = Some(why);
+                let server = note.ended.first().map(|(_, s)| s.as_str());
+                let why = format!("job {} ended before it served: {}", p.job, d.ending());
+                p.failure = Some(why + &crate::controller::launcher_end(&note, server));
                 return;
             }
         }
