@@ -339,6 +339,72 @@ impl Load {
     }
 }
 
+/// What a server sustains of a trace's requests when it is never idle
+/// ([`closed_loop`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Capacity {
+    pub served: u64,
+    pub failed: u64,
+    pub seconds: f64,
+    /// The answer tokens the served requests asked for.
+    pub answer_tokens: u64,
+}
+
+impl Capacity {
+    pub fn requests_per_second(&self) -> f64 {
+        self.served as f64 / self.seconds.max(1e-9)
+    }
+}
+
+/// Sends the trace's requests (its sizes, not its times) to `target` with
+/// `concurrency` always in flight for `duration`: the rate a server
+/// sustains of this mix, which is what makes a serving benchmark's figures
+/// comparable across machines (a replica on a slower CPU is a smaller
+/// share of the same offered load).
+pub async fn closed_loop(
+    target: SocketAddr,
+    model: &str,
+    shape: ChatShape,
+    trace: &Trace,
+    concurrency: usize,
+    duration: Duration,
+) -> Capacity {
+    let start = Instant::now();
+    let next = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..concurrency.max(1))
+        .map(|_| {
+            let (next, model) = (next.clone(), model.to_string());
+            let rows: Arc<[(f64, u32, u32)]> = trace.rows.clone().into();
+            tokio::spawn(async move {
+                let (mut served, mut failed, mut tokens) = (0u64, 0u64, 0u64);
+                while start.elapsed() < duration && !rows.is_empty() {
+                    let i = next.fetch_add(1, Ordering::Relaxed) as usize % rows.len();
+                    let (_, context, generated) = rows[i];
+                    let (body, stream) = shape.body(&model, i, context, generated);
+                    match chat(target, &body, stream).await {
+                        Ok(_) => {
+                            served += 1;
+                            tokens += u64::from(shape.of(context, generated).1);
+                        }
+                        Err(_) => failed += 1,
+                    }
+                }
+                (served, failed, tokens)
+            })
+        })
+        .collect();
+    let mut c = Capacity { served: 0, failed: 0, seconds: 0.0, answer_tokens: 0 };
+    for w in workers {
+        if let Ok((s, f, t)) = w.await {
+            c.served += s;
+            c.failed += f;
+            c.answer_tokens += t;
+        }
+    }
+    c.seconds = start.elapsed().as_secs_f64();
+    c
+}
+
 /// A chat completion answered whole: for a stream, every event up to
 /// `data: [DONE]`.
 struct Answer {
@@ -379,7 +445,12 @@ async fn chat(target: SocketAddr, body: &str, stream: bool) -> Result<Answer, St
             .and_then(|s| s.parse::<u16>().ok())
             .ok_or_else(|| format!("no HTTP status in the answer {:?}", &text[..text.len().min(64)]))?;
         if !(200..300).contains(&status) {
-            return Err(format!("HTTP {status}"));
+            // Who answered and why: the router's own 503s differ from a
+            // replica's only in their message.
+            return Err(match error_message(&text) {
+                Some(m) => format!("HTTP {status} ({m})"),
+                None => format!("HTTP {status}"),
+            });
         }
         let whole = if stream { text.contains("data: [DONE]") } else { text.contains("\"choices\"") };
         if !whole {
@@ -391,6 +462,17 @@ async fn chat(target: SocketAddr, body: &str, stream: bool) -> Result<Answer, St
         Ok(r) => r,
         Err(_) => Err("no whole answer within 180 s".to_string()),
     }
+}
+
+/// The message of an error answer: an OpenAI error's `message`, else the
+/// body's first line (at most 100 characters).
+fn error_message(answer: &str) -> Option<String> {
+    let body = answer.split_once("\r\n\r\n")?.1;
+    let message = match serde_json::from_str::<serde_json::Value>(body.trim()) {
+        Ok(v) => v["error"]["message"].as_str().map(str::to_string),
+        Err(_) => body.lines().map(str::trim).find(|l| !l.is_empty()).map(str::to_string),
+    }?;
+    Some(message.chars().take(100).collect())
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -408,6 +490,17 @@ mod tests {
             Trace::load(&path).map_err(|e| anyhow::anyhow!("{}", e.to_string().replace(&*path.to_string_lossy(), "T")));
         std::fs::remove_file(&path).unwrap();
         r
+    }
+
+    #[test]
+    fn an_error_answer_says_its_message() {
+        let openai = "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 9\r\n\r\n\
+                      {\"error\":{\"message\":\"no replica became free in time; retry later\",\"type\":\"server_error\"}}";
+        assert_eq!(error_message(openai).as_deref(), Some("no replica became free in time; retry later"));
+        let plain = "HTTP/1.1 503 Service Unavailable\r\n\r\n\nreplica is draining; retry elsewhere\n";
+        assert_eq!(error_message(plain).as_deref(), Some("replica is draining; retry elsewhere"));
+        assert_eq!(error_message("HTTP/1.1 502 Bad Gateway\r\n\r\n"), None);
+        assert_eq!(error_message("HTTP/1.1 502"), None);
     }
 
     #[test]

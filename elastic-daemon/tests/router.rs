@@ -18,6 +18,19 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// `onepool_router_unavailable_total` of the endpoint, as (reason, count).
+fn unavailable(h: &Harness) -> Vec<(String, u64)> {
+    let text = h.daemon.metrics.encode();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("onepool_router_unavailable_total{"))
+        .map(|l| {
+            let reason = l.split("reason=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or_default();
+            let n = l.rsplit(' ').next().and_then(|n| n.parse().ok()).unwrap_or(u64::MAX);
+            (reason.to_string(), n)
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn least_loaded_replica_gets_the_next_request() {
     let (a, b) = (backend(Mode::Normal).await, backend(Mode::Normal).await);
@@ -60,6 +73,7 @@ async fn concurrency_limit_queue_and_503_when_full() {
     assert_eq!(a.stats.peak(), 2);
     assert_eq!(a.stats.served(), 4);
     assert_eq!(h.snapshot().queued, 0);
+    assert_eq!(unavailable(&h), [("queue_full".to_string(), 1)]);
     h.daemon.shutdown().await;
 }
 
@@ -77,6 +91,7 @@ async fn waiting_past_the_queue_timeout_gets_503() {
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
     assert!(headers.contains_key("retry-after"));
     assert_eq!(busy.await.unwrap(), StatusCode::OK);
+    assert_eq!(unavailable(&h), [("queue_timeout".to_string(), 1)]);
     h.daemon.shutdown().await;
 }
 
@@ -175,6 +190,28 @@ async fn draining_status_takes_replica_out_and_retries() {
     }
     assert_eq!(d.stats.served(), 1, "out of rotation after its first draining answer");
     assert_eq!(h.snapshot().replicas[0].state, ReplicaState::Draining);
+    // Retried elsewhere: no 503 reached a client.
+    assert_eq!(unavailable(&h), []);
+    h.daemon.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_503_is_counted_by_its_reason() {
+    // The only replica drains: nowhere else to go once the queue wait ends.
+    let d = backend(Mode::Draining).await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_millis(200)), &[d.addr]).await;
+    let c = client();
+    let (s, _, body) = send(&c, "POST", &format!("{}/ok", h.url)).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.contains("the replica is draining and no other one could take the request"), "{body}");
+    assert_eq!(unavailable(&h), [("draining".to_string(), 1)]);
+    h.daemon.shutdown().await;
+    // A server's own 503 is passed on, and counted as the replica's.
+    let a = backend(Mode::Normal).await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[a.addr]).await;
+    let (s, _, body) = send(&c, "GET", &format!("{}/status/503", h.url)).await;
+    assert_eq!((s, body.as_str()), (StatusCode::SERVICE_UNAVAILABLE, "the server's own answer"));
+    assert_eq!(unavailable(&h), [("replica".to_string(), 1)]);
     h.daemon.shutdown().await;
 }
 

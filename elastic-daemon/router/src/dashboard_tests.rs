@@ -108,6 +108,7 @@ fn exercised() -> Metrics {
     m.connections_refused.get_or_create(&RefusedLabels { listener, reason }).inc();
     m.buffered_body_bytes.set(10);
     m.body_budget_refused.inc();
+    m.count_unavailable(endpoint, crate::metrics::Unavailable::QueueTimeout);
     m
 }
 

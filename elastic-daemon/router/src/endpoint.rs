@@ -165,6 +165,11 @@ impl Endpoint {
         self.requests.count(status);
     }
 
+    /// Counts a 503 by its reason (`onepool_router_unavailable_total`).
+    pub fn count_unavailable(&self, reason: crate::metrics::Unavailable) {
+        self.metrics.count_unavailable(&self.name, reason);
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock leaves counters that are still
         // consistent enough to serve; keep routing rather than cascade.

@@ -47,6 +47,40 @@ pub struct RequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UnavailableLabels {
+    pub endpoint: String,
+    /// [`Unavailable::as_str`].
+    pub reason: String,
+}
+
+/// Why a request was answered 503: the router's own reasons, and a
+/// replica's own 503 passed on. A 503 after a reclaim means different
+/// things (too little capacity, a drain with nowhere to go, a sick
+/// server), and only the reason says which.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unavailable {
+    /// Every replica was busy and the endpoint's queue was full.
+    QueueFull,
+    /// The request waited queue_timeout without a replica coming free.
+    QueueTimeout,
+    /// A replica answered "draining" and no other one took the request.
+    Draining,
+    /// The replica itself answered 503 (not its launcher's drain answer).
+    Replica,
+}
+
+impl Unavailable {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unavailable::QueueFull => "queue_full",
+            Unavailable::QueueTimeout => "queue_timeout",
+            Unavailable::Draining => "draining",
+            Unavailable::Replica => "replica",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DrainLabels {
     pub endpoint: String,
     pub replica: String,
@@ -112,6 +146,7 @@ pub struct Metrics {
     /// Requests refused because their body would pass max_buffered_body_bytes.
     pub body_budget_refused: Counter,
     pub response_idle_timeouts: Family<ReplicaLabels, Counter>,
+    pub unavailable: Family<UnavailableLabels, Counter>,
     registry: Registry,
 }
 
@@ -141,6 +176,7 @@ impl Metrics {
         let buffered_body_bytes = Gauge::default();
         let body_budget_refused = Counter::default();
         let response_idle_timeouts = Family::<ReplicaLabels, Counter>::default();
+        let unavailable = Family::<UnavailableLabels, Counter>::default();
         let mut registry = Registry::with_prefix("onepool");
         let router = registry.sub_registry_with_prefix("router");
         router.register("requests", "Requests answered, by replica and status class", requests.clone());
@@ -169,6 +205,11 @@ impl Metrics {
             "response_idle_timeouts",
             "Responses cut off because the replica sent nothing for response_idle_timeout",
             response_idle_timeouts.clone(),
+        );
+        router.register(
+            "unavailable",
+            "Requests answered 503, by reason: queue_full, queue_timeout, draining (no other replica took it), replica (its own 503)",
+            unavailable.clone(),
         );
         let controller = registry.sub_registry_with_prefix("replica");
         controller.register("jobs", "onepoold's replicas in Slurm jobs, by kind and phase", replicas.clone());
@@ -219,6 +260,7 @@ impl Metrics {
             buffered_body_bytes,
             body_budget_refused,
             response_idle_timeouts,
+            unavailable,
             registry,
         }
     }
@@ -265,6 +307,11 @@ impl Metrics {
             response_idle_timeouts: self.response_idle_timeouts.get_or_create(&labels).clone(),
             requests: self.request_counters(endpoint, replica),
         }
+    }
+
+    pub fn count_unavailable(&self, endpoint: &str, reason: Unavailable) {
+        let labels = UnavailableLabels { endpoint: endpoint.to_string(), reason: reason.as_str().to_string() };
+        self.unavailable.get_or_create(&labels).inc();
     }
 
     pub fn queue_depth(&self, endpoint: &str) -> Gauge {

@@ -33,7 +33,7 @@ use tokio::sync::watch;
 
 use crate::backend_pool::{self, BackendBody, SendError, HOP_BY_HOP, IDLE_TIMEOUT};
 use crate::endpoint::{AcquireError, Endpoint, Lease};
-use crate::metrics::{ListenerLabels, Metrics, RefusedLabels, RequestCounters};
+use crate::metrics::{ListenerLabels, Metrics, RefusedLabels, RequestCounters, Unavailable};
 use crate::settings::{ConnSettings, ProxySettings, Routes, MODEL_PATHS};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -1253,7 +1253,10 @@ async fn forward(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
     let name = ctx.endpoint.name();
     let failed = |f: Failure| match f {
         Failure::Replica => openai_error(StatusCode::BAD_GATEWAY, "the replica failed before answering"),
-        Failure::Draining => unavailable(ctx, "the replica is draining and no other one could take the request"),
+        Failure::Draining => {
+            ctx.endpoint.count_unavailable(Unavailable::Draining);
+            unavailable(ctx, "the replica is draining and no other one could take the request")
+        }
     };
     let mut tried = Vec::new();
     let mut last_failure = None;
@@ -1264,9 +1267,13 @@ async fn forward(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
                 let r = match (last_failure, e) {
                     (Some(f), _) => failed(f),
                     (None, AcquireError::QueueFull) => {
+                        ctx.endpoint.count_unavailable(Unavailable::QueueFull);
                         unavailable(ctx, "every replica is busy and the queue is full; retry later")
                     }
-                    (None, AcquireError::TimedOut) => unavailable(ctx, "no replica became free in time; retry later"),
+                    (None, AcquireError::TimedOut) => {
+                        ctx.endpoint.count_unavailable(Unavailable::QueueTimeout);
+                        unavailable(ctx, "no replica became free in time; retry later")
+                    }
                 };
                 ctx.endpoint.count_answer(r.status().as_u16());
                 return r;
@@ -1325,6 +1332,9 @@ async fn forward(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
                     counted(503);
                     last_failure = Some(Failure::Draining);
                     continue;
+                }
+                if resp.status() == StatusCode::SERVICE_UNAVAILABLE {
+                    ctx.endpoint.count_unavailable(Unavailable::Replica);
                 }
                 counted(resp.status().as_u16());
                 return client_response(resp, lease, p.start);

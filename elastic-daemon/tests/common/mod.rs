@@ -139,6 +139,11 @@ async fn answer(
             tokio::time::sleep(Duration::from_micros((n * 100).min(100_000))).await;
         }
         ["hang"] => tokio::time::sleep(Duration::from_secs(3600)).await,
+        ["status", code] => {
+            let mut r = Response::new(text("the server's own answer"));
+            *r.status_mut() = StatusCode::from_u16(code.parse().unwrap()).unwrap();
+            return r;
+        }
         ["stream"] => {
             let (tx, rx) = mpsc::channel(4);
             tokio::spawn(async move {

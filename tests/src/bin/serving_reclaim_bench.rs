@@ -26,7 +26,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use onepool_dev_cluster::model_server::{ModelServer, Slots, MODEL_NAME};
-use onepool_dev_cluster::replay::{ChatShape, Load, Request, Trace};
+use onepool_dev_cluster::replay::{closed_loop, Capacity, ChatShape, Load, Request, Trace};
 use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile};
 use onepool_elastic_daemon::daemon::Daemon;
 use onepool_router::registry::ReplicaState;
@@ -44,6 +44,8 @@ const SHAPE: ChatShape = ChatShape { prompt_div: 32, prompt_words: (8, 64), answ
 const BEFORE: Duration = Duration::from_secs(10);
 const AFTER: Duration = Duration::from_secs(10);
 const SLOTS: Slots = Slots { parallel: 4, context: 256, threads: 1 };
+/// How long one replica's capacity is measured.
+const CAPACITY_RUN: Duration = Duration::from_secs(20);
 // (256 per slot holds a 64-word prompt and 96 tokens.)
 
 #[derive(Clone, Copy, PartialEq)]
@@ -88,6 +90,10 @@ impl Variant {
 /// What one round measured.
 struct Round {
     failures: Vec<String>,
+    /// Requests per second the replay sent (the offered load).
+    offered: f64,
+    /// onepoold's 503s by reason (`onepool_router_unavailable_total`).
+    router_503: Vec<String>,
     ttc: f64,
     in_flight: (usize, usize),
     during: (usize, usize),
@@ -194,6 +200,21 @@ impl Front {
         }
     }
 
+    /// The router's 503s by reason, from its own metrics.
+    fn unavailable(&self) -> Vec<String> {
+        let Front::Onepool { daemon, .. } = self else { return Vec::new() };
+        daemon
+            .metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("onepool_router_unavailable_total{"))
+            .filter_map(|l| {
+                let reason = l.split("reason=\"").nth(1)?.split('"').next()?;
+                Some(format!("{} x {reason}", l.rsplit(' ').next()?))
+            })
+            .collect()
+    }
+
     fn stop(self) {
         match self {
             Front::Onepool { rt, daemon } => rt.block_on(daemon.shutdown()),
@@ -244,6 +265,7 @@ fn round(c: &TestCluster, v: Variant, server: &ModelServer, trace: &Path, base: 
     }
     let requests = load.requests();
     drop(rt);
+    let router_503 = front.unavailable();
     front.stop();
     c.cancel_all();
     let count = |f: &dyn Fn(&Request) -> bool| {
@@ -278,14 +300,38 @@ fn round(c: &TestCluster, v: Variant, server: &ModelServer, trace: &Path, base: 
             _ => counted.push((f, 1)),
         }
     }
+    let sent = || requests.iter().map(|r| r.sent);
+    let span = sent().fold(f64::MIN, f64::max) - sent().fold(f64::MAX, f64::min);
     Round {
         failures: counted.iter().map(|(f, n)| format!("{n} x {f}")).collect(),
+        offered: requests.len() as f64 / span.max(1e-9),
+        router_503,
         ttc,
         in_flight: count(&in_flight_at),
         during: count(&|r: &Request| r.sent >= submitted && r.sent < capacity),
         total: count(&|_| true),
         longest,
     }
+}
+
+/// One replica's capacity for the bench's request mix: a replica job
+/// alone, the trace's requests sent to its server with every slot busy.
+fn capacity(c: &TestCluster, server: &ModelServer, trace: &Path, port: u16) -> Capacity {
+    let args = Variant::Native.job(server, port);
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let job = c.sbatch(&a);
+    c.wait_state(job, "RUNNING", Duration::from_secs(60));
+    c.wait_until("the replica's server", Duration::from_secs(120), || healthy(Variant::Native, port));
+    let rt = onepool_elastic_daemon::tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let trace = Trace::load(trace).unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let cap = rt.block_on(closed_loop(addr, MODEL_NAME, SHAPE, &trace, SLOTS.parallel as usize, CAPACITY_RUN));
+    c.cancel_all();
+    cap
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -307,6 +353,19 @@ fn main() {
          {rounds} rounds, variants interleaved",
         SLOTS.parallel,
         trace.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+    );
+    let cap = capacity(&c, &server, &trace, 19290);
+    let per_replica = cap.requests_per_second();
+    println!(
+        "capacity: one replica serves {per_replica:.2} req/s of this mix ({} served, {} failed in {:.1} s with {} \
+         in flight; {:.0} answer tokens/s asked); 3 replicas {:.2} req/s, 2 after the reclaim {:.2} req/s",
+        cap.served,
+        cap.failed,
+        cap.seconds,
+        SLOTS.parallel,
+        cap.answer_tokens as f64 / cap.seconds.max(1e-9),
+        3.0 * per_replica,
+        2.0 * per_replica
     );
     let variants = [Variant::Onepool, Variant::Native];
     let mut results: Vec<Vec<Round>> = variants.iter().map(|_| Vec::new()).collect();
@@ -332,8 +391,17 @@ fn main() {
                 res.total.0,
                 res.total.1
             );
+            println!(
+                "      offered {:.2} req/s: {:.0}% of 3 replicas' capacity, {:.0}% of the 2 left after the reclaim",
+                res.offered,
+                100.0 * res.offered / (3.0 * per_replica).max(1e-9),
+                100.0 * res.offered / (2.0 * per_replica).max(1e-9)
+            );
             if !res.failures.is_empty() {
                 println!("      failed: {}", res.failures.join("; "));
+            }
+            if !res.router_503.is_empty() {
+                println!("      onepoold's 503s by reason: {}", res.router_503.join(", "));
             }
             results[i].push(res);
         }
