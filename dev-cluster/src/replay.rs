@@ -468,9 +468,11 @@ async fn chat(target: SocketAddr, body: &str, stream: bool) -> Result<Answer, St
 /// body's first line (at most 100 characters).
 fn error_message(answer: &str) -> Option<String> {
     let body = answer.split_once("\r\n\r\n")?.1;
+    let title = || Some(body.split_once("<title>")?.1.split_once("</title>")?.0.trim().to_string());
     let message = match serde_json::from_str::<serde_json::Value>(body.trim()) {
         Ok(v) => v["error"]["message"].as_str().map(str::to_string),
-        Err(_) => body.lines().map(str::trim).find(|l| !l.is_empty()).map(str::to_string),
+        // An HTML error page (nginx's) says it in its title.
+        Err(_) => title().or_else(|| body.lines().map(str::trim).find(|l| !l.is_empty()).map(str::to_string)),
     }?;
     Some(message.chars().take(100).collect())
 }
@@ -500,6 +502,8 @@ mod tests {
         let plain = "HTTP/1.1 503 Service Unavailable\r\n\r\n\nreplica is draining; retry elsewhere\n";
         assert_eq!(error_message(plain).as_deref(), Some("replica is draining; retry elsewhere"));
         assert_eq!(error_message("HTTP/1.1 502 Bad Gateway\r\n\r\n"), None);
+        let html = "HTTP/1.1 502 Bad Gateway\r\n\r\n<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n";
+        assert_eq!(error_message(html).as_deref(), Some("502 Bad Gateway"));
         assert_eq!(error_message("HTTP/1.1 502"), None);
     }
 

@@ -1,11 +1,15 @@
 //! `onepool report`: what sharing did on a live cluster over a period,
-//! measured from Slurm's accounting (`sacct`): GPU-hours per class, those
-//! run on borrowed protected capacity, idle GPU-hours, each reclaim with
-//! its mode, the work the victim lost and the time to capacity of the job
-//! that got its GPUs, and in audit mode what the plugin would have placed
-//! or refused (from slurmctld's log). The counterpart of `onepool
-//! simulate`: the simulator predicts, the report measures.
+//! measured from Slurm's accounting (`sacct`) and slurmctld's log:
+//! GPU-hours per class, those run on borrowed protected capacity, idle
+//! GPU-hours, each reclaim (victim, taker, mode, what a drained replica
+//! finished and cut, the taker's time to capacity, the GPUs that changed
+//! hands), replica jobs that failed, and in audit mode what the plugin
+//! would have placed or refused. The counterpart of `onepool simulate`:
+//! the simulator predicts, the report measures.
 
+pub mod failures;
+pub mod reclaims;
+pub mod slurmctld_log;
 mod svg;
 pub mod usage;
 
@@ -31,7 +35,7 @@ pub struct ReportArgs {
     /// End of the period [default: now]
     #[arg(long)]
     pub to: Option<String>,
-    /// slurmctld's log, for audit mode's "would place/refuse" lines [default: SlurmctldLogFile]
+    /// slurmctld's log: who preempted whom, times to the millisecond, audit mode's lines [default: SlurmctldLogFile]
     #[arg(long)]
     pub log: Option<PathBuf>,
     /// Write a chart of the figures (SVG, a manager's one page) to this file
@@ -76,6 +80,7 @@ pub fn gather(
     let from_text = args.from.clone().unwrap_or_else(|| format_time(to - 86_400.0));
     let from = time(&from_text, Some(to))?;
     anyhow::ensure!(from < to, "--from {from_text} is not before --to {to_text}");
+    let delim = usage::delimiter().context("reading /dev/urandom for sacct's delimiter")?;
     let out = cmd(&[
         "sacct",
         "-a",
@@ -83,19 +88,47 @@ pub fn gather(
         "-D",
         "-P",
         "-n",
+        &format!("--delimiter={delim}"),
         "--starttime",
         &format_time(from),
         "--endtime",
         &format_time(to),
         &format!("--format={}", usage::SACCT_FORMAT),
     ])?;
-    let runs = usage::parse_sacct(&out).map_err(|e| anyhow::anyhow!(e))?;
-    let mut report = usage::compute(&runs, policy, from, to);
+    let (runs, malformed) = usage::parse_sacct(&out, &delim).map_err(|e| anyhow::anyhow!(e))?;
+    if !malformed.is_empty() {
+        eprintln!(
+            "onepool report: skipped {} sacct record(s) with too few fields (lines {malformed:?})",
+            malformed.len()
+        );
+    }
+    let config = parse_scontrol_config(&cmd(live::SHOW_CONFIG)?);
+    if !config.get("AccountingStoreFlags").is_some_and(|f| f.to_ascii_lowercase().contains("job_comment")) {
+        eprintln!(
+            "onepool report: AccountingStoreFlags has no job_comment: slurmdbd keeps no job comments, so drained \
+             replicas' records (requests finished and cut) and failed starts' causes are missing (onepool policy render)"
+        );
+    }
     let log = match &args.log {
         Some(p) => Some(p.clone()),
-        None => parse_scontrol_config(&cmd(live::SHOW_CONFIG)?).get("SlurmctldLogFile").map(PathBuf::from),
+        None => config.get("SlurmctldLogFile").map(PathBuf::from),
     };
-    if let Some(text) = log.and_then(|p| std::fs::read_to_string(p).ok()) {
+    let text = match &log {
+        Some(p) => match std::fs::read_to_string(p) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!(
+                    "onepool report: cannot read slurmctld's log {}: {e}; reclaims from accounting only",
+                    p.display()
+                );
+                None
+            }
+        },
+        None => None,
+    };
+    let facts = text.as_deref().map(slurmctld_log::read);
+    let mut report = usage::compute(&runs, policy, from, to, facts.as_ref());
+    if let Some(text) = text {
         let a = usage::audit(&text, from, to);
         if policy.pool.audit || !a.would_place.is_empty() || !a.would_refuse.is_empty() {
             report.audit = Some(a);
@@ -144,22 +177,54 @@ pub fn text(r: &usage::Report) -> String {
         r.idle_gpu_hours,
         r.outside_gpu_hours
     ));
-    out.push_str(&format!("\nreclaims: {}\n", r.reclaims.len()));
+    out.push_str(&format!("\nreclaims: {} (source: {})\n", r.reclaims.len(), r.reclaim_source));
     for m in ["immediate", "graceful", "requeue"] {
-        let of: Vec<&usage::Reclaim> = r.reclaims.iter().filter(|x| x.mode == m).collect();
+        let of: Vec<&reclaims::Reclaim> = r.reclaims.iter().filter(|x| x.mode == m).collect();
         if of.is_empty() {
             continue;
         }
         let lost: f64 = of.iter().map(|x| x.run_gpu_hours).sum();
-        out.push_str(&format!("  {m}: {} (runs ended: {lost:.2} GPU-hours)\n", of.len()));
+        let mut ttc: Vec<f64> = of.iter().filter_map(|x| x.time_to_capacity_s).collect();
+        ttc.sort_by(f64::total_cmp);
+        let median = match ttc.len() {
+            0 => String::new(),
+            n => format!(", median time to capacity {:.1} s", ttc[n / 2]),
+        };
+        out.push_str(&format!("  {m}: {} (runs ended: {lost:.2} GPU-hours{median})\n", of.len()));
     }
     for x in &r.reclaims {
-        let taker = match (&x.for_job, &x.for_class, x.time_to_capacity_s) {
-            (Some(j), Some(c), Some(t)) => format!("for job {j} ({c}), which ran {t:.1} s after submission"),
-            (Some(j), _, Some(t)) => format!("for job {j}, which ran {t:.1} s after submission"),
+        let taker = match (&x.for_job, x.time_to_capacity_s) {
+            (Some(j), Some(t)) => {
+                let class = x.for_class.as_deref().map(|c| format!(" ({c})")).unwrap_or_default();
+                let gpus = x.gpus_changed_hands.map(|g| format!(", {g} GPU(s) changed hands")).unwrap_or_default();
+                format!("for job {j}{class}, which ran {t:.1} s after submission{gpus}")
+            }
+            (Some(j), None) => format!("for job {j}, not started"),
             _ => "no job started on its nodes right after".to_string(),
         };
-        out.push_str(&format!("  job {} ({}, {}) at +{:.0} s: {taker}\n", x.job, x.class, x.mode, x.at_s));
+        let drain = match (x.drained, x.cut, x.drain_s) {
+            (Some(d), Some(c), Some(s)) => format!("; drained {d} request(s) in {s:.1} s, cut {c}"),
+            _ => String::new(),
+        };
+        out.push_str(&format!("  job {} ({}, {}) at +{:.0} s: {taker}{drain}\n", x.job, x.class, x.mode, x.at_s));
+    }
+    if !r.replica_failures.is_empty() {
+        out.push_str("\nreplica jobs that failed (not service):\n");
+        for f in &r.replica_failures {
+            let ends: Vec<String> = f.by_end.iter().map(|(e, n)| format!("{n} {e}")).collect();
+            out.push_str(&format!(
+                "  endpoint {} (user {}): {} of {} job(s), {:.2} GPU-hours ({}); last: job {} at +{:.0} s: {}\n",
+                f.endpoint,
+                f.user,
+                f.failed,
+                f.jobs,
+                f.gpu_hours,
+                ends.join(", "),
+                f.last_job,
+                f.last_at_s,
+                f.last_cause
+            ));
+        }
     }
     if let Some(a) = &r.audit {
         out.push_str("\naudit mode (slurmctld's log): the plugin would have\n");

@@ -46,6 +46,8 @@ fn run(id: &str, qos: &str, state: &str, (submit, start, end): (f64, f64, f64), 
         end,
         gpus,
         nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        user: "alice".into(),
+        note: None,
     }
 }
 
@@ -68,7 +70,7 @@ fn close(a: f64, b: f64) -> bool {
 
 #[test]
 fn gpu_hours_borrowed_idle_and_the_reclaim_by_hand() {
-    let r = usage::compute(&hour(), &policy(), 0.0, 3600.0);
+    let r = usage::compute(&hour(), &policy(), 0.0, 3600.0, None);
     let by = |n: &str| r.classes.iter().find(|c| c.class == n).unwrap().clone();
     let (a, b, p) = (by("a"), by("b"), by("p"));
     assert!(close(a.gpu_hours, 2.0) && close(b.gpu_hours, 2.0 * 1200.0 / 3600.0), "{a:?} {b:?}");
@@ -96,7 +98,7 @@ fn a_requeued_run_is_a_reclaim_only_in_a_requeue_class_and_no_taker_is_said_so()
         run("6", "op-b", "REQUEUED", (0.0, 0.0, 600.0), 2, &["n2"]),
         run("7", "op-b", "PREEMPTED", (0.0, 0.0, 900.0), 2, &["n3"]),
     ];
-    let r = usage::compute(&runs, &policy(), 0.0, 3600.0);
+    let r = usage::compute(&runs, &policy(), 0.0, 3600.0, None);
     let got: Vec<(&str, &str)> = r.reclaims.iter().map(|x| (x.job.as_str(), x.mode.as_str())).collect();
     assert_eq!(got, [("5", "requeue"), ("7", "immediate")], "scontrol requeue of a b job is no reclaim");
     assert_eq!(r.reclaims[1].for_job, None);
@@ -106,12 +108,13 @@ fn a_requeued_run_is_a_reclaim_only_in_a_requeue_class_and_no_taker_is_said_so()
 
 #[test]
 fn sacct_lines_become_runs() {
-    let out = "40|requeue-training.sbatch|op-training|REQUEUED|2026-12-04T08:13:28|2026-12-04T08:13:28|2026-12-04T08:13:40|billing=1,cpu=1,gres/gpu=4,node=1|node1\n\
-               41|cpu-only|normal|COMPLETED|2026-12-04T08:13:28|2026-12-04T08:13:29|2026-12-04T08:13:40|billing=1,cpu=1,node=1|node2\n\
-               42|pending|op-a|PENDING|2026-12-04T08:13:28|Unknown|Unknown|billing=1,cpu=1,gres/gpu=1,node=1|None assigned\n\
-               43|runs|op-a|RUNNING|2026-12-04T08:13:28|2026-12-04T08:13:30|Unknown|billing=1,gres/gpu=8,node=2|node[3-4]\n\
-               44|killed|op-b|CANCELLED by 0|2026-12-04T08:13:28|2026-12-04T08:13:30|2026-12-04T08:14:30|gres/gpu=1|node1\n";
-    let runs = usage::parse_sacct(out).unwrap();
+    let out = "40|requeue-training.sbatch|op-training|REQUEUED|2026-12-04T08:13:28|2026-12-04T08:13:28|2026-12-04T08:13:40|billing=1,cpu=1,gres/gpu=4,node=1|node1|alice|\n\
+               41|cpu-only|normal|COMPLETED|2026-12-04T08:13:28|2026-12-04T08:13:29|2026-12-04T08:13:40|billing=1,cpu=1,node=1|node2|bob|\n\
+               42|pending|op-a|PENDING|2026-12-04T08:13:28|Unknown|Unknown|billing=1,cpu=1,gres/gpu=1,node=1|None assigned|bob|\n\
+               43|runs|op-a|RUNNING|2026-12-04T08:13:28|2026-12-04T08:13:30|Unknown|billing=1,gres/gpu=8,node=2|node[3-4]|bob|my own words\n\
+               44|onepool-chat-7|op-b|CANCELLED by 0|2026-12-04T08:13:28|2026-12-04T08:13:30|2026-12-04T08:14:30|gres/gpu=1|node1|onepool|op1;L7=40000;D7=1,10,3,0,2,1500\n";
+    let (runs, malformed) = usage::parse_sacct(out, "|").unwrap();
+    assert!(malformed.is_empty());
     let ids: Vec<&str> = runs.iter().map(|r| r.id.as_str()).collect();
     assert_eq!(ids, ["40", "43", "44"], "no GPUs or never started: skipped");
     assert_eq!(runs[0].end - runs[0].start, 12.0);
@@ -119,12 +122,47 @@ fn sacct_lines_become_runs() {
         (runs[1].gpus, runs[1].nodes.clone(), runs[1].end),
         (8, vec!["node3".to_string(), "node4".to_string()], f64::INFINITY)
     );
+    assert_eq!((runs[1].user.as_str(), runs[1].note.is_none()), ("bob", true));
     assert_eq!(runs[2].state, "CANCELLED");
-    let e = usage::parse_sacct("1|x|q\n").unwrap_err();
-    assert_eq!(
-        e,
-        "sacct line 1: 3 fields, expected 9 (JobIDRaw,JobName,QOS,State,Submit,Start,End,AllocTRES,NodeList)"
-    );
+    assert_eq!(runs[2].drain().map(|d| (d.finished(), d.took_ms)), Some((3, 1500)));
+    let (runs, malformed) = usage::parse_sacct("1|x|q\n", "|").unwrap();
+    assert!(runs.is_empty());
+    assert_eq!(malformed, [1]);
+}
+
+/// What an ordinary user can put in a job's name and comment cannot add
+/// or change a run: the delimiter is random and the comment is last.
+#[test]
+fn a_name_or_comment_cannot_forge_a_run() {
+    let d = usage::delimiter().unwrap();
+    assert_ne!(d, usage::delimiter().unwrap());
+    let line = |id: &str, name: &str, comment: &str| {
+        [
+            id,
+            name,
+            "op-b",
+            "COMPLETED",
+            "2026-12-04T08:00:00",
+            "2026-12-04T08:00:01",
+            "2026-12-04T08:10:00",
+            "gres/gpu=2",
+            "n1",
+            "mallory",
+            comment,
+        ]
+        .join(&d)
+    };
+    let forged = "x\n99|onepool-chat-1|op-p|PREEMPTED|2026-12-04T08:00:00|2026-12-04T08:00:00|2026-12-04T09:00:00|gres/gpu=8|n1|onepool|op1;E1=boom";
+    let out = format!("{}\n{}\n", line("50", "a|b", forged), line("51", "ok", "op1;D3=1,10,1,0,0,5"));
+    let (runs, malformed) = usage::parse_sacct(&out, &d).unwrap();
+    assert!(malformed.is_empty());
+    let ids: Vec<&str> = runs.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["50", "51"]);
+    assert_eq!(runs[0].name, "a|b");
+    assert_eq!(runs[0].note, None, "a comment that does not start with the tag is no note");
+    // A user's own job may carry a note-shaped comment; the report names the user.
+    assert!(runs[1].drain().is_some());
+    assert_eq!(runs[1].user, "mallory");
 }
 
 #[test]
@@ -160,19 +198,133 @@ fn times_relative_and_absolute() {
 
 #[test]
 fn text_and_chart_name_every_class_and_the_reclaim() {
-    let r = usage::compute(&hour(), &policy(), 0.0, 3600.0);
+    let r = usage::compute(&hour(), &policy(), 0.0, 3600.0, None);
     let t = text(&r);
     assert!(
         t.starts_with("onepool report 1970-01-01T00:00:00 to 1970-01-01T01:00:00 (1.0 h), pool of 8 GPUs\n"),
         "{t}"
     );
     assert!(t.contains("\na                          flexible       2.00           0.44      1\n"), "{t}");
-    assert!(t.contains("  immediate: 1 (runs ended: 0.67 GPU-hours)\n"), "{t}");
-    assert!(t.contains("  job 2 (b, immediate) at +1200 s: for job 3 (p), which ran 10.5 s after submission\n"), "{t}");
+    assert!(t.contains("  immediate: 1 (runs ended: 0.67 GPU-hours, median time to capacity 10.5 s)\n"), "{t}");
+    assert!(
+        t.contains(
+            "  job 2 (b, immediate) at +1200 s: for job 3 (p), which ran 10.5 s after submission, 2 GPU(s) changed hands\n"
+        ),
+        "{t}"
+    );
     let s = svg::chart(&r);
     assert!(s.starts_with("<svg ") && s.ends_with("</svg>\n"));
     for name in [">p<", ">a<", ">b<", ">idle<", "1 reclaim(s)"] {
         assert!(s.contains(name), "{name} missing:\n{s}");
     }
     assert_eq!(s.matches("<text").count(), s.matches("</text>").count());
+}
+
+/// The three modes as slurmctld's log names them, with a drained
+/// replica's note, and a crash-looping endpoint's jobs as failures.
+#[test]
+fn reclaims_from_the_log_with_the_drain_record_and_failures_apart() {
+    use onepool_launcher::conventions::{DrainNote, ReplicaNote};
+    let t = |s: &str| onepool_decisions::trace::parse_time(s).unwrap();
+    let at = |s: &str| t(&format!("2026-12-05T10:{s}"));
+    let from = at("00:00");
+    let log = "\
+[2026-12-05T09:59:00.000] slurmctld version 22.05.8 started on cluster dev
+[2026-12-05T10:01:00.100] _slurm_rpc_submit_batch_job: JobId=20 InitPrio=10000 usec=800
+[2026-12-05T10:01:00.110] preempted JobId=11 has been killed to reclaim resources for JobId=20
+[2026-12-05T10:01:00.111] preempted JobId=11 has been killed to reclaim resources for JobId=20
+[2026-12-05T10:01:02.350] sched: Allocate JobId=20 NodeList=n1 #CPUs=1 Partition=gpu
+[2026-12-05T10:02:00.000] _slurm_rpc_submit_batch_job: JobId=21 InitPrio=10000 usec=800
+[2026-12-05T10:02:00.020] preempted JobId=12 has been killed to reclaim resources for JobId=21
+[2026-12-05T10:02:00.300] sched: Allocate JobId=21 NodeList=n2 #CPUs=1 Partition=gpu
+[2026-12-05T10:03:00.000] _slurm_rpc_submit_batch_job: JobId=22 InitPrio=10000 usec=800
+[2026-12-05T10:03:00.010] preempted JobId=13 has been requeued to reclaim resources for JobId=22
+[2026-12-05T10:03:00.900] sched/backfill: _start_job: Started JobId=22 in gpu on n3
+";
+    let facts = slurmctld_log::read(log);
+    let mut replica = run("11", "op-b", "COMPLETED", (at("00:10"), at("00:11"), at("01:02")), 2, &["n1"]);
+    let mut note = ReplicaNote::default();
+    note.set_port(7, 40000);
+    note.set_drained(7, DrainNote { notice_ms: 1, signal: 10, in_flight: 4, cut: 1, turned_away: 6, took_ms: 2100 });
+    replica.note = Some(note);
+    replica.name = "onepool-chat-7".into();
+    let mut crashes: Vec<Run> = (0..3)
+        .map(|i| {
+            let mut r = run(&format!("3{i}"), "op-b", "FAILED", (at("04:00"), at("04:01"), at("04:02")), 1, &["n4"]);
+            r.name = "onepool-broken-9".into();
+            r.user = "onepool".into();
+            r
+        })
+        .collect();
+    let mut ended = ReplicaNote::default();
+    ended.set_ended(9, "killed by SIGSEGV (core dumped); last output:\nload model\nggml_abort");
+    crashes[2].state = "COMPLETED".into();
+    crashes[2].note = Some(ended);
+    let mut runs = vec![
+        replica,
+        run("12", "op-b", "PREEMPTED", (at("00:10"), at("00:11"), at("02:00")), 2, &["n2"]),
+        run("13", "op-a", "REQUEUED", (at("00:10"), at("00:11"), at("03:00")), 4, &["n3"]),
+        run("20", "op-p", "COMPLETED", (at("01:00"), at("01:02"), at("05:00")), 2, &["n1"]),
+        run("21", "op-p", "COMPLETED", (at("02:00"), at("02:00"), at("05:00")), 1, &["n2"]),
+        run("22", "op-p", "COMPLETED", (at("03:00"), at("03:01"), at("05:00")), 4, &["n3"]),
+    ];
+    runs.append(&mut crashes);
+    let r = usage::compute(&runs, &policy(), from, from + 3600.0, Some(&facts));
+    assert_eq!(r.reclaim_source, "slurmctld's log");
+    let got: Vec<(&str, &str, Option<&str>, Option<u32>)> = r
+        .reclaims
+        .iter()
+        .map(|x| (x.job.as_str(), x.mode.as_str(), x.for_job.as_deref(), x.gpus_changed_hands))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("11", "graceful", Some("20"), Some(2)),
+            ("12", "immediate", Some("21"), Some(1)),
+            ("13", "requeue", Some("22"), Some(4))
+        ]
+    );
+    let ttc: Vec<f64> = r.reclaims.iter().map(|x| x.time_to_capacity_s.unwrap()).collect();
+    for (got, want) in ttc.iter().zip([2.25, 0.3, 0.9]) {
+        assert!((got - want).abs() < 1e-6, "{ttc:?}");
+    }
+    let g = &r.reclaims[0];
+    assert_eq!((g.drained, g.cut, g.turned_away, g.drain_s), (Some(3), Some(1), Some(6), Some(2.1)));
+    assert_eq!((r.reclaims[1].drained, r.reclaims[1].source.as_str()), (None, "slurmctld log"));
+    assert!((g.at_s - 60.11).abs() < 1e-6, "{}", g.at_s);
+    // The crash loop: three failures of one endpoint, the launcher's cause last.
+    assert_eq!(r.replica_failures.len(), 1, "{:?}", r.replica_failures);
+    let f = &r.replica_failures[0];
+    assert_eq!((f.endpoint.as_str(), f.user.as_str(), f.failed, f.jobs), ("broken", "onepool", 3, 3));
+    assert_eq!(
+        f.by_end.iter().map(|(k, v)| (k.as_str(), *v)).collect::<Vec<_>>(),
+        [("FAILED", 2), ("server ended", 1)]
+    );
+    assert_eq!(f.last_cause, "killed by SIGSEGV (core dumped); last output: ggml_abort");
+    let text = text(&r);
+    assert!(text.contains("reclaims: 3 (source: slurmctld's log)\n"), "{text}");
+    assert!(text.contains("  graceful: 1 (runs ended: 0.03 GPU-hours, median time to capacity 2.2 s)\n"), "{text}");
+    assert!(
+        text.contains("  job 11 (b, graceful) at +60 s: for job 20 (p), which ran 2.2 s after submission, 2 GPU(s) changed hands; drained 3 request(s) in 2.1 s, cut 1\n"),
+        "{text}"
+    );
+    assert!(text.contains("  endpoint broken (user onepool): 3 of 3 job(s), 0.00 GPU-hours (2 FAILED, 1 server ended); last: job 32 at +242 s: killed by SIGSEGV"), "{text}");
+}
+
+/// A log that begins inside the period: accounting before it, the log after.
+#[test]
+fn a_rotated_log_leaves_the_earlier_reclaims_to_accounting() {
+    let t = |s: &str| onepool_decisions::trace::parse_time(s).unwrap();
+    let log = "[2026-12-05T10:30:00.000] slurmctld version 22.05.8 started\n";
+    let facts = slurmctld_log::read(log);
+    let from = t("2026-12-05T10:00:00");
+    let runs = vec![
+        run("5", "op-b", "PREEMPTED", (from, from + 10.0, from + 600.0), 2, &["n1"]),
+        run("6", "op-p", "COMPLETED", (from + 590.0, from + 601.0, from + 3000.0), 2, &["n1"]),
+        run("7", "op-b", "PREEMPTED", (from, from + 10.0, from + 2400.0), 2, &["n2"]),
+    ];
+    let r = usage::compute(&runs, &policy(), from, from + 3600.0, Some(&facts));
+    assert_eq!(r.reclaims.len(), 1, "only job 5 ended before the log begins: {:?}", r.reclaims);
+    assert_eq!((r.reclaims[0].source.as_str(), r.reclaims[0].for_job.as_deref()), ("accounting", Some("6")));
+    assert!(r.reclaim_source.starts_with("slurmctld's log from 2026-12-05T10:30:00"), "{}", r.reclaim_source);
 }

@@ -4,9 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use onepool_decisions::annotation::ReclaimMode;
 use onepool_decisions::policy::{Policy, Tier};
+use onepool_launcher::conventions::{DrainNote, ReplicaNote};
 use serde::Serialize;
+
+use super::failures::{self, ReplicaFailures};
+use super::reclaims::{self, Reclaim};
+use super::slurmctld_log::LogFacts;
 
 /// One run of a job as `sacct -X -D` lists it (a requeued job has one
 /// per run).
@@ -22,6 +26,17 @@ pub struct Run {
     pub end: f64,
     pub gpus: u32,
     pub nodes: Vec<String>,
+    pub user: String,
+    /// A replica launcher's note in the job's comment (issue #26): why its
+    /// server ended, what its drain did.
+    pub note: Option<ReplicaNote>,
+}
+
+impl Run {
+    /// The first drain its launcher(s) noted.
+    pub fn drain(&self) -> Option<DrainNote> {
+        self.note.as_ref().and_then(|n| n.drained.first()).map(|(_, d)| *d)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -33,30 +48,6 @@ pub struct ClassUsage {
     /// i.e. on protected capacity lent to them (shared out by use).
     pub borrowed_gpu_hours: f64,
     pub jobs: usize,
-}
-
-/// A run Slurm stopped to give its GPUs to other work.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Reclaim {
-    pub job: String,
-    pub class: String,
-    /// The class's reclaim mode in the policy (`immediate`, `graceful`,
-    /// `requeue`).
-    pub mode: String,
-    /// When it ended, seconds from the period's start.
-    pub at_s: f64,
-    /// GPU-hours of the run that ended: lost work for a cancelled batch
-    /// job, at most that for a requeued one (it keeps what it
-    /// checkpointed), none for a drained serving replica.
-    pub run_gpu_hours: f64,
-    /// The job that got its GPUs: the first to start on one of its nodes
-    /// within `LINK_S` after it ended, submitted before it ended (it was
-    /// waiting while the victim was being reclaimed). sacct's times are
-    /// whole seconds, so a time to capacity under a second shows as 0.
-    pub for_job: Option<String>,
-    pub for_class: Option<String>,
-    /// That job's time from submission to start.
-    pub time_to_capacity_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -78,18 +69,21 @@ pub struct Report {
     pub outside_gpu_hours: f64,
     pub idle_gpu_hours: f64,
     pub reclaims: Vec<Reclaim>,
+    /// Where the reclaims come from: slurmctld's log for the span it
+    /// covers, accounting alone before it (or without it), and why.
+    pub reclaim_source: String,
+    /// Replica jobs that ended as failures, per endpoint.
+    pub replica_failures: Vec<ReplicaFailures>,
     pub audit: Option<Audit>,
 }
-
-/// How soon after a reclaimed run ends the job that got its GPUs starts.
-pub const LINK_S: f64 = 10.0;
 
 /// Seconds of `[start, end]` inside `[from, to]`.
 fn inside(start: f64, end: f64, from: f64, to: f64) -> f64 {
     (end.min(to) - start.max(from)).max(0.0)
 }
 
-pub fn compute(runs: &[Run], policy: &Policy, from: f64, to: f64) -> Report {
+/// `log`: what slurmctld's log says (`None`: it was not read).
+pub fn compute(runs: &[Run], policy: &Policy, from: f64, to: f64, log: Option<&LogFacts>) -> Report {
     let pool_gpus = policy.pool.total_gpus;
     let protected_gpus: u32 = policy
         .classes
@@ -149,45 +143,24 @@ pub fn compute(runs: &[Run], policy: &Policy, from: f64, to: f64) -> Report {
         classes,
         outside_gpu_hours: outside,
         idle_gpu_hours: idle,
-        reclaims: reclaims(runs, policy, from, to),
+        reclaims: reclaims::find(runs, policy, log, from, to),
+        reclaim_source: reclaim_source(log, from),
+        replica_failures: failures::find(runs, from, to),
         audit: None,
     }
 }
 
-fn reclaims(runs: &[Run], policy: &Policy, from: f64, to: f64) -> Vec<Reclaim> {
-    let mut out = Vec::new();
-    for v in
-        runs.iter().filter(|r| matches!(r.state.as_str(), "PREEMPTED" | "REQUEUED") && r.end >= from && r.end <= to)
-    {
-        let Some(class) = policy.class_by_qos(&v.qos) else { continue };
-        // A requeued run that was not preempted (scontrol requeue) is not a reclaim.
-        if v.state == "REQUEUED" && class.reclaim() != Some(ReclaimMode::Requeue) {
-            continue;
-        }
-        let mode = match class.reclaim() {
-            Some(ReclaimMode::Immediate) => "immediate",
-            Some(ReclaimMode::Graceful) => "graceful",
-            Some(ReclaimMode::Requeue) => "requeue",
-            None => "protected",
-        };
-        let taker = runs
-            .iter()
-            .filter(|p| p.id != v.id && p.start >= v.end && p.start <= v.end + LINK_S)
-            .filter(|p| p.submit <= v.end && p.nodes.iter().any(|n| v.nodes.contains(n)))
-            .min_by(|a, b| a.start.total_cmp(&b.start));
-        out.push(Reclaim {
-            job: v.id.clone(),
-            class: class.name.clone(),
-            mode: mode.into(),
-            at_s: v.end - from,
-            run_gpu_hours: f64::from(v.gpus) * (v.end - v.start).max(0.0) / 3600.0,
-            for_job: taker.map(|p| p.id.clone()),
-            for_class: taker.and_then(|p| policy.class_by_qos(&p.qos)).map(|c| c.name.clone()),
-            time_to_capacity_s: taker.map(|p| p.start - p.submit),
-        });
+fn reclaim_source(log: Option<&LogFacts>, from: f64) -> String {
+    match log.and_then(|l| l.first) {
+        None => "accounting only (slurmctld's log was not read): times in whole seconds, takers guessed by node and \
+                 time, graceful reclaims found by their replica's drain note"
+            .to_string(),
+        Some(_) if log.is_some_and(|l| l.covers_from(from)) => "slurmctld's log".to_string(),
+        Some(first) => format!(
+            "slurmctld's log from {} (rotated or started later), accounting only before it",
+            onepool_decisions::trace::format_time(first)
+        ),
     }
-    out.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
-    out
 }
 
 /// job_submit/onepool's audit lines in slurmctld's log, within the period.
@@ -217,33 +190,75 @@ pub fn audit(log: &str, from: f64, to: f64) -> Audit {
     a
 }
 
-/// `sacct -P -n` output in [`SACCT_FORMAT`] order; lines that are not
-/// allocations with GPUs, or never started, are skipped.
-pub const SACCT_FORMAT: &str = "JobIDRaw,JobName,QOS,State,Submit,Start,End,AllocTRES,NodeList";
+/// The fields the report asks sacct for. The comment is last: it is the
+/// one field a job's user writes freely, and whatever it holds (the
+/// delimiter, line breaks) is then the last field's.
+pub const SACCT_FORMAT: &str = "JobIDRaw,JobName,QOS,State,Submit,Start,End,AllocTRES,NodeList,User,Comment";
+const FIELDS: usize = 11;
 
-pub fn parse_sacct(text: &str) -> Result<Vec<Run>, String> {
-    let mut runs = Vec::new();
-    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let f: Vec<&str> = line.split('|').collect();
-        if f.len() < 9 {
-            return Err(format!("sacct line {}: {} fields, expected 9 ({SACCT_FORMAT})", n + 1, f.len()));
+/// `sacct -P -n --delimiter=DELIM` output in [`SACCT_FORMAT`] order. The
+/// caller picks a delimiter no user can know in advance ([`delimiter`]):
+/// with sacct's `|`, a job named `a|b` broke the report for everyone, and
+/// a comment with a line break could have added a made-up run. A line
+/// without the delimiter continues the previous line's comment. Lines that
+/// are not allocations with GPUs, or never started, are skipped; so are
+/// records with too few fields (a job name with a line break), whose line
+/// numbers come back beside the runs so the caller can say so.
+pub fn parse_sacct(text: &str, delim: &str) -> Result<(Vec<Run>, Vec<usize>), String> {
+    let mut records: Vec<(usize, String)> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        match records.last_mut() {
+            Some((_, r)) if !line.contains(delim) => {
+                r.push('\n');
+                r.push_str(line);
+            }
+            _ if line.trim().is_empty() => {}
+            _ => records.push((n + 1, line.to_string())),
+        }
+    }
+    let (mut runs, mut malformed) = (Vec::new(), Vec::new());
+    for (n, line) in &records {
+        let f: Vec<&str> = line.splitn(FIELDS, delim).collect();
+        if f.len() < FIELDS {
+            malformed.push(*n);
+            continue;
         }
         let t = |s: &str| onepool_decisions::trace::parse_time(s);
         let (Some(submit), Some(start)) = (t(f[4]), t(f[5])) else { continue };
         // Still running: it holds its GPUs up to now (the caller clips).
         let end = t(f[6]).unwrap_or(f64::INFINITY);
         let (gpus, _) =
-            onepool_simulator::input::jobs::gpus_from_tres(f[7]).map_err(|e| format!("sacct line {}: {e}", n + 1))?;
+            onepool_simulator::input::jobs::gpus_from_tres(f[7]).map_err(|e| format!("sacct line {n}: {e}"))?;
         if gpus == 0 {
             continue;
         }
         let nodes = match f[8] {
             "None assigned" | "" => Vec::new(),
             list => onepool_decisions::hostlist::expand(list)
-                .map_err(|e| format!("sacct line {}: NodeList {list}: {e}", n + 1))?,
+                .map_err(|e| format!("sacct line {n}: NodeList {list}: {e}"))?,
         };
         let state = f[3].split_whitespace().next().unwrap_or("").to_string();
-        runs.push(Run { id: f[0].into(), name: f[1].into(), qos: f[2].into(), state, submit, start, end, gpus, nodes });
+        runs.push(Run {
+            id: f[0].into(),
+            name: f[1].into(),
+            qos: f[2].into(),
+            state,
+            submit,
+            start,
+            end,
+            gpus,
+            nodes,
+            user: f[9].into(),
+            note: ReplicaNote::decode(f[10]),
+        });
     }
-    Ok(runs)
+    Ok((runs, malformed))
+}
+
+/// A delimiter for [`parse_sacct`] that no job's name or comment holds but
+/// by chance: random, made at each run.
+pub fn delimiter() -> std::io::Result<String> {
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))?;
+    Ok(format!("~{}~", b.iter().map(|x| format!("{x:02x}")).collect::<String>()))
 }

@@ -48,6 +48,8 @@ const ENFORCE: &[Item] = &[
 
 const CTLD_PARAMS: &[Item] = &[Item { name: "preempt_send_user_signal", implied_by: &[] }];
 
+const STORE_FLAGS: &[Item] = &[Item { name: "job_comment", implied_by: &[] }];
+
 const PROLOG_FLAGS: &[Item] = &[Item { name: "Alloc", implied_by: &["Contain"] }];
 
 pub(super) fn lines(policy: &Policy) -> Vec<ConfLine> {
@@ -103,6 +105,12 @@ pub(super) fn lines(policy: &Policy) -> Vec<ConfLine> {
             "preempt_send_user_signal",
             "a job selected for reclaim gets its --signal notice at once, at the start of its GraceTime, so it can drain or checkpoint",
             Want::Includes(CTLD_PARAMS),
+        ),
+        line(
+            "AccountingStoreFlags",
+            "job_comment",
+            "slurmdbd keeps job comments, where onepool's replicas note what a reclaim's drain finished and cut and why a server died, for onepool report (comments become as visible as the job: PrivateData=jobs keeps them to their owners)",
+            Want::Includes(STORE_FLAGS),
         ),
         line(
             "PrologFlags",

@@ -51,6 +51,7 @@ fn the_sample_renders_the_slurm_conf_settings_and_the_flexible_partition() {
             "PreemptExemptTime=00:02:00",
             "AccountingStorageEnforce=associations,limits,qos",
             "SlurmctldParameters=preempt_send_user_signal",
+            "AccountingStoreFlags=job_comment",
             "PrologFlags=Alloc",
             "PartitionName=gpu-flex Nodes=ALL QOS=onepool-flexible-cap AllowQos=op-training,op-inference,op-agents MaxTime=INFINITE State=UP",
         ]

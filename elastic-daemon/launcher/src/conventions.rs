@@ -57,15 +57,72 @@ pub fn port_from_name(endpoint: &str, name: &str) -> Option<u16> {
 /// record), so the address cannot be planted by another user the way a
 /// fixed port could be taken.
 ///
-/// Text form: `op1;L<slot>=<port>;E<slot>=<cause>`, the cause
-/// percent-encoded (no spaces: `scontrol -o show job` prints the comment
-/// among other `Key=Value` words). Bounded to [`NOTE_MAX`] bytes.
+/// Since issue #26 the note is also the record of a graceful reclaim: a
+/// launcher that drained on a notice adds what the drain did, and with
+/// `AccountingStoreFlags=job_comment` slurmdbd keeps the comment, so
+/// `onepool report` finds it in `sacct` after the job is gone (a drained
+/// replica ends COMPLETED, like one that was never reclaimed).
+///
+/// Text form: `op1;L<slot>=<port>;E<slot>=<cause>;D<slot>=<drain>`, the
+/// cause percent-encoded (no spaces: `scontrol -o show job` prints the
+/// comment among other `Key=Value` words), the drain as
+/// [`DrainNote::encode`]. Bounded to [`NOTE_MAX`] bytes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReplicaNote {
     /// (slot, port) of each replica that listens.
     pub listening: Vec<(u16, u16)>,
     /// (slot, cause) of each replica whose server ended by itself.
     pub ended: Vec<(u16, String)>,
+    /// (slot, drain) of each replica that drained on a notice.
+    pub drained: Vec<(u16, DrainNote)>,
+}
+
+/// What a replica's drain did, from the notice to its end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DrainNote {
+    /// When the notice came, in milliseconds since the Unix epoch.
+    pub notice_ms: u64,
+    /// The notice: 10 (SIGUSR1: Slurm's preemption notice as onepoold asks
+    /// for it), 15 (SIGTERM: scancel, a plain GraceTime), 23 (SIGURG: a
+    /// per-node job's step), 2 (SIGINT).
+    pub signal: i32,
+    /// Requests in flight at the notice.
+    pub in_flight: u64,
+    /// Of those, the ones the drain timeout cut off.
+    pub cut: u64,
+    /// New requests answered "draining" (the router sent them elsewhere).
+    pub turned_away: u64,
+    /// From the notice to the end of the drain, in milliseconds.
+    pub took_ms: u64,
+}
+
+impl DrainNote {
+    /// Whether the drain began on Slurm's notice as onepoold asks for it
+    /// (`--signal=B:USR1@N`: preemption, or the time limit near), not on a
+    /// scancel (SIGTERM).
+    pub fn on_slurm_notice(&self) -> bool {
+        self.signal == libc::SIGUSR1
+    }
+
+    /// The requests in flight at the notice that finished.
+    pub fn finished(&self) -> u64 {
+        self.in_flight.saturating_sub(self.cut)
+    }
+
+    /// `notice_ms,signal,in_flight,cut,turned_away,took_ms`.
+    pub fn encode(&self) -> String {
+        format!(
+            "{},{},{},{},{},{}",
+            self.notice_ms, self.signal, self.in_flight, self.cut, self.turned_away, self.took_ms
+        )
+    }
+
+    pub fn decode(text: &str) -> Option<DrainNote> {
+        let f: Vec<u64> = text.split(',').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+        let [notice_ms, signal, in_flight, cut, turned_away, took_ms] = f[..] else { return None };
+        let d = DrainNote { notice_ms, signal: i32::try_from(signal).ok()?, in_flight, cut, turned_away, took_ms };
+        (d.cut <= d.in_flight).then_some(d)
+    }
 }
 
 /// The longest note written; causes are shortened (their last lines kept)
@@ -94,12 +151,21 @@ impl ReplicaNote {
         self.ended.push((slot, cause.to_string()));
     }
 
+    pub fn set_drained(&mut self, slot: u16, drain: DrainNote) {
+        self.drained.retain(|(s, _)| *s != slot);
+        self.drained.push((slot, drain));
+    }
+
     /// The comment's text; causes are cut from their start (the last lines
     /// of a server's output say most) until the whole fits [`NOTE_MAX`].
     pub fn encode(&self) -> String {
         let mut out = String::from(NOTE_TAG);
         for (slot, port) in &self.listening {
             out.push_str(&format!(";L{slot}={port}"));
+        }
+        // Before the causes: they are cut to fit, these never are.
+        for (slot, drain) in &self.drained {
+            out.push_str(&format!(";D{slot}={}", drain.encode()));
         }
         let causes = self.ended.len().max(1);
         let room = NOTE_MAX.saturating_sub(out.len()) / causes;
@@ -136,6 +202,7 @@ impl ReplicaNote {
             match key {
                 "L" => note.set_port(slot, value.parse().ok().filter(|p| *p != 0)?),
                 "E" => note.set_ended(slot, &percent_decode(value)),
+                "D" => note.set_drained(slot, DrainNote::decode(value)?),
                 // A newer launcher's entries: skipped, not refused.
                 _ => {}
             }
@@ -211,6 +278,27 @@ mod tests {
         assert_eq!(ReplicaNote::decode(&text), Some(n.clone()));
         assert_eq!(n.port(19402), Some(40001));
         assert!(n.ended(19400).unwrap().ends_with("100% ;="));
+    }
+
+    #[test]
+    fn a_drain_round_trips_before_the_causes_and_survives_their_cut() {
+        let mut n = ReplicaNote::default();
+        n.set_port(7, 40000);
+        let d =
+            DrainNote { notice_ms: 1_796_000_000_123, signal: 10, in_flight: 5, cut: 1, turned_away: 9, took_ms: 2500 };
+        n.set_drained(7, d);
+        n.set_ended(7, &"x".repeat(3 * NOTE_MAX));
+        let text = n.encode();
+        assert!(text.len() <= NOTE_MAX, "{}", text.len());
+        assert!(text.starts_with("op1;L7=40000;D7=1796000000123,10,5,1,9,2500;E7="), "{text}");
+        let back = ReplicaNote::decode(&text).unwrap();
+        assert_eq!(back.drained, [(7, d)]);
+        assert_eq!(d.finished(), 4);
+        // Cut cannot pass what was in flight; every field is needed.
+        for bad in ["op1;D1=1,10,2,3,0,5", "op1;D1=1,10,2", "op1;D1=a,10,2,1,0,5", "op1;D1=1,10,2,1,0,5,6"] {
+            let parsed = ReplicaNote::decode(bad);
+            assert!(parsed.is_none() || parsed.unwrap().drained.is_empty(), "{bad}");
+        }
     }
 
     #[test]

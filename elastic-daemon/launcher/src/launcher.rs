@@ -49,7 +49,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::access::{Access, Refused};
 use crate::conventions::{
-    ReplicaNote, BACKEND_KEY_ALIASES, BACKEND_KEY_ENV, DRAINING_HEADER, REPLICA_KEY_ENV, REPLICA_KEY_HEADER,
+    DrainNote, ReplicaNote, BACKEND_KEY_ALIASES, BACKEND_KEY_ENV, DRAINING_HEADER, REPLICA_KEY_ENV, REPLICA_KEY_HEADER,
 };
 use crate::exit_cause::{self, OutputTail};
 use crate::report::Report;
@@ -560,13 +560,15 @@ pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, Laun
             cfg.report.ended(&mut note, &ended.report()).await;
             return Ok(Outcome::ServerExited(ended));
         }
-        _ = usr1.recv() => "SIGUSR1",
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-        _ = urg.recv() => "SIGURG",
+        _ = usr1.recv() => ("SIGUSR1", libc::SIGUSR1),
+        _ = term.recv() => ("SIGTERM", libc::SIGTERM),
+        _ = int.recv() => ("SIGINT", libc::SIGINT),
+        _ = urg.recv() => ("SIGURG", libc::SIGURG),
     };
+    let notice = (std::time::SystemTime::now(), Instant::now());
     state.start_draining();
-    tracing::info!(signal = which, in_flight = state.in_flight(), "notice received: draining");
+    let in_flight_at_notice = state.in_flight();
+    tracing::info!(signal = which.0, in_flight = in_flight_at_notice, "notice received: draining");
     let outcome = match state.wait_idle(cfg.drain_timeout).await {
         Ok(waited) => Outcome::Drained { waited },
         Err(in_flight) => {
@@ -591,7 +593,20 @@ pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, Laun
         Outcome::TimedOut { .. } => cfg.stop_grace.min(CUT_STOP_GRACE),
         _ => cfg.stop_grace,
     };
-    stop(&mut child, grace).await;
+    // The record of the drain goes into the job's comment while the server
+    // stops (one scontrol call; the GPUs wait for the server, not for it).
+    let drain = DrainNote {
+        notice_ms: notice.0.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+        signal: which.1,
+        in_flight: in_flight_at_notice,
+        cut: match outcome {
+            Outcome::TimedOut { in_flight } => in_flight.min(in_flight_at_notice),
+            _ => 0,
+        },
+        turned_away: state.turned_away.load(Ordering::SeqCst),
+        took_ms: notice.1.elapsed().as_millis() as u64,
+    };
+    tokio::join!(stop(&mut child, grace), cfg.report.drained(&mut note, drain));
     front_task.abort();
     Ok(outcome)
 }

@@ -262,6 +262,9 @@ fn merge(note: &mut ReplicaNote, entry: &str) -> bool {
     for (slot, cause) in one.ended {
         note.set_ended(slot, &cause);
     }
+    for (slot, drain) in one.drained {
+        note.set_drained(slot, drain);
+    }
     *note != before
 }
 

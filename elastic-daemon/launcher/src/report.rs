@@ -1,5 +1,5 @@
 //! How a launcher tells onepoold where its replica listens and why its
-//! server ended (issue #25: the replica's port is chosen by the kernel on
+//! server ended (and, for `onepool report`, what its drain did) (issue #25: the replica's port is chosen by the kernel on
 //! the node, so nobody can take it first). A one-replica job writes its
 //! job's `Comment` itself; a launcher step of a per-node job prints a line
 //! for the job's main process, which writes the comment for all of them
@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use crate::conventions::{ReplicaNote, STEP_LINE};
+use crate::conventions::{DrainNote, ReplicaNote, STEP_LINE};
 
 #[derive(Debug, Clone)]
 pub enum Report {
@@ -53,6 +53,18 @@ impl Report {
                 let enc = one.encode();
                 print_line(enc.strip_prefix("op1;").unwrap_or(&enc)).await
             }
+            Report::Off => {}
+        }
+    }
+
+    /// The drain's record (issue #26): where Slurm's accounting keeps it.
+    pub async fn drained(&self, note: &mut ReplicaNote, drain: DrainNote) {
+        match self {
+            Report::Comment { slot, .. } => {
+                note.set_drained(*slot, drain);
+                self.write_comment(note).await;
+            }
+            Report::Stdout { slot } => print_line(&format!("D{slot}={}", drain.encode())).await,
             Report::Off => {}
         }
     }

@@ -163,6 +163,7 @@ fn a_new_cluster_gets_everything_and_the_site_keeps_its_own() {
             "PreemptExemptTime=00:02:00",
             "AccountingStorageEnforce=associations,limits,qos",
             "SlurmctldParameters=enable_configless,preempt_send_user_signal",
+            "AccountingStoreFlags=job_comment",
             "PrologFlags=Alloc",
         ]
     );
