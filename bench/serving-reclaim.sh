@@ -9,10 +9,16 @@
 # A real cluster of its own in target/serving-reclaim-cluster, stopped at
 # the end. Slurm 22.05 (the host) only: nginx is installed on the host.
 #
-#   bash bench/serving-reclaim.sh [ROUNDS]
+# The load is a share of the capacity the two replicas left after the
+# reclaim have (measured first, one replica alone): LOAD 0.8 (the default)
+# offers 80 % of it, on any machine; LOAD 3x replays the trace 3 times
+# faster than recorded whatever the machine (the figure kept before #24).
+#
+#   bash bench/serving-reclaim.sh [ROUNDS] [LOAD]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
+load=${2:-0.8}
 bash scripts/install-deps.sh
 bash scripts/model-server.sh >/dev/null
 if ! command -v nginx >/dev/null; then
@@ -25,4 +31,4 @@ cargo build --quiet --workspace --bins
 dir=$PWD/target/serving-reclaim-cluster
 trap './target/debug/onepool-devcluster --dir "$dir" down >/dev/null || true' EXIT
 echo "Slurm $(dpkg-query -W -f '${Version}' slurm-client 2>/dev/null), nginx $(nginx -v 2>&1 | sed 's/.*nginx\///')"
-./target/debug/serving_reclaim_bench "$dir" data/azure-llm-inference-2023-conv.csv "$rounds"
+./target/debug/serving_reclaim_bench "$dir" data/azure-llm-inference-2023-conv.csv "$rounds" "$load"

@@ -179,6 +179,7 @@ pub fn replica_jobs_table(state: &Value, now: u64) -> String {
             out.push_str(&format!("  last Slurm error: {e}\n"));
         }
         out.push_str(&start_failures(&v["start_failures"], name, now));
+        out.push_str(&reclaims(&v["reclaims"], now));
         out.push_str(&format!(
             "  {:>8} {:<13} {:<10} {:<10} {:<22} {}\n",
             "JOBID", "KIND", "PHASE", "NODE", "ADDRESS", "DRAIN"
@@ -202,6 +203,23 @@ pub fn replica_jobs_table(state: &Value, now: u64) -> String {
                 drain
             ));
         }
+    }
+    out
+}
+
+/// The last reclaims of the endpoint's replicas (issue #26).
+fn reclaims(r: &Value, now: u64) -> String {
+    let Some(list) = r.as_array().filter(|l| !l.is_empty()) else { return String::new() };
+    let mut out = format!("  last reclaims ({}; takers and times to capacity: onepool report):\n", list.len());
+    for x in list.iter().rev() {
+        out.push_str(&format!(
+            "    job {} ({}, {}) {} s ago: GPUs free {:.1} s after Slurm's pick was seen\n",
+            x["job"].as_u64().unwrap_or(0),
+            x["kind"].as_str().unwrap_or("?"),
+            x["mode"].as_str().unwrap_or("?"),
+            now.saturating_sub(x["at"].as_u64().unwrap_or(now)),
+            x["released_after_s"].as_f64().unwrap_or(f64::NAN)
+        ));
     }
     out
 }
@@ -438,5 +456,23 @@ mod tests {
         let calm = json!({"endpoints": [{"name": "chat", "replica_jobs": {"jobs": [],
             "start_failures": {"in_a_row": 0, "total": 0, "backing_off": false, "next_attempt": null, "last": null}}}]});
         assert!(!replica_jobs_table(&calm, 1000).contains("failed start"));
+    }
+
+    #[test]
+    fn the_last_reclaims_are_listed_newest_first() {
+        let state = json!({"endpoints": [{"name": "chat", "replica_jobs": {"jobs": [],
+        "reclaims": [
+            {"job": 50, "kind": "supplemental", "mode": "graceful", "at": 900, "released_after_s": 3.04},
+            {"job": 51, "kind": "warm", "mode": "immediate", "at": 990, "released_after_s": 0.5}
+        ]}}]});
+        let t = replica_jobs_table(&state, 1000);
+        assert!(
+            t.contains(
+                "  last reclaims (2; takers and times to capacity: onepool report):\n    \
+                 job 51 (warm, immediate) 10 s ago: GPUs free 0.5 s after Slurm's pick was seen\n    \
+                 job 50 (supplemental, graceful) 100 s ago: GPUs free 3.0 s after Slurm's pick was seen\n"
+            ),
+            "{t}"
+        );
     }
 }

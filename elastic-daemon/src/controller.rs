@@ -28,7 +28,7 @@ use onepool_decisions::replicas::{
 use onepool_launcher::conventions::{job_name, port_from_name, ReplicaNote};
 use onepool_launcher::replica_group::port_from_step_name;
 use onepool_router::endpoint::{Endpoint, EndpointSnapshot};
-use onepool_router::metrics::{EndpointLabels, Metrics, ReplicaJobLabels};
+use onepool_router::metrics::{EndpointLabels, Metrics, ReclaimLabels, ReplicaJobLabels};
 use onepool_router::registry::{RegistryError, ReplicaState};
 use onepool_slurm_commands::adapter::{Slurm, SlurmError};
 use onepool_slurm_commands::state::JobInfo;
@@ -205,10 +205,34 @@ pub struct ControllerView {
     pub last_error: Option<String>,
     /// Replica jobs that failed to start, and the back-off they caused.
     pub start_failures: StartFailures,
+    /// The last reclaims of this endpoint's replicas (at most
+    /// [`RECENT_RECLAIMS`], newest last).
+    pub reclaims: Vec<ReclaimView>,
     /// Set by the control socket (`onepool retry ENDPOINT`): the next poll
     /// ends the back-off. The view is the one thing both share.
     #[serde(skip)]
     pub retry_requested: bool,
+}
+
+/// How many reclaims the view keeps.
+pub const RECENT_RECLAIMS: usize = 5;
+
+/// A replica job Slurm took back for other work, as onepoold saw it
+/// (issue #26): from the poll that first found it being preempted to the
+/// poll that found it gone. The taker and its time to capacity are
+/// `onepool report`'s (slurmctld's log has them; onepoold only watches
+/// its own jobs).
+#[derive(Clone, Debug, Serialize)]
+pub struct ReclaimView {
+    pub job: u32,
+    pub kind: &'static str,
+    /// "graceful" (a grace time to drain in) or "immediate" (none).
+    pub mode: &'static str,
+    /// Unix seconds when onepoold saw Slurm's pick.
+    pub at: u64,
+    /// Seconds from that poll to the poll that found the job gone: its
+    /// GPUs were free by then (poll-interval resolution).
+    pub released_after_s: f64,
 }
 
 /// What `onepool status` shows of failed starts (issue #24).
@@ -274,6 +298,8 @@ struct TrackedJob {
     batch_host: Option<String>,
     /// Slurm's preemption deadline (Unix seconds), once it picked this job.
     preempt_end: Option<u64>,
+    /// When a poll first saw Slurm's pick, and the mode it implies.
+    preempt_seen: Option<(Instant, u64, &'static str)>,
     /// By slot.
     members: BTreeMap<u16, Member>,
     /// Where its replicas listen, from the job's comment.
@@ -294,6 +320,7 @@ impl TrackedJob {
             seen_running: None,
             batch_host: None,
             preempt_end: None,
+            preempt_seen: None,
             members: BTreeMap::new(),
             note: None,
             served_at: None,
@@ -368,6 +395,14 @@ async fn blocking<T: Send + 'static>(
 
 fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Baseline => "baseline",
+        Kind::Supplemental => "supplemental",
+        Kind::Warm => "warm",
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -520,6 +555,19 @@ impl Controller {
         }
     }
 
+    /// A preempted replica job is gone: counted, timed, kept for status.
+    fn reclaimed(&mut self, job: u32, t: &TrackedJob, seen: Instant, at: u64, mode: &'static str) {
+        let released = seen.elapsed().as_secs_f64();
+        tracing::info!(endpoint = %self.name, job, mode, "reclaimed replica job released its GPUs {released:.1} s after Slurm's pick was seen");
+        let labels = ReclaimLabels { endpoint: self.name.clone(), mode: mode.to_string() };
+        self.metrics.reclaims.get_or_create(&labels).inc();
+        self.metrics.reclaim_release_seconds.get_or_create(&labels).observe(released);
+        let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        v.reclaims.push(ReclaimView { job, kind: kind_name(t.kind), mode, at, released_after_s: released });
+        let extra = v.reclaims.len().saturating_sub(RECENT_RECLAIMS);
+        v.reclaims.drain(..extra);
+    }
+
     fn start_failures_view(&self) -> StartFailures {
         let b = &self.backoff;
         StartFailures {
@@ -574,11 +622,7 @@ impl Controller {
                 out.push(ReplicaJob {
                     job: *job,
                     port: *port,
-                    kind: match t.kind {
-                        Kind::Baseline => "baseline",
-                        Kind::Supplemental => "supplemental",
-                        Kind::Warm => "warm",
-                    },
+                    kind: kind_name(t.kind),
                     phase: if m.released {
                         "cancelled"
                     } else if m.draining() || state == Some(ReplicaState::Draining) {
@@ -627,9 +671,13 @@ impl Controller {
         // Slurm's kill comes at end_time once it preempts the job.
         let preempt_end = j.is_being_preempted().then_some(j.end_time).filter(|e| *e > 0);
         if let (None, Some(end)) = (t.preempt_end, preempt_end) {
-            let left = end.saturating_sub(unix_now());
+            let now = unix_now();
+            let left = end.saturating_sub(now);
             tracing::info!(endpoint = %name, job = j.job_id, ?kind, "Slurm is preempting the replica job; it ends within {left} s");
             preemptions.inc();
+            // GraceTime 0 ends the job at once: no time to drain in.
+            let mode = if left > 1 { "graceful" } else { "immediate" };
+            t.preempt_seen.get_or_insert((Instant::now(), now, mode));
         }
         t.preempt_end = preempt_end;
         let wanted: Vec<(Option<String>, u16)> = match l {
@@ -891,6 +939,9 @@ impl Controller {
                     Self::unroute(&self.endpoint, m);
                 }
                 tracing::info!(endpoint = %self.name, job = id, "replica job ended; out of the router");
+                if let Some((seen, at, mode)) = t.preempt_seen {
+                    self.reclaimed(id, &t, seen, at, mode);
+                }
                 if let Some(cause) = self.failed_start_cause(id, &t).await {
                     self.failed_start(id, cause);
                 }

@@ -44,6 +44,7 @@ pub mod samples {
     pub const CONFIG: &str = "\
 Configuration data as of 2024-05-01T10:00:00
 AccountingStorageEnforce = associations,limits,qos
+AccountingStoreFlags    = job_comment
 JobSubmitPlugins        = lua
 PreemptExemptTime       = 00:02:00
 PreemptMode             = CANCEL

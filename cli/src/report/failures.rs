@@ -74,7 +74,7 @@ pub fn find(runs: &[Run], from: f64, to: f64) -> Vec<ReplicaFailures> {
 fn first_line_and_last(cause: &str) -> String {
     let mut lines = cause.lines().map(str::trim).filter(|l| !l.is_empty());
     let first = lines.next().unwrap_or_default();
-    match lines.last() {
+    match lines.next_back() {
         Some(last) => format!("{first} {last}"),
         None => first.to_string(),
     }

@@ -91,8 +91,10 @@ pub fn gather(
         &format!("--delimiter={delim}"),
         "--starttime",
         &format_time(from),
+        // sacct's end is exclusive to the second: a job that started in
+        // the period's last second would be missed (compute clips to `to`).
         "--endtime",
-        &format_time(to),
+        &format_time(to + 1.0),
         &format!("--format={}", usage::SACCT_FORMAT),
     ])?;
     let (runs, malformed) = usage::parse_sacct(&out, &delim).map_err(|e| anyhow::anyhow!(e))?;

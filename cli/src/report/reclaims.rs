@@ -3,13 +3,14 @@
 //! how long the taker waited and how many GPUs changed hands.
 //!
 //! Where slurmctld's log covers the period it is the source: it names the
-//! preemptor and the victim at the moment Slurm decided, and times the
-//! taker's submission and start to the millisecond. A graceful victim
-//! that drained and exited in its grace time ends COMPLETED in sacct, and
-//! without the log it is found only by the drain note its launcher left
-//! in the job's comment (`AccountingStoreFlags=job_comment`); its taker is
-//! then the first job that started on its nodes right after (a guess, and
-//! the report says so).
+//! preemptor and the victim of a reclaim without grace time at the moment
+//! Slurm decided (a graceful one only at debug level, see
+//! [`super::slurmctld_log`]), and times submissions, starts and ends to
+//! the millisecond. A graceful victim that drained and exited in its grace
+//! time ends COMPLETED in sacct: it is found by the drain note its
+//! launcher left in the job's comment (`AccountingStoreFlags=job_comment`),
+//! and its taker is the first job that started on its nodes right after
+//! it ended (by node and time; the report says so).
 
 use onepool_decisions::annotation::ReclaimMode;
 use onepool_decisions::policy::Policy;
@@ -60,13 +61,16 @@ pub const LINK_S: f64 = 10.0;
 
 pub fn find(runs: &[Run], policy: &Policy, log: Option<&LogFacts>, from: f64, to: f64) -> Vec<Reclaim> {
     let mut out = Vec::new();
-    // The log's span, where it is the source; before it, accounting.
+    // The log's span: where it is read; before it, accounting alone.
     let log_from = log.and_then(|l| l.first).map(|f| f.max(from));
+    let mut seen: Vec<(&str, f64)> = Vec::new();
+    // Victims Slurm named, with their takers.
     if let (Some(log), Some(log_from)) = (log, log_from) {
-        let mut seen: Vec<(&str, f64)> = Vec::new();
         for p in log.preemptions.iter().filter(|p| p.at >= log_from && p.at <= to) {
             let Some(victim) = run_at(runs, &p.victim, p.at) else { continue };
-            // One reclaim per victim run, whatever slurmctld repeats.
+            // One reclaim per victim run, whatever slurmctld repeats (a
+            // graceful victim killed at the end of its grace time is named
+            // again then).
             if seen.contains(&(victim.id.as_str(), victim.start)) {
                 continue;
             }
@@ -75,36 +79,80 @@ pub fn find(runs: &[Run], policy: &Policy, log: Option<&LogFacts>, from: f64, to
                 .iter()
                 .filter(|r| r.id == p.taker && r.start >= p.at - 1.0)
                 .min_by(|a, b| a.start.total_cmp(&b.start));
-            let times = log.times(&p.taker);
-            let ttc = match (times.submit, times.start) {
-                (Some(s), Some(t)) if t >= s => Some(t - s),
-                _ => taker.map(|t| t.start - t.submit),
+            let class_mode = policy.class_by_qos(&victim.qos).and_then(|c| c.reclaim());
+            let mode = match p.verb.as_str() {
+                "requeued" => ReclaimMode::Requeue,
+                "grace" => ReclaimMode::Graceful,
+                // Killed with no grace time left: a graceful victim whose
+                // grace time ran out, or one that never had any.
+                _ if victim.drain().is_some() || class_mode == Some(ReclaimMode::Graceful) => ReclaimMode::Graceful,
+                _ => ReclaimMode::Immediate,
             };
-            let mode = if p.verb == "requeued" { Some(ReclaimMode::Requeue) } else { None };
+            let ttc = log_ttc(log, &p.taker).or_else(|| taker.map(|t| t.start - t.submit));
             out.push(reclaim(policy, victim, taker, mode, p.at - from, ttc, "slurmctld log"));
         }
     }
-    let before = log_from.unwrap_or(f64::INFINITY);
-    for v in runs.iter().filter(|r| r.end >= from && r.end <= to && r.end < before) {
-        let drained_on_notice = v.drain().is_some_and(|d| d.on_slurm_notice());
-        let class = policy.class_by_qos(&v.qos);
+    // Victims Slurm did not name: accounting's PREEMPTED and REQUEUED, and
+    // graceful victims, which end COMPLETED after a drain and are named in
+    // the log only at debug level: found by their replica's drain note.
+    for v in runs.iter().filter(|r| r.end >= from && r.end <= to) {
+        if seen.contains(&(v.id.as_str(), v.start)) {
+            continue;
+        }
+        let class = policy.class_by_qos(&v.qos).and_then(|c| c.reclaim());
         let mode = match v.state.as_str() {
             // A requeued run that was not preempted (scontrol requeue) is not a reclaim.
-            "REQUEUED" if class.and_then(|c| c.reclaim()) == Some(ReclaimMode::Requeue) => ReclaimMode::Requeue,
-            "PREEMPTED" => class.and_then(|c| c.reclaim()).unwrap_or(ReclaimMode::Immediate),
-            _ if drained_on_notice => ReclaimMode::Graceful,
+            "REQUEUED" if class == Some(ReclaimMode::Requeue) => ReclaimMode::Requeue,
+            "PREEMPTED" => class.unwrap_or(ReclaimMode::Immediate),
+            "TIMEOUT" => continue,
+            _ if v.drain().is_some_and(|d| d.on_slurm_notice()) => ReclaimMode::Graceful,
             _ => continue,
         };
-        let taker = runs
-            .iter()
-            .filter(|p| p.id != v.id && p.start >= v.end && p.start <= v.end + LINK_S)
-            .filter(|p| p.submit <= v.end && p.nodes.iter().any(|n| v.nodes.contains(n)))
-            .min_by(|a, b| a.start.total_cmp(&b.start));
-        let ttc = taker.map(|p| p.start - p.submit);
-        out.push(reclaim(policy, v, taker, Some(mode), v.end - from, ttc, "accounting"));
+        let in_log = log.filter(|_| log_from.is_some_and(|f| v.end >= f));
+        let r = match in_log {
+            Some(log) => {
+                // The log's end of the victim and starts of the others, to
+                // the millisecond.
+                // (A requeued job's log end is its last run's: only one
+                // that agrees with this run's whole-second end is used.)
+                let end = log.times(&v.id).end.filter(|e| (e - v.end).abs() < 1.5).unwrap_or(v.end);
+                let taker = log
+                    .starts
+                    .iter()
+                    .filter(|(t, id, nodes)| {
+                        *id != v.id
+                            && *t >= end - 1.0
+                            && *t <= end + LINK_S
+                            && nodes.iter().any(|n| v.nodes.contains(n))
+                    })
+                    // Waiting when the victim ended (sacct's end may be
+                    // the whole second before the log's submission).
+                    .filter(|(_, id, _)| log.times(id).submit.is_none_or(|s| s <= end + 1.0))
+                    .min_by(|a, b| a.0.total_cmp(&b.0));
+                let run = taker.and_then(|(t, id, _)| run_at(runs, id, *t));
+                let ttc = taker.and_then(|(_, id, _)| log_ttc(log, id)).or_else(|| run.map(|t| t.start - t.submit));
+                reclaim(policy, v, run, mode, end - from, ttc, "slurmctld log (taker by node and time)")
+            }
+            None => {
+                let taker = runs
+                    .iter()
+                    .filter(|p| p.id != v.id && p.start >= v.end && p.start <= v.end + LINK_S)
+                    .filter(|p| p.submit <= v.end && p.nodes.iter().any(|n| v.nodes.contains(n)))
+                    .min_by(|a, b| a.start.total_cmp(&b.start));
+                let ttc = taker.map(|p| p.start - p.submit);
+                reclaim(policy, v, taker, mode, v.end - from, ttc, "accounting")
+            }
+        };
+        out.push(r);
     }
     out.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
     out
+}
+
+/// A job's submission to start in the log, when it has both.
+fn log_ttc(log: &LogFacts, job: &str) -> Option<f64> {
+    let t = log.times(job);
+    Some(t.start? - t.submit?).filter(|d| *d >= 0.0)
 }
 
 /// The run of job `id` that held its GPUs at `at` (a requeued job has one
@@ -118,18 +166,13 @@ fn reclaim(
     policy: &Policy,
     v: &Run,
     taker: Option<&Run>,
-    mode: Option<ReclaimMode>,
+    mode: ReclaimMode,
     at_s: f64,
     ttc: Option<f64>,
     source: &str,
 ) -> Reclaim {
     let class = policy.class_by_qos(&v.qos);
     let drain = v.drain();
-    let mode = mode.unwrap_or(match (class.and_then(|c| c.reclaim()), drain) {
-        (_, Some(_)) | (Some(ReclaimMode::Graceful), None) => ReclaimMode::Graceful,
-        (Some(ReclaimMode::Requeue), None) => ReclaimMode::Requeue,
-        _ => ReclaimMode::Immediate,
-    });
     let gpus_changed_hands = taker.map(|t| {
         let shared = v.nodes.iter().filter(|n| t.nodes.contains(n)).count();
         let spread = u64::from(v.gpus) * shared as u64 / v.nodes.len().max(1) as u64;

@@ -7,9 +7,15 @@
 //! - `sched: _slurm_rpc_allocate_resources JobId=N NodeList=...` (salloc,
 //!   srun: submitted and started at once)
 //! - `sched: Allocate JobId=N NodeList=...`, `sched/backfill: _start_job:
-//!   Started JobId=N in ...`
+//!   Started JobId=N in PART on NODES`
+//! - `_job_complete: JobId=N done`, `Requeuing JobId=N`
 //! - `preempted JobId=V has been killed|requeued to reclaim resources for
-//!   JobId=T` (at the decision; a graceful victim then drains)
+//!   JobId=T`: a victim without grace time, at Slurm's decision
+//! - `setting N sec preemption grace time for JobId=V to reclaim resources
+//!   for JobId=T`: a victim with grace time (graceful), but only at
+//!   `SlurmctldDebug=debug` or more; at the usual `info` a graceful victim
+//!   is not named, and the report finds it by its replica's drain note and
+//!   its taker by node and time (to the millisecond here as well)
 //!
 //! `%pJ` prints an array task or a hetjob component as `JobId=12_3(15)` or
 //! `JobId=20+1(21)`: the raw id, the one sacct's `JobIDRaw` shows, is the
@@ -25,6 +31,7 @@ use onepool_decisions::trace::parse_time;
 pub struct JobTimes {
     pub submit: Option<f64>,
     pub start: Option<f64>,
+    pub end: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -32,7 +39,8 @@ pub struct Preemption {
     pub at: f64,
     pub victim: String,
     pub taker: String,
-    /// "requeued", or "killed" (cancelled, at once or after GraceTime).
+    /// "requeued", "killed" (cancelled at once), or "grace" (a grace time
+    /// to drain or checkpoint in).
     pub verb: String,
 }
 
@@ -43,6 +51,8 @@ pub struct LogFacts {
     pub first: Option<f64>,
     pub last: Option<f64>,
     pub jobs: HashMap<String, JobTimes>,
+    /// (start, job, nodes) of every allocation, in the log's order.
+    pub starts: Vec<(f64, String, Vec<String>)>,
     pub preemptions: Vec<Preemption>,
 }
 
@@ -71,20 +81,38 @@ pub fn read(text: &str) -> LogFacts {
             }
         } else if let Some(r) = rest.strip_prefix("sched: _slurm_rpc_allocate_resources ") {
             if let Some(id) = job_id(r) {
-                let t = facts.jobs.entry(id).or_default();
+                let t = facts.jobs.entry(id.clone()).or_default();
                 t.submit.get_or_insert(at);
                 // "NodeList=(null)": queued, started later by the scheduler.
-                if !r.contains("NodeList=(null)") {
+                if let Some(nodes) = word_after(r, "NodeList=").filter(|n| *n != "(null)") {
                     t.start = Some(at);
+                    facts.starts.push((at, id, expand(nodes)));
                 }
             }
         } else if let Some(r) = rest.strip_prefix("sched: Allocate ") {
             if let Some(id) = job_id(r) {
-                facts.jobs.entry(id).or_default().start = Some(at);
+                facts.jobs.entry(id.clone()).or_default().start = Some(at);
+                facts.starts.push((at, id, word_after(r, "NodeList=").map(expand).unwrap_or_default()));
             }
         } else if rest.contains("backfill") && rest.contains("Started JobId=") {
-            if let Some(id) = rest.split_once("Started ").and_then(|(_, r)| job_id(r)) {
-                facts.jobs.entry(id).or_default().start = Some(at);
+            if let Some((id, r)) = rest.split_once("Started ").and_then(|(_, r)| Some((job_id(r)?, r))) {
+                facts.jobs.entry(id.clone()).or_default().start = Some(at);
+                facts.starts.push((at, id, word_after(r, " on ").map(expand).unwrap_or_default()));
+            }
+        } else if let Some(r) = rest.strip_prefix("_job_complete: ") {
+            if let (Some(id), true) = (job_id(r), r.trim_end().ends_with(" done")) {
+                facts.jobs.entry(id).or_default().end = Some(at);
+            }
+        } else if let Some(r) = rest.strip_prefix("Requeuing ") {
+            // A run that ends in the queue again (a requeue reclaim).
+            if let Some(id) = job_id(r) {
+                facts.jobs.entry(id).or_default().end = Some(at);
+            }
+        } else if let Some(r) = rest.split_once("preemption grace time for ").map(|x| x.1) {
+            // debug: "setting 60 sec preemption grace time for JobId=V to reclaim resources for JobId=T"
+            let Some((victim, taker)) = r.split_once(" to reclaim resources for ") else { continue };
+            if let (Some(victim), Some(taker)) = (job_id(victim), job_id(taker)) {
+                facts.preemptions.push(Preemption { at, victim, taker, verb: "grace".into() });
             }
         } else if let Some(r) = rest.strip_prefix("preempted ") {
             // "JobId=V has been killed to reclaim resources for JobId=T"
@@ -96,6 +124,15 @@ pub fn read(text: &str) -> LogFacts {
         }
     }
     facts
+}
+
+/// The word after `key` in `s`.
+fn word_after<'a>(s: &'a str, key: &str) -> Option<&'a str> {
+    s.split_once(key)?.1.split_whitespace().next()
+}
+
+fn expand(list: &str) -> Vec<String> {
+    onepool_decisions::hostlist::expand(list).unwrap_or_default()
 }
 
 /// The log's time stamp: `2026-12-05T04:17:10.707` (LogTimeFormat's
@@ -130,6 +167,10 @@ mod tests {
 [2026-12-05T04:17:10.707] _slurm_rpc_submit_batch_job: JobId=18 InitPrio=10000 usec=866
 [2026-12-05T04:17:10.718] preempted JobId=16 has been killed to reclaim resources for JobId=18
 [2026-12-05T04:17:10.760] sched: Allocate JobId=18 NodeList=node3 #CPUs=1 Partition=gpu
+[2026-12-05T04:17:11.000] _job_complete: JobId=16 WEXITSTATUS 0
+[2026-12-05T04:17:11.002] _job_complete: JobId=16 done
+[2026-12-05T04:17:11.500] Requeuing JobId=17
+[2026-12-05T04:17:12.000] setting 60 sec preemption grace time for JobId=22 to reclaim resources for JobId=23
 [2026-12-05T04:43:56.651] _slurm_rpc_submit_batch_job: JobId=32 SLUID=s1PHM92885BA00 InitPrio=10000 usec=970
 [2026-12-05T04:43:56.700] preempted JobId=12_3(15) has been requeued to reclaim resources for JobId=32
 [2026-12-05T04:43:57.053] sched/backfill: _start_job: Started JobId=32 in gpu on node3
@@ -152,17 +193,24 @@ not a log line
         let j = f.times("18");
         assert!((j.start.unwrap() - j.submit.unwrap() - 0.053).abs() < 1e-6);
         assert_eq!(f.times("32").start, Some(t("2026-12-05T04:43:57.053")));
-        assert_eq!(
-            f.times("40"),
-            JobTimes { submit: Some(t("2026-12-05T04:44:00")), start: Some(t("2026-12-05T04:44:00")) }
-        );
-        assert_eq!(
-            f.times("41"),
-            JobTimes { submit: Some(t("2026-12-05T04:44:01")), start: Some(t("2026-12-05T04:44:03.5")) }
-        );
+        let at = |s: &str| Some(t(s));
+        let t40 = JobTimes { submit: at("2026-12-05T04:44:00"), start: at("2026-12-05T04:44:00"), end: None };
+        assert_eq!(f.times("40"), t40);
+        let t41 = JobTimes { submit: at("2026-12-05T04:44:01"), start: at("2026-12-05T04:44:03.5"), end: None };
+        assert_eq!(f.times("41"), t41);
+        assert_eq!(f.times("16").end, at("2026-12-05T04:17:11.002"));
+        assert_eq!(f.times("17").end, at("2026-12-05T04:17:11.5"));
         let p: Vec<(&str, &str, &str)> =
             f.preemptions.iter().map(|p| (p.victim.as_str(), p.verb.as_str(), p.taker.as_str())).collect();
-        assert_eq!(p, [("16", "killed", "18"), ("15", "requeued", "32"), ("21", "killed", "41")]);
+        assert_eq!(
+            p,
+            [("16", "killed", "18"), ("22", "grace", "23"), ("15", "requeued", "32"), ("21", "killed", "41")]
+        );
+        let starts: Vec<(&str, String)> = f.starts.iter().map(|(_, j, n)| (j.as_str(), n.join(","))).collect();
+        assert_eq!(
+            starts,
+            [("18", "node3".to_string()), ("32", "node3".into()), ("40", "node1".into()), ("41", "node2".into())]
+        );
         assert_eq!(f.times("99"), JobTimes::default());
     }
 

@@ -98,6 +98,9 @@ fn exercised() -> Metrics {
     m.replicas.get_or_create(&ReplicaJobLabels { endpoint: endpoint.into(), kind, phase }).set(1);
     m.desired.get_or_create(&EndpointLabels { endpoint: endpoint.into() }).set(1);
     m.preemptions.get_or_create(&EndpointLabels { endpoint: endpoint.into() }).inc();
+    let reclaim = crate::metrics::ReclaimLabels { endpoint: endpoint.into(), mode: "graceful".into() };
+    m.reclaims.get_or_create(&reclaim).inc();
+    m.reclaim_release_seconds.get_or_create(&reclaim).observe(2.5);
     m.failed_starts.get_or_create(&EndpointLabels { endpoint: endpoint.into() }).inc();
     m.backoff_failures.get_or_create(&EndpointLabels { endpoint: endpoint.into() }).set(2);
     m.backoff_seconds.get_or_create(&EndpointLabels { endpoint: endpoint.into() }).set(20);

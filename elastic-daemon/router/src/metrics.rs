@@ -98,6 +98,13 @@ pub struct ReplicaJobLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReclaimLabels {
+    pub endpoint: String,
+    /// "graceful" (Slurm gave a grace time) or "immediate".
+    pub mode: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SlurmCallLabels {
     pub endpoint: String,
     /// "sbatch", "scancel", "scontrol_update", "scontrol_show_job",
@@ -132,6 +139,10 @@ pub struct Metrics {
     pub replicas: Family<ReplicaJobLabels, Gauge>,
     pub desired: Family<EndpointLabels, Gauge>,
     pub preemptions: Family<EndpointLabels, Counter>,
+    /// Preempted replica jobs that released their GPUs, and how long after
+    /// Slurm's pick was seen (issue #26).
+    pub reclaims: Family<ReclaimLabels, Counter>,
+    pub reclaim_release_seconds: HistogramFamily<ReclaimLabels>,
     /// Replica jobs that ended before serving (or soon after), and the
     /// start back-off they cause (issue #24).
     pub failed_starts: Family<EndpointLabels, Counter>,
@@ -167,6 +178,8 @@ impl Metrics {
         let replicas = Family::<ReplicaJobLabels, Gauge>::default();
         let desired = Family::<EndpointLabels, Gauge>::default();
         let preemptions = Family::<EndpointLabels, Counter>::default();
+        let reclaims = Family::<ReclaimLabels, Counter>::default();
+        let reclaim_release_seconds: HistogramFamily<ReclaimLabels> = Family::new_with_constructor(drain_histogram);
         let failed_starts = Family::<EndpointLabels, Counter>::default();
         let backoff_failures = Family::<EndpointLabels, Gauge>::default();
         let backoff_seconds = Family::<EndpointLabels, Gauge>::default();
@@ -222,6 +235,16 @@ impl Metrics {
             preemptions.clone(),
         );
         controller.register(
+            "reclaims",
+            "Preempted replica jobs that released their GPUs, by mode (graceful: within a grace time; immediate)",
+            reclaims.clone(),
+        );
+        controller.register(
+            "reclaim_release_seconds",
+            "From the poll that saw Slurm pick a replica job to the poll that found it gone (its GPUs free)",
+            reclaim_release_seconds.clone(),
+        );
+        controller.register(
             "failed_starts",
             "Replica jobs that ended before serving or within their first minutes of it, or never became healthy",
             failed_starts.clone(),
@@ -251,6 +274,8 @@ impl Metrics {
             replicas,
             desired,
             preemptions,
+            reclaims,
+            reclaim_release_seconds,
             failed_starts,
             backoff_failures,
             backoff_seconds,

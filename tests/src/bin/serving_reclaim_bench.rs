@@ -35,9 +35,12 @@ use onepool_tests::{build_dir, TestCluster, TEST_MIN_RUNTIME_SECS};
 /// The replicas' drain timeout (onepool) within the inference class's
 /// GraceTime (60 s in etc/onepool.toml).
 const DRAIN_SECS: u64 = 30;
-/// Replay speed of the trace (x real time) and how long it runs before the
-/// protected job comes and after it runs.
-const SPEED: f64 = 3.0;
+/// How long the trace runs before the protected job comes and after it
+/// runs. Its speed is the LOAD argument: `3x` (the trace 3 times faster
+/// than recorded, the figure RESULTS.md kept before issue #24), or a share
+/// of the capacity the two replicas left after the reclaim have, measured
+/// at the start (`0.8`, the default): the same relative load on any
+/// machine, so that figures compare across machines.
 /// Longer answers than the demo's, so that streams are in flight when the
 /// protected job comes: GeneratedTokens/4, 8 to 96 tokens.
 const SHAPE: ChatShape = ChatShape { prompt_div: 32, prompt_words: (8, 64), answer_div: 4, answer_tokens: (8, 96) };
@@ -226,7 +229,25 @@ impl Front {
     }
 }
 
-fn round(c: &TestCluster, v: Variant, server: &ModelServer, trace: &Path, base: u16, dir: &Path) -> Round {
+/// The replay speed that offers `rate` requests per second over the
+/// stretch of the trace a round replays (about 25 s of wall time).
+fn speed_for(trace: &Trace, rate: f64) -> f64 {
+    let mut speed = rate / trace.rate(0.0, 60.0).max(1e-9);
+    for _ in 0..4 {
+        let window = 25.0 * speed;
+        speed = rate / trace.rate(0.0, window).max(1e-9);
+    }
+    speed
+}
+
+fn round(
+    c: &TestCluster,
+    v: Variant,
+    server: &ModelServer,
+    (trace, speed): (&Path, f64),
+    base: u16,
+    dir: &Path,
+) -> Round {
     let ports: Vec<u16> = (0..3).map(|i| base + 2 * i).collect();
     let jobs: Vec<u32> = ports
         .iter()
@@ -248,7 +269,7 @@ fn round(c: &TestCluster, v: Variant, server: &ModelServer, trace: &Path, base: 
         .unwrap();
     let t0 = Instant::now();
     let load = Load::start(rt.handle(), Trace::load(trace).unwrap(), addr, MODEL_NAME, SHAPE, t0);
-    load.phase("replay", SPEED);
+    load.phase("replay", speed);
     // Past the minimum run time, every replica may be reclaimed.
     std::thread::sleep(BEFORE.max(Duration::from_secs(TEST_MIN_RUNTIME_SECS + 1)));
     let submitted = t0.elapsed().as_secs_f64();
@@ -341,19 +362,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let usage = "usage: serving_reclaim_bench CLUSTER_DIR TRACE ROUNDS";
+    let usage = "usage: serving_reclaim_bench CLUSTER_DIR TRACE ROUNDS [LOAD: 3x, or 0.8 of the capacity left]";
     let dir = PathBuf::from(args.next().expect(usage));
     let trace = PathBuf::from(args.next().expect(usage));
     let rounds: usize = args.next().and_then(|r| r.parse().ok()).unwrap_or(3);
+    let load = args.next().unwrap_or_else(|| "0.8".to_string());
     let server = ModelServer::locate().unwrap_or_else(|e| panic!("{e}"));
     let c = onepool_tests::bench_cluster(&dir, onepool_tests::test_policy());
-    println!(
-        "serving reclaim: 3 llama-server replicas ({MODEL_NAME}, {} slots, 1 thread) x 4 GPUs; the trace {} at {SPEED}x \
-         as chat completions (every other one streamed); protected job for 8 GPUs; onepool's drain timeout {DRAIN_SECS} s; \
-         {rounds} rounds, variants interleaved",
-        SLOTS.parallel,
-        trace.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
-    );
     let cap = capacity(&c, &server, &trace, 19290);
     let per_replica = cap.requests_per_second();
     println!(
@@ -367,6 +382,19 @@ fn main() {
         3.0 * per_replica,
         2.0 * per_replica
     );
+    let replay = Trace::load(&trace).unwrap();
+    let speed = match load.strip_suffix('x') {
+        Some(x) => x.parse::<f64>().unwrap_or_else(|_| panic!("{usage}")),
+        None => speed_for(&replay, load.parse::<f64>().unwrap_or_else(|_| panic!("{usage}")) * 2.0 * per_replica),
+    };
+    println!(
+        "serving reclaim: 3 llama-server replicas ({MODEL_NAME}, {} slots, 1 thread) x 4 GPUs; the trace {} at {speed:.2}x \
+         (load {load}: {:.2} req/s over the replayed stretch) as chat completions (every other one streamed); protected \
+         job for 8 GPUs; onepool's drain timeout {DRAIN_SECS} s; {rounds} rounds, variants interleaved",
+        SLOTS.parallel,
+        trace.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+        replay.rate(0.0, 25.0 * speed) * speed,
+    );
     let variants = [Variant::Onepool, Variant::Native];
     let mut results: Vec<Vec<Round>> = variants.iter().map(|_| Vec::new()).collect();
     let scratch = dir.join("bench-fronts");
@@ -375,7 +403,7 @@ fn main() {
         for (i, v) in variants.iter().enumerate() {
             let front_dir = scratch.join(format!("{r}-{i}"));
             std::fs::create_dir_all(&front_dir).unwrap();
-            let res = round(&c, *v, &server, &trace, port, &front_dir);
+            let res = round(&c, *v, &server, (&trace, speed), port, &front_dir);
             port += 10;
             println!(
                 "  round {} {:<38} time to capacity {:>5.2} s (longest in flight {:>5.2} s); failed: in flight {}/{}, \
