@@ -143,7 +143,8 @@ in_root sh -euc '
     for f in $plugindir/job_submit_onepool.so $plugindir/spank_onepool.so /usr/bin/onepool /usr/bin/onepoold \
         /lib/systemd/system/onepoold.service /lib/systemd/system/onepoold.socket \
         /etc/slurm/onepool.toml /etc/slurm/onepoold.toml \
-        /usr/share/doc/onepool/README.md /usr/share/doc/onepool/LICENSE; do
+        /usr/share/doc/onepool/README.md /usr/share/doc/onepool/LICENSE \
+        /usr/share/doc/onepool/docs/deploy.md /usr/share/doc/onepool/docs/report.md; do
         [ -s "$f" ] || { echo "missing: $f"; exit 1; }
     done
     dpkg-query -W -f="\${Conffiles}\n" onepool | grep -q "/etc/slurm/onepool.toml"

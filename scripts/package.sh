@@ -5,7 +5,7 @@
 #   target/packages/onepool_<version>+slurm<release>_amd64.deb
 #   target/packages/onepool-<version>-1.slurm<release>.x86_64.rpm  (when rpmbuild exists)
 #
-# Inside (README, "Packages"):
+# Inside (docs/packages.md):
 #   the two plugins, built against that release's headers, in its PluginDir
 #   (/usr/lib/x86_64-linux-gnu/slurm-wlm on Debian, /usr/lib64/slurm in the
 #   .rpm) as job_submit_onepool.so and spank_onepool.so; /usr/bin/onepool and
@@ -82,6 +82,9 @@ stage_tree() {
     install -m 0644 etc/systemd/onepoold.service etc/systemd/onepoold.socket "$d/lib/systemd/system/"
     install -m 0644 etc/onepool.toml etc/onepoold.toml "$d/etc/slurm/"
     install -m 0644 README.md LICENSE "$d/usr/share/doc/onepool/"
+    # The manuals the README points at (issue #27: the README is the front door).
+    install -d "$d/usr/share/doc/onepool/docs"
+    install -m 0644 docs/*.md "$d/usr/share/doc/onepool/docs/"
 }
 
 build_deb() {

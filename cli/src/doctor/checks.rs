@@ -272,7 +272,7 @@ pub fn release(n: u32) -> String {
 pub fn plugin_release(name: &str, found: Result<(String, Option<u32>), String>, slurm: &str) -> Check {
     let what = format!("plugin {name}");
     let fix = format!(
-        "install the onepool plugins built for Slurm {slurm}: rebuild them against this release's headers (README: Building the plugins for a site)"
+        "install the onepool plugins built for Slurm {slurm}: rebuild them against this release's headers (docs/packages.md: Building the plugins for a site)"
     );
     match found {
         Err(e) => Check::fail(what, e, fix),

@@ -47,6 +47,8 @@ const SHAPE: ChatShape = ChatShape { prompt_div: 32, prompt_words: (8, 64), answ
 const BEFORE: Duration = Duration::from_secs(10);
 const AFTER: Duration = Duration::from_secs(10);
 const SLOTS: Slots = Slots { parallel: 4, context: 256, threads: 1 };
+/// Requests in flight (all replicas) when the protected job is submitted.
+const IN_FLIGHT_AT_RECLAIM: u64 = 6;
 /// How long one replica's capacity is measured.
 const CAPACITY_RUN: Duration = Duration::from_secs(20);
 // (256 per slot holds a 64-word prompt and 96 tokens.)
@@ -232,12 +234,19 @@ impl Front {
 /// The replay speed that offers `rate` requests per second over the
 /// stretch of the trace a round replays (about 25 s of wall time).
 fn speed_for(trace: &Trace, rate: f64) -> f64 {
-    let mut speed = rate / trace.rate(0.0, 60.0).max(1e-9);
-    for _ in 0..4 {
-        let window = 25.0 * speed;
-        speed = rate / trace.rate(0.0, window).max(1e-9);
+    // The offered rate grows with the speed (a longer stretch of the trace
+    // at a faster pace), though not smoothly: bisection.
+    let offered = |speed: f64| trace.rate(0.0, 25.0 * speed) * speed;
+    let (mut lo, mut hi) = (0.01, 100.0);
+    for _ in 0..60 {
+        let mid = (lo + hi) / 2.0;
+        if offered(mid) < rate {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
     }
-    speed
+    hi
 }
 
 fn round(
@@ -272,6 +281,12 @@ fn round(
     load.phase("replay", speed);
     // Past the minimum run time, every replica may be reclaimed.
     std::thread::sleep(BEFORE.max(Duration::from_secs(TEST_MIN_RUNTIME_SECS + 1)));
+    // The reclaim is measured with streams in flight: at a load the
+    // replicas keep up with, a moment with none is common (up to 20 s).
+    let busy_by = Instant::now() + Duration::from_secs(20);
+    while load.in_flight() < IN_FLIGHT_AT_RECLAIM && Instant::now() < busy_by {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let submitted = t0.elapsed().as_secs_f64();
     let started = Instant::now();
     let owner = c.sbatch(&["--workload=critical-training", "--time=10:00", "--gpus=8", "-N2", "--wrap", "sleep 300"]);
