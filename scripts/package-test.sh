@@ -144,11 +144,18 @@ in_root sh -euc '
         /lib/systemd/system/onepoold.service /lib/systemd/system/onepoold.socket \
         /etc/slurm/onepool.toml /etc/slurm/onepoold.toml \
         /usr/share/doc/onepool/README.md /usr/share/doc/onepool/LICENSE \
-        /usr/share/doc/onepool/docs/deploy.md /usr/share/doc/onepool/docs/report.md; do
+        /usr/share/doc/onepool/docs/deploy.md /usr/share/doc/onepool/docs/report.md \
+        /usr/share/man/man1/onepool.1.gz /usr/share/man/man1/onepool-report.1.gz /usr/share/man/man8/onepoold.8.gz \
+        /usr/share/man/man5/onepool.toml.5.gz /usr/share/man/man5/onepoold.toml.5.gz; do
         [ -s "$f" ] || { echo "missing: $f"; exit 1; }
     done
     dpkg-query -W -f="\${Conffiles}\n" onepool | grep -q "/etc/slurm/onepool.toml"
     dpkg-query -W -f="\${Conffiles}\n" onepool | grep -q "/etc/slurm/onepoold.toml"
+    # The pages are roff with a title line; man finds them where it is installed.
+    for p in /usr/share/man/man1/onepool.1.gz /usr/share/man/man8/onepoold.8.gz /usr/share/man/man5/onepool.toml.5.gz; do
+        zcat "$p" | grep -q "^\.TH " || { echo "not a manual page: $p"; exit 1; }
+    done
+    if command -v man >/dev/null; then man -w onepool >/dev/null && man -w 8 onepoold >/dev/null; fi
     uid=$(id -u onepool)
     uid_min=$(awk "/^UID_MIN/ {print \$2}" /etc/login.defs)
     [ "$uid" -ge "${uid_min:-1000}" ] || { echo "onepool has a system uid ($uid)"; exit 1; }

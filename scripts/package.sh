@@ -10,7 +10,9 @@
 #   (/usr/lib/x86_64-linux-gnu/slurm-wlm on Debian, /usr/lib64/slurm in the
 #   .rpm) as job_submit_onepool.so and spank_onepool.so; /usr/bin/onepool and
 #   /usr/bin/onepoold; the systemd units; the sample policy and daemon config
-#   as conffiles in /etc/slurm; README.md and LICENSE in /usr/share/doc/onepool;
+#   as conffiles in /etc/slurm; README.md, docs/ and LICENSE in /usr/share/doc/onepool;
+#   manual pages onepool(1) (and one per subcommand), onepoold(8),
+#   onepool.toml(5), onepoold.toml(5) in /usr/share/man;
 #   a postinst that creates the service user `onepool` (regular uid) and
 #   enables or starts nothing.
 #
@@ -85,6 +87,13 @@ stage_tree() {
     # The manuals the README points at (issue #27: the README is the front door).
     install -d "$d/usr/share/doc/onepool/docs"
     install -m 0644 docs/*.md "$d/usr/share/doc/onepool/docs/"
+    # Manual pages, made by the binaries from their own definitions:
+    # onepool(1) and its subcommands, onepoold(8), onepool.toml(5) and
+    # onepoold.toml(5) (issue #27), so `man onepool` works after install.
+    "$bins/onepool" man "$d/usr/share/man"
+    "$bins/onepoold" --man "$d/usr/share/man"
+    chmod 0644 "$d"/usr/share/man/man*/*
+    gzip -9n "$d"/usr/share/man/man*/*
 }
 
 build_deb() {

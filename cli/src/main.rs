@@ -1,7 +1,11 @@
 //! `onepool`: the administrator's command for the shared GPU pool.
 
+// No FFI here: nothing unsafe, ever (issue #27).
+#![forbid(unsafe_code)]
+
 mod doctor;
 mod gpus;
+mod manpages;
 mod policy;
 mod replica;
 mod report;
@@ -38,8 +42,11 @@ enum Command {
     /// Check a live cluster against the policy: every setting it relies on, PASS/WARN/FAIL with the fix
     #[command(after_help = doctor::EXIT_STATUS_HELP)]
     Doctor(doctor::DoctorArgs),
-    /// What sharing did over a period, from Slurm's accounting: GPU-hours per class, borrowed, idle, reclaims
+    /// What sharing did over a period, from Slurm's accounting and slurmctld's log: GPU-hours per class, reclaims, failed replicas
     Report(report::ReportArgs),
+    /// Write the manual pages (onepool(1) and its subcommands, onepool.toml(5)) under DIR/man1 and DIR/man5
+    #[command(hide = true)]
+    Man { dir: std::path::PathBuf },
 }
 
 /// Exit status when the command could not do its work at all (unreadable
@@ -57,6 +64,7 @@ fn main() -> ExitCode {
         Command::Replica(args) => replica::run_replica(&args),
         Command::Doctor(args) => doctor::run(&args),
         Command::Report(args) => report::run(&args),
+        Command::Man { dir } => manpages::write_all(&dir).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

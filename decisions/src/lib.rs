@@ -3,6 +3,9 @@
 //! here does I/O or knows about Slurm's C types, so every rule is tested
 //! once, fast, and behaves the same everywhere.
 
+// No FFI here: nothing unsafe, ever (issue #27).
+#![forbid(unsafe_code)]
+
 pub mod annotation;
 pub mod autoscale;
 pub mod backoff;
@@ -11,6 +14,7 @@ pub mod duration;
 pub mod gres_conf;
 pub mod handoff;
 pub mod hostlist;
+pub mod manpage;
 pub mod names;
 pub mod ownership;
 pub mod policy;

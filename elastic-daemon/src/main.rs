@@ -12,39 +12,59 @@ use tokio::signal::unix::{signal, SignalKind};
 
 const DEFAULT_CONFIG: &str = "/etc/slurm/onepoold.toml";
 
-fn usage() -> String {
-    format!(
-        "usage: onepoold [--config FILE] [--allow-root] [--check | --preflight ENDPOINT]   (default {DEFAULT_CONFIG}, or $ONEPOOL_DAEMON_CONFIG)\n\
-         --allow-root: run replica control as root (development clusters only: replica jobs and their model servers then run as root)\n\
-         --check: check the configuration (and its replica settings against the policy) and exit: 0 fit, 1 not\n\
-         --preflight ENDPOINT: submit one replica of ENDPOINT as onepoold would, wait until it answers a chat completion, cancel it; 0 served, 1 not"
-    )
-}
-
+/// onepoold's command line; also the source of onepoold(8).
+#[derive(clap::Parser)]
+#[command(
+    name = "onepoold",
+    version,
+    about = "onepool's inference router and replica controller",
+    long_about = "onepoold serves every endpoint of its configuration (one stable address each, least-outstanding \
+                  routing, a bounded queue, retries, graceful drain) and, for endpoints with [endpoint.replicas], \
+                  keeps their replicas as Slurm jobs: a baseline in the protected class, supplemental ones in a \
+                  flexible class as the request load asks, drained when Slurm reclaims them. On SIGTERM or SIGINT it \
+                  stops accepting and lets requests in flight finish up to shutdown_grace."
+)]
 struct Args {
+    /// The configuration file
+    #[arg(long, short = 'c', env = "ONEPOOL_DAEMON_CONFIG", default_value = DEFAULT_CONFIG)]
     config: PathBuf,
+    /// Run replica control as root (development clusters only: replica jobs and their model servers then run as root)
+    #[arg(long)]
     allow_root: bool,
+    /// Check the configuration (and its replica settings against the policy) and exit: 0 fit, 1 not
+    #[arg(long, conflicts_with = "preflight")]
     check: bool,
+    /// Submit one replica of ENDPOINT as onepoold would, wait until it answers a chat completion, cancel it; 0 served, 1 not
+    #[arg(long, value_name = "ENDPOINT")]
     preflight: Option<String>,
+    /// Write onepoold(8) and onepoold.toml(5) under DIR/man8 and DIR/man5, and exit
+    #[arg(long, value_name = "DIR", hide = true)]
+    man: Option<PathBuf>,
 }
 
-fn args() -> Result<Args, String> {
-    let mut args = std::env::args().skip(1);
-    let mut path = std::env::var_os("ONEPOOL_DAEMON_CONFIG").map(PathBuf::from);
-    let mut allow_root = false;
-    let mut check = false;
-    let mut preflight = None;
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--config" | "-c" => path = Some(args.next().ok_or_else(usage)?.into()),
-            "--allow-root" => allow_root = true,
-            "--check" => check = true,
-            "--preflight" => preflight = Some(args.next().ok_or_else(usage)?),
-            "--help" | "-h" => return Err(usage()),
-            other => return Err(format!("unknown argument {other:?}; {}", usage())),
-        }
-    }
-    Ok(Args { config: path.unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG)), allow_root, check, preflight })
+/// The commented sample configuration, the reference onepoold.toml(5) quotes.
+const SAMPLE_CONFIG: &str = include_str!("../../etc/onepoold.toml");
+
+fn man_pages(dir: &std::path::Path) -> std::io::Result<()> {
+    use clap::CommandFactory;
+    let (man8, man5) = (dir.join("man8"), dir.join("man5"));
+    std::fs::create_dir_all(&man8)?;
+    std::fs::create_dir_all(&man5)?;
+    let cmd = Args::command();
+    let mut page = Vec::new();
+    clap_mangen::Man::new(cmd).section("8").render(&mut page)?;
+    std::fs::write(man8.join("onepoold.8"), page)?;
+    let page = onepool_decisions::manpage::config_page(
+        "onepoold.toml",
+        "onepoold's configuration: endpoints, listeners, auth, replicas",
+        DEFAULT_CONFIG,
+        "onepoold reads this file at start and refuses to start on any error, each named with its line and \
+         column; onepoold --check checks it, and its replica settings against the policy, without starting. \
+         The sample below, installed as the file itself, is the reference: every key with its default and why.",
+        SAMPLE_CONFIG,
+        "onepoold(8), onepool(1), onepool.toml(5)",
+    );
+    std::fs::write(man5.join("onepoold.toml.5"), page)
 }
 
 fn main() -> ExitCode {
@@ -58,13 +78,17 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let Args { config: path, allow_root, check, preflight } = match args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
+    // clap answers --help and --version itself, and exits 2 on a bad argument.
+    let Args { config: path, allow_root, check, preflight, man } = <Args as clap::Parser>::parse();
+    if let Some(dir) = man {
+        return match man_pages(&dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("onepoold: writing the manual pages in {}: {e}", dir.display());
+                ExitCode::FAILURE
+            }
+        };
+    }
     let mut config = match config::load(&path) {
         Ok(c) => c,
         Err(e) => {

@@ -4,6 +4,9 @@
 //! autoscaling, the rendered QOS) and a documented model of what Slurm
 //! does with it ([`slurm`]).
 
+// No FFI here: nothing unsafe, ever (issue #27).
+#![forbid(unsafe_code)]
+
 pub mod compare;
 pub mod engine;
 pub mod fleet;

@@ -4,6 +4,9 @@
 //! failures that say which command failed, what it printed, and whether
 //! trying again can help.
 
+// No FFI here: nothing unsafe, ever (issue #27).
+#![forbid(unsafe_code)]
+
 pub mod adapter;
 pub mod fake;
 pub mod live;

@@ -10,6 +10,9 @@
 //! - `POST /v1/endpoints/NAME/replicas/drain`  `{"address": "...", "deadline": "30s"}`
 //! - `POST /v1/endpoints/NAME/retry`           end the endpoint's start back-off at the next poll
 
+// No FFI here: nothing unsafe, ever (issue #27).
+#![forbid(unsafe_code)]
+
 use std::path::Path;
 
 use bytes::Bytes;

@@ -13,6 +13,9 @@
 //! [`settings`], starts the listeners and health checkers, and adds the
 //! control socket and the replica controllers; nothing here depends on it.
 
+// No FFI here: nothing unsafe, ever (issue #27).
+#![forbid(unsafe_code)]
+
 pub mod backend_pool;
 pub mod endpoint;
 pub mod health;

@@ -8,6 +8,9 @@
 //! and bursts of 1.6-8 s at 36-62 requests/s; request sizes drawn from
 //! BASE's rows ([`generate::BurstShape::ISSUE_18`]).
 
+// No FFI here: nothing unsafe, ever (issue #27).
+#![forbid(unsafe_code)]
+
 use std::io::{BufWriter, Write};
 use std::process::ExitCode;
 
