@@ -106,6 +106,62 @@ pub fn format_time(t: f64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
 }
 
+/// [`format_time`] with milliseconds and the zone: `2026-12-05T09:52:30.123Z`
+/// (the access log's time, always UTC).
+pub fn format_time_ms(t: f64) -> String {
+    let ms = ((t - t.floor()) * 1000.0).floor().clamp(0.0, 999.0) as u32;
+    format!("{}.{ms:03}Z", format_time(t))
+}
+
+/// One line of onepoold's access log (issue #26), as JSON: written by the
+/// router for every request that reached an endpoint, read back by
+/// `onepool simulate` as an inference trace. Token counts are the model
+/// server's own (its `usage`), absent where it gave none (a stream without
+/// usage, the router's own answers).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AccessEntry {
+    /// When the request arrived (UTC, [`format_time_ms`]).
+    pub time: String,
+    pub endpoint: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    pub status: u16,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub prompt_tokens: Option<u64>,
+    #[serde(default)]
+    pub completion_tokens: Option<u64>,
+    /// Seconds to the response's first body byte.
+    #[serde(default)]
+    pub ttfb_s: Option<f64>,
+    /// Seconds to its last byte (or to the client leaving).
+    pub latency_s: f64,
+    /// The replica that answered; `None`: the router itself.
+    #[serde(default)]
+    pub replica: Option<String>,
+    /// False when the client went away or the response was cut off.
+    pub complete: bool,
+}
+
+impl AccessEntry {
+    /// The request as an inference trace row: its arrival and the tokens
+    /// the server counted.
+    pub fn as_request(&self) -> Result<AzureRow, String> {
+        let t = parse_time(self.time.strip_suffix('Z').unwrap_or(&self.time))
+            .ok_or_else(|| format!("time {:?} is not a time (YYYY-MM-DDTHH:MM:SS[.fraction]Z)", self.time))?;
+        let (Some(p), Some(c)) = (self.prompt_tokens, self.completion_tokens) else {
+            return Err(format!(
+                "no token counts (status {}, answered by {})",
+                self.status,
+                self.replica.as_deref().unwrap_or("the router")
+            ));
+        };
+        let tokens = |n: u64| u32::try_from(n).map_err(|_| format!("{n} tokens is out of range"));
+        Ok(AzureRow { t, context_tokens: tokens(p)?, generated_tokens: tokens(c)? })
+    }
+}
+
 /// The date of a day count since 1970-01-01 (the inverse of [`days_from_civil`]).
 fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
@@ -133,6 +189,19 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_access_line_is_a_trace_row_when_the_server_counted_tokens() {
+        assert_eq!(format_time_ms(1_700_158_546.25), "2023-11-16T18:15:46.250Z");
+        let line = r#"{"time":"2023-11-16T18:15:46.250Z","endpoint":"chat","model":"m","status":200,"stream":true,"prompt_tokens":374,"completion_tokens":44,"ttfb_s":0.1,"latency_s":0.9,"replica":"127.0.0.1:4000","complete":true}"#;
+        let e: AccessEntry = serde_json::from_str(line).unwrap();
+        let r = e.as_request().unwrap();
+        assert_eq!((r.t, r.context_tokens, r.generated_tokens), (1_700_158_546.25, 374, 44));
+        let router = AccessEntry { prompt_tokens: None, replica: None, status: 503, ..e.clone() };
+        assert_eq!(router.as_request().unwrap_err(), "no token counts (status 503, answered by the router)");
+        let late = AccessEntry { time: "noon".into(), ..e };
+        assert!(late.as_request().unwrap_err().starts_with("time \"noon\""));
+    }
 
     #[test]
     fn rows_and_errors() {

@@ -46,6 +46,8 @@ pub struct Config {
     /// no `[endpoint.replicas]`, for launchers added through the control
     /// socket.
     pub replica_key_named: bool,
+    /// `[access_log]`: one JSON line per request, rotated by size.
+    pub access_log: Option<onepool_router::access_log::AccessLogSettings>,
 }
 
 /// Where the replica key lives unless `replica_key_file` says otherwise
@@ -172,10 +174,19 @@ struct RawConfig {
     slurm_conf: Option<Spanned<String>>,
     replica_key_file: Option<Spanned<String>>,
     policy: Option<Spanned<String>>,
+    access_log: Option<Spanned<RawAccessLog>>,
     #[serde(default)]
     endpoint: Vec<Spanned<RawEndpoint>>,
     #[serde(default)]
     listener: Vec<Spanned<RawListener>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAccessLog {
+    path: Spanned<String>,
+    max_file_bytes: Option<Spanned<i64>>,
+    keep_files: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -309,6 +320,20 @@ struct Checker {
     diags: Vec<Diagnostic>,
 }
 
+/// `[access_log]`: a path (absolute: the daemon's working directory is
+/// no place for it), and bounds on each file and on how many are kept.
+fn access_log(c: &mut Checker, a: &RawAccessLog) -> onepool_router::access_log::AccessLogSettings {
+    let path = PathBuf::from(a.path.get_ref());
+    if !path.is_absolute() {
+        c.error(a.path.span(), format!("access_log.path {:?} must be an absolute path", a.path.get_ref()));
+    }
+    onepool_router::access_log::AccessLogSettings {
+        path,
+        max_file_bytes: c.number(&a.max_file_bytes, "access_log.max_file_bytes", 64 << 10, 1 << 40, 100 << 20) as u64,
+        keep_files: c.number(&a.keep_files, "access_log.keep_files", 1, 100, 5) as u32,
+    }
+}
+
 impl Checker {
     fn error(&mut self, span: Range<usize>, msg: String) {
         self.diags.push(Diagnostic::error(Some(span), msg));
@@ -405,6 +430,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
     let metrics_auth =
         raw.metrics_bearer_tokens_file.as_ref().and_then(|f| bearer_tokens(&mut c, f, "metrics_bearer_tokens_file"));
     let shutdown_grace = c.duration(&raw.shutdown_grace, "shutdown_grace", Duration::from_secs(30));
+    let access_log = raw.access_log.as_ref().map(|a| access_log(&mut c, a.get_ref()));
     let max_buffered_body_bytes =
         c.number(&raw.max_buffered_body_bytes, "max_buffered_body_bytes", 1 << 20, 1 << 40, 256 << 20) as usize;
     if raw.endpoint.is_empty() {
@@ -437,6 +463,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
             .replica_key_file
             .map_or_else(|| PathBuf::from(DEFAULT_REPLICA_KEY_FILE), |s| PathBuf::from(s.into_inner())),
         policy: raw.policy.map(|s| PathBuf::from(s.into_inner())),
+        access_log,
     })
 }
 

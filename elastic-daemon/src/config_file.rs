@@ -29,7 +29,16 @@ pub struct ConfigFile {
     pub slurm_conf: Option<PathBuf>,
     pub policy: Option<PathBuf>,
     pub replica_key_file: Option<PathBuf>,
+    pub access_log: Option<AccessLogFile>,
     pub endpoints: Vec<EndpointFile>,
+}
+
+/// `[access_log]`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AccessLogFile {
+    pub path: PathBuf,
+    pub max_file_bytes: Option<u64>,
+    pub keep_files: Option<u32>,
 }
 
 /// One `[[endpoint]]`.
@@ -127,6 +136,12 @@ impl ConfigFile {
         t.put("slurm_conf", self.slurm_conf.as_deref().map(path));
         t.put("policy", self.policy.as_deref().map(path));
         t.put("replica_key_file", self.replica_key_file.as_deref().map(path));
+        if let Some(a) = &self.access_log {
+            t.table("[access_log]");
+            t.put("path", Some(path(&a.path)));
+            t.put("max_file_bytes", a.max_file_bytes.map(int));
+            t.put("keep_files", a.keep_files.map(int));
+        }
         for e in &self.endpoints {
             e.write(&mut t);
         }
@@ -307,6 +322,11 @@ mod tests {
             slurm_conf: Some("/etc/slurm-x/slurm.conf".into()),
             policy: Some("/etc/slurm-x/onepool.toml".into()),
             replica_key_file: Some("/var/lib/one pool/replica.key".into()),
+            access_log: Some(AccessLogFile {
+                path: "/var/log/one pool/access.jsonl".into(),
+                max_file_bytes: Some(1 << 20),
+                keep_files: Some(3),
+            }),
             endpoints: vec![
                 EndpointFile {
                     listen: Some("127.0.0.1:8001".parse().unwrap()),
@@ -388,6 +408,11 @@ mod tests {
         assert_eq!(c.slurm_conf, f.slurm_conf);
         assert_eq!(c.policy, f.policy);
         assert_eq!(Some(c.replica_key_file), f.replica_key_file);
+        let a = c.access_log.as_ref().unwrap();
+        assert_eq!(
+            (a.path.to_str(), a.max_file_bytes, a.keep_files),
+            (Some("/var/log/one pool/access.jsonl"), 1 << 20, 3)
+        );
         assert_eq!(c.endpoints.len(), 2);
         let (e, want) = (&c.endpoints[0], &f.endpoints[0]);
         assert_eq!((e.name.as_str(), e.listen), ("chat", want.listen));
@@ -608,6 +633,7 @@ mod tests {
                 slurm_conf: paths.0.map(PathBuf::from),
                 policy: paths.1.map(PathBuf::from),
                 replica_key_file: None,
+                access_log: None,
                 endpoints: vec![endpoint],
             };
             let c = f.build();

@@ -16,6 +16,7 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use onepool_control::ControlError;
+use onepool_router::access_log::AccessLog;
 use onepool_router::endpoint::{Endpoint, QueueSettings};
 use onepool_router::metrics::Metrics;
 use onepool_router::proxy::{BodyBudget, Dispatch, Target};
@@ -43,6 +44,8 @@ pub enum StartError {
     Policy(String),
     #[error(transparent)]
     ReplicaKey(#[from] crate::replica_key::KeyError),
+    #[error("access_log: cannot open {path}: {source}")]
+    AccessLog { path: PathBuf, source: std::io::Error },
 }
 
 pub struct Daemon {
@@ -76,6 +79,13 @@ impl Daemon {
         };
         let metrics = Arc::new(Metrics::new());
         let budget = BodyBudget::new(config.max_buffered_body_bytes, &metrics);
+        let access = match &config.access_log {
+            Some(a) => Some(
+                AccessLog::start(a.clone(), metrics.access_log_dropped.clone())
+                    .map_err(|source| StartError::AccessLog { path: a.path.clone(), source })?,
+            ),
+            None => None,
+        };
         let (tx, rx) = watch::channel(false);
         let mut endpoints = BTreeMap::new();
         let mut targets = HashMap::new();
@@ -113,7 +123,8 @@ impl Daemon {
                     replica_jobs: None,
                 },
             );
-            let target = Target::new(endpoint.clone(), e.proxy.clone(), metrics.clone(), budget.clone());
+            let target =
+                Target::new(endpoint.clone(), e.proxy.clone(), metrics.clone(), budget.clone(), access.clone());
             targets.insert(e.name.clone(), target.clone());
             if let Some(l) = listener {
                 listeners.push((l, Arc::new(Dispatch::Single(target)), e.proxy.conn()));

@@ -215,6 +215,68 @@ async fn each_503_is_counted_by_its_reason() {
     h.daemon.shutdown().await;
 }
 
+/// The access log (issue #26): a line per request with what the server
+/// counted, the replica, the router's own answers too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_leaves_an_access_line() {
+    let a = backend(Mode::Normal).await;
+    let dir = std::env::temp_dir().join(format!("onepool-access-router-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("access.jsonl");
+    let mut config = common::config(endpoint_config(1, 0, Duration::from_millis(100)), 256 << 20);
+    config.access_log = Some(onepool_router::access_log::AccessLogSettings {
+        path: path.clone(),
+        max_file_bytes: 1 << 20,
+        keep_files: 2,
+    });
+    let daemon = onepool_elastic_daemon::daemon::Daemon::start(config).await.unwrap();
+    let ep = daemon.endpoint("chat").unwrap();
+    ep.endpoint.add(a.addr, None, true).unwrap();
+    let url = format!("http://{}", ep.listen.unwrap());
+    let c = client();
+    let post = |path: &str, body: &'static str| {
+        let req = Request::builder()
+            .method("POST")
+            .uri(format!("{url}{path}"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap();
+        let c = c.clone();
+        async move {
+            let r = c.request(req).await.unwrap();
+            let s = r.status();
+            r.into_body().collect().await.unwrap();
+            s
+        }
+    };
+    assert_eq!(post("/usage", r#"{"model":"m","stream":false,"messages":[]}"#).await, StatusCode::OK);
+    // The one replica busy and no queue: the router answers 503 itself.
+    let busy = {
+        let (c, u) = (c.clone(), format!("{url}/sleep/500"));
+        tokio::spawn(async move { get(&c, &u).await.0 })
+    };
+    until("the replica is busy", || a.stats.in_flight.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(post("/ok", r#"{"model":"m"}"#).await, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(busy.await.unwrap(), StatusCode::OK);
+    let lines = || std::fs::read_to_string(&path).unwrap_or_default();
+    until("three access lines", || lines().lines().count() == 3).await;
+    let entries: Vec<onepool_decisions::trace::AccessEntry> =
+        lines().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let e = &entries[0];
+    assert_eq!((e.endpoint.as_str(), e.model.as_deref(), e.status, e.stream), ("chat", Some("m"), 200, false));
+    assert_eq!((e.prompt_tokens, e.completion_tokens, e.complete), (Some(7), Some(3), true));
+    assert_eq!(e.replica, Some(a.addr.to_string()));
+    assert!(e.ttfb_s.is_some_and(|t| t <= e.latency_s), "{e:?}");
+    let refused = entries.iter().find(|e| e.status == 503).expect("the router's 503 is logged");
+    assert_eq!((refused.replica.as_deref(), refused.prompt_tokens), (None, None));
+    let slept = entries.iter().find(|e| e.status == 200 && e.model.is_none()).unwrap();
+    assert!(slept.latency_s >= 0.5, "{slept:?}");
+    assert_eq!(daemon.metrics.access_log_dropped.get(), 0);
+    daemon.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_reset_is_retried_when_safe_else_502() {
     let (reset, count) = resetting_backend().await;

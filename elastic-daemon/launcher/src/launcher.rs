@@ -57,6 +57,9 @@ use crate::report::Report;
 /// How long the answers of requests cut off at the drain timeout get to
 /// leave before the server is stopped.
 const CUT_FLUSH: Duration = Duration::from_secs(1);
+/// How long the front's connections get to write out their last bytes
+/// after the drain (idle ones close at once).
+const CONNECTIONS_CLOSE: Duration = Duration::from_secs(2);
 /// How long a server stopped after a timed-out drain gets before SIGKILL.
 const CUT_STOP_GRACE: Duration = Duration::from_secs(1);
 
@@ -205,6 +208,12 @@ pub struct Front {
     /// Requests and connections refused: no key, a path not served, a
     /// body too large, over the connection cap.
     pub refused: AtomicU64,
+    /// Set once the drain is over: each client connection finishes what it
+    /// writes and closes ([`Front::close_connections`]).
+    closing: CancellationToken,
+    /// Client connections open, and a wake-up when one closes.
+    connections: AtomicU64,
+    closed: Notify,
 }
 
 impl Front {
@@ -225,6 +234,26 @@ impl Front {
     /// body in flight is aborted.
     pub fn cut_off(&self) {
         self.cut.cancel();
+    }
+
+    /// After the drain: every client connection writes out what it holds
+    /// and closes; waits for that, at most `timeout`. A response counts as
+    /// done (and the drain as over) when its last frame left the server's
+    /// side, which can be before hyper has written it to the router: the
+    /// process must not end in between (seen as a stream cut off before
+    /// `data: [DONE]` in the demo).
+    pub async fn close_connections(&self, timeout: Duration) {
+        self.closing.cancel();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let closed = self.closed.notified();
+            if self.connections.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, closed).await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Waits until nothing is in flight or `timeout` passes.
@@ -419,20 +448,41 @@ pub async fn serve_front(listener: TcpListener, cfg: Arc<FrontConfig>, state: Ar
             continue;
         };
         let (state, client, cfg) = (state.clone(), client.clone(), cfg.clone());
+        state.connections.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
             let _slot = slot;
+            let _open = OpenConnection(state.clone());
             let header_read_timeout = cfg.bounds.header_read_timeout;
+            let closing = state.closing.clone();
             let svc = service_fn(move |req| {
                 let (state, client, cfg) = (state.clone(), client.clone(), cfg.clone());
                 async move { Ok::<_, std::convert::Infallible>(front(req, state, client, cfg).await) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
+            let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_read_timeout)
                 .max_buf_size(max_buf)
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
+                .serve_connection(TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = closing.cancelled() => {
+                    // Finish the response being written, then close.
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
         });
+    }
+}
+
+/// Counts a client connection until its task ends.
+struct OpenConnection(Arc<Front>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::SeqCst);
+        self.0.closed.notify_waiters();
     }
 }
 
@@ -593,6 +643,9 @@ pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, Laun
         Outcome::TimedOut { .. } => cfg.stop_grace.min(CUT_STOP_GRACE),
         _ => cfg.stop_grace,
     };
+    // What the front still writes to the router leaves before the server
+    // and this process go.
+    state.close_connections(CONNECTIONS_CLOSE).await;
     // The record of the drain goes into the job's comment while the server
     // stops (one scontrol call; the GPUs wait for the server, not for it).
     let drain = DrainNote {

@@ -112,6 +112,7 @@ fn exercised() -> Metrics {
     m.buffered_body_bytes.set(10);
     m.body_budget_refused.inc();
     m.count_unavailable(endpoint, crate::metrics::Unavailable::QueueTimeout);
+    m.access_log_dropped.inc();
     m
 }
 

@@ -16,6 +16,7 @@
 // No FFI here: nothing unsafe, ever (issue #27).
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod backend_pool;
 pub mod endpoint;
 pub mod health;

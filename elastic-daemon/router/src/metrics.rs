@@ -158,6 +158,8 @@ pub struct Metrics {
     pub body_budget_refused: Counter,
     pub response_idle_timeouts: Family<ReplicaLabels, Counter>,
     pub unavailable: Family<UnavailableLabels, Counter>,
+    /// Access log lines dropped because its writer fell behind.
+    pub access_log_dropped: Counter,
     registry: Registry,
 }
 
@@ -190,6 +192,7 @@ impl Metrics {
         let body_budget_refused = Counter::default();
         let response_idle_timeouts = Family::<ReplicaLabels, Counter>::default();
         let unavailable = Family::<UnavailableLabels, Counter>::default();
+        let access_log_dropped = Counter::default();
         let mut registry = Registry::with_prefix("onepool");
         let router = registry.sub_registry_with_prefix("router");
         router.register("requests", "Requests answered, by replica and status class", requests.clone());
@@ -223,6 +226,11 @@ impl Metrics {
             "unavailable",
             "Requests answered 503, by reason: queue_full, queue_timeout, draining (no other replica took it), replica (its own 503)",
             unavailable.clone(),
+        );
+        router.register(
+            "access_log_dropped",
+            "Access log lines dropped because the writer fell behind (requests never wait for the disk)",
+            access_log_dropped.clone(),
         );
         let controller = registry.sub_registry_with_prefix("replica");
         controller.register("jobs", "onepoold's replicas in Slurm jobs, by kind and phase", replicas.clone());
@@ -286,6 +294,7 @@ impl Metrics {
             body_budget_refused,
             response_idle_timeouts,
             unavailable,
+            access_log_dropped,
             registry,
         }
     }

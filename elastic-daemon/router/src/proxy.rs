@@ -31,6 +31,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::access_log::{AccessLog, RequestFacts, ServedBy, Tap};
 use crate::backend_pool::{self, BackendBody, SendError, HOP_BY_HOP, IDLE_TIMEOUT};
 use crate::endpoint::{AcquireError, Endpoint, Lease};
 use crate::metrics::{ListenerLabels, Metrics, RefusedLabels, RequestCounters, Unavailable};
@@ -44,6 +45,8 @@ pub struct ProxyBody {
     kind: BodyKind,
     /// Its request's hold on the connection, let go with the body.
     hold: Option<RequestHold>,
+    /// The access log's watch on it, when the log is on.
+    tap: Option<Box<Tap>>,
 }
 
 enum BodyKind {
@@ -56,10 +59,33 @@ impl Body for ProxyBody {
     type Error = std::io::Error;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        match &mut self.get_mut().kind {
+        let me = self.get_mut();
+        let r = match &mut me.kind {
             BodyKind::Own(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
             BodyKind::Replica(b) => Pin::new(b).poll_frame(cx),
+        };
+        if let Some(tap) = &mut me.tap {
+            match &r {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(data) = frame.data_ref() {
+                        tap.data(data);
+                    }
+                    // hyper stops polling a body that says it ended (a
+                    // known length reached) and drops it: that is whole too.
+                    let ended = match &me.kind {
+                        BodyKind::Own(b) => b.is_end_stream(),
+                        BodyKind::Replica(b) => b.is_end_stream(),
+                    };
+                    if ended {
+                        tap.end(true);
+                    }
+                }
+                Poll::Ready(None) => tap.end(true),
+                Poll::Ready(Some(Err(_))) => tap.end(false),
+                Poll::Pending => {}
+            }
         }
+        r
     }
 
     fn is_end_stream(&self) -> bool {
@@ -85,6 +111,7 @@ pub struct Target {
     settings: ProxySettings,
     metrics: Arc<Metrics>,
     budget: Arc<BodyBudget>,
+    access: Option<Arc<AccessLog>>,
 }
 
 impl Target {
@@ -93,6 +120,7 @@ impl Target {
         settings: ProxySettings,
         metrics: Arc<Metrics>,
         budget: Arc<BodyBudget>,
+        access: Option<Arc<AccessLog>>,
     ) -> Arc<Target> {
         // Closes keep-alive connections left unused (by a replica that is
         // no longer busy, or after a burst), until the endpoint is gone.
@@ -110,7 +138,7 @@ impl Target {
                 }
             });
         }
-        Arc::new(Target { endpoint, settings, metrics, budget })
+        Arc::new(Target { endpoint, settings, metrics, budget, access })
     }
 }
 
@@ -747,7 +775,7 @@ impl tokio::io::AsyncWrite for ClientStream {
 const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\nconnection: close\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 34\r\n\r\ntoo many connections; retry later\n";
 
 fn full(body: impl Into<Bytes>) -> ProxyBody {
-    ProxyBody { kind: BodyKind::Own(Full::new(body.into())), hold: None }
+    ProxyBody { kind: BodyKind::Own(Full::new(body.into())), hold: None, tap: None }
 }
 
 fn error_response(status: StatusCode, message: &str) -> Response<ProxyBody> {
@@ -1249,7 +1277,23 @@ impl Prepared {
     }
 }
 
-async fn forward(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
+/// [`forward_to`] a replica, and with the access log on, its line.
+async fn forward(p: Prepared, ctx: &Target) -> Response<ProxyBody> {
+    let Some(log) = &ctx.access else { return forward_to(p, ctx).await };
+    let (facts, start) = (RequestFacts::of(&p.body), p.start);
+    // Boxed: the log's state would otherwise grow every request's future.
+    let mut r = Box::pin(forward_to(p, ctx)).await;
+    let replica = r.extensions().get::<ServedBy>().map(|s| s.0);
+    let mut tap = Tap::new(log.clone(), ctx.endpoint.name(), facts, start, r.status().as_u16(), replica);
+    if r.body().is_end_stream() {
+        // No frame will pass (an empty answer): whole as it is.
+        tap.end(true);
+    }
+    r.body_mut().tap = Some(Box::new(tap));
+    r
+}
+
+async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
     let name = ctx.endpoint.name();
     let failed = |f: Failure| match f {
         Failure::Replica => openai_error(StatusCode::BAD_GATEWAY, "the replica failed before answering"),
@@ -1337,7 +1381,7 @@ async fn forward(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
                     ctx.endpoint.count_unavailable(Unavailable::Replica);
                 }
                 counted(resp.status().as_u16());
-                return client_response(resp, lease, p.start);
+                return client_response(resp, lease, p.start, ctx.access.is_some());
             }
         }
     }
@@ -1376,13 +1420,18 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-fn client_response(resp: Response<BackendBody>, lease: Lease, start: Instant) -> Response<ProxyBody> {
+/// `served_by`: name the replica in the response's extensions (for the
+/// access log; an allocation per response otherwise spared).
+fn client_response(resp: Response<BackendBody>, lease: Lease, start: Instant, served_by: bool) -> Response<ProxyBody> {
     let (mut parts, body) = resp.into_parts();
     if body.hop_by_hop() {
         strip_hop_by_hop(&mut parts.headers);
     }
+    if served_by {
+        parts.extensions.insert(ServedBy(lease.replica().address));
+    }
     let body = LeasedBody { inner: body, lease: Some(lease), start };
-    Response::from_parts(parts, ProxyBody { kind: BodyKind::Replica(body), hold: None })
+    Response::from_parts(parts, ProxyBody { kind: BodyKind::Replica(body), hold: None, tap: None })
 }
 
 /// A replica's response body that holds the replica's lease until the last

@@ -139,6 +139,12 @@ async fn answer(
             tokio::time::sleep(Duration::from_micros((n * 100).min(100_000))).await;
         }
         ["hang"] => tokio::time::sleep(Duration::from_secs(3600)).await,
+        // A completion with the server's token counts at its end.
+        ["usage"] => {
+            return Response::new(text(
+                r#"{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}}"#,
+            ))
+        }
         ["status", code] => {
             let mut r = Response::new(text("the server's own answer"));
             *r.status_mut() = StatusCode::from_u16(code.parse().unwrap()).unwrap();
@@ -243,7 +249,12 @@ pub async fn start(endpoint: EndpointConfig) -> Daemon {
 
 /// Starts a router whose requests in flight may hold `max_buffered_body_bytes`.
 pub async fn start_with_budget(endpoint: EndpointConfig, max_buffered_body_bytes: usize) -> Daemon {
-    let config = Config {
+    Daemon::start(config(endpoint, max_buffered_body_bytes)).await.unwrap()
+}
+
+/// The configuration the helpers above start with.
+pub fn config(endpoint: EndpointConfig, max_buffered_body_bytes: usize) -> Config {
+    Config {
         control_socket: socket_path(),
         control_socket_mode: 0o600,
         metrics_address: Some("127.0.0.1:0".parse().unwrap()),
@@ -257,8 +268,8 @@ pub async fn start_with_budget(endpoint: EndpointConfig, max_buffered_body_bytes
         replica_key_file: "/nonexistent/replica.key".into(),
         replica_key_named: false,
         metrics_auth: None,
-    };
-    Daemon::start(config).await.unwrap()
+        access_log: None,
+    }
 }
 
 pub struct Harness {

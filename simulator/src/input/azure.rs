@@ -11,6 +11,9 @@ use super::{BadRow, OnBadRow, Rows};
 pub use onepool_decisions::trace::AzureRow as Request;
 
 pub fn read(file: &str, text: &str, on_bad: OnBadRow) -> Result<Rows<Request>, BadRow> {
+    if text.lines().map(str::trim_start).find(|l| !l.is_empty()).is_some_and(|l| l.starts_with('{')) {
+        return read_access_log(file, text, on_bad);
+    }
     let mut out = Rows::new();
     let rows = read_azure(text).map_err(|e| BadRow { file: file.into(), line: e.line, what: e.what })?;
     for (line, row) in rows {
@@ -23,9 +26,47 @@ pub fn read(file: &str, text: &str, on_bad: OnBadRow) -> Result<Rows<Request>, B
     Ok(out)
 }
 
+/// onepoold's access log (one JSON object a line, issue #26) as a trace:
+/// each request the model server counted tokens for. The router's own
+/// answers (a 503 when the queue was full, say) carry no counts and are
+/// rows the simulator cannot size: skipped, or refused, as `on_bad` says.
+fn read_access_log(file: &str, text: &str, on_bad: OnBadRow) -> Result<Rows<Request>, BadRow> {
+    let mut out = Rows::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let row = serde_json::from_str::<onepool_decisions::trace::AccessEntry>(line)
+            .map_err(|e| format!("not an access log line: {e}"))
+            .and_then(|e| e.as_request());
+        match row {
+            Ok(r) => out.rows.push(r),
+            Err(what) => out.bad(file, i + 1, what, on_bad)?,
+        }
+    }
+    out.rows.sort_by(|a, b| a.t.total_cmp(&b.t));
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_access_log_is_a_trace_of_what_the_server_counted() {
+        let text = concat!(
+            r#"{"time":"2026-12-05T10:00:01.500Z","endpoint":"chat","status":200,"stream":false,"prompt_tokens":31,"completion_tokens":8,"ttfb_s":0.2,"latency_s":0.4,"replica":"10.0.0.5:40000","complete":true}"#,
+            "\n",
+            r#"{"time":"2026-12-05T10:00:00.250Z","endpoint":"chat","status":503,"latency_s":0.0,"complete":true}"#,
+            "\n\n",
+            r#"{"time":"2026-12-05T10:00:00.000Z","endpoint":"chat","status":200,"prompt_tokens":12,"completion_tokens":3,"latency_s":0.1,"complete":true}"#,
+            "\nnot json\n"
+        );
+        let r = read("access.jsonl", text, OnBadRow::Skip).unwrap();
+        let got: Vec<(u32, u32)> = r.rows.iter().map(|x| (x.context_tokens, x.generated_tokens)).collect();
+        assert_eq!(got, [(12, 3), (31, 8)], "sorted by arrival");
+        assert!((r.rows[1].t - r.rows[0].t - 1.5).abs() < 1e-6);
+        assert_eq!(r.skipped.len(), 2);
+        assert_eq!(r.skipped[0].to_string(), "access.jsonl:2: no token counts (status 503, answered by the router)");
+        assert!(read("access.jsonl", text, OnBadRow::Abort).is_err());
+    }
 
     #[test]
     fn reads_and_reports() {

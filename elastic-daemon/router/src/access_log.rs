@@ -1,0 +1,342 @@
+//! onepoold's access log (issue #26): one JSON line per request that
+//! reached an endpoint, as a gateway's user expects — when it came, the
+//! endpoint and model, the status, the tokens in and out where the model
+//! server counted them, the time to the first byte and to the last, and
+//! the replica that answered ([`AccessEntry`]). `onepool simulate` reads
+//! the file back as an inference trace.
+//!
+//! The request path never waits for the disk: lines go through a bounded
+//! channel to a thread of their own, and a line that finds the channel
+//! full is dropped and counted (`onepool_router_access_log_dropped_total`)
+//! rather than slowing requests. The file is bounded too: past
+//! `max_file_bytes` it is renamed `FILE.1` (older ones shift up to
+//! `FILE.<keep_files>`, the oldest goes) and a new one begun.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use onepool_decisions::trace::{format_time_ms, AccessEntry};
+use prometheus_client::metrics::counter::Counter;
+
+/// Lines waiting for the writer; more are dropped (and counted).
+const QUEUE: usize = 16 * 1024;
+/// The response bytes kept to find the server's token counts in: its
+/// `usage` object is at the end of a completion (and of a stream's last
+/// event).
+const TAIL: usize = 2048;
+/// How often a quiet log is flushed.
+const FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AccessLogSettings {
+    pub path: PathBuf,
+    /// A file grows to about this size before it is rotated.
+    pub max_file_bytes: u64,
+    /// Rotated files kept (`FILE.1` .. `FILE.<keep_files>`).
+    pub keep_files: u32,
+}
+
+pub struct AccessLog {
+    tx: SyncSender<String>,
+    dropped: Counter,
+}
+
+impl AccessLog {
+    /// Opens (or creates, mode 0640) the file, so that a path onepoold
+    /// cannot write fails its start, and starts the writer thread.
+    pub fn start(settings: AccessLogSettings, dropped: Counter) -> std::io::Result<Arc<AccessLog>> {
+        let file = open(&settings.path)?;
+        let (tx, rx) = sync_channel(QUEUE);
+        std::thread::Builder::new().name("access-log".into()).spawn(move || write_lines(rx, file, &settings))?;
+        Ok(Arc::new(AccessLog { tx, dropped }))
+    }
+
+    fn send(&self, line: String) {
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(line) {
+            self.dropped.inc();
+        }
+    }
+}
+
+fn open(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().create(true).append(true).mode(0o640).open(path)
+}
+
+/// The writer thread: appends, rotates past the size, flushes when quiet;
+/// ends when every sender is gone (the daemon stopped).
+fn write_lines(rx: Receiver<String>, file: File, s: &AccessLogSettings) {
+    let mut size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut out = BufWriter::new(file);
+    let mut failing = false;
+    loop {
+        let line = match rx.recv_timeout(FLUSH_EVERY) {
+            Ok(l) => l,
+            Err(RecvTimeoutError::Timeout) => {
+                let _ = out.flush();
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let _ = out.flush();
+                return;
+            }
+        };
+        if size > 0 && size + line.len() as u64 + 1 > s.max_file_bytes {
+            let _ = out.flush();
+            match rotate(s).and_then(|()| open(&s.path)) {
+                Ok(f) => {
+                    out = BufWriter::new(f);
+                    size = 0;
+                }
+                Err(e) => tracing::warn!(path = %s.path.display(), "access log rotation failed: {e}"),
+            }
+        }
+        match out.write_all(line.as_bytes()).and_then(|()| out.write_all(b"\n")) {
+            Ok(()) => {
+                size += line.len() as u64 + 1;
+                failing = false;
+            }
+            // Said once per run of failures, not once per request.
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(path = %s.path.display(), "access log write failed: {e}");
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// FILE.(k) -> FILE.(k+1) from the oldest kept, then FILE -> FILE.1.
+fn rotate(s: &AccessLogSettings) -> std::io::Result<()> {
+    let numbered = |k: u32| {
+        let mut p = s.path.clone().into_os_string();
+        p.push(format!(".{k}"));
+        PathBuf::from(p)
+    };
+    let keep = s.keep_files.max(1);
+    let _ = std::fs::remove_file(numbered(keep));
+    for k in (1..keep).rev() {
+        match std::fs::rename(numbered(k), numbered(k + 1)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    std::fs::rename(&s.path, numbered(1))
+}
+
+/// What the access log needs from a request's body: its model and whether
+/// it streams. Read only when the log is on.
+#[derive(Default, serde::Deserialize)]
+pub struct RequestFacts {
+    #[serde(default)]
+    model: Option<serde_json::Value>,
+    #[serde(default)]
+    stream: Option<serde_json::Value>,
+}
+
+impl RequestFacts {
+    pub fn of(body: &[u8]) -> RequestFacts {
+        if body.is_empty() {
+            return RequestFacts::default();
+        }
+        serde_json::from_slice(body).unwrap_or_default()
+    }
+}
+
+/// Watches one response on its way to the client and writes its line when
+/// it ends (or is dropped: the client went away).
+pub struct Tap {
+    log: Arc<AccessLog>,
+    endpoint: String,
+    facts: RequestFacts,
+    arrived: SystemTime,
+    start: Instant,
+    status: u16,
+    replica: Option<SocketAddr>,
+    first_byte: Option<Instant>,
+    tail: Vec<u8>,
+    written: bool,
+}
+
+impl Tap {
+    pub fn new(
+        log: Arc<AccessLog>,
+        endpoint: &str,
+        facts: RequestFacts,
+        start: Instant,
+        status: u16,
+        replica: Option<SocketAddr>,
+    ) -> Tap {
+        let arrived = SystemTime::now().checked_sub(start.elapsed()).unwrap_or_else(SystemTime::now);
+        Tap {
+            log,
+            endpoint: endpoint.to_string(),
+            facts,
+            arrived,
+            start,
+            status,
+            replica,
+            first_byte: None,
+            tail: Vec::new(),
+            written: false,
+        }
+    }
+
+    pub fn data(&mut self, data: &Bytes) {
+        if data.is_empty() {
+            return;
+        }
+        self.first_byte.get_or_insert_with(Instant::now);
+        self.tail.extend_from_slice(&data[data.len().saturating_sub(TAIL)..]);
+        if self.tail.len() > TAIL {
+            self.tail.drain(..self.tail.len() - TAIL);
+        }
+    }
+
+    /// The response ended: whole (`complete`) or not.
+    pub fn end(&mut self, complete: bool) {
+        if std::mem::replace(&mut self.written, true) {
+            return;
+        }
+        let now = Instant::now();
+        let since = |t: Instant| t.saturating_duration_since(self.start).as_secs_f64();
+        let unix = self.arrived.duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        let entry = AccessEntry {
+            time: format_time_ms(unix),
+            endpoint: self.endpoint.clone(),
+            model: match self.facts.model.take() {
+                Some(serde_json::Value::String(m)) => Some(m),
+                _ => None,
+            },
+            status: self.status,
+            stream: matches!(self.facts.stream, Some(serde_json::Value::Bool(true))),
+            prompt_tokens: count_after(&self.tail, b"\"prompt_tokens\":"),
+            completion_tokens: count_after(&self.tail, b"\"completion_tokens\":"),
+            ttfb_s: self.first_byte.map(since),
+            latency_s: since(now),
+            replica: self.replica.map(|r| r.to_string()),
+            complete,
+        };
+        if let Ok(line) = serde_json::to_string(&entry) {
+            self.log.send(line);
+        }
+    }
+}
+
+impl Drop for Tap {
+    fn drop(&mut self) {
+        self.end(false);
+    }
+}
+
+/// The number after the last `key` in `tail` (`"prompt_tokens": 31`).
+fn count_after(tail: &[u8], key: &[u8]) -> Option<u64> {
+    let at = tail.windows(key.len()).rposition(|w| w == key)? + key.len();
+    let rest = &tail[at..];
+    let digits: Vec<u8> =
+        rest.iter().skip_while(|b| b.is_ascii_whitespace()).take_while(|b| b.is_ascii_digit()).copied().collect();
+    std::str::from_utf8(&digits).ok()?.parse().ok()
+}
+
+/// Which replica answered, put in the response's extensions by the proxy.
+#[derive(Clone, Copy, Debug)]
+pub struct ServedBy(pub SocketAddr);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("onepool-access-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn usage_counts_are_read_from_the_end_of_the_answer() {
+        let body = br#"{"choices":[{"message":{"content":"hi"}}],"usage":{"completion_tokens": 8,"prompt_tokens":31,"total_tokens":39}}"#;
+        assert_eq!(count_after(body, b"\"prompt_tokens\":"), Some(31));
+        assert_eq!(count_after(body, b"\"completion_tokens\":"), Some(8));
+        assert_eq!(count_after(b"data: [DONE]", b"\"prompt_tokens\":"), None);
+        assert_eq!(count_after(br#""prompt_tokens":x"#, b"\"prompt_tokens\":"), None);
+    }
+
+    #[test]
+    fn the_file_rotates_at_its_size_and_keeps_what_it_is_told() {
+        let d = dir("rotate");
+        let path = d.join("access.jsonl");
+        let s = AccessLogSettings { path: path.clone(), max_file_bytes: 600, keep_files: 2 };
+        let dropped = Counter::default();
+        let log = AccessLog::start(s, dropped.clone()).unwrap();
+        for i in 0..12 {
+            let name = if i == 11 { "last" } else { "chat" };
+            drop(Tap::new(log.clone(), name, RequestFacts::default(), Instant::now(), 200, None));
+        }
+        drop(log);
+        let wait = Instant::now();
+        while !std::fs::read_to_string(&path).unwrap_or_default().contains("\"last\"") {
+            assert!(wait.elapsed() < Duration::from_secs(10), "the last line never came");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let files = [path.with_extension("jsonl.2"), path.with_extension("jsonl.1"), path.clone()];
+        let mut lines: Vec<String> = Vec::new();
+        for p in &files {
+            let text = std::fs::read_to_string(p).unwrap();
+            assert!(text.len() <= 600 && !text.is_empty(), "{}: {} bytes", p.display(), text.len());
+            lines.extend(text.lines().map(str::to_string));
+        }
+        assert!(!path.with_extension("jsonl.3").exists(), "only 2 rotated files are kept");
+        // 12 lines of about 170 bytes, 3 to a file: the oldest went.
+        assert!(lines.len() < 12, "{lines:#?}");
+        let entries: Vec<AccessEntry> = lines.iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(entries.last().map(|e| e.endpoint.as_str()), Some("last"));
+        assert_eq!(dropped.get(), 0);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_first_lines_say_what_happened() {
+        let d = dir("lines");
+        let path = d.join("a.jsonl");
+        let log = AccessLog::start(
+            AccessLogSettings { path: path.clone(), max_file_bytes: 1 << 20, keep_files: 1 },
+            Counter::default(),
+        )
+        .unwrap();
+        let facts = RequestFacts::of(br#"{"model":"m","stream":true}"#);
+        let mut tap = Tap::new(log.clone(), "chat", facts, Instant::now(), 200, Some("127.0.0.1:9".parse().unwrap()));
+        tap.data(&Bytes::from_static(b"data: {\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n"));
+        tap.end(true);
+        drop(tap);
+        drop(Tap::new(log.clone(), "chat", RequestFacts::of(b"not json"), Instant::now(), 503, None));
+        drop(log);
+        let wait = Instant::now();
+        while std::fs::read_to_string(&path).unwrap_or_default().lines().count() < 2
+            && wait.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let e: Vec<AccessEntry> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(e.len(), 2, "{text}");
+        assert_eq!((e[0].model.as_deref(), e[0].stream, e[0].status, e[0].complete), (Some("m"), true, 200, true));
+        assert_eq!((e[0].prompt_tokens, e[0].completion_tokens), (Some(5), Some(2)));
+        assert_eq!(e[0].replica.as_deref(), Some("127.0.0.1:9"));
+        assert!(e[0].ttfb_s.is_some() && e[0].latency_s >= e[0].ttfb_s.unwrap());
+        assert_eq!(
+            (e[1].status, e[1].replica.as_deref(), e[1].complete, e[1].model.as_deref()),
+            (503, None, false, None)
+        );
+        assert!(e[0].as_request().is_ok() && e[1].as_request().is_err());
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions());
+        assert_eq!(mode & 0o777, 0o640);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
