@@ -175,7 +175,12 @@ fn write_file(path: &Path, text: &str, mode: u32) -> Result<bool> {
 
 pub(crate) fn make_gpu_devices(l: &Layout, spec: &Spec) -> Result<()> {
     let procs = l.gpu_processes();
-    if !procs.exists() {
+    // A cluster that starts afresh (no slurmd running) has nothing on its
+    // GPUs: holders a test left behind (one that was killed before it
+    // cleaned up) would otherwise be found again, by then under a reused
+    // pid, and drain a node (seen on 26.05: "held by pid 562 (worker[4])").
+    let fresh = spec.node_names().iter().all(|n| running(l, &format!("slurmd-{n}")).is_none());
+    if !procs.exists() || fresh {
         let text = format!(
             "# Fake GPU source of this dev cluster: `<device minor> <pid>` per process on a GPU.\ngpus 0-{}\n",
             spec.nodes * spec.gpus_per_node - 1
