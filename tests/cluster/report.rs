@@ -25,14 +25,9 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// A GET through a launcher with the test's replica key (the harness's client).
 fn get(port: u16, path: &str) -> Option<u16> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nx-onepool-replica-key: {KEY}\r\nConnection: close\r\n\r\n").ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    buf.split_whitespace().nth(1)?.parse().ok()
+    onepool_tests::elastic::request_with(port, "GET", path, "", &format!("x-onepool-replica-key: {KEY}\r\n"))
 }
 
 /// What the test saw of one reclaim.
