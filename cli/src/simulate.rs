@@ -52,6 +52,43 @@ pub enum BadRowArg {
     Abort,
 }
 
+/// What one simulation produced: the report, the shared run (its job
+/// log) and the scenario it ran.
+pub struct Outcome {
+    pub report: Report,
+    pub shared: onepool_simulator::engine::RunResult,
+    pub scenario: scenario::Scenario,
+    /// SVG files written (`--plots`).
+    pub plots: Vec<PathBuf>,
+}
+
+/// Loads a scenario and compares separate islands with one shared pool:
+/// the one path `onepool simulate` and `onepool report`'s "what the pool
+/// saved" take, so the two give the same numbers on the same records.
+pub fn evaluate(
+    path: &std::path::Path,
+    on_bad: OnBadRow,
+    nodes: Option<u32>,
+    settings: Settings,
+    search: Search,
+    plots: Option<&std::path::Path>,
+) -> anyhow::Result<Outcome> {
+    let sc = scenario::load(path, on_bad).map_err(|e| anyhow!(e))?;
+    let fleet = match nodes {
+        Some(0) => return Err(anyhow!("--nodes must be at least 1")),
+        Some(n) => sc.fleet.scaled(n),
+        None => sc.fleet.clone(),
+    };
+    let settings = Settings { max_p95_wait_s: sc.max_p95_wait_s, ..settings };
+    let (cmp, shared) = compare::compare(&sc.workload, &sc.policy, &fleet, &settings, search);
+    let plots = match plots {
+        Some(dir) => svg::write_all(dir, &cmp).with_context(|| format!("writing plots into {}", dir.display()))?,
+        None => Vec::new(),
+    };
+    let report = Report::new(fleet.gpus(), &sc.bad_rows, &sc.ignored, cmp);
+    Ok(Outcome { report, shared, scenario: sc, plots })
+}
+
 pub fn run(a: &SimulateArgs) -> anyhow::Result<ExitCode> {
     let on_bad = match a.on_bad_row {
         BadRowArg::Skip => OnBadRow::Skip,
@@ -60,36 +97,20 @@ pub fn run(a: &SimulateArgs) -> anyhow::Result<ExitCode> {
     if !(a.tick > 0.0 && a.tick.is_finite()) {
         return Err(anyhow!("--tick must be a positive number of seconds"));
     }
-    let sc = scenario::load(&a.scenario, on_bad).map_err(|e| anyhow!(e))?;
-    let fleet = match a.nodes {
-        Some(0) => return Err(anyhow!("--nodes must be at least 1")),
-        Some(n) => sc.fleet.scaled(n),
-        None => sc.fleet.clone(),
-    };
-    let settings = Settings {
-        tick_s: a.tick,
-        max_p95_wait_s: sc.max_p95_wait_s,
-        job_log: a.job_log,
-        separate: !a.shared_only,
-        ..Settings::default()
-    };
+    let settings = Settings { tick_s: a.tick, job_log: a.job_log, separate: !a.shared_only, ..Settings::default() };
     let search = match (a.search, a.no_search) {
         (true, _) => Search::Always,
         (false, true) => Search::Never,
         (false, false) => Search::Auto,
     };
-    let (cmp, shared) = compare::compare(&sc.workload, &sc.policy, &fleet, &settings, search);
-    let files = match &a.plots {
-        Some(dir) => svg::write_all(dir, &cmp).with_context(|| format!("writing plots into {}", dir.display()))?,
-        None => Vec::new(),
-    };
-    let r = Report::new(fleet.gpus(), &sc.bad_rows, &sc.ignored, cmp);
+    let Outcome { report: r, shared, scenario: sc, plots } =
+        evaluate(&a.scenario, on_bad, a.nodes, settings, search, a.plots.as_deref())?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         print!("{}", report::table(&r));
     }
-    for f in files {
+    for f in plots {
         eprintln!("wrote {}", f.display());
     }
     if a.job_log {

@@ -16,10 +16,15 @@
 //! file = "jobs.csv"             # formats: csv (see input::jobs), sacct (sacct -P), sacct-json
 //! format = "csv"
 //! keep_times = false            # false: shift so the first submission is at t=0
+//! classified = false            # true: each row's class (csv) or QOS (sacct) is the class
+//!                               #   onepool's plugin gave the job (records of a cluster that
+//!                               #   runs onepool, as `onepool report` writes them): taken as
+//!                               #   is, not classified again
 //!
 //! [[endpoints]]
 //! name = "chat"
-//! trace = "../data/azure-llm-inference-2023-conv.csv"
+//! trace = "../data/azure-llm-inference-2023-conv.csv"  # or onepoold's access log
+//! trace_endpoint = "chat"       # an access log's lines of this endpoint (default: name)
 //! class = "inference"           # --workload of its replicas
 //! gpus_per_replica = 1
 //! gpu_type = "a100"             # optional
@@ -137,6 +142,8 @@ struct RawJobs {
     format: String,
     #[serde(default)]
     keep_times: bool,
+    #[serde(default)]
+    classified: bool,
 }
 
 fn csv() -> String {
@@ -148,6 +155,7 @@ fn csv() -> String {
 struct RawEndpoint {
     name: String,
     trace: PathBuf,
+    trace_endpoint: Option<String>,
     class: String,
     gpus_per_replica: u32,
     gpu_type: Option<String>,
@@ -277,8 +285,8 @@ fn job_rows(
     on_bad: OnBadRow,
     bad_rows: &mut Vec<BadRow>,
     ignored: &mut Vec<(String, usize)>,
-) -> Result<Vec<jobs::JobRow>, String> {
-    let mut rows: Vec<jobs::JobRow> = Vec::new();
+) -> Result<Vec<(jobs::JobRow, bool)>, String> {
+    let mut rows = Vec::new();
     for j in raw {
         let (f, t) = read(base, &j.file)?;
         let r = match j.format.as_str() {
@@ -292,54 +300,93 @@ fn job_rows(
             let first = got.iter().map(|r| r.submit).fold(f64::INFINITY, f64::min);
             got.iter_mut().for_each(|r| r.submit -= first);
         }
-        rows.extend(got);
+        rows.extend(got.into_iter().map(|r| (r, j.classified)));
     }
     Ok(rows)
 }
 
 /// The rows the policy accepts, as jobs of their classes in submission
-/// order; the others counted in `ignored` with the reason.
+/// order; the others counted in `ignored` with the reason. Rows of a
+/// `classified` file keep the class the plugin gave them.
 fn classify_jobs(
     policy: &Policy,
-    rows: Vec<jobs::JobRow>,
+    rows: Vec<(jobs::JobRow, bool)>,
     ignored: &mut Vec<(String, usize)>,
 ) -> Result<Vec<Job>, String> {
     let class_idx = |name: &str| policy.classes.iter().position(|c| c.name == name);
     let mut work_jobs = Vec::new();
-    for r in rows {
-        let req = JobRequest {
-            account: r.account.clone(),
-            partition: r.partition.clone(),
-            qos: r.qos.clone(),
-            annotation: Annotation { workload: r.class.clone(), ..Annotation::default() },
-            gpus: u64::from(r.gpus),
-            gpu_type: r.gpu_type.clone(),
-            time_limit: Some(Duration::from_secs_f64(r.duration.ceil().max(1.0))),
-            // The records hold what the jobs held: counted as they ran.
-            exclusive: false,
-            nodes: 1,
-        };
-        match classify(policy, &Nobody, USER, &req) {
-            Verdict::Accept(p) => {
-                let c = class_idx(&p.class).ok_or("classifier returned an unknown class")?;
-                work_jobs.push(Job {
-                    submit: r.submit,
-                    duration: r.duration,
-                    gpus: r.gpus,
-                    per_node: r.gpus_per_node.unwrap_or(r.gpus),
-                    gpu_type: r.gpu_type,
-                    class: c,
-                    island: c,
-                    reclaim: p.record.reclaim,
-                    drain: p.record.drain_timeout,
-                });
+    for (r, classified) in rows {
+        let placed = if classified {
+            match already_classified(policy, &r) {
+                Some(placed) => placed,
+                None => {
+                    count(ignored, "outside the pool (its class or QOS is no class of the policy)".into(), 1);
+                    continue;
+                }
             }
-            Verdict::Outside => count(ignored, "outside the pool (partition or GPU type)".into(), 1),
-            Verdict::Refuse(f) => count(ignored, format!("refused by the policy: {}", f.message), 1),
-        }
+        } else {
+            match classify(policy, &Nobody, USER, &job_request(&r)) {
+                Verdict::Accept(p) => {
+                    let c = class_idx(&p.class).ok_or("classifier returned an unknown class")?;
+                    (c, p.record.reclaim, p.record.drain_timeout)
+                }
+                Verdict::Outside => {
+                    count(ignored, "outside the pool (partition or GPU type)".into(), 1);
+                    continue;
+                }
+                Verdict::Refuse(f) => {
+                    count(ignored, format!("refused by the policy: {}", f.message), 1);
+                    continue;
+                }
+            }
+        };
+        let (c, reclaim, drain) = placed;
+        work_jobs.push(Job {
+            submit: r.submit,
+            duration: r.duration,
+            gpus: r.gpus,
+            per_node: r.gpus_per_node.unwrap_or(r.gpus),
+            gpu_type: r.gpu_type,
+            class: c,
+            island: c,
+            reclaim,
+            drain,
+        });
     }
     work_jobs.sort_by(|a, b| a.submit.total_cmp(&b.submit));
     Ok(work_jobs)
+}
+
+type Placed = (usize, Option<onepool_decisions::annotation::ReclaimMode>, Option<Duration>);
+
+/// A record's class as the plugin gave it (the class name, else the
+/// class whose QOS it ran under), with that class's reclaim behaviour.
+fn already_classified(policy: &Policy, r: &jobs::JobRow) -> Option<Placed> {
+    let class = match &r.class {
+        Some(name) => policy.class(name)?,
+        None => policy.class_by_qos(r.qos.as_deref()?)?,
+    };
+    let i = policy.classes.iter().position(|k| k.name == class.name)?;
+    Some(match class.tier {
+        Tier::Protected { .. } => (i, None, None),
+        Tier::Flexible { reclaim, drain_timeout, .. } => (i, Some(reclaim), Some(drain_timeout)),
+    })
+}
+
+/// What the plugin would have been asked at submission.
+fn job_request(r: &jobs::JobRow) -> JobRequest {
+    JobRequest {
+        account: r.account.clone(),
+        partition: r.partition.clone(),
+        qos: r.qos.clone(),
+        annotation: Annotation { workload: r.class.clone(), ..Annotation::default() },
+        gpus: u64::from(r.gpus),
+        gpu_type: r.gpu_type.clone(),
+        time_limit: Some(Duration::from_secs_f64(r.duration.ceil().max(1.0))),
+        // The records hold what the jobs held: counted as they ran.
+        exclusive: false,
+        nodes: 1,
+    }
 }
 
 /// One `[[endpoints]]`: its trace as requests with service times, its
@@ -355,7 +402,8 @@ fn endpoint(
 ) -> Result<Endpoint, String> {
     let class_idx = |name: &str| policy.classes.iter().position(|c| c.name == name);
     let (f, t) = read(base, &e.trace)?;
-    let mut reqs = take(azure::read(&f, &t, on_bad), bad_rows, ignored)?;
+    let only = e.trace_endpoint.as_deref().unwrap_or(&e.name);
+    let mut reqs = take(azure::read(&f, &t, Some(only), on_bad), bad_rows, ignored)?;
     if !e.keep_times {
         let first = reqs.first().map(|r| r.t).unwrap_or(0.0);
         reqs.iter_mut().for_each(|r| r.t -= first);

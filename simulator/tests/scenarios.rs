@@ -79,6 +79,36 @@ fn disjoint_peaks_need_the_larger_peak_not_the_sum() {
     assert!((cmp.shared_idle_gpu_hours - 38.0).abs() < 1e-9);
 }
 
+/// Records of a cluster that runs onepool (as `onepool report` writes
+/// them) carry the class the plugin gave each job: a protected class an
+/// anonymous submitter could not claim is kept, an unknown one is counted
+/// as outside the pool.
+#[test]
+fn classified_records_keep_their_class() {
+    let p = format!("{TWO_FLEXIBLE}\n[classes.guard]\ntier = \"protected\"\nqos = \"op-guard\"\nentitled = {{ accounts = [\"ml\"] }}\ncapacity = {{ lendable = 4, reserved = 0 }}\n");
+    let jobs = "submit,duration,gpus,class,qos\n0,1h,2,guard,\n0,1h,1,,op-a\n0,1h,1,nope,\n";
+    let scen = |classified: bool| {
+        format!(
+            "policy = \"policy.toml\"\n[fleet]\nnodes = 8\ngpus_per_node = 2\n[[jobs]]\nfile = \"jobs.csv\"\nclassified = {classified}\n"
+        )
+    };
+    let dir = folder(
+        "classified",
+        &[("policy.toml", &p), ("jobs.csv", jobs), ("yes.toml", &scen(true)), ("no.toml", &scen(false))],
+    );
+    let sc = scenario::load(&dir.join("yes.toml"), OnBadRow::Abort).unwrap();
+    let classes: Vec<&str> = sc.workload.jobs.iter().map(|j| sc.workload.classes[j.class].as_str()).collect();
+    assert_eq!(classes, ["guard", "a"]);
+    assert_eq!(sc.workload.jobs[0].reclaim, None, "protected: never reclaimed");
+    assert_eq!(sc.workload.jobs[1].drain, Some(std::time::Duration::from_secs(60)), "class a's drain timeout");
+    assert_eq!(sc.ignored, vec![("outside the pool (its class or QOS is no class of the policy)".to_string(), 1)]);
+    // Classified again, the protected job is refused to an unentitled
+    // submitter, and the unknown class too.
+    let sc = scenario::load(&dir.join("no.toml"), OnBadRow::Abort).unwrap();
+    assert_eq!(sc.workload.jobs.len(), 1);
+    assert_eq!(sc.ignored.iter().map(|(_, n)| n).sum::<usize>(), 2, "{:?}", sc.ignored);
+}
+
 #[test]
 fn higher_rank_reclaims_the_borrower_after_the_exempt_time() {
     // 2 GPUs on one node. b (rank 2) holds both from t=0 for 1h; a (rank 1)

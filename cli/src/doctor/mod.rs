@@ -23,7 +23,7 @@ use onepool_slurm_commands::{CommandError, Runner, SystemRunner};
 pub use checks::{Check, Status};
 
 const COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-const DAEMON_CONFIG: &str = "/etc/slurm/onepoold.toml";
+pub const DAEMON_CONFIG: &str = "/etc/slurm/onepoold.toml";
 const SHOW_NODES: &[&str] = &["scontrol", "-o", "show", "nodes"];
 
 pub const EXIT_STATUS_HELP: &str =

@@ -3,12 +3,15 @@
 //! GPU-hours per class, those run on borrowed protected capacity, idle
 //! GPU-hours, each reclaim (victim, taker, mode, what a drained replica
 //! finished and cut, the taker's time to capacity, the GPUs that changed
-//! hands), replica jobs that failed, and in audit mode what the plugin
-//! would have placed or refused. The counterpart of `onepool simulate`:
-//! the simulator predicts, the report measures.
+//! hands), replica jobs that failed, in audit mode what the plugin
+//! would have placed or refused, and what the pool saved: the GPUs
+//! separate islands would have needed for the period's records, by the
+//! simulator ([`saved`]). The counterpart of `onepool simulate`: the
+//! simulator predicts, the report measures.
 
 pub mod failures;
 pub mod reclaims;
+pub mod saved;
 pub mod slurmctld_log;
 mod svg;
 pub mod usage;
@@ -44,6 +47,24 @@ pub struct ReportArgs {
     /// One JSON object instead of text
     #[arg(long)]
     pub json: bool,
+    /// onepoold's configuration: its endpoints and access log, for what the pool saved
+    #[arg(long, value_name = "FILE", default_value = crate::doctor::DAEMON_CONFIG)]
+    pub daemon_config: PathBuf,
+    /// Keep the scenario behind "what the pool saved" in this folder (onepool simulate DIR/scenario.toml prints the same)
+    #[arg(long, value_name = "DIR")]
+    pub scenario: Option<PathBuf>,
+    /// Do not compute what the pool saved (no simulation)
+    #[arg(long)]
+    pub no_saved: bool,
+    /// What the pool saved: the endpoints' p99 queueing delay the islands must meet
+    #[arg(long, value_name = "DURATION", default_value = "2s")]
+    pub slo_p99: String,
+    /// What the pool saved: the batch classes' p95 wait the islands must meet
+    #[arg(long, value_name = "DURATION", default_value = "1h")]
+    pub max_p95_wait: String,
+    /// What the pool saved: a replica's startup, instead of the estimate from the records
+    #[arg(long, value_name = "DURATION")]
+    pub replica_startup: Option<String>,
 }
 
 pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
@@ -54,7 +75,10 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
         _ => anyhow::bail!("{} (onepool policy check {})", crate::policy::check::summary(&src.name, &loaded), src.name),
     };
     let runner = SystemRunner::new(COMMAND_TIMEOUT);
-    let report = gather(args, policy, &runner)?;
+    let (mut report, runs) = gather(args, policy, &runner)?;
+    if !args.no_saved {
+        report.saved = Some(saved_figure(args, policy, &src.text, &report, &runs)?);
+    }
     if let Some(path) = &args.svg {
         std::fs::write(path, svg::chart(&report)).with_context(|| format!("writing {}", path.display()))?;
     }
@@ -66,12 +90,13 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Reads the period's allocations (and the audit lines) and computes the report.
+/// Reads the period's allocations (and the audit lines) and computes the
+/// report; returns the runs too, for what the pool saved.
 pub fn gather(
     args: &ReportArgs,
     policy: &onepool_decisions::policy::Policy,
     runner: &dyn Runner,
-) -> anyhow::Result<usage::Report> {
+) -> anyhow::Result<(usage::Report, Vec<usage::Run>)> {
     let cmd = |argv: &[&str]| runner.run(argv).with_context(|| format!("the report needs `{}`", argv.join(" ")));
     // The period in the cluster's own clock and format, as sacct reads it.
     let now = cmd(&["date", "+%Y-%m-%dT%H:%M:%S"])?.trim().to_string();
@@ -136,7 +161,141 @@ pub fn gather(
             report.audit = Some(a);
         }
     }
-    Ok(report)
+    Ok((report, runs))
+}
+
+/// Reads what the figure needs beside the runs (onepoold's endpoints and
+/// its access log), writes the scenario and simulates it.
+fn saved_figure(
+    args: &ReportArgs,
+    policy: &onepool_decisions::policy::Policy,
+    policy_text: &str,
+    report: &usage::Report,
+    runs: &[usage::Run],
+) -> anyhow::Result<saved::Saved> {
+    let dur = |s: &str, flag: &str| {
+        onepool_decisions::duration::parse_seconds(s)
+            .filter(|v| *v >= 0.0)
+            .with_context(|| format!("{flag} {s:?} is not a duration (seconds, or e.g. 2s, 1m30s, 1h)"))
+    };
+    let slo_p99_s = dur(&args.slo_p99, "--slo-p99")?;
+    let max_p95_wait_s = dur(&args.max_p95_wait, "--max-p95-wait")?;
+    let startup_s = args.replica_startup.as_deref().map(|s| dur(s, "--replica-startup")).transpose()?;
+    let daemon = daemon_inputs(&args.daemon_config);
+    let inputs = saved::Inputs {
+        runs,
+        policy,
+        policy_text,
+        from: report.from,
+        to: report.to,
+        endpoints: daemon.0,
+        access: daemon.1,
+        slo_p99_s,
+        max_p95_wait_s,
+        startup_s,
+        utc_offset_s: utc_offset(&SystemRunner::new(COMMAND_TIMEOUT))?,
+    };
+    let written = saved::scenario(&inputs);
+    saved::evaluate(&written, args.scenario.as_deref(), u64::from(policy.pool.total_gpus))
+}
+
+/// The cluster's local clock minus UTC, in seconds (`date +%z`: +0100 is 3600).
+fn utc_offset(runner: &dyn Runner) -> anyhow::Result<f64> {
+    let z = runner.run(&["date", "+%z"]).context("the report needs `date +%z`")?;
+    let z = z.trim();
+    let (sign, digits) = match z.split_at_checked(1) {
+        Some(("+", d)) => (1.0, d),
+        Some(("-", d)) => (-1.0, d),
+        _ => anyhow::bail!("date +%z printed {z:?}, not +HHMM"),
+    };
+    anyhow::ensure!(
+        digits.len() == 4 && digits.bytes().all(|b| b.is_ascii_digit()),
+        "date +%z printed {z:?}, not +HHMM"
+    );
+    let (h, m): (f64, f64) = (digits[..2].parse()?, digits[2..].parse()?);
+    Ok(sign * (h * 3600.0 + m * 60.0))
+}
+
+/// onepoold's endpoints (those it runs replicas for) and its access log's
+/// lines, or why there are none.
+type DaemonInputs =
+    (Result<Vec<saved::EndpointSettings>, String>, Result<Vec<onepool_decisions::trace::AccessEntry>, String>);
+
+fn daemon_inputs(path: &std::path::Path) -> DaemonInputs {
+    if !path.exists() {
+        let why = format!("no {} (--daemon-config)", path.display());
+        return (Err(why.clone()), Err(why));
+    }
+    let config = match onepool_elastic_daemon::config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            let why = format!("{} does not load: {e}", path.display());
+            return (Err(why.clone()), Err(why));
+        }
+    };
+    let endpoints = config
+        .endpoints
+        .iter()
+        .filter_map(|e| {
+            let r = e.replicas.as_ref()?;
+            Some(saved::EndpointSettings {
+                name: e.name.clone(),
+                class: r.supplemental_workload.clone(),
+                baseline_class: r.baseline_workload.clone(),
+                min: r.min,
+                max: r.max,
+                gpus: r.gpus,
+                concurrency: e.replica_concurrency,
+                target_per_replica: r.target_per_replica,
+                stable_window_s: r.stable_window.as_secs_f64(),
+                panic_window_s: r.panic_window.as_secs_f64(),
+                panic_threshold: r.panic_threshold,
+                scale_down_delay_s: r.scale_down_delay.as_secs_f64(),
+                trend_horizon_s: r.trend_horizon.as_secs_f64(),
+                warm: r.warm.as_ref().map(|w| (w.workload.clone(), w.spec.replicas, w.spec.fraction)),
+            })
+        })
+        .collect();
+    let access = match &config.access_log {
+        None => Err(format!("{} has no [access_log]", path.display())),
+        Some(a) => read_access_log(&a.path, a.keep_files),
+    };
+    (Ok(endpoints), access)
+}
+
+/// Every line of the access log and its rotated files, oldest first;
+/// lines that are not access entries are named on stderr.
+fn read_access_log(path: &std::path::Path, keep: u32) -> Result<Vec<onepool_decisions::trace::AccessEntry>, String> {
+    let mut files: Vec<PathBuf> = (1..=keep)
+        .rev()
+        .map(|k| {
+            let mut p = path.as_os_str().to_owned();
+            p.push(format!(".{k}"));
+            PathBuf::from(p)
+        })
+        .filter(|p| p.exists())
+        .collect();
+    files.push(path.to_path_buf());
+    let mut out = Vec::new();
+    let mut read_any = false;
+    for f in &files {
+        let text = match std::fs::read_to_string(f) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("cannot read the access log {}: {e}", f.display())),
+        };
+        read_any = true;
+        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            match serde_json::from_str(line) {
+                Ok(e) => out.push(e),
+                Err(e) => eprintln!("onepool report: {}:{}: not an access log line: {e}", f.display(), i + 1),
+            }
+        }
+    }
+    if !read_any {
+        return Err(format!("the access log {} does not exist (yet)", path.display()));
+    }
+    Ok(out)
 }
 
 /// A time as the arguments give it: sacct's `YYYY-MM-DDTHH:MM:SS`, or
@@ -228,6 +387,9 @@ pub fn text(r: &usage::Report) -> String {
             ));
         }
     }
+    if let Some(s) = &r.saved {
+        out.push_str(&saved_text(s));
+    }
     if let Some(a) = &r.audit {
         out.push_str("\naudit mode (slurmctld's log): the plugin would have\n");
         for (class, n) in &a.would_place {
@@ -239,6 +401,29 @@ pub fn text(r: &usage::Report) -> String {
         if a.would_refuse_updates > 0 {
             out.push_str(&format!("  refused {} update(s)\n", a.would_refuse_updates));
         }
+    }
+    out
+}
+
+fn saved_text(s: &saved::Saved) -> String {
+    let mut out = format!(
+        "\nwhat the pool saved: the simulator on the period's {} job run(s) and {} request(s){}, as onepool simulate runs it\n",
+        s.jobs,
+        s.requests,
+        if s.endpoints.is_empty() { String::new() } else { format!(" (endpoints {})", s.endpoints.join(", ")) }
+    );
+    for line in s.measured.lines() {
+        out.push_str(&format!("  {line}\n"));
+    }
+    out.push_str(&format!("  this pool: {} GPUs\n  assumptions:\n", s.pool_gpus));
+    for a in &s.assumptions {
+        out.push_str(&format!("    - {a}\n"));
+    }
+    for (why, n) in &s.left_out {
+        out.push_str(&format!("  left out: {n} {why}\n"));
+    }
+    if let Some(p) = &s.scenario {
+        out.push_str(&format!("  scenario kept: {p} (onepool simulate {p} prints the same figures)\n"));
     }
     out
 }

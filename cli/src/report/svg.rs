@@ -1,6 +1,8 @@
 //! The report as one chart a manager reads: per class, the GPU-hours it
 //! used (the part on borrowed protected capacity marked), the pool's idle
-//! GPU-hours, and the reclaims with their time to capacity underneath.
+//! GPU-hours, what the pool saved (the GPUs separate islands would have
+//! needed beside the shared pool) and the reclaims with their time to
+//! capacity underneath.
 
 use super::usage::Report;
 
@@ -18,7 +20,8 @@ pub fn chart(r: &Report) -> String {
     bars.push(("idle".into(), r.idle_gpu_hours, 0.0, "#a0aec0"));
     let top = bars.iter().map(|b| b.1).fold(capacity.max(1e-9) * 0.05, f64::max);
     let (left, width, row) = (190.0, 480.0, 30.0);
-    let height = 90.0 + row * bars.len() as f64 + 24.0 * (r.reclaims.len().min(8) as f64 + 2.0);
+    let saved_rows = if r.saved.is_some() { 4.0 } else { 0.0 };
+    let height = 90.0 + row * bars.len() as f64 + 24.0 * (r.reclaims.len().min(8) as f64 + 2.0 + saved_rows);
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"760\" height=\"{height:.0}\" font-family=\"sans-serif\" font-size=\"13\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
@@ -48,6 +51,9 @@ pub fn chart(r: &Report) -> String {
         s.push_str(&format!("<text x=\"{:.1}\" y=\"{:.0}\">{used:.1}</text>\n", left + w + 6.0, y + 15.0));
     }
     let mut y = 70.0 + row * bars.len() as f64 + 24.0;
+    if let Some(saved) = &r.saved {
+        y = saved_bars(&mut s, saved, y, left, width);
+    }
     s.push_str(&format!("<text x=\"20\" y=\"{y:.0}\" font-weight=\"bold\">{} reclaim(s)</text>\n", r.reclaims.len()));
     for x in r.reclaims.iter().take(8) {
         y += 22.0;
@@ -65,4 +71,43 @@ pub fn chart(r: &Report) -> String {
     }
     s.push_str("</svg>\n");
     s
+}
+
+/// Two bars on one scale: the GPUs separate islands would have needed and
+/// the shared pool's, with the pool's size for reference.
+fn saved_bars(s: &mut String, saved: &super::saved::Saved, mut y: f64, left: f64, width: f64) -> f64 {
+    let gpus = |g: Option<u64>| g.map_or("unmet or not searched".to_string(), |g| format!("{g} GPUs"));
+    s.push_str(&format!(
+        "<text x=\"20\" y=\"{y:.0}\" font-weight=\"bold\">What the pool saved: GPUs needed to meet every target (simulated on the period's {} jobs and {} requests)</text>\n",
+        saved.jobs, saved.requests
+    ));
+    let top = [saved.separate_islands_gpus, saved.shared_pool_gpus, Some(saved.pool_gpus)]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    for (label, g, colour) in [
+        ("separate islands", saved.separate_islands_gpus, "#dd6b20"),
+        ("one shared pool", saved.shared_pool_gpus, "#38a169"),
+    ] {
+        y += 24.0;
+        let w = g.map_or(0.0, |g| width * g as f64 / top);
+        s.push_str(&format!(
+            "<text x=\"{:.0}\" y=\"{:.0}\" text-anchor=\"end\">{label}</text>\n<rect x=\"{left}\" y=\"{:.0}\" width=\"{w:.1}\" height=\"18\" fill=\"{colour}\"/>\n<text x=\"{:.1}\" y=\"{:.0}\">{}</text>\n",
+            left - 8.0,
+            y + 14.0,
+            y,
+            left + w + 6.0,
+            y + 14.0,
+            esc(&gpus(g))
+        ));
+    }
+    y += 40.0;
+    s.push_str(&format!(
+        "<text x=\"30\" y=\"{:.0}\" fill=\"#4a5568\">this pool: {} GPUs; assumptions in onepool report's text</text>\n",
+        y - 8.0,
+        saved.pool_gpus
+    ));
+    y
 }

@@ -3,9 +3,7 @@ use onepool_decisions::policy::{load, Policy};
 use super::usage::{self, Run};
 use super::*;
 
-fn policy() -> Policy {
-    load(
-        r#"
+const POLICY_TEXT: &str = r#"
 [pool]
 partitions = ["gpu"]
 total_gpus = 8
@@ -29,10 +27,10 @@ tier = "flexible"
 rank = 2
 qos = "op-b"
 reclaim = "immediate"
-"#,
-    )
-    .policy
-    .expect("the test policy loads")
+"#;
+
+fn policy() -> Policy {
+    load(POLICY_TEXT).policy.expect("the test policy loads")
 }
 
 fn run(id: &str, qos: &str, state: &str, (submit, start, end): (f64, f64, f64), gpus: u32, nodes: &[&str]) -> Run {
@@ -330,4 +328,139 @@ fn a_rotated_log_leaves_the_earlier_reclaims_to_accounting() {
         r.reclaims.iter().map(|x| (x.job.as_str(), x.source.as_str(), x.for_job.as_deref())).collect();
     assert_eq!(got, [("5", "accounting", Some("6")), ("7", "slurmctld log (taker by node and time)", None)]);
     assert!(r.reclaim_source.starts_with("slurmctld's log from 2026-12-05T10:30:00"), "{}", r.reclaim_source);
+}
+
+/// "What the pool saved": the period's records become a scenario the
+/// simulator runs (replica jobs replaced by their endpoint's requests,
+/// the service time fitted on the access log, the startup matched by
+/// port), and the figure comes back with its assumptions.
+#[test]
+fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
+    use onepool_decisions::trace::AccessEntry;
+    use onepool_launcher::conventions::ReplicaNote;
+    let p = policy();
+    let t0 = 1_800_000_000.0;
+    let mut runs = vec![
+        run("1", "op-a", "COMPLETED", (t0 + 5.0, t0 + 5.0, t0 + 1805.0), 4, &["n1"]),
+        run("2", "op-p", "COMPLETED", (t0 + 60.0, t0 + 61.0, t0 + 661.0), 4, &["n2"]),
+        // Running since before the period: enters it at its start.
+        run("3", "op-b", "COMPLETED", (t0 - 900.0, t0 - 600.0, t0 + 300.0), 2, &["n3"]),
+        // Outside the pool (no class): left out by the simulator, counted.
+        run("4", "normal", "COMPLETED", (t0 + 10.0, t0 + 10.0, t0 + 20.0), 1, &["n4"]),
+    ];
+    let mut replica = run("5", "op-p", "COMPLETED", (t0 + 1.0, t0 + 2.0, t0 + 3600.0), 1, &["n4"]);
+    replica.name = "onepool-chat-18000".into();
+    replica.note = Some(ReplicaNote { listening: vec![(18000, 40001)], ..ReplicaNote::default() });
+    runs.push(replica);
+    let time = onepool_decisions::trace::format_time_ms;
+    let mut access: Vec<AccessEntry> = (0..40u64)
+        .map(|i| {
+            let (pt, ct) = (50 + 10 * i, 5 + (i * 7) % 30);
+            let ttfb = pt as f64 / 1000.0;
+            AccessEntry {
+                time: time(t0 + 10.0 + 30.0 * i as f64),
+                endpoint: "chat".into(),
+                model: None,
+                status: 200,
+                stream: true,
+                prompt_tokens: Some(pt),
+                completion_tokens: Some(ct),
+                ttfb_s: Some(ttfb),
+                latency_s: ttfb + ct as f64 / 20.0,
+                replica: Some("127.0.0.1:40001".into()),
+                complete: true,
+            }
+        })
+        .collect();
+    // The router's own answer, another endpoint's request, one after the period.
+    access.push(AccessEntry {
+        status: 503,
+        prompt_tokens: None,
+        completion_tokens: None,
+        replica: None,
+        ..access[3].clone()
+    });
+    access.push(AccessEntry { endpoint: "code".into(), ..access[4].clone() });
+    access.push(AccessEntry { time: time(t0 + 4000.0), ..access[5].clone() });
+    let chat = saved::EndpointSettings {
+        name: "chat".into(),
+        class: "b".into(),
+        baseline_class: "p".into(),
+        min: 1,
+        max: 3,
+        gpus: 1,
+        concurrency: 4,
+        target_per_replica: 3.0,
+        stable_window_s: 60.0,
+        panic_window_s: 6.0,
+        panic_threshold: 2.0,
+        scale_down_delay_s: 120.0,
+        trend_horizon_s: 0.0,
+        warm: None,
+    };
+    let inputs = saved::Inputs {
+        runs: &runs,
+        policy: &p,
+        policy_text: "(the policy's text)",
+        from: t0,
+        to: t0 + 3600.0,
+        endpoints: Ok(vec![chat]),
+        access: Ok(access),
+        slo_p99_s: 2.0,
+        max_p95_wait_s: 3600.0,
+        startup_s: None,
+        utc_offset_s: 0.0,
+    };
+    let w = saved::scenario(&inputs);
+    assert_eq!((w.jobs, w.requests, w.endpoints.clone()), (4, 40, vec!["chat".to_string()]));
+    let file = |name: &str| w.files.iter().find(|(n, _)| n == name).map(|(_, t)| t.clone()).unwrap();
+    let jobs = file("jobs.csv");
+    assert!(!jobs.contains("onepool-chat"), "the replica job is the endpoint's, not a job");
+    assert!(jobs.contains(&format!("{t0:.3},300.000,2,2,,op-b")), "carried in at the period's start:\n{jobs}");
+    assert_eq!(file("access.jsonl").lines().count(), 40, "only the period's answered requests");
+    let scen: toml::Table = toml::from_str(&file("scenario.toml")).unwrap();
+    let ep = &scen["endpoints"].as_array().unwrap()[0];
+    let close = |v: &toml::Value, want: f64| (v.as_float().unwrap() - want).abs() < 1e-6 * want;
+    assert!(close(&ep["prefill_tokens_per_s"], 1000.0) && close(&ep["decode_tokens_per_s"], 20.0), "{ep:?}");
+    // The first answer's first byte: 10 s + 0.05 s after the period's
+    // start; the job started at 2 s.
+    assert_eq!(ep["startup"].as_str(), Some("8.050"));
+    assert_eq!(ep["baseline_replicas"].as_integer(), Some(1));
+    let said = w.assumptions.join("\n");
+    for words in [
+        "1 run(s) already running",
+        "prompt/1000 + answer/20.0",
+        "1 answer(s) without token counts",
+        "quickest of 1 replica job",
+    ] {
+        assert!(said.contains(words), "{words:?} not in:\n{said}");
+    }
+
+    // Simulated through `onepool simulate`'s path, from a kept folder.
+    let dir = std::env::temp_dir().join(format!("onepool-saved-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut w = w;
+    w.files.iter_mut().find(|(n, _)| n == "policy.toml").unwrap().1 = POLICY_TEXT.into();
+    let s = saved::evaluate(&w, Some(&dir), 8).unwrap();
+    assert_eq!(s.scenario.as_deref(), Some(dir.join("scenario.toml").display().to_string().as_str()));
+    let again = crate::simulate::evaluate(
+        &dir.join("scenario.toml"),
+        onepool_simulator::input::OnBadRow::Abort,
+        None,
+        onepool_simulator::compare::Settings::default(),
+        onepool_simulator::compare::Search::Auto,
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        (s.separate_islands_gpus, s.shared_pool_gpus),
+        (again.report.comparison.separate_gpus, again.report.comparison.shared_gpus_needed)
+    );
+    // a 4 and p 4 overlap b's 2 and the replica: islands need more than the pool.
+    let (sep, shared) = (s.separate_islands_gpus.unwrap(), s.shared_pool_gpus.unwrap());
+    assert!(sep > shared, "separate {sep} vs shared {shared}");
+    assert_eq!(s.left_out, vec![("outside the pool (its class or QOS is no class of the policy)".to_string(), 1)]);
+    let text = text(&usage::Report { saved: Some(s), ..usage::Report::default() });
+    assert!(text.contains("what the pool saved") && text.contains("scenario kept"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

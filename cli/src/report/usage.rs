@@ -75,6 +75,8 @@ pub struct Report {
     /// Replica jobs that ended as failures, per endpoint.
     pub replica_failures: Vec<ReplicaFailures>,
     pub audit: Option<Audit>,
+    /// What the pool saved: the simulator on the period's records.
+    pub saved: Option<super::saved::Saved>,
 }
 
 /// Seconds of `[start, end]` inside `[from, to]`.
@@ -147,6 +149,7 @@ pub fn compute(runs: &[Run], policy: &Policy, from: f64, to: f64, log: Option<&L
         reclaim_source: reclaim_source(log, from),
         replica_failures: failures::find(runs, from, to),
         audit: None,
+        saved: None,
     }
 }
 

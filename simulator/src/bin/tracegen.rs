@@ -24,7 +24,10 @@ fn main() -> ExitCode {
     let mut out = BufWriter::new(out);
     let base = |path: &str| -> Option<Vec<azure::Request>> {
         let text = std::fs::read_to_string(path).map_err(|e| eprintln!("onepool-tracegen: {path}: {e}")).ok()?;
-        azure::read(path, &text, OnBadRow::Abort).map(|r| r.rows).map_err(|e| eprintln!("onepool-tracegen: {e}")).ok()
+        azure::read(path, &text, None, OnBadRow::Abort)
+            .map(|r| r.rows)
+            .map_err(|e| eprintln!("onepool-tracegen: {e}"))
+            .ok()
     };
     match args.first().map(String::as_str) {
         Some(kind @ ("trace" | "bursts")) if args.len() >= 3 => {
