@@ -1027,7 +1027,7 @@ pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
 
 #[path = "config_file.rs"]
 mod file;
-pub use file::{ConfigFile, EndpointFile, HealthFile, ReplicasFile, WarmFile};
+pub use file::{AccessLogFile, ConfigFile, EndpointFile, HealthFile, ReplicasFile, WarmFile};
 
 #[cfg(test)]
 #[path = "config_tests.rs"]

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use crate::runner::{CommandError, Runner};
 use crate::state::{
-    parse_job_details, parse_jobs, parse_nodes, parse_steps, parse_user_jobs, parse_waiting, JobDetails, JobInfo,
-    NodeInfo, StateError, StepInfo, WaitingJob, STEP_FORMAT, USER_JOB_FIELDS, WAITING_FIELDS,
+    parse_job_details, parse_jobs, parse_nodes, parse_running_on, parse_steps, parse_user_jobs, parse_waiting,
+    JobDetails, JobInfo, NodeInfo, StateError, StepInfo, WaitingJob, RUNNING_ON_FIELDS, STEP_FORMAT, USER_JOB_FIELDS,
+    WAITING_FIELDS,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +75,16 @@ pub trait Slurm {
             .filter(|j| j.job_state == "PENDING" && inside(j))
             .map(|j| WaitingJob { job_id: j.job_id, user_id: j.user_id, qos: j.qos, reason: j.state_reason })
             .collect())
+    }
+    /// The running jobs of every user on any node of `nodes` (a host
+    /// list), with their submission and start times (Unix seconds): who
+    /// took a reclaimed replica's GPUs (issue #26).
+    fn running_on(&self, nodes: &str) -> Result<Vec<JobInfo>, SlurmError> {
+        let wanted = onepool_decisions::hostlist::expand(nodes).unwrap_or_default();
+        let on = |j: &JobInfo| {
+            onepool_decisions::hostlist::expand(&j.nodes).unwrap_or_default().iter().any(|n| wanted.contains(n))
+        };
+        Ok(self.jobs()?.into_iter().filter(|j| j.job_state == "RUNNING" && on(j)).collect())
     }
 }
 
@@ -155,6 +166,10 @@ impl<R: Runner> Slurm for Commands<R> {
         Ok(parse_steps(&self.runner.run(&["squeue", "-h", "--steps", "-u", &user, "-o", STEP_FORMAT])?)?)
     }
 
+    fn running_on(&self, nodes: &str) -> Result<Vec<JobInfo>, SlurmError> {
+        let argv = ["env", "SLURM_TIME_FORMAT=%s", "squeue", "-h", "-t", "R", "-w", nodes, "-O", RUNNING_ON_FIELDS];
+        Ok(parse_running_on(&self.runner.run(&argv)?)?)
+    }
     fn waiting(&self, partitions: &[String]) -> Result<Vec<WaitingJob>, SlurmError> {
         let parts = partitions.join(",");
         Ok(parse_waiting(&self.runner.run(&["squeue", "-h", "-t", "PD", "-p", &parts, "-O", WAITING_FIELDS])?)?)
@@ -247,6 +262,9 @@ impl<S: Slurm> Slurm for Coalesced<S> {
     }
     fn steps(&self, user: u32) -> Result<Vec<StepInfo>, SlurmError> {
         shared(&self.steps, self.max_age, user, || self.inner.steps(user))
+    }
+    fn running_on(&self, nodes: &str) -> Result<Vec<JobInfo>, SlurmError> {
+        self.inner.running_on(nodes)
     }
     /// Every endpoint asks about the same pool's partitions.
     fn waiting(&self, partitions: &[String]) -> Result<Vec<WaitingJob>, SlurmError> {

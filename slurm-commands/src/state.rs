@@ -362,6 +362,44 @@ pub fn parse_user_jobs(out: &str) -> Result<Vec<JobInfo>, StateError> {
     Ok(jobs)
 }
 
+/// `squeue -O` fields of [`parse_running_on`], under
+/// `SLURM_TIME_FORMAT=%s` (times as Unix seconds).
+pub const RUNNING_ON_FIELDS: &str = "JobID:|,UserID:|,SubmitTime:|,StartTime:|,NodeList:|";
+
+/// Reads `squeue -h -t R -w NODES -O RUNNING_ON_FIELDS`: the running jobs
+/// on some nodes with when each was submitted and started.
+pub fn parse_running_on(out: &str) -> Result<Vec<JobInfo>, StateError> {
+    const FIELDS: usize = 5;
+    let bad = |line: usize, why: String| StateError { what: "squeue -w -O", detail: format!("line {line}: {why}") };
+    let mut jobs = Vec::new();
+    for (i, l) in out.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let line = i + 1;
+        let f: Vec<&str> = l.trim_end().trim_end_matches('|').split('|').map(str::trim).collect();
+        if f.len() != FIELDS {
+            return Err(bad(line, format!("{} fields, expected {FIELDS}: {l:?}", f.len())));
+        }
+        // An array task or hetjob component prints JOB_TASK or JOB+N; the
+        // raw id is what the report and the log use, and squeue -O has it
+        // only as ArrayJobID: such a taker is named by its first id.
+        let id = f[0].split(['_', '+']).next().unwrap_or(f[0]);
+        let number = |v: &str, what: &str| -> Result<u64, StateError> {
+            v.parse().map_err(|_| bad(line, format!("{what} {v:?} is not a number")))
+        };
+        jobs.push(JobInfo {
+            job_id: u32::try_from(number(id, "the job id")?)
+                .map_err(|_| bad(line, format!("job id {id:?} is too large")))?,
+            user_id: u32::try_from(number(f[1], "the user id")?)
+                .map_err(|_| bad(line, format!("user id {:?} is too large", f[1])))?,
+            submit_time: number(f[2], "the submission time")?,
+            start_time: number(f[3], "the start time")?,
+            nodes: f[4].to_string(),
+            job_state: "RUNNING".into(),
+            ..JobInfo::default()
+        });
+    }
+    Ok(jobs)
+}
+
 /// The `AdminComment` in `scontrol -o show job`'s line, if set. Its value
 /// ends at the first space: job_submit/onepool's records have none, and a
 /// comment of someone else's that has one is then not mistaken for one.
@@ -457,6 +495,26 @@ pub fn parse_nodes(json: &str) -> Result<Vec<NodeInfo>, StateError> {
         serde_json::from_str(json).map_err(|e| StateError { what: "sinfo --json", detail: e.to_string() })?;
     reported("sinfo --json", &n.errors)?;
     Ok(n.nodes)
+}
+
+#[cfg(test)]
+mod running_on_tests {
+    use super::*;
+
+    #[test]
+    fn running_jobs_on_nodes_with_their_times() {
+        let out = "41|1001|1796464800|1796464803|node[1-2]|\n42_3|1002|1796464801|1796464802|node3|\n";
+        let j = parse_running_on(out).unwrap();
+        assert_eq!(j.len(), 2);
+        assert_eq!(
+            (j[0].job_id, j[0].user_id, j[0].submit_time, j[0].start_time),
+            (41, 1001, 1_796_464_800, 1_796_464_803)
+        );
+        assert_eq!((j[0].nodes.as_str(), j[1].job_id), ("node[1-2]", 42));
+        let e = parse_running_on("41|1001|soon|1796464803|node1|\n").unwrap_err();
+        assert!(e.to_string().contains("line 1: the submission time \"soon\" is not a number"), "{e}");
+        assert!(parse_running_on("41|1001|\n").is_err());
+    }
 }
 
 #[cfg(test)]

@@ -170,8 +170,14 @@ fn the_report_lists_each_reclaim_as_it_happened_and_failed_replicas_as_failures(
         !c.ok("sacct", &["-X", "-P", "-n", "-j", &ids.join(","), "--format=Eligible"]).contains("Unknown")
     });
     let policy = onepool_tests::test_policy();
-    let out =
-        c.cmd(onepool.to_str().unwrap()).args(["report", "--json", "--from", &from]).arg(&policy).output().unwrap();
+    let saved_dir = dir.join("saved");
+    let out = c
+        .cmd(onepool.to_str().unwrap())
+        .args(["report", "--json", "--from", &from, "--daemon-config", "/nonexistent/onepoold.toml", "--scenario"])
+        .arg(&saved_dir)
+        .arg(&policy)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "onepool report: {}", String::from_utf8_lossy(&out.stderr));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     eprintln!("{}", serde_json::to_string_pretty(&report["reclaims"]).unwrap());
@@ -211,5 +217,24 @@ fn the_report_lists_each_reclaim_as_it_happened_and_failed_replicas_as_failures(
     let cause = broken[0]["last_cause"].as_str().unwrap();
     assert!(cause.contains("exited with code 3") && cause.contains("cannot load the model"), "{cause}");
     assert!(failures.iter().all(|f| f["endpoint"] != "chat"), "a drained replica is no failure: {failures:?}");
+
+    // What the pool saved: the period's runs through the simulator, the
+    // same figures `onepool simulate` prints on the scenario it kept.
+    let saved = &report["saved"];
+    eprintln!("saved: {saved}");
+    assert!(saved["jobs"].as_u64().unwrap() >= 6, "the borrowers, the takers and the replica jobs: {saved}");
+    let said = saved["assumptions"].to_string();
+    assert!(said.contains("no endpoints: no /nonexistent/onepoold.toml"), "{said}");
+    let out = c
+        .cmd(onepool.to_str().unwrap())
+        .args(["simulate", "--json"])
+        .arg(saved_dir.join("scenario.toml"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "onepool simulate: {}", String::from_utf8_lossy(&out.stderr));
+    let sim: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(sim["comparison"]["separate_gpus"], saved["separate_islands_gpus"]);
+    assert_eq!(sim["comparison"]["shared_gpus_needed"], saved["shared_pool_gpus"]);
+    assert!(saved["separate_islands_gpus"].as_u64().is_some(), "the islands were sized: {saved}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -105,9 +105,9 @@ pub fn scenario(inp: &Inputs) -> Written {
     let gpn = inp.policy.pool.gpus_per_node.unwrap_or(inp.policy.pool.total_gpus).max(1);
     let nodes = inp.policy.pool.total_gpus.div_ceil(gpn);
     assumptions.push(format!(
-        "the pool as the policy states it: {nodes} node(s) x {gpn} GPUs (pool.total_gpus {}, pool.gpus_per_node{})",
+        "the pool as the policy states it: {nodes} node(s) x {gpn} GPUs (pool.total_gpus {}, pool.gpus_per_node {})",
         inp.policy.pool.total_gpus,
-        if inp.policy.pool.gpus_per_node.is_some() { "" } else { " unset: one node" }
+        inp.policy.pool.gpus_per_node.map_or("unset: one node".to_string(), |g| g.to_string())
     ));
     let (endpoints, access) = modelled(inp, &mut assumptions);
     let names: Vec<&str> = endpoints.iter().map(|e| e.name.as_str()).collect();

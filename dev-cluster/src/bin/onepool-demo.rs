@@ -25,7 +25,7 @@ use clap::Parser;
 use onepool_dev_cluster::model_server::{ModelServer, Slots, MODEL_NAME};
 use onepool_dev_cluster::process::Tracked;
 use onepool_dev_cluster::Cluster;
-use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile, ReplicasFile};
+use onepool_elastic_daemon::config::{AccessLogFile, ConfigFile, EndpointFile, HealthFile, ReplicasFile};
 
 #[path = "../demo/watch.rs"]
 mod watch;
@@ -495,6 +495,8 @@ fn config(p: &Paths, listen: SocketAddr, slurm_conf: &str, server: &ModelServer)
             ..EndpointFile::new(ENDPOINT)
         }],
         replica_key_file: Some(p.socket.with_file_name("replica.key")),
+        // The report's "what the pool saved" replays what the router served.
+        access_log: Some(AccessLogFile { path: p.socket.with_file_name("access.jsonl"), ..AccessLogFile::default() }),
         ..ConfigFile::new(&p.socket)
     }
 }
@@ -592,13 +594,17 @@ fn the_report_agrees(
 ) -> anyhow::Result<()> {
     let onepool = paths.bin.join("onepool");
     let policy = cluster.layout.policy();
+    let saved_dir = paths.socket.with_file_name("saved");
     let deadline = Instant::now() + Duration::from_secs(30);
     // slurmdbd records a job whose comment was updated a few seconds late
     // for a windowed query: ask again until the reclaim is there.
     loop {
         let out = cluster
             .command(&onepool.to_string_lossy())
-            .args(["report", "--json", "--from", from])
+            .args(["report", "--json", "--from", from, "--daemon-config"])
+            .arg(&paths.config)
+            .arg("--scenario")
+            .arg(&saved_dir)
             .arg(&policy)
             .output()
             .with_context(|| format!("running {}", onepool.display()))?;
@@ -627,13 +633,58 @@ fn the_report_agrees(
                 (ttc - time_to_capacity).abs() <= 0.5,
                 "the report's time to capacity {ttc:.2} s is not the demo's {time_to_capacity:.2} s"
             );
-            return Ok(());
+            return the_saved_figure_is_the_simulators(cluster, &onepool, &report["saved"], &saved_dir);
         }
         if Instant::now() > deadline {
             anyhow::bail!("no reclaim for the training job {training} in the report: {}", report["reclaims"]);
         }
         std::thread::sleep(Duration::from_secs(2));
     }
+}
+
+/// The report's "what the pool saved" must be what `onepool simulate`
+/// prints for the scenario the report kept (issue #26: the same records,
+/// the same numbers), and must have replayed the demo's requests.
+fn the_saved_figure_is_the_simulators(
+    cluster: &onepool_dev_cluster::Cluster,
+    onepool: &Path,
+    saved: &serde_json::Value,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let gpus = |v: &serde_json::Value| v.as_u64().map_or("unmet or not searched".to_string(), |g| g.to_string());
+    println!(
+        "what the pool saved ({} job run(s), {} request(s)): separate islands {} GPUs, one shared pool {} GPUs; this pool {}",
+        saved["jobs"],
+        saved["requests"],
+        gpus(&saved["separate_islands_gpus"]),
+        gpus(&saved["shared_pool_gpus"]),
+        saved["pool_gpus"]
+    );
+    for a in saved["assumptions"].as_array().into_iter().flatten() {
+        println!("  - {}", a.as_str().unwrap_or("?"));
+    }
+    anyhow::ensure!(saved["requests"].as_u64().unwrap_or(0) > 0, "the saved figure replayed no request: {saved}");
+    let out = cluster
+        .command(&onepool.to_string_lossy())
+        .args(["simulate", "--json"])
+        .arg(dir.join("scenario.toml"))
+        .output()
+        .with_context(|| format!("running {}", onepool.display()))?;
+    anyhow::ensure!(out.status.success(), "onepool simulate: {}", String::from_utf8_lossy(&out.stderr).trim());
+    let sim: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let c = &sim["comparison"];
+    anyhow::ensure!(
+        (&c["separate_gpus"], &c["shared_gpus_needed"])
+            == (&saved["separate_islands_gpus"], &saved["shared_pool_gpus"]),
+        "onepool simulate {} gives separate {} and shared {}, the report {} and {}",
+        dir.join("scenario.toml").display(),
+        c["separate_gpus"],
+        c["shared_gpus_needed"],
+        saved["separate_islands_gpus"],
+        saved["shared_pool_gpus"]
+    );
+    println!("onepool simulate {} gives the same figures", dir.join("scenario.toml").display());
+    Ok(())
 }
 
 /// What the demo found and prepared before its scenario starts.

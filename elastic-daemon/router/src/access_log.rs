@@ -216,8 +216,9 @@ impl Tap {
             },
             status: self.status,
             stream: matches!(self.facts.stream, Some(serde_json::Value::Bool(true))),
-            prompt_tokens: count_after(&self.tail, b"\"prompt_tokens\":"),
-            completion_tokens: count_after(&self.tail, b"\"completion_tokens\":"),
+            prompt_tokens: prompt_tokens(&self.tail),
+            completion_tokens: count_after(&self.tail, b"\"completion_tokens\":")
+                .or_else(|| count_after(&self.tail, b"\"predicted_n\":")),
             ttfb_s: self.first_byte.map(since),
             latency_s: since(now),
             replica: self.replica.map(|r| r.to_string()),
@@ -233,6 +234,17 @@ impl Drop for Tap {
     fn drop(&mut self) {
         self.end(false);
     }
+}
+
+/// The prompt's tokens: the OpenAI `usage`, else llama.cpp's `timings`,
+/// which a stream's last chunk carries without being asked (`usage` only
+/// with `stream_options.include_usage`): the tokens it processed
+/// (`prompt_n`) and those its prompt cache held (`cache_n`).
+fn prompt_tokens(tail: &[u8]) -> Option<u64> {
+    count_after(tail, b"\"prompt_tokens\":").or_else(|| {
+        let n = count_after(tail, b"\"prompt_n\":")?;
+        Some(n + count_after(tail, b"\"cache_n\":").unwrap_or(0))
+    })
 }
 
 /// The number after the last `key` in `tail` (`"prompt_tokens": 31`).
@@ -266,6 +278,21 @@ mod tests {
         assert_eq!(count_after(body, b"\"completion_tokens\":"), Some(8));
         assert_eq!(count_after(b"data: [DONE]", b"\"prompt_tokens\":"), None);
         assert_eq!(count_after(br#""prompt_tokens":x"#, b"\"prompt_tokens\":"), None);
+    }
+
+    /// llama-server's last stream chunk (this build, measured): no
+    /// `usage` unless asked, but `timings`.
+    #[test]
+    fn a_llama_server_stream_is_counted_from_its_timings() {
+        let tail = br#"data: {"choices":[{"finish_reason":"length","index":0,"delta":{}}],"object":"chat.completion.chunk","timings":{"cache_n":12,"prompt_n":31,"prompt_ms":124.2,"predicted_n":5,"predicted_ms":52.7}}
+
+data: [DONE]
+
+"#;
+        assert_eq!(prompt_tokens(tail), Some(43));
+        let usage = br#"{"usage":{"completion_tokens":8,"prompt_tokens":31},"timings":{"prompt_n":2}}"#;
+        assert_eq!(prompt_tokens(usage), Some(31), "usage first");
+        assert_eq!(prompt_tokens(b"data: [DONE]"), None);
     }
 
     #[test]
