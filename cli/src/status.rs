@@ -210,10 +210,17 @@ pub fn replica_jobs_table(state: &Value, now: u64) -> String {
 /// The last reclaims of the endpoint's replicas (issue #26).
 fn reclaims(r: &Value, now: u64) -> String {
     let Some(list) = r.as_array().filter(|l| !l.is_empty()) else { return String::new() };
-    let mut out = format!("  last reclaims ({}; takers and times to capacity: onepool report):\n", list.len());
+    let mut out = format!(
+        "  last reclaims ({}; times to the millisecond, and each taker's class: onepool report):\n",
+        list.len()
+    );
     for x in list.iter().rev() {
+        let taker = match (x["taker"].as_u64(), x["time_to_capacity_s"].as_u64()) {
+            (Some(j), Some(t)) => format!("; job {j} took them, {t} s after its submission"),
+            _ => String::new(),
+        };
         out.push_str(&format!(
-            "    job {} ({}, {}) {} s ago: GPUs free {:.1} s after Slurm's pick was seen\n",
+            "    job {} ({}, {}) {} s ago: GPUs free {:.1} s after Slurm's pick was seen{taker}\n",
             x["job"].as_u64().unwrap_or(0),
             x["kind"].as_str().unwrap_or("?"),
             x["mode"].as_str().unwrap_or("?"),
@@ -462,15 +469,16 @@ mod tests {
     fn the_last_reclaims_are_listed_newest_first() {
         let state = json!({"endpoints": [{"name": "chat", "replica_jobs": {"jobs": [],
         "reclaims": [
-            {"job": 50, "kind": "supplemental", "mode": "graceful", "at": 900, "released_after_s": 3.04},
+            {"job": 50, "kind": "supplemental", "mode": "graceful", "at": 900, "released_after_s": 3.04, "taker": 52, "time_to_capacity_s": 4},
             {"job": 51, "kind": "warm", "mode": "immediate", "at": 990, "released_after_s": 0.5}
         ]}}]});
         let t = replica_jobs_table(&state, 1000);
         assert!(
             t.contains(
-                "  last reclaims (2; takers and times to capacity: onepool report):\n    \
+                "  last reclaims (2; times to the millisecond, and each taker's class: onepool report):\n    \
                  job 51 (warm, immediate) 10 s ago: GPUs free 0.5 s after Slurm's pick was seen\n    \
-                 job 50 (supplemental, graceful) 100 s ago: GPUs free 3.0 s after Slurm's pick was seen\n"
+                 job 50 (supplemental, graceful) 100 s ago: GPUs free 3.0 s after Slurm's pick was seen; job 52 took \
+                 them, 4 s after its submission\n"
             ),
             "{t}"
         );

@@ -233,7 +233,28 @@ pub struct ReclaimView {
     /// Seconds from that poll to the poll that found the job gone: its
     /// GPUs were free by then (poll-interval resolution).
     pub released_after_s: f64,
+    /// The job that took its GPUs: the first another user started on its
+    /// nodes after Slurm's pick (found in the polls after its release).
+    pub taker: Option<u32>,
+    /// The taker's submission to its start, in whole seconds (squeue's);
+    /// `onepool report` has it to the millisecond from slurmctld's log.
+    pub time_to_capacity_s: Option<u64>,
 }
+
+/// A reclaimed replica whose taker is still to be found.
+#[derive(Clone, Debug)]
+struct TakerSearch {
+    job: u32,
+    nodes: String,
+    mode: &'static str,
+    /// Unix seconds when Slurm's pick was seen: the taker starts after.
+    picked_at: u64,
+    /// Given up (no other job started on its nodes) after this.
+    until: Instant,
+}
+
+/// How long after a release onepoold looks for the job that took the GPUs.
+const TAKER_SEARCH: Duration = Duration::from_secs(30);
 
 /// What `onepool status` shows of failed starts (issue #24).
 #[derive(Clone, Debug, Default, Serialize)]
@@ -308,6 +329,8 @@ struct TrackedJob {
     served_at: Option<Instant>,
     /// onepoold counted it as a failed start already (it gave up on it).
     failure_counted: bool,
+    /// Its nodes (a host list), once it ran.
+    nodes: String,
 }
 
 impl TrackedJob {
@@ -325,6 +348,7 @@ impl TrackedJob {
             note: None,
             served_at: None,
             failure_counted: false,
+            nodes: String::new(),
         }
     }
 
@@ -366,6 +390,8 @@ pub struct Controller {
     halted: Option<String>,
     /// Failed starts and when the next submission may go.
     backoff: StartBackoff,
+    /// Reclaimed replicas whose taker is being looked for.
+    takers: Vec<TakerSearch>,
 }
 
 /// A replica job that ends this soon after it first served counts as a
@@ -501,6 +527,7 @@ impl Controller {
             records: HashMap::new(),
             halted: None,
             backoff: StartBackoff::new(BackoffPolicy::default()),
+            takers: Vec::new(),
         };
         (c, view)
     }
@@ -563,9 +590,83 @@ impl Controller {
         self.metrics.reclaims.get_or_create(&labels).inc();
         self.metrics.reclaim_release_seconds.get_or_create(&labels).observe(released);
         let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
-        v.reclaims.push(ReclaimView { job, kind: kind_name(t.kind), mode, at, released_after_s: released });
+        v.reclaims.push(ReclaimView {
+            job,
+            kind: kind_name(t.kind),
+            mode,
+            at,
+            released_after_s: released,
+            taker: None,
+            time_to_capacity_s: None,
+        });
         let extra = v.reclaims.len().saturating_sub(RECENT_RECLAIMS);
         v.reclaims.drain(..extra);
+        if !t.nodes.is_empty() {
+            self.takers.push(TakerSearch {
+                job,
+                nodes: t.nodes.clone(),
+                mode,
+                picked_at: at,
+                until: Instant::now() + TAKER_SEARCH,
+            });
+        }
+    }
+
+    /// Looks for the jobs that took reclaimed replicas' GPUs: on the
+    /// victim's nodes, another user's, started at or after Slurm's pick;
+    /// the first to start is the taker. One squeue per victim and poll,
+    /// until found or [`TAKER_SEARCH`] after the release.
+    /// A failed squeue is logged and tried again at the next poll (the
+    /// taker is a figure for the admin, not a reason to stop a round).
+    async fn find_takers(&mut self) {
+        let now = Instant::now();
+        for s in std::mem::take(&mut self.takers) {
+            let slurm = self.slurm.clone();
+            let nodes = s.nodes.clone();
+            let running = blocking(&self.metrics, &self.name, "squeue_running_on", move || slurm.running_on(&nodes));
+            let running = match running.await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(endpoint = %self.name, job = s.job, "looking for the reclaimed replica's taker: {e}");
+                    if now < s.until {
+                        self.takers.push(s);
+                    }
+                    continue;
+                }
+            };
+            let taker = running
+                .iter()
+                .filter(|j| j.user_id != self.uid && j.start_time >= s.picked_at && j.submit_time > 0)
+                .min_by_key(|j| (j.start_time, j.job_id));
+            match taker {
+                Some(j) => self.took(&s, j.job_id, j.start_time.saturating_sub(j.submit_time)),
+                None if now < s.until => self.takers.push(s),
+                None => tracing::info!(
+                    endpoint = %self.name,
+                    job = s.job,
+                    "no other job started on the reclaimed replica's nodes ({}) within {} s of its release",
+                    s.nodes,
+                    TAKER_SEARCH.as_secs()
+                ),
+            }
+        }
+    }
+
+    fn took(&mut self, s: &TakerSearch, taker: u32, ttc: u64) {
+        tracing::info!(
+            endpoint = %self.name,
+            job = s.job,
+            taker,
+            mode = s.mode,
+            "job {taker} took the reclaimed replica's GPUs {ttc} s after its submission"
+        );
+        let labels = ReclaimLabels { endpoint: self.name.clone(), mode: s.mode.to_string() };
+        self.metrics.reclaim_time_to_capacity_seconds.get_or_create(&labels).observe(ttc as f64);
+        let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = v.reclaims.iter_mut().rev().find(|r| r.job == s.job) {
+            r.taker = Some(taker);
+            r.time_to_capacity_s = Some(ttc);
+        }
     }
 
     fn start_failures_view(&self) -> StartFailures {
@@ -668,6 +769,9 @@ impl Controller {
             TrackedJob::new(base, kind, j.node_count.clamp(1, 256) as u16)
         });
         t.width = t.width.max(j.node_count.clamp(1, 256) as u16);
+        if !j.nodes.is_empty() {
+            t.nodes.clone_from(&j.nodes);
+        }
         // Slurm's kill comes at end_time once it preempts the job.
         let preempt_end = j.is_being_preempted().then_some(j.end_time).filter(|e| *e > 0);
         if let (None, Some(end)) = (t.preempt_end, preempt_end) {
@@ -773,6 +877,9 @@ impl Controller {
         // The poll's time: when Slurm's answer came.
         let now = Instant::now();
         let seen = self.adopt(jobs).await?;
+        if !self.takers.is_empty() {
+            self.find_takers().await;
+        }
         self.read_notes().await?;
         self.route_running().await?;
         if self.adopted.is_none() {

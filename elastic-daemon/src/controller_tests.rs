@@ -698,3 +698,38 @@ fn failed_starts_back_off_show_their_cause_and_end_on_request() {
         assert!(text.contains("onepool_replica_failed_starts_total{endpoint=\"llm\"} 2"), "{text}");
     });
 }
+
+/// A reclaimed replica's taker (issue #26): the first job of another user
+/// that started on its nodes after Slurm's pick, with its time from
+/// submission to start; a job of onepoold's own, or one that started
+/// before the pick, is not it.
+#[test]
+fn the_job_that_took_a_reclaimed_replicas_gpus_is_found_with_its_time_to_capacity() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let endpoint = test_endpoint("llm");
+        let slurm = Arc::new(ScriptedSlurm::default());
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let mut victim = running(7, "onepool-llm-18000", "node2", 1);
+        victim.preempt_time = now;
+        victim.end_time = now + 30;
+        let mut before = running(8, "someone-elses", "node2", 1);
+        (before.user_id, before.submit_time, before.start_time) = (victim.user_id + 1, now - 500, now - 400);
+        *slurm.jobs.lock().unwrap() = vec![victim.clone(), before.clone()];
+        let s = ReplicaSettings { min: 0, max: 1, ..settings() };
+        let (mut c, view) = Controller::new("llm", endpoint.clone(), false, s, slurm.clone());
+        c.round().await.unwrap();
+        // The victim is gone; onepoold's own next replica and the taker
+        // started on its node.
+        let mut ours = running(9, "onepool-llm-18002", "node2", 1);
+        (ours.submit_time, ours.start_time) = (now - 1, now + 1);
+        let mut taker = running(10, "training", "node2", 1);
+        (taker.user_id, taker.submit_time, taker.start_time) = (victim.user_id + 2, now - 2, now + 2);
+        *slurm.jobs.lock().unwrap() = vec![before, ours, taker];
+        c.round().await.unwrap();
+        let v = view.lock().unwrap();
+        assert_eq!(v.reclaims.len(), 1, "{:?}", v.reclaims);
+        let r = &v.reclaims[0];
+        assert_eq!((r.job, r.mode, r.taker, r.time_to_capacity_s), (7, "graceful", Some(10), Some(4)), "{r:?}");
+    });
+}

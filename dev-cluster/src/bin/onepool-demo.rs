@@ -189,6 +189,29 @@ impl Demo {
         }
     }
 
+    /// The reclaims onepoold's status lists: (victim, taker, whole seconds
+    /// from the taker's submission to its start).
+    fn reclaims_seen(&self) -> Vec<(u64, Option<u64>, Option<u64>)> {
+        let socket = self.paths.socket.clone();
+        let answer = self.rt.block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(2),
+                onepool_control::request(&socket, http::Method::GET, "/v1/state", None),
+            )
+            .await
+        });
+        let Ok(Ok((status, state))) = answer else { return Vec::new() };
+        if !status.is_success() {
+            return Vec::new();
+        }
+        let endpoints = state["endpoints"].as_array().cloned().unwrap_or_default();
+        endpoints
+            .iter()
+            .flat_map(|e| e["replica_jobs"]["reclaims"].as_array().cloned().unwrap_or_default())
+            .filter_map(|r| Some((r["job"].as_u64()?, r["taker"].as_u64(), r["time_to_capacity_s"].as_u64())))
+            .collect()
+    }
+
     /// The first failed start of a replica job onepoold reports, with its
     /// cause (the server's signal or code and last output lines).
     fn failed_start(&self) -> Option<String> {
@@ -546,6 +569,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
     training_ends(&mut d, &tl, training)?;
     load_ends(&mut d, &tl, &load)?;
     let other_state = job_state(other);
+    let onepoold_saw = onepoold_names_the_taker(&d, training, time_to_capacity);
     summary(&d, &tl, &load, training, time_to_capacity, other, other_state.as_deref());
     let (sent, served, failed) = load.totals();
 
@@ -561,6 +585,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
         root.display()
     );
     let mut problems = std::mem::take(&mut d.untold);
+    problems.extend(onepoold_saw.err());
     step("What Slurm's records say: onepool report over the demo's period");
     if let Err(e) = the_report_agrees(&cluster, &d.paths, &report_from, training, time_to_capacity) {
         problems.push(format!("onepool report: {e:#}"));
@@ -578,6 +603,24 @@ fn run(args: &Args) -> anyhow::Result<()> {
     }
     if !problems.is_empty() {
         bail!("{}", problems.join("; "));
+    }
+    Ok(())
+}
+
+/// onepoold's status must name the training job as the taker of the
+/// replica it reclaimed, with the time to capacity the demo measured (to
+/// squeue's whole seconds).
+fn onepoold_names_the_taker(d: &Demo, training: u32, time_to_capacity: f64) -> Result<(), String> {
+    let seen = d.reclaims_seen();
+    let Some((victim, _, ttc)) = seen.iter().find(|(_, taker, _)| *taker == Some(u64::from(training))) else {
+        return Err(format!("onepoold's status names no taker {training} among its reclaims: {seen:?}"));
+    };
+    let ttc = ttc.unwrap_or(u64::MAX);
+    println!(
+        "onepoold: job {training} took reclaimed replica {victim}'s GPUs {ttc} s after its submission (squeue's whole seconds; the demo measured {time_to_capacity:.1} s)"
+    );
+    if (ttc as f64 - time_to_capacity).abs() > 1.5 {
+        return Err(format!("onepoold's time to capacity {ttc} s is not the demo's {time_to_capacity:.1} s"));
     }
     Ok(())
 }

@@ -101,6 +101,7 @@ fn exercised() -> Metrics {
     let reclaim = crate::metrics::ReclaimLabels { endpoint: endpoint.into(), mode: "graceful".into() };
     m.reclaims.get_or_create(&reclaim).inc();
     m.reclaim_release_seconds.get_or_create(&reclaim).observe(2.5);
+    m.reclaim_time_to_capacity_seconds.get_or_create(&reclaim).observe(3.0);
     m.failed_starts.get_or_create(&EndpointLabels { endpoint: endpoint.into() }).inc();
     m.backoff_failures.get_or_create(&EndpointLabels { endpoint: endpoint.into() }).set(2);
     m.backoff_seconds.get_or_create(&EndpointLabels { endpoint: endpoint.into() }).set(20);

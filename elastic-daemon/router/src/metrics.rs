@@ -143,6 +143,9 @@ pub struct Metrics {
     /// Slurm's pick was seen (issue #26).
     pub reclaims: Family<ReclaimLabels, Counter>,
     pub reclaim_release_seconds: HistogramFamily<ReclaimLabels>,
+    /// The job that took a reclaimed replica's GPUs: from its submission
+    /// to its start (whole seconds, as squeue has them).
+    pub reclaim_time_to_capacity_seconds: HistogramFamily<ReclaimLabels>,
     /// Replica jobs that ended before serving (or soon after), and the
     /// start back-off they cause (issue #24).
     pub failed_starts: Family<EndpointLabels, Counter>,
@@ -182,6 +185,8 @@ impl Metrics {
         let preemptions = Family::<EndpointLabels, Counter>::default();
         let reclaims = Family::<ReclaimLabels, Counter>::default();
         let reclaim_release_seconds: HistogramFamily<ReclaimLabels> = Family::new_with_constructor(drain_histogram);
+        let reclaim_time_to_capacity_seconds: HistogramFamily<ReclaimLabels> =
+            Family::new_with_constructor(drain_histogram);
         let failed_starts = Family::<EndpointLabels, Counter>::default();
         let backoff_failures = Family::<EndpointLabels, Gauge>::default();
         let backoff_seconds = Family::<EndpointLabels, Gauge>::default();
@@ -253,6 +258,12 @@ impl Metrics {
             reclaim_release_seconds.clone(),
         );
         controller.register(
+            "reclaim_time_to_capacity_seconds",
+            "The job that took a reclaimed replica job's GPUs (the first to start on its nodes): from its submission to \
+             its start, in whole seconds",
+            reclaim_time_to_capacity_seconds.clone(),
+        );
+        controller.register(
             "failed_starts",
             "Replica jobs that ended before serving or within their first minutes of it, or never became healthy",
             failed_starts.clone(),
@@ -284,6 +295,7 @@ impl Metrics {
             preemptions,
             reclaims,
             reclaim_release_seconds,
+            reclaim_time_to_capacity_seconds,
             failed_starts,
             backoff_failures,
             backoff_seconds,
