@@ -1,0 +1,390 @@
+//! Deciding and acting: the autoscaler's count, then submissions, drains, node
+//! releases and cancellations.
+
+use super::*;
+
+impl Controller {
+    /// Every replica still holding GPUs, as reconcile sees it.
+    pub(super) fn replicas(
+        &self,
+        seen: &HashMap<u32, (JobInfo, Live)>,
+        snap: &EndpointSnapshot,
+        now: Instant,
+    ) -> Vec<Replica> {
+        let unix = unix_now();
+        let mut replicas = Vec::new();
+        for (id, t) in &self.tracked {
+            let Some((j, l)) = seen.get(id) else { continue };
+            let running = *l == Live::Running && j.start_time > 0;
+            let age = if running { Duration::from_secs(unix.saturating_sub(j.start_time)) } else { Duration::ZERO };
+            // An adopted replica older than startup_timeout would otherwise
+            // be replaced before its first health check (issue #18: every
+            // restart of onepoold cancelled them).
+            let starting_for = match t.seen_running {
+                Some(seen) if running => age.min(now.saturating_duration_since(seen)),
+                _ => Duration::ZERO,
+            };
+            // Slurm prints huge values for UNLIMITED.
+            let time_left = (running && j.time_limit > 0 && j.time_limit < 1 << 31)
+                .then(|| Duration::from_secs((j.start_time + j.time_limit * 60).saturating_sub(unix)));
+            let holding = t.members.values().filter(|m| !m.released).count();
+            for (port, m) in &t.members {
+                if m.released {
+                    continue;
+                }
+                let r = m.address.and_then(|a| snap.replicas.iter().find(|r| r.address == a));
+                let mut in_flight = r.map(|r| r.in_flight).unwrap_or(0);
+                let phase = match (l, r.map(|r| r.state)) {
+                    (Live::Pending, _) => Phase::Pending,
+                    _ if m.draining() => Phase::Draining,
+                    (_, Some(ReplicaState::Draining)) => Phase::Draining,
+                    (_, Some(ReplicaState::Ready | ReplicaState::Out)) => Phase::Serving,
+                    _ => Phase::Starting,
+                };
+                // A drain past its timeout ends like a finished one.
+                if m.ended || m.drain_started.is_some_and(|d| now.duration_since(d) >= self.settings.drain_timeout) {
+                    in_flight = 0;
+                }
+                replicas.push(Replica {
+                    job: *id,
+                    slot: *port,
+                    pinned: holding > 1 && m.node.is_some() && m.node == t.batch_host,
+                    kind: t.kind,
+                    phase,
+                    in_flight,
+                    age,
+                    starting_for,
+                    time_left,
+                    being_preempted: j.is_being_preempted(),
+                });
+            }
+        }
+        replicas
+    }
+
+    /// How many replicas the endpoint wants now, from its load (recorded
+    /// for the autoscaler and shown in the view).
+    pub(super) async fn decide(&mut self, snap: &EndpointSnapshot, replicas: &[Replica], now: Instant) -> u32 {
+        let (load, scraped) = self.load(snap).await;
+        // The endpoint's own count: replicas that leave do not take their
+        // requests out of the rate (issue #18: 0.0 requests/s was shown at
+        // about 27 while a replica drained).
+        let served = snap.served_total;
+        let rate = match self.last_served {
+            Some((before, at)) if served >= before && now > at => (served - before) as f64 / (now - at).as_secs_f64(),
+            _ => 0.0,
+        };
+        self.last_served = Some((served, now));
+        let secs = now.duration_since(self.started).as_secs_f64();
+        self.autoscaler.record(secs, load);
+        let ready = replicas.iter().filter(|r| r.phase == Phase::Serving).count() as u32;
+        let rec = self.autoscaler.recommend(secs, ready);
+        let mut desired = rec.replicas;
+        if now.duration_since(self.started) < self.settings.scale_down_delay {
+            desired = desired.max(self.adopted.unwrap_or(0));
+        }
+        let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        v.desired = desired.clamp(self.settings.min, self.settings.max.max(self.settings.min));
+        v.load = load;
+        v.rate = rate;
+        v.scraped = scraped;
+        desired
+    }
+
+    /// Drains, releases and submits what reconcile asks for `desired`.
+    pub(super) async fn act(&mut self, desired: u32, replicas: &[Replica]) -> Result<(), RoundError> {
+        let s = &self.settings;
+        let mut errors = Vec::new();
+        let headroom = match &s.warm {
+            None => None,
+            Some(w) => {
+                let gpus_wanted = match self.gpus_wanted(&w.scope).await {
+                    Ok(wanted) => wanted,
+                    // Unknown: as if wanted, so that nothing is kept or
+                    // added on GPUs somebody may be waiting for.
+                    Err(e) => {
+                        errors.push(e);
+                        true
+                    }
+                };
+                let replicas = w.spec.replicas_above(desired.clamp(s.min, s.max.max(s.min)));
+                Some(Headroom { replicas, gpus_wanted })
+            }
+        };
+        {
+            let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
+            v.headroom = headroom.map(|h| h.replicas);
+            v.gpus_wanted = headroom.map(|h| h.gpus_wanted);
+        }
+        let target = EndpointTarget {
+            min: s.min,
+            max: s.max,
+            desired,
+            renew_before: s.startup_timeout + s.drain_timeout + Duration::from_secs(60),
+            startup_timeout: s.startup_timeout,
+            headroom,
+        };
+        let actions = reconcile(&target, replicas);
+        let mut release = Vec::new();
+        for action in &actions {
+            match *action {
+                Action::Submit(_) => {}
+                Action::Drain { job, slot } => self.drain(job, slot),
+                Action::Release { job, slot } => {
+                    // What the decision saw, for the day a release cuts
+                    // something short.
+                    if let Some(r) = replicas.iter().find(|r| (r.job, r.slot) == (job, slot)) {
+                        tracing::info!(endpoint = %self.name, job, port = slot, phase = ?r.phase, in_flight = r.in_flight,
+                            "releasing a replica's GPUs");
+                        if r.phase == Phase::Starting && r.starting_for > self.settings.startup_timeout {
+                            let counted =
+                                self.tracked.get_mut(&job).map(|t| std::mem::replace(&mut t.failure_counted, true));
+                            if counted == Some(false) {
+                                let cause = self.never_healthy_cause(job, r.starting_for);
+                                self.failed_start(job, cause);
+                            }
+                        }
+                    }
+                    release.push((job, slot))
+                }
+            }
+        }
+        if let Err(e) = self.release(&release).await {
+            errors.push(e);
+        }
+        let submissions = pack_submissions(&actions, self.settings.replicas_per_job);
+        let unproven = self.tracked.values().filter(|t| t.served_at.is_none() && !t.failure_counted).count();
+        let now = self.since_start(Instant::now());
+        let allowed = match self.backoff.allowance(now, unproven) {
+            Allowance::Any => submissions.len(),
+            Allowance::One => 1,
+            Allowance::None { .. } => 0,
+        };
+        if allowed < submissions.len() {
+            tracing::debug!(endpoint = %self.name, wanted = submissions.len(), allowed, "start back-off holds submissions");
+        }
+        for (kind, n) in submissions.into_iter().take(allowed) {
+            // A probe is one replica, whatever the job could host.
+            let n = if self.backoff.active() { 1 } else { n };
+            if let Err(e) = self.submit(kind, n).await {
+                errors.push(e);
+                break;
+            }
+        }
+        RoundError::all(errors)
+    }
+
+    /// Whether a pending job in the pool, other than a warm replica, waits
+    /// for nodes or GPUs (one squeue, shared by the endpoints).
+    pub(super) async fn gpus_wanted(&self, scope: &crate::config::PoolScope) -> Result<bool, RoundError> {
+        let (slurm, parts) = (self.slurm.clone(), scope.partitions.clone());
+        let waiting = blocking(&self.metrics, &self.name, "squeue_pending", move || slurm.waiting(&parts)).await?;
+        Ok(waiting.iter().any(|w| w.wants_resources() && !scope.warm_qos.contains(&w.qos)))
+    }
+
+    /// What the autoscaler sees: requests queued in the router plus each
+    /// replica's load, from its own metrics where configured and readable,
+    /// else the router's count of its requests in flight.
+    pub(super) async fn load(&self, snap: &EndpointSnapshot) -> (f64, Option<(usize, usize)>) {
+        let queued = snap.queued as f64;
+        let Some(client) = &self.scraper else {
+            return (queued + f64::from(snap.replicas.iter().map(|r| r.in_flight).sum::<u32>()), None);
+        };
+        let serving: Vec<_> = snap.replicas.iter().filter(|r| r.state == ReplicaState::Ready).collect();
+        let mut reads = tokio::task::JoinSet::new();
+        for (i, r) in serving.iter().enumerate() {
+            let (client, address) = (client.clone(), r.address);
+            let (path, names) = (self.settings.metrics_path.clone(), self.settings.load_metrics.clone());
+            reads.spawn(async move { (i, crate::replica_metrics::scrape(&client, address, &path, &names).await) });
+        }
+        let mut own = vec![None; serving.len()];
+        while let Some(Ok((i, r))) = reads.join_next().await {
+            match r {
+                Ok(v) => own[i] = Some(v),
+                Err(e) => tracing::debug!(endpoint = %self.name, "replica load metrics: {e}"),
+            }
+        }
+        let ok = own.iter().filter(|v| v.is_some()).count();
+        let mut load = queued;
+        for r in &snap.replicas {
+            let i = serving.iter().position(|s| s.address == r.address);
+            load += i.and_then(|i| own[i]).unwrap_or(f64::from(r.in_flight));
+        }
+        (load, Some((ok, serving.len())))
+    }
+
+    /// A block of `want` port pairs (fewer if no block that large is free:
+    /// the job then hosts fewer replicas) that no tracked job uses, taken
+    /// in turn through the range so a port that failed is not retried at once.
+    pub(super) fn free_ports(&mut self, want: u32) -> Option<(u16, u32)> {
+        let (lo, hi) = self.settings.port_range;
+        let ports = u32::from(hi) - u32::from(lo) + 1;
+        let pairs = ports / 2;
+        let free = |p: u32| {
+            let port = lo + (2 * p) as u16;
+            !self.tracked.values().any(|t| t.uses(port) || t.uses(port + 1))
+        };
+        for n in (1..=want.max(1)).rev() {
+            for k in 0..pairs {
+                let i = (self.next_pair + k) % pairs;
+                if i + n <= pairs && (i..i + n).all(free) {
+                    self.next_pair = i + n;
+                    return Some((lo + (2 * i) as u16, n));
+                }
+            }
+        }
+        None
+    }
+
+    pub(super) async fn submit(&mut self, kind: Kind, replicas: u32) -> Result<(), RoundError> {
+        if self.submit_after.is_some_and(|t| Instant::now() < t) {
+            return Ok(());
+        }
+        let (port, replicas) = self.free_ports(replicas).ok_or(RoundError::NoFreePorts)?;
+        let args = sbatch_args(&self.name, &self.settings, kind, port, replicas);
+        let slurm = self.slurm.clone();
+        let r = blocking(&self.metrics, &self.name, "sbatch", move || {
+            let a: Vec<&str> = args.iter().map(String::as_str).collect();
+            slurm.submit(&a)
+        })
+        .await;
+        match r {
+            Ok(job) => {
+                tracing::info!(endpoint = %self.name, job, port, replicas, ?kind, "submitted a replica job");
+                let mut t = TrackedJob::new(port, kind, replicas as u16);
+                let n = if self.per_node() { replicas as usize } else { 1 };
+                for p in (0..n).filter_map(|i| onepool_launcher::replica_group::port_of(port, i)) {
+                    t.members.insert(p, Member::default());
+                }
+                self.tracked.insert(job, t);
+                self.view.lock().unwrap_or_else(|e| e.into_inner()).submitted.push(job);
+                Ok(())
+            }
+            Err(e) => {
+                // Do not hammer slurmctld with a submission it refuses.
+                self.submit_after = Some(Instant::now() + self.settings.poll_interval.max(Duration::from_secs(1)) * 5);
+                Err(e.during(format!("submitting a {kind:?} replica job")))
+            }
+        }
+    }
+
+    /// Out of the router at once; reconcile releases it once nothing is in
+    /// flight (or the drain timeout passed).
+    pub(super) fn drain(&mut self, job: u32, port: u16) {
+        let Some(m) = self.tracked.get_mut(&job).and_then(|t| t.members.get_mut(&port)) else { return };
+        if m.drain_started.is_some() || m.released {
+            return;
+        }
+        m.drain_started = Some(Instant::now());
+        m.drain_started_unix = Some(unix_now());
+        tracing::info!(endpoint = %self.name, job, port, node = ?m.node, "draining a replica");
+        if let Some(address) = m.address {
+            let endpoint = self.endpoint.clone();
+            let deadline = self.settings.drain_timeout;
+            tokio::spawn(async move {
+                let _ = endpoint.drain(address, deadline).await;
+            });
+        }
+    }
+
+    /// Gives the GPUs of drained (or never serving) replicas back:
+    /// scancel a job none of whose replicas is left, shrink a running one
+    /// to its other nodes, ask a pending one for fewer nodes.
+    pub(super) async fn release(&mut self, release: &[(u32, u16)]) -> Result<(), RoundError> {
+        if release.is_empty() {
+            return Ok(());
+        }
+        let layouts: Vec<JobLayout> = self
+            .tracked
+            .iter()
+            .filter(|(id, _)| release.iter().any(|(j, _)| j == *id))
+            .map(|(id, t)| JobLayout {
+                job: *id,
+                pending: !t.running,
+                batch_host: t.batch_host.clone(),
+                replicas: t.members.iter().filter(|(_, m)| !m.released).map(|(p, m)| (*p, m.node.clone())).collect(),
+            })
+            .collect();
+        let mut errors = Vec::new();
+        for plan in plan_releases(&layouts, release) {
+            let r = match plan {
+                Release::Cancel { job } => self.cancel(job).await,
+                Release::Shrink { job, keep, released } => {
+                    let list = keep.join(",");
+                    self.update(job, "NodeList", list, &released, "released its node").await
+                }
+                Release::Resize { job, nodes, released } => {
+                    self.update(job, "NumNodes", nodes.to_string(), &released, "asks for fewer nodes").await
+                }
+                Release::Held { job, slot } => {
+                    tracing::debug!(endpoint = %self.name, job, port = slot, "drained replica on the batch host waits for the rest of its job");
+                    Ok(())
+                }
+            };
+            if let Err(e) = r {
+                errors.push(e);
+            }
+        }
+        RoundError::all(errors)
+    }
+
+    /// `scontrol update JobId=job key=value`, then the `released` replicas
+    /// are out of the router for good.
+    pub(super) async fn update(
+        &mut self,
+        job: u32,
+        key: &'static str,
+        value: String,
+        released: &[u16],
+        what: &str,
+    ) -> Result<(), RoundError> {
+        let slurm = self.slurm.clone();
+        let v = value.clone();
+        let r =
+            blocking(&self.metrics, &self.name, "scontrol_update", move || slurm.update_job(job, &[(key, v.as_str())]))
+                .await;
+        let Some(t) = self.tracked.get_mut(&job) else { return Ok(()) };
+        match r {
+            Ok(()) => {
+                for port in released {
+                    if let Some(m) = t.members.get_mut(port) {
+                        Self::unroute(&self.endpoint, m);
+                        m.released = true;
+                        tracing::info!(endpoint = %self.name, job, port, node = ?m.node, "{key}={value}: replica {what}");
+                        if let (true, Some(n)) = (key == "NodeList", m.node.clone()) {
+                            self.view.lock().unwrap_or_else(|e| e.into_inner()).shrunk.push((job, n));
+                        }
+                    }
+                }
+                if key == "NumNodes" {
+                    // Placeholders: the next poll lays them out anew.
+                    t.members.retain(|p, _| !released.contains(p));
+                }
+                Ok(())
+            }
+            Err(e) => Err(e.during(format!("scontrol update JobId={job} {key}={value}"))),
+        }
+    }
+
+    pub(super) async fn cancel(&mut self, job: u32) -> Result<(), RoundError> {
+        let Some(t) = self.tracked.get_mut(&job) else { return Ok(()) };
+        for m in t.members.values_mut() {
+            Self::unroute(&self.endpoint, m);
+            // Never back into the router, whatever scancel says.
+            m.drain_started.get_or_insert_with(Instant::now);
+            m.drain_started_unix.get_or_insert_with(unix_now);
+        }
+        let slurm = self.slurm.clone();
+        let r = blocking(&self.metrics, &self.name, "scancel", move || slurm.cancel(job, None)).await;
+        if let (Ok(()), Some(t)) = (&r, self.tracked.get_mut(&job)) {
+            t.members.values_mut().for_each(|m| m.released = true);
+        }
+        match r {
+            Ok(()) => {
+                tracing::info!(endpoint = %self.name, job, "cancelled a replica job");
+                Ok(())
+            }
+            Err(e) => Err(e.during(format!("cancelling replica job {job}"))),
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! onepoold's Slurm side for one endpoint with `[endpoint.replicas]`: every
+//! poll it reads the jobs from Slurm, keeps only the replica jobs this
+//! daemon owns, brings running ones into the router, feeds the router's
+//! load to the autoscaler and carries out what
+//! [`onepool_decisions::replicas::reconcile`] decides (submit, drain,
+//! cancel).
+//!
+//! **Ownership.** A job is this endpoint's replica only when all hold: its
+//! name is `onepool-<endpoint>-<port>` with the port in `port_range`, it
+//! was submitted by the daemon's own uid, and job_submit/onepool's record
+//! (in `admin_comment`, which users cannot set) names this endpoint and the
+//! baseline or supplemental class. Nothing else is ever cancelled, drained
+//! or routed to. The port in the name is how a restarted daemon finds the
+//! replica's listener again, so restarts re-adopt replicas instead of
+//! duplicating or orphaning them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use onepool_decisions::autoscale::{Autoscaler, ScalingPolicy};
+use onepool_decisions::backoff::{Allowance, BackoffPolicy, FailedStart, StartBackoff};
+use onepool_decisions::replicas::{
+    pack_submissions, plan_releases, reconcile, Action, EndpointTarget, Headroom, JobLayout, Kind, Phase, Release,
+    Replica,
+};
+use onepool_launcher::conventions::{job_name, port_from_name, ReplicaNote};
+use onepool_launcher::replica_group::port_from_step_name;
+use onepool_router::endpoint::{Endpoint, EndpointSnapshot};
+use onepool_router::metrics::{EndpointLabels, Metrics, ReclaimLabels, ReplicaJobLabels};
+use onepool_router::registry::{RegistryError, ReplicaState};
+use onepool_slurm_commands::adapter::{Slurm, SlurmError};
+use onepool_slurm_commands::state::JobInfo;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::config::ReplicaSettings;
+use crate::round_error::RoundError;
+
+mod act;
+mod failures;
+mod observe;
+mod reclaims;
+mod sbatch;
+mod view;
+
+use reclaims::TakerSearch;
+pub use sbatch::{launcher_end, owned, sbatch_args};
+pub use view::{ControllerView, FailedStartView, ReclaimView, ReplicaJob, StartFailures, RECENT_RECLAIMS};
+
+/// The Slurm adapter the controllers share (called on blocking threads).
+pub type SharedSlurm = Arc<dyn Slurm + Send + Sync>;
+
+/// One replica: a job's only one, or one of a job's per-node ones.
+#[derive(Default)]
+struct Member {
+    /// Where it runs; `None` while its job is pending.
+    node: Option<String>,
+    /// In the router at this address.
+    address: Option<SocketAddr>,
+    drain_started: Option<Instant>,
+    /// The same moment in Unix seconds, for status.
+    drain_started_unix: Option<u64>,
+    /// scancel or a shrink was sent for it: never back into the router.
+    released: bool,
+    /// Its srun step was seen (per-node jobs): once gone, the replica ended.
+    step_seen: bool,
+    /// Its step ended while the node stayed in the job.
+    ended: bool,
+}
+
+impl Member {
+    fn draining(&self) -> bool {
+        self.drain_started.is_some() || self.ended
+    }
+}
+
+struct TrackedJob {
+    /// The port in its name; its replicas use `base_port + 2i`.
+    base_port: u16,
+    kind: Kind,
+    /// Replicas it was seen to host at most (ports reserved for it).
+    width: u16,
+    running: bool,
+    /// When this controller first saw the job running: a replica adopted
+    /// after a restart has its model loaded long ago, but its health is
+    /// being checked anew, and its startup time counts from here.
+    seen_running: Option<Instant>,
+    batch_host: Option<String>,
+    /// Slurm's preemption deadline (Unix seconds), once it picked this job.
+    preempt_end: Option<u64>,
+    /// When a poll first saw Slurm's pick, and the mode it implies.
+    preempt_seen: Option<(Instant, u64, &'static str)>,
+    /// By slot.
+    members: BTreeMap<u16, Member>,
+    /// Where its replicas listen, from the job's comment.
+    note: Option<ReplicaNote>,
+    /// When one of its replicas first served.
+    served_at: Option<Instant>,
+    /// onepoold counted it as a failed start already (it gave up on it).
+    failure_counted: bool,
+    /// Its nodes (a host list), once it ran.
+    nodes: String,
+}
+
+impl TrackedJob {
+    fn new(base_port: u16, kind: Kind, width: u16) -> TrackedJob {
+        TrackedJob {
+            base_port,
+            kind,
+            width: width.max(1),
+            running: false,
+            seen_running: None,
+            batch_host: None,
+            preempt_end: None,
+            preempt_seen: None,
+            members: BTreeMap::new(),
+            note: None,
+            served_at: None,
+            failure_counted: false,
+            nodes: String::new(),
+        }
+    }
+
+    /// Ports this job holds or may hold (each replica takes a pair).
+    fn uses(&self, port: u16) -> bool {
+        let top = u32::from(self.base_port) + 2 * u32::from(self.width);
+        (u32::from(port) >= u32::from(self.base_port) && u32::from(port) < top)
+            || self.members.keys().any(|p| port == *p || port == p + 1)
+    }
+}
+
+pub struct Controller {
+    name: String,
+    endpoint: Arc<Endpoint>,
+    /// Replicas join as "starting" and wait for health checks when true.
+    health_checked: bool,
+    settings: ReplicaSettings,
+    slurm: SharedSlurm,
+    uid: u32,
+    tracked: BTreeMap<u32, TrackedJob>,
+    autoscaler: Autoscaler,
+    started: Instant,
+    /// Live replicas found at the first poll: kept until the scale-down
+    /// delay has passed, so a restart does not shrink the endpoint.
+    adopted: Option<u32>,
+    next_pair: u32,
+    submit_after: Option<Instant>,
+    /// Requests served by all replicas at the last poll, and when.
+    last_served: Option<(u64, Instant)>,
+    /// Reads the replicas' own load metrics (endpoints with `load_metrics`).
+    scraper: Option<reqwest::Client>,
+    view: Arc<Mutex<ControllerView>>,
+    metrics: Arc<Metrics>,
+    /// The admin comment of each job [`Controller::read_records`] read.
+    records: HashMap<u32, String>,
+    /// Why replica control stopped: a job this controller submitted came
+    /// back without job_submit/onepool's record for this endpoint, so
+    /// every poll would take it for a missing replica and submit another.
+    halted: Option<String>,
+    /// Failed starts and when the next submission may go.
+    backoff: StartBackoff,
+    /// Reclaimed replicas whose taker is being looked for.
+    takers: Vec<TakerSearch>,
+}
+
+/// Runs one Slurm call on a blocking thread (the commands wait for
+/// slurmctld) and counts its outcome for `endpoint` as `call`.
+async fn blocking<T: Send + 'static>(
+    metrics: &Metrics,
+    endpoint: &str,
+    call: &str,
+    f: impl FnOnce() -> Result<T, SlurmError> + Send + 'static,
+) -> Result<T, RoundError> {
+    let (r, outcome) = match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(v)) => (Ok(v), "ok"),
+        Ok(Err(e)) => {
+            let outcome = if e.is_retryable() { "retryable" } else { "failed" };
+            (Err(RoundError::Slurm { context: None, source: e }), outcome)
+        }
+        Err(e) => (Err(RoundError::Call { context: None, source: e }), "failed"),
+    };
+    metrics.count_slurm_call(endpoint, call, outcome);
+    r
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Baseline => "baseline",
+        Kind::Supplemental => "supplemental",
+        Kind::Warm => "warm",
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Live {
+    Pending,
+    Running,
+}
+
+fn live(job: &JobInfo) -> Option<Live> {
+    match job.job_state.as_str() {
+        "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" => Some(Live::Pending),
+        "RUNNING" | "SUSPENDED" => Some(Live::Running),
+        // Completing, completed, cancelled, failed, preempted...: gone.
+        _ => None,
+    }
+}
+
+/// The nodes a running job holds, in Slurm's order (the order in which
+/// `onepool replica --per-node` numbered its replicas at the start; a
+/// shrink or a failed node takes nodes out of it, so positions after one
+/// are only a guess).
+fn job_nodes(job: &JobInfo) -> Vec<String> {
+    match onepool_decisions::hostlist::expand(&job.nodes) {
+        Ok(nodes) if !nodes.is_empty() => nodes,
+        _ => Some(job.batch_host.clone()).filter(|b| !b.is_empty()).into_iter().collect(),
+    }
+}
+
+/// Which port each node's replica listens on: `known` (the steps' names,
+/// then what was seen before) says it; a node never seen with a port gets
+/// the one the launcher gives the node at that position in the job's
+/// first node list, unless another replica of the job has it.
+pub fn member_ports(base: u16, nodes: &[String], known: &[(String, u16)]) -> Vec<(String, u16)> {
+    let mut out: Vec<(String, u16)> = Vec::new();
+    let mut taken: Vec<u16> = known.iter().filter(|(n, _)| nodes.contains(n)).map(|(_, p)| *p).collect();
+    for (i, node) in nodes.iter().enumerate() {
+        if let Some((_, p)) = known.iter().find(|(n, _)| n == node) {
+            out.push((node.clone(), *p));
+            continue;
+        }
+        let port = (i..i + nodes.len() + 1)
+            .chain(0..i)
+            .filter_map(|k| onepool_launcher::replica_group::port_of(base, k))
+            .find(|p| !taken.contains(p));
+        if let Some(p) = port {
+            taken.push(p);
+            out.push((node.clone(), p));
+        }
+    }
+    out
+}
+
+impl Controller {
+    pub fn new(
+        name: &str,
+        endpoint: Arc<Endpoint>,
+        health_checked: bool,
+        settings: ReplicaSettings,
+        slurm: SharedSlurm,
+    ) -> (Controller, Arc<Mutex<ControllerView>>) {
+        let view = Arc::new(Mutex::new(ControllerView::default()));
+        let settings_has_metrics = !settings.load_metrics.is_empty();
+        // A scrape never holds a poll up for longer than about a poll.
+        let scrape_timeout = settings.poll_interval.clamp(Duration::from_millis(200), Duration::from_secs(2));
+        let autoscaler = Autoscaler::new(ScalingPolicy {
+            target_per_replica: settings.target_per_replica,
+            min: settings.min,
+            max: settings.max,
+            stable_window: settings.stable_window,
+            panic_window: settings.panic_window,
+            panic_threshold: settings.panic_threshold,
+            scale_down_delay: settings.scale_down_delay,
+            trend_horizon: settings.trend_horizon,
+        });
+        let metrics = endpoint.metrics().clone();
+        let scraper =
+            settings_has_metrics.then(|| crate::replica_metrics::client(scrape_timeout, endpoint.replica_key()));
+        let c = Controller {
+            name: name.to_string(),
+            endpoint,
+            health_checked,
+            settings,
+            slurm,
+            // SAFETY: getuid has no preconditions.
+            uid: unsafe { libc::getuid() },
+            tracked: BTreeMap::new(),
+            autoscaler,
+            started: Instant::now(),
+            adopted: None,
+            next_pair: 0,
+            submit_after: None,
+            last_served: None,
+            scraper,
+            view: view.clone(),
+            metrics,
+            records: HashMap::new(),
+            halted: None,
+            backoff: StartBackoff::new(BackoffPolicy::default()),
+            takers: Vec::new(),
+        };
+        (c, view)
+    }
+
+    fn per_node(&self) -> bool {
+        self.settings.replicas_per_job > 1
+    }
+
+    /// Polls until `shutdown` turns true. Stopping leaves every replica job
+    /// running: the next start re-adopts them.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        // A fixed beat from the daemon's start, not a pause after each poll:
+        // controllers with the same interval stay in step and share their
+        // reads of Slurm (adapter::Coalesced).
+        let mut beat = tokio::time::interval(self.settings.poll_interval.max(Duration::from_millis(1)));
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = beat.tick() => {}
+                _ = onepool_router::shutdown::stopped(&mut shutdown) => return,
+            }
+            if *shutdown.borrow() {
+                return;
+            }
+            let error = self.round().await.err();
+            if let Some(e) = &error {
+                tracing::warn!(endpoint = %self.name, retryable = e.is_retryable(), "replica controller: {e}");
+            }
+            {
+                let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
+                v.rounds += 1;
+                v.last_error = error.map(|e| e.to_string());
+                v.start_failures = self.start_failures_view();
+                v.jobs = self.jobs_view();
+                v.min = self.settings.min;
+                v.max = self.settings.max;
+                self.export(&v);
+            }
+        }
+    }
+
+    fn since_start(&self, at: Instant) -> Duration {
+        at.saturating_duration_since(self.started)
+    }
+
+    /// A moment as Unix seconds (the back-off counts from the daemon's start).
+    fn unix_at(&self, since_start: Duration) -> u64 {
+        let now = self.since_start(Instant::now());
+        match since_start.checked_sub(now) {
+            Some(ahead) => unix_now() + ahead.as_secs(),
+            None => unix_now().saturating_sub((now - since_start).as_secs()),
+        }
+    }
+
+    /// One poll: read, adopt, route, decide, act.
+    async fn round(&mut self) -> Result<(), RoundError> {
+        let retry = std::mem::take(&mut self.view.lock().unwrap_or_else(|e| e.into_inner()).retry_requested);
+        if retry && self.backoff.failures() > 0 {
+            tracing::info!(endpoint = %self.name, "start back-off ended by request; submitting as usual");
+            self.backoff.clear();
+        }
+        let jobs = self.read().await?;
+        // The poll's time: when Slurm's answer came.
+        let now = Instant::now();
+        let seen = self.adopt(jobs).await?;
+        if !self.takers.is_empty() {
+            self.find_takers().await;
+        }
+        self.read_notes().await?;
+        self.route_running().await?;
+        if self.adopted.is_none() {
+            // Warm replicas are headroom, not load: counting them would
+            // have a restart submit supplementals to match.
+            let load_bearing = self.tracked.values().filter(|t| t.kind != Kind::Warm);
+            let n = load_bearing.flat_map(|t| t.members.values()).filter(|m| !m.released && !m.draining());
+            self.adopted = Some(n.count() as u32);
+        }
+        let snap = self.endpoint.snapshot();
+        self.note_serving(&snap, now);
+        let replicas = self.replicas(&seen, &snap, now);
+        let desired = self.decide(&snap, &replicas, now).await;
+        self.act(desired, &replicas).await
+    }
+
+    /// Marks the jobs whose replicas serve (the router has them in), and
+    /// tells the back-off whether any does.
+    fn note_serving(&mut self, snap: &EndpointSnapshot, now: Instant) {
+        let serving_at = |a: SocketAddr| {
+            snap.replicas.iter().any(|r| r.address == a && matches!(r.state, ReplicaState::Ready | ReplicaState::Out))
+        };
+        let mut any = false;
+        for t in self.tracked.values_mut() {
+            if t.members.values().any(|m| m.address.is_some_and(serving_at)) {
+                t.served_at.get_or_insert(now);
+                any = true;
+            }
+        }
+        let at = self.since_start(now);
+        self.backoff.observe(at, any);
+    }
+}
+
+#[cfg(test)]
+#[path = "../controller_tests.rs"]
+mod tests;
