@@ -77,7 +77,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     let runner = SystemRunner::new(COMMAND_TIMEOUT);
     let (mut report, runs) = gather(args, policy, &runner)?;
     if !args.no_saved {
-        report.saved = Some(saved_figure(args, policy, &src.text, &report, &runs)?);
+        report.saved = Some(saved_figure(args, policy, &src.text, &report, &runs, &runner)?);
     }
     if let Some(path) = &args.svg {
         std::fs::write(path, svg::chart(&report)).with_context(|| format!("writing {}", path.display()))?;
@@ -172,6 +172,7 @@ fn saved_figure(
     policy_text: &str,
     report: &usage::Report,
     runs: &[usage::Run],
+    runner: &dyn Runner,
 ) -> anyhow::Result<saved::Saved> {
     let dur = |s: &str, flag: &str| {
         onepool_decisions::duration::parse_seconds(s)
@@ -193,7 +194,7 @@ fn saved_figure(
         slo_p99_s,
         max_p95_wait_s,
         startup_s,
-        utc_offset_s: utc_offset(&SystemRunner::new(COMMAND_TIMEOUT))?,
+        utc_offset_s: utc_offset(runner)?,
     };
     let written = saved::scenario(&inputs);
     saved::evaluate(&written, args.scenario.as_deref(), u64::from(policy.pool.total_gpus))
@@ -258,27 +259,20 @@ fn daemon_inputs(path: &std::path::Path) -> DaemonInputs {
         .collect();
     let access = match &config.access_log {
         None => Err(format!("{} has no [access_log]", path.display())),
-        Some(a) => read_access_log(&a.path, a.keep_files),
+        Some(a) => read_access_log(&a.files_oldest_first(), &a.path),
     };
     (Ok(endpoints), access)
 }
 
-/// Every line of the access log and its rotated files, oldest first;
-/// lines that are not access entries are named on stderr.
-fn read_access_log(path: &std::path::Path, keep: u32) -> Result<Vec<onepool_decisions::trace::AccessEntry>, String> {
-    let mut files: Vec<PathBuf> = (1..=keep)
-        .rev()
-        .map(|k| {
-            let mut p = path.as_os_str().to_owned();
-            p.push(format!(".{k}"));
-            PathBuf::from(p)
-        })
-        .filter(|p| p.exists())
-        .collect();
-    files.push(path.to_path_buf());
+/// Every line of the access log's files (oldest first); lines that are
+/// not access entries are named on stderr.
+fn read_access_log(
+    files: &[PathBuf],
+    path: &std::path::Path,
+) -> Result<Vec<onepool_decisions::trace::AccessEntry>, String> {
     let mut out = Vec::new();
     let mut read_any = false;
-    for f in &files {
+    for f in files {
         let text = match std::fs::read_to_string(f) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,

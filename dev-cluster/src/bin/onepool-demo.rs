@@ -189,32 +189,9 @@ impl Demo {
         }
     }
 
-    /// The reclaims onepoold's status lists: (victim, taker, whole seconds
-    /// from the taker's submission to its start).
-    fn reclaims_seen(&self) -> Vec<(u64, Option<u64>, Option<u64>)> {
-        let socket = self.paths.socket.clone();
-        let answer = self.rt.block_on(async {
-            tokio::time::timeout(
-                Duration::from_secs(2),
-                onepool_control::request(&socket, http::Method::GET, "/v1/state", None),
-            )
-            .await
-        });
-        let Ok(Ok((status, state))) = answer else { return Vec::new() };
-        if !status.is_success() {
-            return Vec::new();
-        }
-        let endpoints = state["endpoints"].as_array().cloned().unwrap_or_default();
-        endpoints
-            .iter()
-            .flat_map(|e| e["replica_jobs"]["reclaims"].as_array().cloned().unwrap_or_default())
-            .filter_map(|r| Some((r["job"].as_u64()?, r["taker"].as_u64(), r["time_to_capacity_s"].as_u64())))
-            .collect()
-    }
-
-    /// The first failed start of a replica job onepoold reports, with its
-    /// cause (the server's signal or code and last output lines).
-    fn failed_start(&self) -> Option<String> {
+    /// onepoold's state from its control socket; `None` when it does not
+    /// answer within 2 s or answers with an error.
+    fn daemon_state(&self) -> Option<serde_json::Value> {
         let socket = self.paths.socket.clone();
         let (status, state) = self
             .rt
@@ -227,9 +204,25 @@ impl Demo {
             })
             .ok()?
             .ok()?;
-        if !status.is_success() {
-            return None;
-        }
+        status.is_success().then_some(state)
+    }
+
+    /// The reclaims onepoold's status lists: (victim, taker, whole seconds
+    /// from the taker's submission to its start).
+    fn reclaims_seen(&self) -> Vec<(u64, Option<u64>, Option<u64>)> {
+        let Some(state) = self.daemon_state() else { return Vec::new() };
+        let endpoints = state["endpoints"].as_array().cloned().unwrap_or_default();
+        endpoints
+            .iter()
+            .flat_map(|e| e["replica_jobs"]["reclaims"].as_array().cloned().unwrap_or_default())
+            .filter_map(|r| Some((r["job"].as_u64()?, r["taker"].as_u64(), r["time_to_capacity_s"].as_u64())))
+            .collect()
+    }
+
+    /// The first failed start of a replica job onepoold reports, with its
+    /// cause (the server's signal or code and last output lines).
+    fn failed_start(&self) -> Option<String> {
+        let state = self.daemon_state()?;
         state["endpoints"].as_array()?.iter().find_map(|e| {
             let f = &e["replica_jobs"]["start_failures"];
             (f["total"].as_u64()? > 0).then(|| {

@@ -112,22 +112,34 @@ fn write_lines(rx: Receiver<String>, file: File, s: &AccessLogSettings) {
     }
 }
 
-/// FILE.(k) -> FILE.(k+1) from the oldest kept, then FILE -> FILE.1.
-fn rotate(s: &AccessLogSettings) -> std::io::Result<()> {
-    let numbered = |k: u32| {
-        let mut p = s.path.clone().into_os_string();
+impl AccessLogSettings {
+    /// The `k`th rotated file, `FILE.k` (`FILE.1` the newest).
+    pub fn rotated(&self, k: u32) -> PathBuf {
+        let mut p = self.path.clone().into_os_string();
         p.push(format!(".{k}"));
         PathBuf::from(p)
-    };
+    }
+
+    /// Every file the log may be in, oldest first (the rotated ones, then
+    /// `FILE`): what a reader of the whole log goes through.
+    pub fn files_oldest_first(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = (1..=self.keep_files.max(1)).rev().map(|k| self.rotated(k)).collect();
+        files.push(self.path.clone());
+        files
+    }
+}
+
+/// FILE.(k) -> FILE.(k+1) from the oldest kept, then FILE -> FILE.1.
+fn rotate(s: &AccessLogSettings) -> std::io::Result<()> {
     let keep = s.keep_files.max(1);
-    let _ = std::fs::remove_file(numbered(keep));
+    let _ = std::fs::remove_file(s.rotated(keep));
     for k in (1..keep).rev() {
-        match std::fs::rename(numbered(k), numbered(k + 1)) {
+        match std::fs::rename(s.rotated(k), s.rotated(k + 1)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}
         }
     }
-    std::fs::rename(&s.path, numbered(1))
+    std::fs::rename(&s.path, s.rotated(1))
 }
 
 /// What the access log needs from a request's body: its model and whether
