@@ -9,11 +9,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use onepool_control::api::{ReclaimView, ReplicaJob, StartFailures, State};
 use onepool_decisions::policy::{self, Policy, Tier};
 use onepool_slurm_commands::adapter::{Commands, Slurm};
 use onepool_slurm_commands::state::JobInfo;
 use onepool_slurm_commands::SystemRunner;
-use serde_json::{json, Value};
+use serde_json::json;
 
 #[derive(clap::Args)]
 pub struct StatusArgs {
@@ -104,47 +105,37 @@ pub fn pool_table(policy: &Policy, uses: &BTreeMap<String, ClassUse>) -> String 
     out
 }
 
-/// `GET path` on onepoold's control socket, through the daemon's own client.
-pub fn control_get(socket: &Path, path: &str) -> anyhow::Result<Value> {
-    control_call(socket, http::Method::GET, path)
+/// onepoold's control socket, its calls bounded to 10 s.
+fn control(socket: &Path) -> anyhow::Result<onepool_control::blocking::Control> {
+    Ok(onepool_control::blocking::Control::new(socket, Duration::from_secs(10))?)
 }
 
-/// One control request without a body, bounded to 10 s.
-pub fn control_call(socket: &Path, method: http::Method, path: &str) -> anyhow::Result<Value> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let answer = rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(10), onepool_control::request(socket, method, path, None)).await
-    });
-    let (status, value) = answer
-        .map_err(|_| anyhow::anyhow!("onepoold at {} did not answer within 10 s", socket.display()))?
-        .with_context(|| format!("cannot reach onepoold at {} (is it running? --socket)", socket.display()))?;
-    if !status.is_success() {
-        bail!("onepoold answered {status}: {value}");
-    }
-    Ok(value)
+/// onepoold's `/v1/state`; the error says where it looked.
+pub fn control_state(socket: &Path) -> anyhow::Result<State> {
+    control(socket)?
+        .state()
+        .with_context(|| format!("cannot reach onepoold at {} (is it running? --socket)", socket.display()))
 }
 
-pub fn endpoints_table(state: &Value) -> String {
+pub fn endpoints_table(state: &State) -> String {
     let mut out = format!(
         "{:<16} {:>6} {:<22} {:<9} {:>10} {:>8}\n",
         "ENDPOINT", "QUEUED", "REPLICA", "STATE", "IN_FLIGHT", "SERVED"
     );
-    for ep in state["endpoints"].as_array().into_iter().flatten() {
-        let name = ep["name"].as_str().unwrap_or("?");
-        let queued = ep["queued"].as_u64().unwrap_or(0);
-        let replicas = ep["replicas"].as_array().cloned().unwrap_or_default();
-        if replicas.is_empty() {
+    for ep in &state.endpoints {
+        let (name, queued) = (&ep.name, ep.queued);
+        if ep.replicas.is_empty() {
             out.push_str(&format!("{name:<16} {queued:>6} {:<22} {:<9} {:>10} {:>8}\n", "(none)", "-", "-", "-"));
         }
-        for r in replicas {
+        for r in &ep.replicas {
             out.push_str(&format!(
                 "{:<16} {:>6} {:<22} {:<9} {:>10} {:>8}\n",
                 name,
                 queued,
-                r["address"].as_str().unwrap_or("?"),
-                r["state"].as_str().unwrap_or("?"),
-                format!("{}/{}", r["in_flight"].as_u64().unwrap_or(0), r["limit"].as_u64().unwrap_or(0)),
-                r["served"].as_u64().unwrap_or(0)
+                r.address.to_string(),
+                r.state.as_str(),
+                format!("{}/{}", r.in_flight, r.limit),
+                r.served
             ));
         }
     }
@@ -155,77 +146,77 @@ pub fn endpoints_table(state: &Value) -> String {
 
 /// The replica jobs onepoold runs, per endpoint with `[endpoint.replicas]`;
 /// drains show how long they may still take (`now`: Unix seconds).
-pub fn replica_jobs_table(state: &Value, now: u64) -> String {
+pub fn replica_jobs_table(state: &State, now: u64) -> String {
     let mut out = String::new();
-    for ep in state["endpoints"].as_array().into_iter().flatten() {
-        let Some(v) = ep.get("replica_jobs").filter(|v| v.is_object()) else { continue };
-        let name = ep["name"].as_str().unwrap_or("?");
+    for ep in &state.endpoints {
+        let Some(v) = &ep.replica_jobs else { continue };
+        let name = &ep.name;
         out.push_str(&format!(
             "\n{name}: {} replicas wanted (min {}, max {}); load {:.1} in flight + queued; {:.1} requests/s\n",
-            v["desired"].as_u64().unwrap_or(0),
-            v["min"].as_u64().unwrap_or(0),
-            v["max"].as_u64().unwrap_or(0),
-            v["load"].as_f64().unwrap_or(0.0),
-            v["rate"].as_f64().unwrap_or(0.0),
+            v.desired, v.min, v.max, v.load, v.rate,
         ));
-        if let Some([read, serving]) = v["scraped"].as_array().map(|a| [&a[0], &a[1]]) {
+        if let Some((read, serving)) = v.scraped {
             out.push_str(&format!(
-                "  load from the replicas' own metrics: {} of {} read (the rest: the router's count)\n",
-                read.as_u64().unwrap_or(0),
-                serving.as_u64().unwrap_or(0)
+                "  load from the replicas' own metrics: {read} of {serving} read (the rest: the router's count)\n"
             ));
         }
-        if let Some(e) = v["last_error"].as_str() {
+        if let Some(e) = &v.last_error {
             out.push_str(&format!("  last Slurm error: {e}\n"));
         }
-        out.push_str(&start_failures(&v["start_failures"], name, now));
-        out.push_str(&reclaims(&v["reclaims"], now));
+        out.push_str(&start_failures(&v.start_failures, name, now));
+        out.push_str(&reclaims(&v.reclaims, now));
         out.push_str(&format!(
             "  {:>8} {:<13} {:<10} {:<10} {:<22} {}\n",
             "JOBID", "KIND", "PHASE", "NODE", "ADDRESS", "DRAIN"
         ));
-        for j in v["jobs"].as_array().into_iter().flatten() {
-            let drain = match j["drain_deadline"].as_u64() {
-                Some(d) => {
-                    let by = if j["preempted"].as_bool() == Some(true) { "preempted by Slurm; " } else { "" };
-                    format!("{by}released within {}s", d.saturating_sub(now))
-                }
-                None if j["preempted"].as_bool() == Some(true) => "preempted by Slurm".to_string(),
-                None => "-".to_string(),
-            };
-            out.push_str(&format!(
-                "  {:>8} {:<13} {:<10} {:<10} {:<22} {}\n",
-                j["job"].as_u64().unwrap_or(0),
-                j["kind"].as_str().unwrap_or("?"),
-                j["phase"].as_str().unwrap_or("?"),
-                j["node"].as_str().unwrap_or("-"),
-                j["address"].as_str().unwrap_or("-"),
-                drain
-            ));
+        for j in &v.jobs {
+            out.push_str(&replica_job_line(j, now));
         }
     }
     out
 }
 
+fn replica_job_line(j: &ReplicaJob, now: u64) -> String {
+    let drain = match j.drain_deadline {
+        Some(d) => {
+            let by = if j.preempted { "preempted by Slurm; " } else { "" };
+            format!("{by}released within {}s", d.saturating_sub(now))
+        }
+        None if j.preempted => "preempted by Slurm".to_string(),
+        None => "-".to_string(),
+    };
+    format!(
+        "  {:>8} {:<13} {:<10} {:<10} {:<22} {}\n",
+        j.job,
+        j.kind.as_str(),
+        j.phase.as_str(),
+        j.node.as_deref().unwrap_or("-"),
+        j.address.map_or_else(|| "-".to_string(), |a| a.to_string()),
+        drain
+    )
+}
+
 /// The last reclaims of the endpoint's replicas (issue #26).
-fn reclaims(r: &Value, now: u64) -> String {
-    let Some(list) = r.as_array().filter(|l| !l.is_empty()) else { return String::new() };
+fn reclaims(list: &[ReclaimView], now: u64) -> String {
+    if list.is_empty() {
+        return String::new();
+    }
     let mut out = format!(
         "  last reclaims ({}; times to the millisecond, and each taker's class: onepool report):\n",
         list.len()
     );
     for x in list.iter().rev() {
-        let taker = match (x["taker"].as_u64(), x["time_to_capacity_s"].as_u64()) {
+        let taker = match (x.taker, x.time_to_capacity_s) {
             (Some(j), Some(t)) => format!("; job {j} took them, {t} s after its submission"),
             _ => String::new(),
         };
         out.push_str(&format!(
             "    job {} ({}, {}) {} s ago: GPUs free {:.1} s after Slurm's pick was seen{taker}\n",
-            x["job"].as_u64().unwrap_or(0),
-            x["kind"].as_str().unwrap_or("?"),
-            x["mode"].as_str().unwrap_or("?"),
-            now.saturating_sub(x["at"].as_u64().unwrap_or(now)),
-            x["released_after_s"].as_f64().unwrap_or(f64::NAN)
+            x.job,
+            x.kind.as_str(),
+            x.mode.as_str(),
+            now.saturating_sub(x.at),
+            x.released_after_s
         ));
     }
     out
@@ -233,14 +224,13 @@ fn reclaims(r: &Value, now: u64) -> String {
 
 /// The endpoint's failed starts (issue #24): whether it backs off, until
 /// when, and the last cause with the server's last output lines.
-fn start_failures(f: &Value, endpoint: &str, now: u64) -> String {
-    let total = f["total"].as_u64().unwrap_or(0);
+fn start_failures(f: &StartFailures, endpoint: &str, now: u64) -> String {
+    let (total, in_a_row) = (f.total, f.in_a_row);
     if total == 0 {
         return String::new();
     }
-    let in_a_row = f["in_a_row"].as_u64().unwrap_or(0);
-    let mut out = if f["backing_off"].as_bool() == Some(true) {
-        let next = match f["next_attempt"].as_u64() {
+    let mut out = if f.backing_off {
+        let next = match f.next_attempt {
             Some(t) if t > now => format!("next attempt in {} s", t - now),
             _ => "one probe job at a time until a replica serves".to_string(),
         };
@@ -253,10 +243,9 @@ fn start_failures(f: &Value, endpoint: &str, now: u64) -> String {
             "  failed starts: {total} since onepoold started ({in_a_row} in a row before the last replica served)\n"
         )
     };
-    if let Some(last) = f["last"].as_object() {
-        let ago = now.saturating_sub(last.get("at").and_then(Value::as_u64).unwrap_or(now));
-        let cause = last.get("cause").and_then(Value::as_str).unwrap_or("?");
-        let mut lines = cause.lines();
+    if let Some(last) = &f.last {
+        let ago = now.saturating_sub(last.at);
+        let mut lines = last.cause.lines();
         out.push_str(&format!("  last failed start, {ago} s ago: {}\n", lines.next().unwrap_or("")));
         for l in lines {
             out.push_str(&format!("    | {l}\n"));
@@ -277,14 +266,14 @@ pub struct RetryArgs {
 /// `onepool retry ENDPOINT`: ends an endpoint's start back-off once the
 /// cause is fixed, instead of waiting out its next attempt.
 pub fn retry(args: &RetryArgs) -> anyhow::Result<ExitCode> {
-    let path = format!("/v1/endpoints/{}/retry", args.endpoint);
-    let answer = control_call(&args.socket, http::Method::POST, &path)?;
-    let was = &answer["was"];
+    let answer = control(&args.socket)?
+        .retry(&args.endpoint)
+        .with_context(|| format!("onepoold at {}", args.socket.display()))?;
     println!(
         "onepool: endpoint {} submits replica jobs again at onepoold's next poll (it had {} failed start(s) in a row{})",
         args.endpoint,
-        was["in_a_row"].as_u64().unwrap_or(0),
-        if was["backing_off"].as_bool() == Some(true) { ", backing off" } else { "" }
+        answer.was.in_a_row,
+        if answer.was.backing_off { ", backing off" } else { "" }
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -317,10 +306,10 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
             eprintln!("onepool: pool: {e:#}");
         }
     }
-    match control_get(&args.socket, "/v1/state") {
+    match control_state(&args.socket) {
         Ok(state) => {
             if args.json {
-                report["endpoints"] = state["endpoints"].clone();
+                report["endpoints"] = serde_json::to_value(&state.endpoints)?;
             } else {
                 println!();
                 print!("{}", endpoints_table(&state));
@@ -352,6 +341,18 @@ mod tests {
     use std::os::unix::net::UnixListener;
 
     use super::*;
+
+    /// One endpoint "chat" whose controller view is the default with
+    /// `fields` set, read as a client reads the wire.
+    fn with_jobs(fields: serde_json::Value) -> State {
+        let mut view = serde_json::to_value(onepool_control::api::ControllerView::default()).unwrap();
+        for (k, v) in fields.as_object().unwrap() {
+            view[k] = v.clone();
+        }
+        let endpoint = json!({"name": "chat", "queued": 0, "peak_queued": 0, "replicas": [], "served_total": 0,
+            "replica_jobs": view});
+        serde_json::from_value(json!({ "endpoints": [endpoint] })).unwrap()
+    }
 
     fn job(id: u32, state: &str, comment: &str, tres: &str, preempt: u64) -> JobInfo {
         serde_json::from_value(json!({
@@ -401,7 +402,7 @@ mod tests {
             let mut buf = [0u8; 1024];
             let n = c.read(&mut buf).unwrap();
             assert!(String::from_utf8_lossy(&buf[..n]).starts_with("GET /v1/state HTTP/1.1\r\n"));
-            let body = r#"{"endpoints":[{"name":"llm","queued":3,"peak_queued":5,"replicas":[{"id":1,"address":"10.0.0.5:8000","state":"draining","in_flight":2,"limit":8,"served":41,"peak_in_flight":8}]}]}"#;
+            let body = r#"{"endpoints":[{"name":"llm","queued":3,"peak_queued":5,"served_total":41,"replicas":[{"id":1,"address":"10.0.0.5:8000","state":"draining","in_flight":2,"limit":8,"served":41,"peak_in_flight":8,"spill":false}]}]}"#;
             let chunked = format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
             write!(
                 c,
@@ -409,7 +410,7 @@ mod tests {
             )
             .unwrap();
         });
-        let state = control_get(&sock, "/v1/state").unwrap();
+        let state = control_state(&sock).unwrap();
         server.join().unwrap();
         let t = endpoints_table(&state);
         assert!(
@@ -418,14 +419,14 @@ mod tests {
             "{t}"
         );
         assert!(!t.contains("replicas wanted"), "no replica jobs without [endpoint.replicas]: {t}");
-        let e = control_get(&dir.join("nope.sock"), "/v1/state").unwrap_err();
+        let e = control_state(&dir.join("nope.sock")).unwrap_err();
         assert!(format!("{e:#}").contains("cannot reach onepoold at"), "{e:#}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn replica_jobs_show_their_phase_node_and_drain_deadline() {
-        let state = json!({"endpoints": [{"name": "chat", "queued": 0, "replicas": [], "replica_jobs": {
+        let state = with_jobs(json!({
         "desired": 2, "min": 1, "max": 3, "load": 7.5, "rate": 12.25, "rounds": 9, "submitted": [], "last_error": null,
             "scraped": [1, 2],
         "jobs": [
@@ -435,7 +436,7 @@ mod tests {
              "node": "node2", "preempted": true, "drain_deadline": 1030},
             {"job": 43, "port": 18004, "kind": "supplemental", "phase": "pending", "address": null,
              "node": null, "preempted": false, "drain_deadline": null}
-        ]}}]});
+        ]}));
         let t = replica_jobs_table(&state, 1000);
         let lines: Vec<&str> = t.lines().filter(|l| !l.is_empty()).collect();
         assert_eq!(lines[0], "chat: 2 replicas wanted (min 1, max 3); load 7.5 in flight + queued; 12.2 requests/s");
@@ -452,26 +453,26 @@ mod tests {
 
     #[test]
     fn a_start_back_off_shows_its_cause_the_next_attempt_and_the_way_out() {
-        let state = json!({"endpoints": [{"name": "chat", "replica_jobs": {
+        let state = with_jobs(json!({
             "desired": 1, "min": 1, "max": 1, "load": 0.0, "rate": 0.0, "jobs": [],
             "start_failures": {"in_a_row": 3, "total": 3, "backing_off": true, "next_attempt": 1038,
                 "last": {"job": 77, "at": 990, "cause": "job 77 ended before it served: FAILED, exit code 139; the model server killed by SIGSEGV; last output:\nloading model\nggml_backend_amx_mul_mat"}}
-        }}]});
+        }));
         let t = replica_jobs_table(&state, 1000);
         assert!(t.contains("  START BACK-OFF: 3 failed start(s) in a row (3 since onepoold started); next attempt in 38 s; after fixing the cause: onepool retry chat\n"), "{t}");
         assert!(t.contains("  last failed start, 10 s ago: job 77 ended before it served: FAILED, exit code 139; the model server killed by SIGSEGV; last output:\n    | loading model\n    | ggml_backend_amx_mul_mat\n"), "{t}");
-        let calm = json!({"endpoints": [{"name": "chat", "replica_jobs": {"jobs": [],
-            "start_failures": {"in_a_row": 0, "total": 0, "backing_off": false, "next_attempt": null, "last": null}}}]});
+        let calm = with_jobs(json!({"jobs": [],
+            "start_failures": {"in_a_row": 0, "total": 0, "backing_off": false, "next_attempt": null, "last": null}}));
         assert!(!replica_jobs_table(&calm, 1000).contains("failed start"));
     }
 
     #[test]
     fn the_last_reclaims_are_listed_newest_first() {
-        let state = json!({"endpoints": [{"name": "chat", "replica_jobs": {"jobs": [],
+        let state = with_jobs(json!({"jobs": [],
         "reclaims": [
             {"job": 50, "kind": "supplemental", "mode": "graceful", "at": 900, "released_after_s": 3.04, "taker": 52, "time_to_capacity_s": 4},
-            {"job": 51, "kind": "warm", "mode": "immediate", "at": 990, "released_after_s": 0.5}
-        ]}}]});
+            {"job": 51, "kind": "warm", "mode": "immediate", "at": 990, "released_after_s": 0.5, "taker": null, "time_to_capacity_s": null}
+        ]}));
         let t = replica_jobs_table(&state, 1000);
         assert!(
             t.contains(

@@ -18,8 +18,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use onepool_decisions::trace::read_azure;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 
 /// The trace as (seconds since its first request, context tokens,
@@ -412,26 +410,33 @@ struct Answer {
     first_token: Option<Instant>,
 }
 
-/// One chat completion over its own connection; what went wrong unless it
-/// was answered whole with 2xx.
+/// The load generator's client, on onepool's one client stack; the bound
+/// is the whole answer's, streams included.
+fn client() -> &'static onepool_client::Caller {
+    static CLIENT: std::sync::OnceLock<onepool_client::Caller> = std::sync::OnceLock::new();
+    CLIENT.get_or_init(|| onepool_client::Caller::tcp(Duration::from_secs(180)))
+}
+
+/// One chat completion over its own connection (`connection: close`, so
+/// the figures stay comparable with earlier runs and with clients that
+/// come and go); what went wrong unless it was answered whole with 2xx.
 async fn chat(target: SocketAddr, body: &str, stream: bool) -> Result<Answer, String> {
-    let request = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: chat\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let uri = format!("http://{target}/v1/chat/completions");
+    let req =
+        client().build(http::Method::POST, &uri, Some(body), &[("connection", "close")]).map_err(|e| e.to_string())?;
     let exchange = async {
-        let mut s = TcpStream::connect(target).await.map_err(|e| format!("connect: {e}"))?;
-        s.write_all(request.as_bytes()).await.map_err(|e| format!("sending: {e}"))?;
+        let resp = client().open(req).await.map_err(|e| match e.connect_error() {
+            Some(io) => format!("connect: {io}"),
+            None => e.to_string(),
+        })?;
+        let status = resp.status();
+        let mut body = resp.into_body();
         let mut answer = Vec::new();
         let mut first_token = None;
-        let mut buf = [0u8; 16 * 1024];
-        loop {
-            let n = s.read(&mut buf).await.map_err(|e| format!("reading the answer: {e}"))?;
-            if n == 0 {
-                break;
-            }
-            answer.extend_from_slice(&buf[..n]);
+        while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+            let frame = frame.map_err(|e| format!("reading the answer: {e}"))?;
+            let Ok(data) = frame.into_data() else { continue };
+            answer.extend_from_slice(&data);
             // The first event with text in its delta (the first one only
             // names the role).
             if stream && first_token.is_none() && contains(&answer, b"\"delta\":{\"content\":\"") {
@@ -439,14 +444,10 @@ async fn chat(target: SocketAddr, body: &str, stream: bool) -> Result<Answer, St
             }
         }
         let text = String::from_utf8_lossy(&answer);
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse::<u16>().ok())
-            .ok_or_else(|| format!("no HTTP status in the answer {:?}", &text[..text.len().min(64)]))?;
-        if !(200..300).contains(&status) {
+        if !status.is_success() {
             // Who answered and why: the router's own 503s differ from a
             // replica's only in their message.
+            let status = status.as_u16();
             return Err(match error_message(&text) {
                 Some(m) => format!("HTTP {status} ({m})"),
                 None => format!("HTTP {status}"),
@@ -464,10 +465,9 @@ async fn chat(target: SocketAddr, body: &str, stream: bool) -> Result<Answer, St
     }
 }
 
-/// The message of an error answer: an OpenAI error's `message`, else the
-/// body's first line (at most 100 characters).
-fn error_message(answer: &str) -> Option<String> {
-    let body = answer.split_once("\r\n\r\n")?.1;
+/// The message of an error answer's body: an OpenAI error's `message`,
+/// else the body's first line (at most 100 characters).
+fn error_message(body: &str) -> Option<String> {
     let title = || Some(body.split_once("<title>")?.1.split_once("</title>")?.0.trim().to_string());
     let message = match serde_json::from_str::<serde_json::Value>(body.trim()) {
         Ok(v) => v["error"]["message"].as_str().map(str::to_string),
@@ -496,15 +496,14 @@ mod tests {
 
     #[test]
     fn an_error_answer_says_its_message() {
-        let openai = "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 9\r\n\r\n\
-                      {\"error\":{\"message\":\"no replica became free in time; retry later\",\"type\":\"server_error\"}}";
+        let openai =
+            "{\"error\":{\"message\":\"no replica became free in time; retry later\",\"type\":\"server_error\"}}";
         assert_eq!(error_message(openai).as_deref(), Some("no replica became free in time; retry later"));
-        let plain = "HTTP/1.1 503 Service Unavailable\r\n\r\n\nreplica is draining; retry elsewhere\n";
+        let plain = "\nreplica is draining; retry elsewhere\n";
         assert_eq!(error_message(plain).as_deref(), Some("replica is draining; retry elsewhere"));
-        assert_eq!(error_message("HTTP/1.1 502 Bad Gateway\r\n\r\n"), None);
-        let html = "HTTP/1.1 502 Bad Gateway\r\n\r\n<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n";
+        assert_eq!(error_message(""), None);
+        let html = "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n";
         assert_eq!(error_message(html).as_deref(), Some("502 Bad Gateway"));
-        assert_eq!(error_message("HTTP/1.1 502"), None);
     }
 
     #[test]

@@ -8,7 +8,6 @@
 //! sides share.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
@@ -20,13 +19,12 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use onepool_control::api;
 use onepool_control::ControlError;
-use serde::Deserialize;
-use serde_json::{json, Value};
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 
-use crate::routed::Router;
+use crate::routed::{RoutedEndpoint as Routed, Router};
 
 /// Only root and the daemon's own user may change the router.
 pub fn peer_allowed(peer_uid: u32, own_uid: u32) -> bool {
@@ -104,30 +102,20 @@ pub async fn serve(listener: UnixListener, router: Arc<Router>, mut shutdown: wa
     }
 }
 
-fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+fn reply(status: StatusCode, body: &impl serde::Serialize) -> Response<Full<Bytes>> {
+    // The API's types have no map with non-string keys and no failing
+    // Serialize: this cannot fail, and if it ever did the client still
+    // gets an answer that says so.
+    let text = serde_json::to_string(body)
+        .unwrap_or_else(|e| format!(r#"{{"error":"onepoold could not write its answer: {e}"}}"#));
+    let mut r = Response::new(Full::new(Bytes::from(text)));
     *r.status_mut() = status;
     r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
     r
 }
 
 fn error(status: StatusCode, message: impl std::fmt::Display) -> Response<Full<Bytes>> {
-    reply(status, json!({ "error": message.to_string() }))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AddBody {
-    address: SocketAddr,
-    concurrency: Option<u32>,
-    ready: Option<bool>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReplicaBody {
-    address: SocketAddr,
-    deadline: Option<String>,
+    reply(status, &api::ErrorAnswer { error: message.to_string() })
 }
 
 async fn handle(req: Request<Incoming>, router: &Router) -> Response<Full<Bytes>> {
@@ -138,97 +126,16 @@ async fn handle(req: Request<Incoming>, router: &Router) -> Response<Full<Bytes>
     };
     let segments: Vec<&str> = parts.uri.path().trim_matches('/').split('/').collect();
     match (&parts.method, segments.as_slice()) {
-        (&Method::GET, ["v1", "state"]) => {
-            let eps: Vec<_> = router
-                .endpoints
-                .values()
-                .map(|e| {
-                    let mut v = json!(e.endpoint.snapshot());
-                    if let Some(view) = &e.replica_jobs {
-                        v["replica_jobs"] = json!(*view.lock().unwrap_or_else(|p| p.into_inner()));
-                    }
-                    v
-                })
-                .collect();
-            reply(StatusCode::OK, json!({ "endpoints": eps }))
-        }
-        (&Method::POST, ["v1", "endpoints", name, "retry"]) => {
-            let Some(ep) = router.endpoints.get(*name) else {
-                let known: Vec<_> = router.endpoints.keys().collect();
-                return error(StatusCode::NOT_FOUND, format!("no endpoint {name:?}; configured: {known:?}"));
-            };
-            let Some(view) = &ep.replica_jobs else {
-                return error(
-                    StatusCode::CONFLICT,
-                    format!("endpoint {name:?} has no [endpoint.replicas]: onepoold submits no replica job for it"),
-                );
-            };
-            let mut v = view.lock().unwrap_or_else(|p| p.into_inner());
-            let was = v.start_failures.clone();
-            v.retry_requested = true;
-            tracing::info!(endpoint = %name, in_a_row = was.in_a_row, "start back-off: retry requested");
-            reply(StatusCode::ACCEPTED, json!({ "endpoint": name, "was": was, "retry": "at the next poll" }))
-        }
+        (&Method::GET, ["v1", "state"]) => reply(StatusCode::OK, &state(router)),
+        (&Method::POST, ["v1", "endpoints", name, "retry"]) => retry(router, name),
         (&Method::POST, ["v1", "endpoints", name, "replicas", rest @ ..]) => {
             let Some(ep) = router.endpoints.get(*name) else {
-                let known: Vec<_> = router.endpoints.keys().collect();
-                return error(StatusCode::NOT_FOUND, format!("no endpoint {name:?}; configured: {known:?}"));
+                return unknown_endpoint(router, name);
             };
             match rest {
-                [] => {
-                    let b: AddBody = match serde_json::from_slice(&body) {
-                        Ok(b) => b,
-                        Err(e) => {
-                            return error(
-                                StatusCode::BAD_REQUEST,
-                                format!(
-                                "body: {e}; expected {{\"address\": \"IP:PORT\", \"concurrency\": N, \"ready\": BOOL}}"
-                            ),
-                            )
-                        }
-                    };
-                    let ready = b.ready.unwrap_or(!ep.health_checked);
-                    match ep.endpoint.add(b.address, b.concurrency, ready) {
-                        Ok(id) => {
-                            tracing::info!(endpoint = %name, address = %b.address, ready, "replica added");
-                            reply(StatusCode::CREATED, json!({ "id": id }))
-                        }
-                        Err(e) => error(StatusCode::CONFLICT, e),
-                    }
-                }
-                [action @ ("remove" | "drain")] => {
-                    let b: ReplicaBody = match serde_json::from_slice(&body) {
-                        Ok(b) => b,
-                        Err(e) => {
-                            return error(
-                                StatusCode::BAD_REQUEST,
-                                format!("body: {e}; expected {{\"address\": \"IP:PORT\", \"deadline\": \"30s\"}}"),
-                            )
-                        }
-                    };
-                    if *action == "remove" {
-                        return match ep.endpoint.remove(b.address) {
-                            Ok(r) => {
-                                tracing::info!(endpoint = %name, address = %b.address, in_flight = r.in_flight, "replica removed");
-                                reply(StatusCode::OK, json!({ "removed": r }))
-                            }
-                            Err(e) => error(StatusCode::NOT_FOUND, e),
-                        };
-                    }
-                    let deadline = match b.deadline.as_deref().map(onepool_decisions::duration::parse_millis) {
-                        None => Duration::from_secs(30),
-                        Some(Ok(d)) => d,
-                        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, format!("deadline: {e}")),
-                    };
-                    tracing::info!(endpoint = %name, address = %b.address, ?deadline, "drain started");
-                    match ep.endpoint.drain(b.address, deadline).await {
-                        Ok(outcome) => {
-                            tracing::info!(endpoint = %name, address = %b.address, ?outcome, "drain ended");
-                            reply(StatusCode::OK, serde_json::to_value(outcome).unwrap_or(Value::Null))
-                        }
-                        Err(e) => error(StatusCode::NOT_FOUND, e),
-                    }
-                }
+                [] => add(ep, name, &body),
+                ["remove"] => remove(ep, name, &body),
+                ["drain"] => drain(ep, name, &body).await,
                 _ => error(StatusCode::NOT_FOUND, format!("no such path {}", parts.uri.path())),
             }
         }
@@ -236,6 +143,102 @@ async fn handle(req: Request<Incoming>, router: &Router) -> Response<Full<Bytes>
             StatusCode::NOT_FOUND,
             format!("no such request {} {}; see `GET /v1/state`", parts.method, parts.uri.path()),
         ),
+    }
+}
+
+fn state(router: &Router) -> api::State {
+    let endpoints = router
+        .endpoints
+        .values()
+        .map(|e| {
+            let mut state = e.endpoint.snapshot();
+            state.replica_jobs = e.replica_jobs.as_ref().map(|v| v.lock().unwrap_or_else(|p| p.into_inner()).clone());
+            state
+        })
+        .collect();
+    api::State { endpoints }
+}
+
+fn unknown_endpoint(router: &Router, name: &str) -> Response<Full<Bytes>> {
+    let known: Vec<_> = router.endpoints.keys().collect();
+    error(StatusCode::NOT_FOUND, format!("no endpoint {name:?}; configured: {known:?}"))
+}
+
+fn retry(router: &Router, name: &str) -> Response<Full<Bytes>> {
+    let Some(ep) = router.endpoints.get(name) else {
+        return unknown_endpoint(router, name);
+    };
+    let Some(view) = &ep.replica_jobs else {
+        return error(
+            StatusCode::CONFLICT,
+            format!("endpoint {name:?} has no [endpoint.replicas]: onepoold submits no replica job for it"),
+        );
+    };
+    let mut v = view.lock().unwrap_or_else(|p| p.into_inner());
+    let was = v.start_failures.clone();
+    v.retry_requested = true;
+    tracing::info!(endpoint = %name, in_a_row = was.in_a_row, "start back-off: retry requested");
+    reply(
+        StatusCode::ACCEPTED,
+        &api::RetryAccepted { endpoint: name.to_string(), was, retry: "at the next poll".into() },
+    )
+}
+
+/// The request's body as `T`, or the 400 answer that says what is wrong
+/// with it and what was expected.
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8], expected: &str) -> Result<T, Box<Response<Full<Bytes>>>> {
+    serde_json::from_slice(body)
+        .map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, format!("body: {e}; expected {expected}"))))
+}
+
+fn add(ep: &Routed, name: &str, body: &[u8]) -> Response<Full<Bytes>> {
+    let b: api::AddReplica = match parse(body, r#"{"address": "IP:PORT", "concurrency": N, "ready": BOOL}"#) {
+        Ok(b) => b,
+        Err(answer) => return *answer,
+    };
+    let ready = b.ready.unwrap_or(!ep.health_checked);
+    match ep.endpoint.add(b.address, b.concurrency, ready) {
+        Ok(id) => {
+            tracing::info!(endpoint = %name, address = %b.address, ready, "replica added");
+            reply(StatusCode::CREATED, &api::Added { id })
+        }
+        Err(e) => error(StatusCode::CONFLICT, e),
+    }
+}
+
+const REPLICA_REF: &str = r#"{"address": "IP:PORT", "deadline": "30s"}"#;
+
+fn remove(ep: &Routed, name: &str, body: &[u8]) -> Response<Full<Bytes>> {
+    let b: api::ReplicaRef = match parse(body, REPLICA_REF) {
+        Ok(b) => b,
+        Err(answer) => return *answer,
+    };
+    match ep.endpoint.remove(b.address) {
+        Ok(r) => {
+            tracing::info!(endpoint = %name, address = %b.address, in_flight = r.in_flight, "replica removed");
+            reply(StatusCode::OK, &api::Removed { removed: r.view() })
+        }
+        Err(e) => error(StatusCode::NOT_FOUND, e),
+    }
+}
+
+async fn drain(ep: &Routed, name: &str, body: &[u8]) -> Response<Full<Bytes>> {
+    let b: api::ReplicaRef = match parse(body, REPLICA_REF) {
+        Ok(b) => b,
+        Err(answer) => return *answer,
+    };
+    let deadline = match b.deadline.as_deref().map(onepool_decisions::duration::parse_millis) {
+        None => Duration::from_secs(30),
+        Some(Ok(d)) => d,
+        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, format!("deadline: {e}")),
+    };
+    tracing::info!(endpoint = %name, address = %b.address, ?deadline, "drain started");
+    match ep.endpoint.drain(b.address, deadline).await {
+        Ok(outcome) => {
+            tracing::info!(endpoint = %name, address = %b.address, ?outcome, "drain ended");
+            reply(StatusCode::OK, &outcome)
+        }
+        Err(e) => error(StatusCode::NOT_FOUND, e),
     }
 }
 

@@ -272,7 +272,7 @@ fn a_per_node_job_scales_down_by_draining_one_replica_then_releasing_exactly_its
         };
         let (mut c, view) = Controller::new("llm", endpoint.clone(), false, s, slurm.clone());
         c.round().await.unwrap();
-        assert!(c.jobs_view().iter().all(|j| j.phase == "serving"), "{:?}", c.jobs_view());
+        assert!(c.jobs_view().iter().all(|j| j.phase == JobPhase::Serving), "{:?}", c.jobs_view());
         // Six requests in flight: two replicas' worth of three.
         let mut leases = Vec::new();
         for _ in 0..6 {
@@ -282,7 +282,7 @@ fn a_per_node_job_scales_down_by_draining_one_replica_then_releasing_exactly_its
         assert_eq!(endpoint.snapshot().replicas.len(), 3, "one replica per node in the router");
         c.round().await.unwrap();
         let jobs = c.jobs_view();
-        let draining: Vec<&ReplicaJob> = jobs.iter().filter(|j| j.phase == "draining").collect();
+        let draining: Vec<&ReplicaJob> = jobs.iter().filter(|j| j.phase == JobPhase::Draining).collect();
         assert_eq!(draining.len(), 1, "{jobs:?}");
         assert_ne!(draining[0].node.as_deref(), Some("node1"), "the batch host's replica goes last");
         let (port, node) = (draining[0].port, draining[0].node.clone().unwrap());
@@ -322,8 +322,9 @@ fn a_replica_whose_server_crashed_after_a_shrink_keeps_its_port_and_leaves_the_r
         // No health checks: nothing but the controller takes a replica out.
         let (mut c, _) = Controller::new("llm", endpoint.clone(), false, s, slurm.clone());
         c.round().await.unwrap();
-        let ports =
-            |c: &Controller| -> Vec<(u16, &'static str)> { c.jobs_view().iter().map(|j| (j.port, j.phase)).collect() };
+        let ports = |c: &Controller| -> Vec<(u16, &'static str)> {
+            c.jobs_view().iter().map(|j| (j.port, j.phase.as_str())).collect()
+        };
         assert_eq!(ports(&c), [(18000, "serving"), (18004, "serving")]);
         // node3's server crashed: its step is gone, the node stays in the job.
         slurm.steps.lock().unwrap().retain(|s| s.nodes != "node3");
@@ -528,7 +529,7 @@ fn a_replica_adopted_after_a_restart_is_not_replaced_for_having_started_long_ago
         for _ in 0..3 {
             c.round().await.unwrap();
         }
-        assert_eq!(c.jobs_view().iter().map(|j| (j.job, j.phase)).collect::<Vec<_>>(), [(7, "starting")]);
+        assert_eq!(c.jobs_view().iter().map(|j| (j.job, j.phase.as_str())).collect::<Vec<_>>(), [(7, "starting")]);
         assert!(
             slurm.calls.lock().unwrap().is_empty(),
             "nothing cancelled or submitted: {:?}",
@@ -620,7 +621,7 @@ fn replicas_are_routed_where_their_launcher_reported_not_by_their_name() {
         let (mut c, _) = Controller::new("llm", endpoint.clone(), false, s, slurm.clone());
         c.round().await.unwrap();
         assert!(endpoint.snapshot().replicas.is_empty(), "no report yet: not routed");
-        assert_eq!(c.jobs_view()[0].phase, "starting");
+        assert_eq!(c.jobs_view()[0].phase, JobPhase::Starting);
         // A comment that is not a note (the job's user could write one by
         // hand) routes nothing either.
         job.comment = "listening on 18000".into();
@@ -730,6 +731,10 @@ fn the_job_that_took_a_reclaimed_replicas_gpus_is_found_with_its_time_to_capacit
         let v = view.lock().unwrap();
         assert_eq!(v.reclaims.len(), 1, "{:?}", v.reclaims);
         let r = &v.reclaims[0];
-        assert_eq!((r.job, r.mode, r.taker, r.time_to_capacity_s), (7, "graceful", Some(10), Some(4)), "{r:?}");
+        assert_eq!(
+            (r.job, r.mode, r.taker, r.time_to_capacity_s),
+            (7, ReclaimMode::Graceful, Some(10), Some(4)),
+            "{r:?}"
+        );
     });
 }

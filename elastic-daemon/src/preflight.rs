@@ -207,10 +207,9 @@ async fn follow(
         let Some((address, _)) = p.listening else { continue };
         if p.healthy.is_none() {
             let ok = client
-                .get(format!("http://{address}{health_path}"))
-                .send()
+                .get(&format!("http://{address}{health_path}"), ANSWER_LIMIT)
                 .await
-                .is_ok_and(|r| r.status().is_success());
+                .is_ok_and(|r| r.status.is_success());
             if !ok {
                 continue;
             }
@@ -226,23 +225,23 @@ async fn follow(
     }
 }
 
+/// The most of a replica's answer preflight reads: a model list or a
+/// 4-token completion is a few kilobytes.
+const ANSWER_LIMIT: usize = 1 << 20;
+
 /// The first model the replica lists, asked for a 4-token answer.
-async fn chat(client: &reqwest::Client, address: SocketAddr) -> Result<String, String> {
-    let listed = client.get(format!("http://{address}/v1/models")).send().await.map_err(|e| e.to_string())?;
-    let bytes = listed.bytes().await.map_err(|e| e.to_string())?;
-    let models: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+async fn chat(client: &onepool_client::Caller, address: SocketAddr) -> Result<String, String> {
+    let listed = client.get(&format!("http://{address}/v1/models"), ANSWER_LIMIT).await.map_err(|e| e.to_string())?;
+    let models: serde_json::Value = serde_json::from_slice(&listed.body).unwrap_or_default();
     let model = models["data"][0]["id"].as_str().unwrap_or("default").to_string();
     let body =
         serde_json::json!({"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4});
     let r = client
-        .post(format!("http://{address}/v1/chat/completions"))
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(body.to_string())
-        .send()
+        .post_json(&format!("http://{address}/v1/chat/completions"), &body.to_string(), ANSWER_LIMIT)
         .await
         .map_err(|e| e.to_string())?;
-    if !r.status().is_success() {
-        return Err(format!("HTTP {}", r.status()));
+    if !r.status.is_success() {
+        return Err(format!("HTTP {}", r.status));
     }
     Ok(model)
 }

@@ -9,6 +9,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use onepool_client::Caller;
+
 /// The load gauges of the model servers onepool knows, as (server, what
 /// it is decoding, what waits in it): `load_metrics = "auto"` sums them all,
 /// and as each server exports only its own, a replica's load is what its
@@ -79,43 +81,25 @@ fn closing_brace(s: &str) -> Option<usize> {
 }
 
 /// Reads one replica's load; the error says why (for the logs).
-pub async fn scrape(
-    client: &reqwest::Client,
-    address: SocketAddr,
-    path: &str,
-    names: &[String],
-) -> Result<f64, String> {
+pub async fn scrape(client: &Caller, address: SocketAddr, path: &str, names: &[String]) -> Result<f64, String> {
     let url = format!("http://{address}{path}");
-    let mut resp = client.get(&url).send().await.map_err(|e| format!("GET {url}: {e}"))?;
-    if !resp.status().is_success() {
-        return Err(format!("GET {url}: {}", resp.status()));
+    let answer = client.get(&url, MAX_BODY).await.map_err(|e| e.to_string())?;
+    if !answer.status.is_success() {
+        return Err(format!("GET {url}: {}", answer.status));
     }
-    let mut body = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| format!("GET {url}: {e}"))? {
-        body.extend_from_slice(&chunk);
-        if body.len() > MAX_BODY {
-            return Err(format!("GET {url}: more than {MAX_BODY} bytes of metrics"));
-        }
-    }
-    let text = String::from_utf8_lossy(&body);
+    let text = answer.text();
     sum_samples(&text, names).ok_or_else(|| format!("GET {url}: no sample of {}", names.join(", ")))
 }
 
 /// The client the controller scrapes with: short timeouts (a scrape never
-/// holds up a poll for long), no proxies from the environment, onepoold's
-/// replica key on every request (launchers answer nothing without it).
-pub fn client(timeout: Duration, replica_key: Option<&http::HeaderValue>) -> reqwest::Client {
-    let mut headers = http::HeaderMap::new();
-    if let Some(k) = replica_key {
-        headers.insert(onepool_router::REPLICA_KEY_HEADER, k.clone());
+/// holds up a poll for long) and onepoold's replica key on every request
+/// (launchers answer nothing without it).
+pub fn client(timeout: Duration, replica_key: Option<&http::HeaderValue>) -> Caller {
+    let caller = Caller::tcp(timeout);
+    match replica_key {
+        Some(k) => caller.with_header(onepool_router::REPLICA_KEY_HEADER, k.clone()),
+        None => caller,
     }
-    reqwest::Client::builder()
-        .default_headers(headers)
-        .timeout(timeout)
-        .connect_timeout(timeout)
-        .no_proxy()
-        .build()
-        .unwrap_or_else(|_| reqwest::Client::new())
 }
 
 #[cfg(test)]

@@ -8,8 +8,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +16,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use serde_json::json;
 
 /// How one request through the listener ended.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -29,22 +27,21 @@ enum Outcome {
     Cut,
 }
 
-fn one_request(addr: SocketAddr) -> Outcome {
-    let mut s = match TcpStream::connect(addr) {
-        Ok(s) => s,
-        Err(_) => return Outcome::Refused,
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
-    if s.write_all(b"GET /sleep/150 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").is_err() {
-        return Outcome::Cut;
-    }
-    let mut answer = String::new();
-    if s.read_to_string(&mut answer).is_err() {
-        return Outcome::Cut;
-    }
-    match answer.split_whitespace().nth(1).and_then(|c| c.parse().ok()) {
-        Some(code) => Outcome::Status(code),
-        None => Outcome::Cut,
+/// One request on a connection of its own (`connection: close`): a
+/// connection kept from before a restart would hide whether the new
+/// process accepts.
+fn one_request(client: &onepool_client::blocking::Client, addr: SocketAddr) -> Outcome {
+    let r = client.request(
+        http::Method::GET,
+        &format!("http://{addr}/sleep/150"),
+        None,
+        &[("connection", "close")],
+        1 << 20,
+    );
+    match r {
+        Ok(answer) => Outcome::Status(answer.status.as_u16()),
+        Err(e) if e.connect_error().is_some() => Outcome::Refused,
+        Err(_) => Outcome::Cut,
     }
 }
 
@@ -63,8 +60,9 @@ impl Clients {
             .map(|_| {
                 let (stop, outcomes) = (stop.clone(), outcomes.clone());
                 std::thread::spawn(move || {
+                    let client = onepool_client::blocking::Client::new(Duration::from_secs(30));
                     while !stop.load(Ordering::SeqCst) {
-                        let o = one_request(addr);
+                        let o = one_request(&client, addr);
                         outcomes.lock().unwrap().push((Instant::now(), o));
                     }
                 })
@@ -99,17 +97,12 @@ fn spawn(binary: &Path, config: &Path, socket: &TcpListener) -> Child {
 
 /// Waits for the daemon's control socket, then puts the replica in its router.
 fn add_replica(rt: &tokio::runtime::Runtime, control: &Path, replica: SocketAddr) {
-    let body = json!({ "address": replica.to_string() });
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let r = rt.block_on(onepool_control::request(
-            control,
-            http::Method::POST,
-            "/v1/endpoints/chat/replicas",
-            Some(body.clone()),
-        ));
+        let add = onepool_control::api::AddReplica { address: replica, concurrency: None, ready: None };
+        let r = rt.block_on(onepool_control::Control::new(control, Duration::from_secs(5)).add_replica("chat", &add));
         match r {
-            Ok((s, _)) if s.is_success() => return,
+            Ok(_) => return,
             _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
             other => panic!("adding the replica: {other:?}"),
         }

@@ -12,6 +12,7 @@ use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use onepool_control::{api, Control, ControlError};
 use onepool_elastic_daemon::control;
 use onepool_router::registry::ReplicaState;
 use serde_json::json;
@@ -111,15 +112,14 @@ async fn drain_under_concurrent_load_loses_no_request() {
     let socket = h.daemon.control_socket.clone();
     let drained = addrs[0];
     let drain = tokio::spawn(async move {
-        let body = json!({ "address": drained.to_string(), "deadline": "10s" });
-        onepool_control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas/drain", Some(body)).await.unwrap()
+        let r = api::ReplicaRef { address: drained, deadline: Some("10s".into()) };
+        Control::new(&socket, Duration::from_secs(30)).drain_replica("chat", &r).await.unwrap()
     });
     until("the replica is draining", || h.snapshot().replicas[0].state == ReplicaState::Draining).await;
     // Nothing is handed to a draining replica, so this count is final.
     let served_before_drain = h.snapshot().replicas[0].served;
-    let (status, outcome) = drain.await.unwrap();
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(outcome["outcome"], "drained", "{outcome}");
+    let outcome = drain.await.unwrap();
+    assert!(matches!(outcome, api::DrainOutcome::Drained { .. }), "{outcome:?}");
     for r in requests {
         assert_eq!(r.await.unwrap(), StatusCode::OK);
     }
@@ -679,39 +679,36 @@ async fn control_socket_adds_drains_removes_and_reports() {
     let socket = h.daemon.control_socket.clone();
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600);
-    let body = json!({ "address": a.addr.to_string(), "concurrency": 3 });
-    let (s, v) = onepool_control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas", Some(body.clone()))
-        .await
-        .unwrap();
-    assert_eq!(s, StatusCode::CREATED, "{v}");
-    let (s, v) =
-        onepool_control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas", Some(body)).await.unwrap();
-    assert_eq!(s, StatusCode::CONFLICT);
-    assert!(v["error"].as_str().unwrap().contains("already"), "{v}");
+    let control = Control::new(&socket, Duration::from_secs(10));
+    let add = api::AddReplica { address: a.addr, concurrency: Some(3), ready: None };
+    control.add_replica("chat", &add).await.unwrap();
+    match control.add_replica("chat", &add).await {
+        Err(ControlError::Refused { status, message }) => {
+            assert_eq!(status, StatusCode::CONFLICT);
+            assert!(message.contains("already"), "{message}");
+        }
+        other => panic!("a second add of the same replica: {other:?}"),
+    }
     assert_eq!(get(&client(), &format!("{}/ok", h.url)).await.0, StatusCode::OK);
-    let (s, v) = onepool_control::request(&socket, Method::GET, "/v1/state", None).await.unwrap();
-    assert_eq!(s, StatusCode::OK);
-    let r = &v["endpoints"][0]["replicas"][0];
-    assert_eq!(
-        (r["state"].as_str(), r["limit"].as_u64(), r["served"].as_u64()),
-        (Some("ready"), Some(3), Some(1)),
-        "{v}"
-    );
-    let drain = json!({ "address": a.addr.to_string(), "deadline": "1s" });
-    let (s, v) = onepool_control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas/drain", Some(drain))
-        .await
-        .unwrap();
-    assert_eq!((s, v["outcome"].as_str()), (StatusCode::OK, Some("drained")), "{v}");
+    let state = control.state().await.unwrap();
+    let r = &state.endpoint("chat").unwrap().replicas[0];
+    assert_eq!((r.state, r.limit, r.served), (ReplicaState::Ready, 3, 1), "{state:?}");
+    let drain = api::ReplicaRef { address: a.addr, deadline: Some("1s".into()) };
+    let outcome = control.drain_replica("chat", &drain).await.unwrap();
+    assert!(matches!(outcome, api::DrainOutcome::Drained { .. }), "{outcome:?}");
     let (s, _, _) = send(&client(), "GET", &format!("{}/ok", h.url)).await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "no replica takes requests after the drain");
-    let rm = json!({ "address": a.addr.to_string() });
-    let (s, _) =
-        onepool_control::request(&socket, Method::POST, "/v1/endpoints/chat/replicas/remove", Some(rm)).await.unwrap();
-    assert_eq!(s, StatusCode::OK);
-    let (s, v) =
-        onepool_control::request(&socket, Method::POST, "/v1/endpoints/nope/replicas", Some(json!({}))).await.unwrap();
+    let removed = control.remove_replica("chat", &api::ReplicaRef { address: a.addr, deadline: None }).await.unwrap();
+    assert_eq!(removed.removed.address, a.addr);
+    // What no typed client sends: an unknown endpoint, a body that is not
+    // the request's.
+    let (s, v) = control.call(Method::POST, "/v1/endpoints/nope/replicas", Some(&json!({}))).await.unwrap();
     assert_eq!(s, StatusCode::NOT_FOUND);
     assert!(v["error"].as_str().unwrap().contains("\"chat\""), "{v}");
+    let (s, v) =
+        control.call(Method::POST, "/v1/endpoints/chat/replicas", Some(&json!({"adress": "x"}))).await.unwrap();
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(v["error"].as_str().unwrap().contains("unknown field `adress`"), "{v}");
     h.daemon.shutdown().await;
 }
 
@@ -734,15 +731,8 @@ async fn health_checks_bring_replicas_in() {
     });
     let h = Harness::new(cfg, &[]).await;
     let socket = h.daemon.control_socket.clone();
-    let (s, _) = onepool_control::request(
-        &socket,
-        Method::POST,
-        "/v1/endpoints/chat/replicas",
-        Some(json!({ "address": a.addr.to_string() })),
-    )
-    .await
-    .unwrap();
-    assert_eq!(s, StatusCode::CREATED);
+    let add = api::AddReplica { address: a.addr, concurrency: None, ready: None };
+    Control::new(&socket, Duration::from_secs(10)).add_replica("chat", &add).await.unwrap();
     assert_eq!(h.snapshot().replicas[0].state, ReplicaState::Starting);
     // A request sent now waits in the queue until the replica is ready.
     let (s, body) = get(&client(), &format!("{}/ok", h.url)).await;

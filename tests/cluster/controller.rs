@@ -37,13 +37,7 @@ const ENDPOINT: &str = "ctl";
 
 /// Status of a GET, or None when the connection failed.
 fn get(port: u16, path: &str) -> Option<u16> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(120))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    buf.split_whitespace().nth(1)?.parse().ok()
+    onepool_tests::elastic::request(port, "GET", path, "")
 }
 
 fn config(dir: &Path, c: &TestCluster) -> ConfigFile {
@@ -224,7 +218,8 @@ fn the_daemon_runs_scales_and_re_adopts_its_replica_jobs_and_touches_nothing_els
     // Restart: the new daemon re-adopts every replica job, each older than
     // startup_timeout (8 s) by now.
     std::thread::sleep(Duration::from_secs(9));
-    let before: BTreeSet<u32> = view(&d).jobs.iter().filter(|j| j.phase != "cancelled").map(|j| j.job).collect();
+    let before: BTreeSet<u32> =
+        view(&d).jobs.iter().filter(|j| j.phase.as_str() != "cancelled").map(|j| j.job).collect();
     assert!(before.contains(&baseline) && supplemental.iter().all(|s| before.contains(s)), "{before:?}");
     rt.block_on(d.shutdown());
     let d = start(&rt, &config_path);

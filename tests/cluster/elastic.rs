@@ -84,7 +84,7 @@ fn graceful_reclaim_loses_no_request_serving_expands_again_and_scale_down_drains
     wait("a replacement supplemental replica job", Duration::from_secs(20), || {
         let q = queue(c);
         view(&d).jobs.iter().any(|j| {
-            j.kind == "supplemental"
+            j.kind.as_str() == "supplemental"
                 && !supplemental.contains(&j.job)
                 && q.iter().any(|x| x.id == j.job && x.state == "PENDING")
         })
@@ -128,7 +128,7 @@ fn graceful_reclaim_loses_no_request_serving_expands_again_and_scale_down_drains
     assert_eq!(statuses.get(&200).copied(), Some(sent), "scale-down lost nothing: {statuses:?}");
     assert_eq!(serving(&d, "baseline").len(), 1);
     wait("the daemon to track only the baseline replica", Duration::from_secs(10), || {
-        view(&d).jobs.iter().all(|j| j.kind == "baseline")
+        view(&d).jobs.iter().all(|j| j.kind.as_str() == "baseline")
     });
     assert_untouched(c, foreign);
     rt.block_on(d.shutdown());
@@ -245,18 +245,12 @@ impl Drop for Onepoold {
 }
 
 /// Replica jobs in onepoold's state: (job, kind, phase).
-fn jobs_of(state: &serde_json::Value) -> Vec<(u32, String, String)> {
-    state["endpoints"][0]["replica_jobs"]["jobs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|j| {
-            (
-                j["job"].as_u64().unwrap_or(0) as u32,
-                j["kind"].as_str().unwrap_or("").to_string(),
-                j["phase"].as_str().unwrap_or("").to_string(),
-            )
-        })
+fn jobs_of(state: &onepool_control::api::State) -> Vec<(u32, String, String)> {
+    let view = state.endpoints.first().and_then(|e| e.replica_jobs.as_ref());
+    view.map(|v| &v.jobs[..])
+        .unwrap_or_default()
+        .iter()
+        .map(|j| (j.job, j.kind.as_str().to_string(), j.phase.as_str().to_string()))
         .collect()
 }
 
@@ -461,7 +455,7 @@ fn replicas_are_renewed_before_their_time_limit_and_replaced_after_a_node_failur
 fn widest_job(d: &Daemon) -> Option<(u32, Vec<(u16, String)>)> {
     let v = view(d);
     let mut by_job: std::collections::BTreeMap<u32, Vec<(u16, String)>> = Default::default();
-    for j in v.jobs.iter().filter(|j| j.kind == "supplemental" && j.phase == "serving") {
+    for j in v.jobs.iter().filter(|j| j.kind.as_str() == "supplemental" && j.phase.as_str() == "serving") {
         by_job.entry(j.job).or_default().push((j.port, j.node.clone().unwrap_or_default()));
     }
     by_job.into_iter().max_by_key(|(_, r)| r.len())
@@ -629,7 +623,8 @@ fn restarts_and_an_upgrade_of_the_binary_keep_every_replica_serving_under_load()
     );
     // Nothing submitted or cancelled: Slurm knows exactly the two jobs.
     let state = control_state(&control).unwrap();
-    assert_eq!(state["endpoints"][0]["replica_jobs"]["submitted"], serde_json::json!([]), "{state}");
+    let submitted = state.endpoints[0].replica_jobs.as_ref().map(|v| v.submitted.clone());
+    assert_eq!(submitted, Some(vec![]), "{state:?}");
     let ours: BTreeSet<u32> = replica_jobs_in_slurm(c).iter().map(|q| q.id).collect();
     assert_eq!(ours, jobs);
     // Earlier tests' replica jobs have lower ids; none of this test's is

@@ -22,13 +22,7 @@ const KEY: &str = "reclaim-test-replica-key-0123456789";
 
 /// Status of a GET through a launcher, or None when the connection failed.
 fn get(port: u16, path: &str) -> Option<u16> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nx-onepool-replica-key: {KEY}\r\nConnection: close\r\n\r\n").ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    buf.split_whitespace().nth(1)?.parse().ok()
+    onepool_tests::elastic::request_with(port, "GET", path, "", &[(onepool_tests::elastic::REPLICA_KEY_FIELD, KEY)])
 }
 
 #[test]

@@ -27,7 +27,7 @@ fn free_port() -> u16 {
 
 /// A GET through a launcher with the test's replica key (the harness's client).
 fn get(port: u16, path: &str) -> Option<u16> {
-    onepool_tests::elastic::request_with(port, "GET", path, "", &format!("x-onepool-replica-key: {KEY}\r\n"))
+    onepool_tests::elastic::request_with(port, "GET", path, "", &[(onepool_tests::elastic::REPLICA_KEY_FIELD, KEY)])
 }
 
 /// What the test saw of one reclaim.

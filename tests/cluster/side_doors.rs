@@ -169,7 +169,7 @@ fn squatted_ports_and_keyless_or_administrative_requests_leave_protected_serving
     assert!(router_answers(router), "a chat completion through the router");
     assert_eq!(c.state(squatter).as_deref(), Some("RUNNING"), "the squatter held the range throughout");
     let v = replica_view(&d, ENDPOINT);
-    let address = v.jobs.iter().find(|j| j.phase == "serving").and_then(|j| j.address).unwrap();
+    let address = v.jobs.iter().find(|j| j.phase.as_str() == "serving").and_then(|j| j.address).unwrap();
     assert!(
         !(range.0..=range.1).contains(&address.port()),
         "the replica listens outside the squatted range: {address}"

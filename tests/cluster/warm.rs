@@ -26,7 +26,12 @@ impl Drop for Down<'_> {
 }
 
 fn warm_jobs(d: &onepool_elastic_daemon::daemon::Daemon) -> Vec<(u32, &'static str)> {
-    replica_view(d, ENDPOINT).jobs.iter().filter(|j| j.kind == "warm").map(|j| (j.job, j.phase)).collect()
+    replica_view(d, ENDPOINT)
+        .jobs
+        .iter()
+        .filter(|j| j.kind.as_str() == "warm")
+        .map(|j| (j.job, j.phase.as_str()))
+        .collect()
 }
 
 #[test]

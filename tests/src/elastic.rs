@@ -4,8 +4,7 @@
 //! reading onepoold's state (in-process or through its control socket).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -73,7 +72,9 @@ pub fn serving(d: &Daemon, endpoint: &str, kind: &str) -> Vec<u32> {
     replica_view(d, endpoint)
         .jobs
         .iter()
-        .filter(|j| j.kind == kind && j.phase == "serving" && ready.contains(&j.port))
+        .filter(|j| {
+            j.kind.as_str() == kind && j.phase == onepool_control::api::JobPhase::Serving && ready.contains(&j.port)
+        })
         .map(|j| j.job)
         .collect()
 }
@@ -210,6 +211,37 @@ pub enum Chat {
     Cut(String),
 }
 
+thread_local! {
+    /// Each test thread's client, on onepool's one client stack; its
+    /// runtime is made once per thread, not once per request.
+    static CLIENT: onepool_client::blocking::Client =
+        onepool_client::blocking::Client::new(Duration::from_secs(180));
+}
+
+/// The most of an answer the tests read: a completion's stream or a
+/// replica's metrics are far smaller.
+const ANSWER_LIMIT: usize = 16 << 20;
+
+/// One request on a connection of its own (`connection: close`, as clients
+/// that come and go would): a test that restarts or reclaims must not
+/// depend on a connection kept from before.
+fn send(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    fields: &[(&str, &str)],
+) -> Result<onepool_client::Answer, onepool_client::ClientError> {
+    let mut headers = vec![("connection", "close")];
+    headers.extend_from_slice(fields);
+    let method = onepool_elastic_daemon::http::Method::from_bytes(method.as_bytes()).expect("an HTTP method");
+    CLIENT.with(|c| c.request(method, &format!("http://{address}{path}"), body, &headers, ANSWER_LIMIT))
+}
+
+fn local(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
 /// One chat completion for the real model through `port`, streamed or not,
 /// over its own connection.
 pub fn chat(port: u16, prompt: &str, max_tokens: u32, stream: bool) -> Chat {
@@ -220,37 +252,24 @@ pub fn chat(port: u16, prompt: &str, max_tokens: u32, stream: bool) -> Chat {
         "stream": stream,
     })
     .to_string();
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return Chat::Cut("connect".into()) };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(180)));
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    if s.write_all(head.as_bytes()).and_then(|_| s.write_all(body.as_bytes())).is_err() {
-        return Chat::Cut("sending".into());
-    }
-    let mut raw = Vec::new();
-    if let Err(e) = s.read_to_end(&mut raw) {
-        return Chat::Cut(format!("reading: {e}"));
-    }
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let Some(status) = text.split_whitespace().nth(1).and_then(|s| s.parse::<u16>().ok()) else {
-        return Chat::Cut(format!("no status in {:?}", &text[..text.len().min(80)]));
+    let answer = match send(local(port), "POST", "/v1/chat/completions", Some(&body), &[]) {
+        Ok(a) => a,
+        Err(e) => return Chat::Cut(e.to_string()),
     };
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    match status {
+    let body = answer.text();
+    match answer.status.as_u16() {
         200..=299 if !stream || body.contains("data: [DONE]") => Chat::Done(body),
         200..=299 => {
             Chat::Cut(format!("the stream ended before [DONE]: ...{}", &body[body.len().saturating_sub(200)..]))
         }
-        _ => Chat::Status(status, body),
+        status => Chat::Status(status, body),
     }
 }
 
 /// The value of a Prometheus metric (its samples summed) on `port`'s /metrics
 /// (a replica's llama-server: the launcher's port + 1).
 pub fn metric(port: u16, name: &str) -> Option<f64> {
-    metric_at(SocketAddr::from(([127, 0, 0, 1], port)), name, None)
+    metric_at(local(port), name, None)
 }
 
 /// [`metric`] of a replica's model server, read through its launcher with
@@ -263,42 +282,32 @@ pub fn replica_metric(d: &Daemon, endpoint: &str, job: u32, name: &str) -> Optio
 }
 
 fn metric_at(address: SocketAddr, name: &str, key: Option<&str>) -> Option<f64> {
-    let mut s = TcpStream::connect(address).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    let key = key.map(|k| format!("x-onepool-replica-key: {k}\r\n")).unwrap_or_default();
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n{key}Connection: close\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    onepool_elastic_daemon::replica_metrics::sum_samples(&text, &[name.to_string()])
+    let fields: Vec<(&str, &str)> = key.map(|k| (REPLICA_KEY_FIELD, k)).into_iter().collect();
+    let answer = send(address, "GET", "/metrics", None, &fields).ok()?;
+    onepool_elastic_daemon::replica_metrics::sum_samples(&answer.text(), &[name.to_string()])
 }
+
+/// The header a launcher wants onepoold's replica key in.
+pub const REPLICA_KEY_FIELD: &str = "x-onepool-replica-key";
 
 /// Status of one request, or `None` when the connection failed.
 pub fn request(port: u16, method: &str, path: &str, body: &str) -> Option<u16> {
-    request_with(port, method, path, body, "")
+    request_with(port, method, path, body, &[])
 }
 
-/// [`request`] with `fields` (whole header lines, each ending in CRLF).
-pub fn request_with(port: u16, method: &str, path: &str, body: &str, fields: &str) -> Option<u16> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(180))).ok()?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\n{fields}Connection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    buf.split_whitespace().nth(1)?.parse().ok()
+/// [`request`] with header `fields` beside the client's, e.g. a replica key.
+pub fn request_with(port: u16, method: &str, path: &str, body: &str, fields: &[(&str, &str)]) -> Option<u16> {
+    let body = (!body.is_empty()).then_some(body);
+    send(local(port), method, path, body, fields).ok().map(|a| a.status.as_u16())
 }
 
 /// A completion request that takes `secs` on the stand-in server.
 pub fn completion(port: u16, secs: f64) -> Option<u16> {
-    completion_with(port, secs, "")
+    completion_with(port, secs, &[])
 }
 
-/// [`completion`] with `fields` (whole header lines), e.g. a replica key.
-pub fn completion_with(port: u16, secs: f64, fields: &str) -> Option<u16> {
+/// [`completion`] with header `fields`, e.g. a replica key.
+pub fn completion_with(port: u16, secs: f64, fields: &[(&str, &str)]) -> Option<u16> {
     let tokens = (secs * 1000.0).round() as u64;
     request_with(port, "POST", "/v1/completions", &format!("{{\"model\": \"m\", \"max_tokens\": {tokens}}}"), fields)
 }
@@ -424,19 +433,8 @@ pub fn queue(c: &TestCluster) -> Vec<Queued> {
 }
 
 /// onepoold's `/v1/state` through its control socket.
-pub fn control_state(socket: &Path) -> Option<serde_json::Value> {
-    let rt = onepool_elastic_daemon::tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-    let r = rt.block_on(async {
-        onepool_elastic_daemon::tokio::time::timeout(
-            Duration::from_secs(5),
-            onepool_control::request(socket, onepool_elastic_daemon::http::Method::GET, "/v1/state", None),
-        )
-        .await
-    });
-    match r {
-        Ok(Ok((status, v))) if status.is_success() => Some(v),
-        _ => None,
-    }
+pub fn control_state(socket: &Path) -> Option<onepool_control::api::State> {
+    onepool_control::blocking::Control::new(socket, Duration::from_secs(5)).ok()?.state().ok()
 }
 
 #[cfg(test)]

@@ -191,31 +191,20 @@ impl Demo {
 
     /// onepoold's state from its control socket; `None` when it does not
     /// answer within 2 s or answers with an error.
-    fn daemon_state(&self) -> Option<serde_json::Value> {
-        let socket = self.paths.socket.clone();
-        let (status, state) = self
-            .rt
-            .block_on(async {
-                tokio::time::timeout(
-                    Duration::from_secs(2),
-                    onepool_control::request(&socket, http::Method::GET, "/v1/state", None),
-                )
-                .await
-            })
-            .ok()?
-            .ok()?;
-        status.is_success().then_some(state)
+    fn daemon_state(&self) -> Option<onepool_control::api::State> {
+        let control = onepool_control::Control::new(&self.paths.socket, Duration::from_secs(2));
+        self.rt.block_on(control.state()).ok()
     }
 
     /// The reclaims onepoold's status lists: (victim, taker, whole seconds
     /// from the taker's submission to its start).
     fn reclaims_seen(&self) -> Vec<(u64, Option<u64>, Option<u64>)> {
         let Some(state) = self.daemon_state() else { return Vec::new() };
-        let endpoints = state["endpoints"].as_array().cloned().unwrap_or_default();
-        endpoints
+        state
+            .endpoints
             .iter()
-            .flat_map(|e| e["replica_jobs"]["reclaims"].as_array().cloned().unwrap_or_default())
-            .filter_map(|r| Some((r["job"].as_u64()?, r["taker"].as_u64(), r["time_to_capacity_s"].as_u64())))
+            .flat_map(|e| e.replica_jobs.iter().flat_map(|v| &v.reclaims))
+            .map(|r| (u64::from(r.job), r.taker.map(u64::from), r.time_to_capacity_s))
             .collect()
     }
 
@@ -223,14 +212,14 @@ impl Demo {
     /// cause (the server's signal or code and last output lines).
     fn failed_start(&self) -> Option<String> {
         let state = self.daemon_state()?;
-        state["endpoints"].as_array()?.iter().find_map(|e| {
-            let f = &e["replica_jobs"]["start_failures"];
-            (f["total"].as_u64()? > 0).then(|| {
+        state.endpoints.iter().find_map(|e| {
+            let f = &e.replica_jobs.as_ref()?.start_failures;
+            (f.total > 0).then(|| {
                 format!(
                     "a replica of endpoint {} failed to start ({} time(s)): {}",
-                    e["name"].as_str().unwrap_or("?"),
-                    f["total"],
-                    f["last"]["cause"].as_str().unwrap_or("?")
+                    e.name,
+                    f.total,
+                    f.last.as_ref().map_or("?", |l| l.cause.as_str())
                 )
             })
         })
@@ -301,20 +290,9 @@ impl Demo {
             t.write(&self.paths.pid_file)?;
         }
         self.onepoold = Some(child);
-        let socket = self.paths.socket.clone();
+        let control = onepool_control::Control::new(&self.paths.socket, Duration::from_secs(1));
         let handle = self.rt.handle().clone();
-        self.wait("onepoold's control socket", Duration::from_secs(15), |_| {
-            handle.block_on(async {
-                matches!(
-                    tokio::time::timeout(
-                        Duration::from_secs(1),
-                        onepool_control::request(&socket, http::Method::GET, "/v1/state", None)
-                    )
-                    .await,
-                    Ok(Ok((s, _))) if s.is_success()
-                )
-            })
-        })?;
+        self.wait("onepoold's control socket", Duration::from_secs(15), |_| handle.block_on(control.state()).is_ok())?;
         Ok(())
     }
 

@@ -200,36 +200,17 @@ struct InRouter {
 /// (a replica listens where the kernel chose; onepoold's view of its jobs
 /// says which address is which job's).
 fn router_state(rt: &Handle, target: &Target) -> Option<HashMap<u16, InRouter>> {
-    let (status, state) = rt
-        .block_on(async {
-            tokio::time::timeout(
-                Duration::from_secs(2),
-                onepool_control::request(&target.socket, http::Method::GET, "/v1/state", None),
-            )
-            .await
-        })
-        .ok()?
-        .ok()?;
-    if !status.is_success() {
-        return None;
-    }
-    let ep = state["endpoints"].as_array()?.iter().find(|e| e["name"] == target.endpoint.as_str())?;
-    let slots: HashMap<&str, u16> = ep["replica_jobs"]["jobs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|j| Some((j["address"].as_str()?, u16::try_from(j["port"].as_u64()?).ok()?)))
-        .collect();
+    let control = onepool_control::Control::new(&target.socket, Duration::from_secs(2));
+    let state = rt.block_on(control.state()).ok()?;
+    let ep = state.endpoint(&target.endpoint)?;
+    let slots: HashMap<std::net::SocketAddr, u16> =
+        ep.replica_jobs.iter().flat_map(|v| &v.jobs).filter_map(|j| Some((j.address?, j.port))).collect();
     let mut out = HashMap::new();
-    for r in ep["replicas"].as_array()? {
-        let Some(slot) = r["address"].as_str().and_then(|a| slots.get(a)) else { continue };
+    for r in &ep.replicas {
+        let Some(slot) = slots.get(&r.address) else { continue };
         out.insert(
             *slot,
-            InRouter {
-                state: r["state"].as_str().unwrap_or("?").to_string(),
-                served: r["served"].as_u64().unwrap_or(0),
-                in_flight: r["in_flight"].as_u64().unwrap_or(0),
-            },
+            InRouter { state: r.state.as_str().to_string(), served: r.served, in_flight: u64::from(r.in_flight) },
         );
     }
     Some(out)

@@ -36,9 +36,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
@@ -351,7 +349,7 @@ fn refused(state: &Front, why: Refused) -> Response<FrontBody> {
 async fn front(
     req: Request<Incoming>,
     state: Arc<Front>,
-    client: Client<HttpConnector, Limited<Incoming>>,
+    client: onepool_client::Pooled<Limited<Incoming>>,
     cfg: Arc<FrontConfig>,
 ) -> Response<FrontBody> {
     if let Err(why) = cfg.access.check(req.uri().path(), req.headers()) {
@@ -434,8 +432,8 @@ pub async fn serve_front(listener: TcpListener, cfg: Arc<FrontConfig>, state: Ar
     // own idle close (llama-server's is 5 s): a request written as the
     // server closes fails, and its streamed body cannot be sent again. Seen
     // as 502s with llama-server replicas before this.
-    let client: Client<HttpConnector, Limited<Incoming>> =
-        Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build_http();
+    let client: onepool_client::Pooled<Limited<Incoming>> =
+        onepool_client::pooled(onepool_client::Settings { max_idle_per_host: 0, ..Default::default() });
     let slots = Arc::new(Semaphore::new(cfg.bounds.max_connections.max(1)));
     // hyper's smallest read buffer; the head must fit in it.
     let max_buf = cfg.bounds.max_header_bytes.max(8192);

@@ -8,7 +8,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use tokio::sync::{oneshot, Notify};
 
 use prometheus_client::metrics::gauge::Gauge;
@@ -33,16 +32,7 @@ pub enum AcquireError {
     TimedOut,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
-pub enum DrainOutcome {
-    /// Every in-flight request finished.
-    Drained { millis: u64 },
-    /// The deadline passed with requests still in flight.
-    TimedOut { in_flight: u32 },
-    /// The replica was removed while draining.
-    Removed { in_flight: u32 },
-}
+pub use onepool_control::api::DrainOutcome;
 
 struct Waiter {
     id: u64,
@@ -94,15 +84,9 @@ pub struct Endpoint {
     replica_key: std::sync::OnceLock<http::HeaderValue>,
 }
 
-#[derive(Clone, Debug, Serialize)]
-pub struct EndpointSnapshot {
-    pub name: String,
-    pub queued: usize,
-    pub peak_queued: usize,
-    pub replicas: Vec<Replica>,
-    /// Requests handed to replicas so far, including those that left.
-    pub served_total: u64,
-}
+/// An endpoint as the control API shows it (without its controller's view,
+/// which onepoold adds).
+pub type EndpointSnapshot = onepool_control::api::EndpointState;
 
 impl Endpoint {
     pub fn new(
@@ -182,8 +166,9 @@ impl Endpoint {
             name: self.name.clone(),
             queued: g.waiters.len(),
             peak_queued: g.peak_queue,
-            replicas: g.pool.replicas().to_vec(),
+            replicas: g.pool.replicas().iter().map(Replica::view).collect(),
             served_total: g.pool.served_total(),
+            replica_jobs: None,
         }
     }
 

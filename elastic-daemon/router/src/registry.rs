@@ -7,23 +7,10 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use serde::Serialize;
-
 pub type ReplicaId = u64;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReplicaState {
-    /// Added, waiting for enough passing health checks.
-    Starting,
-    /// Takes new requests.
-    Ready,
-    /// Takes no new requests; the ones in flight finish.
-    Draining,
-    /// Failed enough health checks in a row; takes no requests until it
-    /// passes enough in a row again.
-    Out,
-}
+/// The state names are the control API's, so status and the router agree.
+pub use onepool_control::api::ReplicaState;
 
 /// Consecutive results needed before a replica changes state (pingora
 /// style), so one lost probe neither adds nor drops a replica.
@@ -39,7 +26,7 @@ impl Default for HealthThresholds {
     }
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
 pub struct Replica {
     pub id: ReplicaId,
     pub address: SocketAddr,
@@ -54,19 +41,29 @@ pub struct Replica {
     /// ready replica is at its limit, so that it stays idle, and quick to
     /// give back, until a burst needs it.
     pub spill: bool,
-    #[serde(skip)]
     passes: u32,
-    #[serde(skip)]
     failures: u32,
     /// Out because a request to it failed (not its health checks): one
     /// passing check brings it back.
-    #[serde(skip)]
     ejected: bool,
-    #[serde(skip)]
     pub drain_started: Option<Instant>,
 }
 
 impl Replica {
+    /// As the control API shows it.
+    pub fn view(&self) -> onepool_control::api::Replica {
+        onepool_control::api::Replica {
+            id: self.id,
+            address: self.address,
+            state: self.state,
+            in_flight: self.in_flight,
+            limit: self.limit,
+            served: self.served,
+            peak_in_flight: self.peak_in_flight,
+            spill: self.spill,
+        }
+    }
+
     fn has_room(&self) -> bool {
         self.state == ReplicaState::Ready && self.in_flight < self.limit
     }

@@ -32,7 +32,6 @@ use onepool_router::metrics::{EndpointLabels, Metrics, ReclaimLabels, ReplicaJob
 use onepool_router::registry::{RegistryError, ReplicaState};
 use onepool_slurm_commands::adapter::{Slurm, SlurmError};
 use onepool_slurm_commands::state::JobInfo;
-use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::config::ReplicaSettings;
@@ -47,7 +46,10 @@ mod view;
 
 use reclaims::TakerSearch;
 pub use sbatch::{launcher_end, owned, sbatch_args};
-pub use view::{ControllerView, FailedStartView, ReclaimView, ReplicaJob, StartFailures, RECENT_RECLAIMS};
+pub use view::{
+    ControllerView, FailedStartView, JobPhase, ReclaimMode, ReclaimView, ReplicaJob, ReplicaKind, StartFailures,
+    RECENT_RECLAIMS,
+};
 
 /// The Slurm adapter the controllers share (called on blocking threads).
 pub type SharedSlurm = Arc<dyn Slurm + Send + Sync>;
@@ -91,7 +93,7 @@ struct TrackedJob {
     /// Slurm's preemption deadline (Unix seconds), once it picked this job.
     preempt_end: Option<u64>,
     /// When a poll first saw Slurm's pick, and the mode it implies.
-    preempt_seen: Option<(Instant, u64, &'static str)>,
+    preempt_seen: Option<(Instant, u64, ReclaimMode)>,
     /// By slot.
     members: BTreeMap<u16, Member>,
     /// Where its replicas listen, from the job's comment.
@@ -150,7 +152,7 @@ pub struct Controller {
     /// Requests served by all replicas at the last poll, and when.
     last_served: Option<(u64, Instant)>,
     /// Reads the replicas' own load metrics (endpoints with `load_metrics`).
-    scraper: Option<reqwest::Client>,
+    scraper: Option<onepool_client::Caller>,
     view: Arc<Mutex<ControllerView>>,
     metrics: Arc<Metrics>,
     /// The admin comment of each job [`Controller::read_records`] read.
@@ -189,11 +191,11 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-fn kind_name(k: Kind) -> &'static str {
+fn kind_name(k: Kind) -> ReplicaKind {
     match k {
-        Kind::Baseline => "baseline",
-        Kind::Supplemental => "supplemental",
-        Kind::Warm => "warm",
+        Kind::Baseline => ReplicaKind::Baseline,
+        Kind::Supplemental => ReplicaKind::Supplemental,
+        Kind::Warm => ReplicaKind::Warm,
     }
 }
 

@@ -32,7 +32,7 @@ impl Controller {
             tracing::info!(endpoint = %name, job = j.job_id, ?kind, "Slurm is preempting the replica job; it ends within {left} s");
             preemptions.inc();
             // GraceTime 0 ends the job at once: no time to drain in.
-            let mode = if left > 1 { "graceful" } else { "immediate" };
+            let mode = if left > 1 { ReclaimMode::Graceful } else { ReclaimMode::Immediate };
             t.preempt_seen.get_or_insert((Instant::now(), now, mode));
         }
         t.preempt_end = preempt_end;

@@ -8,7 +8,7 @@ use super::*;
 pub(super) struct TakerSearch {
     job: u32,
     nodes: String,
-    mode: &'static str,
+    mode: ReclaimMode,
     /// Unix seconds when Slurm's pick was seen: the taker starts after.
     picked_at: u64,
     /// Given up (no other job started on its nodes) after this.
@@ -20,10 +20,10 @@ pub(super) const TAKER_SEARCH: Duration = Duration::from_secs(30);
 
 impl Controller {
     /// A preempted replica job is gone: counted, timed, kept for status.
-    pub(super) fn reclaimed(&mut self, job: u32, t: &TrackedJob, seen: Instant, at: u64, mode: &'static str) {
+    pub(super) fn reclaimed(&mut self, job: u32, t: &TrackedJob, seen: Instant, at: u64, mode: ReclaimMode) {
         let released = seen.elapsed().as_secs_f64();
-        tracing::info!(endpoint = %self.name, job, mode, "reclaimed replica job released its GPUs {released:.1} s after Slurm's pick was seen");
-        let labels = ReclaimLabels { endpoint: self.name.clone(), mode: mode.to_string() };
+        tracing::info!(endpoint = %self.name, job, mode = mode.as_str(), "reclaimed replica job released its GPUs {released:.1} s after Slurm's pick was seen");
+        let labels = ReclaimLabels { endpoint: self.name.clone(), mode: mode.as_str().to_string() };
         self.metrics.reclaims.get_or_create(&labels).inc();
         self.metrics.reclaim_release_seconds.get_or_create(&labels).observe(released);
         let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
@@ -94,7 +94,7 @@ impl Controller {
             endpoint = %self.name,
             job = s.job,
             taker,
-            mode = s.mode,
+            mode = s.mode.as_str(),
             "job {taker} took the reclaimed replica's GPUs {ttc} s after its submission"
         );
         let labels = ReclaimLabels { endpoint: self.name.clone(), mode: s.mode.to_string() };

@@ -20,7 +20,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use onepool_elastic_daemon::config::{Config, EndpointConfig};
 use onepool_elastic_daemon::daemon::Daemon;
 use onepool_router::registry::HealthThresholds;
@@ -295,8 +295,9 @@ impl Harness {
 
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
+/// onepool's own client stack, as its other callers use it.
 pub fn client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
+    onepool_client::pooled(onepool_client::Settings::default())
 }
 
 /// Sends a request and reads the whole answer.

@@ -211,7 +211,7 @@ fn run(c: &TestCluster, v: Variant, trace: Trace, policy: &std::path::Path, dir:
         });
         while t0.elapsed().as_secs_f64() < span {
             std::thread::sleep(tick);
-            let holding = replica_view(&d, ENDPOINT).jobs.iter().filter(|j| j.phase != "pending").count();
+            let holding = replica_view(&d, ENDPOINT).jobs.iter().filter(|j| j.phase.as_str() != "pending").count();
             gpu_seconds += holding as f64 * 4.0 * tick.as_secs_f64();
         }
         load.pause();

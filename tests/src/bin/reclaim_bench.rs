@@ -93,7 +93,7 @@ struct Round {
 const REPLICA_KEY: &str = "reclaim-bench-replica-key-0123456789";
 
 /// A launcher answers with the key only; a native server ignores it.
-const KEYED: &str = "x-onepool-replica-key: reclaim-bench-replica-key-0123456789\r\n";
+const KEYED: &[(&str, &str)] = &[("x-onepool-replica-key", "reclaim-bench-replica-key-0123456789")];
 
 fn health(port: u16) -> bool {
     onepool_tests::elastic::request_with(port, "GET", "/health", "", KEYED) == Some(200)

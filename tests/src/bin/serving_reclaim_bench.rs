@@ -111,11 +111,11 @@ const REPLICA_KEY: &str = "serving-reclaim-bench-replica-key-0123456789";
 
 /// The launcher answers onepoold's key only; nginx goes to the server itself.
 fn healthy(v: Variant, port: u16) -> bool {
-    let key = match v {
-        Variant::Onepool => format!("x-onepool-replica-key: {REPLICA_KEY}\r\n"),
-        Variant::Native => String::new(),
+    let key: &[(&str, &str)] = match v {
+        Variant::Onepool => &[(onepool_tests::elastic::REPLICA_KEY_FIELD, REPLICA_KEY)],
+        Variant::Native => &[],
     };
-    onepool_tests::elastic::request_with(port, "GET", "/health", "", &key) == Some(200)
+    onepool_tests::elastic::request_with(port, "GET", "/health", "", key) == Some(200)
 }
 
 /// The front of the variant: onepoold's router in-process, or nginx.
