@@ -5,6 +5,9 @@
 //! Used by the `onepool-devcluster` binary and by the integration tests,
 //! which bring one cluster up per test run (or reuse one that is up).
 
+// No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
+#![forbid(unsafe_code)]
+
 pub mod cgroups;
 pub mod error;
 pub mod layout;
@@ -196,32 +199,20 @@ impl Cluster {
     }
 }
 
-struct FolderLock(fs::File);
+/// The folder's lock, held while the value lives (the kernel lets go if the
+/// process dies).
+struct FolderLock(#[allow(dead_code, reason = "held for its Drop")] onepool_os::Locked);
 
 impl FolderLock {
     fn take(path: &Path) -> Result<FolderLock> {
-        use std::os::fd::AsRawFd;
         let f = fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(path)
             .ctx(|| format!("opening {}", path.display()))?;
-        // SAFETY: flock on an fd we own; released when the File closes.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(Error::Io {
-                what: format!("locking {}", path.display()),
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        Ok(FolderLock(f))
-    }
-}
-
-impl Drop for FolderLock {
-    fn drop(&mut self) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: flock on a descriptor this value owns and keeps open.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+        let locked = onepool_os::Locked::exclusive(f)
+            .map_err(|source| Error::Io { what: format!("locking {}", path.display()), source })?;
+        Ok(FolderLock(locked))
     }
 }

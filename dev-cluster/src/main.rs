@@ -1,6 +1,9 @@
 //! `onepool-devcluster`: a real Slurm cluster on one machine, for
 //! development, the demo and the integration tests.
 
+// No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -2,7 +2,6 @@
 //! `down` can never signal a process it did not start, even after PID reuse.
 
 use std::fs;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::thread::sleep;
@@ -54,16 +53,15 @@ impl Tracked {
         if !self.alive() {
             return;
         }
-        // SAFETY: plain kill(2) on a PID verified (with its start time) to be ours.
-        unsafe { libc::kill(self.pid, libc::SIGTERM) };
+        // A pid verified (with its start time) to be ours.
+        let _ = onepool_os::signal(self.pid as u32, onepool_os::SIGTERM);
         let deadline = Instant::now() + grace;
         while self.alive() && Instant::now() < deadline {
             sleep(Duration::from_millis(50));
         }
         if self.alive() {
-            // SAFETY: kill has no memory preconditions; the pid is the tracked
-            // process, checked alive (same start time) just above.
-            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+            // The tracked process, checked alive (same start time) just above.
+            let _ = onepool_os::signal(self.pid as u32, onepool_os::SIGKILL);
             let deadline = Instant::now() + Duration::from_secs(5);
             while self.alive() && Instant::now() < deadline {
                 sleep(Duration::from_millis(20));
@@ -79,13 +77,7 @@ pub fn spawn(mut cmd: Command, log: &Path, pid_file: &Path) -> Result<Tracked> {
         fs::OpenOptions::new().create(true).append(true).open(log).ctx(|| format!("opening {}", log.display()))?;
     let err = out.try_clone().ctx(|| "dup log fd".into())?;
     cmd.stdin(Stdio::null()).stdout(out).stderr(err);
-    // SAFETY: setsid is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
+    onepool_os::new_session_on_exec(&mut cmd);
     let program = format!("{:?}", cmd.get_program());
     let child = cmd.spawn().ctx(|| format!("starting {program}"))?;
     let pid = child.id() as i32;

@@ -48,8 +48,7 @@ pub(crate) fn ensure_packages(install: bool, progress: &mut dyn FnMut(&str)) -> 
         return Ok(());
     }
     let list = missing.join(" ");
-    // SAFETY: geteuid has no preconditions.
-    if !install || unsafe { libc::geteuid() } != 0 {
+    if !install || onepool_os::geteuid() != 0 {
         return Err(Error::Setup(format!(
             "missing Debian packages: {list}; install them with `apt-get install {list}`"
         )));
@@ -201,15 +200,10 @@ pub(crate) fn make_gpu_devices(l: &Layout, spec: &Spec) -> Result<()> {
                 .ctx(|| format!("chmod {}", path.display()))?;
             continue;
         }
-        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("no NUL in path");
-        // SAFETY: mknod with a valid path; creates a character device node.
-        let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(NVIDIA_MAJOR, minor)) };
-        if rc != 0 {
-            return Err(Error::Io {
-                what: format!("mknod {} c {NVIDIA_MAJOR} {minor} (needs root)", path.display()),
-                source: std::io::Error::last_os_error(),
-            });
-        }
+        onepool_os::make_char_device(&path, 0o666, NVIDIA_MAJOR, minor).map_err(|source| Error::Io {
+            what: format!("mknod {} c {NVIDIA_MAJOR} {minor} (needs root)", path.display()),
+            source,
+        })?;
         // mknod's mode went through the umask.
         fs::set_permissions(&path, fs::Permissions::from_mode(0o666)).ctx(|| format!("chmod {}", path.display()))?;
     }
@@ -560,9 +554,8 @@ fn kill_orphaned_steps(l: &Layout, progress: &mut dyn FnMut(&str)) {
     }
     for pid in &victims {
         if let Some(t) = Tracked::of(*pid) {
-            // SAFETY: kill has no memory preconditions; Tracked::of matched the
-            // pid to a live process of this cluster.
-            unsafe { libc::kill(t.pid, libc::SIGKILL) };
+            // Tracked::of matched the pid to a live process of this cluster.
+            let _ = onepool_os::signal(t.pid as u32, onepool_os::SIGKILL);
         }
     }
     if !victims.is_empty() {

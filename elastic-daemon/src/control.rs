@@ -47,11 +47,7 @@ pub fn bind(path: &Path, mode: u32) -> Result<UnixListener, ControlError> {
     }
     // The umask makes the socket private from the moment it exists; the
     // chmod then sets the configured mode.
-    // SAFETY: umask only swaps the process's file-creation mask.
-    let old = unsafe { libc::umask(0o177) };
-    let bound = UnixListener::bind(path);
-    // SAFETY: as above, restoring the previous mask.
-    unsafe { libc::umask(old) };
+    let bound = onepool_os::with_umask(0o177, || UnixListener::bind(path));
     let listener = bound.map_err(|e| io("binding", e))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| io("setting its mode", e))?;
     Ok(listener)
@@ -59,8 +55,7 @@ pub fn bind(path: &Path, mode: u32) -> Result<UnixListener, ControlError> {
 
 /// Serves the control API until `shutdown` turns true.
 pub async fn serve(listener: UnixListener, router: Arc<Router>, mut shutdown: watch::Receiver<bool>) {
-    // SAFETY: geteuid has no preconditions.
-    let own_uid = unsafe { libc::geteuid() };
+    let own_uid = onepool_os::geteuid();
     loop {
         let stream = tokio::select! {
             r = listener.accept() => match r {

@@ -198,8 +198,7 @@ impl Slurm for ScriptedSlurm {
 fn running(id: u32, name: &str, nodes: &str, count: u32) -> JobInfo {
     let supp = "onepool:class=inference;tier=flexible;reclaim=graceful;drain=1m;endpoint=llm";
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
-    // SAFETY: getuid has no preconditions.
-    let uid = unsafe { libc::getuid() };
+    let uid = onepool_os::getuid();
     // Where each replica's launcher reported it listens (the slot's own
     // number here, so tests can tell replicas by port).
     let base = port_from_name("llm", name).unwrap_or(0);
@@ -550,8 +549,7 @@ fn queued(id: u32, name: &str, uid: u32, comment: &str, qos: &str, reason: &str)
 fn warm_headroom_is_added_while_nobody_waits_and_withdrawn_when_a_job_does() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        // SAFETY: getuid has no preconditions.
-        let uid = unsafe { libc::getuid() };
+        let uid = onepool_os::getuid();
         let base = "onepool:class=inference-baseline;tier=protected;endpoint=llm";
         let warm = "onepool:class=inference-warm;tier=flexible;reclaim=graceful;drain=30s;endpoint=llm";
         let baseline = JobInfo { start_time: 1, nodes: "node1".into(), ..job(7, "onepool-llm-18000", uid, base) };

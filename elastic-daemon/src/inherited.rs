@@ -7,10 +7,7 @@
 //! listener asks for is closed, with a warning.
 
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
-
-/// The first descriptor systemd passes.
-const FIRST_FD: RawFd = 3;
+use std::os::fd::RawFd;
 
 /// The sockets handed over, by the address each listens on.
 #[derive(Debug, Default)]
@@ -37,24 +34,14 @@ impl Inherited {
             return Inherited::default();
         }
         let (mut listeners, mut unusable) = (Vec::new(), Vec::new());
-        for fd in FIRST_FD..FIRST_FD + count {
-            // A descriptor the protocol promised but that is not open (a
-            // launcher that left it close-on-exec): owning it would abort
-            // the process at its first use.
-            // SAFETY: F_GETFD only reads the descriptor's flags.
-            if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-                unusable.push((fd, "not open; LISTEN_FDS counts descriptors this process was not given".to_string()));
-                continue;
-            }
-            // SAFETY: by the socket activation protocol these descriptors
-            // are open and handed to this process (LISTEN_PID is ours);
-            // nothing else in it owns them, and each is taken once here.
-            let l = unsafe { TcpListener::from_raw_fd(fd) };
-            // SAFETY: fcntl(2) on a descriptor this process owns.
-            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-            match l.local_addr() {
-                Ok(a) => listeners.push((a, l)),
-                Err(e) => unusable.push((fd, e.to_string())),
+        for (fd, handed) in onepool_os::take_listen_fds(u32::try_from(count).unwrap_or(0)) {
+            match handed {
+                onepool_os::Handed::NotOpen => unusable
+                    .push((fd, "not open; LISTEN_FDS counts descriptors this process was not given".to_string())),
+                onepool_os::Handed::Listener(l) => match l.local_addr() {
+                    Ok(a) => listeners.push((a, l)),
+                    Err(e) => unusable.push((fd, e.to_string())),
+                },
             }
         }
         Inherited { listeners, unusable }
@@ -94,17 +81,5 @@ pub async fn bind(inherited: &mut Inherited, address: SocketAddr) -> std::io::Re
 /// still set LISTEN_PID to onepoold's own pid and LISTEN_FDS=1; a shell's
 /// `LISTEN_PID=$$ LISTEN_FDS=1 exec onepoold ...` does.
 pub fn hand_over(cmd: &mut std::process::Command, socket: &TcpListener) {
-    use std::os::unix::process::CommandExt;
-    let fd = socket.as_raw_fd();
-    // SAFETY: dup2 and fcntl are async-signal-safe; the child only execs after.
-    unsafe {
-        cmd.pre_exec(move || {
-            // dup2 onto itself keeps close-on-exec: clear it then.
-            let r = if fd == FIRST_FD { libc::fcntl(fd, libc::F_SETFD, 0) } else { libc::dup2(fd, FIRST_FD) };
-            if r < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    onepool_os::pass_as_first_listen_fd(cmd, socket);
 }

@@ -10,6 +10,9 @@
 //! at start where there are ([`inherited`]: systemd's socket activation).
 //! [`trace`] reads the Azure trace the router is replayed with.
 
+// No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod control;
 pub mod controller;

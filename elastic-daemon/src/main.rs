@@ -2,6 +2,9 @@
 //! every endpoint, and on SIGTERM or SIGINT stops accepting and lets
 //! in-flight requests finish up to `shutdown_grace`.
 
+// No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
+#![forbid(unsafe_code)]
+
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -100,8 +103,7 @@ fn main() -> ExitCode {
     if check {
         return check_only(&path, &mut config);
     }
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = onepool_os::geteuid() == 0;
     if let Some(endpoint) = preflight {
         // As root, the replica would run as root, and the replica key
         // file made here would be root's, which onepoold's user cannot read.

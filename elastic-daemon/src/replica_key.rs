@@ -60,8 +60,7 @@ fn read(path: &Path, meta: &std::fs::Metadata) -> Result<String, KeyError> {
     if !meta.file_type().is_file() {
         return Err(unsafe_file("not a regular file (a symbolic link is not followed)".into()));
     }
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = onepool_os::geteuid();
     if meta.uid() != me {
         return Err(unsafe_file(format!(
             "owned by uid {}, not by onepoold's user (uid {me}); fix: chown {me} {}",

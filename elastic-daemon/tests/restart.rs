@@ -110,8 +110,7 @@ fn add_replica(rt: &tokio::runtime::Runtime, control: &Path, replica: SocketAddr
 }
 
 fn signal(child: &Child, sig: i32) {
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, sig) };
+    onepool_os::signal(child.id(), sig).expect("signalling onepoold, our own child");
 }
 
 #[test]
@@ -150,7 +149,7 @@ fn restarts_and_an_upgrade_on_a_handed_over_socket_refuse_no_client() {
     // SIGTERM (systemctl restart): the old process stops accepting and
     // finishes what it holds; connections meanwhile wait in the backlog.
     let t_term = Instant::now();
-    signal(&daemon, libc::SIGTERM);
+    signal(&daemon, onepool_os::SIGTERM);
     assert!(daemon.wait().unwrap().success());
     daemon = start(&binary);
     std::thread::sleep(Duration::from_secs(1));
@@ -159,7 +158,7 @@ fn restarts_and_an_upgrade_on_a_handed_over_socket_refuse_no_client() {
     let upgraded = dir.join("onepoold-upgraded");
     std::fs::copy(&binary, &upgraded).unwrap();
     let t_upgrade = Instant::now();
-    signal(&daemon, libc::SIGTERM);
+    signal(&daemon, onepool_os::SIGTERM);
     assert!(daemon.wait().unwrap().success());
     daemon = start(&upgraded);
     std::thread::sleep(Duration::from_secs(1));
@@ -169,12 +168,12 @@ fn restarts_and_an_upgrade_on_a_handed_over_socket_refuse_no_client() {
 
     // SIGKILL: what the killed process held is lost, nothing else.
     let t_kill = Instant::now();
-    signal(&daemon, libc::SIGKILL);
+    signal(&daemon, onepool_os::SIGKILL);
     daemon.wait().unwrap();
     daemon = start(&binary);
     std::thread::sleep(Duration::from_secs(1));
     let all = clients.finish();
-    signal(&daemon, libc::SIGTERM);
+    signal(&daemon, onepool_os::SIGTERM);
     assert!(daemon.wait().unwrap().success());
     let after_kill: Vec<Outcome> = all.iter().filter(|(at, _)| *at >= t_kill).map(|(_, o)| o.clone()).collect();
     let lost = after_kill.iter().filter(|o| **o != Outcome::Status(200)).count();

@@ -64,14 +64,10 @@ fn kind(t: FileType) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
 
     fn mknod(path: &Path, major: u32, minor: u32) {
-        let c = CString::new(path.as_os_str().as_bytes()).unwrap();
-        // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-        let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(major, minor)) };
-        assert_eq!(rc, 0, "mknod {} c {major} {minor}: {}", path.display(), std::io::Error::last_os_error());
+        onepool_os::make_char_device(path, 0o600, major, minor)
+            .unwrap_or_else(|e| panic!("mknod {} c {major} {minor}: {e}", path.display()));
     }
 
     fn scratch_dir(name: &str) -> PathBuf {
@@ -83,8 +79,7 @@ mod tests {
 
     #[test]
     fn a_mknod_made_device_node_gives_its_minor_whatever_its_name() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if onepool_os::geteuid() != 0 {
             eprintln!("skipped: making device nodes needs root");
             return;
         }

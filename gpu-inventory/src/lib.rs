@@ -18,6 +18,9 @@
 //! a source where it is used and drop it there; do not carry an open
 //! [`NvmlSource`] across `fork()`, since NVML's state is not fork-safe.
 
+// No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
+#![forbid(unsafe_code)]
+
 pub mod devfile;
 pub mod device;
 pub mod error;

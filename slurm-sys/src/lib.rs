@@ -10,7 +10,6 @@
 //! `libslurmfull.so`; plugins look them up there when first needed.
 
 pub mod bindings;
-mod buffer;
 pub mod compat;
 pub mod entry;
 pub mod guard;
@@ -18,7 +17,9 @@ pub mod host;
 pub mod job_desc;
 pub mod log;
 pub mod node;
-pub mod os;
+/// The libc calls besides Slurm's, behind safe functions (one crate for
+/// the whole workspace).
+pub use onepool_os as os;
 pub mod release;
 pub mod spank;
 pub mod xstring;

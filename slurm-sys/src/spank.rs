@@ -287,13 +287,13 @@ pub const GETENV_MAX: usize = 1 << 20;
 /// ESPANK_NOSPACE, up to `max`; on success reads the NUL-terminated value
 /// (invalid UTF-8 replaced). The seam between the growth and Slurm.
 fn getenv_growing(first: usize, max: usize, mut get: impl FnMut(&mut [u8]) -> c_int) -> Result<String, c_int> {
-    crate::buffer::grow(first, max, |buf| match get(buf) {
+    onepool_os::grow(first, max, |buf| match get(buf) {
         0 => {
             let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
             Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
         }
-        rc if rc == slurm_err_t::ESPANK_NOSPACE as c_int => Err(crate::buffer::Grow::TooSmall(rc)),
-        rc => Err(crate::buffer::Grow::Failed(rc)),
+        rc if rc == slurm_err_t::ESPANK_NOSPACE as c_int => Err(onepool_os::Grow::TooSmall(rc)),
+        rc => Err(onepool_os::Grow::Failed(rc)),
     })
 }
 

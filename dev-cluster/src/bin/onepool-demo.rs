@@ -10,6 +10,9 @@
 //! a step does not happen or a request is lost. onepoold is stopped and the
 //! demo's jobs are cancelled on every way out; the cluster keeps running.
 
+// No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
+#![forbid(unsafe_code)]
+
 use std::fs;
 use std::io::{IsTerminal, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -301,8 +304,8 @@ impl Demo {
     fn stop_onepoold(&mut self) -> Option<String> {
         let mut child = self.onepoold.take()?;
         let pid = child.id() as i32;
-        // SAFETY: kill(2) on our own child, not yet reaped.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
+        // Our own child, not yet reaped.
+        let _ = onepool_os::signal(pid as u32, onepool_os::SIGTERM);
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(15) {
             if let Ok(Some(status)) = child.try_wait() {
@@ -715,8 +718,7 @@ struct Setup {
 
 /// Checks the cluster and the build, and lays out the demo's folder.
 fn setup(args: &Args) -> anyhow::Result<Setup> {
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
+    let uid = onepool_os::geteuid();
     if uid != 0 {
         bail!("run the demo as root (it submits protected jobs and adds a demo user), as README.md says");
     }

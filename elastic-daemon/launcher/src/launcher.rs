@@ -486,10 +486,10 @@ impl Drop for OpenConnection {
 
 /// SIGTERM to the server's process group, SIGKILL to it after `grace`.
 async fn stop(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
-    let group = child.id().map(|pid| -(pid as i32));
+    // The server leads its own process group.
+    let group = child.id();
     if let Some(g) = group {
-        // SAFETY: kill(2) on the process group our child leads.
-        unsafe { libc::kill(g, libc::SIGTERM) };
+        let _ = onepool_os::signal_group(g, onepool_os::SIGTERM);
     }
     let status = match tokio::time::timeout(grace, child.wait()).await {
         Ok(status) => status.ok(),
@@ -499,9 +499,9 @@ async fn stop(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
         }
     };
     if let Some(g) = group {
-        // What the server left behind in its group goes with it.
-        // SAFETY: as above; the group may be empty by now (ESRCH).
-        unsafe { libc::kill(g, libc::SIGKILL) };
+        // What the server left behind in its group goes with it (the
+        // group may be empty by now: ESRCH).
+        let _ = onepool_os::signal_group(g, onepool_os::SIGKILL);
     }
     status
 }

@@ -9,6 +9,9 @@
 //! the job's name and the note in its comment), so neither side links the
 //! other's code.
 
+// No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
+#![forbid(unsafe_code)]
+
 pub mod access;
 pub mod conventions;
 pub mod exit_cause;

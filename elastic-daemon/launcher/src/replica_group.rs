@@ -148,11 +148,10 @@ async fn notify_steps(cfg: &GroupConfig, children: &[(String, Option<u32>)]) {
 fn forward(children: &[(String, Option<u32>)], sig: libc::c_int) {
     for (node, pid) in children {
         if let Some(pid) = pid {
-            // SAFETY: kill(2) on a child of ours; a pid that already exited
-            // and was reaped is not reused before we stop caring.
-            let r = unsafe { libc::kill(*pid as libc::pid_t, sig) };
-            if r != 0 {
-                tracing::debug!(node, pid, "forwarding the notice: {}", std::io::Error::last_os_error());
+            // A child of ours: a pid that already exited and was reaped is
+            // not reused before we stop caring.
+            if let Err(e) = onepool_os::signal(*pid, sig) {
+                tracing::debug!(node, pid, "forwarding the notice: {e}");
             }
         }
     }
@@ -340,8 +339,8 @@ mod tests {
             assert!(t0.elapsed() < Duration::from_secs(10), "the steps did not start");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        // SAFETY: signalling our own process; run() has its handlers installed.
-        unsafe { libc::kill(libc::getpid(), libc::SIGUSR1) };
+        // Our own process; run() has its handlers installed.
+        onepool_os::signal(std::process::id(), onepool_os::SIGUSR1).unwrap();
         let code = tokio::time::timeout(Duration::from_secs(10), group).await.unwrap().unwrap().unwrap();
         assert_eq!(code, 0);
         let mut noticed: Vec<String> =

@@ -94,8 +94,8 @@ async fn launch_with(drain: Duration, env: &[&str]) -> (SocketAddr, Arc<Front>, 
 }
 
 fn notice() {
-    // SAFETY: raising a signal the launcher has a handler for.
-    unsafe { libc::raise(libc::SIGUSR1) };
+    // The launcher has its handler for it.
+    onepool_os::raise(onepool_os::SIGUSR1).unwrap();
 }
 
 /// The notice is a signal to the whole test process: every launcher

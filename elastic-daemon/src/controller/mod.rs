@@ -280,8 +280,7 @@ impl Controller {
             health_checked,
             settings,
             slurm,
-            // SAFETY: getuid has no preconditions.
-            uid: unsafe { libc::getuid() },
+            uid: onepool_os::getuid(),
             tracked: BTreeMap::new(),
             autoscaler,
             started: Instant::now(),

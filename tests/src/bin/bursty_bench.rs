@@ -34,6 +34,9 @@
 //! (SECONDS: replay only the trace's first SECONDS; --simulate-only: the
 //! simulator's rows alone, no cluster.)
 
+// No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

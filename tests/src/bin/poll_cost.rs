@@ -8,6 +8,9 @@
 //! Prints `WAY ms_median ms_p90 bytes jobs_listed own_jobs`, and for `user`
 //! `records ms` (the one-time admin comment reads of its own jobs).
 
+// No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
+#![forbid(unsafe_code)]
+
 use std::time::{Duration, Instant};
 
 use onepool_slurm_commands::adapter::{Commands, Slurm};

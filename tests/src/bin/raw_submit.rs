@@ -7,6 +7,9 @@
 //!        [--min-nodes N] [--max-nodes N] [--admin-comment TEXT] [--hold] NAME=VALUE...
 //! Prints the job id, or `error: <Slurm's error>` and exits 1.
 
+// No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
+#![forbid(unsafe_code)]
+
 use onepool_tests::libslurm::{Job, LibSlurm};
 
 fn main() {

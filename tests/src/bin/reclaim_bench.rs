@@ -16,6 +16,9 @@
 //!
 //! Usage: reclaim_bench CLUSTER_DIR ROUNDS
 
+// No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};

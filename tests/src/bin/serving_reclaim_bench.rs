@@ -20,6 +20,9 @@
 //!
 //! Usage: serving_reclaim_bench CLUSTER_DIR TRACE ROUNDS
 
+// No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};

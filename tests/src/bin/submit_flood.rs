@@ -4,6 +4,9 @@
 //! Usage: submit_flood N [--gpus G] [--qos Q] [--partition P] [--time MINUTES] [NAME=VALUE spank env...]
 //! Prints: `submitted N jobs in S s (R jobs/s), F refused`.
 
+// No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
+#![forbid(unsafe_code)]
+
 use std::time::Instant;
 
 use onepool_tests::libslurm::{Job, LibSlurm};

@@ -1,11 +1,7 @@
-//! The few libc calls the plugins make besides Slurm's, behind safe
-//! functions, so that the plugin crates carry no unsafe code: user and
-//! group lookups (NSS), process credentials, and signalling through a
-//! pidfd.
+//! Users, groups and this process's credentials: NSS lookups (which may
+//! block, so never on a Slurm daemon's hot path) and the uids.
 
 use std::ffi::{c_int, CStr, CString};
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use crate::buffer::{grow, Grow};
 
@@ -98,40 +94,6 @@ pub fn getuid() -> u32 {
     unsafe { libc::getuid() }
 }
 
-/// `pidfd_open(pid, 0)`: a descriptor that names this one process for as
-/// long as it is open. ENOSYS before Linux 5.3; ESRCH for no such process
-/// (or a pid out of `pid_t`'s range).
-pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
-    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
-    // SAFETY: pidfd_open(pid, flags) takes no pointers.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just returned this descriptor, which nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
-/// `pidfd_send_signal(fd, signal, NULL, 0)`: signals the process `fd`
-/// names, which cannot be another one even if its pid was reused.
-pub fn pidfd_send_signal(fd: &OwnedFd, signal: c_int) -> io::Result<()> {
-    // SAFETY: a valid pidfd, no siginfo (NULL), no flags.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd(),
-            signal,
-            std::ptr::null::<libc::siginfo_t>(),
-            0 as libc::c_uint,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,11 +140,5 @@ mod tests {
         let uids = status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap();
         let uids: Vec<u32> = uids.split_whitespace().map(|u| u.parse().unwrap()).collect();
         assert_eq!((getuid(), geteuid()), (uids[0], uids[1]));
-    }
-
-    #[test]
-    fn no_such_process_has_no_pidfd() {
-        let e = pidfd_open(u32::MAX).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::ESRCH));
     }
 }

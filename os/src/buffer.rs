@@ -4,7 +4,7 @@
 
 /// What one try at a call said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Grow<E> {
+pub enum Grow<E> {
     /// The buffer was too small; `E` is the error if it already was `max`.
     TooSmall(E),
     /// Any other failure, returned as it is.
@@ -13,11 +13,7 @@ pub(crate) enum Grow<E> {
 
 /// Calls `call` with a zeroed buffer of `first` bytes (at least 1),
 /// doubled while it answers [`Grow::TooSmall`], up to `max` bytes.
-pub(crate) fn grow<T, E>(
-    first: usize,
-    max: usize,
-    mut call: impl FnMut(&mut [u8]) -> Result<T, Grow<E>>,
-) -> Result<T, E> {
+pub fn grow<T, E>(first: usize, max: usize, mut call: impl FnMut(&mut [u8]) -> Result<T, Grow<E>>) -> Result<T, E> {
     let mut len = first.clamp(1, max.max(1));
     loop {
         let mut buf = vec![0u8; len];
