@@ -10,7 +10,7 @@
 bench_build() {
     bench_host bash scripts/install-deps.sh
     bench_host cargo build --release --quiet -p onepool-priority-plugin -p onepool-spank-plugin
-    bench_host cargo build --release --quiet -p onepool-dev-cluster -p onepool-tests --bins
+    bench_host cargo build --release --quiet -p onepool-dev-cluster -p onepool-tests -p onepool-bench --bins
     bench_enter_release "$@"
     dc=$target/release/onepool-devcluster
     dir=$target/bench-cluster

@@ -3,7 +3,7 @@
 # table grows: `squeue --json` (every job slurmctld holds; 22.05 ignores
 # -u/-j/-t with --json) against `squeue -u UID -O` (the daemon's own jobs),
 # side by side in one run. For each size, N held 1-GPU jobs of another user
-# are submitted (through libslurm, tests/src/bin/submit_flood.rs) beside 3
+# are submitted (through libslurm, bench/src/bin/submit_flood.rs) beside 3
 # replica-like jobs of the daemon's user; poll_cost times each read, and
 # sdiag gives slurmctld's RPCs and its own time for them.
 # Release builds; its own cluster in target/bench-cluster (target/slurm-RELEASE/ on another release).
