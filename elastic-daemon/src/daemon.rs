@@ -20,6 +20,7 @@ use onepool_router::access_log::AccessLog;
 use onepool_router::endpoint::{Endpoint, QueueSettings};
 use onepool_router::metrics::Metrics;
 use onepool_router::proxy::{BodyBudget, Dispatch, Target};
+use onepool_router::settings::ConnSettings;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -87,49 +88,8 @@ impl Daemon {
             None => None,
         };
         let (tx, rx) = watch::channel(false);
-        let mut endpoints = BTreeMap::new();
-        let mut targets = HashMap::new();
-        let mut listeners = Vec::new();
-        for e in &config.endpoints {
-            let listener = match e.listen {
-                None => None,
-                Some(address) => {
-                    Some(inherited::bind(&mut inherited, address).await.map_err(|source| StartError::Listen {
-                        endpoint: e.name.clone(),
-                        address,
-                        source,
-                    })?)
-                }
-            };
-            let listen = listener.as_ref().map(|l| l.local_addr()).transpose().ok().flatten().or(e.listen);
-            let endpoint = Endpoint::new(
-                &e.name,
-                e.replica_concurrency,
-                QueueSettings { size: e.queue_size, timeout: e.queue_timeout },
-                e.thresholds,
-                metrics.clone(),
-            );
-            if let (Some(key), true) = (&replica_key, e.replicas.is_some() || config.replica_key_named) {
-                if let Ok(v) = http::HeaderValue::from_str(key) {
-                    endpoint.set_replica_key(v);
-                }
-            }
-            endpoints.insert(
-                e.name.clone(),
-                RoutedEndpoint {
-                    endpoint: endpoint.clone(),
-                    health_checked: e.health.is_some(),
-                    listen,
-                    replica_jobs: None,
-                },
-            );
-            let target =
-                Target::new(endpoint.clone(), e.proxy.clone(), metrics.clone(), budget.clone(), access.clone());
-            targets.insert(e.name.clone(), target.clone());
-            if let Some(l) = listener {
-                listeners.push((l, Arc::new(Dispatch::Single(target)), e.proxy.conn()));
-            }
-        }
+        let Routes { mut endpoints, targets, mut listeners } =
+            routes(&config, &mut inherited, replica_key.as_deref(), &metrics, &budget, &access).await?;
         let mut shared = Vec::new();
         for l in &config.listeners {
             let listener = inherited::bind(&mut inherited, l.listen)
@@ -147,62 +107,10 @@ impl Daemon {
         };
         let metrics_address = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
         let control_listener = control::bind(&config.control_socket, config.control_socket_mode)?;
-        let mut runs = Vec::new();
-        if config.endpoints.iter().any(|e| e.replicas.is_some()) {
-            let mut env: Vec<(String, String)> =
-                config.slurm_conf.iter().map(|p| ("SLURM_CONF".to_string(), p.display().to_string())).collect();
-            // To the replica jobs through sbatch's environment (the job's
-            // user and root alone can read a job's environment; a command
-            // line every user on this host can).
-            if let Some(key) = &replica_key {
-                env.push((onepool_launcher::conventions::REPLICA_KEY_ENV.to_string(), key.clone()));
-            }
-            let runner = onepool_slurm_commands::SystemRunner { timeout: Duration::from_secs(30), env };
-            // Controllers that poll within a quarter of the shortest poll
-            // interval share one read of Slurm.
-            let share = config
-                .endpoints
-                .iter()
-                .filter_map(|e| e.replicas.as_ref().map(|r| r.poll_interval))
-                .min()
-                .unwrap_or_default()
-                / 4;
-            let commands = onepool_slurm_commands::adapter::Commands { runner };
-            let slurm: SharedSlurm = Arc::new(onepool_slurm_commands::adapter::Coalesced::new(commands, share));
-            for e in &config.endpoints {
-                let Some(settings) = e.replicas.clone() else { continue };
-                let Some(routed) = endpoints.get_mut(&e.name) else { continue };
-                let (controller, view) =
-                    Controller::new(&e.name, routed.endpoint.clone(), routed.health_checked, settings, slurm.clone());
-                routed.replica_jobs = Some(view);
-                runs.push(controller);
-            }
-        }
+        let runs = controllers(&config, replica_key.as_deref(), &mut endpoints);
         let router = Arc::new(Router { endpoints });
-        let mut tasks = Vec::new();
-        for e in &config.endpoints {
-            if let Some(check) = e.health.clone() {
-                let endpoint = router.endpoints[&e.name].endpoint.clone();
-                tasks.push(tokio::spawn(onepool_router::health::run(endpoint, check, rx.clone())));
-            }
-        }
-        for controller in runs {
-            tasks.push(tokio::spawn(controller.run(rx.clone())));
-        }
-        for (listener, dispatch, conn) in listeners {
-            if let Some(tls) = conn.tls.clone() {
-                let every = onepool_router::tls::RELOAD_EVERY;
-                tasks.push(tokio::spawn(onepool_router::tls::keep_fresh(tls, every, rx.clone())));
-            }
-            let (metrics, rx, grace) = (metrics.clone(), rx.clone(), config.shutdown_grace);
-            tasks.push(tokio::spawn(async move {
-                onepool_router::proxy::serve(listener, dispatch, conn, &metrics, rx, grace).await
-            }));
-        }
-        tasks.push(tokio::spawn(control::serve(control_listener, router.clone(), rx.clone())));
-        if let Some(l) = metrics_listener {
-            tasks.push(tokio::spawn(serve_metrics(l, metrics.clone(), config.metrics_auth.clone(), rx.clone())));
-        }
+        let serving = Serving { listeners, control: control_listener, metrics: metrics_listener };
+        let tasks = spawn(&config, &router, runs, serving, &metrics, &rx);
         Ok(Daemon {
             router,
             metrics,
@@ -236,6 +144,149 @@ impl Daemon {
         }
         let _ = std::fs::remove_file(&self.control_socket);
     }
+}
+
+/// A listener with what it serves and how.
+type Listening = (TcpListener, Arc<Dispatch>, ConnSettings);
+
+/// Each endpoint's router, its proxy target, and the listener of those
+/// with an address of their own.
+struct Routes {
+    endpoints: BTreeMap<String, RoutedEndpoint>,
+    targets: HashMap<String, Arc<Target>>,
+    listeners: Vec<Listening>,
+}
+
+async fn routes(
+    config: &Config,
+    inherited: &mut Inherited,
+    replica_key: Option<&str>,
+    metrics: &Arc<Metrics>,
+    budget: &Arc<BodyBudget>,
+    access: &Option<Arc<AccessLog>>,
+) -> Result<Routes, StartError> {
+    let mut r = Routes { endpoints: BTreeMap::new(), targets: HashMap::new(), listeners: Vec::new() };
+    for e in &config.endpoints {
+        let listener = match e.listen {
+            None => None,
+            Some(address) => Some(inherited::bind(inherited, address).await.map_err(|source| StartError::Listen {
+                endpoint: e.name.clone(),
+                address,
+                source,
+            })?),
+        };
+        let listen = listener.as_ref().map(|l| l.local_addr()).transpose().ok().flatten().or(e.listen);
+        let endpoint = Endpoint::new(
+            &e.name,
+            e.replica_concurrency,
+            QueueSettings { size: e.queue_size, timeout: e.queue_timeout },
+            e.thresholds,
+            metrics.clone(),
+        );
+        if let (Some(key), true) = (replica_key, e.replicas.is_some() || config.replica_key_named) {
+            if let Ok(v) = http::HeaderValue::from_str(key) {
+                endpoint.set_replica_key(v);
+            }
+        }
+        let routed = RoutedEndpoint {
+            endpoint: endpoint.clone(),
+            health_checked: e.health.is_some(),
+            listen,
+            replica_jobs: None,
+        };
+        r.endpoints.insert(e.name.clone(), routed);
+        let target = Target::new(endpoint, e.proxy.clone(), metrics.clone(), budget.clone(), access.clone());
+        r.targets.insert(e.name.clone(), target.clone());
+        if let Some(l) = listener {
+            r.listeners.push((l, Arc::new(Dispatch::Single(target)), e.proxy.conn()));
+        }
+    }
+    Ok(r)
+}
+
+/// A replica controller per endpoint with `[endpoint.replicas]`, all on one
+/// shared read of Slurm; each endpoint's router gets its controller's view.
+fn controllers(
+    config: &Config,
+    replica_key: Option<&str>,
+    endpoints: &mut BTreeMap<String, RoutedEndpoint>,
+) -> Vec<Controller> {
+    let mut runs = Vec::new();
+    if config.endpoints.iter().any(|e| e.replicas.is_some()) {
+        let mut env: Vec<(String, String)> =
+            config.slurm_conf.iter().map(|p| ("SLURM_CONF".to_string(), p.display().to_string())).collect();
+        // To the replica jobs through sbatch's environment (the job's
+        // user and root alone can read a job's environment; a command
+        // line every user on this host can).
+        if let Some(key) = &replica_key {
+            env.push((onepool_launcher::conventions::REPLICA_KEY_ENV.to_string(), key.to_string()));
+        }
+        let runner = onepool_slurm_commands::SystemRunner { timeout: Duration::from_secs(30), env };
+        // Controllers that poll within a quarter of the shortest poll
+        // interval share one read of Slurm.
+        let share = config
+            .endpoints
+            .iter()
+            .filter_map(|e| e.replicas.as_ref().map(|r| r.poll_interval))
+            .min()
+            .unwrap_or_default()
+            / 4;
+        let commands = onepool_slurm_commands::adapter::Commands { runner };
+        let slurm: SharedSlurm = Arc::new(onepool_slurm_commands::adapter::Coalesced::new(commands, share));
+        for e in &config.endpoints {
+            let Some(settings) = e.replicas.clone() else { continue };
+            let Some(routed) = endpoints.get_mut(&e.name) else { continue };
+            let (controller, view) =
+                Controller::new(&e.name, routed.endpoint.clone(), routed.health_checked, settings, slurm.clone());
+            routed.replica_jobs = Some(view);
+            runs.push(controller);
+        }
+    }
+    runs
+}
+
+/// The sockets the daemon serves on besides the endpoints' own.
+struct Serving {
+    listeners: Vec<Listening>,
+    control: tokio::net::UnixListener,
+    metrics: Option<TcpListener>,
+}
+
+/// Every task of a running daemon: health checks, controllers, proxies (and
+/// their certificates kept fresh), the control socket and the metrics.
+fn spawn(
+    config: &Config,
+    router: &Arc<Router>,
+    runs: Vec<Controller>,
+    serving: Serving,
+    metrics: &Arc<Metrics>,
+    rx: &watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for e in &config.endpoints {
+        if let Some(check) = e.health.clone() {
+            let endpoint = router.endpoints[&e.name].endpoint.clone();
+            tasks.push(tokio::spawn(onepool_router::health::run(endpoint, check, rx.clone())));
+        }
+    }
+    for controller in runs {
+        tasks.push(tokio::spawn(controller.run(rx.clone())));
+    }
+    for (listener, dispatch, conn) in serving.listeners {
+        if let Some(tls) = conn.tls.clone() {
+            let every = onepool_router::tls::RELOAD_EVERY;
+            tasks.push(tokio::spawn(onepool_router::tls::keep_fresh(tls, every, rx.clone())));
+        }
+        let (metrics, rx, grace) = (metrics.clone(), rx.clone(), config.shutdown_grace);
+        tasks.push(tokio::spawn(async move {
+            onepool_router::proxy::serve(listener, dispatch, conn, &metrics, rx, grace).await
+        }));
+    }
+    tasks.push(tokio::spawn(control::serve(serving.control, router.clone(), rx.clone())));
+    if let Some(l) = serving.metrics {
+        tasks.push(tokio::spawn(serve_metrics(l, metrics.clone(), config.metrics_auth.clone(), rx.clone())));
+    }
+    tasks
 }
 
 /// The metrics listener (loopback only). With `auth`, a scrape must carry

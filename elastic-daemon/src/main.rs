@@ -128,7 +128,16 @@ fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
-    let findings = onepool_elastic_daemon::policy_check::check(&config);
+    if !fits_policy(&config) {
+        return ExitCode::FAILURE;
+    }
+    serve(config, inherited)
+}
+
+/// The replica settings checked against the policy: warnings logged,
+/// errors printed; `false` when onepoold must not start.
+fn fits_policy(config: &config::Config) -> bool {
+    let findings = onepool_elastic_daemon::policy_check::check(config);
     for w in &findings.warnings {
         tracing::warn!("{w}");
     }
@@ -137,8 +146,13 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
         }
         eprintln!("onepoold: not started: the replica settings do not fit the policy");
-        return ExitCode::FAILURE;
+        return false;
     }
+    true
+}
+
+/// Serves until SIGTERM or SIGINT, then lets in-flight requests finish.
+fn serve(config: config::Config, inherited: onepool_elastic_daemon::inherited::Inherited) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

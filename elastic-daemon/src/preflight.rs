@@ -180,27 +180,7 @@ async fn follow(
             let Some(port) = ReplicaNote::decode(&d.comment).and_then(|n| n.port(settings.port_range.0)) else {
                 continue;
             };
-            let (s, job) = (slurm.clone(), p.job);
-            let node =
-                blocking(move || s.jobs().map(|js| js.into_iter().find(|j| j.job_id == job).map(|j| j.batch_host)))
-                    .await
-                    .and_then(Result::ok)
-                    .flatten();
-            let Some(node) = node.filter(|n| !n.is_empty()) else { continue };
-            let s = slurm.clone();
-            let nodes = blocking(move || s.nodes()).await.and_then(Result::ok).unwrap_or_default();
-            let host = nodes.iter().find(|n| n.name == node).map_or(node.clone(), |n| {
-                if n.address.is_empty() {
-                    n.name.clone()
-                } else {
-                    n.address.clone()
-                }
-            });
-            let address = match host.parse::<IpAddr>() {
-                Ok(ip) => Some(SocketAddr::new(ip, port)),
-                Err(_) => tokio::net::lookup_host((host.as_str(), port)).await.ok().and_then(|mut a| a.next()),
-            };
-            let Some(address) = address else { continue };
+            let Some((node, address)) = where_it_listens(slurm, p.job, port).await else { continue };
             p.node = Some(node);
             p.listening = Some((address, secs()));
         }
@@ -223,6 +203,36 @@ async fn follow(
             Err(e) => tracing::debug!("preflight chat completion: {e}"),
         }
     }
+}
+
+/// The node job `job` runs on and the address its launcher's `port` has
+/// there (the node's NodeAddr, else its name resolved); `None` until
+/// Slurm says where it runs.
+async fn where_it_listens(
+    slurm: &std::sync::Arc<Commands<SystemRunner>>,
+    job: u32,
+    port: u16,
+) -> Option<(String, SocketAddr)> {
+    let s = slurm.clone();
+    let node = blocking(move || s.jobs().map(|js| js.into_iter().find(|j| j.job_id == job).map(|j| j.batch_host)))
+        .await
+        .and_then(Result::ok)
+        .flatten()
+        .filter(|n| !n.is_empty())?;
+    let s = slurm.clone();
+    let nodes = blocking(move || s.nodes()).await.and_then(Result::ok).unwrap_or_default();
+    let host = nodes.iter().find(|n| n.name == node).map_or(node.clone(), |n| {
+        if n.address.is_empty() {
+            n.name.clone()
+        } else {
+            n.address.clone()
+        }
+    });
+    let address = match host.parse::<IpAddr>() {
+        Ok(ip) => Some(SocketAddr::new(ip, port)),
+        Err(_) => tokio::net::lookup_host((host.as_str(), port)).await.ok().and_then(|mut a| a.next()),
+    }?;
+    Some((node, address))
 }
 
 /// The most of a replica's answer preflight reads: a model list or a

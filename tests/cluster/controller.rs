@@ -98,6 +98,7 @@ fn ready_ports(d: &Daemon) -> BTreeSet<u16> {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "one scenario on a real cluster, read top to bottom")]
 fn the_daemon_runs_scales_and_re_adopts_its_replica_jobs_and_touches_nothing_else() {
     let c = cluster();
     let _cleanup = Cleanup(c);

@@ -238,6 +238,7 @@ enum Outcome {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "one scenario on a real cluster, read top to bottom")]
 fn scontrol_update_of_every_field_keeps_the_job_in_its_class() {
     use Outcome::*;
     let c = cluster();

@@ -70,6 +70,7 @@ fn three(c: &TestCluster, args: &[&str]) -> Vec<u32> {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "one scenario on a real cluster, read top to bottom")]
 fn the_report_lists_each_reclaim_as_it_happened_and_failed_replicas_as_failures() {
     let c = cluster();
     let _cleanup = Cleanup(c);

@@ -115,6 +115,7 @@ fn get(address: SocketAddr, path: &str, fields: &str) -> Option<u16> {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "one scenario on a real cluster, read top to bottom")]
 fn squatted_ports_and_keyless_or_administrative_requests_leave_protected_serving_untouched() {
     let c = cluster();
     let _cleanup = Cleanup(c);
@@ -252,6 +253,7 @@ fn endpoint(
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "one scenario on a real cluster, read top to bottom")]
 fn replicas_that_cannot_start_back_off_say_why_and_come_back_once_fixed() {
     let c = cluster();
     let _cleanup = Cleanup(c);

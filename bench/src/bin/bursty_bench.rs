@@ -129,10 +129,8 @@ fn load_trace(path: &std::path::Path, limit: f64) -> Trace {
     t
 }
 
-fn run(c: &TestCluster, v: Variant, trace: Trace, policy: &std::path::Path, dir: &std::path::Path) -> Outcome {
-    c.cancel_all();
-    let fill = c.sbatch(&["--workload=training", "-N1", "--gpus-per-node=4", "--time=60", "--wrap", "sleep 3600"]);
-    c.wait_state(fill, "RUNNING", Duration::from_secs(30));
+/// onepoold's configuration for variant `v`, written in `dir`.
+fn write_config(c: &TestCluster, v: Variant, policy: &std::path::Path, dir: &std::path::Path) -> std::path::PathBuf {
     let slurm_conf = c.cluster.env().into_iter().find(|(k, _)| k == "SLURM_CONF").expect("SLURM_CONF").1;
     let command = format!(
         "env ONEPOOL_MODEL_LOAD_SECONDS={MODEL_LOAD_S} ONEPOOL_SECONDS_PER_TOKEN={PER_TOKEN} python3 {}",
@@ -165,6 +163,14 @@ fn run(c: &TestCluster, v: Variant, trace: Trace, policy: &std::path::Path, dir:
     config.endpoints[0].replica_concurrency = Some(16);
     let path = dir.join("onepoold.toml");
     config.write(&path).unwrap();
+    path
+}
+
+fn run(c: &TestCluster, v: Variant, trace: Trace, policy: &std::path::Path, dir: &std::path::Path) -> Outcome {
+    c.cancel_all();
+    let fill = c.sbatch(&["--workload=training", "-N1", "--gpus-per-node=4", "--time=60", "--wrap", "sleep 3600"]);
+    c.wait_state(fill, "RUNNING", Duration::from_secs(30));
+    let path = write_config(c, v, policy, dir);
     let rt = runtime();
     let d = start_daemon(&rt, &path);
     let ready = match v {

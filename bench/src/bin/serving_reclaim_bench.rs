@@ -252,6 +252,34 @@ fn speed_for(trace: &Trace, rate: f64) -> f64 {
     hi
 }
 
+/// Why requests failed, and when relative to the protected job's
+/// submission and its start: "N x why (when)", in the order of their text.
+fn failures_by_cause(requests: &[Request], submitted: f64, capacity: f64) -> Vec<String> {
+    let in_flight_at = |r: &Request| r.sent < submitted && r.ended > submitted;
+    let mut failures: Vec<String> = Vec::new();
+    for r in requests.iter().filter(|r| r.failure.is_some()) {
+        let when = if in_flight_at(r) {
+            "in flight"
+        } else if r.sent >= submitted && r.sent < capacity {
+            "during the wait"
+        } else if r.sent >= capacity {
+            "after"
+        } else {
+            "before"
+        };
+        failures.push(format!("{} ({when})", r.failure.as_deref().unwrap_or_default()));
+    }
+    failures.sort();
+    let mut counted: Vec<(String, usize)> = Vec::new();
+    for f in failures {
+        match counted.last_mut() {
+            Some((g, n)) if *g == f => *n += 1,
+            _ => counted.push((f, 1)),
+        }
+    }
+    counted.iter().map(|(f, n)| format!("{n} x {f}")).collect()
+}
+
 fn round(
     c: &TestCluster,
     v: Variant,
@@ -317,32 +345,10 @@ fn round(
         .filter(|r| in_flight_at(r) && r.failure.is_none())
         .map(|r| r.ended - submitted)
         .fold(0.0, f64::max);
-    // Why requests failed, and when relative to the protected job.
-    let mut failures: Vec<String> = Vec::new();
-    for r in requests.iter().filter(|r| r.failure.is_some()) {
-        let when = if in_flight_at(r) {
-            "in flight"
-        } else if r.sent >= submitted && r.sent < capacity {
-            "during the wait"
-        } else if r.sent >= capacity {
-            "after"
-        } else {
-            "before"
-        };
-        failures.push(format!("{} ({when})", r.failure.as_deref().unwrap_or_default()));
-    }
-    failures.sort();
-    let mut counted: Vec<(String, usize)> = Vec::new();
-    for f in failures {
-        match counted.last_mut() {
-            Some((g, n)) if *g == f => *n += 1,
-            _ => counted.push((f, 1)),
-        }
-    }
     let sent = || requests.iter().map(|r| r.sent);
     let span = sent().fold(f64::MIN, f64::max) - sent().fold(f64::MAX, f64::min);
     Round {
-        failures: counted.iter().map(|(f, n)| format!("{n} x {f}")).collect(),
+        failures: failures_by_cause(&requests, submitted, capacity),
         offered: requests.len() as f64 / span.max(1e-9),
         router_503,
         ttc,
@@ -423,41 +429,52 @@ fn main() {
             std::fs::create_dir_all(&front_dir).unwrap();
             let res = round(&c, *v, &server, (&trace, speed), port, &front_dir);
             port += 10;
-            println!(
-                "  round {} {:<38} time to capacity {:>5.2} s (longest in flight {:>5.2} s); failed: in flight {}/{}, \
-                 arrived during the wait {}/{}, all {}/{}",
-                r + 1,
-                v.name(),
-                res.ttc,
-                res.longest,
-                res.in_flight.0,
-                res.in_flight.1,
-                res.during.0,
-                res.during.1,
-                res.total.0,
-                res.total.1
-            );
-            println!(
-                "      offered {:.2} req/s: {:.0}% of 3 replicas' capacity, {:.0}% of the 2 left after the reclaim",
-                res.offered,
-                100.0 * res.offered / (3.0 * per_replica).max(1e-9),
-                100.0 * res.offered / (2.0 * per_replica).max(1e-9)
-            );
-            if !res.failures.is_empty() {
-                println!("      failed: {}", res.failures.join("; "));
-            }
-            if !res.router_503.is_empty() {
-                println!("      onepoold's 503s by reason: {}", res.router_503.join(", "));
-            }
+            print_round(r, *v, &res, per_replica);
             results[i].push(res);
         }
     }
+    print_summary(&variants, &results);
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// One round's line, and its offered load against the capacity left.
+fn print_round(r: usize, v: Variant, res: &Round, per_replica: f64) {
+    println!(
+        "  round {} {:<38} time to capacity {:>5.2} s (longest in flight {:>5.2} s); failed: in flight {}/{}, \
+         arrived during the wait {}/{}, all {}/{}",
+        r + 1,
+        v.name(),
+        res.ttc,
+        res.longest,
+        res.in_flight.0,
+        res.in_flight.1,
+        res.during.0,
+        res.during.1,
+        res.total.0,
+        res.total.1
+    );
+    println!(
+        "      offered {:.2} req/s: {:.0}% of 3 replicas' capacity, {:.0}% of the 2 left after the reclaim",
+        res.offered,
+        100.0 * res.offered / (3.0 * per_replica).max(1e-9),
+        100.0 * res.offered / (2.0 * per_replica).max(1e-9)
+    );
+    if !res.failures.is_empty() {
+        println!("      failed: {}", res.failures.join("; "));
+    }
+    if !res.router_503.is_empty() {
+        println!("      onepoold's 503s by reason: {}", res.router_503.join(", "));
+    }
+}
+
+/// Each variant's medians and losses over every round.
+fn print_summary(variants: &[Variant], results: &[Vec<Round>]) {
     println!();
     println!(
         "{:<38} {:>14} {:>18} {:>16} {:>18} {:>12}",
         "variant", "median TTC s", "median longest s", "lost in flight", "lost during wait", "lost of all"
     );
-    for (v, rs) in variants.iter().zip(&results) {
+    for (v, rs) in variants.iter().zip(results) {
         let sum = |f: &dyn Fn(&Round) -> (usize, usize)| rs.iter().map(f).fold((0, 0), |(a, b), (x, y)| (a + x, b + y));
         let (fl, dw, all) = (sum(&|r| r.in_flight), sum(&|r| r.during), sum(&|r| r.total));
         println!(
@@ -470,5 +487,4 @@ fn main() {
             format!("{}/{}", all.0, all.1)
         );
     }
-    let _ = std::fs::remove_dir_all(&scratch);
 }

@@ -546,40 +546,9 @@ pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, Laun
         Ok(k) if k.len() >= 16 => k,
         _ => crate::access::random_key().map_err(LauncherError::Key)?,
     };
-    let mut usr1 = signal(SignalKind::user_defined1()).map_err(LauncherError::Signals)?;
-    let mut term = signal(SignalKind::terminate()).map_err(LauncherError::Signals)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(LauncherError::Signals)?;
-    // The notice of a replica in a per-node job (crate::replica_group):
-    // Slurm signals every process of a step, and SIGURG, unlike SIGUSR1,
-    // leaves a model server that does not handle it running.
-    let mut urg = signal(SignalKind::from_raw(libc::SIGURG)).map_err(LauncherError::Signals)?;
+    let mut notices = Notices::install()?;
     let oom_before = exit_cause::oom_kills();
-    let mut command = Command::new(program);
-    command
-        .args(args)
-        .env("ONEPOOL_BACKEND_PORT", backend.port().to_string())
-        .env(BACKEND_KEY_ENV, &backend_key)
-        // onepoold's key is for this process only.
-        .env_remove(REPLICA_KEY_ENV)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own process group, so that stopping it reaches the worker
-        // processes servers such as vLLM fork (they hold GPUs too).
-        .process_group(0)
-        .kill_on_drop(true);
-    for alias in BACKEND_KEY_ALIASES {
-        command.env(alias, &backend_key);
-    }
-    let mut child = command.spawn().map_err(|source| LauncherError::Spawn { cmd: cfg.command.join(" "), source })?;
-    let tail = Arc::new(Mutex::new(OutputTail::default()));
-    let mut copies = tokio::task::JoinSet::new();
-    if let Some(out) = child.stdout.take() {
-        copies.spawn(copy_output(out, tail.clone()));
-    }
-    if let Some(err) = child.stderr.take() {
-        copies.spawn(copy_output(err, tail.clone()));
-    }
+    let mut server = Server::spawn(&cfg, program, args, backend, &backend_key)?;
     let front_cfg = Arc::new(FrontConfig {
         backend,
         access: cfg.access.clone(),
@@ -591,28 +560,126 @@ pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, Laun
     let mut note = ReplicaNote::default();
     cfg.report.listening(&mut note, listening.port()).await;
     let which = tokio::select! {
-        status = child.wait() => {
+        status = server.child.wait() => {
             front_task.abort();
-            // What the server printed last, up to a moment after it ended
-            // (a process it left behind may hold its pipes open).
-            let _ = tokio::time::timeout(Duration::from_secs(1), async { while copies.join_next().await.is_some() {} }).await;
-            let ended = match status {
-                Ok(status) => Ended {
-                    cause: exit_cause::describe(status, oom_before, exit_cause::oom_kills()),
-                    code: exit_cause::exit_code(status),
-                    tail: tail.lock().unwrap_or_else(|e| e.into_inner()).lines(),
-                },
-                Err(e) => Ended { cause: format!("cannot wait for the server: {e}"), code: 1, tail: Vec::new() },
-            };
+            let ended = server.ended(status, oom_before).await;
             tracing::error!(cause = %ended.cause, "the model server ended by itself");
             cfg.report.ended(&mut note, &ended.report()).await;
             return Ok(Outcome::ServerExited(ended));
         }
-        _ = usr1.recv() => ("SIGUSR1", libc::SIGUSR1),
-        _ = term.recv() => ("SIGTERM", libc::SIGTERM),
-        _ = int.recv() => ("SIGINT", libc::SIGINT),
-        _ = urg.recv() => ("SIGURG", libc::SIGURG),
+        which = notices.next() => which,
     };
+    let outcome = drain(&cfg, &state, which, &mut server.child, &mut note).await;
+    front_task.abort();
+    Ok(outcome)
+}
+
+/// The signals that tell a replica to yield.
+struct Notices {
+    usr1: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    /// The notice of a replica in a per-node job (crate::replica_group):
+    /// Slurm signals every process of a step, and SIGURG, unlike SIGUSR1,
+    /// leaves a model server that does not handle it running.
+    urg: tokio::signal::unix::Signal,
+}
+
+impl Notices {
+    fn install() -> Result<Notices, LauncherError> {
+        let on = |kind| signal(kind).map_err(LauncherError::Signals);
+        Ok(Notices {
+            usr1: on(SignalKind::user_defined1())?,
+            term: on(SignalKind::terminate())?,
+            int: on(SignalKind::interrupt())?,
+            urg: on(SignalKind::from_raw(libc::SIGURG))?,
+        })
+    }
+
+    /// The first notice to come, by name and number.
+    async fn next(&mut self) -> (&'static str, libc::c_int) {
+        tokio::select! {
+            _ = self.usr1.recv() => ("SIGUSR1", libc::SIGUSR1),
+            _ = self.term.recv() => ("SIGTERM", libc::SIGTERM),
+            _ = self.int.recv() => ("SIGINT", libc::SIGINT),
+            _ = self.urg.recv() => ("SIGURG", libc::SIGURG),
+        }
+    }
+}
+
+/// The model server's process and what it printed last.
+struct Server {
+    child: tokio::process::Child,
+    tail: Arc<Mutex<OutputTail>>,
+    copies: tokio::task::JoinSet<()>,
+}
+
+impl Server {
+    fn spawn(
+        cfg: &LauncherConfig,
+        program: &str,
+        args: &[String],
+        backend: SocketAddr,
+        backend_key: &str,
+    ) -> Result<Server, LauncherError> {
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .env("ONEPOOL_BACKEND_PORT", backend.port().to_string())
+            .env(BACKEND_KEY_ENV, backend_key)
+            // onepoold's key is for this process only.
+            .env_remove(REPLICA_KEY_ENV)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group, so that stopping it reaches the worker
+            // processes servers such as vLLM fork (they hold GPUs too).
+            .process_group(0)
+            .kill_on_drop(true);
+        for alias in BACKEND_KEY_ALIASES {
+            command.env(alias, backend_key);
+        }
+        let mut child =
+            command.spawn().map_err(|source| LauncherError::Spawn { cmd: cfg.command.join(" "), source })?;
+        let tail = Arc::new(Mutex::new(OutputTail::default()));
+        let mut copies = tokio::task::JoinSet::new();
+        if let Some(out) = child.stdout.take() {
+            copies.spawn(copy_output(out, tail.clone()));
+        }
+        if let Some(err) = child.stderr.take() {
+            copies.spawn(copy_output(err, tail.clone()));
+        }
+        Ok(Server { child, tail, copies })
+    }
+
+    /// Why the server ended by itself, with what it printed last, up to a
+    /// moment after it ended (a process it left behind may hold its pipes
+    /// open).
+    async fn ended(&mut self, status: std::io::Result<ExitStatus>, oom_before: Option<u64>) -> Ended {
+        let copies = &mut self.copies;
+        let _ =
+            tokio::time::timeout(Duration::from_secs(1), async { while copies.join_next().await.is_some() {} }).await;
+        match status {
+            Ok(status) => Ended {
+                cause: exit_cause::describe(status, oom_before, exit_cause::oom_kills()),
+                code: exit_cause::exit_code(status),
+                tail: self.tail.lock().unwrap_or_else(|e| e.into_inner()).lines(),
+            },
+            Err(e) => Ended { cause: format!("cannot wait for the server: {e}"), code: 1, tail: Vec::new() },
+        }
+    }
+}
+
+/// After a notice: stops routing new requests, lets those in flight finish
+/// up to the drain timeout, stops the server, and records the drain in the
+/// job's comment.
+async fn drain(
+    cfg: &LauncherConfig,
+    state: &Front,
+    which: (&'static str, libc::c_int),
+    child: &mut tokio::process::Child,
+    note: &mut ReplicaNote,
+) -> Outcome {
     let notice = (std::time::SystemTime::now(), Instant::now());
     state.start_draining();
     let in_flight_at_notice = state.in_flight();
@@ -657,7 +724,6 @@ pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, Laun
         turned_away: state.turned_away.load(Ordering::SeqCst),
         took_ms: notice.1.elapsed().as_millis() as u64,
     };
-    tokio::join!(stop(&mut child, grace), cfg.report.drained(&mut note, drain));
-    front_task.abort();
-    Ok(outcome)
+    tokio::join!(stop(child, grace), cfg.report.drained(note, drain));
+    outcome
 }
