@@ -14,7 +14,6 @@ pub mod layout;
 pub mod model_server;
 pub mod onepoold;
 pub mod process;
-pub mod replay;
 pub mod spec;
 pub mod templates;
 

@@ -40,7 +40,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use onepool_dev_cluster::replay::{ChatShape, Load, Trace};
+use onepool_loadgen::{ChatShape, Load, Trace};
 use onepool_elastic_daemon::config::WarmFile;
 use onepool_simulator::compare::{self, Settings};
 use onepool_simulator::input::OnBadRow;
@@ -234,8 +234,8 @@ fn run(c: &TestCluster, v: Variant, trace: Trace, policy: &std::path::Path, dir:
     let reqs = load.requests();
     let ok: Vec<_> = reqs.iter().filter(|r| r.failure.is_none()).collect();
     let delay =
-        |r: &&onepool_dev_cluster::replay::Request| ((r.ended - r.sent) - f64::from(r.max_tokens) * PER_TOKEN).max(0.0);
-    let in_burst = |r: &&&onepool_dev_cluster::replay::Request| in_burst_second(r.sent);
+        |r: &&onepool_loadgen::Request| ((r.ended - r.sent) - f64::from(r.max_tokens) * PER_TOKEN).max(0.0);
+    let in_burst = |r: &&&onepool_loadgen::Request| in_burst_second(r.sent);
     Outcome {
         delays: ok.iter().map(delay).collect(),
         burst_delays: ok.iter().filter(in_burst).map(delay).collect(),

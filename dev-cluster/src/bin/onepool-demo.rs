@@ -33,7 +33,7 @@ use onepool_elastic_daemon::config::{AccessLogFile, ConfigFile, EndpointFile, He
 #[path = "../demo/watch.rs"]
 mod watch;
 
-use onepool_dev_cluster::replay::{ChatShape, Load, Trace};
+use onepool_loadgen::{ChatShape, Load, Trace};
 use watch::{Kind, Target, Timeline, Watch};
 
 const ENDPOINT: &str = "chat";

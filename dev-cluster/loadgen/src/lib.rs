@@ -10,6 +10,10 @@
 //! is counted in the phase it was sent in, and recorded with when it was
 //! sent and when it ended ([`Load::requests`]).
 
+
+// No FFI here: nothing unsafe, ever (issue #27).
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
