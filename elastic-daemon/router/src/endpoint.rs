@@ -14,6 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 
 use crate::backend_pool::IdleConns;
 use crate::metrics::{replica_labels, Metrics, ReplicaMetrics, RequestCounters};
+use crate::prefix::{Affine, Affinity, PrefixSettings};
 use crate::registry::{HealthThresholds, Pool, RegistryError, Replica, ReplicaId, ReplicaState, Transition};
 
 #[derive(Clone, Debug)]
@@ -37,6 +38,8 @@ pub use onepool_control::api::DrainOutcome;
 struct Waiter {
     id: u64,
     exclude: Vec<ReplicaId>,
+    /// Its prompt's prefix, when the endpoint routes by prefix.
+    prefix: crate::prefix::PrefixKey,
     tx: oneshot::Sender<(ReplicaId, Arc<ReplicaShared>)>,
 }
 
@@ -58,6 +61,11 @@ struct Inner {
     drains: HashMap<ReplicaId, Arc<Notify>>,
     peak_queue: usize,
     shared: Vec<(ReplicaId, Arc<ReplicaShared>)>,
+    /// With prefix-aware routing: which replica took each prompt prefix
+    /// last ([`crate::prefix`]).
+    affinity: Option<Affinity>,
+    /// How requests were routed by prefix, by [`Affine::label`].
+    affine_counts: [u64; 4],
 }
 
 impl Inner {
@@ -107,6 +115,8 @@ impl Endpoint {
                 drains: HashMap::new(),
                 peak_queue: 0,
                 shared: Vec::new(),
+                affinity: None,
+                affine_counts: [0; 4],
             }),
             queue_depth: metrics.queue_depth(name),
             requests: metrics.request_counters(name, ""),
@@ -188,10 +198,26 @@ impl Endpoint {
         self.lock().pool.set_spill(address, spill)
     }
 
+    /// Routes by prompt prefix from now on ([`crate::prefix`]), with an
+    /// empty table.
+    pub fn set_prefix_routing(&self, settings: PrefixSettings) {
+        self.lock().affinity = Some(Affinity::new(settings));
+    }
+
+    /// Requests routed by prefix so far: hits, misses, over the bound, and
+    /// without a prefix ([`Affine`]'s order); `None` without prefix routing.
+    pub fn prefix_counts(&self) -> Option<[u64; 4]> {
+        let g = self.lock();
+        g.affinity.as_ref().map(|_| g.affine_counts)
+    }
+
     pub fn remove(&self, address: SocketAddr) -> Result<Replica, RegistryError> {
         let mut g = self.lock();
         let r = g.pool.remove(address)?;
         g.shared.retain(|(id, _)| *id != r.id);
+        if let Some(a) = g.affinity.as_mut() {
+            a.forget(r.id);
+        }
         if let Some(n) = g.drains.remove(&r.id) {
             n.notify_waiters();
         }
@@ -215,6 +241,9 @@ impl Endpoint {
         let mut g = self.lock();
         if let Some(t) = g.pool.begin_drain(id, Instant::now()) {
             tracing::info!(endpoint = %self.name, replica = id, from = ?t.from, "replica reports draining; out of rotation");
+        }
+        if let Some(a) = g.affinity.as_mut() {
+            a.forget(id);
         }
     }
 
@@ -261,9 +290,16 @@ impl Endpoint {
     /// waiting in the bounded queue. `exclude` lists replicas this request
     /// already failed on.
     pub async fn acquire(self: &Arc<Self>, exclude: &[ReplicaId]) -> Result<Lease, AcquireError> {
+        self.acquire_for(exclude, &[]).await
+    }
+
+    /// [`Endpoint::acquire`] for a request whose prompt is `prefix`
+    /// ([`crate::prefix::prefix_key`]): with prefix routing on, the
+    /// replica that holds the longest part of it, within the load bound.
+    pub async fn acquire_for(self: &Arc<Self>, exclude: &[ReplicaId], prefix: &[u64]) -> Result<Lease, AcquireError> {
         let (waiter_id, rx) = {
             let mut g = self.lock();
-            if let Some(id) = g.pool.choose(exclude) {
+            if let Some(id) = Self::choose(&mut g, exclude, prefix) {
                 return Ok(self.lease_chosen(&mut g, id));
             }
             if g.waiters.len() >= self.queue.size {
@@ -272,7 +308,8 @@ impl Endpoint {
             let (tx, rx) = oneshot::channel();
             let wid = g.next_waiter;
             g.next_waiter += 1;
-            g.waiters.push_back(Waiter { id: wid, exclude: exclude.to_vec(), tx });
+            let prefix = if g.affinity.is_some() { prefix.to_vec() } else { Vec::new() };
+            g.waiters.push_back(Waiter { id: wid, exclude: exclude.to_vec(), prefix, tx });
             g.peak_queue = g.peak_queue.max(g.waiters.len());
             self.set_queue_gauge(&g);
             (wid, rx)
@@ -323,6 +360,22 @@ impl Endpoint {
         }
     }
 
+    /// The replica for a request: by prefix when the endpoint routes so,
+    /// counted by how it was routed.
+    fn choose(g: &mut Inner, exclude: &[ReplicaId], prefix: &[u64]) -> Option<ReplicaId> {
+        let Inner { pool, affinity, affine_counts, .. } = g;
+        let Some(affinity) = affinity.as_mut() else { return pool.choose(exclude) };
+        let (id, how) = pool.choose_for(exclude, prefix, affinity)?;
+        let slot = match how {
+            Affine::Hit { .. } => 0,
+            Affine::Miss => 1,
+            Affine::OverBound => 2,
+            Affine::NoKey => 3,
+        };
+        affine_counts[slot] += 1;
+        Some(id)
+    }
+
     /// The lease of a replica `choose` just picked.
     fn lease_chosen(self: &Arc<Self>, g: &mut Inner, id: ReplicaId) -> Lease {
         let shared = self.shared_of(g, id);
@@ -367,8 +420,9 @@ impl Endpoint {
         while i < g.waiters.len() {
             let Some(id) = ({
                 let exclude = std::mem::take(&mut g.waiters[i].exclude);
-                let id = g.pool.choose(&exclude);
-                g.waiters[i].exclude = exclude;
+                let prefix = std::mem::take(&mut g.waiters[i].prefix);
+                let id = Self::choose(g, &exclude, &prefix);
+                (g.waiters[i].exclude, g.waiters[i].prefix) = (exclude, prefix);
                 id
             }) else {
                 i += 1;
@@ -411,6 +465,10 @@ impl Endpoint {
             let mut g = self.lock();
             let id = g.pool.find(address)?.id;
             g.pool.begin_drain(id, started);
+            // What it holds is no reason to send anything its way now.
+            if let Some(a) = g.affinity.as_mut() {
+                a.forget(id);
+            }
             g.drains.entry(id).or_insert_with(|| Arc::new(Notify::new())).clone()
         };
         let labels = replica_labels(&self.name, &address.to_string());

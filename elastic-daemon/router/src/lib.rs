@@ -22,6 +22,7 @@ pub mod endpoint;
 pub mod health;
 pub mod metrics;
 mod models;
+pub mod prefix;
 pub mod proxy;
 pub mod registry;
 pub mod replica_client;

@@ -208,3 +208,73 @@ fn ejection_leaves_starting_and_draining_replicas_alone() {
     assert_eq!(p.get(s).unwrap().state, ReplicaState::Starting);
     assert_eq!(p.get(d).unwrap().state, ReplicaState::Draining);
 }
+
+mod prefix_routing {
+    use super::*;
+    use crate::prefix::{Affine, Affinity, PrefixSettings};
+
+    fn affinity() -> Affinity {
+        Affinity::new(PrefixSettings { load_bound: 1.5, ..PrefixSettings::default() })
+    }
+
+    #[test]
+    fn a_prompt_goes_back_to_its_holder_while_within_the_bound() {
+        let mut p = pool();
+        let mut aff = affinity();
+        let (a, b, c) = (p.add(addr(1), 8, true).unwrap(), p.add(addr(2), 8, true).unwrap(), p.add(addr(3), 8, true));
+        let c = c.unwrap();
+        let conv = [11, 12, 13];
+        let (first, how) = p.choose_for(&[], &conv, &mut aff).unwrap();
+        assert_eq!(how, Affine::Miss);
+        // The next turn shares the first two blocks: the same replica,
+        // although another is now less loaded.
+        let (second, how) = p.choose_for(&[], &[11, 12, 99], &mut aff).unwrap();
+        assert_eq!((second, how), (first, Affine::Hit { blocks: 2 }));
+        // 2 in flight on the holder, 0 elsewhere: fair share (2+1)/3 = 1,
+        // bound 1.5 -> 2, the least loaded + 2 -> 2; a third on it would
+        // be 3: least outstanding.
+        let (third, how) = p.choose_for(&[], &conv, &mut aff).unwrap();
+        assert_eq!(how, Affine::OverBound);
+        assert_ne!(third, first);
+        // The prompt's holder is now the replica that took it.
+        assert_eq!(aff.lookup(&conv, |_| true), Some((third, 3)));
+        let others: Vec<_> = [a, b, c].into_iter().filter(|x| *x != first && *x != third).collect();
+        assert_eq!(others.len(), 1);
+    }
+
+    #[test]
+    fn a_draining_or_full_holder_is_passed_over_and_a_new_replica_gets_new_prompts() {
+        let mut p = pool();
+        let mut aff = affinity();
+        let a = p.add(addr(1), 1, true).unwrap();
+        let (id, _) = p.choose_for(&[], &[1, 2], &mut aff).unwrap();
+        assert_eq!(id, a);
+        let b = p.add(addr(2), 1, true).unwrap();
+        // a is full (limit 1): its prompt goes elsewhere, as a miss.
+        assert_eq!(p.choose_for(&[], &[1, 2], &mut aff), Some((b, Affine::Miss)));
+        p.release(a);
+        p.release(b);
+        p.begin_drain(b, std::time::Instant::now());
+        // b, the latest holder, drains: a takes it (its own older entry
+        // was overwritten, so this is a miss too).
+        assert_eq!(p.choose_for(&[], &[1, 2], &mut aff), Some((a, Affine::Miss)));
+        p.release(a);
+        let c = p.add(addr(3), 1, true).unwrap();
+        // A prompt nobody holds goes least outstanding, tie broken by
+        // fewer served: the new replica.
+        assert_eq!(p.choose_for(&[], &[7, 8], &mut aff), Some((c, Affine::Miss)));
+        assert_eq!(p.choose_for(&[], &[], &mut aff), Some((a, Affine::NoKey)));
+    }
+
+    #[test]
+    fn a_retried_request_does_not_go_back_to_the_holder_it_failed_on() {
+        let mut p = pool();
+        let mut aff = affinity();
+        let a = p.add(addr(1), 4, true).unwrap();
+        let b = p.add(addr(2), 4, true).unwrap();
+        let (first, _) = p.choose_for(&[], &[5], &mut aff).unwrap();
+        p.release(first);
+        let other = if first == a { b } else { a };
+        assert_eq!(p.choose_for(&[first], &[5], &mut aff), Some((other, Affine::Miss)));
+    }
+}

@@ -1,0 +1,369 @@
+//! Prefix-aware routing (issue #28): a request goes to the replica that
+//! most likely still holds its prompt's beginning in its KV cache, unless
+//! that replica is busier than its fair share allows.
+//!
+//! Why it pays: llama-server (and vLLM, SGLang) keep the prompts they
+//! served in their cache (`cache_prompt`); a request that begins like one
+//! the replica served recently skips computing that beginning again, so
+//! its first token comes sooner. Multi-turn chats and agents resend their
+//! whole conversation every turn, so most of each prompt is a prefix some
+//! replica has already seen.
+//!
+//! How the router knows: it never asks the replicas. It remembers, per
+//! endpoint, which replica it last sent each prompt prefix to (the block
+//! hashes below), as llm-d's approximate prefix scorer does. A replica
+//! that drains, is reclaimed or is removed leaves the table at once; a new
+//! replica gets the prompts nobody holds yet (they go least-outstanding),
+//! which is its fair share.
+//!
+//! Why the bound: without one, a popular prefix (a shared system prompt)
+//! would pile every request onto one replica. A replica takes a request
+//! for its prefix only while its in-flight count stays within
+//! `load_bound` times the endpoint's average (consistent hashing with
+//! bounded loads, Mirrokni, Thorup and Zadimoghaddam, SODA 2018);
+//! otherwise the request goes to the least loaded replica as before.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+
+use serde::Deserialize;
+
+use crate::registry::ReplicaId;
+
+/// How one endpoint routes by prefix.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PrefixSettings {
+    /// Bytes of rendered prompt per block: a prefix counts only in whole
+    /// blocks, so a block is the finest grain two prompts are told apart
+    /// by. Smaller blocks find more sharing and cost more hashes.
+    pub block_bytes: usize,
+    /// How far above the average in-flight count a replica may go for the
+    /// prefixes it holds (1.0: never above; 1.25: a quarter above).
+    pub load_bound: f64,
+    /// Most block hashes remembered per endpoint (16 bytes each with their
+    /// replica): the oldest half is forgotten when it is full.
+    pub table_entries: usize,
+}
+
+impl Default for PrefixSettings {
+    fn default() -> Self {
+        PrefixSettings { block_bytes: 512, load_bound: 1.25, table_entries: 1 << 16 }
+    }
+}
+
+/// A request's prompt as a chain of block hashes: entry `i` stands for the
+/// prompt's first `i + 1` whole blocks (each hash covers every block before
+/// it), so two requests share entry `i` exactly when their first `i + 1`
+/// blocks are equal. Empty when the request has no prompt the router can
+/// read or a prompt shorter than one block.
+pub type PrefixKey = Vec<u64>;
+
+/// The JSON fields a prompt is rendered from; everything else is ignored
+/// (and a body that is not JSON has no key).
+#[derive(Deserialize)]
+struct Request {
+    #[serde(default)]
+    model: Option<String>,
+    /// Chat completions.
+    #[serde(default)]
+    messages: Option<Vec<Message>>,
+    /// Completions: a string (an array of prompts has no single prefix).
+    #[serde(default)]
+    prompt: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    #[serde(default)]
+    role: String,
+    /// A string, or content parts of which the text ones count.
+    #[serde(default)]
+    content: serde_json::Value,
+}
+
+/// The hashes of `body`'s rendered prompt, one per whole block of
+/// `block_bytes`. The model's name seeds the chain: the same prompt for
+/// two models on one endpoint shares nothing.
+pub fn prefix_key(body: &[u8], block_bytes: usize) -> PrefixKey {
+    if body.is_empty() || block_bytes == 0 {
+        return Vec::new();
+    }
+    let Ok(req) = serde_json::from_slice::<Request>(body) else { return Vec::new() };
+    let mut text = Vec::with_capacity(body.len());
+    if let Some(messages) = &req.messages {
+        for m in messages {
+            // Role and content apart, so that "a" + "bc" and "ab" + "c"
+            // render differently.
+            text.extend_from_slice(m.role.as_bytes());
+            text.push(0);
+            content_text(&m.content, &mut text);
+            text.push(0);
+        }
+    } else if let Some(serde_json::Value::String(p)) = &req.prompt {
+        text.extend_from_slice(p.as_bytes());
+    }
+    let mut chain = seed_hasher();
+    chain.write(req.model.as_deref().unwrap_or("").as_bytes());
+    text.chunks_exact(block_bytes)
+        .map(|block| {
+            chain.write(block);
+            chain.finish()
+        })
+        .collect()
+}
+
+fn content_text(content: &serde_json::Value, out: &mut Vec<u8>) {
+    match content {
+        serde_json::Value::String(s) => out.extend_from_slice(s.as_bytes()),
+        serde_json::Value::Array(parts) => {
+            for p in parts {
+                if let Some(t) = p.get("text").and_then(serde_json::Value::as_str) {
+                    out.extend_from_slice(t.as_bytes());
+                    out.push(0);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A hasher with fixed keys: the same prompt hashes alike across requests
+/// and restarts (the table is per process; fixed keys only make tests and
+/// logs reproducible). A client cannot gain by colliding hashes: the
+/// worst it gets is another replica's cache, bounded by the load bound.
+fn seed_hasher() -> std::hash::DefaultHasher {
+    std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default().build_hasher()
+}
+
+/// How a request was routed, for the affinity metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Affine {
+    /// To the replica that last took its longest known prefix (`blocks`
+    /// of its blocks).
+    Hit { blocks: usize },
+    /// No replica that may take it holds any of its prefix.
+    Miss,
+    /// The replica that holds it is above the load bound: least
+    /// outstanding instead.
+    OverBound,
+    /// No prefix to route by (no prompt, or shorter than a block).
+    NoKey,
+}
+
+impl Affine {
+    pub fn label(self) -> &'static str {
+        match self {
+            Affine::Hit { .. } => "hit",
+            Affine::Miss => "miss",
+            Affine::OverBound => "over_bound",
+            Affine::NoKey => "no_key",
+        }
+    }
+}
+
+/// Which replica took each prefix last, bounded in size.
+#[derive(Debug)]
+pub struct Affinity {
+    settings: PrefixSettings,
+    table: HashMap<u64, (ReplicaId, u64)>,
+    /// Counts records; an entry's stamp says how recent it is.
+    clock: u64,
+}
+
+impl Affinity {
+    pub fn new(settings: PrefixSettings) -> Affinity {
+        Affinity { settings, table: HashMap::new(), clock: 0 }
+    }
+
+    pub fn settings(&self) -> &PrefixSettings {
+        &self.settings
+    }
+
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    /// The replica that took the longest prefix of `key` last among those
+    /// `eligible` says may take requests, with how many blocks match.
+    pub fn lookup(&self, key: &[u64], eligible: impl Fn(ReplicaId) -> bool) -> Option<(ReplicaId, usize)> {
+        key.iter()
+            .enumerate()
+            .rev()
+            .find_map(|(i, h)| self.table.get(h).filter(|(id, _)| eligible(*id)).map(|(id, _)| (*id, i + 1)))
+    }
+
+    /// `replica` now holds every prefix of `key` (it computes them all).
+    pub fn record(&mut self, key: &[u64], replica: ReplicaId) {
+        if key.is_empty() {
+            return;
+        }
+        self.clock += 1;
+        if self.table.len() + key.len() > self.settings.table_entries.max(1) {
+            self.forget_oldest_half();
+        }
+        for h in key {
+            self.table.insert(*h, (replica, self.clock));
+        }
+    }
+
+    /// A replica that drains or leaves holds nothing any more, as far as
+    /// routing goes.
+    pub fn forget(&mut self, replica: ReplicaId) {
+        self.table.retain(|_, (id, _)| *id != replica);
+    }
+
+    fn forget_oldest_half(&mut self) {
+        let mut stamps: Vec<u64> = self.table.values().map(|(_, t)| *t).collect();
+        let mid = stamps.len() / 2;
+        let (_, cut, _) = stamps.select_nth_unstable(mid);
+        let cut = *cut;
+        self.table.retain(|_, (_, t)| *t > cut);
+    }
+}
+
+/// Whether a replica with `in_flight` requests may take one more for a
+/// prefix it holds: within `bound` times the average over `replicas`
+/// ready ones (counting the new request), or at most one above the least
+/// loaded replica. The second arm matters when the endpoint is quiet: the
+/// average is then below one, and the holder of a conversation would lose
+/// its next turn to an idle replica for the sake of a balance nobody
+/// needs.
+pub fn within_bound(in_flight: u32, total_in_flight: u32, least: u32, replicas: usize, bound: f64) -> bool {
+    if replicas == 0 {
+        return false;
+    }
+    let fair = (f64::from(total_in_flight) + 1.0) / replicas as f64;
+    let cap = (bound.max(1.0) * fair).ceil().max(f64::from(least) + 2.0);
+    f64::from(in_flight) + 1.0 <= cap
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn chat(model: &str, turns: &[(&str, &str)]) -> Vec<u8> {
+        let messages: Vec<_> = turns.iter().map(|(r, c)| serde_json::json!({"role": r, "content": c})).collect();
+        serde_json::to_vec(&serde_json::json!({"model": model, "messages": messages})).unwrap()
+    }
+
+    #[test]
+    fn a_later_turn_shares_the_earlier_turns_blocks() {
+        let system = "You are a helpful assistant. ".repeat(10);
+        let first = chat("m", &[("system", &system), ("user", "What is Slurm?")]);
+        let second = chat(
+            "m",
+            &[("system", &system), ("user", "What is Slurm?"), ("assistant", "A scheduler."), ("user", "And QOS?")],
+        );
+        let (a, b) = (prefix_key(&first, 64), prefix_key(&second, 64));
+        assert!(a.len() >= 4, "{}", a.len());
+        assert!(b.len() > a.len());
+        assert_eq!(a[..], b[..a.len()], "the first turn's prompt begins the second's: all its whole blocks match");
+        let other = chat("m", &[("system", &"Another prompt entirely. ".repeat(10)), ("user", "What is Slurm?")]);
+        assert_ne!(prefix_key(&other, 64)[0], a[0]);
+    }
+
+    #[test]
+    fn the_model_and_the_message_boundaries_count() {
+        let long = "x".repeat(300);
+        assert_ne!(prefix_key(&chat("a", &[("user", &long)]), 64), prefix_key(&chat("b", &[("user", &long)]), 64));
+        let split = |r1: &str, c1: &str| prefix_key(&chat("m", &[(r1, c1), ("user", &long)]), 16);
+        assert_ne!(split("user", "ab"), split("userab", ""));
+    }
+
+    #[test]
+    fn what_has_no_prompt_has_no_key() {
+        assert!(prefix_key(b"", 64).is_empty());
+        assert!(prefix_key(b"not json", 64).is_empty());
+        assert!(prefix_key(br#"{"model":"m"}"#, 64).is_empty());
+        assert!(prefix_key(&chat("m", &[("user", "short")]), 64).is_empty(), "shorter than a block");
+        let completion = serde_json::to_vec(&serde_json::json!({"prompt": "p".repeat(130)})).unwrap();
+        assert_eq!(prefix_key(&completion, 64).len(), 2);
+        let parts = serde_json::json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "t".repeat(100)}, {"type": "image_url", "image_url": {"url": "x"}}]}]});
+        assert_eq!(prefix_key(&serde_json::to_vec(&parts).unwrap(), 32).len(), 3);
+    }
+
+    #[test]
+    fn the_longest_known_prefix_wins_among_eligible_replicas() {
+        let mut a = Affinity::new(PrefixSettings::default());
+        a.record(&[1, 2], 7);
+        a.record(&[1, 2, 3, 4], 8);
+        assert_eq!(a.lookup(&[1, 2, 3, 4, 5], |_| true), Some((8, 4)));
+        assert_eq!(a.lookup(&[1, 2, 9], |_| true), Some((8, 2)), "the latest to take [1, 2] holds it");
+        assert_eq!(a.lookup(&[1, 2, 3, 4], |id| id != 8), None, "8 cannot take it; 7's entries were overwritten");
+        a.record(&[1, 2], 7);
+        assert_eq!(a.lookup(&[1, 2, 3, 4], |id| id != 8), Some((7, 2)));
+        a.forget(7);
+        assert_eq!(a.lookup(&[1, 2, 3, 4], |id| id != 8), None);
+        assert_eq!(a.lookup(&[1, 2, 3, 4], |_| true), Some((8, 4)));
+    }
+
+    #[test]
+    fn a_full_table_forgets_its_oldest_half() {
+        let mut a = Affinity::new(PrefixSettings { table_entries: 10, ..PrefixSettings::default() });
+        for i in 0..10u64 {
+            a.record(&[i], i);
+        }
+        assert_eq!(a.len(), 10);
+        a.record(&[100], 100);
+        assert!(a.len() <= 10, "{}", a.len());
+        assert_eq!(a.lookup(&[0], |_| true), None, "the oldest went");
+        assert_eq!(a.lookup(&[9], |_| true), Some((9, 1)), "the newest stayed");
+        assert_eq!(a.lookup(&[100], |_| true), Some((100, 1)));
+    }
+
+    #[test]
+    fn the_bound_lets_a_quiet_endpoint_keep_affinity_and_stops_a_pile_up() {
+        assert!(within_bound(0, 0, 0, 3, 1.25));
+        // Quiet: one above the least loaded is allowed, two are not.
+        assert!(within_bound(1, 1, 0, 3, 1.25));
+        assert!(!within_bound(2, 2, 0, 3, 1.25));
+        // Busy: 3 replicas, 12 in flight: fair 13/3, bound 1.25 -> ceil(5.42) = 6.
+        assert!(within_bound(5, 12, 3, 3, 1.25));
+        assert!(!within_bound(6, 12, 3, 3, 1.25));
+        assert!(!within_bound(0, 0, 0, 0, 1.25));
+        // A bound under 1 is taken as 1: the holder may still get its share.
+        assert!(within_bound(1, 3, 1, 3, 0.5));
+    }
+
+    proptest! {
+        /// Whatever the requests, the holder never goes above the bound
+        /// when routed by affinity: the property the bound exists for.
+        #[test]
+        fn affinity_never_breaks_the_bound(loads in proptest::collection::vec(0u32..50, 1..8), bound in 1.0f64..3.0) {
+            let total: u32 = loads.iter().sum();
+            let least = *loads.iter().min().unwrap();
+            let n = loads.len();
+            for (i, l) in loads.iter().enumerate() {
+                if within_bound(*l, total, least, n, bound) {
+                    let fair = (f64::from(total) + 1.0) / n as f64;
+                    prop_assert!(
+                        f64::from(*l + 1) <= (bound * fair).ceil() || *l <= least + 1,
+                        "replica {i}: {l} in flight, least {least}"
+                    );
+                }
+            }
+            // The least loaded replica is always within the bound: routing
+            // by affinity never runs out of replicas.
+            prop_assert!(within_bound(least, total, least, n, bound));
+        }
+
+        /// Equal leading text gives equal leading hashes, and a differing
+        /// block makes every later hash differ.
+        #[test]
+        fn equal_prefixes_share_exactly_their_blocks(common in "[a-z]{0,200}", a in "[a-z]{1,100}", b in "[A-Z]{1,100}") {
+            let key = |s: &str| prefix_key(&serde_json::to_vec(&serde_json::json!({"prompt": s})).unwrap(), 16);
+            let (ka, kb) = (key(&format!("{common}{a}")), key(&format!("{common}{b}")));
+            let shared = common.len() / 16;
+            prop_assert_eq!(&ka[..shared.min(ka.len())], &kb[..shared.min(kb.len())]);
+            for i in shared..ka.len().min(kb.len()) {
+                prop_assert_ne!(ka[i], kb[i]);
+            }
+        }
+    }
+}
