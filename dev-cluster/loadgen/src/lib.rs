@@ -20,12 +20,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub mod mooncake;
+
 use anyhow::{bail, Context};
 use onepool_decisions::trace::read_azure;
 use tokio::runtime::Handle;
 
 /// The trace as (seconds since its first request, context tokens,
 /// generated tokens).
+#[derive(Clone, Debug)]
 pub struct Trace {
     pub rows: Vec<(f64, u32, u32)>,
 }
@@ -67,6 +70,45 @@ impl ChatShape {
             "stream": stream,
         });
         (body.to_string(), stream)
+    }
+}
+
+/// A row's own prompt, for traces that say what their prompts share
+/// ([`mooncake`]); sent as one streamed chat message.
+#[derive(Clone, Debug)]
+pub struct Prompted {
+    pub prompt: Arc<str>,
+    pub max_tokens: u32,
+}
+
+/// What each trace row is sent as.
+#[derive(Clone)]
+enum Bodies {
+    /// Words of the row's size ([`ChatShape`]).
+    Shaped(ChatShape),
+    /// Row `i` is prompt `i`, streamed (its first token timed).
+    Prompted(Arc<[Prompted]>),
+}
+
+impl Bodies {
+    /// Row `i`'s body, whether it streams, and the tokens it asks for.
+    fn of(&self, model: &str, i: usize, (context, generated): (u32, u32)) -> (String, bool, u32) {
+        match self {
+            Bodies::Shaped(shape) => {
+                let (body, stream) = shape.body(model, i, context, generated);
+                (body, stream, shape.of(context, generated).1)
+            }
+            Bodies::Prompted(prompts) => {
+                let p = &prompts[i % prompts.len().max(1)];
+                let body = serde_json::json!({
+                    "model": model,
+                    "messages": [{"role": "user", "content": &*p.prompt}],
+                    "max_tokens": p.max_tokens,
+                    "stream": true,
+                });
+                (body.to_string(), true, p.max_tokens)
+            }
+        }
     }
 }
 
@@ -167,12 +209,14 @@ pub struct Request {
     pub max_tokens: u32,
     /// Why it failed; `None` when answered whole with 2xx.
     pub failure: Option<String>,
+    /// Seconds to its first generated token (streams answered 2xx).
+    pub ttft: Option<f64>,
 }
 
 pub struct Load {
     target: SocketAddr,
     model: String,
-    shape: ChatShape,
+    bodies: Bodies,
     t0: Instant,
     /// Trace seconds per wall second, as f64 bits; 0 pauses the replay.
     speed: AtomicU64,
@@ -194,10 +238,27 @@ impl Load {
         shape: ChatShape,
         t0: Instant,
     ) -> Arc<Load> {
+        Load::start_with(rt, trace, target, model, Bodies::Shaped(shape), t0)
+    }
+
+    /// [`Load::start`] with each row's own prompt (`prompts[i]` for row
+    /// `i`), every request streamed.
+    pub fn start_prompted(
+        rt: &Handle,
+        trace: Trace,
+        prompts: Vec<Prompted>,
+        target: SocketAddr,
+        model: &str,
+        t0: Instant,
+    ) -> Arc<Load> {
+        Load::start_with(rt, trace, target, model, Bodies::Prompted(prompts.into()), t0)
+    }
+
+    fn start_with(rt: &Handle, trace: Trace, target: SocketAddr, model: &str, bodies: Bodies, t0: Instant) -> Arc<Load> {
         let load = Arc::new(Load {
             target,
             model: model.to_string(),
-            shape,
+            bodies,
             t0,
             speed: AtomicU64::new(0f64.to_bits()),
             stop: AtomicBool::new(false),
@@ -281,8 +342,8 @@ impl Load {
             }
             while i < trace.rows.len() && trace.rows[i].0 <= at {
                 let (_, context, generated) = trace.rows[i];
-                let max_tokens = self.shape.of(context, generated).1;
-                self.send(self.shape.body(&self.model, i, context, generated), max_tokens);
+                let (body, stream, max_tokens) = self.bodies.of(&self.model, i, (context, generated));
+                self.send((body, stream), max_tokens);
                 i += 1;
             }
             if i == trace.rows.len() {
@@ -306,18 +367,19 @@ impl Load {
             let r = chat(me.target, &body, stream).await;
             let took = start.elapsed().as_secs_f64();
             let ended = me.t0.elapsed().as_secs_f64();
+            let (failure, ttft) = match r {
+                Ok(a) => (None, a.first_token.map(|t| t.duration_since(start).as_secs_f64())),
+                Err(e) => (Some(e), None),
+            };
             me.requests.lock().unwrap_or_else(|e| e.into_inner()).push(Request {
                 sent: start.saturating_duration_since(me.t0).as_secs_f64(),
                 ended,
                 stream,
                 max_tokens,
-                failure: r.as_ref().err().cloned(),
+                failure: failure.clone(),
+                ttft,
             });
             me.in_flight.fetch_sub(1, Ordering::SeqCst);
-            let (failure, ttft) = match r {
-                Ok(a) => (None, a.first_token.map(|t| t.duration_since(start).as_secs_f64())),
-                Err(e) => (Some(e), None),
-            };
             {
                 let mut p = me.lock_phases();
                 let cur = &mut p[phase];
