@@ -570,6 +570,7 @@ fn proxy_settings(
         ));
     }
     ProxySettings {
+        prefix: None,
         request_timeout: c.duration(&e.request_timeout, "request_timeout", Duration::from_secs(300)),
         connect_timeout: c.duration(&e.connect_timeout, "connect_timeout", Duration::from_secs(2)),
         max_request_body,

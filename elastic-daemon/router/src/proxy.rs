@@ -32,6 +32,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::access_log::{AccessLog, RequestFacts, ServedBy, Tap};
+use crate::prefix::prefix_key;
 use crate::backend_pool::{self, BackendBody, SendError, HOP_BY_HOP, IDLE_TIMEOUT};
 use crate::endpoint::{AcquireError, Endpoint, Lease};
 use crate::metrics::{ListenerLabels, Metrics, RefusedLabels, RequestCounters, Unavailable};
@@ -137,6 +138,9 @@ impl Target {
                     }
                 }
             });
+        }
+        if let Some(prefix) = settings.prefix {
+            endpoint.set_prefix_routing(prefix);
         }
         Arc::new(Target { endpoint, settings, metrics, budget, access })
     }
@@ -1304,8 +1308,10 @@ async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
     };
     let mut tried = Vec::new();
     let mut last_failure = None;
+    // Read once: every attempt routes by the same prompt.
+    let prefix = ctx.settings.prefix.map(|s| prefix_key(&p.body, s.block_bytes)).unwrap_or_default();
     for attempt in 0..=ctx.settings.retries {
-        let lease = match ctx.endpoint.acquire(&tried).await {
+        let lease = match ctx.endpoint.acquire_for(&tried, &prefix).await {
             Ok(l) => l,
             Err(e) => {
                 let r = match (last_failure, e) {

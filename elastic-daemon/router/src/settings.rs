@@ -34,6 +34,9 @@ pub struct ProxySettings {
     /// Bearer tokens a request must carry (`[endpoint.auth]`); `None`:
     /// none needed.
     pub auth: Option<BearerTokens>,
+    /// Route by prompt prefix ([`crate::prefix`]); `None`: least
+    /// outstanding alone.
+    pub prefix: Option<crate::prefix::PrefixSettings>,
 }
 
 /// The tokens an endpoint accepts in `Authorization: Bearer TOKEN`.

@@ -205,6 +205,7 @@ pub async fn closed_port() -> SocketAddr {
 
 pub fn proxy_settings() -> ProxySettings {
     ProxySettings {
+        prefix: None,
         request_timeout: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(1),
         max_request_body: 1 << 20,
