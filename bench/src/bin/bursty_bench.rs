@@ -40,8 +40,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use onepool_loadgen::{ChatShape, Load, Trace};
 use onepool_elastic_daemon::config::WarmFile;
+use onepool_loadgen::{ChatShape, Load, Trace};
 use onepool_simulator::compare::{self, Settings};
 use onepool_simulator::input::OnBadRow;
 use onepool_tests::elastic::{replica_view, runtime, serving, stand_in_config, stand_in_server, start_daemon, wait};
@@ -233,8 +233,7 @@ fn run(c: &TestCluster, v: Variant, trace: Trace, policy: &std::path::Path, dir:
     c.cancel_all();
     let reqs = load.requests();
     let ok: Vec<_> = reqs.iter().filter(|r| r.failure.is_none()).collect();
-    let delay =
-        |r: &&onepool_loadgen::Request| ((r.ended - r.sent) - f64::from(r.max_tokens) * PER_TOKEN).max(0.0);
+    let delay = |r: &&onepool_loadgen::Request| ((r.ended - r.sent) - f64::from(r.max_tokens) * PER_TOKEN).max(0.0);
     let in_burst = |r: &&&onepool_loadgen::Request| in_burst_second(r.sent);
     Outcome {
         delays: ok.iter().map(delay).collect(),

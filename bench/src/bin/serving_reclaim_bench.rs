@@ -29,9 +29,9 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use onepool_dev_cluster::model_server::{ModelServer, Slots, MODEL_NAME};
-use onepool_loadgen::{closed_loop, Capacity, ChatShape, Load, Request, Trace};
 use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile};
 use onepool_elastic_daemon::daemon::Daemon;
+use onepool_loadgen::{closed_loop, Capacity, ChatShape, Load, Request, Trace};
 use onepool_router::registry::ReplicaState;
 use onepool_tests::{build_dir, TestCluster, TEST_MIN_RUNTIME_SECS};
 

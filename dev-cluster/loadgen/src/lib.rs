@@ -10,7 +10,6 @@
 //! is counted in the phase it was sent in, and recorded with when it was
 //! sent and when it ended ([`Load::requests`]).
 
-
 // No FFI here: nothing unsafe, ever (issue #27).
 #![forbid(unsafe_code)]
 
@@ -254,7 +253,14 @@ impl Load {
         Load::start_with(rt, trace, target, model, Bodies::Prompted(prompts.into()), t0)
     }
 
-    fn start_with(rt: &Handle, trace: Trace, target: SocketAddr, model: &str, bodies: Bodies, t0: Instant) -> Arc<Load> {
+    fn start_with(
+        rt: &Handle,
+        trace: Trace,
+        target: SocketAddr,
+        model: &str,
+        bodies: Bodies,
+        t0: Instant,
+    ) -> Arc<Load> {
         let load = Arc::new(Load {
             target,
             model: model.to_string(),

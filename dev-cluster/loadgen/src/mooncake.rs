@@ -90,9 +90,7 @@ fn read(text: &str, scale: MooncakeScale) -> anyhow::Result<(Trace, Vec<Prompted
     }
     let Some(first) = rows.iter().map(|r| r.0).reduce(f64::min) else { bail!("no requests in the trace") };
     rows.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let trace = Trace {
-        rows: rows.iter().map(|(t, p, m)| (t - first, p.split(' ').count() as u32, *m)).collect(),
-    };
+    let trace = Trace { rows: rows.iter().map(|(t, p, m)| (t - first, p.split(' ').count() as u32, *m)).collect() };
     let prompts = rows.into_iter().map(|(_, p, m)| Prompted { prompt: Arc::from(p), max_tokens: m }).collect();
     Ok((trace, prompts))
 }

@@ -1,0 +1,127 @@
+//! The response bodies the proxy hands to hyper: its own answers and
+//! replicas' answers passing through, each holding what must live as long
+//! as the response does (the client's request count, the access log's
+//! tap, the replica's lease).
+
+#[allow(unused_imports)]
+use super::*;
+
+/// A response body: the router's own answer, or a replica's passing
+/// through (no box per response).
+pub struct ProxyBody {
+    pub(super) kind: BodyKind,
+    /// Its request's hold on the connection, let go with the body.
+    pub(super) hold: Option<RequestHold>,
+    /// The access log's watch on it, when the log is on.
+    pub(super) tap: Option<Box<Tap>>,
+}
+
+pub(super) enum BodyKind {
+    Own(Full<Bytes>),
+    Replica(LeasedBody),
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        let me = self.get_mut();
+        let r = match &mut me.kind {
+            BodyKind::Own(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
+            BodyKind::Replica(b) => Pin::new(b).poll_frame(cx),
+        };
+        if let Some(tap) = &mut me.tap {
+            match &r {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(data) = frame.data_ref() {
+                        tap.data(data);
+                    }
+                    // hyper stops polling a body that says it ended (a
+                    // known length reached) and drops it: that is whole too.
+                    let ended = match &me.kind {
+                        BodyKind::Own(b) => b.is_end_stream(),
+                        BodyKind::Replica(b) => b.is_end_stream(),
+                    };
+                    if ended {
+                        tap.end(true);
+                    }
+                }
+                Poll::Ready(None) => tap.end(true),
+                Poll::Ready(Some(Err(_))) => tap.end(false),
+                Poll::Pending => {}
+            }
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            BodyKind::Own(b) => b.is_end_stream(),
+            BodyKind::Replica(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            BodyKind::Own(b) => b.size_hint(),
+            BodyKind::Replica(b) => b.size_hint(),
+        }
+    }
+}
+
+/// A replica's response body that holds the replica's lease until the last
+/// frame has passed (or the client went away), then records the latency.
+pub(super) struct LeasedBody {
+    pub(super) inner: BackendBody,
+    pub(super) lease: Option<Lease>,
+    pub(super) start: Instant,
+}
+
+impl LeasedBody {
+    pub(super) fn finish(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            let now = Instant::now();
+            // The connection first, so that the next request finds it idle.
+            self.inner.finish(tokio::time::Instant::from_std(now));
+            lease.replica().metrics.latency.observe(now.saturating_duration_since(self.start).as_secs_f64());
+        }
+    }
+}
+
+impl Drop for LeasedBody {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+impl Body for LeasedBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if let (Poll::Ready(Some(Err(e))), Some(lease)) = (&r, &self.lease) {
+            if e.kind() == std::io::ErrorKind::TimedOut {
+                let replica = lease.replica();
+                replica.metrics.response_idle_timeouts.inc();
+                tracing::info!(replica = %replica.address, "response cut off: {e}");
+            }
+        }
+        if matches!(r, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            self.finish();
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

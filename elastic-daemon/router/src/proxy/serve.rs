@@ -1,0 +1,164 @@
+//! The accept loop of a listener: connection caps, TLS, HTTP/1.1 and
+//! HTTP/2, and the graceful stop.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// Serves `dispatch` on `listener` until `shutdown` turns true, then
+/// stops accepting and lets open requests finish for up to `grace`.
+pub async fn serve(
+    listener: TcpListener,
+    dispatch: Arc<Dispatch>,
+    conn: ConnSettings,
+    metrics: &Metrics,
+    mut shutdown: watch::Receiver<bool>,
+    grace: Duration,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // The head timeout is the guard's (see `Guarded`), not hyper's.
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(None).max_buf_size(conn.max_header_bytes.max(8192));
+    builder.http2().timer(TokioTimer::new()).max_header_list_size(conn.max_header_bytes as u32);
+    let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    let conns = Arc::new(Connections::new(&conn, &address, metrics));
+    let acceptor = conn.tls.as_ref().map(|t| t.acceptor());
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off a moment
+                    // instead of spinning on the error.
+                    tracing::warn!(listener = %dispatch.name(), "accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = crate::shutdown::stopped(&mut shutdown) => break,
+        };
+        let Some(id) = conns.add(peer.ip()) else {
+            // Refused before anything is made for it; the answer is a
+            // courtesy (it may not be read), the close is what counts.
+            let _ = stream.try_write(REFUSED);
+            tracing::debug!(listener = %dispatch.name(), %peer, "connection refused: over the connection cap");
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let forwarded_for =
+            HeaderValue::from_str(&peer.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        let client = Arc::new(ClientConn {
+            dispatch: dispatch.clone(),
+            forwarded_for,
+            received: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+            http2: AtomicBool::new(false),
+        });
+        let requests = client.clone();
+        let svc = service_fn(move |req: Request<Incoming>| {
+            let hold = RequestHold::new(requests.clone(), req.version());
+            // Decided before the future is made, so that it carries only
+            // what the request needs (every request's future is moved
+            // around whole).
+            let plan = plan(req, &hold.0);
+            async move {
+                let mut r = match plan {
+                    Plan::Answer(r) => *r,
+                    Plan::Forward(p, t) => forward(p, &t).await,
+                    Plan::Later(f) => f.await,
+                };
+                r.body_mut().hold = Some(hold);
+                Ok::<_, Infallible>(r)
+            }
+        });
+        let (builder, conns, conn, acceptor) = (builder.clone(), conns.clone(), conn.clone(), acceptor.clone());
+        tokio::spawn(async move {
+            // The handshake in the connection's own task, so a slow client
+            // never holds up the accept loop; it gets the head's time.
+            let stream = match acceptor {
+                None => ClientStream::Plain(stream),
+                Some(a) => match tokio::time::timeout(conn.header_read_timeout, a.accept(stream)).await {
+                    Ok(Ok(s)) => ClientStream::Tls(Box::new(s)),
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, "TLS handshake failed: {e}");
+                        conns.remove(id, peer.ip());
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "no TLS handshake in time; connection closed");
+                        conns.remove(id, peer.ip());
+                        return;
+                    }
+                },
+            };
+            let served = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+            let served = Guarded::new(served, client, (conns, id, peer.ip()), &conn);
+            match served.await {
+                Ok(()) => {}
+                Err(HeadTimeout::Elapsed) => tracing::debug!(%peer, "no request head in time; connection closed"),
+                Err(HeadTimeout::Conn(e)) => tracing::debug!(%peer, "client connection ended: {e}"),
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(grace, conns.stop()).await.is_err() {
+        tracing::warn!(listener = %dispatch.name(), "shutdown grace period over; closing open connections");
+    }
+}
+
+/// A client's connection, in clear or TLS (`[endpoint.tls]`).
+pub(super) enum ClientStream {
+    Plain(tokio::net::TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>),
+}
+
+impl tokio::io::AsyncRead for ClientStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for ClientStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            ClientStream::Plain(s) => s.is_write_vectored(),
+            ClientStream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// The answer on a connection refused for the connection caps.
+pub(super) const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\nconnection: close\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 34\r\n\r\ntoo many connections; retry later\n";

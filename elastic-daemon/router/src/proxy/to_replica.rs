@@ -1,0 +1,341 @@
+//! A request on its way to a replica and back: the head made once for
+//! every attempt, a replica per attempt (by prefix when the endpoint routes
+//! so), retries on another replica, hop-by-hop headers kept off both ways.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// The request as it goes to a replica: origin-form target, HTTP/1.1,
+/// hop-by-hop headers left out, `X-Forwarded-For` extended, the body whole
+/// with its length. Its head is serialized once for every attempt, from
+/// the client's header map as it is (the map then takes the response's
+/// headers: see `backend_pool::send`).
+pub(super) struct Forwarded {
+    pub(super) method: Method,
+    pub(super) uri: Uri,
+    pub(super) headers: HeaderMap,
+    pub(super) body: Bytes,
+    /// The client's host from HTTP/2's :authority, for want of a Host header.
+    pub(super) authority: Option<HeaderValue>,
+    pub(super) forwarded_for: HeaderValue,
+    /// The client sent a Content-Length (so an empty body says "0").
+    pub(super) had_length: bool,
+    /// The client named no host: each attempt names its replica.
+    pub(super) host_from_replica: bool,
+    /// Hop-by-hop fields to leave out (those `Connection` names); only
+    /// looked at when `hop_by_hop`.
+    pub(super) connection_names: Vec<HeaderName>,
+    pub(super) hop_by_hop: bool,
+    /// onepoold's replica key for the replica (a client's own
+    /// `x-onepool-replica-key` never passes).
+    pub(super) replica_key: Option<HeaderValue>,
+}
+
+impl Forwarded {
+    pub(super) fn new(parts: http::request::Parts, body: Bytes, client: &ClientConn) -> Forwarded {
+        let http::request::Parts { method, uri, headers, .. } = parts;
+        // One look at each field instead of a look-up per name.
+        let (mut hop_by_hop, mut has_host, mut had_length, mut prev_forwarded) = (false, false, false, None);
+        for (name, value) in &headers {
+            if name == header::HOST {
+                has_host = true;
+            } else if name == header::CONTENT_LENGTH {
+                had_length = true;
+            } else if name == X_FORWARDED_FOR {
+                prev_forwarded = prev_forwarded.or(Some(value));
+            } else if is_hop_by_hop(name) {
+                hop_by_hop = true;
+            }
+        }
+        let connection_names = if hop_by_hop { connection_names(&headers) } else { Vec::new() };
+        // HTTP/2 clients name the host in :authority, not in a Host header.
+        let authority = match has_host {
+            true => None,
+            false => uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
+        };
+        let host_from_replica = authority.is_none() && !has_host;
+        let forwarded_for = match prev_forwarded.and_then(|v| v.to_str().ok()) {
+            Some(prev) => {
+                let ip = client.forwarded_for.to_str().unwrap_or_default();
+                HeaderValue::from_str(&format!("{prev}, {ip}")).unwrap_or_else(|_| client.forwarded_for.clone())
+            }
+            None => client.forwarded_for.clone(),
+        };
+        Forwarded {
+            method,
+            uri,
+            headers,
+            body,
+            authority,
+            forwarded_for,
+            had_length,
+            host_from_replica,
+            connection_names,
+            hop_by_hop,
+            replica_key: None,
+        }
+    }
+
+    /// Whether a client header field goes to the replica as it is.
+    pub(super) fn passes(&self, name: &HeaderName) -> bool {
+        name != header::CONTENT_LENGTH
+            && name != X_FORWARDED_FOR
+            && name != crate::REPLICA_KEY_HEADER
+            && !(self.hop_by_hop && (is_hop_by_hop(name) || self.connection_names.contains(name)))
+    }
+
+    /// The request line and header section, naming `host` if the client
+    /// named none, for a body of `body_len` bytes.
+    pub(super) fn head(&self, host: Option<&str>, body_len: usize) -> Vec<u8> {
+        fn field(b: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+            b.extend_from_slice(name);
+            b.extend_from_slice(b": ");
+            b.extend_from_slice(value);
+            b.extend_from_slice(b"\r\n");
+        }
+        let target = self.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        let target = if target.is_empty() { "/" } else { target };
+        let method = self.method.as_str();
+        let fields: usize = self.headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
+        let mut b = Vec::with_capacity(method.len() + target.len() + fields + self.forwarded_for.len() + 96);
+        b.extend_from_slice(method.as_bytes());
+        b.push(b' ');
+        b.extend_from_slice(target.as_bytes());
+        b.extend_from_slice(b" HTTP/1.1\r\n");
+        match (&self.authority, host) {
+            (Some(a), _) => field(&mut b, b"host", a.as_bytes()),
+            (None, Some(h)) => field(&mut b, b"host", h.as_bytes()),
+            (None, None) => {}
+        }
+        for (name, value) in &self.headers {
+            if self.passes(name) {
+                field(&mut b, name.as_str().as_bytes(), value.as_bytes());
+            }
+        }
+        field(&mut b, b"x-forwarded-for", self.forwarded_for.as_bytes());
+        if let Some(k) = &self.replica_key {
+            field(&mut b, crate::REPLICA_KEY_HEADER.as_str().as_bytes(), k.as_bytes());
+        }
+        if body_len > 0 || self.had_length {
+            field(&mut b, b"content-length", body_len.to_string().as_bytes());
+        }
+        b.extend_from_slice(b"\r\n");
+        b
+    }
+}
+
+/// Why an attempt got no answer to pass on, for the answer once no
+/// attempt is left.
+#[derive(Clone, Copy)]
+pub(super) enum Failure {
+    /// 502: no connection, or the exchange failed.
+    Replica,
+    /// 503: the replica said it drains.
+    Draining,
+}
+
+/// A request ready for its attempts.
+pub(super) struct Prepared {
+    /// The head for every attempt (empty with `per_replica`).
+    pub(super) head: Vec<u8>,
+    pub(super) body: Bytes,
+    /// A header map for the response head.
+    pub(super) spare: HeaderMap,
+    /// The request, kept (boxed: the future is moved around whole) only
+    /// when each attempt names its replica as the host.
+    pub(super) per_replica: Option<Box<Forwarded>>,
+    pub(super) head_request: bool,
+    pub(super) retry_any: bool,
+    /// When the request came (its latency counts from there).
+    pub(super) start: Instant,
+    /// `start` is as good as now for the first attempt's deadline (one
+    /// clock reading less).
+    pub(super) start_is_now: bool,
+}
+
+impl Prepared {
+    pub(super) fn new(
+        parts: http::request::Parts,
+        body: Bytes,
+        ctx: &Target,
+        client: &ClientConn,
+        start: Instant,
+    ) -> Prepared {
+        let retry_any = ctx.settings.idempotent || is_safe(&parts.method);
+        let mut out = Forwarded::new(parts, body, client);
+        out.replica_key = ctx.endpoint.replica_key().cloned();
+        let head_request = out.method == Method::HEAD;
+        let head = if out.host_from_replica { Vec::new() } else { out.head(None, out.body.len()) };
+        // Serialized, the client's header map takes the response's fields:
+        // no map is made or freed per request (hyper reuses the response's
+        // map for the next request on the connection).
+        let spare = if out.host_from_replica { HeaderMap::new() } else { std::mem::take(&mut out.headers) };
+        let body = std::mem::take(&mut out.body);
+        let per_replica = out.host_from_replica.then(|| Box::new(out));
+        Prepared { head, body, spare, per_replica, head_request, retry_any, start, start_is_now: false }
+    }
+}
+
+/// [`forward_to`] a replica, and with the access log on, its line.
+pub(super) async fn forward(p: Prepared, ctx: &Target) -> Response<ProxyBody> {
+    let Some(log) = &ctx.access else { return forward_to(p, ctx).await };
+    let (facts, start) = (RequestFacts::of(&p.body), p.start);
+    // Boxed: the log's state would otherwise grow every request's future.
+    let mut r = Box::pin(forward_to(p, ctx)).await;
+    let replica = r.extensions().get::<ServedBy>().map(|s| s.0);
+    let mut tap = Tap::new(log.clone(), ctx.endpoint.name(), facts, start, r.status().as_u16(), replica);
+    if r.body().is_end_stream() {
+        // No frame will pass (an empty answer): whole as it is.
+        tap.end(true);
+    }
+    r.body_mut().tap = Some(Box::new(tap));
+    r
+}
+
+pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
+    let name = ctx.endpoint.name();
+    let failed = |f: Failure| match f {
+        Failure::Replica => openai_error(StatusCode::BAD_GATEWAY, "the replica failed before answering"),
+        Failure::Draining => {
+            ctx.endpoint.count_unavailable(Unavailable::Draining);
+            unavailable(ctx, "the replica is draining and no other one could take the request")
+        }
+    };
+    let mut tried = Vec::new();
+    let mut last_failure = None;
+    // Read once: every attempt routes by the same prompt.
+    let prefix = ctx.settings.prefix.map(|s| prefix_key(&p.body, s.block_bytes)).unwrap_or_default();
+    for attempt in 0..=ctx.settings.retries {
+        let lease = match ctx.endpoint.acquire_for(&tried, &prefix).await {
+            Ok(l) => l,
+            Err(e) => {
+                let r = match (last_failure, e) {
+                    (Some(f), _) => failed(f),
+                    (None, AcquireError::QueueFull) => {
+                        ctx.endpoint.count_unavailable(Unavailable::QueueFull);
+                        unavailable(ctx, "every replica is busy and the queue is full; retry later")
+                    }
+                    (None, AcquireError::TimedOut) => {
+                        ctx.endpoint.count_unavailable(Unavailable::QueueTimeout);
+                        unavailable(ctx, "no replica became free in time; retry later")
+                    }
+                };
+                ctx.endpoint.count_answer(r.status().as_u16());
+                return r;
+            }
+        };
+        let replica = lease.replica();
+        let own_head;
+        let head = match &p.per_replica {
+            Some(out) => {
+                own_head = out.head(Some(&replica.address.to_string()), p.body.len());
+                &own_head
+            }
+            None => &p.head,
+        };
+        let attempt_start = match attempt == 0 && p.start_is_now {
+            true => tokio::time::Instant::from_std(p.start),
+            false => tokio::time::Instant::now(),
+        };
+        let deadline = attempt_start + ctx.settings.request_timeout;
+        let request = backend_pool::Outgoing {
+            head,
+            body: &p.body,
+            head_request: p.head_request,
+            headers: &mut p.spare,
+            body_idle_timeout: ctx.settings.response_idle_timeout,
+        };
+        let sent =
+            backend_pool::send(&replica.conns, replica.address, ctx.settings.connect_timeout, deadline, request).await;
+        let counted = |status: u16| replica.metrics.requests.count(status);
+        match sent {
+            Err(SendError::TimedOut) => {
+                // Not retried: the replica may still be working on it, and a
+                // second attempt would double the wait.
+                counted(504);
+                return openai_error(StatusCode::GATEWAY_TIMEOUT, "the replica did not answer in time");
+            }
+            Err(e) => {
+                let replica = replica.address;
+                let not_sent = matches!(e, SendError::NotSent(_));
+                tracing::info!(endpoint = %name, %replica, not_sent, "replica request failed: {e}");
+                counted(502);
+                ctx.endpoint.exchange_failed(lease.id());
+                if not_sent || p.retry_any {
+                    tried.push(lease.id());
+                    last_failure = Some(Failure::Replica);
+                    continue;
+                }
+                return failed(Failure::Replica);
+            }
+            Ok(resp) => {
+                if resp.status() == StatusCode::SERVICE_UNAVAILABLE
+                    && resp.headers().get(DRAINING_HEADER).is_some_and(|v| v.as_bytes() == b"1")
+                {
+                    ctx.endpoint.backend_draining(lease.id());
+                    tried.push(lease.id());
+                    counted(503);
+                    last_failure = Some(Failure::Draining);
+                    continue;
+                }
+                if resp.status() == StatusCode::SERVICE_UNAVAILABLE {
+                    ctx.endpoint.count_unavailable(Unavailable::Replica);
+                }
+                counted(resp.status().as_u16());
+                return client_response(resp, lease, p.start, ctx.access.is_some());
+            }
+        }
+    }
+    let r = failed(last_failure.unwrap_or(Failure::Replica));
+    ctx.endpoint.count_answer(r.status().as_u16());
+    r
+}
+
+pub(super) fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name)
+}
+
+/// The fields a `Connection` header names (hop-by-hop too).
+pub(super) fn connection_names(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect()
+}
+
+/// Hop-by-hop headers (RFC 9110 7.6.1) belong to one connection and are not
+/// forwarded; HTTP/2 refuses them outright.
+pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages have none: one look at each name, nothing removed.
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
+    for n in connection_names(headers) {
+        headers.remove(n);
+    }
+    for n in &HOP_BY_HOP {
+        headers.remove(n);
+    }
+}
+
+/// `served_by`: name the replica in the response's extensions (for the
+/// access log; an allocation per response otherwise spared).
+pub(super) fn client_response(
+    resp: Response<BackendBody>,
+    lease: Lease,
+    start: Instant,
+    served_by: bool,
+) -> Response<ProxyBody> {
+    let (mut parts, body) = resp.into_parts();
+    if body.hop_by_hop() {
+        strip_hop_by_hop(&mut parts.headers);
+    }
+    if served_by {
+        parts.extensions.insert(ServedBy(lease.replica().address));
+    }
+    let body = LeasedBody { inner: body, lease: Some(lease), start };
+    Response::from_parts(parts, ProxyBody { kind: BodyKind::Replica(body), hold: None, tap: None })
+}
