@@ -1,0 +1,179 @@
+//! `[[endpoint]]`: its listener, proxy limits, health checks, TLS and
+//! bearer tokens, and that every endpoint is reachable.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// One `[[endpoint]]`; `names` and `listens` collect what the endpoints
+/// before it took, so that a second use is an error at its key.
+pub(super) fn endpoint(
+    c: &mut Checker,
+    e: &RawEndpoint,
+    raw: &RawConfig,
+    max_buffered_body_bytes: usize,
+    names: &mut BTreeMap<String, Range<usize>>,
+    listens: &mut BTreeMap<SocketAddr, String>,
+) -> EndpointConfig {
+    let name = e.name.get_ref().clone();
+    if name.is_empty() || !name.chars().all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch)) {
+        c.error(e.name.span(), format!("endpoint name {name:?} must be non-empty letters, digits, '-', '_' or '.'"));
+    }
+    if names.insert(name.clone(), e.name.span()).is_some() {
+        c.error(e.name.span(), format!("endpoint {name:?} is defined twice; endpoint names must be unique"));
+    }
+    let listen = e.listen.as_ref().and_then(|l| c.address(l, "listen"));
+    // Port 0 lets the kernel choose, so it never collides.
+    if let (Some(l), Some(raw)) = (listen.filter(|l| l.port() != 0), &e.listen) {
+        if let Some(other) = listens.insert(l, format!("endpoint {name:?}")) {
+            c.error(raw.span(), format!("listen {l} is also used by {other}; give each its own address"));
+        }
+    }
+    let proxy = proxy_settings(c, e, raw, &name, max_buffered_body_bytes);
+    let (health, thresholds) = health(c, e.health.as_ref());
+    let mut replicas = e.replicas.as_ref().map(|r| replica_settings(c, r));
+    if let Some(r) = &mut replicas {
+        r.serve_paths = serve_paths(health.as_ref().map(|h| h.path.as_str()), &r.metrics_path);
+    }
+    EndpointConfig {
+        name,
+        listen,
+        replica_concurrency: c.number(&e.replica_concurrency, "replica_concurrency", 1, 100_000, 8) as u32,
+        queue_size: c.number(&e.queue_size, "queue_size", 0, 1_000_000, 256) as usize,
+        queue_timeout: c.duration(&e.queue_timeout, "queue_timeout", Duration::from_secs(10)),
+        proxy,
+        health,
+        thresholds,
+        replicas,
+    }
+}
+
+/// How the endpoint's requests are proxied: limits, timeouts, retries,
+/// its listener's connections and its API keys.
+pub(super) fn proxy_settings(
+    c: &mut Checker,
+    e: &RawEndpoint,
+    raw: &RawConfig,
+    name: &str,
+    max_buffered_body_bytes: usize,
+) -> ProxySettings {
+    let retry = e.retry.as_ref();
+    let attempts = retry.map(|r| c.number(&r.attempts, "retry.attempts", 0, 10, 2)).unwrap_or(2);
+    let conn = conn_settings(
+        c,
+        [&e.header_read_timeout, &e.http2_idle_timeout],
+        [&e.max_header_bytes, &e.max_connections, &e.max_connections_per_ip],
+        e.tls.as_ref(),
+    );
+    let max_request_body = c.number(&e.max_request_body, "max_request_body", 1, 1 << 30, 8 << 20) as usize;
+    if max_request_body > max_buffered_body_bytes {
+        let span = e.max_request_body.as_ref().or(raw.max_buffered_body_bytes.as_ref()).map(|v| v.span());
+        c.diags.push(Diagnostic::error(
+            span,
+            format!("max_request_body = {max_request_body} of endpoint {name:?} is above max_buffered_body_bytes = {max_buffered_body_bytes}; its largest requests could never be served"),
+        ));
+    }
+    ProxySettings {
+        prefix: None,
+        request_timeout: c.duration(&e.request_timeout, "request_timeout", Duration::from_secs(300)),
+        connect_timeout: c.duration(&e.connect_timeout, "connect_timeout", Duration::from_secs(2)),
+        max_request_body,
+        body_read_timeout: c.duration(&e.body_read_timeout, "body_read_timeout", Duration::from_secs(30)),
+        response_idle_timeout: c.duration(&e.response_idle_timeout, "response_idle_timeout", Duration::from_secs(60)),
+        retries: attempts as u32,
+        idempotent: retry.and_then(|r| r.idempotent).unwrap_or(false),
+        conn,
+        auth: e.auth.as_ref().and_then(|a| bearer_tokens(c, &a.bearer_tokens_file, "auth.bearer_tokens_file")),
+    }
+}
+
+/// `[endpoint.health]`: the check and how many results in a row move a
+/// replica in or out (defaults without the table).
+pub(super) fn health(c: &mut Checker, h: Option<&RawHealth>) -> (Option<HealthCheck>, HealthThresholds) {
+    let Some(h) = h else { return (None, HealthThresholds::default()) };
+    if !h.path.get_ref().starts_with('/') {
+        c.error(h.path.span(), format!("health.path {:?} must start with '/'", h.path.get_ref()));
+    }
+    let check = HealthCheck {
+        path: h.path.get_ref().clone(),
+        interval: c.duration(&h.interval, "health.interval", Duration::from_secs(2)),
+        timeout: c.duration(&h.timeout, "health.timeout", Duration::from_secs(1)),
+    };
+    let t = HealthThresholds {
+        healthy_after: c.number(&h.healthy_after, "health.healthy_after", 1, 100, 2) as u32,
+        unhealthy_after: c.number(&h.unhealthy_after, "health.unhealthy_after", 1, 100, 3) as u32,
+    };
+    (Some(check), t)
+}
+
+/// Every endpoint has a listener of its own or a shared one that routes
+/// to it.
+pub(super) fn check_reachable(c: &mut Checker, endpoints: &[Spanned<RawEndpoint>], listeners: &[ListenerConfig]) {
+    for e in endpoints {
+        let e = e.get_ref();
+        let name = e.name.get_ref();
+        let routed = listeners.iter().any(|l| l.routes.endpoints().any(|n| n == name));
+        if e.listen.is_none() && !routed {
+            c.error(
+                e.name.span(),
+                format!(
+                    "endpoint {name:?} has no listen and no [[listener.route]] names it; clients could not reach it"
+                ),
+            );
+        }
+    }
+}
+
+/// A listener's connection limits, from an `[[endpoint]]` (its own
+/// listener) or a `[[listener]]`: `[header_read_timeout,
+/// http2_idle_timeout]`, `[max_header_bytes, max_connections,
+/// max_connections_per_ip]`, and its `tls` table.
+pub(super) fn conn_settings(
+    c: &mut Checker,
+    [head_timeout, h2_idle]: [&Option<Spanned<String>>; 2],
+    [header_bytes, max_conns, per_ip]: [&Option<Spanned<i64>>; 3],
+    tls: Option<&RawTls>,
+) -> ConnSettings {
+    let max_connections = c.number(max_conns, "max_connections", 1, 1_000_000, 4096) as usize;
+    let mut max_connections_per_ip = c.number(per_ip, "max_connections_per_ip", 1, 1_000_000, 512) as usize;
+    if max_connections_per_ip > max_connections {
+        match per_ip {
+            Some(v) => c.error(
+                v.span(),
+                format!(
+                    "max_connections_per_ip = {max_connections_per_ip} is above max_connections = {max_connections}"
+                ),
+            ),
+            // Only the total was lowered: one client may take all of it.
+            None => max_connections_per_ip = max_connections,
+        }
+    }
+    ConnSettings {
+        header_read_timeout: c.duration(head_timeout, "header_read_timeout", Duration::from_secs(10)),
+        max_header_bytes: c.number(header_bytes, "max_header_bytes", 8192, 1 << 20, 16384) as usize,
+        max_connections,
+        max_connections_per_ip,
+        http2_idle_timeout: c.duration(h2_idle, "http2_idle_timeout", Duration::from_secs(60)),
+        tls: tls.and_then(|t| tls_settings(c, t)),
+    }
+}
+
+/// The listener's certificate and key, read and checked now (a listener
+/// that could not complete a handshake is an error here, not at the first
+/// client); the error sits at the key whose file is wrong.
+pub(super) fn tls_settings(c: &mut Checker, t: &RawTls) -> Option<std::sync::Arc<onepool_router::tls::Tls>> {
+    use onepool_router::tls::{Tls, TlsError, TlsFiles};
+    let files = TlsFiles { cert: t.cert_file.get_ref().into(), key: t.key_file.get_ref().into() };
+    match Tls::new(files) {
+        Ok(tls) => Some(std::sync::Arc::new(tls)),
+        Err(e) => {
+            let at = match &e {
+                TlsError::Read { what: "cert_file", .. }
+                | TlsError::Empty { what: "cert_file", .. }
+                | TlsError::Pem { what: "cert_file", .. } => t.cert_file.span(),
+                _ => t.key_file.span(),
+            };
+            c.error(at, format!("tls: {e}"));
+            None
+        }
+    }
+}

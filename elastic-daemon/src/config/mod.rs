@@ -1,0 +1,269 @@
+//! onepoold's TOML configuration. The whole file is checked and every
+//! problem reported as FILE:LINE:COL before the daemon refuses to start.
+
+mod checker;
+mod endpoints;
+mod listeners;
+mod raw;
+mod replicas;
+
+#[allow(unused_imports)]
+use {checker::*, endpoints::*, listeners::*, raw::*, replicas::*};
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use onepool_decisions::policy::Diagnostic;
+use onepool_router::registry::HealthThresholds;
+use onepool_router::settings::{HealthCheck, ProxySettings};
+use serde::Deserialize;
+use toml::Spanned;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub control_socket: PathBuf,
+    /// File mode of the control socket (0600 unless set).
+    pub control_socket_mode: u32,
+    pub metrics_address: Option<SocketAddr>,
+    /// Tokens a scrape of the metrics listener must carry
+    /// (`metrics_bearer_tokens_file`); `None`: every local process may read
+    /// them.
+    pub metrics_auth: Option<onepool_router::settings::BearerTokens>,
+    /// How long in-flight requests may run on after SIGTERM.
+    pub shutdown_grace: Duration,
+    /// Request body bytes all requests in flight may hold at once (bodies
+    /// are kept whole for retries); a body that would pass it gets 503.
+    pub max_buffered_body_bytes: usize,
+    pub endpoints: Vec<EndpointConfig>,
+    /// Shared listeners that pick the endpoint per request.
+    pub listeners: Vec<ListenerConfig>,
+    /// SLURM_CONF for the Slurm commands the replica controllers run
+    /// (`None`: the daemon's own environment decides).
+    pub slurm_conf: Option<PathBuf>,
+    /// The policy file the replica settings are checked against (`None`:
+    /// `$ONEPOOL_POLICY`, else `onepool.toml` beside `slurm_conf`, else
+    /// /etc/slurm/onepool.toml).
+    pub policy: Option<PathBuf>,
+    /// The replica key's file (made at the first start, readable by
+    /// onepoold's user only): every request to a replica carries the key,
+    /// and launchers answer nothing else ([`crate::replica_key`]).
+    pub replica_key_file: PathBuf,
+    /// `replica_key_file` was named: the key is read (and sent) even with
+    /// no `[endpoint.replicas]`, for launchers added through the control
+    /// socket.
+    pub replica_key_named: bool,
+    /// `[access_log]`: one JSON line per request, rotated by size.
+    pub access_log: Option<onepool_router::access_log::AccessLogSettings>,
+}
+
+/// Where the replica key lives unless `replica_key_file` says otherwise
+/// (the unit's `StateDirectory=onepool`).
+pub const DEFAULT_REPLICA_KEY_FILE: &str = "/var/lib/onepool/replica.key";
+
+#[derive(Clone, Debug)]
+pub struct EndpointConfig {
+    pub name: String,
+    /// The endpoint's own listener; `None` when only shared listeners
+    /// (`[[listener]]`) reach it.
+    pub listen: Option<SocketAddr>,
+    pub replica_concurrency: u32,
+    pub queue_size: usize,
+    pub queue_timeout: Duration,
+    pub proxy: ProxySettings,
+    pub health: Option<HealthCheck>,
+    pub thresholds: HealthThresholds,
+    /// Replicas onepoold runs itself as Slurm jobs (`[endpoint.replicas]`);
+    /// `None`: replicas come only through the control socket.
+    pub replicas: Option<ReplicaSettings>,
+}
+
+/// `[endpoint.replicas]`: how onepoold submits, scales and drains the
+/// endpoint's replica jobs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplicaSettings {
+    /// The model server's command line (a shell command), run under
+    /// `onepool replica`; it listens on `$ONEPOOL_BACKEND_PORT`.
+    pub command: String,
+    /// GPUs per replica (one node each).
+    pub gpus: u32,
+    /// Replicas one job hosts, each on its own node (default 1). Above 1 a
+    /// job runs one `srun` step per node and scales down node by node:
+    /// the drained replica's node is released with `scontrol update
+    /// JobId=.. NodeList=<the rest>`.
+    pub replicas_per_job: u32,
+    /// Baseline replicas (protected class), always kept.
+    pub min: u32,
+    /// Baseline plus supplemental (flexible class) replicas at most.
+    pub max: u32,
+    /// Requests in flight plus queued that one replica should carry.
+    pub target_per_replica: f64,
+    pub drain_timeout: Duration,
+    /// Longest model load: a replica not ready this long after it started
+    /// running is cancelled and replaced.
+    pub startup_timeout: Duration,
+    pub baseline_workload: String,
+    pub supplemental_workload: String,
+    /// Ports for the replicas' listeners (each replica takes a pair: the
+    /// launcher's port and, one above, its server's).
+    pub port_range: (u16, u16),
+    /// The `onepool` binary on the compute nodes.
+    pub launcher: String,
+    pub poll_interval: Duration,
+    /// The jobs' `--time`; `None`: the class's default.
+    pub time_limit: Option<Duration>,
+    /// Autoscaler windows (Knative KPA style).
+    pub stable_window: Duration,
+    pub panic_window: Duration,
+    pub panic_threshold: f64,
+    pub scale_down_delay: Duration,
+    /// sbatch `-o` of the replica jobs.
+    pub output: String,
+    /// Metrics whose samples, summed, are one replica's load instead of
+    /// the router's count of its requests in flight (empty: the router's).
+    pub load_metrics: Vec<String>,
+    /// Where the replicas serve those metrics.
+    pub metrics_path: String,
+    /// The paths the replicas' launchers pass on (filled from the health
+    /// check's and metrics' paths; see [`serve_paths`]).
+    pub serve_paths: Vec<String>,
+    /// How far ahead the autoscaler projects a rising load (zero: not).
+    pub trend_horizon: Duration,
+    /// Warm headroom on idle pool GPUs (`[endpoint.replicas.warm]`).
+    pub warm: Option<WarmSettings>,
+}
+
+/// `[endpoint.replicas.warm]`: replicas kept loaded above the load's need
+/// while no job waits for the pool's GPUs
+/// ([`onepool_decisions::replicas::Headroom`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WarmSettings {
+    /// Their class: flexible, ranked below every other flexible class.
+    pub workload: String,
+    pub spec: onepool_decisions::replicas::WarmSpec,
+    /// Filled at start from the policy: the pool's partitions (where a
+    /// waiting job wants the GPUs) and the warm classes' QOS (whose
+    /// waiting jobs want nothing).
+    pub scope: PoolScope,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolScope {
+    pub partitions: Vec<String>,
+    pub warm_qos: Vec<String>,
+}
+
+/// One shared listener: every request is routed to an endpoint by its
+/// `Host`, its path prefix, or the OpenAI `model` field of its JSON body.
+#[derive(Clone, Debug)]
+pub struct ListenerConfig {
+    pub listen: SocketAddr,
+    pub routes: Routes,
+    pub conn: ConnSettings,
+}
+
+/// The listener settings the router reads, defined with its other settings.
+pub use onepool_router::settings::{ConnSettings, PathRoute, Routes, MODEL_PATHS};
+
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .0.join("\n"))]
+pub struct ConfigError(pub Vec<String>);
+
+/// Parses and checks `source`; `file` names it in every error.
+pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
+    let raw: RawConfig = toml::from_str(source).map_err(|e| {
+        let d = Diagnostic::error(e.span(), e.message().to_string());
+        ConfigError(vec![d.render(file, source)])
+    })?;
+    let mut c = Checker { diags: Vec::new() };
+    let control_socket_mode = control_socket_mode(&mut c, &raw);
+    let metrics_address = metrics_address(&mut c, &raw);
+    let metrics_auth =
+        raw.metrics_bearer_tokens_file.as_ref().and_then(|f| bearer_tokens(&mut c, f, "metrics_bearer_tokens_file"));
+    let shutdown_grace = c.duration(&raw.shutdown_grace, "shutdown_grace", Duration::from_secs(30));
+    let access_log = raw.access_log.as_ref().map(|a| access_log(&mut c, a.get_ref()));
+    let max_buffered_body_bytes =
+        c.number(&raw.max_buffered_body_bytes, "max_buffered_body_bytes", 1 << 20, 1 << 40, 256 << 20) as usize;
+    if raw.endpoint.is_empty() {
+        c.diags.push(Diagnostic::error(None, "no [[endpoint]]; add at least one with name and listen".to_string()));
+    }
+    let mut names: BTreeMap<String, Range<usize>> = BTreeMap::new();
+    let mut listens: BTreeMap<SocketAddr, String> = BTreeMap::new();
+    let endpoints: Vec<EndpointConfig> = raw
+        .endpoint
+        .iter()
+        .map(|e| endpoint(&mut c, e.get_ref(), &raw, max_buffered_body_bytes, &mut names, &mut listens))
+        .collect();
+    let listeners = listeners(&mut c, &raw.listener, &names, &mut listens, max_buffered_body_bytes);
+    check_reachable(&mut c, &raw.endpoint, &listeners);
+    if c.diags.iter().any(|d| d.is_error()) {
+        return Err(ConfigError(c.diags.iter().map(|d| d.render(file, source)).collect()));
+    }
+    Ok(Config {
+        control_socket: PathBuf::from(raw.control_socket.into_inner()),
+        control_socket_mode,
+        metrics_address,
+        metrics_auth,
+        shutdown_grace,
+        max_buffered_body_bytes,
+        endpoints,
+        listeners,
+        slurm_conf: raw.slurm_conf.map(|s| PathBuf::from(s.into_inner())),
+        replica_key_named: raw.replica_key_file.is_some(),
+        replica_key_file: raw
+            .replica_key_file
+            .map_or_else(|| PathBuf::from(DEFAULT_REPLICA_KEY_FILE), |s| PathBuf::from(s.into_inner())),
+        policy: raw.policy.map(|s| PathBuf::from(s.into_inner())),
+        access_log,
+    })
+}
+
+/// The control socket's mode (default 0600; never open to others), and a
+/// check that it has a path.
+fn control_socket_mode(c: &mut Checker, raw: &RawConfig) -> u32 {
+    if raw.control_socket.get_ref().is_empty() {
+        c.error(
+            raw.control_socket.span(),
+            "control_socket is empty; give a path like /run/onepool/onepoold.sock".into(),
+        );
+    }
+    match &raw.control_socket_mode {
+        None => 0o600,
+        Some(m) => match u32::from_str_radix(m.get_ref(), 8) {
+            Ok(v) if v & 0o777 == v && v & 0o007 == 0 => v,
+            _ => {
+                c.error(m.span(), format!("control_socket_mode = {:?}: expected an octal mode without access for others, like \"0600\" or \"0660\"", m.get_ref()));
+                0o600
+            }
+        },
+    }
+}
+
+/// Where the metrics are served: loopback only.
+fn metrics_address(c: &mut Checker, raw: &RawConfig) -> Option<SocketAddr> {
+    let a = raw.metrics_address.as_ref()?;
+    let addr = c.address(a, "metrics_address")?;
+    if !addr.ip().is_loopback() {
+        c.error(
+            a.span(),
+            format!("metrics_address {addr} is not a loopback address; metrics are served on 127.0.0.1 or ::1 only"),
+        );
+    }
+    Some(addr)
+}
+
+/// Reads and parses the file at `path`.
+pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
+    let file = path.display().to_string();
+    let source = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError(vec![format!("{file}: cannot read the router configuration: {e}")]))?;
+    parse(&file, &source)
+}
+
+mod file;
+pub use file::{AccessLogFile, ConfigFile, EndpointFile, HealthFile, ReplicasFile, WarmFile};
+
+#[cfg(test)]
+mod tests;
