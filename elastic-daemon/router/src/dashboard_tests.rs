@@ -111,6 +111,8 @@ fn exercised() -> Metrics {
     let reason = "max_connections".to_string();
     m.connections_refused.get_or_create(&RefusedLabels { listener, reason }).inc();
     m.buffered_body_bytes.set(10);
+    let outcome = crate::prefix::Affine::Hit { blocks: 3 }.label().to_string();
+    m.prefix_routed.get_or_create(&crate::metrics::PrefixLabels { endpoint: endpoint.into(), outcome }).inc();
     m.body_budget_refused.inc();
     m.count_unavailable(endpoint, crate::metrics::Unavailable::QueueTimeout);
     m.access_log_dropped.inc();

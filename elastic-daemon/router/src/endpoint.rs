@@ -13,9 +13,10 @@ use tokio::sync::{oneshot, Notify};
 use prometheus_client::metrics::gauge::Gauge;
 
 use crate::backend_pool::IdleConns;
-use crate::metrics::{replica_labels, Metrics, ReplicaMetrics, RequestCounters};
+use crate::metrics::{replica_labels, Metrics, PrefixLabels, ReplicaMetrics, RequestCounters};
 use crate::prefix::{Affine, Affinity, PrefixSettings};
 use crate::registry::{HealthThresholds, Pool, RegistryError, Replica, ReplicaId, ReplicaState, Transition};
+use prometheus_client::metrics::counter::Counter;
 
 #[derive(Clone, Debug)]
 pub struct QueueSettings {
@@ -64,8 +65,9 @@ struct Inner {
     /// With prefix-aware routing: which replica took each prompt prefix
     /// last ([`crate::prefix`]).
     affinity: Option<Affinity>,
-    /// How requests were routed by prefix, by [`Affine::label`].
-    affine_counts: [u64; 4],
+    /// `onepool_router_prefix_routed_total` of this endpoint, in
+    /// [`Affine::SLOTS`]'s order (looked up once, not per request).
+    affine_counts: Option<[Counter; 4]>,
 }
 
 impl Inner {
@@ -116,7 +118,7 @@ impl Endpoint {
                 peak_queue: 0,
                 shared: Vec::new(),
                 affinity: None,
-                affine_counts: [0; 4],
+                affine_counts: None,
             }),
             queue_depth: metrics.queue_depth(name),
             requests: metrics.request_counters(name, ""),
@@ -201,14 +203,21 @@ impl Endpoint {
     /// Routes by prompt prefix from now on ([`crate::prefix`]), with an
     /// empty table.
     pub fn set_prefix_routing(&self, settings: PrefixSettings) {
-        self.lock().affinity = Some(Affinity::new(settings));
+        let counter = |outcome: &str| {
+            let labels = PrefixLabels { endpoint: self.name.clone(), outcome: outcome.to_string() };
+            self.metrics.prefix_routed.get_or_create(&labels).clone()
+        };
+        let counters = Affine::SLOTS.map(counter);
+        let mut g = self.lock();
+        g.affinity = Some(Affinity::new(settings));
+        g.affine_counts = Some(counters);
     }
 
     /// Requests routed by prefix so far: hits, misses, over the bound, and
-    /// without a prefix ([`Affine`]'s order); `None` without prefix routing.
+    /// without a prefix ([`Affine::SLOTS`]' order); `None` without prefix
+    /// routing.
     pub fn prefix_counts(&self) -> Option<[u64; 4]> {
-        let g = self.lock();
-        g.affinity.as_ref().map(|_| g.affine_counts)
+        self.lock().affine_counts.as_ref().map(|c| [c[0].get(), c[1].get(), c[2].get(), c[3].get()])
     }
 
     pub fn remove(&self, address: SocketAddr) -> Result<Replica, RegistryError> {
@@ -366,13 +375,9 @@ impl Endpoint {
         let Inner { pool, affinity, affine_counts, .. } = g;
         let Some(affinity) = affinity.as_mut() else { return pool.choose(exclude) };
         let (id, how) = pool.choose_for(exclude, prefix, affinity)?;
-        let slot = match how {
-            Affine::Hit { .. } => 0,
-            Affine::Miss => 1,
-            Affine::OverBound => 2,
-            Affine::NoKey => 3,
-        };
-        affine_counts[slot] += 1;
+        if let Some(c) = affine_counts {
+            c[how.slot()].inc();
+        }
         Some(id)
     }
 

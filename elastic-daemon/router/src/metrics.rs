@@ -47,6 +47,13 @@ pub struct RequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PrefixLabels {
+    pub endpoint: String,
+    /// [`crate::prefix::Affine::label`].
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UnavailableLabels {
     pub endpoint: String,
     /// [`Unavailable::as_str`].
@@ -163,6 +170,8 @@ pub struct Metrics {
     pub unavailable: Family<UnavailableLabels, Counter>,
     /// Access log lines dropped because its writer fell behind.
     pub access_log_dropped: Counter,
+    /// Requests routed by prompt prefix, by how ([`crate::prefix::Affine`]).
+    pub prefix_routed: Family<PrefixLabels, Counter>,
     registry: Registry,
 }
 
@@ -174,141 +183,123 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let requests = Family::<RequestLabels, Counter>::default();
-        let in_flight = Family::<ReplicaLabels, Gauge>::default();
-        let queue_depth = Family::<EndpointLabels, Gauge>::default();
-        let latency: HistogramFamily<ReplicaLabels> = Family::new_with_constructor(latency_histogram);
-        let drains = Family::<DrainLabels, Counter>::default();
-        let drain_seconds: HistogramFamily<ReplicaLabels> = Family::new_with_constructor(drain_histogram);
-        let replicas = Family::<ReplicaJobLabels, Gauge>::default();
-        let desired = Family::<EndpointLabels, Gauge>::default();
-        let preemptions = Family::<EndpointLabels, Counter>::default();
-        let reclaims = Family::<ReclaimLabels, Counter>::default();
-        let reclaim_release_seconds: HistogramFamily<ReclaimLabels> = Family::new_with_constructor(drain_histogram);
-        let reclaim_time_to_capacity_seconds: HistogramFamily<ReclaimLabels> =
-            Family::new_with_constructor(drain_histogram);
-        let failed_starts = Family::<EndpointLabels, Counter>::default();
-        let backoff_failures = Family::<EndpointLabels, Gauge>::default();
-        let backoff_seconds = Family::<EndpointLabels, Gauge>::default();
-        let slurm_calls = Family::<SlurmCallLabels, Counter>::default();
-        let connections = Family::<ListenerLabels, Gauge>::default();
-        let connections_refused = Family::<RefusedLabels, Counter>::default();
-        let buffered_body_bytes = Gauge::default();
-        let body_budget_refused = Counter::default();
-        let response_idle_timeouts = Family::<ReplicaLabels, Counter>::default();
-        let unavailable = Family::<UnavailableLabels, Counter>::default();
-        let access_log_dropped = Counter::default();
-        let mut registry = Registry::with_prefix("onepool");
-        let router = registry.sub_registry_with_prefix("router");
-        router.register("requests", "Requests answered, by replica and status class", requests.clone());
-        router.register("in_flight", "Requests a replica is serving now", in_flight.clone());
-        router.register("queue_depth", "Requests waiting for a free replica", queue_depth.clone());
-        router.register("request_duration_seconds", "Time from request to the last response byte", latency.clone());
-        router.register("drains", "Replica drains, by outcome", drains.clone());
-        router.register("drain_duration_seconds", "How long drains took", drain_seconds.clone());
-        router.register("connections", "Client connections open, by listener", connections.clone());
-        router.register(
+        let mut m = Metrics {
+            requests: Family::default(),
+            in_flight: Family::default(),
+            queue_depth: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            drains: Family::default(),
+            drain_seconds: Family::new_with_constructor(drain_histogram),
+            replicas: Family::default(),
+            desired: Family::default(),
+            preemptions: Family::default(),
+            reclaims: Family::default(),
+            reclaim_release_seconds: Family::new_with_constructor(drain_histogram),
+            reclaim_time_to_capacity_seconds: Family::new_with_constructor(drain_histogram),
+            failed_starts: Family::default(),
+            backoff_failures: Family::default(),
+            backoff_seconds: Family::default(),
+            slurm_calls: Family::default(),
+            connections: Family::default(),
+            connections_refused: Family::default(),
+            buffered_body_bytes: Gauge::default(),
+            body_budget_refused: Counter::default(),
+            response_idle_timeouts: Family::default(),
+            unavailable: Family::default(),
+            access_log_dropped: Counter::default(),
+            prefix_routed: Family::default(),
+            registry: Registry::with_prefix("onepool"),
+        };
+        m.register_router();
+        m.register_controllers();
+        m
+    }
+
+    /// `onepool_router_*`: what the proxy and the endpoints count.
+    fn register_router(&mut self) {
+        let r = self.registry.sub_registry_with_prefix("router");
+        r.register("requests", "Requests answered, by replica and status class", self.requests.clone());
+        r.register("in_flight", "Requests a replica is serving now", self.in_flight.clone());
+        r.register("queue_depth", "Requests waiting for a free replica", self.queue_depth.clone());
+        r.register("request_duration_seconds", "Time from request to the last response byte", self.latency.clone());
+        r.register("drains", "Replica drains, by outcome", self.drains.clone());
+        r.register("drain_duration_seconds", "How long drains took", self.drain_seconds.clone());
+        r.register("connections", "Client connections open, by listener", self.connections.clone());
+        r.register(
             "connections_refused",
             "Client connections closed at once: the listener's cap or the client IP's was reached",
-            connections_refused.clone(),
+            self.connections_refused.clone(),
         );
-        router.register(
+        r.register(
             "buffered_body_bytes",
             "Request body bytes held by requests in flight (at most max_buffered_body_bytes)",
-            buffered_body_bytes.clone(),
+            self.buffered_body_bytes.clone(),
         );
-        router.register(
+        r.register(
             "body_budget_refused",
             "Requests answered 503 because their body would pass max_buffered_body_bytes",
-            body_budget_refused.clone(),
+            self.body_budget_refused.clone(),
         );
-        router.register(
+        r.register(
             "response_idle_timeouts",
             "Responses cut off because the replica sent nothing for response_idle_timeout",
-            response_idle_timeouts.clone(),
+            self.response_idle_timeouts.clone(),
         );
-        router.register(
-            "unavailable",
-            "Requests answered 503, by reason: queue_full, queue_timeout, draining (no other replica took it), replica (its own 503)",
-            unavailable.clone(),
-        );
-        router.register(
+        r.register("unavailable", "Requests answered 503, by reason: queue_full, queue_timeout, draining (no other replica took it), replica (its own 503)", self.unavailable.clone());
+        r.register(
             "access_log_dropped",
             "Access log lines dropped because the writer fell behind (requests never wait for the disk)",
-            access_log_dropped.clone(),
+            self.access_log_dropped.clone(),
         );
-        let controller = registry.sub_registry_with_prefix("replica");
-        controller.register("jobs", "onepoold's replicas in Slurm jobs, by kind and phase", replicas.clone());
-        controller.register("desired", "Replicas the autoscaler wants (baseline included)", desired.clone());
-        // sacct records a replica that drained and exited in its grace
-        // time as COMPLETED: this is where reclaims are counted.
-        controller.register(
+        r.register(
+            "prefix_routed",
+            "Requests of endpoints that route by prompt prefix, by outcome: hit (to the replica that held the prompt's \
+             longest known prefix), miss (nobody held it), over_bound (its holder was above the load bound), no_key \
+             (no prompt to route by)",
+            self.prefix_routed.clone(),
+        );
+    }
+
+    /// `onepool_replica_*`: what the replica controllers count. sacct
+    /// records a replica that drained and exited in its grace time as
+    /// COMPLETED: `reclaims` is where reclaims are counted.
+    fn register_controllers(&mut self) {
+        let r = self.registry.sub_registry_with_prefix("replica");
+        r.register("jobs", "onepoold's replicas in Slurm jobs, by kind and phase", self.replicas.clone());
+        r.register("desired", "Replicas the autoscaler wants (baseline included)", self.desired.clone());
+        r.register(
             "preemptions",
             "Replica jobs Slurm picked as preemption victims (seen by onepoold)",
-            preemptions.clone(),
+            self.preemptions.clone(),
         );
-        controller.register(
+        r.register(
             "reclaims",
             "Preempted replica jobs that released their GPUs, by mode (graceful: within a grace time; immediate)",
-            reclaims.clone(),
+            self.reclaims.clone(),
         );
-        controller.register(
+        r.register(
             "reclaim_release_seconds",
             "From the poll that saw Slurm pick a replica job to the poll that found it gone (its GPUs free)",
-            reclaim_release_seconds.clone(),
+            self.reclaim_release_seconds.clone(),
         );
-        controller.register(
-            "reclaim_time_to_capacity_seconds",
-            "The job that took a reclaimed replica job's GPUs (the first to start on its nodes): from its submission to \
-             its start, in whole seconds",
-            reclaim_time_to_capacity_seconds.clone(),
-        );
-        controller.register(
+        r.register("reclaim_time_to_capacity_seconds", "The job that took a reclaimed replica job's GPUs (the first to start on its nodes): from its submission to \
+             its start, in whole seconds", self.reclaim_time_to_capacity_seconds.clone());
+        r.register(
             "failed_starts",
             "Replica jobs that ended before serving or within their first minutes of it, or never became healthy",
-            failed_starts.clone(),
+            self.failed_starts.clone(),
         );
-        controller.register(
+        r.register(
             "backoff_failures",
             "Failed starts in a row (0: the endpoint is not backing off)",
-            backoff_failures.clone(),
+            self.backoff_failures.clone(),
         );
-        controller.register(
+        r.register(
             "backoff_seconds",
             "Seconds until the endpoint may submit a replica job again (0: now, or not backing off)",
-            backoff_seconds.clone(),
+            self.backoff_seconds.clone(),
         );
-        controller.register(
-            "slurm_calls",
-            "Slurm commands the replica controllers ran, by outcome",
-            slurm_calls.clone(),
-        );
-        Metrics {
-            requests,
-            in_flight,
-            queue_depth,
-            latency,
-            drains,
-            drain_seconds,
-            replicas,
-            desired,
-            preemptions,
-            reclaims,
-            reclaim_release_seconds,
-            reclaim_time_to_capacity_seconds,
-            failed_starts,
-            backoff_failures,
-            backoff_seconds,
-            slurm_calls,
-            connections,
-            connections_refused,
-            buffered_body_bytes,
-            body_budget_refused,
-            response_idle_timeouts,
-            unavailable,
-            access_log_dropped,
-            registry,
-        }
+        r.register("slurm_calls", "Slurm commands the replica controllers ran, by outcome", self.slurm_calls.clone());
     }
 
     /// The Prometheus text exposition of every metric.

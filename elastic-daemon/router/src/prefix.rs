@@ -151,13 +151,20 @@ pub enum Affine {
 }
 
 impl Affine {
-    pub fn label(self) -> &'static str {
+    /// Every outcome's label, in the order of [`Affine::slot`].
+    pub const SLOTS: [&'static str; 4] = ["hit", "miss", "over_bound", "no_key"];
+
+    pub fn slot(self) -> usize {
         match self {
-            Affine::Hit { .. } => "hit",
-            Affine::Miss => "miss",
-            Affine::OverBound => "over_bound",
-            Affine::NoKey => "no_key",
+            Affine::Hit { .. } => 0,
+            Affine::Miss => 1,
+            Affine::OverBound => 2,
+            Affine::NoKey => 3,
         }
+    }
+
+    pub fn label(self) -> &'static str {
+        Affine::SLOTS[self.slot()]
     }
 }
 

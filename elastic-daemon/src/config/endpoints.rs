@@ -73,7 +73,7 @@ pub(super) fn proxy_settings(
         ));
     }
     ProxySettings {
-        prefix: None,
+        prefix: e.routing.as_ref().and_then(|r| routing(c, r)),
         request_timeout: c.duration(&e.request_timeout, "request_timeout", Duration::from_secs(300)),
         connect_timeout: c.duration(&e.connect_timeout, "connect_timeout", Duration::from_secs(2)),
         max_request_body,
@@ -83,6 +83,32 @@ pub(super) fn proxy_settings(
         idempotent: retry.and_then(|r| r.idempotent).unwrap_or(false),
         conn,
         auth: e.auth.as_ref().and_then(|a| bearer_tokens(c, &a.bearer_tokens_file, "auth.bearer_tokens_file")),
+    }
+}
+
+/// `[endpoint.routing]`: prefix-aware routing's settings, or `None` for
+/// least outstanding alone.
+fn routing(c: &mut Checker, r: &Spanned<RawRouting>) -> Option<PrefixSettings> {
+    let r = r.get_ref();
+    let d = PrefixSettings::default();
+    let block_bytes = c.number(&r.block_bytes, "routing.block_bytes", 16, 1 << 20, d.block_bytes as i64) as usize;
+    let table_entries =
+        c.number(&r.table_entries, "routing.table_entries", 1024, 1 << 26, d.table_entries as i64) as usize;
+    let load_bound = positive(c, &r.load_bound, "routing.load_bound", d.load_bound);
+    if load_bound < 1.0 {
+        let span = r.load_bound.as_ref().map(|v| v.span()).unwrap_or_default();
+        c.error(span, format!("routing.load_bound = {load_bound} is below 1: no replica could take a request for a prefix it holds while the endpoint is busy; use 1 (the average) or more"));
+    }
+    match r.policy.as_ref().map(|p| (p.get_ref().as_str(), p.span())) {
+        None | Some(("least_outstanding", _)) => None,
+        Some(("prefix", _)) => Some(PrefixSettings { block_bytes, load_bound, table_entries }),
+        Some((other, span)) => {
+            c.error(
+                span,
+                format!("routing.policy = {other:?} is not a routing policy; use \"least_outstanding\" or \"prefix\""),
+            );
+            None
+        }
     }
 }
 

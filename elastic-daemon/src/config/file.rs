@@ -63,8 +63,19 @@ pub struct EndpointFile {
     pub retry_attempts: Option<u32>,
     /// `[endpoint.retry]` `idempotent`.
     pub retry_idempotent: Option<bool>,
+    pub routing: Option<RoutingFile>,
     pub health: Option<HealthFile>,
     pub replicas: Option<ReplicasFile>,
+}
+
+/// `[endpoint.routing]`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RoutingFile {
+    /// "least_outstanding" or "prefix".
+    pub policy: Option<String>,
+    pub block_bytes: Option<usize>,
+    pub load_bound: Option<f64>,
+    pub table_entries: Option<usize>,
 }
 
 /// `[endpoint.health]`.
@@ -185,6 +196,13 @@ impl EndpointFile {
             t.table("[endpoint.retry]");
             t.put("attempts", self.retry_attempts.map(int));
             t.put("idempotent", self.retry_idempotent.map(toml::Value::Boolean));
+        }
+        if let Some(r) = &self.routing {
+            t.table("[endpoint.routing]");
+            t.put("policy", r.policy.as_deref().map(text));
+            t.put("block_bytes", r.block_bytes.map(int));
+            t.put("load_bound", r.load_bound.map(toml::Value::Float));
+            t.put("table_entries", r.table_entries.map(int));
         }
         if let Some(h) = &self.health {
             t.table("[endpoint.health]");
@@ -345,6 +363,12 @@ mod tests {
                     response_idle_timeout: Some(secs(45)),
                     retry_attempts: Some(3),
                     retry_idempotent: Some(true),
+                    routing: Some(RoutingFile {
+                        policy: Some("prefix".into()),
+                        block_bytes: Some(256),
+                        load_bound: Some(1.5),
+                        table_entries: Some(4096),
+                    }),
                     health: Some(HealthFile {
                         interval: Some(ms(500)),
                         timeout: Some(secs(1)),
@@ -421,6 +445,11 @@ mod tests {
         assert_eq!((p.request_timeout, p.connect_timeout), (secs(120), ms(700)));
         assert_eq!((p.max_request_body, p.body_read_timeout, p.response_idle_timeout), (1 << 20, secs(20), secs(45)));
         assert_eq!((p.retries, p.idempotent), (3, true));
+        assert_eq!(
+            p.prefix,
+            Some(onepool_router::prefix::PrefixSettings { block_bytes: 256, load_bound: 1.5, table_entries: 4096 })
+        );
+        assert_eq!(c.endpoints[1].proxy.prefix, None, "least outstanding without the table");
         assert_eq!(
             p.conn,
             crate::config::ConnSettings {
@@ -578,6 +607,7 @@ mod tests {
             (body, idempotent) in (some(1usize..=1 << 20), some(any::<bool>())),
             health in some(("/[^\u{0}]*", some(a_duration()), some(a_duration()), some(1u32..=100), some(1u32..=100))),
             replicas in some(replicas()),
+            routing in some((some(prop_oneof![Just("prefix"), Just("least_outstanding")]), some(16usize..=1 << 20), some(1.0f64..100.0), some(1024usize..=1 << 26))),
         ) -> EndpointFile {
             EndpointFile {
                 name,
@@ -597,6 +627,12 @@ mod tests {
                 response_idle_timeout: times[6],
                 retry_attempts: retry,
                 retry_idempotent: idempotent,
+                routing: routing.map(|(policy, block_bytes, load_bound, table_entries)| RoutingFile {
+                    policy: policy.map(str::to_string),
+                    block_bytes,
+                    load_bound,
+                    table_entries,
+                }),
                 health: health.map(|(path, interval, timeout, healthy_after, unhealthy_after)| HealthFile {
                     path,
                     interval,
@@ -649,6 +685,13 @@ mod tests {
             prop_assert_eq!(Some(e.proxy.request_timeout), want.request_timeout.or(Some(e.proxy.request_timeout)));
             if let Some(h) = &want.health {
                 prop_assert_eq!(&e.health.as_ref().unwrap().path, &h.path);
+            }
+            let prefix = want.routing.as_ref().filter(|r| r.policy.as_deref() == Some("prefix"));
+            prop_assert_eq!(e.proxy.prefix.is_some(), prefix.is_some());
+            if let (Some(got), Some(r)) = (e.proxy.prefix, prefix) {
+                prop_assert_eq!(Some(got.block_bytes), r.block_bytes.or(Some(got.block_bytes)));
+                prop_assert_eq!(Some(got.load_bound), r.load_bound.or(Some(got.load_bound)));
+                prop_assert_eq!(Some(got.table_entries), r.table_entries.or(Some(got.table_entries)));
             }
             if let Some(r) = &want.replicas {
                 let got = e.replicas.as_ref().unwrap();

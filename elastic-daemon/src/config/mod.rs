@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use onepool_decisions::policy::Diagnostic;
+use onepool_router::prefix::PrefixSettings;
 use onepool_router::registry::HealthThresholds;
 use onepool_router::settings::{HealthCheck, ProxySettings};
 use serde::Deserialize;
@@ -263,7 +264,7 @@ pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
 }
 
 mod file;
-pub use file::{AccessLogFile, ConfigFile, EndpointFile, HealthFile, ReplicasFile, WarmFile};
+pub use file::{AccessLogFile, ConfigFile, EndpointFile, HealthFile, ReplicasFile, RoutingFile, WarmFile};
 
 #[cfg(test)]
 mod tests;

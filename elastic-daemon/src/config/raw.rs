@@ -78,6 +78,7 @@ pub(super) struct RawEndpoint {
     pub(super) body_read_timeout: Option<Spanned<String>>,
     pub(super) response_idle_timeout: Option<Spanned<String>>,
     pub(super) retry: Option<RawRetry>,
+    pub(super) routing: Option<Spanned<RawRouting>>,
     pub(super) health: Option<RawHealth>,
     pub(super) auth: Option<RawAuth>,
     pub(super) tls: Option<RawTls>,
@@ -140,6 +141,17 @@ pub(super) struct RawWarm {
     pub(super) workload: Option<Spanned<String>>,
     pub(super) replicas: Option<Spanned<i64>>,
     pub(super) fraction: Option<Spanned<f64>>,
+}
+
+/// `[endpoint.routing]`: how a replica is picked for a request.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRouting {
+    /// "least_outstanding" (the default) or "prefix".
+    pub(super) policy: Option<Spanned<String>>,
+    pub(super) block_bytes: Option<Spanned<i64>>,
+    pub(super) load_bound: Option<Spanned<f64>>,
+    pub(super) table_entries: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]

@@ -266,3 +266,19 @@ fn warm_headroom_and_the_trend_are_read_and_checked() {
         assert!(e.contains(want), "{table:?}: {e}");
     }
 }
+
+#[test]
+fn routing_by_prefix_is_read_and_its_mistakes_have_a_place() {
+    let src = |routing: &str| {
+        format!("control_socket = \"/s\"\n[[endpoint]]\nname = \"a\"\nlisten = \"127.0.0.1:1\"\n[endpoint.routing]\n{routing}\n")
+    };
+    let c = parse("r.toml", &src("policy = \"prefix\"\nblock_bytes = 256")).unwrap();
+    let p = c.endpoints[0].proxy.prefix.unwrap();
+    assert_eq!((p.block_bytes, p.load_bound, p.table_entries), (256, 1.25, 1 << 16));
+    assert_eq!(parse("r.toml", &src("policy = \"least_outstanding\"")).unwrap().endpoints[0].proxy.prefix, None);
+    let e =
+        parse("r.toml", &src("policy = \"round_robin\"\nload_bound = 0.5\nblock_bytes = 8")).unwrap_err().to_string();
+    assert!(e.contains("r.toml:6:10: error: routing.policy = \"round_robin\" is not a routing policy"), "{e}");
+    assert!(e.contains("r.toml:7:14: error: routing.load_bound = 0.5 is below 1"), "{e}");
+    assert!(e.contains("r.toml:8:15: error: routing.block_bytes = 8 is out of range; use 16 to 1048576"), "{e}");
+}
