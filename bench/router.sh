@@ -19,6 +19,16 @@
 # The achieved rate is printed beside each figure. Latencies are wrk's
 # --latency distribution (no coordinated-omission correction).
 #
+# Side by side with it, in the same run and under the same load:
+# - onepoold, prefix routing: the same onepoold binary, an endpoint routing
+#   by prompt prefix ([endpoint.routing] policy = "prefix");
+# - onepoold baseline: another onepoold binary, when BASELINE=PATH names one
+#   (e.g. built from an earlier commit), to show a change did not make the
+#   forward path slower.
+# With BODY_BYTES=N every target gets a POST of an OpenAI chat completion
+# with an N-byte system prompt (the prefix endpoint then hashes a real
+# prompt) instead of a GET.
+#
 # Needs: Debian (apt-get installs nginx and wrk if missing), cargo, curl.
 set -euo pipefail
 
@@ -33,6 +43,10 @@ LOAD_CPU=${LOAD_CPU:-0}
 BACKEND_PORT=${BACKEND_PORT:-18080}
 NGINX_PORT=${NGINX_PORT:-18081}
 ONEPOOLD_PORT=${ONEPOOLD_PORT:-18082}
+PREFIX_PORT=${PREFIX_PORT:-18083}
+BASELINE_PORT=${BASELINE_PORT:-18084}
+BASELINE=${BASELINE:-}
+BODY_BYTES=${BODY_BYTES:-0}
 
 need=()
 command -v nginx >/dev/null || need+=(nginx)
@@ -110,28 +124,32 @@ NGINX_PID=$!
 PIDS+=("$NGINX_PID")
 wait_port "$NGINX_PORT"
 
-# --- onepoold: one endpoint, the backend added through the control socket
-cat >"$TMP/onepoold.toml" <<EOF
-control_socket = "$TMP/onepoold.sock"
-shutdown_grace = "1s"
-
-[[endpoint]]
-name = "bench"
-listen = "127.0.0.1:$ONEPOOLD_PORT"
-replica_concurrency = 100000
-queue_size = 100000
-EOF
-ONEPOOLD_LOG=warn taskset -c "$PROXY_CPU" "$ONEPOOLD" --config "$TMP/onepoold.toml" 2>"$TMP/onepoold.log" &
-ONEPOOLD_PID=$!
-PIDS+=("$ONEPOOLD_PID")
-wait_port "$ONEPOOLD_PORT"
-curl -sS --fail --unix-socket "$TMP/onepoold.sock" -H 'content-type: application/json' \
-    -d "{\"address\": \"127.0.0.1:$BACKEND_PORT\", \"ready\": true}" \
-    http://onepoold/v1/endpoints/bench/replicas >/dev/null
+# --- onepoold: an endpoint per variant, the backend added through the
+# control socket. NAME BINARY PORT [ROUTING TABLE]; sets PID_<NAME>.
+start_onepoold() {
+    local name=$1 binary=$2 port=$3 routing=${4:-}
+    printf 'control_socket = "%s"\nshutdown_grace = "1s"\n\n[[endpoint]]\nname = "bench"\nlisten = "127.0.0.1:%s"\nreplica_concurrency = 100000\nqueue_size = 100000\n%s\n' \
+        "$TMP/$name.sock" "$port" "$routing" >"$TMP/$name.toml"
+    ONEPOOLD_LOG=warn taskset -c "$PROXY_CPU" "$binary" --config "$TMP/$name.toml" 2>"$TMP/$name.log" &
+    PIDS+=($!)
+    printf -v "PID_$name" %s "$!"
+    wait_port "$port"
+    curl -sS --fail --unix-socket "$TMP/$name.sock" -H 'content-type: application/json' \
+        -d "{\"address\": \"127.0.0.1:$BACKEND_PORT\", \"ready\": true}" \
+        http://onepoold/v1/endpoints/bench/replicas >/dev/null
+}
+start_onepoold onepoold "$ONEPOOLD" "$ONEPOOLD_PORT"
+ONEPOOLD_PID=$PID_onepoold
+start_onepoold prefix "$ONEPOOLD" "$PREFIX_PORT" $'[endpoint.routing]\npolicy = "prefix"'
+if [ -n "$BASELINE" ]; then
+    start_onepoold baseline "$BASELINE" "$BASELINE_PORT"
+fi
 
 WORKERS=$(ls /proc/"$ONEPOOLD_PID"/task | while read -r t; do cat "/proc/$ONEPOOLD_PID/task/$t/comm"; done | grep -c '^tokio-r' || true)
 NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | wc -l)
-for port in "$BACKEND_PORT" "$NGINX_PORT" "$ONEPOOLD_PORT"; do
+ports=("$BACKEND_PORT" "$NGINX_PORT" "$ONEPOOLD_PORT" "$PREFIX_PORT")
+[ -z "$BASELINE" ] || ports+=("$BASELINE_PORT")
+for port in "${ports[@]}"; do
     body=$(curl -sS --fail "http://127.0.0.1:$port/")
     [ "$body" = "hello, world" ] || { echo "127.0.0.1:$port answered ${body@Q}" >&2; exit 1; }
 done
@@ -146,11 +164,23 @@ cpu_ticks() {
     echo "$total"
 }
 
-echo 'function delay() return '"$HALF_DELAY_MS"' end' >"$TMP/pace.lua"
+# The request: a GET, or with BODY_BYTES a chat completion's POST (one
+# system prompt shared by every request, as an agent's or a chat's).
+if ((BODY_BYTES > 0)); then
+    prompt=$(head -c "$BODY_BYTES" /dev/zero | tr '\0' 'x')
+    {
+        echo 'wrk.method = "POST"'
+        echo 'wrk.headers["Content-Type"] = "application/json"'
+        echo "wrk.body = '{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"$prompt\"},{\"role\":\"user\",\"content\":\"hi\"}]}'"
+    } >"$TMP/max.lua"
+else
+    : >"$TMP/max.lua"
+fi
+{ cat "$TMP/max.lua"; echo 'function delay() return '"$HALF_DELAY_MS"' end'; } >"$TMP/pace.lua"
 
 # run NAME URL CONNS [pace] -> "rps p50_us p99_us cpu_us_per_req"
 run() {
-    local url=$2 conns=$3 pace=${4:-} pid=${5:-} args=() before after out
+    local url=$2 conns=$3 pace=${4:-} pid=${5:-} args=(-s "$TMP/max.lua") before after out
     [ -n "$pace" ] && args=(-s "$TMP/pace.lua")
     taskset -c "$LOAD_CPU" wrk -t1 -c"$conns" -d"${WARMUP}s" "${args[@]}" "$url" >/dev/null
     before=$([ -n "$pid" ] && cpu_ticks "$pid" || echo 0)
@@ -182,6 +212,10 @@ echo "== maximum throughput: wrk -t1 -c$CONNS -d${DURATION}s (after ${WARMUP}s w
 read -r D_RPS D_P50 D_P99 _ < <(run direct-max "http://127.0.0.1:$BACKEND_PORT/" "$CONNS")
 read -r N_RPS N_P50 N_P99 N_CPU < <(run nginx-max "http://127.0.0.1:$NGINX_PORT/" "$CONNS" "" "$NGINX_PID")
 read -r O_RPS O_P50 O_P99 O_CPU < <(run onepoold-max "http://127.0.0.1:$ONEPOOLD_PORT/" "$CONNS" "" "$ONEPOOLD_PID")
+read -r P_RPS P_P50 P_P99 P_CPU < <(run prefix-max "http://127.0.0.1:$PREFIX_PORT/" "$CONNS" "" "$PID_prefix")
+if [ -n "$BASELINE" ]; then
+    read -r B_RPS B_P50 B_P99 B_CPU < <(run baseline-max "http://127.0.0.1:$BASELINE_PORT/" "$CONNS" "" "$PID_baseline")
+fi
 
 LOW=$((N_RPS < O_RPS ? N_RPS : O_RPS))
 HALF=$((LOW / 2))
@@ -192,6 +226,10 @@ echo "== half load: about $HALF req/s offered (half of the lower proxy maximum, 
 read -r DH_RPS DH_P50 DH_P99 _ < <(run direct-half "http://127.0.0.1:$BACKEND_PORT/" "$HALF_CONNS" pace)
 read -r NH_RPS NH_P50 NH_P99 NH_CPU < <(run nginx-half "http://127.0.0.1:$NGINX_PORT/" "$HALF_CONNS" pace "$NGINX_PID")
 read -r OH_RPS OH_P50 OH_P99 OH_CPU < <(run onepoold-half "http://127.0.0.1:$ONEPOOLD_PORT/" "$HALF_CONNS" pace "$ONEPOOLD_PID")
+read -r PH_RPS PH_P50 PH_P99 _ < <(run prefix-half "http://127.0.0.1:$PREFIX_PORT/" "$HALF_CONNS" pace "$PID_prefix")
+if [ -n "$BASELINE" ]; then
+    read -r BH_RPS BH_P50 BH_P99 _ < <(run baseline-half "http://127.0.0.1:$BASELINE_PORT/" "$HALF_CONNS" pace "$PID_baseline")
+fi
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
 added() { echo $(($1 - $2)); }
@@ -210,6 +248,18 @@ echo "| nginx | $N_RPS | $(ratio "$N_RPS" "$D_RPS") | 1.00 | $N_CPU | $NH_RPS | 
     "$(added "$NH_P50" "$DH_P50") | $(added "$NH_P99" "$DH_P99") |"
 echo "| onepoold | $O_RPS | $(ratio "$O_RPS" "$D_RPS") | $(ratio "$O_RPS" "$N_RPS") | $O_CPU | $OH_RPS | $OH_P50 | $OH_P99 |" \
     "$(added "$OH_P50" "$DH_P50") | $(added "$OH_P99" "$DH_P99") |"
+echo "| onepoold, prefix routing | $P_RPS | $(ratio "$P_RPS" "$D_RPS") | $(ratio "$P_RPS" "$N_RPS") | $P_CPU | $PH_RPS | $PH_P50 | $PH_P99 |" \
+    "$(added "$PH_P50" "$DH_P50") | $(added "$PH_P99" "$DH_P99") |"
+if [ -n "$BASELINE" ]; then
+    echo "| onepoold baseline | $B_RPS | $(ratio "$B_RPS" "$D_RPS") | $(ratio "$B_RPS" "$N_RPS") | $B_CPU | $BH_RPS | $BH_P50 | $BH_P99 |" \
+        "$(added "$BH_P50" "$DH_P50") | $(added "$BH_P99" "$DH_P99") |"
+    echo "baseline: $BASELINE"
+fi
+if ((BODY_BYTES > 0)); then
+    echo "request: POST of a chat completion with a ${BODY_BYTES}-byte system prompt"
+else
+    echo "request: GET /"
+fi
 echo
 echo "max-load latency (wrk -c$CONNS): direct p50/p99 $D_P50/$D_P99 µs, nginx $N_P50/$N_P99 µs, onepoold $O_P50/$O_P99 µs"
 echo "goal (reported, not gated): onepoold throughput >= nginx: $(awk -v o="$O_RPS" -v n="$N_RPS" 'BEGIN { print (o >= n ? "met" : "not met") }');" \
