@@ -1,0 +1,181 @@
+//! `onepool-demo`: the scenario behind `scripts/demo.sh`, on a dev cluster
+//! that is up. onepoold runs one inference endpoint and keeps its replicas
+//! as Slurm jobs itself: a baseline replica in the protected class, and
+//! supplemental ones in the flexible class when the load (the Azure LLM
+//! conversation trace, replayed) asks for them. A protected training job
+//! then needs GPUs a supplemental replica holds: Slurm preempts it, its
+//! launcher drains, the training starts; when the training ends, onepoold's
+//! pending replica takes the GPUs back. The demo prints a timeline and the
+//! requests sent, served and failed, and fails loudly (non-zero exit) when
+//! a step does not happen or a request is lost. onepoold is stopped and the
+//! demo's jobs are cancelled on every way out; the cluster keeps running.
+
+// No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
+#![forbid(unsafe_code)]
+
+use std::fs;
+use std::io::{IsTerminal, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use onepool_dev_cluster::model_server::{ModelServer, Slots, MODEL_NAME};
+use onepool_dev_cluster::process::Tracked;
+use onepool_dev_cluster::Cluster;
+use onepool_elastic_daemon::config::{AccessLogFile, ConfigFile, EndpointFile, HealthFile, ReplicasFile};
+
+mod checks;
+mod config;
+mod demo;
+mod scenario;
+mod setup;
+mod summary;
+#[cfg(test)]
+mod tests;
+mod users;
+mod watch;
+
+#[allow(unused_imports)]
+use {checks::*, config::*, demo::*, scenario::*, setup::*, summary::*, users::*};
+
+use onepool_loadgen::{ChatShape, Load, Trace};
+use watch::{Kind, Target, Timeline, Watch};
+
+const ENDPOINT: &str = "chat";
+/// GPUs per replica (one node of the dev cluster).
+const GPUS: u32 = 4;
+/// Trace seconds per wall second in the light and the heavy phase.
+const LIGHT: f64 = 0.4;
+const HEAVY: f64 = 1.0;
+const LIGHT_SECS: u64 = 15;
+/// The demo policy's min_runtime_before_reclaim (PreemptExemptTime).
+const MIN_RUNTIME_SECS: f64 = 10.0;
+const TRAINING_SECS: u64 = 20;
+const SCALE_DOWN_DELAY_SECS: u64 = 20;
+/// One replica's llama-server: one CPU thread (the machine has few), as
+/// many requests at once as the endpoint sends it.
+const SLOTS: Slots = Slots { parallel: 4, context: 256, threads: 1 };
+/// The other user's job, which onepoold must leave alone.
+const OTHER_USER: &str = "op-ana";
+const OTHER_ACCOUNT: &str = "research";
+const OTHER_JOB: &str = "research-finetune";
+const TRAINING_JOB: &str = "critical-training";
+
+static ABORT: AtomicBool = AtomicBool::new(false);
+
+#[derive(Parser)]
+#[command(name = "onepool-demo", about = "onepoold autoscaling and graceful reclaim on a dev cluster that is up")]
+struct Args {
+    /// The dev cluster's state folder (`onepool-devcluster --dir`).
+    #[arg(long, env = "ONEPOOL_DEVCLUSTER_DIR", default_value = ".devcluster")]
+    dir: PathBuf,
+    /// Folder with onepoold and onepool (default: beside this binary).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// The Azure LLM inference trace to replay.
+    #[arg(long, default_value = "data/azure-llm-inference-2023-conv.csv")]
+    trace: PathBuf,
+    /// The model server and model (scripts/model-server.sh makes them).
+    #[arg(long, env = "ONEPOOL_MODEL_SERVER_DIR", default_value = "/var/cache/onepool/model-server")]
+    model_server: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("\nonepool-demo: FAILED: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let Setup { cluster, spec, slurm_conf, trace, service, uid, server, paths } = setup(args)?;
+    // The period `onepool report` reads at the end, in the cluster's clock.
+    let report_from = onepool_decisions::trace::format_time(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()) - 1.0,
+    );
+    let root = cluster.layout.root.clone();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.spawn(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+            return;
+        };
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        ABORT.store(true, Ordering::SeqCst);
+    });
+    clear_the_pool(&paths, uid, service)?;
+    let tl = Arc::new(Timeline::new());
+    let mut d =
+        Demo { paths, rt, onepoold: None, watch: None, load: None, uid, service, cleaned: false, untold: Vec::new() };
+    let watch = Watch::start(
+        tl.clone(),
+        Target {
+            endpoint: ENDPOINT.to_string(),
+            socket: d.paths.socket.clone(),
+            slurm_conf: slurm_conf.clone(),
+            uid: service.0,
+        },
+        d.rt.handle().clone(),
+    );
+    d.watch = Some(watch);
+
+    show_the_pool(&cluster, &spec)?;
+    let other = someone_elses_job(&mut d, &tl, &slurm_conf)?;
+    let listen = onepoold_starts(&mut d, &tl, &slurm_conf, &server)?;
+    let trace_name = trace_name(&args.trace);
+    let load = load_light_then_heavy(&mut d, &tl, trace, &trace_name, listen)?;
+    let (training, time_to_capacity) = protected_training_arrives(&mut d, &tl)?;
+    training_ends(&mut d, &tl, training)?;
+    load_ends(&mut d, &tl, &load)?;
+    let other_state = job_state(other);
+    let onepoold_saw = onepoold_names_the_taker(&d, training, time_to_capacity);
+    summary(&d, &tl, &load, training, time_to_capacity, other, other_state.as_deref());
+    let (sent, served, failed) = load.totals();
+
+    step("Cleaning up: onepoold stops (SIGTERM), the demo's jobs are cancelled; the cluster keeps running");
+    d.cleanup(true);
+    let dc = d.paths.bin.join("onepool-devcluster");
+    println!(
+        "cluster: {}   (eval \"$({} --dir {} env)\" to use it; '{} --dir {} down' to stop it)",
+        root.display(),
+        dc.display(),
+        root.display(),
+        dc.display(),
+        root.display()
+    );
+    let mut problems = std::mem::take(&mut d.untold);
+    problems.extend(onepoold_saw.err());
+    step("What Slurm's records say: onepool report over the demo's period");
+    if let Err(e) = the_report_agrees(&cluster, &d.paths, &report_from, training, time_to_capacity) {
+        problems.push(format!("onepool report: {e:#}"));
+    }
+    println!("demo wall time {:.0} s", started.elapsed().as_secs_f64());
+
+    if failed > 0 {
+        problems.push(format!("{failed} request(s) failed; under graceful reclaim none may"));
+    }
+    if sent == 0 || served + failed != sent {
+        problems.push(format!("{sent} sent but {served} served and {failed} failed"));
+    }
+    if other_state.as_deref() != Some("RUNNING") {
+        problems.push(format!("{OTHER_USER}'s job {other} is {other_state:?}, not RUNNING: it must be left alone"));
+    }
+    if !problems.is_empty() {
+        bail!("{}", problems.join("; "));
+    }
+    Ok(())
+}
