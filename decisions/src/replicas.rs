@@ -148,18 +148,17 @@ fn live(r: &Replica) -> bool {
     r.phase != Phase::Draining && !r.being_preempted
 }
 
-pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
+/// What leaves before anything is counted: Slurm's victims drain, model
+/// loads that never finished and drains that have are released.
+fn leaving_first(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
     let mut actions = Vec::new();
-    let desired = target.desired.clamp(target.min, target.max.max(target.min));
-    // Victims and stale starters leave first.
     for r in replicas {
         if r.being_preempted && r.phase != Phase::Draining {
             actions.push(Action::Drain { job: r.job, slot: r.slot });
         } else if (r.phase == Phase::Starting && r.starting_for > target.startup_timeout)
             || (r.phase == Phase::Draining && r.in_flight == 0 && !r.being_preempted)
         {
-            // A model load that never finished, or a drain that has. A
-            // victim of Slurm's preemption is never cancelled here: its
+            // A victim of Slurm's preemption is never cancelled here: its
             // launcher got the notice, counts what it still serves (the
             // router's count is only what the router sent it) and ends the
             // job when that is done, and GraceTime bounds the wait; a
@@ -167,6 +166,12 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
             actions.push(Action::Release { job: r.job, slot: r.slot });
         }
     }
+    actions
+}
+
+pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
+    let desired = target.desired.clamp(target.min, target.max.max(target.min));
+    let mut actions = leaving_first(target, replicas);
     let gone = |r: &Replica| {
         actions.iter().any(
             |a| matches!(a, Action::Release { job, slot } | Action::Drain { job, slot } if (*job, *slot) == (r.job, r.slot)),
@@ -193,15 +198,11 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
         Some(h) => (h.replicas.min(max - desired), true, h.gpus_wanted),
         None => (0, false, true),
     };
-    for _ in base_lasting..target.min {
-        actions.push(Action::Submit(Kind::Baseline));
-    }
+    actions.extend((base_lasting..target.min).map(|_| Action::Submit(Kind::Baseline)));
     // Warm replicas hold their places within `max` (see the module's notes).
     let room = max.saturating_sub(target.min + supp_lasting + warm_lasting);
     let supp_to_add = want_supp.saturating_sub(supp_lasting).min(room);
-    for _ in 0..supp_to_add {
-        actions.push(Action::Submit(Kind::Supplemental));
-    }
+    actions.extend((0..supp_to_add).map(|_| Action::Submit(Kind::Supplemental)));
     // Expiring replicas whose successors already serve can go.
     let serving_lasting = |kind: Kind| {
         alive.iter().filter(|r| r.kind == kind && r.phase == Phase::Serving && !is_expiring(r)).count() as u32
@@ -252,9 +253,8 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
     }
     if !gpus_wanted {
         let room = max.saturating_sub(others + warm_lasting);
-        for _ in 0..want_warm.saturating_sub(warm_lasting + kept_supp).min(room) {
-            actions.push(Action::Submit(Kind::Warm));
-        }
+        let n = want_warm.saturating_sub(warm_lasting + kept_supp).min(room);
+        actions.extend((0..n).map(|_| Action::Submit(Kind::Warm)));
     }
     actions
 }

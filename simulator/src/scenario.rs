@@ -392,6 +392,10 @@ fn job_request(r: &jobs::JobRow) -> JobRequest {
 /// One `[[endpoints]]`: its trace as requests with service times, its
 /// replicas' class (and the baseline's) as the policy places them, its
 /// autoscaling.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one [[endpoint]] table read key by key in the file's order, each key's message beside its check"
+)]
 fn endpoint(
     base: &Path,
     policy: &Policy,

@@ -130,6 +130,7 @@ pub fn demand_vs_allocation(c: &Comparison) -> String {
 }
 
 /// One class's panel in `(left, top, width, height)`, hours `0..span_h`.
+#[allow(clippy::too_many_lines, reason = "a drawing: axes, bars and labels in the order they are painted")]
 fn panel(
     s: &mut String,
     c: &Comparison,
@@ -253,6 +254,7 @@ fn gpus_needed_caption(c: &Comparison) -> Vec<String> {
 }
 
 /// Two bars: the separate islands stacked by class, and the shared pool.
+#[allow(clippy::too_many_lines, reason = "a drawing: axes, bars and labels in the order they are painted")]
 pub fn gpus_needed(c: &Comparison) -> String {
     let (left, top, ph) = (80.0, 50.0, 300.0);
     let sep: Vec<(usize, u64)> =

@@ -310,6 +310,7 @@ fn time(s: &str, to: Option<f64>) -> anyhow::Result<f64> {
     onepool_decisions::trace::parse_time(s).with_context(|| format!("{s:?} is not a time (YYYY-MM-DDTHH:MM:SS)"))
 }
 
+#[allow(clippy::too_many_lines, reason = "a renderer: one section after another in the order the reader sees them")]
 pub fn text(r: &usage::Report) -> String {
     let mut out = format!(
         "onepool report {} to {} ({:.1} h), pool of {} GPUs\n\n",

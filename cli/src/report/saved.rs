@@ -100,6 +100,10 @@ pub struct Saved {
 }
 
 /// Writes the period's records as a scenario.
+#[allow(
+    clippy::too_many_lines,
+    reason = "the scenario written file by file (policy, fleet, jobs, each endpoint), each assumption recorded beside the value it explains"
+)]
 pub fn scenario(inp: &Inputs) -> Written {
     let mut assumptions = Vec::new();
     let gpn = inp.policy.pool.gpus_per_node.unwrap_or(inp.policy.pool.total_gpus).max(1);

@@ -221,6 +221,7 @@ fn text_and_chart_name_every_class_and_the_reclaim() {
 /// The three modes as slurmctld's log names them, with a drained
 /// replica's note, and a crash-looping endpoint's jobs as failures.
 #[test]
+#[allow(clippy::too_many_lines, reason = "one scenario, or every key, read top to bottom")]
 fn reclaims_from_the_log_with_the_drain_record_and_failures_apart() {
     use onepool_launcher::conventions::{DrainNote, ReplicaNote};
     let t = |s: &str| onepool_decisions::trace::parse_time(s).unwrap();
@@ -335,6 +336,7 @@ fn a_rotated_log_leaves_the_earlier_reclaims_to_accounting() {
 /// the service time fitted on the access log, the startup matched by
 /// port), and the figure comes back with its assumptions.
 #[test]
+#[allow(clippy::too_many_lines, reason = "one scenario, or every key, read top to bottom")]
 fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
     use onepool_decisions::trace::AccessEntry;
     use onepool_launcher::conventions::ReplicaNote;

@@ -418,38 +418,7 @@ fn check_flexible(ck: &mut Checker, n: &str, c: &RawClass) -> (Tier, bool) {
         );
         ok = false;
     }
-    let rank = match &c.rank {
-        Some(r) if *r.get_ref() >= 1 => *r.get_ref(),
-        Some(r) => {
-            ck.error(r.span(), format!("class {n}: rank must be 1 or more"), "1 is the highest flexible rank");
-            ok = false;
-            0
-        }
-        None => {
-            ck.error(
-                c.tier.span(),
-                format!("flexible class {n} has no rank"),
-                "add rank = N (1 = first to get GPUs, last to yield them)",
-            );
-            ok = false;
-            0
-        }
-    };
-    let reclaim = match &c.reclaim {
-        None => ReclaimMode::Immediate,
-        Some(r) => match ReclaimMode::parse(r.get_ref()) {
-            Some(m) => m,
-            None => {
-                ck.error(
-                    r.span(),
-                    format!("class {n}: {:?} is not a reclaim mode", r.get_ref()),
-                    "use \"immediate\", \"graceful\" or \"requeue\"",
-                );
-                ok = false;
-                ReclaimMode::Immediate
-            }
-        },
-    };
+    let (rank, reclaim) = (flexible_rank(ck, n, c, &mut ok), reclaim_mode(ck, n, c, &mut ok));
     let drain = ck.duration(&c.drain_timeout, "drain_timeout");
     let grace = ck.duration(&c.grace_time, "grace_time");
     let drain_timeout = match (reclaim, &c.drain_timeout, drain) {
@@ -502,6 +471,46 @@ fn check_flexible(ck: &mut Checker, n: &str, c: &RawClass) -> (Tier, bool) {
         );
     }
     (Tier::Flexible { rank, reclaim, drain_timeout, grace_time }, ok)
+}
+
+/// A flexible class's rank: 1 or more, and required.
+fn flexible_rank(ck: &mut Checker, n: &str, c: &RawClass, ok: &mut bool) -> u32 {
+    match &c.rank {
+        Some(r) if *r.get_ref() >= 1 => *r.get_ref(),
+        Some(r) => {
+            ck.error(r.span(), format!("class {n}: rank must be 1 or more"), "1 is the highest flexible rank");
+            *ok = false;
+            0
+        }
+        None => {
+            ck.error(
+                c.tier.span(),
+                format!("flexible class {n} has no rank"),
+                "add rank = N (1 = first to get GPUs, last to yield them)",
+            );
+            *ok = false;
+            0
+        }
+    }
+}
+
+/// How a flexible class yields: immediately unless it says otherwise.
+fn reclaim_mode(ck: &mut Checker, n: &str, c: &RawClass, ok: &mut bool) -> ReclaimMode {
+    match &c.reclaim {
+        None => ReclaimMode::Immediate,
+        Some(r) => match ReclaimMode::parse(r.get_ref()) {
+            Some(m) => m,
+            None => {
+                ck.error(
+                    r.span(),
+                    format!("class {n}: {:?} is not a reclaim mode", r.get_ref()),
+                    "use \"immediate\", \"graceful\" or \"requeue\"",
+                );
+                *ok = false;
+                ReclaimMode::Immediate
+            }
+        },
+    }
 }
 
 fn check_pool_against_classes(ck: &mut Checker, raw: &RawPolicy, pool: &Pool, classes: &[Class]) {

@@ -63,6 +63,32 @@ pub struct SiteQos {
     pub qos: String,
 }
 
+/// How Slurm yields a flexible class's jobs (PreemptMode, GraceTime) and
+/// the words that say so.
+fn preemption(reclaim: ReclaimMode, grace_time: Duration) -> (QosPreemptMode, Duration, String) {
+    match reclaim {
+        ReclaimMode::Immediate => {
+            (QosPreemptMode::Cancel, Duration::ZERO, "cancelled at once when reclaimed".to_string())
+        }
+        ReclaimMode::Graceful => (
+            QosPreemptMode::Cancel,
+            grace_time,
+            format!(
+                "when reclaimed, gets a drain notice and {} (GraceTime), then is cancelled",
+                duration::format(grace_time)
+            ),
+        ),
+        ReclaimMode::Requeue => (
+            QosPreemptMode::Requeue,
+            grace_time,
+            format!(
+                "when reclaimed, gets a checkpoint notice and {} (GraceTime), then is requeued",
+                duration::format(grace_time)
+            ),
+        ),
+    }
+}
+
 /// The class QOS in the order they can be created (a QOS can only list
 /// existing QOS in `Preempt`, so the lowest flexible rank comes first and
 /// protected classes last), and the site-managed QOS the policy relies on.
@@ -86,27 +112,7 @@ pub(super) fn class_qos(policy: &Policy) -> (Vec<QosSpec>, Vec<SiteQos>) {
             continue;
         };
         let position = u32::try_from(i).unwrap_or(u32::MAX);
-        let (mode, grace, how) = match reclaim {
-            ReclaimMode::Immediate => {
-                (QosPreemptMode::Cancel, Duration::ZERO, "cancelled at once when reclaimed".to_string())
-            }
-            ReclaimMode::Graceful => (
-                QosPreemptMode::Cancel,
-                grace_time,
-                format!(
-                    "when reclaimed, gets a drain notice and {} (GraceTime), then is cancelled",
-                    duration::format(grace_time)
-                ),
-            ),
-            ReclaimMode::Requeue => (
-                QosPreemptMode::Requeue,
-                grace_time,
-                format!(
-                    "when reclaimed, gets a checkpoint notice and {} (GraceTime), then is requeued",
-                    duration::format(grace_time)
-                ),
-            ),
-        };
+        let (mode, grace, how) = preemption(reclaim, grace_time);
         specs.push(QosSpec {
             name: class.qos.clone(),
             class: Some(class.name.clone()),

@@ -326,6 +326,7 @@ mod tests {
     }
 
     /// Every key, none at its default.
+    #[allow(clippy::too_many_lines, reason = "one scenario, or every key, read top to bottom")]
     fn everything() -> ConfigFile {
         ConfigFile {
             comment: Some("Written by a test,\n\nevery key set.".into()),
@@ -413,6 +414,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines, reason = "one scenario, or every key, read top to bottom")]
     fn every_key_is_read_back_as_written() {
         let f = everything();
         let c = built(&f);

@@ -31,35 +31,7 @@ pub(super) fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> Rep
         let s = r.max.as_ref().map(|m| m.span()).unwrap_or(span.clone());
         c.error(s, format!("replicas.max = {max} is below replicas.min = {min}"));
     }
-    let port_range = match &r.port_range {
-        None => (18000, 18999),
-        Some(p) => {
-            let parsed = p.get_ref().split_once('-').and_then(|(a, b)| {
-                let (a, b) = (a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?);
-                (a > 0 && a < b).then_some((a, b))
-            });
-            match parsed {
-                Some((a, b)) if u32::from(b - a) + 1 >= 2 * max => (a, b),
-                Some((a, b)) => {
-                    c.error(
-                        p.span(),
-                        format!("port_range {a}-{b} holds too few ports: each of max = {max} replicas takes two"),
-                    );
-                    (a, b)
-                }
-                None => {
-                    c.error(
-                        p.span(),
-                        format!(
-                            "port_range = {:?}: expected \"FIRST-LAST\" with FIRST below LAST, like \"18000-18999\"",
-                            p.get_ref()
-                        ),
-                    );
-                    (18000, 18999)
-                }
-            }
-        }
-    };
+    let port_range = port_range(c, r.port_range.as_ref(), max);
     let launcher = r.launcher.as_ref().map(|l| l.get_ref().clone()).unwrap_or_else(|| "onepool".into());
     if let (Some(l), true) = (&r.launcher, launcher.is_empty()) {
         c.error(l.span(), "replicas.launcher is empty; give the path of the onepool binary".into());
@@ -68,34 +40,7 @@ pub(super) fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> Rep
     if let (Some(o), true) = (&r.output, output.is_empty()) {
         c.error(o.span(), "replicas.output is empty; give an sbatch -o path (default /dev/null)".into());
     }
-    let names = |v: &[toml::Value]| v.iter().map(|n| n.as_str().map(str::to_string)).collect::<Option<Vec<_>>>();
-    let load_metrics = match r.load_metrics.as_ref().map(|m| (m.get_ref(), m.span())) {
-        None => Vec::new(),
-        Some((toml::Value::String(p), _)) if p == "auto" => crate::replica_metrics::known_load_metrics(),
-        Some((toml::Value::Array(v), _)) if names(v).is_some() => names(v).unwrap_or_default(),
-        Some((other, span)) => {
-            c.error(
-                span,
-                format!(
-                    "replicas.load_metrics = {other}: give a list of metric names, or \"auto\" (the load gauges of llama.cpp, vLLM, SGLang and TGI)"
-                ),
-            );
-            Vec::new()
-        }
-    };
-    if let Some(m) = &r.load_metrics {
-        let valid = |n: &str| {
-            let mut chars = n.chars();
-            chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
-                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
-        };
-        if let Some(bad) = load_metrics.iter().find(|n| !valid(n)) {
-            c.error(
-                m.span(),
-                format!("replicas.load_metrics: {bad:?} is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)"),
-            );
-        }
-    }
+    let load_metrics = load_metrics(c, r.load_metrics.as_ref());
     let metrics_path = r.metrics_path.as_ref().map(|p| p.get_ref().clone()).unwrap_or_else(|| "/metrics".into());
     if let (Some(p), false) = (&r.metrics_path, metrics_path.starts_with('/')) {
         c.error(p.span(), format!("replicas.metrics_path = {metrics_path:?} must start with '/'"));
@@ -131,6 +76,74 @@ pub(super) fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> Rep
             .map_or(Duration::ZERO, |_| c.duration(&r.trend_horizon, "replicas.trend_horizon", Duration::ZERO)),
         warm,
     }
+}
+
+/// `port_range = "FIRST-LAST"`: room for two ports for each of `max`
+/// replicas (the launcher's and its server's).
+fn port_range(c: &mut Checker, port_range: Option<&Spanned<String>>, max: u32) -> (u16, u16) {
+    match port_range {
+        None => (18000, 18999),
+        Some(p) => {
+            let parsed = p.get_ref().split_once('-').and_then(|(a, b)| {
+                let (a, b) = (a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?);
+                (a > 0 && a < b).then_some((a, b))
+            });
+            match parsed {
+                Some((a, b)) if u32::from(b - a) + 1 >= 2 * max => (a, b),
+                Some((a, b)) => {
+                    c.error(
+                        p.span(),
+                        format!("port_range {a}-{b} holds too few ports: each of max = {max} replicas takes two"),
+                    );
+                    (a, b)
+                }
+                None => {
+                    c.error(
+                        p.span(),
+                        format!(
+                            "port_range = {:?}: expected \"FIRST-LAST\" with FIRST below LAST, like \"18000-18999\"",
+                            p.get_ref()
+                        ),
+                    );
+                    (18000, 18999)
+                }
+            }
+        }
+    }
+}
+
+/// `load_metrics`: metric names, or "auto" for the model servers onepool
+/// knows; each a valid Prometheus name.
+fn load_metrics(c: &mut Checker, load_metrics_value: Option<&Spanned<toml::Value>>) -> Vec<String> {
+    let names = |v: &[toml::Value]| v.iter().map(|n| n.as_str().map(str::to_string)).collect::<Option<Vec<_>>>();
+    let load_metrics = match load_metrics_value.map(|m| (m.get_ref(), m.span())) {
+        None => Vec::new(),
+        Some((toml::Value::String(p), _)) if p == "auto" => crate::replica_metrics::known_load_metrics(),
+        Some((toml::Value::Array(v), _)) if names(v).is_some() => names(v).unwrap_or_default(),
+        Some((other, span)) => {
+            c.error(
+                span,
+                format!(
+                    "replicas.load_metrics = {other}: give a list of metric names, or \"auto\" (the load gauges of llama.cpp, vLLM, SGLang and TGI)"
+                ),
+            );
+            Vec::new()
+        }
+    };
+    if let Some(m) = load_metrics_value {
+        let valid = |n: &str| {
+            let mut chars = n.chars();
+            chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+        };
+        if let Some(bad) = load_metrics.iter().find(|n| !valid(n)) {
+            c.error(
+                m.span(),
+                format!("replicas.load_metrics: {bad:?} is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)"),
+            );
+        }
+    }
+    load_metrics
 }
 
 pub(super) fn warm_settings(c: &mut Checker, w: &Spanned<RawWarm>, max: u32) -> WarmSettings {

@@ -252,20 +252,28 @@ pub struct RunResult {
     pub events: u64,
 }
 
+/// Each node's GPU type as an index into the types seen, in order.
+fn node_types(nodes: &[(u32, Option<&str>)]) -> (Vec<Option<usize>>, Vec<String>) {
+    let mut types: Vec<String> = Vec::new();
+    let node_type = nodes
+        .iter()
+        .map(|(_, t)| {
+            t.map(|t| match types.iter().position(|x| x == t) {
+                Some(i) => i,
+                None => {
+                    types.push(t.to_string());
+                    types.len() - 1
+                }
+            })
+        })
+        .collect();
+    (node_type, types)
+}
+
 /// Runs one simulation.
 pub fn run(w: &Workload, cfg: &Config) -> RunResult {
     let nodes = cfg.fleet.node_list();
-    let mut types: Vec<String> = Vec::new();
-    let type_id = |t: Option<&str>, types: &mut Vec<String>| {
-        t.map(|t| match types.iter().position(|x| x == t) {
-            Some(i) => i,
-            None => {
-                types.push(t.to_string());
-                types.len() - 1
-            }
-        })
-    };
-    let node_type: Vec<Option<usize>> = nodes.iter().map(|(_, t)| type_id(*t, &mut types)).collect();
+    let (node_type, types) = node_types(&nodes);
     let node_gpus: Vec<u32> = nodes.iter().map(|(g, _)| *g).collect();
     let model = match &cfg.layout {
         Layout::Shared(m) => Some(m),
@@ -288,10 +296,8 @@ pub fn run(w: &Workload, cfg: &Config) -> RunResult {
         None => f64::INFINITY,
     };
     let mut stats = vec![ClassStats::default(); n];
-    if let Some(m) = model {
-        for (s, q) in stats.iter_mut().zip(&m.classes) {
-            s.capacity = q.protected.then(|| q.grp_gpus.unwrap_or(0));
-        }
+    for (s, q) in stats.iter_mut().zip(model.iter().flat_map(|m| &m.classes)) {
+        s.capacity = q.protected.then(|| q.grp_gpus.unwrap_or(0));
     }
     let mut sim = Sim {
         w,
@@ -324,25 +330,8 @@ pub fn run(w: &Workload, cfg: &Config) -> RunResult {
         events: 0,
     };
     for e in &w.endpoints {
-        let room: u32 = sim.island_nodes[e.island]
-            .clone()
-            .filter(|&i| e.gpu_type.is_none() || sim.node_type[i] == sim.type_of(e.gpu_type.as_deref()))
-            .map(|i| sim.node_gpus[i] / e.gpus_per_replica.max(1))
-            .sum();
-        let mut p = e.scaling.clone();
-        p.max = p.max.min(room).max(p.min.min(room));
-        p.min = p.min.min(p.max);
-        sim.eps.push(EpState {
-            queue: VecDeque::new(),
-            next_req: 0,
-            active: Vec::new(),
-            slots: Vec::new(),
-            inflight: 0,
-            scaler: Autoscaler::new(p),
-            target: 0,
-            done: false,
-            submitted: 0,
-        });
+        let state = sim.endpoint_state(e);
+        sim.eps.push(state);
     }
     for ep in 0..sim.eps.len() {
         sim.warm_start(ep);

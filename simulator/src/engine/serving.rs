@@ -5,6 +5,30 @@
 use super::*;
 
 impl Sim<'_> {
+    /// An endpoint before its first request: its autoscaler's bounds cut to
+    /// the replicas its island can hold at all.
+    pub(super) fn endpoint_state(&self, e: &Endpoint) -> EpState {
+        let room: u32 = self.island_nodes[e.island]
+            .clone()
+            .filter(|&i| e.gpu_type.is_none() || self.node_type[i] == self.type_of(e.gpu_type.as_deref()))
+            .map(|i| self.node_gpus[i] / e.gpus_per_replica.max(1))
+            .sum();
+        let mut p = e.scaling.clone();
+        p.max = p.max.min(room).max(p.min.min(room));
+        p.min = p.min.min(p.max);
+        EpState {
+            queue: VecDeque::new(),
+            next_req: 0,
+            active: Vec::new(),
+            slots: Vec::new(),
+            inflight: 0,
+            scaler: Autoscaler::new(p),
+            target: 0,
+            done: false,
+            submitted: 0,
+        }
+    }
+
     pub(super) fn dispatch(&mut self, ep: usize) {
         let warm = self.w.endpoints[ep].warm.filter(|_| self.model.is_some()).map(|w| w.0);
         let e = &mut self.eps[ep];

@@ -158,6 +158,29 @@ impl Changes {
     }
 }
 
+/// The QOS the site manages (`manage_qos = false`) that the cluster lacks.
+fn missing_site_qos(rendered: &Rendered, live_qos: &[LiveQos]) -> Vec<Diagnostic> {
+    let mut problems = Vec::new();
+    for site in &rendered.site_qos {
+        if !live_qos.iter().any(|q| same_name(&q.name, &site.qos)) {
+            problems.push(
+                Diagnostic::error(
+                    None,
+                    format!(
+                        "class {} maps to QOS {:?}, which does not exist on the cluster (the policy says the site manages it: manage_qos = false)",
+                        site.class, site.qos
+                    ),
+                )
+                .help(format!(
+                    "create it (sacctmgr -i add qos {}) or set manage_qos = true in [classes.{}] so that onepool creates it",
+                    site.qos, site.class
+                )),
+            );
+        }
+    }
+    problems
+}
+
 /// Only the changes that bring the live cluster to `rendered`.
 pub fn diff(
     rendered: &Rendered,
@@ -181,23 +204,7 @@ pub fn diff(
     }
     changes.qos.extend(modified);
 
-    for site in &rendered.site_qos {
-        if find_qos(&site.qos).is_none() {
-            changes.problems.push(
-                Diagnostic::error(
-                    None,
-                    format!(
-                        "class {} maps to QOS {:?}, which does not exist on the cluster (the policy says the site manages it: manage_qos = false)",
-                        site.class, site.qos
-                    ),
-                )
-                .help(format!(
-                    "create it (sacctmgr -i add qos {}) or set manage_qos = true in [classes.{}] so that onepool creates it",
-                    site.qos, site.class
-                )),
-            );
-        }
-    }
+    changes.problems.extend(missing_site_qos(rendered, live_qos));
 
     for line in &rendered.slurm_conf {
         let live = live_config.get(line.key);

@@ -192,15 +192,37 @@ pub(super) async fn forward(p: Prepared, ctx: &Target) -> Response<ProxyBody> {
     r
 }
 
-pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
-    let name = ctx.endpoint.name();
-    let failed = |f: Failure| match f {
+/// The answer when no attempt is left after `f`.
+fn failed(ctx: &Target, f: Failure) -> Response<ProxyBody> {
+    match f {
         Failure::Replica => openai_error(StatusCode::BAD_GATEWAY, "the replica failed before answering"),
         Failure::Draining => {
             ctx.endpoint.count_unavailable(Unavailable::Draining);
             unavailable(ctx, "the replica is draining and no other one could take the request")
         }
+    }
+}
+
+/// The answer when no replica could be had: why the last attempt failed,
+/// else why none was free.
+fn no_replica(ctx: &Target, last_failure: Option<Failure>, e: AcquireError) -> Response<ProxyBody> {
+    let r = match (last_failure, e) {
+        (Some(f), _) => failed(ctx, f),
+        (None, AcquireError::QueueFull) => {
+            ctx.endpoint.count_unavailable(Unavailable::QueueFull);
+            unavailable(ctx, "every replica is busy and the queue is full; retry later")
+        }
+        (None, AcquireError::TimedOut) => {
+            ctx.endpoint.count_unavailable(Unavailable::QueueTimeout);
+            unavailable(ctx, "no replica became free in time; retry later")
+        }
     };
+    ctx.endpoint.count_answer(r.status().as_u16());
+    r
+}
+
+pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
+    let name = ctx.endpoint.name();
     let mut tried = Vec::new();
     let mut last_failure = None;
     // Read once: every attempt routes by the same prompt.
@@ -208,21 +230,7 @@ pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyB
     for attempt in 0..=ctx.settings.retries {
         let lease = match ctx.endpoint.acquire_for(&tried, &prefix).await {
             Ok(l) => l,
-            Err(e) => {
-                let r = match (last_failure, e) {
-                    (Some(f), _) => failed(f),
-                    (None, AcquireError::QueueFull) => {
-                        ctx.endpoint.count_unavailable(Unavailable::QueueFull);
-                        unavailable(ctx, "every replica is busy and the queue is full; retry later")
-                    }
-                    (None, AcquireError::TimedOut) => {
-                        ctx.endpoint.count_unavailable(Unavailable::QueueTimeout);
-                        unavailable(ctx, "no replica became free in time; retry later")
-                    }
-                };
-                ctx.endpoint.count_answer(r.status().as_u16());
-                return r;
-            }
+            Err(e) => return no_replica(ctx, last_failure, e),
         };
         let replica = lease.replica();
         let own_head;
@@ -266,7 +274,7 @@ pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyB
                     last_failure = Some(Failure::Replica);
                     continue;
                 }
-                return failed(Failure::Replica);
+                return failed(ctx, Failure::Replica);
             }
             Ok(resp) => {
                 if resp.status() == StatusCode::SERVICE_UNAVAILABLE
@@ -286,7 +294,7 @@ pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyB
             }
         }
     }
-    let r = failed(last_failure.unwrap_or(Failure::Replica));
+    let r = failed(ctx, last_failure.unwrap_or(Failure::Replica));
     ctx.endpoint.count_answer(r.status().as_u16());
     r
 }
