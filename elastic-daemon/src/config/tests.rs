@@ -2,7 +2,7 @@ use super::*;
 
 #[test]
 fn the_example_parses() {
-    let src = include_str!("../../etc/onepoold.toml");
+    let src = include_str!("../../../etc/onepoold.toml");
     let c = parse("etc/onepoold.toml", src).unwrap();
     assert_eq!(c.endpoints.len(), 1);
     assert_eq!(c.control_socket_mode, 0o600);

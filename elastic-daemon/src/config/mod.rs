@@ -1025,10 +1025,8 @@ pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
     parse(&file, &source)
 }
 
-#[path = "config_file.rs"]
 mod file;
 pub use file::{AccessLogFile, ConfigFile, EndpointFile, HealthFile, ReplicasFile, WarmFile};
 
 #[cfg(test)]
-#[path = "config_tests.rs"]
 mod tests;
