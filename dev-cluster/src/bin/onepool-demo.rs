@@ -25,7 +25,7 @@ use clap::Parser;
 use onepool_dev_cluster::model_server::{ModelServer, Slots, MODEL_NAME};
 use onepool_dev_cluster::process::Tracked;
 use onepool_dev_cluster::Cluster;
-use onepool_elastic_daemon::config::{AccessLogFile, ConfigFile, EndpointFile, HealthFile, ReplicasFile};
+use onepool_elastic_daemon::config::{AccessLogFile, ConfigFile, EndpointFile, HealthFile, ReplicasFile, RetryFile};
 
 #[path = "../demo/watch.rs"]
 mod watch;
@@ -480,7 +480,7 @@ fn config(p: &Paths, listen: SocketAddr, slurm_conf: &str, server: &ModelServer)
             queue_size: Some(2000),
             queue_timeout: Some(secs(60)),
             request_timeout: Some(secs(120)),
-            retry_attempts: Some(2),
+            retry: Some(RetryFile { attempts: Some(2), ..RetryFile::default() }),
             health: Some(HealthFile {
                 interval: Some(millis(500)),
                 timeout: Some(secs(1)),

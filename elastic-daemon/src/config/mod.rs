@@ -10,8 +10,8 @@ use std::time::Duration;
 use onepool_decisions::policy::Diagnostic;
 use onepool_router::registry::HealthThresholds;
 use onepool_router::settings::{HealthCheck, ProxySettings};
-use serde::Deserialize;
-use toml::Spanned;
+
+use file::RawFile;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -162,167 +162,13 @@ pub use onepool_router::settings::{ConnSettings, PathRoute, Routes, MODEL_PATHS}
 #[error("{}", .0.join("\n"))]
 pub struct ConfigError(pub Vec<String>);
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawConfig {
-    control_socket: Spanned<String>,
-    control_socket_mode: Option<Spanned<String>>,
-    metrics_address: Option<Spanned<String>>,
-    metrics_bearer_tokens_file: Option<Spanned<String>>,
-    shutdown_grace: Option<Spanned<String>>,
-    max_buffered_body_bytes: Option<Spanned<i64>>,
-    slurm_conf: Option<Spanned<String>>,
-    replica_key_file: Option<Spanned<String>>,
-    policy: Option<Spanned<String>>,
-    access_log: Option<Spanned<RawAccessLog>>,
-    #[serde(default)]
-    endpoint: Vec<Spanned<RawEndpoint>>,
-    #[serde(default)]
-    listener: Vec<Spanned<RawListener>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawAccessLog {
-    path: Spanned<String>,
-    max_file_bytes: Option<Spanned<i64>>,
-    keep_files: Option<Spanned<i64>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawListener {
-    listen: Spanned<String>,
-    by: Spanned<String>,
-    max_model_body: Option<Spanned<i64>>,
-    model_body_timeout: Option<Spanned<String>>,
-    header_read_timeout: Option<Spanned<String>>,
-    max_header_bytes: Option<Spanned<i64>>,
-    max_connections: Option<Spanned<i64>>,
-    max_connections_per_ip: Option<Spanned<i64>>,
-    http2_idle_timeout: Option<Spanned<String>>,
-    tls: Option<RawTls>,
-    #[serde(default)]
-    route: Vec<Spanned<RawRoute>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRoute {
-    endpoint: Spanned<String>,
-    host: Option<Spanned<String>>,
-    path: Option<Spanned<String>>,
-    model: Option<Spanned<String>>,
-    strip_prefix: Option<Spanned<bool>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawEndpoint {
-    name: Spanned<String>,
-    listen: Option<Spanned<String>>,
-    replica_concurrency: Option<Spanned<i64>>,
-    queue_size: Option<Spanned<i64>>,
-    queue_timeout: Option<Spanned<String>>,
-    request_timeout: Option<Spanned<String>>,
-    connect_timeout: Option<Spanned<String>>,
-    header_read_timeout: Option<Spanned<String>>,
-    max_header_bytes: Option<Spanned<i64>>,
-    max_connections: Option<Spanned<i64>>,
-    max_connections_per_ip: Option<Spanned<i64>>,
-    http2_idle_timeout: Option<Spanned<String>>,
-    max_request_body: Option<Spanned<i64>>,
-    body_read_timeout: Option<Spanned<String>>,
-    response_idle_timeout: Option<Spanned<String>>,
-    retry: Option<RawRetry>,
-    health: Option<RawHealth>,
-    auth: Option<RawAuth>,
-    tls: Option<RawTls>,
-    replicas: Option<Spanned<RawReplicas>>,
-}
-
-/// `[endpoint.tls]`, `[listener.tls]`: the listener terminates TLS.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTls {
-    /// The chain, leaf first (PEM).
-    cert_file: Spanned<String>,
-    /// Its private key (PEM), readable by the daemon's user only.
-    key_file: Spanned<String>,
-}
-
-/// `[endpoint.auth]`: requests must carry one of these bearer tokens.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawAuth {
-    /// One token per line; `#` starts a comment. Readable by the daemon's
-    /// user only.
-    bearer_tokens_file: Spanned<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawReplicas {
-    command: Spanned<String>,
-    gpus: Option<Spanned<i64>>,
-    replicas_per_job: Option<Spanned<i64>>,
-    min: Option<Spanned<i64>>,
-    max: Option<Spanned<i64>>,
-    target_per_replica: Option<Spanned<f64>>,
-    drain_timeout: Option<Spanned<String>>,
-    startup_timeout: Option<Spanned<String>>,
-    baseline_workload: Option<Spanned<String>>,
-    supplemental_workload: Option<Spanned<String>>,
-    port_range: Option<Spanned<String>>,
-    launcher: Option<Spanned<String>>,
-    poll_interval: Option<Spanned<String>>,
-    time_limit: Option<Spanned<String>>,
-    stable_window: Option<Spanned<String>>,
-    panic_window: Option<Spanned<String>>,
-    panic_threshold: Option<Spanned<f64>>,
-    scale_down_delay: Option<Spanned<String>>,
-    output: Option<Spanned<String>>,
-    /// Metric names, or "auto" for the model servers onepool knows
-    /// ([`crate::replica_metrics::KNOWN_SERVERS`]); read as a value so that
-    /// a wrong type gets this key's own message.
-    load_metrics: Option<Spanned<toml::Value>>,
-    metrics_path: Option<Spanned<String>>,
-    trend_horizon: Option<Spanned<String>>,
-    warm: Option<Spanned<RawWarm>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawWarm {
-    workload: Option<Spanned<String>>,
-    replicas: Option<Spanned<i64>>,
-    fraction: Option<Spanned<f64>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRetry {
-    attempts: Option<Spanned<i64>>,
-    idempotent: Option<bool>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawHealth {
-    path: Spanned<String>,
-    interval: Option<Spanned<String>>,
-    timeout: Option<Spanned<String>>,
-    healthy_after: Option<Spanned<i64>>,
-    unhealthy_after: Option<Spanned<i64>>,
-}
-
 struct Checker {
     diags: Vec<Diagnostic>,
 }
 
 /// `[access_log]`: a path (absolute: the daemon's working directory is
 /// no place for it), and bounds on each file and on how many are kept.
-fn access_log(c: &mut Checker, a: &RawAccessLog) -> onepool_router::access_log::AccessLogSettings {
+fn access_log(c: &mut Checker, a: &AccessLogFile<Raw>) -> onepool_router::access_log::AccessLogSettings {
     let path = PathBuf::from(a.path.get_ref());
     if !path.is_absolute() {
         c.error(a.path.span(), format!("access_log.path {:?} must be an absolute path", a.path.get_ref()));
@@ -339,7 +185,7 @@ impl Checker {
         self.diags.push(Diagnostic::error(Some(span), msg));
     }
 
-    fn duration(&mut self, v: &Option<Spanned<String>>, key: &str, default: Duration) -> Duration {
+    fn duration(&mut self, v: &Option<At<String>>, key: &str, default: Duration) -> Duration {
         let Some(v) = v else { return default };
         match onepool_decisions::duration::parse_millis(v.get_ref()) {
             Ok(d) if d.is_zero() => {
@@ -354,7 +200,7 @@ impl Checker {
         }
     }
 
-    fn number(&mut self, v: &Option<Spanned<i64>>, key: &str, min: i64, max: i64, default: i64) -> i64 {
+    fn number(&mut self, v: &Option<At<i64>>, key: &str, min: i64, max: i64, default: i64) -> i64 {
         let Some(v) = v else { return default };
         let n = *v.get_ref();
         if n < min || n > max {
@@ -364,7 +210,7 @@ impl Checker {
         n
     }
 
-    fn address(&mut self, v: &Spanned<String>, key: &str) -> Option<SocketAddr> {
+    fn address(&mut self, v: &At<String>, key: &str) -> Option<SocketAddr> {
         match v.get_ref().parse::<SocketAddr>() {
             Ok(a) => Some(a),
             Err(_) => {
@@ -384,7 +230,7 @@ const MIN_TOKEN_LEN: usize = 16;
 /// The tokens of `[endpoint.auth] bearer_tokens_file`, or an error at the
 /// key: the file is unreadable, open to anyone but its owner, empty, or
 /// holds a short token.
-fn bearer_tokens(c: &mut Checker, path: &Spanned<String>, key: &str) -> Option<onepool_router::settings::BearerTokens> {
+fn bearer_tokens(c: &mut Checker, path: &At<String>, key: &str) -> Option<onepool_router::settings::BearerTokens> {
     use std::os::unix::fs::PermissionsExt;
     let (file, span) = (path.get_ref(), path.span());
     let text = match std::fs::metadata(file).and_then(|m| Ok((m, std::fs::read_to_string(file)?))) {
@@ -420,7 +266,7 @@ fn bearer_tokens(c: &mut Checker, path: &Spanned<String>, key: &str) -> Option<o
 
 /// Parses and checks `source`; `file` names it in every error.
 pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
-    let raw: RawConfig = toml::from_str(source).map_err(|e| {
+    let raw: RawFile = toml::from_str(source).map_err(|e| {
         let d = Diagnostic::error(e.span(), e.message().to_string());
         ConfigError(vec![d.render(file, source)])
     })?;
@@ -433,18 +279,18 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
     let access_log = raw.access_log.as_ref().map(|a| access_log(&mut c, a.get_ref()));
     let max_buffered_body_bytes =
         c.number(&raw.max_buffered_body_bytes, "max_buffered_body_bytes", 1 << 20, 1 << 40, 256 << 20) as usize;
-    if raw.endpoint.is_empty() {
+    if raw.endpoints.is_empty() {
         c.diags.push(Diagnostic::error(None, "no [[endpoint]]; add at least one with name and listen".to_string()));
     }
     let mut names: BTreeMap<String, Range<usize>> = BTreeMap::new();
     let mut listens: BTreeMap<SocketAddr, String> = BTreeMap::new();
     let endpoints: Vec<EndpointConfig> = raw
-        .endpoint
+        .endpoints
         .iter()
         .map(|e| endpoint(&mut c, e.get_ref(), &raw, max_buffered_body_bytes, &mut names, &mut listens))
         .collect();
-    let listeners = listeners(&mut c, &raw.listener, &names, &mut listens, max_buffered_body_bytes);
-    check_reachable(&mut c, &raw.endpoint, &listeners);
+    let listeners = listeners(&mut c, &raw.listeners, &names, &mut listens, max_buffered_body_bytes);
+    check_reachable(&mut c, &raw.endpoints, &listeners);
     if c.diags.iter().any(|d| d.is_error()) {
         return Err(ConfigError(c.diags.iter().map(|d| d.render(file, source)).collect()));
     }
@@ -469,7 +315,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
 
 /// The control socket's mode (default 0600; never open to others), and a
 /// check that it has a path.
-fn control_socket_mode(c: &mut Checker, raw: &RawConfig) -> u32 {
+fn control_socket_mode(c: &mut Checker, raw: &RawFile) -> u32 {
     if raw.control_socket.get_ref().is_empty() {
         c.error(
             raw.control_socket.span(),
@@ -489,7 +335,7 @@ fn control_socket_mode(c: &mut Checker, raw: &RawConfig) -> u32 {
 }
 
 /// Where the metrics are served: loopback only.
-fn metrics_address(c: &mut Checker, raw: &RawConfig) -> Option<SocketAddr> {
+fn metrics_address(c: &mut Checker, raw: &RawFile) -> Option<SocketAddr> {
     let a = raw.metrics_address.as_ref()?;
     let addr = c.address(a, "metrics_address")?;
     if !addr.ip().is_loopback() {
@@ -505,8 +351,8 @@ fn metrics_address(c: &mut Checker, raw: &RawConfig) -> Option<SocketAddr> {
 /// before it took, so that a second use is an error at its key.
 fn endpoint(
     c: &mut Checker,
-    e: &RawEndpoint,
-    raw: &RawConfig,
+    e: &EndpointFile<Raw>,
+    raw: &RawFile,
     max_buffered_body_bytes: usize,
     names: &mut BTreeMap<String, Range<usize>>,
     listens: &mut BTreeMap<SocketAddr, String>,
@@ -548,8 +394,8 @@ fn endpoint(
 /// its listener's connections and its API keys.
 fn proxy_settings(
     c: &mut Checker,
-    e: &RawEndpoint,
-    raw: &RawConfig,
+    e: &EndpointFile<Raw>,
+    raw: &RawFile,
     name: &str,
     max_buffered_body_bytes: usize,
 ) -> ProxySettings {
@@ -576,7 +422,7 @@ fn proxy_settings(
         body_read_timeout: c.duration(&e.body_read_timeout, "body_read_timeout", Duration::from_secs(30)),
         response_idle_timeout: c.duration(&e.response_idle_timeout, "response_idle_timeout", Duration::from_secs(60)),
         retries: attempts as u32,
-        idempotent: retry.and_then(|r| r.idempotent).unwrap_or(false),
+        idempotent: retry.and_then(|r| r.idempotent.as_ref()).is_some_and(|i| *i.get_ref()),
         conn,
         auth: e.auth.as_ref().and_then(|a| bearer_tokens(c, &a.bearer_tokens_file, "auth.bearer_tokens_file")),
     }
@@ -584,7 +430,7 @@ fn proxy_settings(
 
 /// `[endpoint.health]`: the check and how many results in a row move a
 /// replica in or out (defaults without the table).
-fn health(c: &mut Checker, h: Option<&RawHealth>) -> (Option<HealthCheck>, HealthThresholds) {
+fn health(c: &mut Checker, h: Option<&HealthFile<Raw>>) -> (Option<HealthCheck>, HealthThresholds) {
     let Some(h) = h else { return (None, HealthThresholds::default()) };
     if !h.path.get_ref().starts_with('/') {
         c.error(h.path.span(), format!("health.path {:?} must start with '/'", h.path.get_ref()));
@@ -603,7 +449,7 @@ fn health(c: &mut Checker, h: Option<&RawHealth>) -> (Option<HealthCheck>, Healt
 
 /// Every endpoint has a listener of its own or a shared one that routes
 /// to it.
-fn check_reachable(c: &mut Checker, endpoints: &[Spanned<RawEndpoint>], listeners: &[ListenerConfig]) {
+fn check_reachable(c: &mut Checker, endpoints: &[At<EndpointFile<Raw>>], listeners: &[ListenerConfig]) {
     for e in endpoints {
         let e = e.get_ref();
         let name = e.name.get_ref();
@@ -625,9 +471,9 @@ fn check_reachable(c: &mut Checker, endpoints: &[Spanned<RawEndpoint>], listener
 /// max_connections_per_ip]`, and its `tls` table.
 fn conn_settings(
     c: &mut Checker,
-    [head_timeout, h2_idle]: [&Option<Spanned<String>>; 2],
-    [header_bytes, max_conns, per_ip]: [&Option<Spanned<i64>>; 3],
-    tls: Option<&RawTls>,
+    [head_timeout, h2_idle]: [&Option<At<String>>; 2],
+    [header_bytes, max_conns, per_ip]: [&Option<At<i64>>; 3],
+    tls: Option<&TlsFile<Raw>>,
 ) -> ConnSettings {
     let max_connections = c.number(max_conns, "max_connections", 1, 1_000_000, 4096) as usize;
     let mut max_connections_per_ip = c.number(per_ip, "max_connections_per_ip", 1, 1_000_000, 512) as usize;
@@ -656,7 +502,7 @@ fn conn_settings(
 /// The listener's certificate and key, read and checked now (a listener
 /// that could not complete a handshake is an error here, not at the first
 /// client); the error sits at the key whose file is wrong.
-fn tls_settings(c: &mut Checker, t: &RawTls) -> Option<std::sync::Arc<onepool_router::tls::Tls>> {
+fn tls_settings(c: &mut Checker, t: &TlsFile<Raw>) -> Option<std::sync::Arc<onepool_router::tls::Tls>> {
     use onepool_router::tls::{Tls, TlsError, TlsFiles};
     let files = TlsFiles { cert: t.cert_file.get_ref().into(), key: t.key_file.get_ref().into() };
     match Tls::new(files) {
@@ -674,7 +520,7 @@ fn tls_settings(c: &mut Checker, t: &RawTls) -> Option<std::sync::Arc<onepool_ro
     }
 }
 
-fn positive(c: &mut Checker, v: &Option<Spanned<f64>>, key: &str, default: f64) -> f64 {
+fn positive(c: &mut Checker, v: &Option<At<f64>>, key: &str, default: f64) -> f64 {
     let Some(v) = v else { return default };
     let x = *v.get_ref();
     if !(x.is_finite() && x > 0.0) {
@@ -684,7 +530,7 @@ fn positive(c: &mut Checker, v: &Option<Spanned<f64>>, key: &str, default: f64) 
     x
 }
 
-fn workload(c: &mut Checker, v: &Option<Spanned<String>>, key: &str, default: &str) -> String {
+fn workload(c: &mut Checker, v: &Option<At<String>>, key: &str, default: &str) -> String {
     let Some(v) = v else { return default.to_string() };
     let w = v.get_ref();
     if w.is_empty() || !w.chars().all(|ch| ch.is_ascii_alphanumeric() || "-_".contains(ch)) {
@@ -708,7 +554,7 @@ fn serve_paths(health: Option<&str>, metrics: &str) -> Vec<String> {
 }
 
 /// Checks one `[endpoint.replicas]` table.
-fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> ReplicaSettings {
+fn replica_settings(c: &mut Checker, r: &At<ReplicasFile<Raw>>) -> ReplicaSettings {
     let span = r.span();
     let r = r.get_ref();
     if r.command.get_ref().trim().is_empty() {
@@ -722,32 +568,26 @@ fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> ReplicaSetting
     }
     let port_range = match &r.port_range {
         None => (18000, 18999),
-        Some(p) => {
-            let parsed = p.get_ref().split_once('-').and_then(|(a, b)| {
-                let (a, b) = (a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?);
-                (a > 0 && a < b).then_some((a, b))
-            });
-            match parsed {
-                Some((a, b)) if u32::from(b - a) + 1 >= 2 * max => (a, b),
-                Some((a, b)) => {
-                    c.error(
-                        p.span(),
-                        format!("port_range {a}-{b} holds too few ports: each of max = {max} replicas takes two"),
-                    );
-                    (a, b)
-                }
-                None => {
-                    c.error(
-                        p.span(),
-                        format!(
-                            "port_range = {:?}: expected \"FIRST-LAST\" with FIRST below LAST, like \"18000-18999\"",
-                            p.get_ref()
-                        ),
-                    );
-                    (18000, 18999)
-                }
+        Some(p) => match form::parse_ports(p.get_ref()) {
+            Some((a, b)) if u32::from(b - a) + 1 >= 2 * max => (a, b),
+            Some((a, b)) => {
+                c.error(
+                    p.span(),
+                    format!("port_range {a}-{b} holds too few ports: each of max = {max} replicas takes two"),
+                );
+                (a, b)
             }
-        }
+            None => {
+                c.error(
+                    p.span(),
+                    format!(
+                        "port_range = {:?}: expected \"FIRST-LAST\" with FIRST below LAST, like \"18000-18999\"",
+                        p.get_ref()
+                    ),
+                );
+                (18000, 18999)
+            }
+        },
     };
     let launcher = r.launcher.as_ref().map(|l| l.get_ref().clone()).unwrap_or_else(|| "onepool".into());
     if let (Some(l), true) = (&r.launcher, launcher.is_empty()) {
@@ -822,7 +662,7 @@ fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> ReplicaSetting
     }
 }
 
-fn warm_settings(c: &mut Checker, w: &Spanned<RawWarm>, max: u32) -> WarmSettings {
+fn warm_settings(c: &mut Checker, w: &At<WarmFile<Raw>>, max: u32) -> WarmSettings {
     let span = w.span();
     let w = w.get_ref();
     let replicas = c.number(&w.replicas, "replicas.warm.replicas", 0, 1000, 0) as u32;
@@ -859,7 +699,7 @@ fn valid_host(h: &str) -> bool {
 /// Checks `[[listener]]` tables; endpoint names must be known already.
 fn listeners(
     c: &mut Checker,
-    raw: &[Spanned<RawListener>],
+    raw: &[At<ListenerFile<Raw>>],
     endpoints: &BTreeMap<String, Range<usize>>,
     listens: &mut BTreeMap<SocketAddr, String>,
     max_buffered: usize,
@@ -871,7 +711,7 @@ fn listeners(
 /// bounds, then its routes.
 fn listener(
     c: &mut Checker,
-    l: &Spanned<RawListener>,
+    l: &At<ListenerFile<Raw>>,
     endpoints: &BTreeMap<String, Range<usize>>,
     listens: &mut BTreeMap<SocketAddr, String>,
     max_buffered: usize,
@@ -911,7 +751,7 @@ fn listener(
         );
     }
     let body_timeout = c.duration(&l.model_body_timeout, "model_body_timeout", Duration::from_secs(30));
-    if l.route.is_empty() {
+    if l.routes.is_empty() {
         c.diags.push(Diagnostic::error(
             Some(span.clone()),
             format!("listener {at} has no [[listener.route]]; add at least one with {by} = ... and endpoint = ..."),
@@ -930,7 +770,7 @@ fn listener(
 /// host or model listener, path routes for a path listener.
 fn listener_routes(
     c: &mut Checker,
-    l: &RawListener,
+    l: &ListenerFile<Raw>,
     at: &str,
     by: &str,
     endpoints: &BTreeMap<String, Range<usize>>,
@@ -938,7 +778,7 @@ fn listener_routes(
     let mut seen: BTreeMap<String, ()> = BTreeMap::new();
     let mut pairs = Vec::new();
     let mut paths = Vec::new();
-    for r in &l.route {
+    for r in &l.routes {
         let rspan = r.span();
         let r = r.get_ref();
         let endpoint = r.endpoint.get_ref();
@@ -984,7 +824,7 @@ fn listener_routes(
 
 /// A route's host (lower case), path (without a trailing '/') or model
 /// name, checked.
-fn route_key(c: &mut Checker, by: &str, key: &Spanned<String>) -> String {
+fn route_key(c: &mut Checker, by: &str, key: &At<String>) -> String {
     match by {
         "host" => {
             let h = key.get_ref().to_ascii_lowercase();
@@ -1026,7 +866,14 @@ pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
 }
 
 mod file;
-pub use file::{AccessLogFile, ConfigFile, EndpointFile, HealthFile, ReplicasFile, WarmFile};
+mod form;
+pub use file::{
+    AccessLogFile, AuthFile, ConfigFile, EndpointFile, HealthFile, ListenerFile, ReplicasFile, RetryFile, RouteFile,
+    TlsFile, WarmFile,
+};
+pub use form::{as_text, AsText, At, Form, Mode, Raw, Typed, Value};
 
+#[cfg(test)]
+mod file_tests;
 #[cfg(test)]
 mod tests;
