@@ -1,0 +1,137 @@
+//! `[[endpoint]]` tables: each endpoint's name, listener, queue, proxying
+//! and health checks ([`super::replicas`] checks its replicas).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::time::Duration;
+
+use onepool_decisions::policy::Diagnostic;
+use onepool_router::registry::HealthThresholds;
+use onepool_router::settings::{HealthCheck, ProxySettings};
+
+use super::check::Checker;
+use super::conn::conn_settings;
+use super::file::{EndpointFile, HealthFile, RawFile};
+use super::form::{At, Raw};
+use super::replicas::{replica_settings, serve_paths};
+use super::tokens::bearer_tokens;
+use super::{EndpointConfig, ListenerConfig};
+
+/// One `[[endpoint]]`; `names` and `listens` collect what the endpoints
+/// before it took, so that a second use is an error at its key.
+pub(super) fn endpoint(
+    c: &mut Checker,
+    e: &EndpointFile<Raw>,
+    raw: &RawFile,
+    max_buffered_body_bytes: usize,
+    names: &mut BTreeMap<String, Range<usize>>,
+    listens: &mut BTreeMap<SocketAddr, String>,
+) -> EndpointConfig {
+    let name = e.name.get_ref().clone();
+    if name.is_empty() || !name.chars().all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch)) {
+        c.error(e.name.span(), format!("endpoint name {name:?} must be non-empty letters, digits, '-', '_' or '.'"));
+    }
+    if names.insert(name.clone(), e.name.span()).is_some() {
+        c.error(e.name.span(), format!("endpoint {name:?} is defined twice; endpoint names must be unique"));
+    }
+    let listen = e.listen.as_ref().and_then(|l| c.address(l, "listen"));
+    // Port 0 lets the kernel choose, so it never collides.
+    if let (Some(l), Some(raw)) = (listen.filter(|l| l.port() != 0), &e.listen) {
+        if let Some(other) = listens.insert(l, format!("endpoint {name:?}")) {
+            c.error(raw.span(), format!("listen {l} is also used by {other}; give each its own address"));
+        }
+    }
+    let proxy = proxy_settings(c, e, raw, &name, max_buffered_body_bytes);
+    let (health, thresholds) = health(c, e.health.as_ref());
+    let mut replicas = e.replicas.as_ref().map(|r| replica_settings(c, r));
+    if let Some(r) = &mut replicas {
+        r.serve_paths = serve_paths(health.as_ref().map(|h| h.path.as_str()), &r.metrics_path);
+    }
+    EndpointConfig {
+        name,
+        listen,
+        replica_concurrency: c.number(&e.replica_concurrency, "replica_concurrency", 1, 100_000, 8) as u32,
+        queue_size: c.number(&e.queue_size, "queue_size", 0, 1_000_000, 256) as usize,
+        queue_timeout: c.duration(&e.queue_timeout, "queue_timeout", Duration::from_secs(10)),
+        proxy,
+        health,
+        thresholds,
+        replicas,
+    }
+}
+
+/// How the endpoint's requests are proxied: limits, timeouts, retries,
+/// its listener's connections and its API keys.
+fn proxy_settings(
+    c: &mut Checker,
+    e: &EndpointFile<Raw>,
+    raw: &RawFile,
+    name: &str,
+    max_buffered_body_bytes: usize,
+) -> ProxySettings {
+    let retry = e.retry.as_ref();
+    let attempts = retry.map(|r| c.number(&r.attempts, "retry.attempts", 0, 10, 2)).unwrap_or(2);
+    let conn = conn_settings(
+        c,
+        [&e.header_read_timeout, &e.http2_idle_timeout],
+        [&e.max_header_bytes, &e.max_connections, &e.max_connections_per_ip],
+        e.tls.as_ref(),
+    );
+    let max_request_body = c.number(&e.max_request_body, "max_request_body", 1, 1 << 30, 8 << 20) as usize;
+    if max_request_body > max_buffered_body_bytes {
+        let span = e.max_request_body.as_ref().or(raw.max_buffered_body_bytes.as_ref()).map(|v| v.span());
+        c.diags.push(Diagnostic::error(
+            span,
+            format!("max_request_body = {max_request_body} of endpoint {name:?} is above max_buffered_body_bytes = {max_buffered_body_bytes}; its largest requests could never be served"),
+        ));
+    }
+    ProxySettings {
+        request_timeout: c.duration(&e.request_timeout, "request_timeout", Duration::from_secs(300)),
+        connect_timeout: c.duration(&e.connect_timeout, "connect_timeout", Duration::from_secs(2)),
+        max_request_body,
+        body_read_timeout: c.duration(&e.body_read_timeout, "body_read_timeout", Duration::from_secs(30)),
+        response_idle_timeout: c.duration(&e.response_idle_timeout, "response_idle_timeout", Duration::from_secs(60)),
+        retries: attempts as u32,
+        idempotent: retry.and_then(|r| r.idempotent.as_ref()).is_some_and(|i| *i.get_ref()),
+        conn,
+        auth: e.auth.as_ref().and_then(|a| bearer_tokens(c, &a.bearer_tokens_file, "auth.bearer_tokens_file")),
+    }
+}
+
+/// `[endpoint.health]`: the check and how many results in a row move a
+/// replica in or out (defaults without the table).
+fn health(c: &mut Checker, h: Option<&HealthFile<Raw>>) -> (Option<HealthCheck>, HealthThresholds) {
+    let Some(h) = h else { return (None, HealthThresholds::default()) };
+    if !h.path.get_ref().starts_with('/') {
+        c.error(h.path.span(), format!("health.path {:?} must start with '/'", h.path.get_ref()));
+    }
+    let check = HealthCheck {
+        path: h.path.get_ref().clone(),
+        interval: c.duration(&h.interval, "health.interval", Duration::from_secs(2)),
+        timeout: c.duration(&h.timeout, "health.timeout", Duration::from_secs(1)),
+    };
+    let t = HealthThresholds {
+        healthy_after: c.number(&h.healthy_after, "health.healthy_after", 1, 100, 2) as u32,
+        unhealthy_after: c.number(&h.unhealthy_after, "health.unhealthy_after", 1, 100, 3) as u32,
+    };
+    (Some(check), t)
+}
+
+/// Every endpoint has a listener of its own or a shared one that routes
+/// to it.
+pub(super) fn check_reachable(c: &mut Checker, endpoints: &[At<EndpointFile<Raw>>], listeners: &[ListenerConfig]) {
+    for e in endpoints {
+        let e = e.get_ref();
+        let name = e.name.get_ref();
+        let routed = listeners.iter().any(|l| l.routes.endpoints().any(|n| n == name));
+        if e.listen.is_none() && !routed {
+            c.error(
+                e.name.span(),
+                format!(
+                    "endpoint {name:?} has no listen and no [[listener.route]] names it; clients could not reach it"
+                ),
+            );
+        }
+    }
+}
