@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use onepool_decisions::policy::Diagnostic;
 
-use super::form::At;
+use toml::Spanned;
 
 /// The problems found so far, each at its place.
 pub(super) struct Checker {
@@ -19,7 +19,7 @@ impl Checker {
         self.diags.push(Diagnostic::error(Some(span), msg));
     }
 
-    pub(super) fn duration(&mut self, v: &Option<At<String>>, key: &str, default: Duration) -> Duration {
+    pub(super) fn duration(&mut self, v: &Option<Spanned<String>>, key: &str, default: Duration) -> Duration {
         let Some(v) = v else { return default };
         match onepool_decisions::duration::parse_millis(v.get_ref()) {
             Ok(d) if d.is_zero() => {
@@ -34,7 +34,7 @@ impl Checker {
         }
     }
 
-    pub(super) fn number(&mut self, v: &Option<At<i64>>, key: &str, min: i64, max: i64, default: i64) -> i64 {
+    pub(super) fn number(&mut self, v: &Option<Spanned<i64>>, key: &str, min: i64, max: i64, default: i64) -> i64 {
         let Some(v) = v else { return default };
         let n = *v.get_ref();
         if n < min || n > max {
@@ -44,7 +44,7 @@ impl Checker {
         n
     }
 
-    pub(super) fn address(&mut self, v: &At<String>, key: &str) -> Option<SocketAddr> {
+    pub(super) fn address(&mut self, v: &Spanned<String>, key: &str) -> Option<SocketAddr> {
         match v.get_ref().parse::<SocketAddr>() {
             Ok(a) => Some(a),
             Err(_) => {
@@ -58,7 +58,7 @@ impl Checker {
     }
 }
 
-pub(super) fn positive(c: &mut Checker, v: &Option<At<f64>>, key: &str, default: f64) -> f64 {
+pub(super) fn positive(c: &mut Checker, v: &Option<Spanned<f64>>, key: &str, default: f64) -> f64 {
     let Some(v) = v else { return default };
     let x = *v.get_ref();
     if !(x.is_finite() && x > 0.0) {
@@ -68,7 +68,7 @@ pub(super) fn positive(c: &mut Checker, v: &Option<At<f64>>, key: &str, default:
     x
 }
 
-pub(super) fn workload(c: &mut Checker, v: &Option<At<String>>, key: &str, default: &str) -> String {
+pub(super) fn workload(c: &mut Checker, v: &Option<Spanned<String>>, key: &str, default: &str) -> String {
     let Some(v) = v else { return default.to_string() };
     let w = v.get_ref();
     if w.is_empty() || !w.chars().all(|ch| ch.is_ascii_alphanumeric() || "-_".contains(ch)) {

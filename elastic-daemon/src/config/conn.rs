@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use super::check::Checker;
 use super::file::TlsFile;
-use super::form::{At, Raw};
+use super::form::Raw;
 use super::ConnSettings;
+use toml::Spanned;
 
 /// A listener's connection limits, from an `[[endpoint]]` (its own
 /// listener) or a `[[listener]]`: `[header_read_timeout,
@@ -14,8 +15,8 @@ use super::ConnSettings;
 /// max_connections_per_ip]`, and its `tls` table.
 pub(super) fn conn_settings(
     c: &mut Checker,
-    [head_timeout, h2_idle]: [&Option<At<String>>; 2],
-    [header_bytes, max_conns, per_ip]: [&Option<At<i64>>; 3],
+    [head_timeout, h2_idle]: [&Option<Spanned<String>>; 2],
+    [header_bytes, max_conns, per_ip]: [&Option<Spanned<i64>>; 3],
     tls: Option<&TlsFile<Raw>>,
 ) -> ConnSettings {
     let max_connections = c.number(max_conns, "max_connections", 1, 1_000_000, 4096) as usize;

@@ -13,10 +13,11 @@ use onepool_router::settings::{HealthCheck, ProxySettings};
 use super::check::Checker;
 use super::conn::conn_settings;
 use super::file::{EndpointFile, HealthFile, RawFile};
-use super::form::{At, Raw};
+use super::form::Raw;
 use super::replicas::{replica_settings, serve_paths};
 use super::tokens::bearer_tokens;
 use super::{EndpointConfig, ListenerConfig};
+use toml::Spanned;
 
 /// One `[[endpoint]]`; `names` and `listens` collect what the endpoints
 /// before it took, so that a second use is an error at its key.
@@ -120,7 +121,7 @@ fn health(c: &mut Checker, h: Option<&HealthFile<Raw>>) -> (Option<HealthCheck>,
 
 /// Every endpoint has a listener of its own or a shared one that routes
 /// to it.
-pub(super) fn check_reachable(c: &mut Checker, endpoints: &[At<EndpointFile<Raw>>], listeners: &[ListenerConfig]) {
+pub(super) fn check_reachable(c: &mut Checker, endpoints: &[Spanned<EndpointFile<Raw>>], listeners: &[ListenerConfig]) {
     for e in endpoints {
         let e = e.get_ref();
         let name = e.name.get_ref();

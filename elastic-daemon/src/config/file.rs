@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use super::form::{as_text, Form, Raw, Typed};
 use super::{parse, Config, ConfigError};
 
-/// onepoold's configuration file.
+/// onepoold's configuration file: `ConfigFile` as a program builds it,
+/// `ConfigFile<Raw>` as onepoold reads it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, bound = "")]
 pub struct ConfigFile<F: Form = Typed> {

@@ -1,45 +1,45 @@
 //! The two forms of onepoold.toml's values. The file's types (in
 //! [`super::file`]) are defined once, generic over a [`Form`]: a program
 //! builds [`Typed`] values and writes them, onepoold reads [`Raw`] ones.
-//! Raw values are the file's own text and where it stands, so that a wrong
-//! value is reported at its place, with every other wrong one, instead of
-//! failing the whole read at the first.
+//! Raw values are the file's own text and where it stands (`Spanned`), so
+//! that a wrong value is reported at its place, with every other wrong one,
+//! instead of failing the whole read at the first.
 
 use std::fmt::Debug;
 use std::net::SocketAddr;
-use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use onepool_decisions::duration;
 use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use toml::Spanned;
 
 /// What a file type holds in each key, by the key's kind.
 pub trait Form: Clone + Debug + PartialEq {
-    type Text: Value;
-    type Path: Value;
-    type U32: Value;
-    type Usize: Value;
-    type U64: Value;
-    type Float: Value;
-    type Bool: Value;
-    type Duration: Value + AsText;
-    type Address: Value + AsText;
+    type Text: FormValue;
+    type Path: FormValue;
+    type U32: FormValue;
+    type Usize: FormValue;
+    type U64: FormValue;
+    type Float: FormValue;
+    type Bool: FormValue;
+    type Duration: FormValue + AsText;
+    type Address: FormValue + AsText;
     /// First and last port.
-    type Ports: Value + AsText;
-    type Mode: Value + AsText;
+    type Ports: FormValue + AsText;
+    type Mode: FormValue + AsText;
     /// `load_metrics`.
-    type Metrics: Value;
+    type Metrics: FormValue;
     /// A table; [`Raw`] keeps where it stands, for the errors that concern
     /// the whole table.
-    type Table<T: Value>: Value;
+    type Table<T: FormValue>: FormValue;
 }
 
 /// What a form's values need: to be compared, shown, written and read.
-pub trait Value: Clone + Debug + PartialEq + Serialize + DeserializeOwned {}
+pub trait FormValue: Clone + Debug + PartialEq + Serialize + DeserializeOwned {}
 
-impl<T: Clone + Debug + PartialEq + Serialize + DeserializeOwned> Value for T {}
+impl<T: Clone + Debug + PartialEq + Serialize + DeserializeOwned> FormValue for T {}
 
 /// Values as a program builds them. Reading this form is strict: the first
 /// value of the wrong syntax fails the read.
@@ -66,63 +66,28 @@ impl Form for Typed {
     type Mode = Mode;
     /// Names only: `"auto"` is for files written by hand.
     type Metrics = Vec<String>;
-    type Table<T: Value> = T;
+    type Table<T: FormValue> = T;
 }
 
 impl Form for Raw {
-    type Text = At<String>;
-    type Path = At<String>;
-    type U32 = At<i64>;
-    type Usize = At<i64>;
-    type U64 = At<i64>;
-    type Float = At<f64>;
-    type Bool = At<bool>;
-    type Duration = At<String>;
-    type Address = At<String>;
-    type Ports = At<String>;
-    type Mode = At<String>;
+    type Text = Spanned<String>;
+    type Path = Spanned<String>;
+    type U32 = Spanned<i64>;
+    type Usize = Spanned<i64>;
+    type U64 = Spanned<i64>;
+    type Float = Spanned<f64>;
+    type Bool = Spanned<bool>;
+    type Duration = Spanned<String>;
+    type Address = Spanned<String>;
+    type Ports = Spanned<String>;
+    type Mode = Spanned<String>;
     /// Read as any value, so that a wrong type gets the key's own message.
-    type Metrics = At<toml::Value>;
-    type Table<T: Value> = At<T>;
+    type Metrics = Spanned<toml::Value>;
+    type Table<T: FormValue> = Spanned<T>;
 }
 
-/// A value as read, and the span of its text in the file.
-#[derive(Clone, Debug, PartialEq)]
-pub struct At<T> {
-    value: T,
-    span: Range<usize>,
-}
-
-impl<T> At<T> {
-    pub fn get_ref(&self) -> &T {
-        &self.value
-    }
-
-    pub fn span(&self) -> Range<usize> {
-        self.span.clone()
-    }
-
-    pub fn into_inner(self) -> T {
-        self.value
-    }
-}
-
-impl<T: Serialize> Serialize for At<T> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.value.serialize(s)
-    }
-}
-
-/// Only the TOML reader knows where a value stands, so only it can read
-/// one.
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for At<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = toml::Spanned::<T>::deserialize(d)?;
-        Ok(At { span: s.span(), value: s.into_inner() })
-    }
-}
-
-/// A file mode, written in octal ("0600").
+/// A file mode, written in octal ("0600"). Its serde derives are there for
+/// [`FormValue`]; the file writes and reads it [`AsText`], as a duration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mode(pub u32);
 
@@ -134,7 +99,7 @@ pub trait AsText: Sized {
 }
 
 /// `#[serde(with = "as_text")]` for the keys of an [`AsText`] kind.
-pub mod as_text {
+pub(super) mod as_text {
     use super::*;
 
     pub fn serialize<T: AsText, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
@@ -160,13 +125,13 @@ impl<T: AsText> AsText for Option<T> {
     }
 }
 
-impl AsText for At<String> {
+impl AsText for Spanned<String> {
     fn write<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         self.serialize(s)
     }
 
     fn read<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        At::deserialize(d)
+        Spanned::deserialize(d)
     }
 }
 

@@ -11,13 +11,14 @@ use onepool_decisions::policy::Diagnostic;
 use super::check::Checker;
 use super::conn::conn_settings;
 use super::file::ListenerFile;
-use super::form::{At, Raw};
+use super::form::Raw;
 use super::{ListenerConfig, PathRoute, Routes};
+use toml::Spanned;
 
 /// Checks `[[listener]]` tables; endpoint names must be known already.
 pub(super) fn listeners(
     c: &mut Checker,
-    raw: &[At<ListenerFile<Raw>>],
+    raw: &[Spanned<ListenerFile<Raw>>],
     endpoints: &BTreeMap<String, Range<usize>>,
     listens: &mut BTreeMap<SocketAddr, String>,
     max_buffered: usize,
@@ -29,7 +30,7 @@ pub(super) fn listeners(
 /// bounds, then its routes.
 fn listener(
     c: &mut Checker,
-    l: &At<ListenerFile<Raw>>,
+    l: &Spanned<ListenerFile<Raw>>,
     endpoints: &BTreeMap<String, Range<usize>>,
     listens: &mut BTreeMap<SocketAddr, String>,
     max_buffered: usize,
@@ -142,7 +143,7 @@ fn listener_routes(
 
 /// A route's host (lower case), path (without a trailing '/') or model
 /// name, checked.
-fn route_key(c: &mut Checker, by: &str, key: &At<String>) -> String {
+fn route_key(c: &mut Checker, by: &str, key: &Spanned<String>) -> String {
     match by {
         "host" => {
             let h = key.get_ref().to_ascii_lowercase();

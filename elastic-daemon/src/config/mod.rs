@@ -34,7 +34,7 @@ pub use file::{
     AccessLogFile, AuthFile, ConfigFile, EndpointFile, HealthFile, ListenerFile, ReplicasFile, RetryFile, RouteFile,
     TlsFile, WarmFile,
 };
-pub use form::{as_text, AsText, At, Form, Mode, Raw, Typed, Value};
+pub use form::{AsText, Form, FormValue, Mode, Raw, Typed};
 
 #[derive(Clone, Debug)]
 pub struct Config {

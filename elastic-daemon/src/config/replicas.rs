@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use super::check::{positive, workload, Checker};
 use super::file::{ReplicasFile, WarmFile};
-use super::form::{self, At, Raw};
+use super::form::{self, Raw};
 use super::{PoolScope, ReplicaSettings, WarmSettings};
+use toml::Spanned;
 
 /// The paths a replica's launcher passes on: the OpenAI-compatible API and
 /// what onepoold reads (its health checks, its metrics reads); every other
@@ -23,7 +24,7 @@ pub(super) fn serve_paths(health: Option<&str>, metrics: &str) -> Vec<String> {
 }
 
 /// Checks one `[endpoint.replicas]` table.
-pub(super) fn replica_settings(c: &mut Checker, r: &At<ReplicasFile<Raw>>) -> ReplicaSettings {
+pub(super) fn replica_settings(c: &mut Checker, r: &Spanned<ReplicasFile<Raw>>) -> ReplicaSettings {
     let span = r.span();
     let r = r.get_ref();
     if r.command.get_ref().trim().is_empty() {
@@ -83,7 +84,7 @@ pub(super) fn replica_settings(c: &mut Checker, r: &At<ReplicasFile<Raw>>) -> Re
 }
 
 /// `port_range`: "FIRST-LAST", two ports for each of `max` replicas.
-fn port_range(c: &mut Checker, v: &Option<At<String>>, max: u32) -> (u16, u16) {
+fn port_range(c: &mut Checker, v: &Option<Spanned<String>>, max: u32) -> (u16, u16) {
     let Some(p) = v else { return (18000, 18999) };
     match form::parse_ports(p.get_ref()) {
         Some((a, b)) if u32::from(b - a) + 1 >= 2 * max => (a, b),
@@ -109,7 +110,7 @@ fn port_range(c: &mut Checker, v: &Option<At<String>>, max: u32) -> (u16, u16) {
 
 /// `load_metrics`: Prometheus metric names, or "auto" for the load gauges
 /// of the model servers onepool knows.
-fn load_metrics(c: &mut Checker, v: &Option<At<toml::Value>>) -> Vec<String> {
+fn load_metrics(c: &mut Checker, v: &Option<Spanned<toml::Value>>) -> Vec<String> {
     let names = |list: &[toml::Value]| list.iter().map(|n| n.as_str().map(str::to_string)).collect::<Option<Vec<_>>>();
     let load_metrics = match v.as_ref().map(|m| (m.get_ref(), m.span())) {
         None => Vec::new(),
@@ -143,7 +144,7 @@ fn load_metrics(c: &mut Checker, v: &Option<At<toml::Value>>) -> Vec<String> {
 
 /// `[endpoint.replicas.warm]`: headroom under `max`, asked for by a count,
 /// a fraction or both.
-fn warm_settings(c: &mut Checker, w: &At<WarmFile<Raw>>, max: u32) -> WarmSettings {
+fn warm_settings(c: &mut Checker, w: &Spanned<WarmFile<Raw>>, max: u32) -> WarmSettings {
     let span = w.span();
     let w = w.get_ref();
     let replicas = c.number(&w.replicas, "replicas.warm.replicas", 0, 1000, 0) as u32;

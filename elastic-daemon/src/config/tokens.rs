@@ -1,7 +1,7 @@
 //! Bearer tokens, read from the files the configuration names.
 
 use super::check::Checker;
-use super::form::At;
+use toml::Spanned;
 
 /// Shortest token accepted: shorter ones can be guessed.
 const MIN_TOKEN_LEN: usize = 16;
@@ -11,7 +11,7 @@ const MIN_TOKEN_LEN: usize = 16;
 /// holds a short token.
 pub(super) fn bearer_tokens(
     c: &mut Checker,
-    path: &At<String>,
+    path: &Spanned<String>,
     key: &str,
 ) -> Option<onepool_router::settings::BearerTokens> {
     use std::os::unix::fs::PermissionsExt;
