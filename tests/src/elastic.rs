@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile, ReplicasFile};
+use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile, ReplicasFile, RetryFile};
 use onepool_elastic_daemon::controller::ControllerView;
 use onepool_elastic_daemon::daemon::Daemon;
 use onepool_elastic_daemon::tokio::runtime::Runtime;
@@ -174,7 +174,7 @@ pub fn stand_in_config(
             queue_size: Some(1000),
             queue_timeout: Some(secs(120)),
             request_timeout: Some(secs(120)),
-            retry_attempts: Some(3),
+            retry: Some(RetryFile { attempts: Some(3), ..RetryFile::default() }),
             health: Some(HealthFile {
                 interval: Some(millis(500)),
                 timeout: Some(secs(1)),

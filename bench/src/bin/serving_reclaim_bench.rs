@@ -29,7 +29,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use onepool_dev_cluster::model_server::{ModelServer, Slots, MODEL_NAME};
-use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile};
+use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile, RetryFile};
 use onepool_elastic_daemon::daemon::Daemon;
 use onepool_loadgen::{closed_loop, Capacity, ChatShape, Load, Request, Trace};
 use onepool_router::registry::ReplicaState;
@@ -144,7 +144,7 @@ impl Front {
                         queue_size: Some(2000),
                         queue_timeout: Some(Duration::from_secs(60)),
                         request_timeout: Some(Duration::from_secs(120)),
-                        retry_attempts: Some(2),
+                        retry: Some(RetryFile { attempts: Some(2), ..RetryFile::default() }),
                         health: Some(HealthFile {
                             interval: Some(Duration::from_millis(500)),
                             timeout: Some(Duration::from_secs(1)),

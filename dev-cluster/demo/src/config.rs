@@ -16,7 +16,7 @@ pub(crate) fn config(p: &Paths, listen: SocketAddr, slurm_conf: &str, server: &M
             queue_size: Some(2000),
             queue_timeout: Some(secs(60)),
             request_timeout: Some(secs(120)),
-            retry_attempts: Some(2),
+            retry: Some(RetryFile { attempts: Some(2), ..RetryFile::default() }),
             health: Some(HealthFile {
                 interval: Some(millis(500)),
                 timeout: Some(secs(1)),

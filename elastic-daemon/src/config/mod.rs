@@ -1,14 +1,18 @@
 //! onepoold's TOML configuration. The whole file is checked and every
 //! problem reported as FILE:LINE:COL before the daemon refuses to start.
+//!
+//! The file's types ([`ConfigFile`] and its tables) are defined once, for
+//! reading and writing; [`parse`] reads them in their [`Raw`] form and
+//! checks them, section by section, into a [`Config`].
 
-mod checker;
-mod endpoints;
-mod listeners;
-mod raw;
+mod check;
+mod conn;
+mod endpoint;
+mod file;
+mod form;
+mod listener;
 mod replicas;
-
-#[allow(unused_imports)]
-use {checker::*, endpoints::*, listeners::*, raw::*, replicas::*};
+mod tokens;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -17,11 +21,20 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use onepool_decisions::policy::Diagnostic;
-use onepool_router::prefix::PrefixSettings;
 use onepool_router::registry::HealthThresholds;
 use onepool_router::settings::{HealthCheck, ProxySettings};
-use serde::Deserialize;
-use toml::Spanned;
+
+use check::Checker;
+use endpoint::{check_reachable, endpoint};
+use file::RawFile;
+use listener::listeners;
+use tokens::bearer_tokens;
+
+pub use file::{
+    AccessLogFile, AuthFile, ConfigFile, EndpointFile, HealthFile, ListenerFile, ReplicasFile, RetryFile, RouteFile,
+    RoutingFile, TlsFile, WarmFile,
+};
+pub use form::{AsText, Form, FormValue, Mode, Raw, Typed};
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -174,7 +187,7 @@ pub struct ConfigError(pub Vec<String>);
 
 /// Parses and checks `source`; `file` names it in every error.
 pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
-    let raw: RawConfig = toml::from_str(source).map_err(|e| {
+    let raw: RawFile = toml::from_str(source).map_err(|e| {
         let d = Diagnostic::error(e.span(), e.message().to_string());
         ConfigError(vec![d.render(file, source)])
     })?;
@@ -187,18 +200,18 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
     let access_log = raw.access_log.as_ref().map(|a| access_log(&mut c, a.get_ref()));
     let max_buffered_body_bytes =
         c.number(&raw.max_buffered_body_bytes, "max_buffered_body_bytes", 1 << 20, 1 << 40, 256 << 20) as usize;
-    if raw.endpoint.is_empty() {
+    if raw.endpoints.is_empty() {
         c.diags.push(Diagnostic::error(None, "no [[endpoint]]; add at least one with name and listen".to_string()));
     }
     let mut names: BTreeMap<String, Range<usize>> = BTreeMap::new();
     let mut listens: BTreeMap<SocketAddr, String> = BTreeMap::new();
     let endpoints: Vec<EndpointConfig> = raw
-        .endpoint
+        .endpoints
         .iter()
         .map(|e| endpoint(&mut c, e.get_ref(), &raw, max_buffered_body_bytes, &mut names, &mut listens))
         .collect();
-    let listeners = listeners(&mut c, &raw.listener, &names, &mut listens, max_buffered_body_bytes);
-    check_reachable(&mut c, &raw.endpoint, &listeners);
+    let listeners = listeners(&mut c, &raw.listeners, &names, &mut listens, max_buffered_body_bytes);
+    check_reachable(&mut c, &raw.endpoints, &listeners);
     if c.diags.iter().any(|d| d.is_error()) {
         return Err(ConfigError(c.diags.iter().map(|d| d.render(file, source)).collect()));
     }
@@ -223,7 +236,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
 
 /// The control socket's mode (default 0600; never open to others), and a
 /// check that it has a path.
-fn control_socket_mode(c: &mut Checker, raw: &RawConfig) -> u32 {
+fn control_socket_mode(c: &mut Checker, raw: &RawFile) -> u32 {
     if raw.control_socket.get_ref().is_empty() {
         c.error(
             raw.control_socket.span(),
@@ -243,7 +256,7 @@ fn control_socket_mode(c: &mut Checker, raw: &RawConfig) -> u32 {
 }
 
 /// Where the metrics are served: loopback only.
-fn metrics_address(c: &mut Checker, raw: &RawConfig) -> Option<SocketAddr> {
+fn metrics_address(c: &mut Checker, raw: &RawFile) -> Option<SocketAddr> {
     let a = raw.metrics_address.as_ref()?;
     let addr = c.address(a, "metrics_address")?;
     if !addr.ip().is_loopback() {
@@ -255,6 +268,20 @@ fn metrics_address(c: &mut Checker, raw: &RawConfig) -> Option<SocketAddr> {
     Some(addr)
 }
 
+/// `[access_log]`: a path (absolute: the daemon's working directory is
+/// no place for it), and bounds on each file and on how many are kept.
+fn access_log(c: &mut Checker, a: &AccessLogFile<Raw>) -> onepool_router::access_log::AccessLogSettings {
+    let path = PathBuf::from(a.path.get_ref());
+    if !path.is_absolute() {
+        c.error(a.path.span(), format!("access_log.path {:?} must be an absolute path", a.path.get_ref()));
+    }
+    onepool_router::access_log::AccessLogSettings {
+        path,
+        max_file_bytes: c.number(&a.max_file_bytes, "access_log.max_file_bytes", 64 << 10, 1 << 40, 100 << 20) as u64,
+        keep_files: c.number(&a.keep_files, "access_log.keep_files", 1, 100, 5) as u32,
+    }
+}
+
 /// Reads and parses the file at `path`.
 pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
     let file = path.display().to_string();
@@ -263,8 +290,7 @@ pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
     parse(&file, &source)
 }
 
-mod file;
-pub use file::{AccessLogFile, ConfigFile, EndpointFile, HealthFile, ReplicasFile, RoutingFile, WarmFile};
-
+#[cfg(test)]
+mod file_tests;
 #[cfg(test)]
 mod tests;

@@ -1,8 +1,13 @@
-//! `[endpoint.replicas]` and its `warm` table: how onepoold submits,
-//! scales and drains an endpoint's replica jobs.
+//! `[endpoint.replicas]` and its `warm` table: how onepoold runs an
+//! endpoint's replicas as Slurm jobs.
 
-#[allow(unused_imports)]
-use super::*;
+use std::time::Duration;
+
+use super::check::{positive, workload, Checker};
+use super::file::{ReplicasFile, WarmFile};
+use super::form::{self, Raw};
+use super::{PoolScope, ReplicaSettings, WarmSettings};
+use toml::Spanned;
 
 /// The paths a replica's launcher passes on: the OpenAI-compatible API and
 /// what onepoold reads (its health checks, its metrics reads); every other
@@ -19,7 +24,7 @@ pub(super) fn serve_paths(health: Option<&str>, metrics: &str) -> Vec<String> {
 }
 
 /// Checks one `[endpoint.replicas]` table.
-pub(super) fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> ReplicaSettings {
+pub(super) fn replica_settings(c: &mut Checker, r: &Spanned<ReplicasFile<Raw>>) -> ReplicaSettings {
     let span = r.span();
     let r = r.get_ref();
     if r.command.get_ref().trim().is_empty() {
@@ -31,7 +36,7 @@ pub(super) fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> Rep
         let s = r.max.as_ref().map(|m| m.span()).unwrap_or(span.clone());
         c.error(s, format!("replicas.max = {max} is below replicas.min = {min}"));
     }
-    let port_range = port_range(c, r.port_range.as_ref(), max);
+    let port_range = port_range(c, &r.port_range, max);
     let launcher = r.launcher.as_ref().map(|l| l.get_ref().clone()).unwrap_or_else(|| "onepool".into());
     if let (Some(l), true) = (&r.launcher, launcher.is_empty()) {
         c.error(l.span(), "replicas.launcher is empty; give the path of the onepool binary".into());
@@ -40,7 +45,7 @@ pub(super) fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> Rep
     if let (Some(o), true) = (&r.output, output.is_empty()) {
         c.error(o.span(), "replicas.output is empty; give an sbatch -o path (default /dev/null)".into());
     }
-    let load_metrics = load_metrics(c, r.load_metrics.as_ref());
+    let load_metrics = load_metrics(c, &r.load_metrics);
     let metrics_path = r.metrics_path.as_ref().map(|p| p.get_ref().clone()).unwrap_or_else(|| "/metrics".into());
     if let (Some(p), false) = (&r.metrics_path, metrics_path.starts_with('/')) {
         c.error(p.span(), format!("replicas.metrics_path = {metrics_path:?} must start with '/'"));
@@ -78,48 +83,39 @@ pub(super) fn replica_settings(c: &mut Checker, r: &Spanned<RawReplicas>) -> Rep
     }
 }
 
-/// `port_range = "FIRST-LAST"`: room for two ports for each of `max`
-/// replicas (the launcher's and its server's).
-fn port_range(c: &mut Checker, port_range: Option<&Spanned<String>>, max: u32) -> (u16, u16) {
-    match port_range {
-        None => (18000, 18999),
-        Some(p) => {
-            let parsed = p.get_ref().split_once('-').and_then(|(a, b)| {
-                let (a, b) = (a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?);
-                (a > 0 && a < b).then_some((a, b))
-            });
-            match parsed {
-                Some((a, b)) if u32::from(b - a) + 1 >= 2 * max => (a, b),
-                Some((a, b)) => {
-                    c.error(
-                        p.span(),
-                        format!("port_range {a}-{b} holds too few ports: each of max = {max} replicas takes two"),
-                    );
-                    (a, b)
-                }
-                None => {
-                    c.error(
-                        p.span(),
-                        format!(
-                            "port_range = {:?}: expected \"FIRST-LAST\" with FIRST below LAST, like \"18000-18999\"",
-                            p.get_ref()
-                        ),
-                    );
-                    (18000, 18999)
-                }
-            }
+/// `port_range`: "FIRST-LAST", two ports for each of `max` replicas.
+fn port_range(c: &mut Checker, v: &Option<Spanned<String>>, max: u32) -> (u16, u16) {
+    let Some(p) = v else { return (18000, 18999) };
+    match form::parse_ports(p.get_ref()) {
+        Some((a, b)) if u32::from(b - a) + 1 >= 2 * max => (a, b),
+        Some((a, b)) => {
+            c.error(
+                p.span(),
+                format!("port_range {a}-{b} holds too few ports: each of max = {max} replicas takes two"),
+            );
+            (a, b)
+        }
+        None => {
+            c.error(
+                p.span(),
+                format!(
+                    "port_range = {:?}: expected \"FIRST-LAST\" with FIRST below LAST, like \"18000-18999\"",
+                    p.get_ref()
+                ),
+            );
+            (18000, 18999)
         }
     }
 }
 
-/// `load_metrics`: metric names, or "auto" for the model servers onepool
-/// knows; each a valid Prometheus name.
-fn load_metrics(c: &mut Checker, load_metrics_value: Option<&Spanned<toml::Value>>) -> Vec<String> {
-    let names = |v: &[toml::Value]| v.iter().map(|n| n.as_str().map(str::to_string)).collect::<Option<Vec<_>>>();
-    let load_metrics = match load_metrics_value.map(|m| (m.get_ref(), m.span())) {
+/// `load_metrics`: Prometheus metric names, or "auto" for the load gauges
+/// of the model servers onepool knows.
+fn load_metrics(c: &mut Checker, v: &Option<Spanned<toml::Value>>) -> Vec<String> {
+    let names = |list: &[toml::Value]| list.iter().map(|n| n.as_str().map(str::to_string)).collect::<Option<Vec<_>>>();
+    let load_metrics = match v.as_ref().map(|m| (m.get_ref(), m.span())) {
         None => Vec::new(),
         Some((toml::Value::String(p), _)) if p == "auto" => crate::replica_metrics::known_load_metrics(),
-        Some((toml::Value::Array(v), _)) if names(v).is_some() => names(v).unwrap_or_default(),
+        Some((toml::Value::Array(list), _)) if names(list).is_some() => names(list).unwrap_or_default(),
         Some((other, span)) => {
             c.error(
                 span,
@@ -130,7 +126,7 @@ fn load_metrics(c: &mut Checker, load_metrics_value: Option<&Spanned<toml::Value
             Vec::new()
         }
     };
-    if let Some(m) = load_metrics_value {
+    if let Some(m) = v {
         let valid = |n: &str| {
             let mut chars = n.chars();
             chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
@@ -146,7 +142,9 @@ fn load_metrics(c: &mut Checker, load_metrics_value: Option<&Spanned<toml::Value
     load_metrics
 }
 
-pub(super) fn warm_settings(c: &mut Checker, w: &Spanned<RawWarm>, max: u32) -> WarmSettings {
+/// `[endpoint.replicas.warm]`: headroom under `max`, asked for by a count,
+/// a fraction or both.
+fn warm_settings(c: &mut Checker, w: &Spanned<WarmFile<Raw>>, max: u32) -> WarmSettings {
     let span = w.span();
     let w = w.get_ref();
     let replicas = c.number(&w.replicas, "replicas.warm.replicas", 0, 1000, 0) as u32;

@@ -1,19 +1,24 @@
-//! `[[listener]]`: shared listeners and their routes by host, path or
-//! model.
+//! `[[listener]]` tables: shared listeners and their routes to the
+//! endpoints.
 
-#[allow(unused_imports)]
-use super::*;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::time::Duration;
 
-pub(super) fn valid_host(h: &str) -> bool {
-    !h.is_empty()
-        && h.len() <= 253
-        && h.split('.').all(|l| !l.is_empty() && l.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '-'))
-}
+use onepool_decisions::policy::Diagnostic;
+
+use super::check::Checker;
+use super::conn::conn_settings;
+use super::file::ListenerFile;
+use super::form::Raw;
+use super::{ListenerConfig, PathRoute, Routes};
+use toml::Spanned;
 
 /// Checks `[[listener]]` tables; endpoint names must be known already.
 pub(super) fn listeners(
     c: &mut Checker,
-    raw: &[Spanned<RawListener>],
+    raw: &[Spanned<ListenerFile<Raw>>],
     endpoints: &BTreeMap<String, Range<usize>>,
     listens: &mut BTreeMap<SocketAddr, String>,
     max_buffered: usize,
@@ -23,9 +28,9 @@ pub(super) fn listeners(
 
 /// One `[[listener]]`: its address, what it routes by, its connection
 /// bounds, then its routes.
-pub(super) fn listener(
+fn listener(
     c: &mut Checker,
-    l: &Spanned<RawListener>,
+    l: &Spanned<ListenerFile<Raw>>,
     endpoints: &BTreeMap<String, Range<usize>>,
     listens: &mut BTreeMap<SocketAddr, String>,
     max_buffered: usize,
@@ -65,7 +70,7 @@ pub(super) fn listener(
         );
     }
     let body_timeout = c.duration(&l.model_body_timeout, "model_body_timeout", Duration::from_secs(30));
-    if l.route.is_empty() {
+    if l.routes.is_empty() {
         c.diags.push(Diagnostic::error(
             Some(span.clone()),
             format!("listener {at} has no [[listener.route]]; add at least one with {by} = ... and endpoint = ..."),
@@ -82,9 +87,9 @@ pub(super) fn listener(
 
 /// A listener's `[[listener.route]]` tables: (key, endpoint) pairs for a
 /// host or model listener, path routes for a path listener.
-pub(super) fn listener_routes(
+fn listener_routes(
     c: &mut Checker,
-    l: &RawListener,
+    l: &ListenerFile<Raw>,
     at: &str,
     by: &str,
     endpoints: &BTreeMap<String, Range<usize>>,
@@ -92,7 +97,7 @@ pub(super) fn listener_routes(
     let mut seen: BTreeMap<String, ()> = BTreeMap::new();
     let mut pairs = Vec::new();
     let mut paths = Vec::new();
-    for r in &l.route {
+    for r in &l.routes {
         let rspan = r.span();
         let r = r.get_ref();
         let endpoint = r.endpoint.get_ref();
@@ -138,7 +143,7 @@ pub(super) fn listener_routes(
 
 /// A route's host (lower case), path (without a trailing '/') or model
 /// name, checked.
-pub(super) fn route_key(c: &mut Checker, by: &str, key: &Spanned<String>) -> String {
+fn route_key(c: &mut Checker, by: &str, key: &Spanned<String>) -> String {
     match by {
         "host" => {
             let h = key.get_ref().to_ascii_lowercase();
@@ -169,4 +174,10 @@ pub(super) fn route_key(c: &mut Checker, by: &str, key: &Spanned<String>) -> Str
             key.get_ref().clone()
         }
     }
+}
+
+fn valid_host(h: &str) -> bool {
+    !h.is_empty()
+        && h.len() <= 253
+        && h.split('.').all(|l| !l.is_empty() && l.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '-'))
 }

@@ -1,15 +1,32 @@
-//! `[[endpoint]]`: its listener, proxy limits, health checks, TLS and
-//! bearer tokens, and that every endpoint is reachable.
+//! `[[endpoint]]` tables: each endpoint's name, listener, queue, proxying
+//! and health checks ([`super::replicas`] checks its replicas).
 
-#[allow(unused_imports)]
-use super::*;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::time::Duration;
+
+use onepool_decisions::policy::Diagnostic;
+use onepool_router::prefix::PrefixSettings;
+use onepool_router::registry::HealthThresholds;
+use onepool_router::settings::{HealthCheck, ProxySettings};
+
+use super::check::positive;
+use super::check::Checker;
+use super::conn::conn_settings;
+use super::file::{EndpointFile, HealthFile, RawFile, RoutingFile};
+use super::form::Raw;
+use super::replicas::{replica_settings, serve_paths};
+use super::tokens::bearer_tokens;
+use super::{EndpointConfig, ListenerConfig};
+use toml::Spanned;
 
 /// One `[[endpoint]]`; `names` and `listens` collect what the endpoints
 /// before it took, so that a second use is an error at its key.
 pub(super) fn endpoint(
     c: &mut Checker,
-    e: &RawEndpoint,
-    raw: &RawConfig,
+    e: &EndpointFile<Raw>,
+    raw: &RawFile,
     max_buffered_body_bytes: usize,
     names: &mut BTreeMap<String, Range<usize>>,
     listens: &mut BTreeMap<SocketAddr, String>,
@@ -49,10 +66,10 @@ pub(super) fn endpoint(
 
 /// How the endpoint's requests are proxied: limits, timeouts, retries,
 /// its listener's connections and its API keys.
-pub(super) fn proxy_settings(
+fn proxy_settings(
     c: &mut Checker,
-    e: &RawEndpoint,
-    raw: &RawConfig,
+    e: &EndpointFile<Raw>,
+    raw: &RawFile,
     name: &str,
     max_buffered_body_bytes: usize,
 ) -> ProxySettings {
@@ -80,7 +97,7 @@ pub(super) fn proxy_settings(
         body_read_timeout: c.duration(&e.body_read_timeout, "body_read_timeout", Duration::from_secs(30)),
         response_idle_timeout: c.duration(&e.response_idle_timeout, "response_idle_timeout", Duration::from_secs(60)),
         retries: attempts as u32,
-        idempotent: retry.and_then(|r| r.idempotent).unwrap_or(false),
+        idempotent: retry.and_then(|r| r.idempotent.as_ref()).is_some_and(|i| *i.get_ref()),
         conn,
         auth: e.auth.as_ref().and_then(|a| bearer_tokens(c, &a.bearer_tokens_file, "auth.bearer_tokens_file")),
     }
@@ -88,16 +105,14 @@ pub(super) fn proxy_settings(
 
 /// `[endpoint.routing]`: prefix-aware routing's settings, or `None` for
 /// least outstanding alone.
-fn routing(c: &mut Checker, r: &Spanned<RawRouting>) -> Option<PrefixSettings> {
-    let r = r.get_ref();
+fn routing(c: &mut Checker, r: &RoutingFile<Raw>) -> Option<PrefixSettings> {
     let d = PrefixSettings::default();
     let block_bytes = c.number(&r.block_bytes, "routing.block_bytes", 16, 1 << 20, d.block_bytes as i64) as usize;
     let table_entries =
         c.number(&r.table_entries, "routing.table_entries", 1024, 1 << 26, d.table_entries as i64) as usize;
     let load_bound = positive(c, &r.load_bound, "routing.load_bound", d.load_bound);
-    if load_bound < 1.0 {
-        let span = r.load_bound.as_ref().map(|v| v.span()).unwrap_or_default();
-        c.error(span, format!("routing.load_bound = {load_bound} is below 1: no replica could take a request for a prefix it holds while the endpoint is busy; use 1 (the average) or more"));
+    if let (Some(v), true) = (&r.load_bound, load_bound < 1.0) {
+        c.error(v.span(), format!("routing.load_bound = {load_bound} is below 1: no replica could take a request for a prefix it holds while the endpoint is busy; use 1 (the average) or more"));
     }
     match r.policy.as_ref().map(|p| (p.get_ref().as_str(), p.span())) {
         None | Some(("least_outstanding", _)) => None,
@@ -114,7 +129,7 @@ fn routing(c: &mut Checker, r: &Spanned<RawRouting>) -> Option<PrefixSettings> {
 
 /// `[endpoint.health]`: the check and how many results in a row move a
 /// replica in or out (defaults without the table).
-pub(super) fn health(c: &mut Checker, h: Option<&RawHealth>) -> (Option<HealthCheck>, HealthThresholds) {
+fn health(c: &mut Checker, h: Option<&HealthFile<Raw>>) -> (Option<HealthCheck>, HealthThresholds) {
     let Some(h) = h else { return (None, HealthThresholds::default()) };
     if !h.path.get_ref().starts_with('/') {
         c.error(h.path.span(), format!("health.path {:?} must start with '/'", h.path.get_ref()));
@@ -133,7 +148,7 @@ pub(super) fn health(c: &mut Checker, h: Option<&RawHealth>) -> (Option<HealthCh
 
 /// Every endpoint has a listener of its own or a shared one that routes
 /// to it.
-pub(super) fn check_reachable(c: &mut Checker, endpoints: &[Spanned<RawEndpoint>], listeners: &[ListenerConfig]) {
+pub(super) fn check_reachable(c: &mut Checker, endpoints: &[Spanned<EndpointFile<Raw>>], listeners: &[ListenerConfig]) {
     for e in endpoints {
         let e = e.get_ref();
         let name = e.name.get_ref();
@@ -145,61 +160,6 @@ pub(super) fn check_reachable(c: &mut Checker, endpoints: &[Spanned<RawEndpoint>
                     "endpoint {name:?} has no listen and no [[listener.route]] names it; clients could not reach it"
                 ),
             );
-        }
-    }
-}
-
-/// A listener's connection limits, from an `[[endpoint]]` (its own
-/// listener) or a `[[listener]]`: `[header_read_timeout,
-/// http2_idle_timeout]`, `[max_header_bytes, max_connections,
-/// max_connections_per_ip]`, and its `tls` table.
-pub(super) fn conn_settings(
-    c: &mut Checker,
-    [head_timeout, h2_idle]: [&Option<Spanned<String>>; 2],
-    [header_bytes, max_conns, per_ip]: [&Option<Spanned<i64>>; 3],
-    tls: Option<&RawTls>,
-) -> ConnSettings {
-    let max_connections = c.number(max_conns, "max_connections", 1, 1_000_000, 4096) as usize;
-    let mut max_connections_per_ip = c.number(per_ip, "max_connections_per_ip", 1, 1_000_000, 512) as usize;
-    if max_connections_per_ip > max_connections {
-        match per_ip {
-            Some(v) => c.error(
-                v.span(),
-                format!(
-                    "max_connections_per_ip = {max_connections_per_ip} is above max_connections = {max_connections}"
-                ),
-            ),
-            // Only the total was lowered: one client may take all of it.
-            None => max_connections_per_ip = max_connections,
-        }
-    }
-    ConnSettings {
-        header_read_timeout: c.duration(head_timeout, "header_read_timeout", Duration::from_secs(10)),
-        max_header_bytes: c.number(header_bytes, "max_header_bytes", 8192, 1 << 20, 16384) as usize,
-        max_connections,
-        max_connections_per_ip,
-        http2_idle_timeout: c.duration(h2_idle, "http2_idle_timeout", Duration::from_secs(60)),
-        tls: tls.and_then(|t| tls_settings(c, t)),
-    }
-}
-
-/// The listener's certificate and key, read and checked now (a listener
-/// that could not complete a handshake is an error here, not at the first
-/// client); the error sits at the key whose file is wrong.
-pub(super) fn tls_settings(c: &mut Checker, t: &RawTls) -> Option<std::sync::Arc<onepool_router::tls::Tls>> {
-    use onepool_router::tls::{Tls, TlsError, TlsFiles};
-    let files = TlsFiles { cert: t.cert_file.get_ref().into(), key: t.key_file.get_ref().into() };
-    match Tls::new(files) {
-        Ok(tls) => Some(std::sync::Arc::new(tls)),
-        Err(e) => {
-            let at = match &e {
-                TlsError::Read { what: "cert_file", .. }
-                | TlsError::Empty { what: "cert_file", .. }
-                | TlsError::Pem { what: "cert_file", .. } => t.cert_file.span(),
-                _ => t.key_file.span(),
-            };
-            c.error(at, format!("tls: {e}"));
-            None
         }
     }
 }
