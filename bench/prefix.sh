@@ -10,13 +10,13 @@
 #
 #   bash bench/prefix.sh [FROM] [SECONDS] [SPEED] [ROUNDS]
 #
-# FROM/SECONDS: the stretch of the trace (defaults: 420 s on, 240 s: the
-# stretch of the kept 987 s with the most prefix reuse); SPEED: trace seconds
+# FROM/SECONDS: the stretch of the trace (defaults: 420 s on, 90 s: within
+# the stretch of the kept 987 s with the most prefix reuse); SPEED: trace seconds
 # per wall second (0.25: what 3 one-thread replicas on 2 cores keep up with).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 from=${1:-420}
-seconds=${2:-240}
+seconds=${2:-90}
 speed=${3:-0.25}
 rounds=${4:-1}
 bash scripts/model-server.sh >/dev/null
