@@ -4,8 +4,10 @@
 //! the victim's requests in flight fail), re-expansion once the training
 //! ends, scale-down that drains before it cancels, and a daemon killed with
 //! SIGKILL in the middle of a drain, and restarts of the onepoold binary
-//! (SIGTERM, an upgrade, SIGKILL) under load that keep every replica. Another
-//! user's protected job runs through every test and is never touched.
+//! (SIGTERM, an upgrade, SIGKILL) under load that keep every replica, and
+//! prefix-aware routing keeping conversations on their replicas through a
+//! graceful reclaim of one of them. Another user's protected job runs
+//! through every test and is never touched.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -643,5 +645,146 @@ fn restarts_and_an_upgrade_of_the_binary_keep_every_replica_serving_under_load()
         .collect();
     assert!(cancelled.is_empty(), "replica jobs other than the two: {cancelled:?}");
     assert!(daemon.stop());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A chat request of conversation `n` at turn `turn` (its whole history,
+/// as chat clients resend it), answered by the stand-in server in
+/// `tokens` ms.
+fn conversation_turn(n: usize, turn: usize, tokens: u32) -> String {
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": format!("conversation {n}: you help operators of a shared GPU pool")}),
+    ];
+    for t in 0..=turn {
+        messages.push(serde_json::json!({"role": "user", "content": format!("turn {t} of conversation {n}: how is the pool doing?")}));
+        if t < turn {
+            messages.push(serde_json::json!({"role": "assistant", "content": format!("answer {t}: fine")}));
+        }
+    }
+    serde_json::json!({"model": "m", "messages": messages, "max_tokens": tokens}).to_string()
+}
+
+/// Sends one turn and returns the replica (address) that served it: the
+/// one whose served count moved (nothing else is in flight).
+fn turn_served_by(d: &Daemon, port: u16, n: usize, turn: usize) -> SocketAddr {
+    let served = |d: &Daemon| -> Vec<(SocketAddr, u64)> {
+        d.endpoint(ENDPOINT).unwrap().endpoint.snapshot().replicas.iter().map(|r| (r.address, r.served)).collect()
+    };
+    let before = served(d);
+    let status =
+        onepool_tests::elastic::request(port, "POST", "/v1/chat/completions", &conversation_turn(n, turn, 100));
+    assert_eq!(status, Some(200), "conversation {n}, turn {turn}");
+    let after = served(d);
+    let moved: Vec<SocketAddr> = after
+        .iter()
+        .filter(|(a, s)| before.iter().find(|(b, _)| b == a).map_or(*s > 0, |(_, was)| s > was))
+        .map(|(a, _)| *a)
+        .collect();
+    assert_eq!(moved.len(), 1, "one replica served conversation {n}, turn {turn}: {before:?} -> {after:?}");
+    moved[0]
+}
+
+#[test]
+#[allow(clippy::too_many_lines, reason = "one scenario on a real cluster, read top to bottom")]
+fn prefix_affinity_survives_a_graceful_reclaim_of_the_replica_that_held_a_conversation() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("elastic-prefix");
+    let config = dir.join("onepoold.toml");
+    let mut file = daemon_config(c, &dir, ENDPOINT, |r| r.scale_down_delay = Some(Duration::from_secs(300)));
+    file.endpoints[0].routing = Some(onepool_elastic_daemon::config::RoutingFile {
+        policy: Some("prefix".into()),
+        block_bytes: Some(32),
+        ..Default::default()
+    });
+    file.write(&config).unwrap();
+    let foreign = foreign_job(c);
+    let rt = runtime();
+    let d = start(&rt, &config);
+    let port = d.endpoint(ENDPOINT).unwrap().listen.unwrap().port();
+    wait("the baseline replica to serve", Duration::from_secs(60), || serving(&d, "baseline").len() == 1);
+    // Load without prompts (routed least outstanding) brings the two
+    // supplemental replicas; scale-down waits 300 s, so they stay.
+    let load = Load::start(port, 20, 1.5);
+    wait("two supplemental replicas to serve", Duration::from_secs(60), || serving(&d, "supplemental").len() == 2);
+    let (_, statuses) = load.finish();
+    assert_eq!(statuses.keys().copied().collect::<Vec<_>>(), vec![200], "{statuses:?}");
+    wait("every replica ready in the router", Duration::from_secs(20), || ready_ports(&d).len() == 3);
+    std::thread::sleep(Duration::from_secs(TEST_MIN_RUNTIME_SECS + 1));
+
+    // Three conversations begun at once (each first turn takes 3 s): least
+    // outstanding puts one on each replica; each replica is seen taking
+    // its conversation (its in-flight count) before the next one begins.
+    let busy = |d: &Daemon| -> BTreeSet<SocketAddr> {
+        let snap = d.endpoint(ENDPOINT).unwrap().endpoint.snapshot();
+        snap.replicas.iter().filter(|r| r.in_flight > 0).map(|r| r.address).collect()
+    };
+    let mut homes = Vec::new();
+    let mut firsts = Vec::new();
+    for n in 0..3 {
+        let before = busy(&d);
+        let body = conversation_turn(n, 0, 3000);
+        firsts.push(std::thread::spawn(move || {
+            onepool_tests::elastic::request(port, "POST", "/v1/chat/completions", &body)
+        }));
+        wait("the conversation's first turn on a replica", Duration::from_secs(5), || busy(&d).len() > before.len());
+        homes.extend(busy(&d).difference(&before).copied());
+    }
+    for f in firsts {
+        assert_eq!(f.join().unwrap(), Some(200));
+    }
+    let holders: BTreeSet<SocketAddr> = homes.iter().copied().collect();
+    assert_eq!(holders.len(), 3, "one conversation on each replica: {homes:?}");
+    for (n, home) in homes.iter().enumerate() {
+        assert_eq!(turn_served_by(&d, port, n, 1), *home, "conversation {n} stays on its replica");
+    }
+
+    // Protected training takes a supplemental replica's GPUs (graceful:
+    // the launcher drains); conversations keep talking throughout.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let talker = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut failed = Vec::new();
+            let mut turn = 2;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                for n in 0..3 {
+                    let body = conversation_turn(n, turn, 100);
+                    let s = onepool_tests::elastic::request(port, "POST", "/v1/chat/completions", &body);
+                    if s != Some(200) {
+                        failed.push((n, turn, s));
+                    }
+                }
+                turn += 1;
+            }
+            (turn, failed)
+        })
+    };
+    let (training, took) = protected_training(c);
+    eprintln!("protected training {training} RUNNING {took:?} after submission");
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (turn, failed) = talker.join().unwrap();
+    assert!(failed.is_empty(), "no conversation turn failed through the graceful reclaim: {failed:?}");
+    let left: BTreeSet<SocketAddr> =
+        d.endpoint(ENDPOINT).unwrap().endpoint.snapshot().replicas.iter().map(|r| r.address).collect();
+    let gone: Vec<SocketAddr> = holders.difference(&left).copied().collect();
+    assert_eq!(gone.len(), 1, "one replica was reclaimed: {holders:?} -> {left:?}");
+
+    // Every conversation now has a home among the replicas left, and keeps
+    // it: those of the reclaimed replica moved once, the others never did.
+    for (n, home) in homes.iter().enumerate() {
+        let now = turn_served_by(&d, port, n, turn);
+        assert!(left.contains(&now), "conversation {n} is served by a replica that is still there");
+        if *home != gone[0] {
+            assert_eq!(now, *home, "conversation {n} kept its replica through the reclaim of another");
+        }
+        assert_eq!(turn_served_by(&d, port, n, turn + 1), now, "conversation {n} stays on its new home");
+    }
+    let [hits, misses, over, _] = d.endpoint(ENDPOINT).unwrap().endpoint.prefix_counts().unwrap();
+    eprintln!("prefix routing: {hits} hits, {misses} misses, {over} over the bound");
+    c.ok("scancel", &[&training.to_string()]);
+    assert_untouched(c, foreign);
+    rt.block_on(d.shutdown());
     let _ = std::fs::remove_dir_all(&dir);
 }
