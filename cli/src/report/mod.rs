@@ -310,8 +310,21 @@ fn time(s: &str, to: Option<f64>) -> anyhow::Result<f64> {
     onepool_decisions::trace::parse_time(s).with_context(|| format!("{s:?} is not a time (YYYY-MM-DDTHH:MM:SS)"))
 }
 
-#[allow(clippy::too_many_lines, reason = "a renderer: one section after another in the order the reader sees them")]
 pub fn text(r: &usage::Report) -> String {
+    let mut out = usage_text(r);
+    out.push_str(&reclaims_text(r));
+    out.push_str(&failures_text(&r.replica_failures));
+    if let Some(s) = &r.saved {
+        out.push_str(&saved_text(s));
+    }
+    if let Some(a) = &r.audit {
+        out.push_str(&audit_text(a));
+    }
+    out
+}
+
+/// The period, each class's GPU-hours, and how much of the pool was used.
+fn usage_text(r: &usage::Report) -> String {
     let mut out = format!(
         "onepool report {} to {} ({:.1} h), pool of {} GPUs\n\n",
         format_time(r.from),
@@ -333,7 +346,12 @@ pub fn text(r: &usage::Report) -> String {
         r.idle_gpu_hours,
         r.outside_gpu_hours
     ));
-    out.push_str(&format!("\nreclaims: {} (source: {})\n", r.reclaims.len(), r.reclaim_source));
+    out
+}
+
+/// The reclaims: a summary per mode, then each one.
+fn reclaims_text(r: &usage::Report) -> String {
+    let mut out = format!("\nreclaims: {} (source: {})\n", r.reclaims.len(), r.reclaim_source);
     for m in ["immediate", "graceful", "requeue"] {
         let of: Vec<&reclaims::Reclaim> = r.reclaims.iter().filter(|x| x.mode == m).collect();
         if of.is_empty() {
@@ -349,53 +367,65 @@ pub fn text(r: &usage::Report) -> String {
         out.push_str(&format!("  {m}: {} (runs ended: {lost:.2} GPU-hours{median})\n", of.len()));
     }
     for x in &r.reclaims {
-        let taker = match (&x.for_job, x.time_to_capacity_s) {
-            (Some(j), Some(t)) => {
-                let class = x.for_class.as_deref().map(|c| format!(" ({c})")).unwrap_or_default();
-                let gpus = x.gpus_changed_hands.map(|g| format!(", {g} GPU(s) changed hands")).unwrap_or_default();
-                format!("for job {j}{class}, which ran {t:.1} s after submission{gpus}")
-            }
-            (Some(j), None) => format!("for job {j}, not started"),
-            _ => "no job started on its nodes right after".to_string(),
-        };
-        let drain = match (x.drained, x.cut, x.drain_s) {
-            (Some(d), Some(c), Some(s)) => format!("; drained {d} request(s) in {s:.1} s, cut {c}"),
-            _ => String::new(),
-        };
-        out.push_str(&format!("  job {} ({}, {}) at +{:.0} s: {taker}{drain}\n", x.job, x.class, x.mode, x.at_s));
+        out.push_str(&reclaim_line(x));
     }
-    if !r.replica_failures.is_empty() {
-        out.push_str("\nreplica jobs that failed (not service):\n");
-        for f in &r.replica_failures {
-            let ends: Vec<String> = f.by_end.iter().map(|(e, n)| format!("{n} {e}")).collect();
-            out.push_str(&format!(
-                "  endpoint {} (user {}): {} of {} job(s), {:.2} GPU-hours ({}); last: job {} at +{:.0} s: {}\n",
-                f.endpoint,
-                f.user,
-                f.failed,
-                f.jobs,
-                f.gpu_hours,
-                ends.join(", "),
-                f.last_job,
-                f.last_at_s,
-                f.last_cause
-            ));
+    out
+}
+
+/// One reclaim: its victim, who took the GPUs and how soon, and what a
+/// drained replica finished and cut.
+fn reclaim_line(x: &reclaims::Reclaim) -> String {
+    let taker = match (&x.for_job, x.time_to_capacity_s) {
+        (Some(j), Some(t)) => {
+            let class = x.for_class.as_deref().map(|c| format!(" ({c})")).unwrap_or_default();
+            let gpus = x.gpus_changed_hands.map(|g| format!(", {g} GPU(s) changed hands")).unwrap_or_default();
+            format!("for job {j}{class}, which ran {t:.1} s after submission{gpus}")
         }
+        (Some(j), None) => format!("for job {j}, not started"),
+        _ => "no job started on its nodes right after".to_string(),
+    };
+    let drain = match (x.drained, x.cut, x.drain_s) {
+        (Some(d), Some(c), Some(s)) => format!("; drained {d} request(s) in {s:.1} s, cut {c}"),
+        _ => String::new(),
+    };
+    format!("  job {} ({}, {}) at +{:.0} s: {taker}{drain}\n", x.job, x.class, x.mode, x.at_s)
+}
+
+/// Replica jobs that failed, per endpoint; nothing when none did.
+fn failures_text(failed: &[failures::ReplicaFailures]) -> String {
+    if failed.is_empty() {
+        return String::new();
     }
-    if let Some(s) = &r.saved {
-        out.push_str(&saved_text(s));
+    let mut out = String::from("\nreplica jobs that failed (not service):\n");
+    for f in failed {
+        let ends: Vec<String> = f.by_end.iter().map(|(e, n)| format!("{n} {e}")).collect();
+        out.push_str(&format!(
+            "  endpoint {} (user {}): {} of {} job(s), {:.2} GPU-hours ({}); last: job {} at +{:.0} s: {}\n",
+            f.endpoint,
+            f.user,
+            f.failed,
+            f.jobs,
+            f.gpu_hours,
+            ends.join(", "),
+            f.last_job,
+            f.last_at_s,
+            f.last_cause
+        ));
     }
-    if let Some(a) = &r.audit {
-        out.push_str("\naudit mode (slurmctld's log): the plugin would have\n");
-        for (class, n) in &a.would_place {
-            out.push_str(&format!("  placed {n} job(s) in {class}\n"));
-        }
-        for (why, n) in &a.would_refuse {
-            out.push_str(&format!("  refused {n} job(s): {why}\n"));
-        }
-        if a.would_refuse_updates > 0 {
-            out.push_str(&format!("  refused {} update(s)\n", a.would_refuse_updates));
-        }
+    out
+}
+
+/// What the plugin would have placed and refused in audit mode.
+fn audit_text(a: &usage::Audit) -> String {
+    let mut out = String::from("\naudit mode (slurmctld's log): the plugin would have\n");
+    for (class, n) in &a.would_place {
+        out.push_str(&format!("  placed {n} job(s) in {class}\n"));
+    }
+    for (why, n) in &a.would_refuse {
+        out.push_str(&format!("  refused {n} job(s): {why}\n"));
+    }
+    if a.would_refuse_updates > 0 {
+        out.push_str(&format!("  refused {} update(s)\n", a.would_refuse_updates));
     }
     out
 }

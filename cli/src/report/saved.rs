@@ -100,29 +100,64 @@ pub struct Saved {
 }
 
 /// Writes the period's records as a scenario.
-#[allow(
-    clippy::too_many_lines,
-    reason = "the scenario written file by file (policy, fleet, jobs, each endpoint), each assumption recorded beside the value it explains"
-)]
 pub fn scenario(inp: &Inputs) -> Written {
     let mut assumptions = Vec::new();
-    let gpn = inp.policy.pool.gpus_per_node.unwrap_or(inp.policy.pool.total_gpus).max(1);
-    let nodes = inp.policy.pool.total_gpus.div_ceil(gpn);
-    assumptions.push(format!(
-        "the pool as the policy states it: {nodes} node(s) x {gpn} GPUs (pool.total_gpus {}, pool.gpus_per_node {})",
-        inp.policy.pool.total_gpus,
-        inp.policy.pool.gpus_per_node.map_or("unset: one node".to_string(), |g| g.to_string())
-    ));
+    let (nodes, gpn) = fleet(inp.policy, &mut assumptions);
     let (endpoints, access) = modelled(inp, &mut assumptions);
     let names: Vec<&str> = endpoints.iter().map(|e| e.name.as_str()).collect();
+    let (csv, jobs) = jobs_csv(inp, &names, &mut assumptions);
+    assumptions.push(format!(
+        "targets: batch classes' p95 wait at most {}, endpoints' p99 queueing delay at most {} (--max-p95-wait, --slo-p99)",
+        seconds(inp.max_p95_wait_s),
+        seconds(inp.slo_p99_s)
+    ));
 
+    let mut scen = scenario_table(inp, nodes, gpn);
+    let (lines, requests, eps) = endpoint_requests(&endpoints, &access, inp.slo_p99_s);
+    if !eps.is_empty() {
+        scen.insert("endpoints".into(), toml::Value::Array(eps));
+    }
+    let header = format!(
+        "# Written by onepool report for {} to {}: the period's records as a scenario.\n\
+         # onepool simulate on this file prints the report's \"what the pool saved\".\n",
+        format_time(inp.from),
+        format_time(inp.to)
+    );
+    let mut files = vec![
+        ("scenario.toml".to_string(), header + &toml::to_string(&scen).expect("a scenario table serializes")),
+        ("policy.toml".to_string(), inp.policy_text.to_string()),
+        ("jobs.csv".to_string(), csv),
+    ];
+    if !endpoints.is_empty() {
+        files.push(("access.jsonl".to_string(), lines));
+    }
+    Written { files, jobs, requests, endpoints: names.iter().map(|s| s.to_string()).collect(), assumptions }
+}
+
+/// The simulated fleet (nodes, GPUs per node): the pool as the policy
+/// states it, one node when it does not say how the GPUs are spread.
+fn fleet(policy: &Policy, assumptions: &mut Vec<String>) -> (u32, u32) {
+    let gpn = policy.pool.gpus_per_node.unwrap_or(policy.pool.total_gpus).max(1);
+    let nodes = policy.pool.total_gpus.div_ceil(gpn);
+    assumptions.push(format!(
+        "the pool as the policy states it: {nodes} node(s) x {gpn} GPUs (pool.total_gpus {}, pool.gpus_per_node {})",
+        policy.pool.total_gpus,
+        policy.pool.gpus_per_node.map_or("unset: one node".to_string(), |g| g.to_string())
+    ));
+    (nodes, gpn)
+}
+
+/// The period's GPU runs as the scenario's jobs.csv, and how many. The
+/// modelled endpoints' replica jobs are left out: the simulator starts
+/// their replicas itself.
+fn jobs_csv(inp: &Inputs, endpoints: &[&str], assumptions: &mut Vec<String>) -> (String, usize) {
     let mut csv = String::from("submit,duration,gpus,gpus_per_node,class,qos\n");
     let (mut jobs, mut carried) = (0usize, 0usize);
     for r in inp.runs {
         if r.gpus == 0 || !r.start.is_finite() || r.start <= 0.0 || r.start >= inp.to || r.end <= inp.from {
             continue;
         }
-        if endpoint_of(&r.name).is_some_and(|e| names.contains(&e)) {
+        if endpoint_of(&r.name).is_some_and(|e| endpoints.contains(&e)) {
             continue;
         }
         let end = r.end.min(inp.to);
@@ -151,12 +186,12 @@ pub fn scenario(inp: &Inputs) -> Written {
             "{carried} run(s) already running at the period's start enter it submitted then, with the time they had left"
         ));
     }
-    assumptions.push(format!(
-        "targets: batch classes' p95 wait at most {}, endpoints' p99 queueing delay at most {} (--max-p95-wait, --slo-p99)",
-        seconds(inp.max_p95_wait_s),
-        seconds(inp.slo_p99_s)
-    ));
+    (csv, jobs)
+}
 
+/// scenario.toml but its endpoints: the policy, the fleet, the batch
+/// target and the jobs file, whose times and classes are kept as recorded.
+fn scenario_table(inp: &Inputs, nodes: u32, gpn: u32) -> toml::Table {
     let mut scen = toml::Table::new();
     scen.insert("policy".into(), "policy.toml".into());
     let mut fleet = toml::Table::new();
@@ -172,36 +207,28 @@ pub fn scenario(inp: &Inputs) -> Written {
     job_file.insert("keep_times".into(), true.into());
     job_file.insert("classified".into(), true.into());
     scen.insert("jobs".into(), toml::Value::Array(vec![job_file.into()]));
+    scen
+}
 
+/// The modelled endpoints' requests as access.jsonl, how many, and each
+/// endpoint's scenario table.
+fn endpoint_requests(
+    endpoints: &[EndpointSettings],
+    access: &[Model],
+    slo_p99_s: f64,
+) -> (String, usize, Vec<toml::Value>) {
     let mut lines = String::new();
     let mut requests = 0;
     let mut eps = Vec::new();
-    for (e, model) in endpoints.iter().zip(&access) {
+    for (e, model) in endpoints.iter().zip(access) {
         for a in &model.requests {
             lines.push_str(&serde_json::to_string(a).expect("an access entry serializes"));
             lines.push('\n');
         }
         requests += model.requests.len();
-        eps.push(toml::Value::Table(endpoint_table(e, model, inp.slo_p99_s)));
+        eps.push(toml::Value::Table(endpoint_table(e, model, slo_p99_s)));
     }
-    if !eps.is_empty() {
-        scen.insert("endpoints".into(), toml::Value::Array(eps));
-    }
-    let header = format!(
-        "# Written by onepool report for {} to {}: the period's records as a scenario.\n\
-         # onepool simulate on this file prints the report's \"what the pool saved\".\n",
-        format_time(inp.from),
-        format_time(inp.to)
-    );
-    let mut files = vec![
-        ("scenario.toml".to_string(), header + &toml::to_string(&scen).expect("a scenario table serializes")),
-        ("policy.toml".to_string(), inp.policy_text.to_string()),
-        ("jobs.csv".to_string(), csv),
-    ];
-    if !endpoints.is_empty() {
-        files.push(("access.jsonl".to_string(), lines));
-    }
-    Written { files, jobs, requests, endpoints: names.iter().map(|s| s.to_string()).collect(), assumptions }
+    (lines, requests, eps)
 }
 
 /// One endpoint's requests in the period and its estimated service.

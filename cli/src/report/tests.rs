@@ -221,7 +221,10 @@ fn text_and_chart_name_every_class_and_the_reclaim() {
 /// The three modes as slurmctld's log names them, with a drained
 /// replica's note, and a crash-looping endpoint's jobs as failures.
 #[test]
-#[allow(clippy::too_many_lines, reason = "one scenario, or every key, read top to bottom")]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one slurmctld log read top to bottom: the log, the runs it names, then what each reclaim and failure became"
+)]
 fn reclaims_from_the_log_with_the_drain_record_and_failures_apart() {
     use onepool_launcher::conventions::{DrainNote, ReplicaNote};
     let t = |s: &str| onepool_decisions::trace::parse_time(s).unwrap();
@@ -336,7 +339,10 @@ fn a_rotated_log_leaves_the_earlier_reclaims_to_accounting() {
 /// the service time fitted on the access log, the startup matched by
 /// port), and the figure comes back with its assumptions.
 #[test]
-#[allow(clippy::too_many_lines, reason = "one scenario, or every key, read top to bottom")]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one period end to end: its runs and access log, the scenario written from them, then the figure and its assumptions"
+)]
 fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
     use onepool_decisions::trace::AccessEntry;
     use onepool_launcher::conventions::ReplicaNote;
