@@ -228,10 +228,7 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
             continue;
         }
         supp_leaving += 1;
-        actions.push(match r.phase {
-            Phase::Pending | Phase::Starting => Action::Release { job: r.job, slot: r.slot },
-            _ => Action::Drain { job: r.job, slot: r.slot },
-        });
+        actions.push(let_go(r));
     }
     // Warm replicas: within max with the rest; while a job waits for GPUs,
     // only those the headroom or the load (at max) asks for, and none
@@ -246,10 +243,7 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
         leaving = pending.max(warm_lasting - keep_warm);
     }
     for r in warm.into_iter().take(leaving as usize) {
-        actions.push(match r.phase {
-            Phase::Pending | Phase::Starting => Action::Release { job: r.job, slot: r.slot },
-            _ => Action::Drain { job: r.job, slot: r.slot },
-        });
+        actions.push(let_go(r));
     }
     if !gpus_wanted {
         let room = max.saturating_sub(others + warm_lasting);
@@ -257,6 +251,15 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
         actions.extend((0..n).map(|_| Action::Submit(Kind::Warm)));
     }
     actions
+}
+
+/// How a surplus replica leaves: one not yet serving has nothing in flight
+/// to finish, so its GPUs come back at once; one serving drains first.
+fn let_go(r: &Replica) -> Action {
+    match r.phase {
+        Phase::Pending | Phase::Starting => Action::Release { job: r.job, slot: r.slot },
+        _ => Action::Drain { job: r.job, slot: r.slot },
+    }
 }
 
 /// Scale-down order: pending, then starting, then serving; a pinned one

@@ -181,19 +181,15 @@ fn missing_site_qos(rendered: &Rendered, live_qos: &[LiveQos]) -> Vec<Diagnostic
     problems
 }
 
-/// Only the changes that bring the live cluster to `rendered`.
-pub fn diff(
-    rendered: &Rendered,
-    live_qos: &[LiveQos],
-    live_config: &LiveConfig,
-    live_partitions: &[LivePartition],
-) -> Changes {
+/// The QOS to create and those to modify, additions first (see
+/// [`Changes::qos`]).
+fn qos_changes(rendered: &Rendered, live_qos: &[LiveQos]) -> Vec<QosChange> {
     let find_qos = |name: &str| live_qos.iter().find(|q| same_name(&q.name, name));
-    let mut changes = Changes::default();
+    let mut added = Vec::new();
     let mut modified = Vec::new();
     for spec in rendered.all_qos() {
         match find_qos(&spec.name) {
-            None => changes.qos.push(QosChange::Add(spec.clone())),
+            None => added.push(QosChange::Add(spec.clone())),
             Some(live) => {
                 let settings = spec.settings_from(live);
                 if !settings.is_empty() {
@@ -202,8 +198,41 @@ pub fn diff(
             }
         }
     }
-    changes.qos.extend(modified);
+    added.extend(modified);
+    added
+}
 
+/// A class reclaims by requeue on a cluster with `JobRequeue=0`: Slurm
+/// cancels its jobs instead, unless they were submitted with `--requeue`.
+fn requeue_disabled(rendered: &Rendered, live_config: &LiveConfig) -> Option<Diagnostic> {
+    let requeued: Vec<&str> = rendered
+        .all_qos()
+        .filter(|q| q.preempt_mode == Some(QosPreemptMode::Requeue))
+        .filter_map(|q| q.class.as_deref())
+        .collect();
+    if requeued.is_empty() || live_config.get("JobRequeue").map(str::trim) != Some("0") {
+        return None;
+    }
+    Some(
+        Diagnostic::warning(
+            None,
+            format!(
+                "JobRequeue=0: reclaimed jobs of class {} are cancelled, not requeued, unless submitted with --requeue",
+                requeued.join(", ")
+            ),
+        )
+        .help("set JobRequeue=1 in slurm.conf (Slurm's default), or submit those jobs with sbatch --requeue"),
+    )
+}
+
+/// Only the changes that bring the live cluster to `rendered`.
+pub fn diff(
+    rendered: &Rendered,
+    live_qos: &[LiveQos],
+    live_config: &LiveConfig,
+    live_partitions: &[LivePartition],
+) -> Changes {
+    let mut changes = Changes { qos: qos_changes(rendered, live_qos), ..Changes::default() };
     changes.problems.extend(missing_site_qos(rendered, live_qos));
 
     for line in &rendered.slurm_conf {
@@ -217,23 +246,7 @@ pub fn diff(
             });
         }
     }
-    let requeued: Vec<&str> = rendered
-        .all_qos()
-        .filter(|q| q.preempt_mode == Some(QosPreemptMode::Requeue))
-        .filter_map(|q| q.class.as_deref())
-        .collect();
-    if !requeued.is_empty() && live_config.get("JobRequeue").map(str::trim) == Some("0") {
-        changes.problems.push(
-            Diagnostic::warning(
-                None,
-                format!(
-                    "JobRequeue=0: reclaimed jobs of class {} are cancelled, not requeued, unless submitted with --requeue",
-                    requeued.join(", ")
-                ),
-            )
-            .help("set JobRequeue=1 in slurm.conf (Slurm's default), or submit those jobs with sbatch --requeue"),
-        );
-    }
+    changes.problems.extend(requeue_disabled(rendered, live_config));
 
     let find_partition = |name: &str| live_partitions.iter().find(|p| p.name == name);
     if let Some(fp) = &rendered.flexible_partition {
