@@ -12,6 +12,7 @@ pub mod engine;
 pub mod fleet;
 pub mod generate;
 pub mod input;
+pub mod job_log;
 pub mod report;
 pub mod scenario;
 pub mod slurm;
