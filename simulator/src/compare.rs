@@ -26,7 +26,7 @@
 //! one GPU (then no service figure of any class gets worse with more
 //! GPUs; lost GPU-hours and requests cut off by reclaims still may).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::engine::{self, quantile, quantile_f32, ClassStats, Config, Layout, RunResult, Workload};
 use crate::fleet::Fleet;
@@ -63,8 +63,10 @@ impl Default for Settings {
     }
 }
 
-/// One class's figures in one run.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+/// One class's figures in one run (read back from `--json` by the
+/// validation).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ClassFigures {
     pub class: String,
     pub has_work: bool,

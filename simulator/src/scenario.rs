@@ -233,14 +233,47 @@ fn read(base: &Path, p: &Path) -> Result<(String, String), String> {
     std::fs::read_to_string(&path).map(|t| (shown.clone(), t)).map_err(|e| format!("{shown}: {e}"))
 }
 
-/// Reads a scenario file and everything it names.
-pub fn load(path: &Path, on_bad: OnBadRow) -> Result<Scenario, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let at = |span: Option<std::ops::Range<usize>>| match span {
+/// `file:line` of a span of the scenario's text (the file alone without one).
+fn at(path: &Path, text: &str, span: Option<std::ops::Range<usize>>) -> String {
+    match span {
         Some(r) => format!("{}:{}", path.display(), text[..r.start.min(text.len())].matches('\n').count() + 1),
         None => path.display().to_string(),
-    };
-    let raw: Raw = toml::from_str(&text).map_err(|e| format!("{}: {}", at(e.span()), e.message()))?;
+    }
+}
+
+/// The scenario file's own tables, not yet what they name.
+fn read_raw(path: &Path) -> Result<(Raw, String), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let raw = toml::from_str(&text)
+        .map_err(|e: toml::de::Error| format!("{}: {}", at(path, &text, e.span()), e.message()))?;
+    Ok((raw, text))
+}
+
+/// An `[[endpoints]]` table's service model as the file writes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndpointModel {
+    pub name: String,
+    /// As written (`"4s"`): the validation quotes it.
+    pub startup: String,
+    pub decode_tokens_per_s: f64,
+}
+
+/// The scenario's `[[endpoints]]` as written, without reading the traces
+/// or the policy they name (bench/validate-simulator.sh sets the real
+/// endpoint's numbers beside them).
+pub fn endpoint_models(path: &Path) -> Result<Vec<EndpointModel>, String> {
+    let (raw, _) = read_raw(path)?;
+    Ok(raw
+        .endpoints
+        .into_iter()
+        .map(|e| EndpointModel { name: e.name, startup: e.startup, decode_tokens_per_s: e.decode_tokens_per_s })
+        .collect())
+}
+
+/// Reads a scenario file and everything it names.
+pub fn load(path: &Path, on_bad: OnBadRow) -> Result<Scenario, String> {
+    let (raw, text) = read_raw(path)?;
+    let at = |span| at(path, &text, span);
     let base = path.parent().unwrap_or(Path::new("."));
     let (pfile, ptext) = read(base, &raw.policy)?;
     let loaded = policy::load(&ptext);
