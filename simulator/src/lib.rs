@@ -17,3 +17,4 @@ pub mod report;
 pub mod scenario;
 pub mod slurm;
 pub mod svg;
+pub mod validate;
