@@ -62,3 +62,26 @@ fn the_script_asks_sacct_for_the_fields_the_reports_read() {
         assert!(script.contains(&format!("--format={format} ")), "{format}");
     }
 }
+
+/// Every `.rs` file's text under `dir`.
+fn sources(dir: &Path, text: &mut String) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            sources(&p, text);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            text.push_str(&std::fs::read_to_string(&p).unwrap());
+        }
+    }
+}
+
+#[test]
+fn onepoold_still_logs_the_messages_the_inference_report_reads() {
+    // The report once looked for wordings onepoold had stopped using and
+    // printed "-" for every replica's ready and draining time.
+    let mut text = String::new();
+    sources(&here("../elastic-daemon"), &mut text);
+    for m in inference::DAEMON_MESSAGES {
+        assert!(text.contains(&format!("\"{m}\"")), "onepoold no longer logs {m:?}");
+    }
+}

@@ -128,11 +128,14 @@ pub struct ReplicaTimes {
     pub draining: Option<f64>,
 }
 
-/// onepoold's messages (elastic-daemon) that mark a replica job's moments.
+/// onepoold's messages (elastic-daemon's controller and the router's
+/// health checks) that mark a replica job's moments; tests/validate.rs
+/// checks that onepoold still logs each.
 const SUBMITTED: &str = "submitted a replica job";
-const RUNNING: &str = "replica job running; in the router";
+const RUNNING: &str = "replica running; in the router";
 const HEALTH: &str = "replica health changed";
-const DRAINING: &str = "draining a replica job";
+const DRAINING: &str = "draining a replica";
+pub const DAEMON_MESSAGES: [&str; 4] = [SUBMITTED, RUNNING, HEALTH, DRAINING];
 
 /// Each replica job's moments in onepoold's log (`TIME LEVEL target:
 /// message field=value ...`, the time in UTC). Readiness is logged by
@@ -392,11 +395,11 @@ mod tests {
         let log = "\
 2025-12-02T16:20:00.500000Z  INFO act: submitted a replica job endpoint=chat job=61 port=40002 replicas=1 kind=Supplemental
 2025-12-02T16:20:01.000000Z  INFO health: replica health changed endpoint=chat address=10.0.0.2:40002 from=Unknown to=Ready
-2025-12-02T16:20:02.000000Z  INFO observe: replica job running; in the router endpoint=chat job=61 address=10.0.0.2:40002
+2025-12-02T16:20:02.000000Z  INFO observe: replica running; in the router endpoint=chat job=61 address=10.0.0.2:40002
 2025-12-02T16:20:04.250000Z  INFO health: replica health changed endpoint=chat address=10.0.0.2:40002 from=Starting to=Ready
 2025-12-02T16:20:09.000000Z  INFO health: replica health changed endpoint=chat address=10.0.0.2:40002 from=Busy to=Ready
-2025-12-02T16:20:10.000000Z  INFO act: draining a replica job endpoint=chat replica_job=99 job=61 port=40002
-2025-12-02T16:20:11.000000Z  INFO act: draining a replica job endpoint=chat job=61 port=40002
+2025-12-02T16:20:10.000000Z  INFO act: draining a replica endpoint=chat replica_job=99 job=61 port=40002
+2025-12-02T16:20:11.000000Z  INFO act: draining a replica endpoint=chat job=61 port=40002
 2025-12-02 16:20:12 INFO act: submitted a replica job endpoint=chat job=62
 ";
         let t = |s: &str| parse_time(s).unwrap();
