@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 use onepool_simulator::compare::{self, Search, Settings};
 use onepool_simulator::input::OnBadRow;
 use onepool_simulator::report::{self, Report};
-use onepool_simulator::{scenario, svg};
+use onepool_simulator::{job_log, scenario, svg};
 
 #[derive(Args)]
 pub struct SimulateArgs {
@@ -114,12 +114,9 @@ pub fn run(a: &SimulateArgs) -> anyhow::Result<ExitCode> {
         eprintln!("wrote {}", f.display());
     }
     if a.job_log {
-        eprintln!("job\tclass\tsubmit\tstart\tend\treclaimed");
+        eprintln!("{}", job_log::HEADER);
         for e in &shared.job_log {
-            eprintln!(
-                "{}\t{}\t{:.1}\t{:.1}\t{:.1}\t{}",
-                e.job, sc.workload.classes[e.class], e.submit, e.start, e.end, e.reclaimed
-            );
+            eprintln!("{}", job_log::line(e, &sc.workload.classes));
         }
     }
     if !a.json && r.skipped_rows > 0 {
