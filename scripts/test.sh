@@ -21,6 +21,10 @@
 # scripts/package-test.sh RELEASE; for 22.05 scripts/deploy-test.sh, the
 # runbook docs/deploy.md followed on a cluster that starts without onepool,
 # for 24.11 scripts/upgrade-test.sh, its step 7 from onepool for 22.05).
+# ONEPOOL_DROP_BUILDS=1 (CI sets it) removes each release's compiler output
+# once its stage has passed, keeping the programs and plugins later stages
+# use: three debug builds side by side need more disk than a small machine
+# has (CI's linker died of a full disk in the third).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC2206 # a list of words
@@ -135,6 +139,24 @@ run_release() {
         fi
     fi
     # --- end of packages ---
+    if [ "${ONEPOOL_DROP_BUILDS:-0}" = 1 ]; then
+        drop_build "$rel" "$target"
+    fi
+}
+
+# What a passed release's stage no longer needs: the test programs and
+# intermediate files. The top-level programs and plugins stay (hard links
+# into deps/, so their files survive): 24.11's stage loads 22.05's plugins
+# to check they are refused. The host's target/release stays too, since
+# every release's package takes its release-independent programs from it.
+drop_build() {
+    local rel=$1 target=$2 before
+    before=$(du -sm "$target" | cut -f1)
+    rm -rf "$target"/debug/{deps,build,.fingerprint,incremental,examples}
+    if [ "$rel" != 22.05 ]; then
+        rm -rf "$target/release"
+    fi
+    echo "== Slurm $rel: build output dropped, ${before} MiB -> $(du -sm "$target" | cut -f1) MiB; $(df -h --output=avail . | tail -n 1 | tr -d ' ') free"
 }
 
 # Stops what a run started (both clusters), inside the root it ran in, and
