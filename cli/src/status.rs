@@ -163,6 +163,13 @@ pub fn replica_jobs_table(state: &State, now: u64) -> String {
         if let Some(e) = &v.last_error {
             out.push_str(&format!("  last Slurm error: {e}\n"));
         }
+        if v.advisory {
+            let now = if v.advised.is_empty() { " nothing to do now".to_string() } else { String::new() };
+            out.push_str(&format!("  advisory: decisions are logged, not carried out;{now}\n"));
+            for a in &v.advised {
+                out.push_str(&format!("    would {a}\n"));
+            }
+        }
         out.push_str(&start_failures(&v.start_failures, name, now));
         out.push_str(&reclaims(&v.reclaims, now));
         out.push_str(&format!(
@@ -449,6 +456,23 @@ mod tests {
             "{t}"
         );
         assert!(lines[4].split_whitespace().eq(["43", "supplemental", "pending", "-", "-", "-"]), "{t}");
+    }
+
+    #[test]
+    fn an_advisory_endpoint_says_what_it_would_do() {
+        let state = with_jobs(json!({
+            "desired": 2, "min": 1, "max": 3, "load": 9.0, "rate": 3.0, "jobs": [], "advisory": true,
+            "advised": ["submit supplemental: the load wants 2 replicas, 1 live (1 serving)"]}));
+        let t = replica_jobs_table(&state, 1000);
+        assert!(t.contains("  advisory: decisions are logged, not carried out;\n"), "{t}");
+        assert!(t.contains("    would submit supplemental: the load wants 2 replicas, 1 live (1 serving)\n"), "{t}");
+        let idle = with_jobs(
+            json!({"desired": 1, "min": 1, "max": 3, "load": 0.0, "rate": 0.0, "jobs": [], "advisory": true}),
+        );
+        assert!(replica_jobs_table(&idle, 1000)
+            .contains("advisory: decisions are logged, not carried out; nothing to do now"));
+        let acting = with_jobs(json!({"desired": 1, "min": 1, "max": 3, "load": 0.0, "rate": 0.0, "jobs": []}));
+        assert!(!replica_jobs_table(&acting, 1000).contains("advisory"));
     }
 
     #[test]

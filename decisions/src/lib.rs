@@ -10,6 +10,7 @@ pub mod annotation;
 pub mod autoscale;
 pub mod backoff;
 pub mod classify;
+pub mod decision_log;
 pub mod duration;
 pub mod gres_conf;
 pub mod handoff;

@@ -736,3 +736,89 @@ fn the_job_that_took_a_reclaimed_replicas_gpus_is_found_with_its_time_to_capacit
         );
     });
 }
+
+#[test]
+fn an_advisory_endpoint_says_each_decision_once_and_asks_nothing_of_slurm() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let endpoint = test_endpoint("llm");
+        let slurm = Arc::new(ScriptedSlurm::default());
+        let s = ReplicaSettings {
+            advisory: true,
+            min: 1,
+            max: 3,
+            target_per_replica: 4.0,
+            scale_down_delay: Duration::from_millis(1),
+            stable_window: Duration::from_millis(10),
+            panic_window: Duration::from_millis(5),
+            ..settings()
+        };
+        let dir = std::env::temp_dir().join(format!("onepool-advisory-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("decisions.jsonl");
+        let _ = std::fs::remove_file(&path);
+        let metrics = endpoint.metrics().clone();
+        let log = onepool_router::line_log::LineLog::start(
+            "decision log",
+            onepool_router::line_log::LineLogSettings { path: path.clone(), max_file_bytes: 1 << 20, keep_files: 1 },
+            metrics.decision_log_dropped.clone(),
+        )
+        .unwrap();
+        let (mut c, view) = Controller::new("llm", endpoint.clone(), false, s, slurm.clone());
+        c.set_decision_log(log);
+        assert!(view.lock().unwrap().advisory);
+        let counted = |action: &str, mode: &str| {
+            let l = onepool_router::metrics::DecisionLabels {
+                endpoint: "llm".into(),
+                action: action.into(),
+                mode: mode.into(),
+            };
+            metrics.decisions.get_or_create(&l).get()
+        };
+
+        // Nothing serves: min wants a baseline replica, every round, said once.
+        for _ in 0..3 {
+            c.round().await.unwrap();
+        }
+        assert_eq!(view.lock().unwrap().advised, ["submit baseline: min = 1 baseline replicas, 0 live"]);
+        assert_eq!(counted("submit", "advisory"), 1);
+
+        // The admin's own replica serves: it counts as the baseline.
+        endpoint.add("10.0.0.9:8000".parse().unwrap(), None, true).unwrap();
+        c.round().await.unwrap();
+        assert!(view.lock().unwrap().advised.is_empty(), "{:?}", view.lock().unwrap().advised);
+
+        // Eight requests on it: two replicas' worth; each wanted once more.
+        let mut leases = Vec::new();
+        for _ in 0..8 {
+            leases.push(endpoint.acquire(&[]).await.unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        c.round().await.unwrap();
+        c.round().await.unwrap();
+        let advised = view.lock().unwrap().advised.clone();
+        assert_eq!(advised, ["submit supplemental: the load wants 2 replicas, 1 live (1 serving)"]);
+        assert_eq!(counted("submit", "advisory"), 2);
+        assert_eq!(counted("submit", "act"), 0);
+        assert!(slurm.calls.lock().unwrap().is_empty(), "nothing asked of Slurm: {:?}", slurm.calls.lock().unwrap());
+
+        // The decision log has both, as the report reads them.
+        drop(c);
+        let mut text = String::new();
+        for _ in 0..100 {
+            text = std::fs::read_to_string(&path).unwrap_or_default();
+            if text.lines().count() >= 2 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let entries: Vec<onepool_decisions::decision_log::DecisionEntry> =
+            text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(entries.len(), 2, "{text}");
+        assert_eq!((entries[0].kind.as_str(), entries[1].kind.as_str()), ("baseline", "supplemental"));
+        assert!(entries.iter().all(|e| e.mode == onepool_decisions::decision_log::DecisionMode::Advisory));
+        assert_eq!((entries[1].desired, entries[1].serving), (2, 1));
+        drop(leases);
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}

@@ -18,6 +18,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use onepool_control::ControlError;
 use onepool_router::access_log::AccessLog;
 use onepool_router::endpoint::{Endpoint, QueueSettings};
+use onepool_router::line_log::LineLog;
 use onepool_router::metrics::Metrics;
 use onepool_router::proxy::{BodyBudget, Dispatch, Target};
 use onepool_router::settings::ConnSettings;
@@ -47,6 +48,8 @@ pub enum StartError {
     ReplicaKey(#[from] crate::replica_key::KeyError),
     #[error("access_log: cannot open {path}: {source}")]
     AccessLog { path: PathBuf, source: std::io::Error },
+    #[error("decision_log: cannot open {path}: {source}")]
+    DecisionLog { path: PathBuf, source: std::io::Error },
 }
 
 pub struct Daemon {
@@ -82,8 +85,15 @@ impl Daemon {
         let budget = BodyBudget::new(config.max_buffered_body_bytes, &metrics);
         let access = match &config.access_log {
             Some(a) => Some(
-                AccessLog::start(a.clone(), metrics.access_log_dropped.clone())
+                AccessLog::start("access log", a.clone(), metrics.access_log_dropped.clone())
                     .map_err(|source| StartError::AccessLog { path: a.path.clone(), source })?,
+            ),
+            None => None,
+        };
+        let decision_log = match &config.decision_log {
+            Some(d) => Some(
+                LineLog::start("decision log", d.clone(), metrics.decision_log_dropped.clone())
+                    .map_err(|source| StartError::DecisionLog { path: d.path.clone(), source })?,
             ),
             None => None,
         };
@@ -107,7 +117,7 @@ impl Daemon {
         };
         let metrics_address = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
         let control_listener = control::bind(&config.control_socket, config.control_socket_mode)?;
-        let runs = controllers(&config, replica_key.as_deref(), &mut endpoints);
+        let runs = controllers(&config, replica_key.as_deref(), &mut endpoints, decision_log.as_ref());
         let router = Arc::new(Router { endpoints });
         let serving = Serving { listeners, control: control_listener, metrics: metrics_listener };
         let tasks = spawn(&config, &router, runs, serving, &metrics, &rx);
@@ -210,6 +220,7 @@ fn controllers(
     config: &Config,
     replica_key: Option<&str>,
     endpoints: &mut BTreeMap<String, RoutedEndpoint>,
+    decision_log: Option<&Arc<LineLog>>,
 ) -> Vec<Controller> {
     let mut runs = Vec::new();
     if config.endpoints.iter().any(|e| e.replicas.is_some()) {
@@ -236,8 +247,11 @@ fn controllers(
         for e in &config.endpoints {
             let Some(settings) = e.replicas.clone() else { continue };
             let Some(routed) = endpoints.get_mut(&e.name) else { continue };
-            let (controller, view) =
+            let (mut controller, view) =
                 Controller::new(&e.name, routed.endpoint.clone(), routed.health_checked, settings, slurm.clone());
+            if let Some(log) = decision_log {
+                controller.set_decision_log(log.clone());
+            }
             routed.replica_jobs = Some(view);
             runs.push(controller);
         }

@@ -255,6 +255,13 @@ pub struct ControllerView {
     /// The last reclaims of this endpoint's replicas (at most
     /// [`RECENT_RECLAIMS`], newest last).
     pub reclaims: Vec<ReclaimView>,
+    /// Advisory mode: decisions are logged, never carried out.
+    #[serde(default)]
+    pub advisory: bool,
+    /// In advisory mode, what onepoold would be doing now, each with why
+    /// (e.g. "submit supplemental: the load wants 3 replicas, 2 live").
+    #[serde(default)]
+    pub advised: Vec<String>,
     /// Set by the control socket (`onepool retry ENDPOINT`): the next poll
     /// ends the back-off. The view is the one thing both share; never
     /// sent.

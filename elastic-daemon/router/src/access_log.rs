@@ -5,142 +5,24 @@
 //! the replica that answered ([`AccessEntry`]). `onepool simulate` reads
 //! the file back as an inference trace.
 //!
-//! The request path never waits for the disk: lines go through a bounded
-//! channel to a thread of their own, and a line that finds the channel
-//! full is dropped and counted (`onepool_router_access_log_dropped_total`)
-//! rather than slowing requests. The file is bounded too: past
-//! `max_file_bytes` it is renamed `FILE.1` (older ones shift up to
-//! `FILE.<keep_files>`, the oldest goes) and a new one begun.
+//! The request path never waits for the disk ([`crate::line_log`]): a
+//! line that finds the writer's queue full is dropped and counted
+//! (`onepool_router_access_log_dropped_total`) rather than slowing
+//! requests, and the file rotates at its size.
 
-use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
 use std::net::SocketAddr;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
-use onepool_decisions::trace::{format_time_ms, AccessEntry};
-use prometheus_client::metrics::counter::Counter;
 
-/// Lines waiting for the writer; more are dropped (and counted).
-const QUEUE: usize = 16 * 1024;
+pub use crate::line_log::{LineLog as AccessLog, LineLogSettings as AccessLogSettings};
+use onepool_decisions::trace::{format_time_ms, AccessEntry};
+
 /// The response bytes kept to find the server's token counts in: its
 /// `usage` object is at the end of a completion (and of a stream's last
 /// event).
 const TAIL: usize = 2048;
-/// How often a quiet log is flushed.
-const FLUSH_EVERY: Duration = Duration::from_secs(1);
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AccessLogSettings {
-    pub path: PathBuf,
-    /// A file grows to about this size before it is rotated.
-    pub max_file_bytes: u64,
-    /// Rotated files kept (`FILE.1` .. `FILE.<keep_files>`).
-    pub keep_files: u32,
-}
-
-pub struct AccessLog {
-    tx: SyncSender<String>,
-    dropped: Counter,
-}
-
-impl AccessLog {
-    /// Opens (or creates, mode 0640) the file, so that a path onepoold
-    /// cannot write fails its start, and starts the writer thread.
-    pub fn start(settings: AccessLogSettings, dropped: Counter) -> std::io::Result<Arc<AccessLog>> {
-        let file = open(&settings.path)?;
-        let (tx, rx) = sync_channel(QUEUE);
-        std::thread::Builder::new().name("access-log".into()).spawn(move || write_lines(rx, file, &settings))?;
-        Ok(Arc::new(AccessLog { tx, dropped }))
-    }
-
-    fn send(&self, line: String) {
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(line) {
-            self.dropped.inc();
-        }
-    }
-}
-
-fn open(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new().create(true).append(true).mode(0o640).open(path)
-}
-
-/// The writer thread: appends, rotates past the size, flushes when quiet;
-/// ends when every sender is gone (the daemon stopped).
-fn write_lines(rx: Receiver<String>, file: File, s: &AccessLogSettings) {
-    let mut size = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut out = BufWriter::new(file);
-    let mut failing = false;
-    loop {
-        let line = match rx.recv_timeout(FLUSH_EVERY) {
-            Ok(l) => l,
-            Err(RecvTimeoutError::Timeout) => {
-                let _ = out.flush();
-                continue;
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                let _ = out.flush();
-                return;
-            }
-        };
-        if size > 0 && size + line.len() as u64 + 1 > s.max_file_bytes {
-            let _ = out.flush();
-            match rotate(s).and_then(|()| open(&s.path)) {
-                Ok(f) => {
-                    out = BufWriter::new(f);
-                    size = 0;
-                }
-                Err(e) => tracing::warn!(path = %s.path.display(), "access log rotation failed: {e}"),
-            }
-        }
-        match out.write_all(line.as_bytes()).and_then(|()| out.write_all(b"\n")) {
-            Ok(()) => {
-                size += line.len() as u64 + 1;
-                failing = false;
-            }
-            // Said once per run of failures, not once per request.
-            Err(e) if !failing => {
-                failing = true;
-                tracing::warn!(path = %s.path.display(), "access log write failed: {e}");
-            }
-            Err(_) => {}
-        }
-    }
-}
-
-impl AccessLogSettings {
-    /// The `k`th rotated file, `FILE.k` (`FILE.1` the newest).
-    pub fn rotated(&self, k: u32) -> PathBuf {
-        let mut p = self.path.clone().into_os_string();
-        p.push(format!(".{k}"));
-        PathBuf::from(p)
-    }
-
-    /// Every file the log may be in, oldest first (the rotated ones, then
-    /// `FILE`): what a reader of the whole log goes through.
-    pub fn files_oldest_first(&self) -> Vec<PathBuf> {
-        let mut files: Vec<PathBuf> = (1..=self.keep_files.max(1)).rev().map(|k| self.rotated(k)).collect();
-        files.push(self.path.clone());
-        files
-    }
-}
-
-/// FILE.(k) -> FILE.(k+1) from the oldest kept, then FILE -> FILE.1.
-fn rotate(s: &AccessLogSettings) -> std::io::Result<()> {
-    let keep = s.keep_files.max(1);
-    let _ = std::fs::remove_file(s.rotated(keep));
-    for k in (1..keep).rev() {
-        match std::fs::rename(s.rotated(k), s.rotated(k + 1)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-    }
-    std::fs::rename(&s.path, s.rotated(1))
-}
 
 /// What the access log needs from a request's body: its model and whether
 /// it streams. Read only when the log is on.
@@ -275,6 +157,9 @@ pub struct ServedBy(pub SocketAddr);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prometheus_client::metrics::counter::Counter;
+    use std::path::PathBuf;
+    use std::time::Duration;
 
     fn dir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("onepool-access-{name}-{}", std::process::id()));
@@ -313,7 +198,7 @@ data: [DONE]
         let path = d.join("access.jsonl");
         let s = AccessLogSettings { path: path.clone(), max_file_bytes: 600, keep_files: 2 };
         let dropped = Counter::default();
-        let log = AccessLog::start(s, dropped.clone()).unwrap();
+        let log = AccessLog::start("access log", s, dropped.clone()).unwrap();
         for i in 0..12 {
             let name = if i == 11 { "last" } else { "chat" };
             drop(Tap::new(log.clone(), name, RequestFacts::default(), Instant::now(), 200, None));
@@ -345,6 +230,7 @@ data: [DONE]
         let d = dir("lines");
         let path = d.join("a.jsonl");
         let log = AccessLog::start(
+            "access log",
             AccessLogSettings { path: path.clone(), max_file_bytes: 1 << 20, keep_files: 1 },
             Counter::default(),
         )

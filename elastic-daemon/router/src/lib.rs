@@ -20,6 +20,7 @@ pub mod access_log;
 pub mod backend_pool;
 pub mod endpoint;
 pub mod health;
+pub mod line_log;
 pub mod metrics;
 mod models;
 pub mod prefix;

@@ -112,6 +112,22 @@ pub struct ReclaimLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    pub endpoint: String,
+    /// "submit", "drain" or "release".
+    pub action: String,
+    /// "act" (carried out) or "advisory" (only logged).
+    pub mode: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdvisedLabels {
+    pub endpoint: String,
+    /// "submit", "drain" or "release".
+    pub action: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SlurmCallLabels {
     pub endpoint: String,
     /// "sbatch", "scancel", "scontrol_update", "scontrol_show_job",
@@ -159,6 +175,12 @@ pub struct Metrics {
     pub backoff_failures: Family<EndpointLabels, Gauge>,
     pub backoff_seconds: Family<EndpointLabels, Gauge>,
     pub slurm_calls: Family<SlurmCallLabels, Counter>,
+    /// Replica decisions, carried out or (advisory) only logged (issue #28).
+    pub decisions: Family<DecisionLabels, Counter>,
+    /// What an advisory endpoint would be doing now.
+    pub advised: Family<AdvisedLabels, Gauge>,
+    /// Decision log lines dropped because its writer fell behind.
+    pub decision_log_dropped: Counter,
     /// Client connections open, by listener.
     pub connections: Family<ListenerLabels, Gauge>,
     pub connections_refused: Family<RefusedLabels, Counter>,
@@ -200,6 +222,9 @@ impl Metrics {
             backoff_failures: Family::default(),
             backoff_seconds: Family::default(),
             slurm_calls: Family::default(),
+            decisions: Family::default(),
+            advised: Family::default(),
+            decision_log_dropped: Counter::default(),
             connections: Family::default(),
             connections_refused: Family::default(),
             buffered_body_bytes: Gauge::default(),
@@ -288,6 +313,21 @@ impl Metrics {
             "failed_starts",
             "Replica jobs that ended before serving or within their first minutes of it, or never became healthy",
             self.failed_starts.clone(),
+        );
+        r.register(
+            "decisions",
+            "Replica decisions (submit, drain, release) by mode: act (carried out) or advisory (logged, not carried out)",
+            self.decisions.clone(),
+        );
+        r.register(
+            "advised",
+            "What an advisory endpoint would be doing now, by action (each counted once while it stays wanted)",
+            self.advised.clone(),
+        );
+        r.register(
+            "decision_log_dropped",
+            "Decision log lines dropped because the writer fell behind",
+            self.decision_log_dropped.clone(),
         );
         r.register(
             "backoff_failures",

@@ -35,13 +35,18 @@ pub struct ConfigFile<F: Form = Typed> {
     pub replica_key_file: Option<F::Path>,
     pub policy: Option<F::Path>,
     pub access_log: Option<F::Table<AccessLogFile<F>>>,
+    /// Every endpoint's replica decisions logged, never carried out.
+    pub advisory: Option<F::Bool>,
+    /// `[decision_log]`: the replica decisions, a JSON line each (the same
+    /// keys as `[access_log]`).
+    pub decision_log: Option<F::Table<AccessLogFile<F>>>,
     #[serde(rename = "endpoint", default, skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<F::Table<EndpointFile<F>>>,
     #[serde(rename = "listener", default, skip_serializing_if = "Vec::is_empty")]
     pub listeners: Vec<F::Table<ListenerFile<F>>>,
 }
 
-/// `[access_log]`.
+/// `[access_log]`, and `[decision_log]` with the same keys.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, bound = "")]
 pub struct AccessLogFile<F: Form = Typed> {
@@ -174,6 +179,8 @@ pub struct ReplicasFile<F: Form = Typed> {
     #[serde(default, with = "as_text")]
     pub trend_horizon: Option<F::Duration>,
     pub warm: Option<F::Table<WarmFile<F>>>,
+    /// This endpoint's replica decisions logged, never carried out.
+    pub advisory: Option<F::Bool>,
 }
 
 /// `[endpoint.replicas.warm]`.
@@ -238,6 +245,8 @@ impl Default for ConfigFile {
             replica_key_file: None,
             policy: None,
             access_log: None,
+            advisory: None,
+            decision_log: None,
             endpoints: Vec::new(),
             listeners: Vec::new(),
         }

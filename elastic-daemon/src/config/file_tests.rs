@@ -46,6 +46,12 @@ fn everything() -> ConfigFile {
             max_file_bytes: Some(1 << 20),
             keep_files: Some(3),
         }),
+        advisory: Some(false),
+        decision_log: Some(AccessLogFile {
+            path: "/var/log/one pool/decisions.jsonl".into(),
+            max_file_bytes: Some(2 << 20),
+            keep_files: Some(4),
+        }),
         endpoints: vec![
             EndpointFile {
                 listen: Some("127.0.0.1:8001".parse().unwrap()),
@@ -116,6 +122,7 @@ fn every_replicas_key() -> ReplicasFile {
         metrics_path: Some("/stats".into()),
         trend_horizon: Some(secs(12)),
         warm: Some(WarmFile { workload: Some("spare".into()), replicas: Some(1), fraction: Some(0.25) }),
+        advisory: Some(true),
         ..ReplicasFile::new("env A=\"x y\" python3 'server.py' \\\n --port $ONEPOOL_BACKEND_PORT")
     }
 }
@@ -143,6 +150,11 @@ fn every_key_is_read_back_as_written() {
     assert_eq!(Some(c.replica_key_file), f.replica_key_file);
     let a = c.access_log.as_ref().unwrap();
     assert_eq!((a.path.to_str(), a.max_file_bytes, a.keep_files), (Some("/var/log/one pool/access.jsonl"), 1 << 20, 3));
+    let d = c.decision_log.as_ref().unwrap();
+    assert_eq!(
+        (d.path.to_str(), d.max_file_bytes, d.keep_files),
+        (Some("/var/log/one pool/decisions.jsonl"), 2 << 20, 4)
+    );
     assert_eq!(c.endpoints.len(), 2);
     let (e, want) = (&c.endpoints[0], &f.endpoints[0]);
     assert_eq!((e.name.as_str(), e.listen), ("chat", want.listen));
@@ -201,6 +213,7 @@ fn every_key_is_read_back_as_written() {
                 spec: onepool_decisions::replicas::WarmSpec { replicas: 1, fraction: 0.25 },
                 scope: Default::default(),
             }),
+            advisory: true,
         })
     );
     assert_eq!((c.endpoints[1].name.as_str(), c.endpoints[1].listen), ("embed", f.endpoints[1].listen));
@@ -301,6 +314,7 @@ prop_compose! {
         metrics in some(proptest::collection::vec("[a-zA-Z_:][a-zA-Z0-9_:]{0,20}", 0..3)),
         metrics_path in some("/[^\u{0}]*"),
         warm in some((some("[a-z0-9_-]{1,12}"), some(0.0f64..=100.0))),
+        advisory in some(proptest::bool::ANY),
     ) -> ReplicasFile {
         let max = min.max(1).saturating_add(extra).min(1000);
         ReplicasFile {
@@ -333,6 +347,7 @@ prop_compose! {
                 replicas: Some(max - 1),
                 fraction,
             }),
+            advisory,
         }
     }
 }
@@ -429,6 +444,8 @@ prop_compose! {
         budget in some((1usize << 20)..=1 << 40),
         paths in (some("/[^\u{0}]+"), some("/[^\u{0}]+"), some("/[^\u{0}]+")),
         access_log in some(("/[^\u{0}]+", some((64u64 << 10)..=1 << 40), some(1u32..=100))),
+        decision_log in some(("/[^\u{0}]+", some((64u64 << 10)..=1 << 40), some(1u32..=100))),
+        advisory in some(proptest::bool::ANY),
         comment in some("[^\u{0}]*"),
         (endpoint, shared) in endpoint().prop_flat_map(|e| (Just(e.clone()), some(listener(e.name)))),
     ) -> ConfigFile {
@@ -444,6 +461,12 @@ prop_compose! {
             policy: paths.1.map(PathBuf::from),
             replica_key_file: paths.2.map(PathBuf::from),
             access_log: access_log.map(|(path, max_file_bytes, keep_files)| AccessLogFile {
+                path: path.into(),
+                max_file_bytes,
+                keep_files,
+            }),
+            advisory,
+            decision_log: decision_log.map(|(path, max_file_bytes, keep_files)| AccessLogFile {
                 path: path.into(),
                 max_file_bytes,
                 keep_files,
@@ -496,6 +519,9 @@ proptest! {
             prop_assert_eq!(Some(&got.launcher), r.launcher.as_ref().or(Some(&got.launcher)));
             prop_assert_eq!(Some(&got.load_metrics), r.load_metrics.as_ref().or(Some(&got.load_metrics)));
             prop_assert_eq!(got.warm.is_some(), r.warm.is_some());
+            // The daemon's key makes every endpoint advisory.
+            let daemon = f.advisory == Some(true);
+            prop_assert_eq!(got.advisory, r.advisory == Some(true) || daemon);
         }
         prop_assert_eq!(c.listeners.len(), f.listeners.len());
         for (l, want) in c.listeners.iter().zip(&f.listeners) {

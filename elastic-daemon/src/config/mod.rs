@@ -71,6 +71,9 @@ pub struct Config {
     pub replica_key_named: bool,
     /// `[access_log]`: one JSON line per request, rotated by size.
     pub access_log: Option<onepool_router::access_log::AccessLogSettings>,
+    /// `[decision_log]`: one JSON line per replica decision, rotated by
+    /// size ([`onepool_decisions::decision_log`]).
+    pub decision_log: Option<onepool_router::line_log::LineLogSettings>,
 }
 
 /// Where the replica key lives unless `replica_key_file` says otherwise
@@ -147,6 +150,10 @@ pub struct ReplicaSettings {
     pub trend_horizon: Duration,
     /// Warm headroom on idle pool GPUs (`[endpoint.replicas.warm]`).
     pub warm: Option<WarmSettings>,
+    /// Decide every round, act on nothing: the decisions go to the log,
+    /// the metrics and the decision log only (`advisory` here or at the
+    /// top of the file).
+    pub advisory: bool,
 }
 
 /// `[endpoint.replicas.warm]`: replicas kept loaded above the load's need
@@ -197,7 +204,9 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
     let metrics_auth =
         raw.metrics_bearer_tokens_file.as_ref().and_then(|f| bearer_tokens(&mut c, f, "metrics_bearer_tokens_file"));
     let shutdown_grace = c.duration(&raw.shutdown_grace, "shutdown_grace", Duration::from_secs(30));
-    let access_log = raw.access_log.as_ref().map(|a| access_log(&mut c, a.get_ref()));
+    let access_log = raw.access_log.as_ref().map(|a| line_log(&mut c, a.get_ref(), "access_log"));
+    let decision_log = raw.decision_log.as_ref().map(|a| line_log(&mut c, a.get_ref(), "decision_log"));
+    let advisory = raw.advisory.as_ref().is_some_and(|a| *a.get_ref());
     let max_buffered_body_bytes =
         c.number(&raw.max_buffered_body_bytes, "max_buffered_body_bytes", 1 << 20, 1 << 40, 256 << 20) as usize;
     if raw.endpoints.is_empty() {
@@ -205,11 +214,15 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
     }
     let mut names: BTreeMap<String, Range<usize>> = BTreeMap::new();
     let mut listens: BTreeMap<SocketAddr, String> = BTreeMap::new();
-    let endpoints: Vec<EndpointConfig> = raw
+    let mut endpoints: Vec<EndpointConfig> = raw
         .endpoints
         .iter()
         .map(|e| endpoint(&mut c, e.get_ref(), &raw, max_buffered_body_bytes, &mut names, &mut listens))
         .collect();
+    // The whole daemon advisory: no endpoint may act, whatever its own key.
+    for r in endpoints.iter_mut().filter_map(|e| e.replicas.as_mut()) {
+        r.advisory |= advisory;
+    }
     let listeners = listeners(&mut c, &raw.listeners, &names, &mut listens, max_buffered_body_bytes);
     check_reachable(&mut c, &raw.endpoints, &listeners);
     if c.diags.iter().any(|d| d.is_error()) {
@@ -231,6 +244,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
             .map_or_else(|| PathBuf::from(DEFAULT_REPLICA_KEY_FILE), |s| PathBuf::from(s.into_inner())),
         policy: raw.policy.map(|s| PathBuf::from(s.into_inner())),
         access_log,
+        decision_log,
     })
 }
 
@@ -268,17 +282,19 @@ fn metrics_address(c: &mut Checker, raw: &RawFile) -> Option<SocketAddr> {
     Some(addr)
 }
 
-/// `[access_log]`: a path (absolute: the daemon's working directory is
-/// no place for it), and bounds on each file and on how many are kept.
-fn access_log(c: &mut Checker, a: &AccessLogFile<Raw>) -> onepool_router::access_log::AccessLogSettings {
+/// `[access_log]` or `[decision_log]` (`table`): a path (absolute: the
+/// daemon's working directory is no place for it), and bounds on each file
+/// and on how many are kept.
+fn line_log(c: &mut Checker, a: &AccessLogFile<Raw>, table: &str) -> onepool_router::line_log::LineLogSettings {
     let path = PathBuf::from(a.path.get_ref());
     if !path.is_absolute() {
-        c.error(a.path.span(), format!("access_log.path {:?} must be an absolute path", a.path.get_ref()));
+        c.error(a.path.span(), format!("{table}.path {:?} must be an absolute path", a.path.get_ref()));
     }
-    onepool_router::access_log::AccessLogSettings {
+    let max_file_bytes = c.number(&a.max_file_bytes, &format!("{table}.max_file_bytes"), 64 << 10, 1 << 40, 100 << 20);
+    onepool_router::line_log::LineLogSettings {
         path,
-        max_file_bytes: c.number(&a.max_file_bytes, "access_log.max_file_bytes", 64 << 10, 1 << 40, 100 << 20) as u64,
-        keep_files: c.number(&a.keep_files, "access_log.keep_files", 1, 100, 5) as u32,
+        max_file_bytes: max_file_bytes as u64,
+        keep_files: c.number(&a.keep_files, &format!("{table}.keep_files"), 1, 100, 5) as u32,
     }
 }
 

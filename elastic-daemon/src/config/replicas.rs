@@ -80,6 +80,7 @@ pub(super) fn replica_settings(c: &mut Checker, r: &Spanned<ReplicasFile<Raw>>) 
             .as_ref()
             .map_or(Duration::ZERO, |_| c.duration(&r.trend_horizon, "replicas.trend_horizon", Duration::ZERO)),
         warm,
+        advisory: r.advisory.as_ref().is_some_and(|a| *a.get_ref()),
     }
 }
 

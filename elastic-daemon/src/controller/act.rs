@@ -1,6 +1,8 @@
 //! Deciding and acting: the autoscaler's count, then submissions, drains, node
 //! releases and cancellations.
 
+use onepool_decisions::decision_log::DecisionMode;
+
 use super::*;
 
 impl Controller {
@@ -83,6 +85,7 @@ impl Controller {
         if now.duration_since(self.started) < self.settings.scale_down_delay {
             desired = desired.max(self.adopted.unwrap_or(0));
         }
+        self.seen = decisions::Seen { desired, serving: ready, load };
         let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
         v.desired = desired.clamp(self.settings.min, self.settings.max.max(self.settings.min));
         v.load = load;
@@ -125,12 +128,21 @@ impl Controller {
             headroom,
         };
         let actions = reconcile(&target, replicas);
+        if self.settings.advisory {
+            self.advise(&actions, replicas, &target);
+            return RoundError::all(errors);
+        }
         let mut release = Vec::new();
         for action in &actions {
             match *action {
                 Action::Submit(_) => {}
-                Action::Drain { job, slot } => self.drain(job, slot),
+                Action::Drain { job, slot } => {
+                    if self.drain(job, slot) {
+                        self.decided(DecisionMode::Act, action, replicas, &target);
+                    }
+                }
                 Action::Release { job, slot } => {
+                    self.decided(DecisionMode::Act, action, replicas, &target);
                     // What the decision saw, for the day a release cuts
                     // something short.
                     if let Some(r) = replicas.iter().find(|r| (r.job, r.slot) == (job, slot)) {
@@ -166,9 +178,13 @@ impl Controller {
         for (kind, n) in submissions.into_iter().take(allowed) {
             // A probe is one replica, whatever the job could host.
             let n = if self.backoff.active() { 1 } else { n };
-            if let Err(e) = self.submit(kind, n).await {
-                errors.push(e);
-                break;
+            match self.submit(kind, n).await {
+                Ok(true) => self.decided(DecisionMode::Act, &Action::Submit(kind), replicas, &target),
+                Ok(false) => {}
+                Err(e) => {
+                    errors.push(e);
+                    break;
+                }
             }
         }
         RoundError::all(errors)
@@ -236,9 +252,11 @@ impl Controller {
         None
     }
 
-    pub(super) async fn submit(&mut self, kind: Kind, replicas: u32) -> Result<(), RoundError> {
+    /// Submits a replica job hosting `replicas`; false: held back after
+    /// a refused submission.
+    pub(super) async fn submit(&mut self, kind: Kind, replicas: u32) -> Result<bool, RoundError> {
         if self.submit_after.is_some_and(|t| Instant::now() < t) {
-            return Ok(());
+            return Ok(false);
         }
         let (port, replicas) = self.free_ports(replicas).ok_or(RoundError::NoFreePorts)?;
         let args = sbatch_args(&self.name, &self.settings, kind, port, replicas);
@@ -258,7 +276,7 @@ impl Controller {
                 }
                 self.tracked.insert(job, t);
                 self.view.lock().unwrap_or_else(|e| e.into_inner()).submitted.push(job);
-                Ok(())
+                Ok(true)
             }
             Err(e) => {
                 // Do not hammer slurmctld with a submission it refuses.
@@ -269,11 +287,11 @@ impl Controller {
     }
 
     /// Out of the router at once; reconcile releases it once nothing is in
-    /// flight (or the drain timeout passed).
-    pub(super) fn drain(&mut self, job: u32, port: u16) {
-        let Some(m) = self.tracked.get_mut(&job).and_then(|t| t.members.get_mut(&port)) else { return };
+    /// flight (or the drain timeout passed). False: it was draining already.
+    pub(super) fn drain(&mut self, job: u32, port: u16) -> bool {
+        let Some(m) = self.tracked.get_mut(&job).and_then(|t| t.members.get_mut(&port)) else { return false };
         if m.drain_started.is_some() || m.released {
-            return;
+            return false;
         }
         m.drain_started = Some(Instant::now());
         m.drain_started_unix = Some(unix_now());
@@ -285,6 +303,7 @@ impl Controller {
                 let _ = endpoint.drain(address, deadline).await;
             });
         }
+        true
     }
 
     /// Gives the GPUs of drained (or never serving) replicas back:

@@ -38,6 +38,7 @@ use crate::config::ReplicaSettings;
 use crate::round_error::RoundError;
 
 mod act;
+mod decisions;
 mod failures;
 mod observe;
 mod reclaims;
@@ -165,6 +166,15 @@ pub struct Controller {
     backoff: StartBackoff,
     /// Reclaimed replicas whose taker is being looked for.
     takers: Vec<TakerSearch>,
+    /// Where each decision is written (`[decision_log]`).
+    decision_log: Option<Arc<onepool_router::line_log::LineLog>>,
+    /// Advisory mode: what was wanted at the last poll.
+    advice: onepool_decisions::decision_log::Advice,
+    /// What the last decision saw.
+    seen: decisions::Seen,
+    /// Advisory mode: the router's replicas no job of ours holds, in the
+    /// order [`Controller::untracked_replicas`] numbered them.
+    untracked: Vec<SocketAddr>,
 }
 
 /// Runs one Slurm call on a blocking thread (the commands wait for
@@ -295,8 +305,18 @@ impl Controller {
             halted: None,
             backoff: StartBackoff::new(BackoffPolicy::default()),
             takers: Vec::new(),
+            decision_log: None,
+            advice: Default::default(),
+            seen: decisions::Seen::default(),
+            untracked: Vec::new(),
         };
+        c.view.lock().unwrap_or_else(|e| e.into_inner()).advisory = c.settings.advisory;
         (c, view)
+    }
+
+    /// Writes every decision to `log` too.
+    pub fn set_decision_log(&mut self, log: Arc<onepool_router::line_log::LineLog>) {
+        self.decision_log = Some(log);
     }
 
     fn per_node(&self) -> bool {
@@ -374,7 +394,10 @@ impl Controller {
         }
         let snap = self.endpoint.snapshot();
         self.note_serving(&snap, now);
-        let replicas = self.replicas(&seen, &snap, now);
+        let mut replicas = self.replicas(&seen, &snap, now);
+        if self.settings.advisory {
+            replicas.extend(self.untracked_replicas(&snap));
+        }
         let desired = self.decide(&snap, &replicas, now).await;
         self.act(desired, &replicas).await
     }
