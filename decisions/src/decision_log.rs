@@ -171,8 +171,11 @@ fn replica_reason(action: &Action, r: &Replica, replicas: &[Replica], target: &E
 /// gauge). A decision is the same while its action, class and replica are.
 #[derive(Debug, Default)]
 pub struct Advice {
-    wanted: BTreeMap<(DecisionAction, &'static str, Option<(u32, u16)>), u32>,
+    wanted: BTreeMap<AdviceKey, u32>,
 }
+
+/// A decision's identity: action, class (submissions) and replica (job, slot).
+type AdviceKey = (DecisionAction, &'static str, Option<(u32, u16)>);
 
 impl Advice {
     /// Takes this poll's actions; returns those not wanted at the last
@@ -201,7 +204,7 @@ impl Advice {
         out
     }
 
-    fn key(a: &Action) -> (DecisionAction, &'static str, Option<(u32, u16)>) {
+    fn key(a: &Action) -> AdviceKey {
         match *a {
             Action::Submit(k) => (DecisionAction::Submit, kind_str(k), None),
             Action::Drain { job, slot } => (DecisionAction::Drain, "", Some((job, slot))),

@@ -96,29 +96,9 @@ impl Controller {
 
     /// Drains, releases and submits what reconcile asks for `desired`.
     pub(super) async fn act(&mut self, desired: u32, replicas: &[Replica]) -> Result<(), RoundError> {
-        let s = &self.settings;
         let mut errors = Vec::new();
-        let headroom = match &s.warm {
-            None => None,
-            Some(w) => {
-                let gpus_wanted = match self.gpus_wanted(&w.scope).await {
-                    Ok(wanted) => wanted,
-                    // Unknown: as if wanted, so that nothing is kept or
-                    // added on GPUs somebody may be waiting for.
-                    Err(e) => {
-                        errors.push(e);
-                        true
-                    }
-                };
-                let replicas = w.spec.replicas_above(desired.clamp(s.min, s.max.max(s.min)));
-                Some(Headroom { replicas, gpus_wanted })
-            }
-        };
-        {
-            let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
-            v.headroom = headroom.map(|h| h.replicas);
-            v.gpus_wanted = headroom.map(|h| h.gpus_wanted);
-        }
+        let headroom = self.headroom(desired, &mut errors).await;
+        let s = &self.settings;
         let target = EndpointTarget {
             min: s.min,
             max: s.max,
@@ -164,7 +144,45 @@ impl Controller {
         if let Err(e) = self.release(&release).await {
             errors.push(e);
         }
-        let submissions = pack_submissions(&actions, self.settings.replicas_per_job);
+        if let Err(e) = self.submit_all(&actions, replicas, &target).await {
+            errors.push(e);
+        }
+        RoundError::all(errors)
+    }
+
+    /// The warm headroom this round (with `[endpoint.replicas.warm]`).
+    async fn headroom(&mut self, desired: u32, errors: &mut Vec<RoundError>) -> Option<Headroom> {
+        let s = &self.settings;
+        let headroom = match &s.warm {
+            None => None,
+            Some(w) => {
+                let gpus_wanted = match self.gpus_wanted(&w.scope).await {
+                    Ok(wanted) => wanted,
+                    // Unknown: as if wanted, so that nothing is kept or
+                    // added on GPUs somebody may be waiting for.
+                    Err(e) => {
+                        errors.push(e);
+                        true
+                    }
+                };
+                let replicas = w.spec.replicas_above(desired.clamp(s.min, s.max.max(s.min)));
+                Some(Headroom { replicas, gpus_wanted })
+            }
+        };
+        let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        v.headroom = headroom.map(|h| h.replicas);
+        v.gpus_wanted = headroom.map(|h| h.gpus_wanted);
+        headroom
+    }
+
+    /// The submissions reconcile asked for, as the start back-off allows.
+    async fn submit_all(
+        &mut self,
+        actions: &[Action],
+        replicas: &[Replica],
+        target: &EndpointTarget,
+    ) -> Result<(), RoundError> {
+        let submissions = pack_submissions(actions, self.settings.replicas_per_job);
         let unproven = self.tracked.values().filter(|t| t.served_at.is_none() && !t.failure_counted).count();
         let now = self.since_start(Instant::now());
         let allowed = match self.backoff.allowance(now, unproven) {
@@ -179,15 +197,14 @@ impl Controller {
             // A probe is one replica, whatever the job could host.
             let n = if self.backoff.active() { 1 } else { n };
             match self.submit(kind, n).await {
-                Ok(true) => self.decided(DecisionMode::Act, &Action::Submit(kind), replicas, &target),
+                Ok(true) => self.decided(DecisionMode::Act, &Action::Submit(kind), replicas, target),
                 Ok(false) => {}
                 Err(e) => {
-                    errors.push(e);
-                    break;
+                    return Err(e);
                 }
             }
         }
-        RoundError::all(errors)
+        Ok(())
     }
 
     /// Whether a pending job in the pool, other than a warm replica, waits

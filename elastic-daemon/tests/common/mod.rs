@@ -270,6 +270,7 @@ pub fn config(endpoint: EndpointConfig, max_buffered_body_bytes: usize) -> Confi
         replica_key_named: false,
         metrics_auth: None,
         access_log: None,
+        decision_log: None,
     }
 }
 
