@@ -9,6 +9,7 @@
 //! simulator ([`saved`]). The counterpart of `onepool simulate`: the
 //! simulator predicts, the report measures.
 
+pub mod decisions;
 pub mod failures;
 pub mod reclaims;
 pub mod saved;
@@ -76,6 +77,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     };
     let runner = SystemRunner::new(COMMAND_TIMEOUT);
     let (mut report, runs) = gather(args, policy, &runner)?;
+    report.decisions = decision_log(args, &report, &runner)?;
     if !args.no_saved {
         report.saved = Some(saved_figure(args, policy, &src.text, &report, &runs, &runner)?);
     }
@@ -200,6 +202,26 @@ fn saved_figure(
     saved::evaluate(&written, args.scenario.as_deref(), u64::from(policy.pool.total_gpus))
 }
 
+/// The period's entries of onepoold's decision log, when its configuration
+/// names one (a configuration that does not load is the saved figure's to
+/// report).
+fn decision_log(
+    args: &ReportArgs,
+    report: &usage::Report,
+    runner: &dyn Runner,
+) -> anyhow::Result<Option<decisions::Decisions>> {
+    let Ok(config) = onepool_elastic_daemon::config::load(&args.daemon_config) else { return Ok(None) };
+    let Some(log) = &config.decision_log else { return Ok(None) };
+    let offset = utc_offset(runner)?;
+    match decisions::read(&log.files_oldest_first(), &log.path, report.from, report.to, offset) {
+        Ok(d) => Ok(Some(d)),
+        Err(e) => {
+            eprintln!("onepool report: {e}; no replica decisions listed");
+            Ok(None)
+        }
+    }
+}
+
 /// The cluster's local clock minus UTC, in seconds (`date +%z`: +0100 is 3600).
 fn utc_offset(runner: &dyn Runner) -> anyhow::Result<f64> {
     let z = runner.run(&["date", "+%z"]).context("the report needs `date +%z`")?;
@@ -314,6 +336,9 @@ pub fn text(r: &usage::Report) -> String {
     let mut out = usage_text(r);
     out.push_str(&reclaims_text(r));
     out.push_str(&failures_text(&r.replica_failures));
+    if let Some(d) = &r.decisions {
+        out.push_str(&decisions::text(d));
+    }
     if let Some(s) = &r.saved {
         out.push_str(&saved_text(s));
     }

@@ -77,6 +77,9 @@ pub struct Report {
     pub audit: Option<Audit>,
     /// What the pool saved: the simulator on the period's records.
     pub saved: Option<super::saved::Saved>,
+    /// onepoold's replica decisions in the period (acted and advisory),
+    /// when its configuration names a decision log.
+    pub decisions: Option<super::decisions::Decisions>,
 }
 
 /// Seconds of `[start, end]` inside `[from, to]`.
@@ -150,6 +153,7 @@ pub fn compute(runs: &[Run], policy: &Policy, from: f64, to: f64, log: Option<&L
         replica_failures: failures::find(runs, from, to),
         audit: None,
         saved: None,
+        decisions: None,
     }
 }
 
