@@ -788,3 +788,119 @@ fn prefix_affinity_survives_a_graceful_reclaim_of_the_replica_that_held_a_conver
     rt.block_on(d.shutdown());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The admin's own model server beside onepoold (no Slurm job), on `port`.
+struct OwnServer(Child);
+
+impl OwnServer {
+    fn start(port: u16) -> OwnServer {
+        let child = Command::new("python3")
+            .arg(onepool_tests::elastic::stand_in_server())
+            .env("ONEPOOL_BACKEND_PORT", port.to_string())
+            .env("ONEPOOL_SECONDS_PER_TOKEN", "0.01")
+            .spawn()
+            .unwrap();
+        OwnServer(child)
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The sample of `name` with `labels` in onepoold's metrics.
+fn sample(d: &Daemon, name: &str, labels: &str) -> Option<f64> {
+    let text = d.metrics.encode();
+    let line = text.lines().find(|l| l.starts_with(&format!("{name}{{")) && l.contains(labels))?;
+    line.rsplit(' ').next()?.parse().ok()
+}
+
+#[test]
+#[allow(clippy::too_many_lines, reason = "one scenario on a real cluster, read top to bottom")]
+fn an_advisory_endpoint_submits_and_cancels_nothing_while_its_decisions_are_logged_counted_and_reported() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("elastic-advisory");
+    let config = dir.join("onepoold.toml");
+    let mut file = daemon_config(c, &dir, ENDPOINT, |r| r.advisory = Some(true));
+    let decisions = dir.join("decisions.jsonl");
+    file.decision_log =
+        Some(onepool_elastic_daemon::config::AccessLogFile { path: decisions.clone(), ..Default::default() });
+    file.write(&config).unwrap();
+    let from = c.ok("date", &["+%Y-%m-%dT%H:%M:%S"]).trim().to_string();
+    let foreign = foreign_job(c);
+    let rt = runtime();
+    let d = start(&rt, &config);
+    let port = d.endpoint(ENDPOINT).unwrap().listen.unwrap().port();
+    let submit = |kind: &str| format!("submit {kind}: ");
+    // Nothing serves: it would submit the baseline replica (min = 1), and
+    // says so once however many polls go by.
+    wait("the advice to submit a baseline replica", Duration::from_secs(10), || {
+        view(&d).advised.iter().any(|a| a.starts_with(&submit("baseline")))
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(view(&d).advisory);
+    let advised = r#"endpoint="chat",action="submit",mode="advisory""#;
+    assert_eq!(sample(&d, "onepool_replica_decisions_total", advised), Some(1.0));
+    assert!(replica_jobs_in_slurm(c).is_empty(), "an advisory endpoint submits nothing");
+
+    // The admin's own replica serves the endpoint; it counts as the baseline.
+    let own_port = 18690;
+    let _own = OwnServer::start(own_port);
+    let control = onepool_control::blocking::Control::new(&d.control_socket, Duration::from_secs(5)).unwrap();
+    let add = onepool_control::api::AddReplica {
+        address: SocketAddr::from(([127, 0, 0, 1], own_port)),
+        concurrency: None,
+        ready: None,
+    };
+    wait("the admin's replica to be added", Duration::from_secs(10), || control.add_replica(ENDPOINT, &add).is_ok());
+    wait("the advice to be nothing", Duration::from_secs(20), || {
+        let v = view(&d);
+        v.advised.is_empty() && d.endpoint(ENDPOINT).unwrap().endpoint.snapshot().replicas.len() == 1
+    });
+
+    // Load of three replicas' worth on it: it would submit two
+    // supplemental replicas, and the load is served by the one there is.
+    let load = Load::start(port, 12, 1.0);
+    wait("the advice to submit two supplemental replicas", Duration::from_secs(30), || {
+        view(&d).advised.iter().filter(|a| a.starts_with(&submit("supplemental"))).count() == 2
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let (sent, statuses) = load.finish();
+    assert_eq!(statuses.get(&200).copied(), Some(sent), "the admin's replica served everything: {statuses:?}");
+    assert!(replica_jobs_in_slurm(c).is_empty(), "still nothing submitted");
+    assert!(view(&d).submitted.is_empty() && view(&d).jobs.is_empty(), "{:?}", view(&d));
+    let n = sample(&d, "onepool_replica_decisions_total", advised).unwrap();
+    assert!(n >= 3.0, "the baseline and two supplemental submissions, at least: {n}");
+    let acted = r#"endpoint="chat",action="submit",mode="act""#;
+    assert_eq!(sample(&d, "onepool_replica_decisions_total", acted).unwrap_or(0.0), 0.0);
+    rt.block_on(d.shutdown());
+
+    // Each decision is a line of the decision log...
+    let text = std::fs::read_to_string(&decisions).unwrap();
+    let entries: Vec<onepool_decisions::decision_log::DecisionEntry> =
+        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(entries.len() as f64, n, "{text}");
+    assert!(entries.iter().all(|e| e.mode == onepool_decisions::decision_log::DecisionMode::Advisory), "{text}");
+    assert!(entries.iter().any(|e| e.kind == "supplemental" && e.why.starts_with("the load wants")), "{text}");
+    // ...and onepool report lists them for the period.
+    let onepool = build_dir().join("onepool");
+    let out = c
+        .cmd(onepool.to_str().unwrap())
+        .args(["report", "--no-saved", "--from", &from, "--daemon-config"])
+        .arg(&config)
+        .arg(onepool_tests::test_policy())
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "onepool report: {}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("{report}");
+    let wanted = format!("  chat: would have submit {n} time(s) (advisory)");
+    assert!(report.contains(&wanted), "{wanted:?} in:\n{report}");
+    assert!(report.contains("would submit supplemental: the load wants"), "{report}");
+    assert_untouched(c, foreign);
+    let _ = std::fs::remove_dir_all(&dir);
+}
