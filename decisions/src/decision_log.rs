@@ -61,6 +61,15 @@ impl DecisionAction {
         }
     }
 
+    /// As a report says it was done.
+    pub fn past(self) -> &'static str {
+        match self {
+            DecisionAction::Submit => "submitted",
+            DecisionAction::Drain => "drained",
+            DecisionAction::Release => "released",
+        }
+    }
+
     pub fn of(a: &Action) -> DecisionAction {
         match a {
             Action::Submit(_) => DecisionAction::Submit,

@@ -898,7 +898,7 @@ fn an_advisory_endpoint_submits_and_cancels_nothing_while_its_decisions_are_logg
     let report = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "onepool report: {}", String::from_utf8_lossy(&out.stderr));
     eprintln!("{report}");
-    let wanted = format!("  chat: would have submit {n} time(s) (advisory)");
+    let wanted = format!("  chat: would have submitted {n} time(s) (advisory)");
     assert!(report.contains(&wanted), "{wanted:?} in:\n{report}");
     assert!(report.contains("would submit supplemental: the load wants"), "{report}");
     assert_untouched(c, foreign);

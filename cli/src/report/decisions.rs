@@ -18,7 +18,7 @@ pub struct Decisions {
     /// The decision log's file.
     pub file: String,
     /// (endpoint, mode, action) and how many.
-    pub counts: Vec<(String, String, String, usize)>,
+    pub counts: Vec<(String, DecisionMode, DecisionAction, usize)>,
     /// Oldest first.
     pub entries: Vec<DecisionEntry>,
 }
@@ -73,12 +73,12 @@ fn within(text: &str, from: f64, to: f64, utc_offset_s: f64, file: &str) -> Vec<
     out
 }
 
-fn counts(entries: &[DecisionEntry]) -> Vec<(String, String, String, usize)> {
-    let mut by: BTreeMap<(String, &str, DecisionAction), usize> = BTreeMap::new();
+fn counts(entries: &[DecisionEntry]) -> Vec<(String, DecisionMode, DecisionAction, usize)> {
+    let mut by: BTreeMap<(String, &str, DecisionAction), (DecisionMode, usize)> = BTreeMap::new();
     for e in entries {
-        *by.entry((e.endpoint.clone(), e.mode.as_str(), e.action)).or_default() += 1;
+        by.entry((e.endpoint.clone(), e.mode.as_str(), e.action)).or_insert((e.mode, 0)).1 += 1;
     }
-    by.into_iter().map(|((ep, mode, a), n)| (ep, mode.to_string(), a.as_str().to_string(), n)).collect()
+    by.into_iter().map(|((ep, _, a), (mode, n))| (ep, mode, a, n)).collect()
 }
 
 /// The text section: counts per endpoint and mode, then the last
@@ -90,11 +90,11 @@ pub fn text(d: &Decisions) -> String {
         return out;
     }
     for (ep, mode, action, n) in &d.counts {
-        let verb = if mode == DecisionMode::Advisory.as_str() { "would have" } else { "did" };
-        out.push_str(&format!(
-            "  {ep}: {verb} {action} {n} time(s){}\n",
-            if verb == "did" { "" } else { " (advisory)" }
-        ));
+        let (would, advisory) = match mode {
+            DecisionMode::Advisory => ("would have ", " (advisory)"),
+            DecisionMode::Act => ("", ""),
+        };
+        out.push_str(&format!("  {ep}: {would}{} {n} time(s){advisory}\n", action.past()));
     }
     let skip = d.entries.len().saturating_sub(LISTED);
     if skip > 0 {
@@ -150,14 +150,14 @@ mod tests {
         assert_eq!(
             d.counts,
             [
-                ("chat".into(), "act".into(), "submit".into(), 1),
-                ("chat".into(), "advisory".into(), "submit".into(), 1),
-                ("chat".into(), "advisory".into(), "drain".into(), 1),
+                ("chat".into(), DecisionMode::Act, DecisionAction::Submit, 1),
+                ("chat".into(), DecisionMode::Advisory, DecisionAction::Submit, 1),
+                ("chat".into(), DecisionMode::Advisory, DecisionAction::Drain, 1),
             ]
         );
         let out = text(&d);
-        assert!(out.contains("  chat: would have submit 1 time(s) (advisory)\n"), "{out}");
-        assert!(out.contains("  chat: did submit 1 time(s)\n"), "{out}");
+        assert!(out.contains("  chat: would have submitted 1 time(s) (advisory)\n"), "{out}");
+        assert!(out.contains("  chat: submitted 1 time(s)\n"), "{out}");
         assert!(
             out.contains(
                 "    2026-12-05T10:00:02.500Z chat would drain supplemental: the load wants 3 replicas, 2 live (2 serving)\n"
