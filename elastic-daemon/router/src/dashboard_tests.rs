@@ -116,6 +116,11 @@ fn exercised() -> Metrics {
     m.body_budget_refused.inc();
     m.count_unavailable(endpoint, crate::metrics::Unavailable::QueueTimeout);
     m.access_log_dropped.inc();
+    let (action, mode) = ("submit".to_string(), "advisory".to_string());
+    let d = crate::metrics::DecisionLabels { endpoint: endpoint.into(), action: action.clone(), mode };
+    m.decisions.get_or_create(&d).inc();
+    m.advised.get_or_create(&crate::metrics::AdvisedLabels { endpoint: endpoint.into(), action }).set(1);
+    m.decision_log_dropped.inc();
     m
 }
 
