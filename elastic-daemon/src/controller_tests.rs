@@ -822,3 +822,40 @@ fn an_advisory_endpoint_says_each_decision_once_and_asks_nothing_of_slurm() {
         let _ = std::fs::remove_dir_all(&dir);
     });
 }
+
+#[test]
+fn a_request_at_zero_replicas_submits_the_first_without_waiting_for_the_poll() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let endpoint = test_endpoint("llm");
+        let slurm = Arc::new(ScriptedSlurm::default());
+        // A poll a minute: only the request can explain a submission soon.
+        let s = ReplicaSettings { min: 0, max: 2, poll_interval: Duration::from_secs(60), ..settings() };
+        let (c, view) = Controller::new("llm", endpoint.clone(), false, s, slurm.clone());
+        let (stop, stopped) = watch::channel(false);
+        let run = tokio::spawn(c.run(stopped));
+        // The first beat polls at once; then nothing is wanted.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(slurm.calls.lock().unwrap().is_empty(), "{:?}", slurm.calls.lock().unwrap());
+        let e = endpoint.clone();
+        let waiting = tokio::spawn(async move { e.acquire(&[]).await.is_ok() });
+        let t = Instant::now();
+        while !slurm.calls.lock().unwrap().iter().any(|c| c.starts_with("sbatch")) {
+            let v = view.lock().unwrap().clone();
+            assert!(t.elapsed() < Duration::from_secs(5), "no submission within 5 s of the request: {} rounds, desired {}, load {}, error {:?}", v.rounds, v.desired, v.load, v.last_error);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let sbatches = || slurm.calls.lock().unwrap().iter().filter(|c| c.starts_with("sbatch")).count();
+        assert_eq!(sbatches(), 1);
+        // The job is pending: more requests wake nobody, and nothing more is submitted.
+        for _ in 0..3 {
+            let e = endpoint.clone();
+            tokio::spawn(async move { e.acquire(&[]).await.is_ok() });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(sbatches(), 1, "{:?}", slurm.calls.lock().unwrap());
+        stop.send(true).unwrap();
+        run.await.unwrap();
+        waiting.abort();
+    });
+}

@@ -90,6 +90,9 @@ pub struct Endpoint {
     ejects: std::sync::atomic::AtomicBool,
     /// Asks the health checks for a round now (after an ejection).
     probe_now: Notify,
+    /// Tells the replica controller a request is waiting and no replica
+    /// can take it (scale from zero: it need not wait for its next poll).
+    cold: Notify,
     /// onepoold's replica key ([`Endpoint::set_replica_key`]).
     replica_key: std::sync::OnceLock<http::HeaderValue>,
 }
@@ -125,6 +128,7 @@ impl Endpoint {
             metrics,
             ejects: std::sync::atomic::AtomicBool::new(false),
             probe_now: Notify::new(),
+            cold: Notify::new(),
             replica_key: std::sync::OnceLock::new(),
         })
     }
@@ -281,6 +285,12 @@ impl Endpoint {
         self.probe_now.notified().await
     }
 
+    /// Resolves once a request has queued while no replica was ready (a
+    /// notice given before the call counts: one is kept).
+    pub async fn cold_request(&self) {
+        self.cold.notified().await
+    }
+
     /// Closes the replicas' keep-alive connections unused for `max_idle`.
     pub fn prune_idle(&self, max_idle: Duration) {
         let shared: Vec<_> = self.lock().shared.iter().map(|(_, s)| s.clone()).collect();
@@ -319,6 +329,9 @@ impl Endpoint {
             g.next_waiter += 1;
             let prefix = if g.affinity.is_some() { prefix.to_vec() } else { Vec::new() };
             g.waiters.push_back(Waiter { id: wid, exclude: exclude.to_vec(), prefix, tx });
+            if !g.pool.replicas().iter().any(|r| r.state == ReplicaState::Ready) {
+                self.cold.notify_one();
+            }
             g.peak_queue = g.peak_queue.max(g.waiters.len());
             self.set_queue_gauge(&g);
             (wid, rx)

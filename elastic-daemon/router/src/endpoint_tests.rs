@@ -154,3 +154,36 @@ async fn retry_excluding_the_failed_replica_waits_for_another() {
     drop(a);
     assert_eq!(retry.await.unwrap(), Ok(aid));
 }
+
+#[tokio::test]
+async fn a_request_queued_with_no_replica_ready_wakes_the_controller_and_one_queued_behind_a_busy_one_does_not() {
+    let woken = |e: &Arc<Endpoint>| {
+        let e = e.clone();
+        async move { tokio::time::timeout(Duration::from_millis(20), e.cold_request()).await.is_ok() }
+    };
+    // Zero replicas: the request waits, and the controller hears of it.
+    let cold = endpoint(1, 4, 5_000);
+    let c2 = cold.clone();
+    let waiting = tokio::spawn(async move { c2.acquire(&[]).await.map(|l| l.address()) });
+    while cold.snapshot().queued == 0 {
+        tokio::task::yield_now().await;
+    }
+    assert!(woken(&cold).await, "a request waits at zero replicas");
+    assert!(!woken(&cold).await, "one notice per queued request, kept once");
+    // The first replica comes: the request is answered.
+    cold.add(addr(1), None, true).unwrap();
+    assert_eq!(waiting.await.unwrap(), Ok(addr(1)));
+
+    // A ready replica that is busy: queueing is ordinary, nobody is woken.
+    let warm = endpoint(1, 4, 5_000);
+    warm.add(addr(2), None, true).unwrap();
+    let held = warm.acquire(&[]).await.unwrap();
+    let w2 = warm.clone();
+    let behind = tokio::spawn(async move { w2.acquire(&[]).await.map(|l| l.address()) });
+    while warm.snapshot().queued == 0 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!woken(&warm).await);
+    drop(held);
+    assert_eq!(behind.await.unwrap(), Ok(addr(2)));
+}

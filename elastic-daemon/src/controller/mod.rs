@@ -331,15 +331,29 @@ impl Controller {
         // reads of Slurm (adapter::Coalesced).
         let mut beat = tokio::time::interval(self.settings.poll_interval.max(Duration::from_millis(1)));
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let endpoint = self.endpoint.clone();
+        let cold_gap = (self.settings.poll_interval / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        let mut last_round = Instant::now();
         loop {
             tokio::select! {
                 _ = beat.tick() => {}
+                // Scale from zero: a request waits for a replica none of
+                // which is being started; the poll need not be waited for.
+                _ = endpoint.cold_request(), if !self.starting_any() => {
+                    tracing::debug!(endpoint = %self.name, "a request waits and no replica is ready: polling now");
+                    // Bounded: while nothing can start (a back-off, max
+                    // reached) every queued request would ask again.
+                    if let Some(left) = cold_gap.checked_sub(last_round.elapsed()) {
+                        tokio::time::sleep(left).await;
+                    }
+                }
                 _ = onepool_router::shutdown::stopped(&mut shutdown) => return,
             }
             if *shutdown.borrow() {
                 return;
             }
             let error = self.round().await.err();
+            last_round = Instant::now();
             if let Some(e) = &error {
                 tracing::warn!(endpoint = %self.name, retryable = e.is_retryable(), "replica controller: {e}");
             }
@@ -354,6 +368,12 @@ impl Controller {
                 self.export(&v);
             }
         }
+    }
+
+    /// A load-bearing replica of ours is on its way (pending or starting)
+    /// or serving: a cold request then needs no extra poll.
+    fn starting_any(&self) -> bool {
+        self.tracked.values().any(|t| t.kind != Kind::Warm && t.members.values().any(|m| !m.released && !m.draining()))
     }
 
     fn since_start(&self, at: Instant) -> Duration {
