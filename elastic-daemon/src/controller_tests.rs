@@ -842,7 +842,14 @@ fn a_request_at_zero_replicas_submits_the_first_without_waiting_for_the_poll() {
         let t = Instant::now();
         while !slurm.calls.lock().unwrap().iter().any(|c| c.starts_with("sbatch")) {
             let v = view.lock().unwrap().clone();
-            assert!(t.elapsed() < Duration::from_secs(5), "no submission within 5 s of the request: {} rounds, desired {}, load {}, error {:?}", v.rounds, v.desired, v.load, v.last_error);
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "no submission within 5 s of the request: {} rounds, desired {}, load {}, error {:?}",
+                v.rounds,
+                v.desired,
+                v.load,
+                v.last_error
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let sbatches = || slurm.calls.lock().unwrap().iter().filter(|c| c.starts_with("sbatch")).count();

@@ -904,3 +904,60 @@ fn an_advisory_endpoint_submits_and_cancels_nothing_while_its_decisions_are_logg
     assert_untouched(c, foreign);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_min_zero_endpoint_wakes_on_its_first_request_and_goes_back_to_zero() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("elastic-zero");
+    let config = dir.join("onepoold.toml");
+    daemon_config(c, &dir, ENDPOINT, |r| {
+        r.min = Some(0);
+        r.max = Some(2);
+        // The model takes 2 s to load; idle for 5 s, the GPUs go back.
+        r.command = format!("env ONEPOOL_MODEL_LOAD_SECONDS=2 {}", r.command);
+        r.poll_interval = Some(Duration::from_secs(2));
+        r.stable_window = Some(Duration::from_secs(3));
+        r.panic_window = Some(Duration::from_secs(1));
+        r.scale_down_delay = Some(Duration::from_secs(5));
+    })
+    .write(&config)
+    .unwrap();
+    let foreign = foreign_job(c);
+    let rt = runtime();
+    let d = start(&rt, &config);
+    let port = d.endpoint(ENDPOINT).unwrap().listen.unwrap().port();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(replica_jobs_in_slurm(c).is_empty(), "min = 0: nothing runs before the first request");
+
+    for wake in 0..2 {
+        // The first request waits in the router's queue while its replica
+        // is submitted, scheduled and loaded, and is then answered.
+        let t0 = Instant::now();
+        let first = std::thread::spawn(move || completion(port, 0.2));
+        let submitted = wait("the first replica job", Duration::from_secs(5), || !replica_jobs_in_slurm(c).is_empty());
+        assert_eq!(first.join().unwrap(), Some(200), "the request that woke the endpoint is answered");
+        let answered = t0.elapsed();
+        eprintln!(
+            "wake {wake}: replica job submitted {submitted:?} and the request answered {answered:?} after it came"
+        );
+        assert_eq!(view(&d).jobs.len(), 1, "one replica for one request: {:?}", view(&d).jobs);
+        assert_eq!(view(&d).jobs[0].kind.as_str(), "supplemental", "min = 0: a flexible-class replica");
+        // Requests while it serves go straight to it.
+        assert_eq!(completion(port, 0.1), Some(200));
+
+        // Idle: drained, released, and back to zero.
+        let job = view(&d).jobs[0].job;
+        let idle = Instant::now();
+        wait("the endpoint to go back to zero", Duration::from_secs(60), || {
+            replica_jobs_in_slurm(c).is_empty() && view(&d).jobs.is_empty()
+        });
+        eprintln!("wake {wake}: back to zero {:?} after the last request", idle.elapsed());
+        let state = c.final_state(job);
+        assert!(state.as_deref().is_some_and(|s| s.starts_with("CANCELLED")), "released by scancel: {state:?}");
+        assert!(d.endpoint(ENDPOINT).unwrap().endpoint.snapshot().replicas.is_empty());
+    }
+    assert_untouched(c, foreign);
+    rt.block_on(d.shutdown());
+    let _ = std::fs::remove_dir_all(&dir);
+}
