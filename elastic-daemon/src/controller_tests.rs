@@ -854,12 +854,22 @@ fn a_request_at_zero_replicas_submits_the_first_without_waiting_for_the_poll() {
         }
         let sbatches = || slurm.calls.lock().unwrap().iter().filter(|c| c.starts_with("sbatch")).count();
         assert_eq!(sbatches(), 1);
+        // Slurm has it, waiting for GPUs.
+        let mut pending = running(100, "onepool-llm-18000", "", 1);
+        pending.job_state = "PENDING".into();
+        *slurm.jobs.lock().unwrap() = vec![pending];
         // The job is pending: more requests wake nobody, and nothing more is submitted.
         for _ in 0..3 {
             let e = endpoint.clone();
             tokio::spawn(async move { e.acquire(&[]).await.is_ok() });
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // While they wait, polls come once a second (a quarter of the
+        // poll interval, at most 1 s), not once a minute, and not more.
+        let reads = || slurm.reads.load(std::sync::atomic::Ordering::Relaxed);
+        let before = reads();
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let polls = reads() - before;
+        assert!((2..=3).contains(&polls), "{polls} polls in 2.5 s while requests wait at zero replicas");
         assert_eq!(sbatches(), 1, "{:?}", slurm.calls.lock().unwrap());
         stop.send(true).unwrap();
         run.await.unwrap();

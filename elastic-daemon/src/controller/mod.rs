@@ -197,6 +197,12 @@ async fn blocking<T: Send + 'static>(
     r
 }
 
+/// Requests wait and no replica can take them: the endpoint is starting
+/// from zero (or every replica it had is gone).
+fn cold_waiting(snap: &EndpointSnapshot) -> bool {
+    snap.queued > 0 && !snap.replicas.iter().any(|r| r.state == ReplicaState::Ready)
+}
+
 fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
@@ -332,21 +338,23 @@ impl Controller {
         let mut beat = tokio::time::interval(self.settings.poll_interval.max(Duration::from_millis(1)));
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let endpoint = self.endpoint.clone();
+        // Scale from zero: while requests wait and no replica is ready,
+        // every step of the first replica's start is waited on by a
+        // client, so polls come this often (bounded: 0.1-1 s) instead of
+        // once a poll interval, and the first comes as the request does.
         let cold_gap = (self.settings.poll_interval / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
         let mut last_round = Instant::now();
         loop {
+            let cold = cold_waiting(&endpoint.snapshot());
             tokio::select! {
                 _ = beat.tick() => {}
-                // Scale from zero: a request waits for a replica none of
-                // which is being started; the poll need not be waited for.
-                _ = endpoint.cold_request(), if !self.starting_any() => {
+                _ = endpoint.cold_request(), if !cold => {
                     tracing::debug!(endpoint = %self.name, "a request waits and no replica is ready: polling now");
-                    // Bounded: while nothing can start (a back-off, max
-                    // reached) every queued request would ask again.
                     if let Some(left) = cold_gap.checked_sub(last_round.elapsed()) {
                         tokio::time::sleep(left).await;
                     }
                 }
+                _ = tokio::time::sleep(cold_gap.saturating_sub(last_round.elapsed())), if cold => {}
                 _ = onepool_router::shutdown::stopped(&mut shutdown) => return,
             }
             if *shutdown.borrow() {
@@ -368,12 +376,6 @@ impl Controller {
                 self.export(&v);
             }
         }
-    }
-
-    /// A load-bearing replica of ours is on its way (pending or starting)
-    /// or serving: a cold request then needs no extra poll.
-    fn starting_any(&self) -> bool {
-        self.tracked.values().any(|t| t.kind != Kind::Warm && t.members.values().any(|m| !m.released && !m.draining()))
     }
 
     fn since_start(&self, at: Instant) -> Duration {
