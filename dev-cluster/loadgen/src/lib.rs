@@ -489,6 +489,13 @@ fn client() -> &'static onepool_client::Caller {
     CLIENT.get_or_init(|| onepool_client::Caller::tcp(Duration::from_secs(180)))
 }
 
+/// One chat completion, answered whole (for a stream, up to `data:
+/// [DONE]`): when its first generated text arrived (streams only), or what
+/// went wrong.
+pub async fn chat_once(target: SocketAddr, body: &str, stream: bool) -> Result<Option<Instant>, String> {
+    chat(target, body, stream).await.map(|a| a.first_token)
+}
+
 /// One chat completion over its own connection (`connection: close`, so
 /// the figures stay comparable with earlier runs and with clients that
 /// come and go); what went wrong unless it was answered whole with 2xx.
