@@ -5,12 +5,11 @@
 //!
 //! Each round splits the request's time to first token where it went:
 //!
-//! - wake: the request's arrival to onepoold's decision to submit (its
-//!   decision log);
-//! - sbatch: that decision to slurmctld's receipt of the job
-//!   (`_slurm_rpc_submit_batch_job` in slurmctld's log);
+//! - to Slurm: the request's arrival to slurmctld's receipt of the replica
+//!   job (`_slurm_rpc_submit_batch_job` in slurmctld's log): onepoold's
+//!   wake and decision, and sbatch;
 //! - scheduling: receipt to allocation (`sched: Allocate` / `backfill:
-//!   Started`);
+//!   Started`, by the main scheduler or backfill);
 //! - load: allocation to the replica ready in the router (the launcher,
 //!   llama-server's model load, the first health check, onepoold seeing
 //!   the job running);
@@ -28,7 +27,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use onepool_decisions::decision_log::{DecisionAction, DecisionEntry};
 use onepool_decisions::trace::parse_time;
 use onepool_dev_cluster::model_server::{Slots, MODEL_NAME};
 use onepool_elastic_daemon::daemon::Daemon;
@@ -44,7 +42,6 @@ const SLOTS: Slots = Slots { parallel: 2, context: 512, threads: 1 };
 #[derive(Debug, Default, Clone, Copy)]
 struct Moments {
     arrival: f64,
-    decided: f64,
     received: f64,
     allocated: f64,
     ready: f64,
@@ -54,10 +51,9 @@ struct Moments {
 }
 
 impl Moments {
-    fn parts(&self) -> [f64; 6] {
+    fn parts(&self) -> [f64; 5] {
         [
-            self.decided - self.arrival,
-            self.received - self.decided,
+            self.received - self.arrival,
             self.allocated - self.received,
             self.ready - self.allocated,
             self.first_token - self.ready,
@@ -66,7 +62,7 @@ impl Moments {
     }
 }
 
-const PARTS: [&str; 6] = ["wake", "sbatch", "scheduling", "load", "first token", "cold TTFT"];
+const PARTS: [&str; 5] = ["to Slurm", "scheduling", "load", "first token", "cold TTFT"];
 
 fn unix(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
@@ -90,16 +86,6 @@ fn logged(log: &Path, job: u32, whats: &[&str], offset: f64) -> Option<f64> {
         let time = l.strip_prefix('[')?.split(']').next()?;
         parse_time(time).map(|t| t - offset)
     })
-}
-
-/// onepoold's decision to submit, at or after `since`.
-fn decided(log: &Path, since: f64) -> Option<f64> {
-    let text = std::fs::read_to_string(log).ok()?;
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<DecisionEntry>(l).ok())
-        .filter(|e| e.action == DecisionAction::Submit)
-        .filter_map(|e| parse_time(e.time.trim_end_matches('Z')))
-        .find(|t| *t >= since - 0.001)
 }
 
 fn chat_body(n: usize) -> String {
@@ -127,7 +113,7 @@ fn round(
     d: &Daemon,
     rt: &onepool_elastic_daemon::tokio::runtime::Runtime,
     n: usize,
-    logs: (&Path, &Path),
+    slurmctld: &Path,
 ) -> Moments {
     let gone = || c.ok("squeue", &["-h", "-o", "%j"]).lines().all(|j| !j.starts_with("onepool-chat-"));
     wait("the endpoint at zero", Duration::from_secs(120), || gone() && replica_view(d, ENDPOINT).jobs.is_empty());
@@ -146,13 +132,11 @@ fn round(
     let (warm_sent, warm_first) = ttft(rt, target, &chat_body(n + 1000));
     let job = *replica_view(d, ENDPOINT).submitted.last().expect("a replica job was submitted");
     let offset = utc_offset();
-    let (decisions, slurmctld) = logs;
     Moments {
         arrival,
-        decided: decided(decisions, arrival).expect("the submission in the decision log"),
         received: logged(slurmctld, job, &["_slurm_rpc_submit_batch_job:"], offset)
             .expect("the submission in slurmctld's log"),
-        allocated: logged(slurmctld, job, &["sched: Allocate", "backfill: Started"], offset)
+        allocated: logged(slurmctld, job, &["sched: Allocate JobId=", "Started JobId="], offset)
             .expect("the allocation in slurmctld's log"),
         ready,
         first_token,
@@ -174,8 +158,7 @@ fn main() {
     let work = dir.join("cold-start");
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).unwrap();
-    let decisions = work.join("decisions.jsonl");
-    let mut file = daemon_config(&c, &work, ENDPOINT, |r| {
+    let file = daemon_config(&c, &work, ENDPOINT, |r| {
         llama_replicas(r, SLOTS.parallel);
         r.min = Some(0);
         r.max = Some(1);
@@ -184,8 +167,6 @@ fn main() {
         r.panic_window = Some(Duration::from_secs(1));
         r.scale_down_delay = Some(Duration::from_secs(5));
     });
-    file.decision_log =
-        Some(onepool_elastic_daemon::config::AccessLogFile { path: decisions.clone(), ..Default::default() });
     let config = work.join("onepoold.toml");
     file.write(&config).unwrap();
     let rt = runtime();
@@ -197,16 +178,16 @@ fn main() {
         SLOTS.parallel
     );
     println!(
-        "{:>5} {:>8} {:>8} {:>11} {:>8} {:>12} {:>10} {:>10}",
-        "round", "wake", "sbatch", "scheduling", "load", "first token", "cold TTFT", "warm TTFT"
+        "{:>5} {:>9} {:>11} {:>8} {:>12} {:>10} {:>10}",
+        "round", "to Slurm", "scheduling", "load", "first token", "cold TTFT", "warm TTFT"
     );
     let mut all = Vec::new();
     for n in 0..rounds {
-        let m = round(&c, &d, &rt, n, (&decisions, &slurmctld));
+        let m = round(&c, &d, &rt, n, &slurmctld);
         let p = m.parts();
         println!(
-            "{n:>5} {:>7.2}s {:>7.2}s {:>10.2}s {:>7.2}s {:>11.2}s {:>9.2}s {:>9.2}s",
-            p[0], p[1], p[2], p[3], p[4], p[5], m.warm_ttft
+            "{n:>5} {:>8.2}s {:>10.2}s {:>7.2}s {:>11.2}s {:>9.2}s {:>9.2}s",
+            p[0], p[1], p[2], p[3], p[4], m.warm_ttft
         );
         all.push(m);
     }
