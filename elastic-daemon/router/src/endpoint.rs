@@ -95,7 +95,26 @@ pub struct Endpoint {
     cold: Notify,
     /// onepoold's replica key ([`Endpoint::set_replica_key`]).
     replica_key: std::sync::OnceLock<http::HeaderValue>,
+    /// Latency samples kept for the replica controller's targets; off (one
+    /// atomic load a request) unless an endpoint sets them.
+    sampling: std::sync::atomic::AtomicBool,
+    latencies: Mutex<VecDeque<LatencySample>>,
 }
+
+/// One answered request: when its first byte came, after how long, and
+/// how much of that it waited in the queue.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LatencySample {
+    pub at: Instant,
+    /// Seconds from the request's arrival to the answer's first body byte.
+    pub ttfb: f64,
+    /// Seconds it waited in the queue for a replica.
+    pub queued: f64,
+}
+
+/// Samples kept between two reads by the controller (each poll): beyond
+/// it the oldest go, so a flood costs bounded memory.
+const LATENCY_SAMPLES: usize = 16 * 1024;
 
 /// An endpoint as the control API shows it (without its controller's view,
 /// which onepoold adds).
@@ -130,6 +149,8 @@ impl Endpoint {
             probe_now: Notify::new(),
             cold: Notify::new(),
             replica_key: std::sync::OnceLock::new(),
+            sampling: std::sync::atomic::AtomicBool::new(false),
+            latencies: Mutex::new(VecDeque::new()),
         })
     }
 
@@ -285,6 +306,28 @@ impl Endpoint {
         self.probe_now.notified().await
     }
 
+    /// Keeps latency samples from now on ([`Endpoint::take_latencies`]).
+    pub fn sample_latencies(&self) {
+        self.sampling.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn record_first_byte(&self, ttfb: Duration, queued: Duration) {
+        if !self.sampling.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let sample = LatencySample { at: Instant::now(), ttfb: ttfb.as_secs_f64(), queued: queued.as_secs_f64() };
+        let mut l = self.latencies.lock().unwrap_or_else(|e| e.into_inner());
+        if l.len() >= LATENCY_SAMPLES {
+            l.pop_front();
+        }
+        l.push_back(sample);
+    }
+
+    /// The samples since the last call, oldest first.
+    pub fn take_latencies(&self) -> Vec<LatencySample> {
+        self.latencies.lock().unwrap_or_else(|e| e.into_inner()).drain(..).collect()
+    }
+
     /// Resolves once a request has queued while no replica was ready (a
     /// notice given before the call counts: one is kept).
     pub async fn cold_request(&self) {
@@ -338,7 +381,10 @@ impl Endpoint {
         };
         // Boxed: most requests find a replica free above and so never carry
         // the waiting's state along.
-        Box::pin(self.wait_in_queue(waiter_id, rx)).await
+        let since = Instant::now();
+        let mut lease = Box::pin(self.wait_in_queue(waiter_id, rx)).await?;
+        lease.queued = since.elapsed();
+        Ok(lease)
     }
 
     async fn wait_in_queue(
@@ -424,7 +470,7 @@ impl Endpoint {
         if let Some(r) = g.pool.get(id) {
             shared.metrics.in_flight.set(r.in_flight as i64);
         }
-        Lease { endpoint: self.clone(), id, shared, released: false }
+        Lease { endpoint: self.clone(), id, shared, released: false, queued: Duration::ZERO }
     }
 
     fn set_queue_gauge(&self, g: &Inner) {
@@ -561,6 +607,8 @@ pub struct Lease {
     id: ReplicaId,
     shared: Arc<ReplicaShared>,
     released: bool,
+    /// How long the request waited in the queue for this replica.
+    queued: Duration,
 }
 
 impl Lease {
@@ -576,6 +624,15 @@ impl Lease {
     }
     pub fn endpoint(&self) -> &Arc<Endpoint> {
         &self.endpoint
+    }
+    /// How long the request waited in the endpoint's queue for it.
+    pub fn queued(&self) -> Duration {
+        self.queued
+    }
+    /// The answer's first body byte came `ttfb` after the request did:
+    /// a latency sample for the endpoint's targets, when they are on.
+    pub fn first_byte(&self, ttfb: Duration) {
+        self.endpoint.record_first_byte(ttfb, self.queued);
     }
 }
 

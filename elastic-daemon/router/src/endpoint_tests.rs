@@ -187,3 +187,32 @@ async fn a_request_queued_with_no_replica_ready_wakes_the_controller_and_one_que
     drop(held);
     assert_eq!(behind.await.unwrap(), Ok(addr(2)));
 }
+
+#[tokio::test]
+async fn latency_samples_are_kept_only_when_asked_and_carry_the_queue_wait() {
+    let e = endpoint(1, 4, 5_000);
+    e.add(addr(1), None, true).unwrap();
+    let l = e.acquire(&[]).await.unwrap();
+    l.first_byte(Duration::from_millis(30));
+    assert!(e.take_latencies().is_empty(), "off by default");
+    e.sample_latencies();
+    l.first_byte(Duration::from_millis(30));
+    let s = e.take_latencies();
+    assert_eq!((s.len(), s[0].ttfb, s[0].queued), (1, 0.03, 0.0));
+    assert!(e.take_latencies().is_empty(), "taken once");
+    // A second request waits for the first to end: its wait is its own.
+    let e2 = e.clone();
+    let waiting = tokio::spawn(async move {
+        let l = e2.acquire(&[]).await.unwrap();
+        l.first_byte(Duration::from_millis(100));
+    });
+    while e.snapshot().queued == 0 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(l);
+    waiting.await.unwrap();
+    let s = e.take_latencies();
+    assert_eq!(s.len(), 1);
+    assert!(s[0].queued >= 0.05 && s[0].queued < 1.0, "{s:?}");
+}

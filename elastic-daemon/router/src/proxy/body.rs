@@ -76,6 +76,8 @@ pub(super) struct LeasedBody {
     pub(super) inner: BackendBody,
     pub(super) lease: Option<Lease>,
     pub(super) start: Instant,
+    /// The first body byte passed (its time is a latency sample).
+    pub(super) first_byte: bool,
 }
 
 impl LeasedBody {
@@ -104,6 +106,14 @@ impl Body for LeasedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if !self.first_byte {
+            if let (Poll::Ready(Some(Ok(frame))), Some(lease)) = (&r, &self.lease) {
+                if frame.data_ref().is_some_and(|d| !d.is_empty()) {
+                    lease.first_byte(self.start.elapsed());
+                    self.first_byte = true;
+                }
+            }
+        }
         if let (Poll::Ready(Some(Err(e))), Some(lease)) = (&r, &self.lease) {
             if e.kind() == std::io::ErrorKind::TimedOut {
                 let replica = lease.replica();

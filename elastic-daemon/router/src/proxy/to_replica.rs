@@ -344,6 +344,6 @@ pub(super) fn client_response(
     if served_by {
         parts.extensions.insert(ServedBy(lease.replica().address));
     }
-    let body = LeasedBody { inner: body, lease: Some(lease), start };
+    let body = LeasedBody { inner: body, lease: Some(lease), start, first_byte: false };
     Response::from_parts(parts, ProxyBody { kind: BodyKind::Replica(body), hold: None, tap: None })
 }
