@@ -14,11 +14,19 @@
 //! plus queued) is the request rate times the time a request spends, so
 //! its trend is the rate's trend at the endpoint's latency.
 //!
+//! With latency targets (`Autoscaler::with_latency`, see `latency`), the
+//! count is also raised while a p99 target is missed and kept while the
+//! target is not known to hold with one replica fewer; the in-flight rule
+//! above stays the floor, and the scale-down delay and `[min, max]` apply
+//! to the combined count as they do without targets.
+//!
 //! Time is passed in as seconds (`f64`), so the live daemon and the
 //! simulator drive the same code with real or simulated clocks.
 
 use std::collections::VecDeque;
 use std::time::Duration;
+
+use crate::latency::{LatencyRule, LatencyTargets, LatencyVerdict};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScalingPolicy {
@@ -66,6 +74,8 @@ pub struct Recommendation {
     /// The panic window's load projected `trend_horizon` ahead (the panic
     /// load when it is not rising).
     pub projected_load: f64,
+    /// The latency rule's verdict (`None` when no latency target is set).
+    pub latency: Option<LatencyVerdict>,
 }
 
 #[derive(Debug, Clone)]
@@ -75,6 +85,9 @@ pub struct Autoscaler {
     panic_until: Option<f64>,
     panic_floor: u32,
     wanted: VecDeque<(f64, u32)>,
+    /// Present only when a latency target is set, so that an endpoint
+    /// without one scales exactly as it did before targets existed.
+    latency: Option<LatencyRule>,
 }
 
 /// Least-squares slope of the samples since `since`, per second.
@@ -104,7 +117,36 @@ fn mean_since(samples: &VecDeque<(f64, f64)>, since: f64) -> f64 {
 
 impl Autoscaler {
     pub fn new(policy: ScalingPolicy) -> Autoscaler {
-        Autoscaler { policy, samples: VecDeque::new(), panic_until: None, panic_floor: 0, wanted: VecDeque::new() }
+        Autoscaler {
+            policy,
+            samples: VecDeque::new(),
+            panic_until: None,
+            panic_floor: 0,
+            wanted: VecDeque::new(),
+            latency: None,
+        }
+    }
+
+    /// An autoscaler that also keeps latency targets (the same as `new`
+    /// when `targets` sets none). A separate constructor rather than a
+    /// field of `ScalingPolicy`, which other crates build as literals.
+    pub fn with_latency(policy: ScalingPolicy, targets: LatencyTargets) -> Autoscaler {
+        let mut a = Autoscaler::new(policy);
+        a.latency = targets.is_set().then(|| LatencyRule::new(targets));
+        a
+    }
+
+    /// The latency targets kept (`None` when none is set).
+    pub fn latency_targets(&self) -> Option<&LatencyTargets> {
+        self.latency.as_ref().map(LatencyRule::targets)
+    }
+
+    /// One answered request: its time to first byte and its time queued
+    /// in the router, in seconds (ignored when no latency target is set).
+    pub fn record_latency(&mut self, now: f64, ttft: f64, queued: f64) {
+        if let Some(rule) = self.latency.as_mut() {
+            rule.record(now, ttft, queued);
+        }
     }
 
     pub fn policy(&self) -> &ScalingPolicy {
@@ -164,6 +206,12 @@ impl Autoscaler {
             self.panic_floor = 0;
             (want_stable, Mode::Stable)
         };
+        // The in-flight count is the floor; the latency rule raises it
+        // while a target is missed, and keeps the count while the target
+        // is not known to hold with one fewer (its want is then `ready`).
+        let load = self.samples.back().map_or(0.0, |(_, l)| *l);
+        let latency = self.latency.as_mut().map(|rule| rule.recommend(now, ready, load));
+        let replicas = replicas.max(latency.and_then(|v| v.want()).unwrap_or(0));
         let replicas = self.stabilize_down(now, replicas);
         Recommendation {
             replicas: replicas.clamp(self.policy.min, self.policy.max.max(self.policy.min)),
@@ -171,6 +219,7 @@ impl Autoscaler {
             stable_load,
             panic_load,
             projected_load,
+            latency,
         }
     }
 

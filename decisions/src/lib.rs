@@ -15,6 +15,7 @@ pub mod duration;
 pub mod gres_conf;
 pub mod handoff;
 pub mod hostlist;
+pub mod latency;
 pub mod manpage;
 pub mod names;
 pub mod ownership;
