@@ -163,6 +163,9 @@ pub fn replica_jobs_table(state: &State, now: u64) -> String {
         if let Some(e) = &v.last_error {
             out.push_str(&format!("  last Slurm error: {e}\n"));
         }
+        if let Some(l) = &v.latency {
+            out.push_str(&format!("  latency: {l}\n"));
+        }
         if v.advisory {
             let now = if v.advised.is_empty() { " nothing to do now".to_string() } else { String::new() };
             out.push_str(&format!("  advisory: decisions are logged, not carried out;{now}\n"));

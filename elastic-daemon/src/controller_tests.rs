@@ -876,3 +876,38 @@ fn a_request_at_zero_replicas_submits_the_first_without_waiting_for_the_poll() {
         waiting.abort();
     });
 }
+
+#[test]
+fn a_missed_time_to_first_byte_target_adds_a_replica_the_in_flight_rule_would_not() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let endpoint = test_endpoint("llm");
+        let slurm = Arc::new(ScriptedSlurm::default());
+        let mut baseline = running(7, "onepool-llm-18000", "node1", 1);
+        baseline.admin_comment = "onepool:class=inference-baseline;tier=protected;endpoint=llm".into();
+        *slurm.jobs.lock().unwrap() = vec![baseline];
+        let mut s = ReplicaSettings { min: 1, max: 3, target_per_replica: 8.0, ..settings() };
+        s.latency = Some(onepool_decisions::latency::LatencyTargets {
+            ttft_p99: Some(Duration::from_millis(500)),
+            ..Default::default()
+        });
+        let (mut c, view) = Controller::new("llm", endpoint.clone(), false, s, slurm.clone());
+        c.round().await.unwrap();
+        assert_eq!(endpoint.snapshot().replicas.len(), 1, "the baseline replica serves: {:?}", endpoint.snapshot());
+        // One request at a time (the in-flight rule wants one replica), but
+        // each waits 2 s for its first byte.
+        assert!(slurm.calls.lock().unwrap().is_empty(), "{:?}", slurm.calls.lock().unwrap());
+        for i in 0..20 {
+            let lease = endpoint.acquire(&[]).await.unwrap_or_else(|e| panic!("request {i}: {e:?}"));
+            lease.first_byte(Duration::from_secs(2));
+        }
+        c.round().await.unwrap();
+        let v = view.lock().unwrap().clone();
+        assert_eq!(v.desired, 2, "{v:?}");
+        assert_eq!(v.latency.as_deref(), Some("ttft p99 2.0 s > target 500 ms over 20 requests: 1 -> 2"));
+        let calls = slurm.calls.lock().unwrap().clone();
+        assert!(calls.len() == 1 && calls[0].starts_with("sbatch -J onepool-llm-"), "{calls:?}");
+        let labels = onepool_router::metrics::LatencyLabels { endpoint: "llm".into(), what: "ttft".into() };
+        assert_eq!(endpoint.metrics().latency_p99.get_or_create(&labels).get(), 2.0);
+    });
+}

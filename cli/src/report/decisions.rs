@@ -145,7 +145,8 @@ mod tests {
         std::fs::write(&path, lines).unwrap();
         // The cluster's clock is an hour ahead of UTC: 11:00 local is 10:00 UTC.
         let t = |s: &str| onepool_decisions::trace::parse_time(s).unwrap();
-        let d = read(&[path.clone()], &path, t("2026-12-05T11:00:00"), t("2026-12-05T12:00:00"), 3600.0).unwrap();
+        let d = read(std::slice::from_ref(&path), &path, t("2026-12-05T11:00:00"), t("2026-12-05T12:00:00"), 3600.0)
+            .unwrap();
         assert_eq!(d.entries.len(), 3, "the first is before the period, the garbage line is left out");
         assert_eq!(
             d.counts,

@@ -258,6 +258,10 @@ pub struct ControllerView {
     /// Advisory mode: decisions are logged, never carried out.
     #[serde(default)]
     pub advisory: bool,
+    /// With latency targets: the latency rule's last verdict, e.g. "ttft
+    /// p99 1.8 s > target 1.0 s over 43 requests: 3 -> 4".
+    #[serde(default)]
+    pub latency: Option<String>,
     /// In advisory mode, what onepoold would be doing now, each with why
     /// (e.g. "submit supplemental: the load wants 3 replicas, 2 live").
     #[serde(default)]

@@ -121,6 +121,8 @@ fn exercised() -> Metrics {
     m.decisions.get_or_create(&d).inc();
     m.advised.get_or_create(&crate::metrics::AdvisedLabels { endpoint: endpoint.into(), action }).set(1);
     m.decision_log_dropped.inc();
+    let l = crate::metrics::LatencyLabels { endpoint: endpoint.into(), what: "ttft".into() };
+    m.latency_p99.get_or_create(&l).set(0.8);
     m
 }
 

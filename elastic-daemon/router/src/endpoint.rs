@@ -383,7 +383,7 @@ impl Endpoint {
         // the waiting's state along.
         let since = Instant::now();
         let mut lease = Box::pin(self.wait_in_queue(waiter_id, rx)).await?;
-        lease.queued = since.elapsed();
+        lease.queued_us = u32::try_from(since.elapsed().as_micros()).unwrap_or(u32::MAX);
         Ok(lease)
     }
 
@@ -470,7 +470,7 @@ impl Endpoint {
         if let Some(r) = g.pool.get(id) {
             shared.metrics.in_flight.set(r.in_flight as i64);
         }
-        Lease { endpoint: self.clone(), id, shared, released: false, queued: Duration::ZERO }
+        Lease { endpoint: self.clone(), id, shared, released: false, queued_us: 0 }
     }
 
     fn set_queue_gauge(&self, g: &Inner) {
@@ -607,8 +607,11 @@ pub struct Lease {
     id: ReplicaId,
     shared: Arc<ReplicaShared>,
     released: bool,
-    /// How long the request waited in the queue for this replica.
-    queued: Duration,
+    /// How long the request waited in the queue for this replica, in
+    /// microseconds (saturating at 71 minutes, far past any queue
+    /// timeout): a u32 fits beside `released`, and every response body
+    /// holds a lease.
+    queued_us: u32,
 }
 
 impl Lease {
@@ -627,12 +630,12 @@ impl Lease {
     }
     /// How long the request waited in the endpoint's queue for it.
     pub fn queued(&self) -> Duration {
-        self.queued
+        Duration::from_micros(u64::from(self.queued_us))
     }
     /// The answer's first body byte came `ttfb` after the request did:
     /// a latency sample for the endpoint's targets, when they are on.
     pub fn first_byte(&self, ttfb: Duration) {
-        self.endpoint.record_first_byte(ttfb, self.queued);
+        self.endpoint.record_first_byte(ttfb, self.queued());
     }
 }
 

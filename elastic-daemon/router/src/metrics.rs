@@ -2,6 +2,7 @@
 //! signals too (request rate, queue depth), so they are updated where the
 //! router decides, not sampled afterwards.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::OnceLock;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -121,6 +122,13 @@ pub struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LatencyLabels {
+    pub endpoint: String,
+    /// "ttft" (to the answer's first byte) or "queue" (waiting for a replica).
+    pub what: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AdvisedLabels {
     pub endpoint: String,
     /// "submit", "drain" or "release".
@@ -181,6 +189,8 @@ pub struct Metrics {
     pub advised: Family<AdvisedLabels, Gauge>,
     /// Decision log lines dropped because its writer fell behind.
     pub decision_log_dropped: Counter,
+    /// With latency targets: the p99s the autoscaler judged by.
+    pub latency_p99: Family<LatencyLabels, Gauge<f64, AtomicU64>>,
     /// Client connections open, by listener.
     pub connections: Family<ListenerLabels, Gauge>,
     pub connections_refused: Family<RefusedLabels, Counter>,
@@ -225,6 +235,7 @@ impl Metrics {
             decisions: Family::default(),
             advised: Family::default(),
             decision_log_dropped: Counter::default(),
+            latency_p99: Family::default(),
             connections: Family::default(),
             connections_refused: Family::default(),
             buffered_body_bytes: Gauge::default(),
@@ -323,6 +334,13 @@ impl Metrics {
             "advised",
             "What an advisory endpoint would be doing now, by action (each counted once while it stays wanted)",
             self.advised.clone(),
+        );
+        r.register(
+            "latency_p99_seconds",
+            "Endpoints with latency targets: the p99 the autoscaler judged at its last poll, of the time to an answer's \
+             first byte (what=ttft) or in the router's queue (what=queue), over the requests since the replica count \
+             last changed",
+            self.latency_p99.clone(),
         );
         r.register(
             "decision_log_dropped",

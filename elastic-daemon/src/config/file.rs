@@ -181,6 +181,7 @@ pub struct ReplicasFile<F: Form = Typed> {
     pub warm: Option<F::Table<WarmFile<F>>>,
     /// This endpoint's replica decisions logged, never carried out.
     pub advisory: Option<F::Bool>,
+    pub latency: Option<F::Table<LatencyFile<F>>>,
 }
 
 /// `[endpoint.replicas.warm]`.
@@ -190,6 +191,21 @@ pub struct WarmFile<F: Form = Typed> {
     pub workload: Option<F::Text>,
     pub replicas: Option<F::U32>,
     pub fraction: Option<F::Float>,
+}
+
+/// `[endpoint.replicas.latency]`: targets the autoscaler holds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, bound = "")]
+pub struct LatencyFile<F: Form = Typed> {
+    /// p99 of the time to an answer's first byte, queueing included.
+    #[serde(default, with = "as_text")]
+    pub ttft_p99: Option<F::Duration>,
+    /// p99 of the time a request waits in the router's queue.
+    #[serde(default, with = "as_text")]
+    pub queue_p99: Option<F::Duration>,
+    #[serde(default, with = "as_text")]
+    pub window: Option<F::Duration>,
+    pub min_samples: Option<F::U32>,
 }
 
 /// One `[[listener]]`: a listener shared by endpoints, routing `by` "host",

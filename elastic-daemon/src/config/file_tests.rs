@@ -123,6 +123,12 @@ fn every_replicas_key() -> ReplicasFile {
         trend_horizon: Some(secs(12)),
         warm: Some(WarmFile { workload: Some("spare".into()), replicas: Some(1), fraction: Some(0.25) }),
         advisory: Some(true),
+        latency: Some(LatencyFile {
+            ttft_p99: Some(ms(1500)),
+            queue_p99: Some(ms(300)),
+            window: Some(secs(30)),
+            min_samples: Some(50),
+        }),
         ..ReplicasFile::new("env A=\"x y\" python3 'server.py' \\\n --port $ONEPOOL_BACKEND_PORT")
     }
 }
@@ -214,6 +220,12 @@ fn every_key_is_read_back_as_written() {
                 scope: Default::default(),
             }),
             advisory: true,
+            latency: Some(onepool_decisions::latency::LatencyTargets {
+                ttft_p99: Some(ms(1500)),
+                queue_p99: Some(ms(300)),
+                window: secs(30),
+                min_samples: 50,
+            }),
         })
     );
     assert_eq!((c.endpoints[1].name.as_str(), c.endpoints[1].listen), ("embed", f.endpoints[1].listen));
@@ -291,6 +303,19 @@ fn typed_values_of_the_wrong_syntax_fail_the_read_at_their_key() {
 }
 
 /// A duration onepoold takes: from 1 ms to a year.
+/// Boxed: one more level of nested strategies overflows a test thread's
+/// stack in a debug build.
+fn latency_file() -> BoxedStrategy<LatencyFile> {
+    (a_duration(), some(a_duration()), some(a_duration()), some(1u32..=100_000))
+        .prop_map(|(ttft, queue, window, min_samples)| LatencyFile {
+            ttft_p99: Some(ttft),
+            queue_p99: queue,
+            window,
+            min_samples,
+        })
+        .boxed()
+}
+
 fn a_duration() -> impl Strategy<Value = Duration> {
     prop_oneof![
         (1u64..=duration::MAX.as_millis() as u64).prop_map(Duration::from_millis),
@@ -315,6 +340,7 @@ prop_compose! {
         metrics_path in some("/[^\u{0}]*"),
         warm in some((some("[a-z0-9_-]{1,12}"), some(0.0f64..=100.0))),
         advisory in some(proptest::bool::ANY),
+        latency in some(latency_file()),
     ) -> ReplicasFile {
         let max = min.max(1).saturating_add(extra).min(1000);
         ReplicasFile {
@@ -348,6 +374,7 @@ prop_compose! {
                 fraction,
             }),
             advisory,
+            latency,
         }
     }
 }
@@ -522,6 +549,7 @@ proptest! {
             // The daemon's key makes every endpoint advisory.
             let daemon = f.advisory == Some(true);
             prop_assert_eq!(got.advisory, r.advisory == Some(true) || daemon);
+            prop_assert_eq!(got.latency.as_ref().map(|l| l.ttft_p99), r.latency.as_ref().map(|l| l.ttft_p99));
         }
         prop_assert_eq!(c.listeners.len(), f.listeners.len());
         for (l, want) in c.listeners.iter().zip(&f.listeners) {

@@ -31,8 +31,8 @@ use listener::listeners;
 use tokens::bearer_tokens;
 
 pub use file::{
-    AccessLogFile, AuthFile, ConfigFile, EndpointFile, HealthFile, ListenerFile, ReplicasFile, RetryFile, RouteFile,
-    RoutingFile, TlsFile, WarmFile,
+    AccessLogFile, AuthFile, ConfigFile, EndpointFile, HealthFile, LatencyFile, ListenerFile, ReplicasFile, RetryFile,
+    RouteFile, RoutingFile, TlsFile, WarmFile,
 };
 pub use form::{AsText, Form, FormValue, Mode, Raw, Typed};
 
@@ -150,6 +150,9 @@ pub struct ReplicaSettings {
     pub trend_horizon: Duration,
     /// Warm headroom on idle pool GPUs (`[endpoint.replicas.warm]`).
     pub warm: Option<WarmSettings>,
+    /// `[endpoint.replicas.latency]`: latency targets the autoscaler adds
+    /// replicas for (issue #28); `None`: the in-flight rule alone.
+    pub latency: Option<onepool_decisions::latency::LatencyTargets>,
     /// Decide every round, act on nothing: the decisions go to the log,
     /// the metrics and the decision log only (`advisory` here or at the
     /// top of the file).

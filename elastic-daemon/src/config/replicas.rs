@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use super::check::{positive, workload, Checker};
-use super::file::{ReplicasFile, WarmFile};
+use super::file::{LatencyFile, ReplicasFile, WarmFile};
 use super::form::{self, Raw};
 use super::{PoolScope, ReplicaSettings, WarmSettings};
+use onepool_decisions::latency::LatencyTargets;
 use toml::Spanned;
 
 /// The paths a replica's launcher passes on: the OpenAI-compatible API and
@@ -81,7 +82,30 @@ pub(super) fn replica_settings(c: &mut Checker, r: &Spanned<ReplicasFile<Raw>>) 
             .map_or(Duration::ZERO, |_| c.duration(&r.trend_horizon, "replicas.trend_horizon", Duration::ZERO)),
         warm,
         advisory: r.advisory.as_ref().is_some_and(|a| *a.get_ref()),
+        latency: r.latency.as_ref().map(|l| latency_targets(c, l)),
     }
+}
+
+/// `[endpoint.replicas.latency]`: at least one target.
+fn latency_targets(c: &mut Checker, l: &Spanned<LatencyFile<Raw>>) -> LatencyTargets {
+    let span = l.span();
+    let l = l.get_ref();
+    let d = LatencyTargets::default();
+    // Durations of zero are refused by `duration` itself.
+    let target = |c: &mut Checker, v: &Option<Spanned<String>>, key: &str| {
+        v.as_ref().map(|_| c.duration(v, key, Duration::ZERO))
+    };
+    let targets = LatencyTargets {
+        ttft_p99: target(c, &l.ttft_p99, "replicas.latency.ttft_p99"),
+        queue_p99: target(c, &l.queue_p99, "replicas.latency.queue_p99"),
+        window: c.duration(&l.window, "replicas.latency.window", d.window),
+        min_samples: c.number(&l.min_samples, "replicas.latency.min_samples", 1, 100_000, i64::from(d.min_samples))
+            as u32,
+    };
+    if !targets.is_set() {
+        c.error(span, "[endpoint.replicas.latency] sets no target: give ttft_p99 (time to first byte) or queue_p99 (time in the queue), e.g. ttft_p99 = \"2s\"".into());
+    }
+    targets
 }
 
 /// `port_range`: "FIRST-LAST", two ports for each of `max` replicas.

@@ -282,3 +282,19 @@ fn routing_by_prefix_is_read_and_its_mistakes_have_a_place() {
     assert!(e.contains("r.toml:7:14: error: routing.load_bound = 0.5 is below 1"), "{e}");
     assert!(e.contains("r.toml:8:15: error: routing.block_bytes = 8 is out of range; use 16 to 1048576"), "{e}");
 }
+
+#[test]
+fn latency_targets_are_read_and_a_table_without_one_is_refused_at_its_place() {
+    let base = "control_socket = \"/s\"\n[[endpoint]]\nname = \"a\"\nlisten = \"127.0.0.1:0\"\n[endpoint.replicas]\ncommand = \"x\"\n";
+    let c = parse("x.toml", &format!("{base}[endpoint.replicas.latency]\nttft_p99 = \"2s\"\n")).unwrap();
+    let l = c.endpoints[0].replicas.as_ref().unwrap().latency.clone().unwrap();
+    assert_eq!(
+        (l.ttft_p99, l.queue_p99, l.window, l.min_samples),
+        (Some(Duration::from_secs(2)), None, Duration::from_secs(60), 20)
+    );
+    let e = parse("x.toml", &format!("{base}[endpoint.replicas.latency]\nwindow = \"30s\"\n")).unwrap_err().to_string();
+    assert!(e.contains("x.toml:7:") && e.contains("sets no target: give ttft_p99"), "{e}");
+    let e =
+        parse("x.toml", &format!("{base}[endpoint.replicas.latency]\nqueue_p99 = \"0s\"\n")).unwrap_err().to_string();
+    assert!(e.contains("x.toml:8:") && e.contains("replicas.latency.queue_p99 must be longer than zero"), "{e}");
+}

@@ -79,8 +79,13 @@ impl Controller {
         self.last_served = Some((served, now));
         let secs = now.duration_since(self.started).as_secs_f64();
         self.autoscaler.record(secs, load);
+        for l in self.endpoint.take_latencies() {
+            let at = l.at.saturating_duration_since(self.started).as_secs_f64();
+            self.autoscaler.record_latency(at, l.ttfb, l.queued);
+        }
         let ready = replicas.iter().filter(|r| r.phase == Phase::Serving).count() as u32;
         let rec = self.autoscaler.recommend(secs, ready);
+        let latency = rec.latency.map(|v| self.latency_verdict(&v));
         let mut desired = rec.replicas;
         if now.duration_since(self.started) < self.settings.scale_down_delay {
             desired = desired.max(self.adopted.unwrap_or(0));
@@ -90,6 +95,7 @@ impl Controller {
         v.desired = desired.clamp(self.settings.min, self.settings.max.max(self.settings.min));
         v.load = load;
         v.rate = rate;
+        v.latency = latency;
         v.scraped = scraped;
         desired
     }

@@ -5,8 +5,9 @@
 //! ([`Advice`]) and nothing is submitted, drained or released.
 
 use onepool_decisions::decision_log::{explain, kind_str, DecisionAction, DecisionEntry, DecisionMode};
+use onepool_decisions::latency::LatencyVerdict;
 use onepool_decisions::trace::format_time_ms;
-use onepool_router::metrics::{AdvisedLabels, DecisionLabels};
+use onepool_router::metrics::{AdvisedLabels, DecisionLabels, LatencyLabels};
 
 use super::*;
 
@@ -94,6 +95,35 @@ impl Controller {
             })
             .collect();
         self.view.lock().unwrap_or_else(|e| e.into_inner()).advised = advised;
+    }
+
+    /// The latency rule's verdict said: its p99s exported, and a log line
+    /// when it asks for a replica or lets one go (not every poll it holds).
+    pub(super) fn latency_verdict(&mut self, v: &LatencyVerdict) -> String {
+        let Some(targets) = self.autoscaler.latency_targets() else { return String::new() };
+        let reason = v.reason(targets);
+        let (ttft, queue) = match *v {
+            LatencyVerdict::Missed { ttft_p99, queue_p99, .. } | LatencyVerdict::Held { ttft_p99, queue_p99, .. } => {
+                (ttft_p99, queue_p99)
+            }
+            _ => (None, None),
+        };
+        for (what, p99) in [("ttft", ttft), ("queue", queue)] {
+            if let Some(p99) = p99 {
+                let labels = LatencyLabels { endpoint: self.name.clone(), what: what.to_string() };
+                self.metrics.latency_p99.get_or_create(&labels).set(p99);
+            }
+        }
+        let moves = match *v {
+            LatencyVerdict::Missed { .. } => true,
+            LatencyVerdict::Held { fewer_ok, .. } => fewer_ok,
+            _ => false,
+        };
+        if moves && self.said_latency.as_deref() != Some(reason.as_str()) {
+            tracing::info!(endpoint = %self.name, "latency target: {reason}");
+        }
+        self.said_latency = moves.then(|| reason.clone());
+        reason
     }
 
     /// Where the replica (`job`, `port`) serves: a tracked member's

@@ -172,6 +172,8 @@ pub struct Controller {
     advice: onepool_decisions::decision_log::Advice,
     /// What the last decision saw.
     seen: decisions::Seen,
+    /// The latency rule's last verdict that moved the count, as logged.
+    said_latency: Option<String>,
     /// Advisory mode: the router's replicas no job of ours holds, in the
     /// order [`Controller::untracked_replicas`] numbered them.
     untracked: Vec<SocketAddr>,
@@ -277,7 +279,7 @@ impl Controller {
         let settings_has_metrics = !settings.load_metrics.is_empty();
         // A scrape never holds a poll up for longer than about a poll.
         let scrape_timeout = settings.poll_interval.clamp(Duration::from_millis(200), Duration::from_secs(2));
-        let autoscaler = Autoscaler::new(ScalingPolicy {
+        let policy = ScalingPolicy {
             target_per_replica: settings.target_per_replica,
             min: settings.min,
             max: settings.max,
@@ -286,7 +288,14 @@ impl Controller {
             panic_threshold: settings.panic_threshold,
             scale_down_delay: settings.scale_down_delay,
             trend_horizon: settings.trend_horizon,
-        });
+        };
+        let autoscaler = match &settings.latency {
+            Some(targets) => {
+                endpoint.sample_latencies();
+                Autoscaler::with_latency(policy, targets.clone())
+            }
+            None => Autoscaler::new(policy),
+        };
         let metrics = endpoint.metrics().clone();
         let scraper =
             settings_has_metrics.then(|| crate::replica_metrics::client(scrape_timeout, endpoint.replica_key()));
@@ -315,6 +324,7 @@ impl Controller {
             advice: Default::default(),
             seen: decisions::Seen::default(),
             untracked: Vec::new(),
+            said_latency: None,
         };
         c.view.lock().unwrap_or_else(|e| e.into_inner()).advisory = c.settings.advisory;
         (c, view)
