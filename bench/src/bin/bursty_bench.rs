@@ -7,7 +7,12 @@
 //!   (`[endpoint.replicas.warm]`, lowest class) and the load's trend
 //!   projected a model load ahead (`trend_horizon`);
 //! - over-provisioned: every replica loaded all the time (a target load so
-//!   low that the autoscaler always wants `max`).
+//!   low that the autoscaler always wants `max`);
+//! - latency target: reactive, plus a p99 target for the time a request
+//!   waits in the router's queue (`[endpoint.replicas.latency] queue_p99`,
+//!   the scenario's 1 s) that adds replicas while it is missed and keeps
+//!   them until it is known to hold with one fewer (issue #28). The
+//!   simulator does not model the latency rule: no simulated row.
 //!
 //! Replicas are the stand-in model server (exact timing: a request of N
 //! tokens takes N x `PER_TOKEN` s, so the queueing delay is its latency
@@ -40,7 +45,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use onepool_elastic_daemon::config::WarmFile;
+use onepool_elastic_daemon::config::{LatencyFile, WarmFile};
 use onepool_loadgen::{ChatShape, Load, Trace};
 use onepool_simulator::compare::{self, Settings};
 use onepool_simulator::input::OnBadRow;
@@ -60,6 +65,7 @@ enum Variant {
     Reactive,
     Warm,
     Over,
+    Latency,
     /// The two parts of `Warm` alone (simulated only, by default).
     ReactiveTrend,
     WarmNoTrend,
@@ -74,6 +80,7 @@ impl Variant {
                 "target_per_replica = 6\nwarm_class = \"inference-warm\"\nwarm_replicas = 1\ntrend_horizon = \"{MODEL_LOAD_S}s\"\n"
             ),
             Variant::Over => "target_per_replica = 0.001\n".into(),
+            Variant::Latency => "target_per_replica = 6\n".into(),
             Variant::ReactiveTrend => format!("target_per_replica = 6\ntrend_horizon = \"{MODEL_LOAD_S}s\"\n"),
             Variant::WarmNoTrend => {
                 "target_per_replica = 6\nwarm_class = \"inference-warm\"\nwarm_replicas = 1\n".into()
@@ -86,6 +93,7 @@ impl Variant {
             Variant::Reactive => "reactive",
             Variant::Warm => "warm headroom + trend",
             Variant::Over => "over-provisioned",
+            Variant::Latency => "latency target (queue p99 1 s)",
             Variant::ReactiveTrend => "reactive+trend (trend alone)",
             Variant::WarmNoTrend => "warm-no-trend (headroom alone)",
         }
@@ -153,6 +161,14 @@ fn write_config(c: &TestCluster, v: Variant, policy: &std::path::Path, dir: &std
                 r.trend_horizon = Some(Duration::from_secs(u64::from(MODEL_LOAD_S)));
             }
             Variant::Over => r.target_per_replica = Some(0.001),
+            Variant::Latency => {
+                r.latency = Some(LatencyFile {
+                    queue_p99: Some(Duration::from_secs(1)),
+                    window: Some(Duration::from_secs(30)),
+                    min_samples: Some(20),
+                    ..LatencyFile::default()
+                })
+            }
             Variant::ReactiveTrend => r.trend_horizon = Some(Duration::from_secs(u64::from(MODEL_LOAD_S))),
             Variant::WarmNoTrend => {
                 r.warm = Some(WarmFile { workload: Some("inference-warm".into()), replicas: Some(1), fraction: None })
@@ -175,7 +191,7 @@ fn run(c: &TestCluster, v: Variant, trace: Trace, policy: &std::path::Path, dir:
     let d = start_daemon(&rt, &path);
     let ready = match v {
         Variant::Warm | Variant::WarmNoTrend => 2,
-        Variant::Reactive | Variant::Over | Variant::ReactiveTrend => 1,
+        Variant::Reactive | Variant::Over | Variant::Latency | Variant::ReactiveTrend => 1,
     };
     wait("the variant's replicas serving", Duration::from_secs(120), || {
         ["baseline", "supplemental", "warm"].iter().map(|k| serving(&d, ENDPOINT, k).len()).sum::<usize>() >= ready
@@ -349,7 +365,11 @@ fn main() {
     );
     // Each part of warm headroom + trend alone: simulated only, unless asked
     // for on the cluster too (ONEPOOL_BENCH_PARTS=1, 26 more minutes).
-    let mut variants = vec![Variant::Reactive, Variant::Warm, Variant::Over];
+    let mut variants = vec![Variant::Reactive, Variant::Warm, Variant::Over, Variant::Latency];
+    // ONEPOOL_BENCH_VARIANTS=reactive,latency: only those (by the first word of their names).
+    if let Ok(only) = std::env::var("ONEPOOL_BENCH_VARIANTS") {
+        variants.retain(|v| only.split(',').any(|w| v.name().split(' ').next() == Some(w)));
+    }
     if simulate_only || std::env::var_os("ONEPOOL_BENCH_PARTS").is_some() {
         variants.extend([Variant::ReactiveTrend, Variant::WarmNoTrend]);
     }
@@ -360,8 +380,10 @@ fn main() {
             let o = run(c, v, load_trace(&trace, limit), &policy, &scratch);
             print_row(v.name(), &o);
         }
-        let o = simulate(v, &load_trace(&trace, limit), &policy, &scratch.join("simulated"));
-        print_row(&format!("  simulated: {}", v.name().split(' ').next().unwrap()), &o);
+        if !matches!(v, Variant::Latency) {
+            let o = simulate(v, &load_trace(&trace, limit), &policy, &scratch.join("simulated"));
+            print_row(&format!("  simulated: {}", v.name().split(' ').next().unwrap()), &o);
+        }
         let _ = std::fs::remove_dir_all(&scratch);
     }
 }
