@@ -101,28 +101,31 @@ impl Controller {
     /// when it asks for a replica or lets one go (not every poll it holds).
     pub(super) fn latency_verdict(&mut self, v: &LatencyVerdict) -> String {
         let Some(targets) = self.autoscaler.latency_targets() else { return String::new() };
-        let reason = v.reason(targets);
-        let (ttft, queue) = match *v {
-            LatencyVerdict::Missed { ttft_p99, queue_p99, .. } | LatencyVerdict::Held { ttft_p99, queue_p99, .. } => {
-                (ttft_p99, queue_p99)
+        let mut reason = v.reason(targets);
+        let (ttft, queue, moves) = match *v {
+            LatencyVerdict::Missed { ttft_p99, queue_p99, ready, want, .. } => {
+                (ttft_p99, queue_p99, Some((ready, want)))
             }
-            _ => (None, None),
+            LatencyVerdict::Held { ttft_p99, queue_p99, ready, want, fewer_ok, .. } => {
+                (ttft_p99, queue_p99, fewer_ok.then_some((ready, want)))
+            }
+            _ => (None, None, None),
         };
+        if moves.is_some_and(|(_, want)| want > self.settings.max) {
+            reason.push_str(&format!(" (held at max = {})", self.settings.max));
+        }
         for (what, p99) in [("ttft", ttft), ("queue", queue)] {
             if let Some(p99) = p99 {
                 let labels = LatencyLabels { endpoint: self.name.clone(), what: what.to_string() };
                 self.metrics.latency_p99.get_or_create(&labels).set(p99);
             }
         }
-        let moves = match *v {
-            LatencyVerdict::Missed { .. } => true,
-            LatencyVerdict::Held { fewer_ok, .. } => fewer_ok,
-            _ => false,
-        };
-        if moves && self.said_latency.as_deref() != Some(reason.as_str()) {
+        // Said when the count it asks for changes, not every poll while
+        // its figures move.
+        if moves.is_some() && moves != self.said_latency {
             tracing::info!(endpoint = %self.name, "latency target: {reason}");
         }
-        self.said_latency = moves.then(|| reason.clone());
+        self.said_latency = moves;
         reason
     }
 

@@ -172,8 +172,9 @@ pub struct Controller {
     advice: onepool_decisions::decision_log::Advice,
     /// What the last decision saw.
     seen: decisions::Seen,
-    /// The latency rule's last verdict that moved the count, as logged.
-    said_latency: Option<String>,
+    /// The count change the latency rule last asked for (ready, want), as
+    /// logged.
+    said_latency: Option<(u32, u32)>,
     /// Advisory mode: the router's replicas no job of ours holds, in the
     /// order [`Controller::untracked_replicas`] numbered them.
     untracked: Vec<SocketAddr>,
