@@ -34,18 +34,8 @@ pub fn read(
     utc_offset_s: f64,
 ) -> Result<Decisions, String> {
     let mut entries = Vec::new();
-    let mut read_any = false;
-    for f in files {
-        let text = match std::fs::read_to_string(f) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(format!("cannot read the decision log {}: {e}", f.display())),
-        };
-        read_any = true;
+    for (f, text) in super::rotated_texts(files, path, "decision log")? {
         entries.extend(within(&text, from, to, utc_offset_s, &f.display().to_string()));
-    }
-    if !read_any {
-        return Err(format!("the decision log {} does not exist (yet)", path.display()));
     }
     Ok(Decisions { file: path.display().to_string(), counts: counts(&entries), entries })
 }

@@ -293,14 +293,7 @@ fn read_access_log(
     path: &std::path::Path,
 ) -> Result<Vec<onepool_decisions::trace::AccessEntry>, String> {
     let mut out = Vec::new();
-    let mut read_any = false;
-    for f in files {
-        let text = match std::fs::read_to_string(f) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(format!("cannot read the access log {}: {e}", f.display())),
-        };
-        read_any = true;
+    for (f, text) in rotated_texts(files, path, "access log")? {
         for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
             match serde_json::from_str(line) {
                 Ok(e) => out.push(e),
@@ -308,8 +301,27 @@ fn read_access_log(
             }
         }
     }
-    if !read_any {
-        return Err(format!("the access log {} does not exist (yet)", path.display()));
+    Ok(out)
+}
+
+/// The texts of a rotated log's files that exist, oldest first (`files`,
+/// from `files_oldest_first`); an error when none does, or one that
+/// exists cannot be read.
+pub(crate) fn rotated_texts(
+    files: &[PathBuf],
+    path: &std::path::Path,
+    what: &str,
+) -> Result<Vec<(PathBuf, String)>, String> {
+    let mut out = Vec::new();
+    for f in files {
+        match std::fs::read_to_string(f) {
+            Ok(t) => out.push((f.clone(), t)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("cannot read the {what} {}: {e}", f.display())),
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("the {what} {} does not exist (yet)", path.display()));
     }
     Ok(out)
 }
