@@ -233,6 +233,7 @@ fn scale_down_drains_the_replica_with_the_fewest_requests_in_flight() {
         drain: None,
         baseline: None,
         warm: None,
+        latency: None,
         requests: reqs,
     };
     let w = build_workload(&p, vec![], vec![ep]);
@@ -393,6 +394,7 @@ fn workload(p: &Policy, jobs: &[(u32, u32, u32, usize)], ep: Option<(u32, f64)>)
                 drain: None,
                 baseline: None,
                 warm: None,
+                latency: None,
                 requests: reqs,
             }]
         })
@@ -591,6 +593,7 @@ proptest! {
                 drain: None,
                 baseline: baseline.then_some((0, 1)),
                 warm: None,
+                latency: None,
                 requests: reqs.into(),
             }]
         });
@@ -754,5 +757,24 @@ fn warm_headroom_settings_are_checked() {
     assert_eq!(
         err("w6", "warm_class = \"inf\"\nwarm_replicas = 1"),
         "endpoint chat: warm_class = \"inf\" (rank 1) is not ranked below flexible class(es) train, warm: their jobs could not take a warm replica's GPUs; give inf the highest rank number"
+    );
+}
+
+#[test]
+fn latency_target_settings_are_read_and_checked() {
+    let sc = warm_scenario("l1", "latency_queue_p99 = \"1s\"\nlatency_window = \"30s\"").unwrap();
+    let l = sc.workload.endpoints[0].latency.clone().unwrap();
+    assert_eq!(
+        (l.queue_p99, l.ttft_p99, l.window, l.min_samples),
+        (Some(std::time::Duration::from_secs(1)), None, std::time::Duration::from_secs(30), 20)
+    );
+    assert!(warm_scenario("l2", "").unwrap().workload.endpoints[0].latency.is_none());
+    assert_eq!(
+        warm_scenario("l3", "latency_window = \"30s\"").unwrap_err(),
+        "endpoint chat: latency_window and latency_min_samples need latency_ttft_p99 or latency_queue_p99"
+    );
+    assert_eq!(
+        warm_scenario("l4", "latency_ttft_p99 = \"soon\"").unwrap_err(),
+        "endpoint chat: latency_ttft_p99 \"soon\" is not a duration"
     );
 }

@@ -11,8 +11,7 @@
 //! - latency target: reactive, plus a p99 target for the time a request
 //!   waits in the router's queue (`[endpoint.replicas.latency] queue_p99`,
 //!   the scenario's 1 s) that adds replicas while it is missed and keeps
-//!   them until it is known to hold with one fewer (issue #28). The
-//!   simulator does not model the latency rule: no simulated row.
+//!   them until it is known to hold with one fewer (issue #28).
 //!
 //! Replicas are the stand-in model server (exact timing: a request of N
 //! tokens takes N x `PER_TOKEN` s, so the queueing delay is its latency
@@ -81,7 +80,10 @@ impl Variant {
                 "target_per_replica = 6\nwarm_class = \"inference-warm\"\nwarm_replicas = 1\ntrend_horizon = \"{MODEL_LOAD_S}s\"\n"
             ),
             Variant::Over => "target_per_replica = 0.001\n".into(),
-            Variant::Latency => "target_per_replica = 6\n".into(),
+            Variant::Latency => {
+                "target_per_replica = 6\nlatency_queue_p99 = \"1s\"\nlatency_window = \"30s\"\nlatency_min_samples = 20\n"
+                    .into()
+            }
             Variant::ReactiveTrend => format!("target_per_replica = 6\ntrend_horizon = \"{MODEL_LOAD_S}s\"\n"),
             Variant::WarmNoTrend => {
                 "target_per_replica = 6\nwarm_class = \"inference-warm\"\nwarm_replicas = 1\n".into()
@@ -417,10 +419,8 @@ fn main() {
             let o = run(c, v, load_trace(&trace, limit), &policy, &scratch);
             print_row(v.name(), &o);
         }
-        if !matches!(v, Variant::Latency) {
-            let o = simulate(v, &load_trace(&trace, limit), &policy, &scratch.join("simulated"));
-            print_row(&format!("  simulated: {}", v.name().split(' ').next().unwrap()), &o);
-        }
+        let o = simulate(v, &load_trace(&trace, limit), &policy, &scratch.join("simulated"));
+        print_row(&format!("  simulated: {}", v.name().split(' ').next().unwrap()), &o);
         let _ = std::fs::remove_dir_all(&scratch);
     }
 }

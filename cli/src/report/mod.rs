@@ -275,6 +275,7 @@ fn daemon_inputs(path: &std::path::Path) -> DaemonInputs {
                 panic_threshold: r.panic_threshold,
                 scale_down_delay_s: r.scale_down_delay.as_secs_f64(),
                 trend_horizon_s: r.trend_horizon.as_secs_f64(),
+                latency: r.latency.clone(),
                 warm: r.warm.as_ref().map(|w| (w.workload.clone(), w.spec.replicas, w.spec.fraction)),
             })
         })

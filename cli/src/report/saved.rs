@@ -40,6 +40,8 @@ pub struct EndpointSettings {
     pub trend_horizon_s: f64,
     /// Warm headroom: its class, replicas and fraction.
     pub warm: Option<(String, u32, f64)>,
+    /// Latency targets (`[endpoint.replicas.latency]`).
+    pub latency: Option<onepool_decisions::latency::LatencyTargets>,
 }
 
 /// What the report reads for the figure.
@@ -426,6 +428,16 @@ fn endpoint_table(e: &EndpointSettings, m: &Model, slo_p99_s: f64) -> toml::Tabl
         put("warm_class", class.clone().into());
         put("warm_replicas", i64::from(*replicas).into());
         put("warm_fraction", (*fraction).into());
+    }
+    if let Some(l) = &e.latency {
+        if let Some(d) = l.ttft_p99 {
+            put("latency_ttft_p99", format!("{}", d.as_secs_f64()).into());
+        }
+        if let Some(d) = l.queue_p99 {
+            put("latency_queue_p99", format!("{}", d.as_secs_f64()).into());
+        }
+        put("latency_window", format!("{}", l.window.as_secs_f64()).into());
+        put("latency_min_samples", i64::from(l.min_samples).into());
     }
     t
 }

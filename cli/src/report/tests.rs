@@ -405,6 +405,7 @@ fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
         scale_down_delay_s: 120.0,
         trend_horizon_s: 0.0,
         warm: None,
+        latency: None,
     };
     let inputs = saved::Inputs {
         runs: &runs,
@@ -434,6 +435,30 @@ fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
     // start; the job started at 2 s.
     assert_eq!(ep["startup"].as_str(), Some("8.050"));
     assert_eq!(ep["baseline_replicas"].as_integer(), Some(1));
+    assert!(ep.get("latency_queue_p99").is_none(), "no latency target, no key");
+    // onepoold's latency targets go into the scenario as the simulator reads them.
+    let mut with_latency = inputs.endpoints.clone().unwrap();
+    with_latency[0].latency = Some(onepool_decisions::latency::LatencyTargets {
+        queue_p99: Some(std::time::Duration::from_millis(500)),
+        ..Default::default()
+    });
+    let w2 = saved::scenario(&saved::Inputs {
+        runs: inputs.runs,
+        policy: inputs.policy,
+        policy_text: inputs.policy_text,
+        from: inputs.from,
+        to: inputs.to,
+        endpoints: Ok(with_latency),
+        access: inputs.access.clone(),
+        slo_p99_s: inputs.slo_p99_s,
+        max_p95_wait_s: inputs.max_p95_wait_s,
+        startup_s: inputs.startup_s,
+        utc_offset_s: inputs.utc_offset_s,
+    });
+    let scen2: toml::Table = toml::from_str(&w2.files.iter().find(|(n, _)| n == "scenario.toml").unwrap().1).unwrap();
+    let ep2 = &scen2["endpoints"].as_array().unwrap()[0];
+    assert_eq!((ep2["latency_queue_p99"].as_str(), ep2["latency_window"].as_str()), (Some("0.5"), Some("60")));
+    assert_eq!(ep2["latency_min_samples"].as_integer(), Some(20));
     let said = w.assumptions.join("\n");
     for words in [
         "1 run(s) already running",

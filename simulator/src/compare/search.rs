@@ -329,6 +329,7 @@ mod tests {
             drain: None,
             baseline: None,
             warm: None,
+            latency: None,
             requests: vec![crate::engine::Req { t: 0.0, service: 1.0 }; 5].into(),
         });
         // An hour at the default 2 s tick: 1,800 ticks.

@@ -80,6 +80,8 @@ pub struct Endpoint {
     /// Warm headroom (onepoold's `[endpoint.replicas.warm]`): its class and
     /// how many replicas; in the shared pool only.
     pub warm: Option<(usize, WarmSpec)>,
+    /// Latency targets (onepoold's `[endpoint.replicas.latency]`).
+    pub latency: Option<onepool_decisions::latency::LatencyTargets>,
     pub requests: Arc<[Req]>,
 }
 

@@ -22,7 +22,10 @@ impl Sim<'_> {
             active: Vec::new(),
             slots: Vec::new(),
             inflight: 0,
-            scaler: Autoscaler::new(p),
+            scaler: match &e.latency {
+                Some(t) => Autoscaler::with_latency(p, t.clone()),
+                None => Autoscaler::new(p),
+            },
             target: 0,
             done: false,
             submitted: 0,
@@ -47,6 +50,10 @@ impl Sim<'_> {
             e.inflight += 1;
             let class = self.w.endpoints[ep].class;
             let delay = (self.now - arr) as f32;
+            // The router's samples: its queue wait, and its first byte,
+            // here its whole answer's (the model has no separate prefill
+            // time): the time to first token of a request not streamed.
+            e.scaler.record_latency(self.now, f64::from(delay + service), f64::from(delay));
             self.stats[class].delays.push(delay);
             if self.cfg.job_log {
                 self.request_log.push((ep, (arr - self.w.t0) as f32, delay));

@@ -9,6 +9,7 @@ use onepool_decisions::annotation::Annotation;
 use onepool_decisions::autoscale::ScalingPolicy;
 use onepool_decisions::classify::{classify, JobRequest, Verdict};
 use onepool_decisions::duration::parse_seconds;
+use onepool_decisions::latency::LatencyTargets;
 use onepool_decisions::policy::Policy;
 use onepool_decisions::replicas::WarmSpec;
 use serde::Deserialize;
@@ -39,6 +40,10 @@ pub(super) struct RawEndpoint {
     panic_threshold: Option<f64>,
     scale_down_delay: Option<String>,
     trend_horizon: Option<String>,
+    latency_ttft_p99: Option<String>,
+    latency_queue_p99: Option<String>,
+    latency_window: Option<String>,
+    latency_min_samples: Option<u32>,
     baseline_class: Option<String>,
     #[serde(default)]
     baseline_replicas: u32,
@@ -105,6 +110,7 @@ pub(super) fn endpoint(
     let startup_s = seconds(&e, &e.startup, "startup")?;
     let slo_p99_s = seconds(&e, &e.slo_p99, "slo_p99")?;
     let scaling = scaling(&e)?;
+    let latency = latency(&e)?;
     Ok(Endpoint {
         name: e.name.clone(),
         class: c,
@@ -119,8 +125,34 @@ pub(super) fn endpoint(
         drain,
         baseline,
         warm,
+        latency,
         requests,
     })
+}
+
+/// Latency targets, as onepoold's `[endpoint.replicas.latency]`: at least
+/// one target when any of the keys is given.
+fn latency(e: &RawEndpoint) -> Result<Option<LatencyTargets>, String> {
+    let d = LatencyTargets::default();
+    let duration = |v: &Option<String>, what: &str| {
+        v.as_deref().map(|s| seconds(e, s, what).map(Duration::from_secs_f64)).transpose()
+    };
+    let t = LatencyTargets {
+        ttft_p99: duration(&e.latency_ttft_p99, "latency_ttft_p99")?,
+        queue_p99: duration(&e.latency_queue_p99, "latency_queue_p99")?,
+        window: duration(&e.latency_window, "latency_window")?.unwrap_or(d.window),
+        min_samples: e.latency_min_samples.unwrap_or(d.min_samples).max(1),
+    };
+    if t.is_set() {
+        return Ok(Some(t));
+    }
+    if e.latency_window.is_some() || e.latency_min_samples.is_some() {
+        return Err(format!(
+            "endpoint {}: latency_window and latency_min_samples need latency_ttft_p99 or latency_queue_p99",
+            e.name
+        ));
+    }
+    Ok(None)
 }
 
 /// A duration key of the table, in seconds.

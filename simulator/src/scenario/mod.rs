@@ -40,6 +40,10 @@
 //! panic_threshold = 2.0
 //! scale_down_delay = "2m"
 //! trend_horizon = "0s"          # optional: a rising load projected this far ahead
+//! latency_queue_p99 = "1s"      # optional: latency targets (onepoold's [endpoint.replicas.latency]):
+//! latency_ttft_p99 = "2s"       #   queue wait, and first byte (the whole answer's here: no
+//! latency_window = "60s"        #   separate prefill time), p99 over the requests since the
+//! latency_min_samples = 20      #   replica count changed
 //! baseline_class = "inference-baseline"  # optional: in the shared pool the first
 //! baseline_replicas = 2         #   replicas run in this (protected) class
 //! warm_class = "inference-warm" # optional: warm headroom (onepoold's [endpoint.replicas.warm]):
