@@ -236,12 +236,13 @@ impl Autoscaler {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn scaler() -> Autoscaler {
-        Autoscaler::new(ScalingPolicy {
+    /// The policy the autoscaler's tests and the latency rule's share.
+    pub(crate) fn test_policy() -> ScalingPolicy {
+        ScalingPolicy {
             target_per_replica: 10.0,
             min: 1,
             max: 20,
@@ -250,7 +251,11 @@ mod tests {
             panic_threshold: 2.0,
             scale_down_delay: Duration::from_secs(30),
             trend_horizon: Duration::ZERO,
-        })
+        }
+    }
+
+    fn scaler() -> Autoscaler {
+        Autoscaler::new(test_policy())
     }
 
     /// Feeds `load` once a second from `from` to `to` and returns the last recommendation.

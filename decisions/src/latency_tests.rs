@@ -173,16 +173,7 @@ fn reasons_read_as_sentences() {
 }
 
 fn policy() -> ScalingPolicy {
-    ScalingPolicy {
-        target_per_replica: 10.0,
-        min: 1,
-        max: 20,
-        stable_window: Duration::from_secs(60),
-        panic_window: Duration::from_secs(6),
-        panic_threshold: 2.0,
-        scale_down_delay: Duration::from_secs(30),
-        trend_horizon: Duration::ZERO,
-    }
+    crate::autoscale::tests::test_policy()
 }
 
 #[test]

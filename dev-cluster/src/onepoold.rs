@@ -10,6 +10,20 @@ use onepool_decisions::duration;
 use onepool_elastic_daemon::config::{ConfigFile, EndpointFile, HealthFile, ReplicasFile};
 use serde::Deserialize;
 
+/// The health check of every onepoold the dev cluster, the demo and the
+/// tests start: `path` every 0.5 s, in after one success, out after three
+/// failures, so a replica serves half a second after its model loads.
+pub fn quick_health(path: &str) -> HealthFile {
+    let (secs, millis) = (Duration::from_secs, Duration::from_millis);
+    HealthFile {
+        interval: Some(millis(500)),
+        timeout: Some(secs(1)),
+        healthy_after: Some(1),
+        unhealthy_after: Some(3),
+        ..HealthFile::new(path)
+    }
+}
+
 /// The stand-in model server's command line: it loads its "model" for
 /// `model_load_s` seconds, then takes `seconds_per_token` a generated token.
 pub fn stand_in_command(server: &Path, model_load_s: f64, seconds_per_token: f64) -> String {
@@ -82,7 +96,7 @@ pub fn validation_config(v: &Validation) -> Result<ConfigFile, String> {
     // As onepoold reads it.
     let window = |key: &str, text: &str| duration::parse_millis(text).map_err(|err| at(format!("{key}: {err}")));
     let command = stand_in_command(v.server, v.model_load_s, 1.0 / e.decode_tokens_per_s);
-    let (secs, millis) = (Duration::from_secs, Duration::from_millis);
+    let secs = Duration::from_secs;
     Ok(ConfigFile {
         comment: Some(format!("Written by onepool-devcluster onepoold-config from {}", v.scenario.display())),
         shutdown_grace: Some(secs(5)),
@@ -92,13 +106,7 @@ pub fn validation_config(v: &Validation) -> Result<ConfigFile, String> {
             queue_size: Some(5000),
             queue_timeout: Some(secs(120)),
             request_timeout: Some(secs(120)),
-            health: Some(HealthFile {
-                interval: Some(millis(500)),
-                timeout: Some(secs(1)),
-                healthy_after: Some(1),
-                unhealthy_after: Some(3),
-                ..HealthFile::new("/health")
-            }),
+            health: Some(quick_health("/health")),
             replicas: Some(ReplicasFile {
                 gpus: Some(e.gpus_per_replica),
                 min: Some(e.baseline_replicas),

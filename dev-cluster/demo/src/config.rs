@@ -17,13 +17,7 @@ pub(crate) fn config(p: &Paths, listen: SocketAddr, slurm_conf: &str, server: &M
             queue_timeout: Some(secs(60)),
             request_timeout: Some(secs(120)),
             retry: Some(RetryFile { attempts: Some(2), ..RetryFile::default() }),
-            health: Some(HealthFile {
-                interval: Some(millis(500)),
-                timeout: Some(secs(1)),
-                healthy_after: Some(1),
-                unhealthy_after: Some(3),
-                ..HealthFile::new("/health")
-            }),
+            health: Some(onepool_dev_cluster::onepoold::quick_health("/health")),
             replicas: Some(ReplicasFile {
                 gpus: Some(GPUS),
                 min: Some(1),

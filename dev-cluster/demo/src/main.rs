@@ -28,7 +28,7 @@ use clap::Parser;
 use onepool_dev_cluster::model_server::{ModelServer, Slots, MODEL_NAME};
 use onepool_dev_cluster::process::Tracked;
 use onepool_dev_cluster::Cluster;
-use onepool_elastic_daemon::config::{AccessLogFile, ConfigFile, EndpointFile, HealthFile, ReplicasFile, RetryFile};
+use onepool_elastic_daemon::config::{AccessLogFile, ConfigFile, EndpointFile, ReplicasFile, RetryFile};
 
 mod checks;
 mod config;
