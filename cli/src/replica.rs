@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::Context;
 use onepool_launcher::access::Access;
 use onepool_launcher::conventions::REPLICA_KEY_ENV;
-use onepool_launcher::launcher::{run, Front, FrontBounds, LauncherConfig, Outcome};
+use onepool_launcher::launcher::{run, Front, FrontBounds, LauncherConfig, Outcome, Reclaim};
 use onepool_launcher::replica_group::{self, GroupConfig};
 use onepool_launcher::report::Report;
 
@@ -63,6 +63,11 @@ pub struct ReplicaArgs {
     /// Time the server gets between SIGTERM and SIGKILL.
     #[arg(long, default_value = "10s", value_parser = onepool_decisions::duration::parse)]
     pub stop_grace: Duration,
+    /// The replica's class's `reclaim` in the policy: "graceful" (a
+    /// SIGTERM drains, like the notice) or "immediate" (GraceTime 0: the
+    /// SIGTERM is the preemption, and what is in flight is cut at once).
+    #[arg(long, default_value = "graceful", value_parser = str::parse::<Reclaim>)]
+    pub reclaim: Reclaim,
     /// Host one replica per node of the job: one srun step each, the i-th
     /// node's listening on --listen's port + 2i (its server one above).
     #[arg(long)]
@@ -126,6 +131,7 @@ pub fn run_replica(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {
         backend: args.backend,
         drain_timeout: args.drain_timeout,
         stop_grace: args.stop_grace,
+        reclaim: args.reclaim,
         command: args.command.clone(),
         access: Access::new(Some(key), args.allow_paths.clone()),
         bounds: FrontBounds {
@@ -145,6 +151,11 @@ pub fn run_replica(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {
         Outcome::TimedOut { in_flight } => {
             eprintln!("onepool replica: drain timed out with {in_flight} request(s) in flight; server stopped")
         }
+        Outcome::Cut { in_flight } => {
+            eprintln!(
+                "onepool replica: reclaimed at once (immediate class); {in_flight} request(s) cut; server stopped"
+            )
+        }
         Outcome::ServerExited(ended) => eprintln!("onepool replica: the model server {}", ended.report()),
     }
     Ok(ExitCode::from(u8::try_from(outcome.exit_code()).unwrap_or(1)))
@@ -163,6 +174,7 @@ fn run_per_node(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {
         allow_paths: args.allow_paths.clone(),
         drain_timeout: args.drain_timeout,
         stop_grace: args.stop_grace,
+        reclaim: args.reclaim,
         launcher: launcher.display().to_string(),
         srun: args.srun.clone(),
         scancel: args.scancel.clone(),

@@ -73,6 +73,17 @@ fn sbatch_arguments() {
     let own = ReplicaSettings { serve_paths: vec!["/v1/".into(), "/healthz".into(), "/metrics".into()], ..s.clone() };
     let a = sbatch_args("llm", &own, Kind::Supplemental, 18004, 1);
     assert!(a.last().unwrap().contains("--allow-path /v1/ --allow-path /healthz --allow-path /metrics --"), "{a:?}");
+    // A class the policy reclaims immediately: its launcher cuts at
+    // Slurm's SIGTERM; the baseline's protected class is not one.
+    let agents = ReplicaSettings {
+        supplemental_workload: "agents".into(),
+        immediate_classes: vec!["agents".into()],
+        ..s.clone()
+    };
+    let a = sbatch_args("llm", &agents, Kind::Supplemental, 18004, 1);
+    assert!(a.last().unwrap().contains("--drain-timeout 30s --reclaim immediate --"), "{a:?}");
+    let a = sbatch_args("llm", &agents, Kind::Baseline, 18000, 1);
+    assert!(!a.last().unwrap().contains("--reclaim"), "{a:?}");
     let a = sbatch_args("llm", &ReplicaSettings { launcher: "/a b/onepool".into(), ..s }, Kind::Baseline, 18000, 1);
     assert_eq!(a[2], "--workload=inference-baseline");
     assert!(a.last().unwrap().starts_with("exec '/a b/onepool' replica"), "{a:?}");

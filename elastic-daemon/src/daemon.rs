@@ -75,7 +75,7 @@ impl Daemon {
     /// [`Daemon::start`] on the sockets `inherited` holds where their
     /// addresses are configured (see [`crate::inherited`]).
     pub async fn start_with(mut config: Config, mut inherited: Inherited) -> Result<Daemon, StartError> {
-        crate::policy_check::resolve_warm(&mut config).map_err(StartError::Policy)?;
+        crate::policy_check::resolve_from_policy(&mut config).map_err(StartError::Policy)?;
         // Read before anything listens: a key nobody else may read, or no start.
         let replica_key = match config.replica_key_named || config.endpoints.iter().any(|e| e.replicas.is_some()) {
             true => Some(crate::replica_key::load_or_create(&config.replica_key_file)?),

@@ -226,7 +226,7 @@ fn preflight_only(config: &config::Config, endpoint: &str) -> ExitCode {
 fn check_only(path: &std::path::Path, config: &mut config::Config) -> ExitCode {
     let findings = onepool_elastic_daemon::policy_check::check(config);
     let mut errors = findings.errors;
-    if let Err(e) = onepool_elastic_daemon::policy_check::resolve_warm(config) {
+    if let Err(e) = onepool_elastic_daemon::policy_check::resolve_from_policy(config) {
         errors.push(e);
     }
     for w in &findings.warnings {

@@ -140,27 +140,45 @@ pub fn pool_scope(config: &Config, policy: &Policy) -> PoolScope {
     PoolScope { partitions, warm_qos }
 }
 
-/// Reads the policy and fills in every endpoint's warm headroom scope; an
-/// error names what is missing (warm headroom cannot tell whether anybody
-/// waits for GPUs without the pool's partitions).
-pub fn resolve_warm(config: &mut Config) -> Result<(), String> {
-    if !config.endpoints.iter().any(|e| e.replicas.as_ref().is_some_and(|r| r.warm.is_some())) {
+/// What onepoold takes from the policy at start, before anything is
+/// submitted: each endpoint's immediate classes (whose replicas cut at
+/// Slurm's SIGTERM, see [`ReplicaSettings::immediate_classes`]) and, for
+/// warm headroom, the pool's scope. Without a readable, valid policy the
+/// replicas drain at every SIGTERM (what `check` warns of), but warm
+/// headroom cannot start.
+pub fn resolve_from_policy(config: &mut Config) -> Result<(), String> {
+    if !config.endpoints.iter().any(|e| e.replicas.is_some()) {
         return Ok(());
     }
+    let warm = config.endpoints.iter().any(|e| e.replicas.as_ref().is_some_and(|r| r.warm.is_some()));
     let path = policy_path(config);
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        format!("warm headroom needs the policy (the pool's partitions and the warm class's QOS): cannot read {}: {e}; set `policy` in onepoold's config", path.display())
-    })?;
-    let policy = policy::load(&text).policy.ok_or_else(|| {
-        format!(
-            "warm headroom needs the policy, and {} has errors (run `onepool policy check {}`)",
-            path.display(),
-            path.display()
-        )
-    })?;
+    let policy = match std::fs::read_to_string(&path) {
+        Ok(text) => policy::load(&text)
+            .policy
+            .ok_or_else(|| format!("{} has errors (run `onepool policy check {}`)", path.display(), path.display())),
+        Err(e) => Err(format!("cannot read {}: {e}; set `policy` in onepoold's config", path.display())),
+    };
+    let policy = match (policy, warm) {
+        (Ok(p), _) => p,
+        (Err(why), true) => {
+            return Err(format!(
+                "warm headroom needs the policy (the pool's partitions and the warm class's QOS): {why}"
+            ))
+        }
+        (Err(_), false) => return Ok(()),
+    };
+    let immediate: Vec<String> = policy
+        .classes
+        .iter()
+        .filter(|c| matches!(c.tier, Tier::Flexible { reclaim: ReclaimMode::Immediate, .. }))
+        .map(|c| c.name.clone())
+        .collect();
     let scope = pool_scope(config, &policy);
-    for w in config.endpoints.iter_mut().filter_map(|e| e.replicas.as_mut()?.warm.as_mut()) {
-        w.scope = scope.clone();
+    for r in config.endpoints.iter_mut().filter_map(|e| e.replicas.as_mut()) {
+        r.immediate_classes = immediate.clone();
+        if let Some(w) = r.warm.as_mut() {
+            w.scope = scope.clone();
+        }
     }
     Ok(())
 }
@@ -262,6 +280,29 @@ mod tests {
         let c =
             crate::config::parse("etc/onepoold.toml", &format!("{}\n{warm}{}", &daemon[..at], &daemon[at..])).unwrap();
         (p, c.endpoints[0].replicas.clone().unwrap())
+    }
+
+    /// onepoold learns the immediate classes from the policy at start; a
+    /// policy it cannot read leaves every replica draining at SIGTERM.
+    #[test]
+    fn the_policy_s_immediate_classes_reach_every_endpoint() {
+        let dir = std::env::temp_dir().join(format!("onepool-resolve-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("onepool.toml");
+        std::fs::write(&path, include_str!("../../etc/onepool.toml")).unwrap();
+        let text = |policy: &std::path::Path| {
+            format!(
+                "control_socket = \"/tmp/x.sock\"\npolicy = {:?}\n[[endpoint]]\nname = \"llm\"\nlisten = \"127.0.0.1:0\"\n[endpoint.replicas]\ncommand = \"x\"\n",
+                policy.display().to_string()
+            )
+        };
+        let mut c = crate::config::parse("t.toml", &text(&path)).unwrap();
+        resolve_from_policy(&mut c).unwrap();
+        assert_eq!(c.endpoints[0].replicas.as_ref().unwrap().immediate_classes, ["agents"]);
+        let mut c = crate::config::parse("t.toml", &text(&dir.join("missing.toml"))).unwrap();
+        resolve_from_policy(&mut c).unwrap();
+        assert!(c.endpoints[0].replicas.as_ref().unwrap().immediate_classes.is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -138,7 +138,7 @@ fn graceful_reclaim_loses_no_request_serving_expands_again_and_scale_down_drains
 }
 
 #[test]
-fn immediate_reclaim_fails_only_the_victim_s_requests_in_flight() {
+fn immediate_reclaim_ends_the_victim_at_once_and_fails_at_most_its_requests_in_flight() {
     let c = cluster();
     let _cleanup = Cleanup(c);
     let dir = scratch("elastic-immediate");
@@ -164,19 +164,32 @@ fn immediate_reclaim_fails_only_the_victim_s_requests_in_flight() {
     let failed_before = load.failed();
     let (training, took) = protected_training(c);
     eprintln!("immediate: protected training RUNNING {took:?} after submission");
-    assert!(took < Duration::from_secs(5), "GraceTime 0: {took:?}");
     let victims: Vec<u32> =
         supplemental.iter().copied().filter(|j| c.state(*j).as_deref() != Some("RUNNING")).collect();
     assert_eq!(victims.len(), 1, "{victims:?}");
-    // Requests queued behind the victim are served by the others; only what
-    // was in flight on it fails: its 4 (replica_concurrency), and one that
-    // reached it in the instant of its kill.
+    // GraceTime 0: the victim's launcher cut its requests at Slurm's
+    // SIGTERM and ended by itself, instead of draining until the SIGKILL
+    // KillWait later while the protected job waited (CI's run before the
+    // fix: 5.5 s with KillWait=5). Its last line says so; a launcher
+    // killed mid-drain never writes it.
+    let log = std::fs::read_to_string(dir.join(format!("replica-{}.log", victims[0]))).unwrap_or_default();
+    let last = log.lines().rfind(|l| l.starts_with("onepool replica: ")).unwrap_or_default();
+    eprintln!("immediate: the victim's launcher: {last}");
+    assert!(
+        last.starts_with("onepool replica: reclaimed at once (immediate class);"),
+        "the victim's launcher did not end by itself at the cut:\n{log}"
+    );
+    // Requests queued behind the victim are served by the others. Of what
+    // was in flight on it, a request the server had not answered is
+    // retried elsewhere; one whose server went first fails: at most its 4
+    // (replica_concurrency), and one that reached it in the instant of
+    // its kill.
     std::thread::sleep(Duration::from_secs(10));
     let (sent, statuses) = load.finish();
     let failed: u64 = statuses.iter().filter(|(s, _)| **s != 200).map(|(_, n)| n).sum();
     eprintln!("immediate: {sent} requests sent, answers {statuses:?}");
     assert_eq!(failed_before, 0);
-    assert!(failed >= 1, "requests were in flight on the victim: {statuses:?}");
+    assert!(failed <= 5, "only what was in flight on the victim may fail: {statuses:?}");
     // The router's own count: every failed attempt was on the victim.
     let victim = addresses.iter().find(|(j, _)| *j == victims[0]).and_then(|(_, a)| *a).unwrap();
     let failing: Vec<String> = d
@@ -188,7 +201,7 @@ fn immediate_reclaim_fails_only_the_victim_s_requests_in_flight() {
         .map(String::from)
         .collect();
     assert!(
-        !failing.is_empty() && failing.iter().all(|l| l.contains(&format!("replica=\"{victim}\""))),
+        failing.iter().all(|l| l.contains(&format!("replica=\"{victim}\""))),
         "only the victim ({victim}) failed requests: {failing:#?}"
     );
     assert_eq!(c.state(training).as_deref(), Some("RUNNING"));

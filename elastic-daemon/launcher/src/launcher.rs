@@ -50,7 +50,7 @@ use crate::conventions::{
     DrainNote, ReplicaNote, BACKEND_KEY_ALIASES, BACKEND_KEY_ENV, DRAINING_HEADER, REPLICA_KEY_ENV, REPLICA_KEY_HEADER,
 };
 use crate::exit_cause::{self, OutputTail};
-use crate::report::Report;
+use crate::report::{Patience, Report};
 
 /// How long the answers of requests cut off at the drain timeout get to
 /// leave before the server is stopped.
@@ -60,6 +60,47 @@ const CUT_FLUSH: Duration = Duration::from_secs(1);
 const CONNECTIONS_CLOSE: Duration = Duration::from_secs(2);
 /// How long a server stopped after a timed-out drain gets before SIGKILL.
 const CUT_STOP_GRACE: Duration = Duration::from_secs(1);
+/// A notice that comes this soon after the server ended was sent with the
+/// signal that ended it (Slurm signals every process of the job at once).
+const SIMULTANEOUS: Duration = Duration::from_millis(200);
+
+/// What Slurm's SIGTERM means to this replica: its class's `reclaim` in
+/// the policy (onepoold passes `--reclaim immediate` for an immediate
+/// class).
+///
+/// A graceful class gets GraceTime to drain, so a SIGTERM, whether the
+/// grace's notice or an admin's scancel, drains the replica. An immediate
+/// class has GraceTime 0: the SIGTERM *is* the preemption, the protected
+/// job waits for these GPUs, and Slurm's SIGKILL follows after KillWait
+/// (30 s by default). Draining then would only hold the GPUs until that
+/// SIGKILL (CI measured 5.5 s with KillWait=5, the whole of it), so the
+/// launcher cuts what is in flight at once, stops the server and exits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Reclaim {
+    #[default]
+    Graceful,
+    Immediate,
+}
+
+impl std::str::FromStr for Reclaim {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Reclaim, String> {
+        match s {
+            "graceful" => Ok(Reclaim::Graceful),
+            "immediate" => Ok(Reclaim::Immediate),
+            other => Err(format!("{other:?} is neither \"graceful\" nor \"immediate\"")),
+        }
+    }
+}
+
+impl Reclaim {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reclaim::Graceful => "graceful",
+            Reclaim::Immediate => "immediate",
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct LauncherConfig {
@@ -73,6 +114,8 @@ pub struct LauncherConfig {
     pub drain_timeout: Duration,
     /// How long the server gets between SIGTERM and SIGKILL.
     pub stop_grace: Duration,
+    /// What a SIGTERM means: drain, or cut at once ([`Reclaim`]).
+    pub reclaim: Reclaim,
     /// The model server's command line.
     pub command: Vec<String>,
     /// Who may send what.
@@ -171,6 +214,9 @@ pub enum Outcome {
     /// The drain timeout passed with requests still in flight; they were
     /// cut off with an answer that says so ([`Front::cut_off`]).
     TimedOut { in_flight: u64 },
+    /// Reclaimed at once (an immediate class's SIGTERM, [`Reclaim`]):
+    /// what was in flight was cut off without waiting.
+    Cut { in_flight: u64 },
 }
 
 impl Outcome {
@@ -185,7 +231,7 @@ impl Outcome {
                 }
             }
             Outcome::Drained { .. } => 0,
-            Outcome::TimedOut { .. } => 1,
+            Outcome::TimedOut { .. } | Outcome::Cut { .. } => 1,
         }
     }
 }
@@ -285,7 +331,7 @@ impl Drop for Guard {
 /// The last event of a stream cut off at the drain timeout: the shape
 /// OpenAI's API uses for an error in the middle of a stream, which its
 /// clients raise as an API error.
-const CUT_EVENT: &str = "data: {\"error\":{\"message\":\"the replica serving this stream was reclaimed for higher-priority work and its drain timeout passed before the stream finished; retry the request\",\"type\":\"server_error\",\"code\":\"replica_reclaimed\"}}\n\n";
+const CUT_EVENT: &str = "data: {\"error\":{\"message\":\"the replica serving this stream was reclaimed for higher-priority work before the stream finished; retry the request\",\"type\":\"server_error\",\"code\":\"replica_reclaimed\"}}\n\n";
 
 /// A response body from the server that counts as in flight until it
 /// ends, and ends early (see [`Front::cut_off`]) when the drain times out.
@@ -312,7 +358,7 @@ impl Body for GuardedBody {
             return Poll::Ready(Some(if self.events {
                 Ok(Frame::data(Bytes::from_static(CUT_EVENT.as_bytes())))
             } else {
-                Err("the drain timeout passed before the response was complete".into())
+                Err("the replica was reclaimed before the response was complete".into())
             }));
         }
         Pin::new(&mut self.inner).poll_frame(cx).map_err(BoxError::from)
@@ -393,7 +439,7 @@ async fn front(
             state.cut_short.fetch_add(1, Ordering::SeqCst);
             return plain(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "the replica's drain timeout passed before the model server answered; retry elsewhere\n",
+                "the replica was reclaimed before the model server answered; retry elsewhere\n",
                 true,
             );
         }
@@ -418,6 +464,18 @@ async fn front(
             &format!("model server not reachable ({e}); retry elsewhere\n"),
             true,
         ),
+        // The replica is being reclaimed and its server went before it
+        // answered (an immediate class: Slurm signals the server with the
+        // launcher, and either may act first). Nothing reached the client,
+        // so it is answered like the cut: the router retries it elsewhere.
+        Err(e) if state.is_draining() => {
+            state.cut_short.fetch_add(1, Ordering::SeqCst);
+            plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("the replica was reclaimed before the model server answered ({e}); retry elsewhere\n"),
+                true,
+            )
+        }
         Err(e) => {
             tracing::warn!("the model server failed a request: {e:?}");
             plain(StatusCode::BAD_GATEWAY, &format!("model server failed: {e}\n"), false)
@@ -561,15 +619,23 @@ pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, Laun
     cfg.report.listening(&mut note, listening.port()).await;
     let which = tokio::select! {
         status = server.child.wait() => {
-            front_task.abort();
-            let ended = server.ended(status, oom_before).await;
-            tracing::error!(cause = %ended.cause, "the model server ended by itself");
-            cfg.report.ended(&mut note, &ended.report()).await;
-            return Ok(Outcome::ServerExited(ended));
+            // Slurm's kill signals the server with this process, and the
+            // server may go first: a notice already here makes it a
+            // reclaim, not a server that ended by itself.
+            match tokio::time::timeout(SIMULTANEOUS, notices.next()).await {
+                Ok(which) => which,
+                Err(_) => {
+                    front_task.abort();
+                    let ended = server.ended(status, oom_before).await;
+                    tracing::error!(cause = %ended.cause, "the model server ended by itself");
+                    cfg.report.ended(&mut note, &ended.report()).await;
+                    return Ok(Outcome::ServerExited(ended));
+                }
+            }
         }
         which = notices.next() => which,
     };
-    let outcome = drain(&cfg, &state, which, &mut server.child, &mut note).await;
+    let outcome = drain(&cfg, &state, which, &mut notices, &mut server.child, &mut note).await;
     front_task.abort();
     Ok(outcome)
 }
@@ -671,27 +737,50 @@ impl Server {
 }
 
 /// After a notice: stops routing new requests, lets those in flight finish
-/// up to the drain timeout, stops the server, and records the drain in the
-/// job's comment.
+/// up to the drain timeout (an immediate class: not at all, see
+/// [`Reclaim`]), stops the server, and records the drain in the job's
+/// comment.
 async fn drain(
     cfg: &LauncherConfig,
     state: &Front,
     which: (&'static str, libc::c_int),
+    notices: &mut Notices,
     child: &mut tokio::process::Child,
     note: &mut ReplicaNote,
 ) -> Outcome {
     let notice = (std::time::SystemTime::now(), Instant::now());
     state.start_draining();
     let in_flight_at_notice = state.in_flight();
-    tracing::info!(signal = which.0, in_flight = in_flight_at_notice, "notice received: draining");
-    let outcome = match state.wait_idle(cfg.drain_timeout).await {
-        Ok(waited) => Outcome::Drained { waited },
-        Err(in_flight) => {
-            // Tell what is left why it ends, and give those answers a
-            // moment to leave before the server (and this process) goes.
-            state.cut_off();
-            let _ = state.wait_idle(CUT_FLUSH).await;
-            Outcome::TimedOut { in_flight }
+    let immediate = cfg.reclaim == Reclaim::Immediate;
+    let outcome = if immediate && which.1 == libc::SIGTERM {
+        tracing::info!(signal = which.0, in_flight = in_flight_at_notice, "reclaimed at once (immediate class)");
+        cut_now(state).await
+    } else {
+        tracing::info!(signal = which.0, in_flight = in_flight_at_notice, "notice received: draining");
+        // An immediate class drains a time-limit notice, but Slurm's
+        // SIGTERM during that drain is a preemption all the same.
+        let killed = async {
+            match immediate {
+                true => notices.term.recv().await,
+                false => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            waited = state.wait_idle(cfg.drain_timeout) => match waited {
+                Ok(waited) => Outcome::Drained { waited },
+                Err(in_flight) => {
+                    // Tell what is left why it ends, and give those answers
+                    // a moment to leave before the server (and this
+                    // process) goes.
+                    state.cut_off();
+                    let _ = state.wait_idle(CUT_FLUSH).await;
+                    Outcome::TimedOut { in_flight }
+                }
+            },
+            _ = killed => {
+                tracing::info!("SIGTERM during the drain: reclaimed at once (immediate class)");
+                cut_now(state).await
+            }
         }
     };
     tracing::info!(
@@ -699,18 +788,19 @@ async fn drain(
         turned_away = state.turned_away.load(Ordering::SeqCst),
         "drain finished; stopping the server"
     );
-    // After a timed-out drain nothing is left for the server to finish,
-    // and the job's GraceTime is nearly spent: a server that does not exit
-    // at once is killed. (llama-server stopped with its slots still
-    // generating hung until the 10 s SIGKILL on 24.11, and the protected
-    // job waited for it.)
-    let grace = match outcome {
-        Outcome::TimedOut { .. } => cfg.stop_grace.min(CUT_STOP_GRACE),
-        _ => cfg.stop_grace,
+    // After a cut nothing is left for the server to finish, and either the
+    // job's GraceTime is nearly spent or there is none: a server that does
+    // not exit at once is killed. (llama-server stopped with its slots
+    // still generating hung until the 10 s SIGKILL on 24.11, and the
+    // protected job waited for it.)
+    let (grace, close, patience) = match outcome {
+        Outcome::Cut { .. } => (cfg.stop_grace.min(CUT_STOP_GRACE), CUT_FLUSH, Patience::AtKill),
+        Outcome::TimedOut { .. } => (cfg.stop_grace.min(CUT_STOP_GRACE), CONNECTIONS_CLOSE, Patience::Retry),
+        _ => (cfg.stop_grace, CONNECTIONS_CLOSE, Patience::Retry),
     };
     // What the front still writes to the router leaves before the server
     // and this process go.
-    state.close_connections(CONNECTIONS_CLOSE).await;
+    state.close_connections(close).await;
     // The record of the drain goes into the job's comment while the server
     // stops (one scontrol call; the GPUs wait for the server, not for it).
     let drain = DrainNote {
@@ -718,12 +808,21 @@ async fn drain(
         signal: which.1,
         in_flight: in_flight_at_notice,
         cut: match outcome {
-            Outcome::TimedOut { in_flight } => in_flight.min(in_flight_at_notice),
+            Outcome::TimedOut { in_flight } | Outcome::Cut { in_flight } => in_flight.min(in_flight_at_notice),
             _ => 0,
         },
         turned_away: state.turned_away.load(Ordering::SeqCst),
         took_ms: notice.1.elapsed().as_millis() as u64,
     };
-    tokio::join!(stop(child, grace), cfg.report.drained(note, drain));
+    tokio::join!(stop(child, grace), cfg.report.drained(note, drain, patience));
     outcome
+}
+
+/// Cuts what is in flight now (each told why, [`Front::cut_off`]) and
+/// gives those answers a moment to leave.
+async fn cut_now(state: &Front) -> Outcome {
+    let in_flight = state.in_flight();
+    state.cut_off();
+    let _ = state.wait_idle(CUT_FLUSH).await;
+    Outcome::Cut { in_flight }
 }

@@ -34,6 +34,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::task::JoinSet;
 
 use crate::conventions::ReplicaNote;
+use crate::launcher::Reclaim;
+use crate::report::Patience;
 
 #[derive(Debug, Clone)]
 pub struct GroupConfig {
@@ -44,6 +46,8 @@ pub struct GroupConfig {
     pub base_port: u16,
     pub drain_timeout: Duration,
     pub stop_grace: Duration,
+    /// Each step's `--reclaim` ([`crate::launcher::Reclaim`]).
+    pub reclaim: Reclaim,
     /// The `onepool` binary each step runs (this one).
     pub launcher: String,
     pub srun: String,
@@ -117,6 +121,8 @@ pub fn srun_argv(cfg: &GroupConfig, node: &str, port: u16) -> Vec<String> {
         secs(cfg.drain_timeout),
         "--stop-grace".into(),
         secs(cfg.stop_grace),
+        "--reclaim".into(),
+        cfg.reclaim.as_str().into(),
     ];
     for p in &cfg.allow_paths {
         argv.extend(["--allow-path".to_string(), p.clone()]);
@@ -205,7 +211,12 @@ pub async fn run(cfg: GroupConfig) -> Result<i32, GroupError> {
                 let Some(entry) = entry else { notes_open = false; continue };
                 if merge(&mut note, &entry) {
                     if let Some(job) = cfg.job_id {
-                        crate::report::write_comment(&cfg.scontrol, job, &note).await;
+                        // An immediate class's job being killed waits for nobody's record.
+                        let patience = match noticed && cfg.reclaim == Reclaim::Immediate {
+                            true => Patience::AtKill,
+                            false => Patience::Retry,
+                        };
+                        crate::report::write_comment(&cfg.scontrol, job, &note, patience).await;
                     }
                 }
             }
@@ -278,6 +289,7 @@ mod tests {
             base_port: 18500,
             drain_timeout: Duration::from_millis(29_500),
             stop_grace: Duration::from_secs(10),
+            reclaim: Reclaim::Graceful,
             launcher: "/opt/onepool/bin/onepool".into(),
             srun: "srun".into(),
             scancel: "/nonexistent/scancel".into(),
@@ -294,7 +306,7 @@ mod tests {
             srun_argv(&cfg(), "gpu02", 18502).join(" "),
             "srun -N1 -n1 --nodelist=gpu02 --job-name=replica-18502 --kill-on-bad-exit=0 \
              /opt/onepool/bin/onepool replica --listen 0.0.0.0:0 --slot 18502 --report stdout \
-             --drain-timeout 30s --stop-grace 10s -- python3 -m server"
+             --drain-timeout 30s --stop-grace 10s --reclaim graceful -- python3 -m server"
         );
         assert_eq!(port_of(18500, 3), Some(18506));
         assert_eq!(port_of(65530, 3), None);

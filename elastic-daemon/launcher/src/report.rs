@@ -28,12 +28,32 @@ pub enum Report {
 const ATTEMPTS: u32 = 4;
 const SCONTROL_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// How hard to try writing the job's comment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Patience {
+    /// Retry a busy slurmctld (the port, a server's end, a drain).
+    Retry,
+    /// Once, briefly: an immediate class's job is being killed and its
+    /// GPUs are waited for; the launcher must not outlive the server for a
+    /// record slurmctld may refuse for a job it has already ended.
+    AtKill,
+}
+
+impl Patience {
+    fn attempts(self) -> (u32, Duration) {
+        match self {
+            Patience::Retry => (ATTEMPTS, SCONTROL_TIMEOUT),
+            Patience::AtKill => (1, Duration::from_secs(2)),
+        }
+    }
+}
+
 impl Report {
     pub async fn listening(&self, note: &mut ReplicaNote, port: u16) {
         match self {
             Report::Comment { slot, .. } => {
                 note.set_port(*slot, port);
-                self.write_comment(note).await;
+                self.write_comment(note, Patience::Retry).await;
             }
             Report::Stdout { slot } => print_line(&format!("L{slot}={port}")).await,
             Report::Off => {}
@@ -44,7 +64,7 @@ impl Report {
         match self {
             Report::Comment { slot, .. } => {
                 note.set_ended(*slot, cause);
-                self.write_comment(note).await;
+                self.write_comment(note, Patience::Retry).await;
             }
             Report::Stdout { slot } => {
                 let mut one = ReplicaNote::default();
@@ -58,37 +78,38 @@ impl Report {
     }
 
     /// The drain's record (issue #26): where Slurm's accounting keeps it.
-    pub async fn drained(&self, note: &mut ReplicaNote, drain: DrainNote) {
+    pub async fn drained(&self, note: &mut ReplicaNote, drain: DrainNote, patience: Patience) {
         match self {
             Report::Comment { slot, .. } => {
                 note.set_drained(*slot, drain);
-                self.write_comment(note).await;
+                self.write_comment(note, patience).await;
             }
             Report::Stdout { slot } => print_line(&format!("D{slot}={}", drain.encode())).await,
             Report::Off => {}
         }
     }
 
-    async fn write_comment(&self, note: &ReplicaNote) {
+    async fn write_comment(&self, note: &ReplicaNote, patience: Patience) {
         let Report::Comment { scontrol, job, .. } = self else { return };
-        write_comment(scontrol, *job, note).await;
+        write_comment(scontrol, *job, note, patience).await;
     }
 }
 
 /// Writes `note` as job `job`'s comment, retrying a busy slurmctld.
-pub async fn write_comment(scontrol: &str, job: u32, note: &ReplicaNote) {
+pub async fn write_comment(scontrol: &str, job: u32, note: &ReplicaNote, patience: Patience) {
     let (id, comment) = (format!("JobId={job}"), format!("Comment={}", note.encode()));
+    let (attempts, timeout) = patience.attempts();
     let mut wait = Duration::from_millis(500);
-    for attempt in 1..=ATTEMPTS {
+    for attempt in 1..=attempts {
         let out = Command::new(scontrol).args(["update", &id, &comment]).kill_on_drop(true).output();
-        let why = match tokio::time::timeout(SCONTROL_TIMEOUT, out).await {
+        let why = match tokio::time::timeout(timeout, out).await {
             Ok(Ok(o)) if o.status.success() => return,
             Ok(Ok(o)) => format!("{}: {}", o.status, String::from_utf8_lossy(&o.stderr).trim()),
             Ok(Err(e)) => format!("cannot run {scontrol}: {e}"),
-            Err(_) => format!("no answer in {} s", SCONTROL_TIMEOUT.as_secs()),
+            Err(_) => format!("no answer in {} s", timeout.as_secs()),
         };
         tracing::warn!(attempt, "writing the replica's note into job {job}'s comment failed: {why}");
-        if attempt < ATTEMPTS {
+        if attempt < attempts {
             tokio::time::sleep(wait).await;
             wait *= 2;
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use onepool_launcher::access::Access;
 use onepool_launcher::conventions::REPLICA_KEY_HEADER;
-use onepool_launcher::launcher::{run, Front, FrontBounds, FrontConfig, LauncherConfig, Outcome};
+use onepool_launcher::launcher::{run, Front, FrontBounds, FrontConfig, LauncherConfig, Outcome, Reclaim};
 use onepool_launcher::report::Report;
 
 /// The dev cluster's stand-in model server (answers `GET /?sleep=S` after S seconds).
@@ -47,6 +47,7 @@ fn config(listen: SocketAddr, drain: Duration, command: Vec<String>) -> Launcher
         backend: None,
         drain_timeout: drain,
         stop_grace: Duration::from_secs(5),
+        reclaim: Reclaim::Graceful,
         command,
         access: Access::new(Some(KEY.as_bytes().to_vec()), Vec::new()),
         bounds: FrontBounds::default(),
@@ -76,11 +77,20 @@ async fn launch(drain: Duration) -> (SocketAddr, Arc<Front>, tokio::task::JoinHa
 
 /// A launcher in front of the stand-in server, with `env` for the server.
 async fn launch_with(drain: Duration, env: &[&str]) -> (SocketAddr, Arc<Front>, tokio::task::JoinHandle<Outcome>) {
+    launch_reclaimed(drain, env, Reclaim::Graceful).await
+}
+
+/// [`launch_with`] for a replica of a class reclaimed `reclaim`.
+async fn launch_reclaimed(
+    drain: Duration,
+    env: &[&str],
+    reclaim: Reclaim,
+) -> (SocketAddr, Arc<Front>, tokio::task::JoinHandle<Outcome>) {
     let listen = free_addr();
     let mut command: Vec<String> = vec!["env".into()];
     command.extend(env.iter().map(|e| e.to_string()));
     command.extend(["python3".into(), "-c".into(), SERVER.into()]);
-    let cfg = config(listen, drain, command);
+    let cfg = LauncherConfig { reclaim, ..config(listen, drain, command) };
     let front = Arc::new(Front::default());
     let f = front.clone();
     let task = tokio::spawn(async move { run(cfg, f).await.expect("launcher runs") });
@@ -99,7 +109,7 @@ fn notice() {
 }
 
 /// The notice is a signal to the whole test process: every launcher
-/// running in it drains. Tests that raise it take turns.
+/// running in it drains. Every test that runs a launcher takes its turn.
 static NOTICE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,11 +142,60 @@ async fn a_notice_drains_in_flight_requests_turns_new_ones_away_and_stops_the_se
     slow.abort();
 }
 
+/// An immediate class has GraceTime 0: Slurm's SIGTERM is the preemption
+/// and the protected job waits for the GPUs, so what is in flight is cut
+/// at once, not drained until KillWait's SIGKILL (issue #28's CI run: the
+/// protected job waited the whole KillWait). A time-limit notice still
+/// drains, and a SIGTERM during that drain cuts. The drain timeout is a
+/// minute and the server ignores SIGTERM: only the cut ends these soon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_immediate_class_s_sigterm_cuts_what_is_in_flight_at_once() {
+    let _turn = NOTICE.lock().await;
+    let env = ["ONEPOOL_SECONDS_PER_TOKEN=0.1", "ONEPOOL_STANDIN_ON_SIGTERM=ignore"];
+    let (addr, front, task) = launch_reclaimed(Duration::from_secs(60), &env, Reclaim::Immediate).await;
+    let stream = tokio::spawn(async move { post(addr, r#"{"max_tokens": 900, "stream": true}"#).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(front.in_flight(), 1);
+    onepool_os::raise(onepool_os::SIGTERM).unwrap();
+    assert_eq!(task.await.unwrap(), Outcome::Cut { in_flight: 1 });
+    let stream = stream.await.unwrap();
+    let event = stream.lines().find(|l| l.starts_with("data: {\"error\"")).unwrap_or_else(|| panic!("{stream}"));
+    assert!(event.contains("replica_reclaimed"), "{event}");
+    assert_eq!(front.cut_short.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    // A time-limit notice drains; the request stays in flight until Slurm's SIGTERM.
+    let (addr, front, task) = launch_reclaimed(Duration::from_secs(60), &env, Reclaim::Immediate).await;
+    let stream = tokio::spawn(async move { post(addr, r#"{"max_tokens": 900, "stream": true}"#).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    notice();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(get(addr, "/v1/x").await, Some((503, true)), "draining after the notice");
+    assert_eq!(front.in_flight(), 1, "the notice cut nothing");
+    assert!(!task.is_finished());
+    onepool_os::raise(onepool_os::SIGTERM).unwrap();
+    assert_eq!(task.await.unwrap(), Outcome::Cut { in_flight: 1 });
+    assert!(stream.await.unwrap().contains("replica_reclaimed"));
+}
+
+/// A graceful class's SIGTERM (an admin's scancel, or Slurm's notice on a
+/// site without PreemptParameters=send_user_signal) drains like the notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_class_s_sigterm_drains() {
+    let _turn = NOTICE.lock().await;
+    let (addr, _front, task) = launch(Duration::from_secs(10)).await;
+    let slow = tokio::spawn(async move { get(addr, "/v1/x?sleep=1").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    onepool_os::raise(onepool_os::SIGTERM).unwrap();
+    assert_eq!(slow.await.unwrap(), Some((200, false)), "the request in flight finished");
+    assert!(matches!(task.await.unwrap(), Outcome::Drained { .. }));
+}
+
 /// A server that is gone (nothing listens on its port) gets the request
 /// answered "draining": it never reached the server, so the router retries
 /// it on another replica, whatever its method.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_the_dead_server_never_got_is_answered_draining() {
+    let _turn = NOTICE.lock().await;
     let listen = free_addr();
     let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
     let front = Arc::new(Front::default());
@@ -228,6 +287,7 @@ async fn stopping_the_server_stops_the_processes_it_started() {
 /// slowly is cut at the header timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_onepoold_s_router_is_answered_and_only_on_the_endpoint_s_paths() {
+    let _turn = NOTICE.lock().await;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listen = free_addr();
     let backend = free_addr();
@@ -272,6 +332,7 @@ async fn only_onepoold_s_router_is_answered_and_only_on_the_endpoint_s_paths() {
 /// output lines, and the launcher ends with 128 + the signal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_dies_is_named_with_its_last_output() {
+    let _turn = NOTICE.lock().await;
     let script = "echo loading model; echo 'ggml_backend_amx_mul_mat: tile config' >&2; kill -SEGV $$";
     let cfg = config(free_addr(), Duration::from_secs(5), vec!["sh".into(), "-c".into(), script.into()]);
     let out =

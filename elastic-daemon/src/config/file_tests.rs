@@ -226,6 +226,7 @@ fn every_key_is_read_back_as_written() {
                 window: secs(30),
                 min_samples: 50,
             }),
+            immediate_classes: Vec::new(),
         })
     );
     assert_eq!((c.endpoints[1].name.as_str(), c.endpoints[1].listen), ("embed", f.endpoints[1].listen));

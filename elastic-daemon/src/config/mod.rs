@@ -157,6 +157,11 @@ pub struct ReplicaSettings {
     /// the metrics and the decision log only (`advisory` here or at the
     /// top of the file).
     pub advisory: bool,
+    /// Filled at start from the policy: its classes reclaimed immediately
+    /// (GraceTime 0). A replica in one is submitted `--reclaim immediate`,
+    /// so its launcher cuts at Slurm's SIGTERM instead of draining while
+    /// the protected job waits for the GPUs.
+    pub immediate_classes: Vec<String>,
 }
 
 /// `[endpoint.replicas.warm]`: replicas kept loaded above the load's need

@@ -83,6 +83,7 @@ pub(super) fn replica_settings(c: &mut Checker, r: &Spanned<ReplicasFile<Raw>>) 
         warm,
         advisory: r.advisory.as_ref().is_some_and(|a| *a.get_ref()),
         latency: r.latency.as_ref().map(|l| latency_targets(c, l)),
+        immediate_classes: Vec::new(),
     }
 }
 

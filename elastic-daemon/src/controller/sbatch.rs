@@ -52,6 +52,9 @@ pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16, r
     // The slot names the job; the port is the kernel's choice on the node
     // (issue #25: a port from a known range could be taken first).
     let mut common = format!("--listen 0.0.0.0:0 --slot {port} --drain-timeout {drain}");
+    if s.immediate_classes.iter().any(|c| c == class) {
+        common.push_str(" --reclaim immediate");
+    }
     if !s.serve_paths.is_empty() && s.serve_paths.iter().map(String::as_str).ne(onepool_launcher::access::DEFAULT_PATHS)
     {
         for p in &s.serve_paths {
