@@ -540,16 +540,88 @@ fn three_class_jobs(p: &Policy, jobs: &[(u32, u32, u32, usize)]) -> Vec<Job> {
     js
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+/// One generated workload of one-GPU jobs (and an endpoint), run on `n`
+/// and `n + k` nodes of the shared pool.
+#[derive(Debug, Clone)]
+struct PoolCase {
+    jobs: Vec<(u32, u32, u32, usize)>,
+    exempt: &'static str,
+    a_mode: &'static str,
+    reserved: u32,
+    drop: bool,
+    load: Option<Vec<u32>>,
+    baseline: bool,
+    n: u32,
+    k: u32,
+}
 
-    /// The shared pool with more GPUs is never worse on any service figure
+/// Each class's figures on the smaller and the larger pool, and how many
+/// jobs the two runs dropped in all.
+fn small_and_big(case: &PoolCase) -> (Vec<(compare::ClassFigures, compare::ClassFigures)>, u64) {
+    use onepool_decisions::annotation::ReclaimMode::Immediate;
+    use onepool_simulator::engine::VictimModel;
+    let p = three_class_policy(case.exempt, case.a_mode, case.reserved);
+    let eps = case.load.as_ref().map(|rates| {
+        // Requests per minute in each half hour, evenly spaced.
+        let mut reqs = Vec::new();
+        for (h, &r) in rates.iter().enumerate() {
+            for i in 0..r * 30 {
+                reqs.push(Req { t: h as f64 * 1800.0 + f64::from(i) * 60.0 / f64::from(r), service: 2.0 });
+            }
+        }
+        vec![Endpoint {
+            name: "e".into(),
+            class: 2,
+            island: 2,
+            gpus_per_replica: 1,
+            gpu_type: None,
+            max_concurrent: 4,
+            startup_s: 30.0,
+            slo_p99_s: 1.0,
+            scaling: ScalingPolicy { target_per_replica: 3.0, ..ScalingPolicy::default() },
+            reclaim: Some(Immediate),
+            drain: None,
+            baseline: case.baseline.then_some((0, 1)),
+            warm: None,
+            latency: None,
+            requests: reqs.into(),
+        }]
+    });
+    let mut w = build_workload(&p, three_class_jobs(&p, &case.jobs), eps.unwrap_or_default());
+    let cancelled = if case.drop { Cancelled::Drop } else { Cancelled::Resubmit };
+    w.victims = vec![VictimModel { cancelled, release_after_s: Some(20.0) }; 3];
+    let s = Settings::default();
+    let small = compare::run_shared(&w, &p, &Fleet::uniform(case.n, 4), &s);
+    let big = compare::run_shared(&w, &p, &Fleet::uniform(case.n + case.k, 4), &s);
+    let dropped: u64 = small.classes.iter().chain(&big.classes).map(|c| c.dropped_jobs).sum();
+    let figures =
+        (0..3).map(|c| (figures(&w, &s, c, &small.classes[c]), figures(&w, &s, c, &big.classes[c]))).collect();
+    (figures, dropped)
+}
+
+proptest! {
+    // A fixed seed: the claim below does not hold for every workload (see
+    // `a_flexible_job_can_wait_longer_on_more_gpus`), and CI must not fail
+    // on the one draw in a hundred runs that finds such a case. A change to
+    // the model that breaks the claim on these 256 workloads still fails.
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(28),
+        ..ProptestConfig::default()
+    })]
+
+    /// The shared pool with more GPUs is no worse on any service figure
     /// of any class (batch wait mean and p95, jobs never started, time to
     /// capacity mean and max, p99 queueing delay, requests never served)
-    /// when every job and replica holds ONE GPU: protected, requeued,
-    /// drained and cancelled work, exempt time, reserved GPUs, a baseline,
-    /// cancelled work resubmitted or dropped. With jobs of several GPUs it
-    /// does not hold (placement; see
+    /// when every job and replica holds ONE GPU, on these 256 workloads:
+    /// protected, requeued, drained and cancelled work, exempt time,
+    /// reserved GPUs, a baseline, cancelled work resubmitted, or dropped
+    /// where neither pool dropped any. Not for every workload: 400 runs of
+    /// random seeds (102,400 workloads) found four where a class waited
+    /// longer on more GPUs, by 0.5 s to 60 s at its p95 (one is pinned
+    /// in `a_flexible_job_can_wait_longer_on_more_gpus`). With jobs of
+    /// several GPUs it fails more often and by more (placement; see
     /// `more_gpus_can_delay_a_protected_job_when_jobs_span_several_gpus`).
     /// Not claimed either: lost GPU-hours and requests cut off by an
     /// immediate reclaim. More room lets more work borrow, and borrowers
@@ -568,43 +640,16 @@ proptest! {
         n in 1u32..5,
         k in 1u32..3,
     ) {
-        use onepool_decisions::annotation::ReclaimMode::Immediate;
-        use onepool_simulator::engine::VictimModel;
-        let p = three_class_policy(exempt, a_mode, reserved);
-        let eps = load.map(|rates| {
-            // Requests per minute in each half hour, evenly spaced.
-            let mut reqs = Vec::new();
-            for (h, &r) in rates.iter().enumerate() {
-                for i in 0..r * 30 {
-                    reqs.push(Req { t: h as f64 * 1800.0 + f64::from(i) * 60.0 / f64::from(r), service: 2.0 });
-                }
-            }
-            vec![Endpoint {
-                name: "e".into(),
-                class: 2,
-                island: 2,
-                gpus_per_replica: 1,
-                gpu_type: None,
-                max_concurrent: 4,
-                startup_s: 30.0,
-                slo_p99_s: 1.0,
-                scaling: ScalingPolicy { target_per_replica: 3.0, ..ScalingPolicy::default() },
-                reclaim: Some(Immediate),
-                drain: None,
-                baseline: baseline.then_some((0, 1)),
-                warm: None,
-                latency: None,
-                requests: reqs.into(),
-            }]
-        });
-        let mut w = build_workload(&p, three_class_jobs(&p, &jobs), eps.unwrap_or_default());
-        let cancelled = if drop { Cancelled::Drop } else { Cancelled::Resubmit };
-        w.victims = vec![VictimModel { cancelled, release_after_s: Some(20.0) }; 3];
-        let s = Settings::default();
-        let small = compare::run_shared(&w, &p, &Fleet::uniform(n, 4), &s);
-        let big = compare::run_shared(&w, &p, &Fleet::uniform(n + k, 4), &s);
-        for c in 0..3 {
-            let (a, b) = (figures(&w, &s, c, &small.classes[c]), figures(&w, &s, c, &big.classes[c]));
+        let case = PoolCase { jobs, exempt, a_mode, reserved, drop, load, baseline, n, k };
+        let (classes, dropped) = small_and_big(&case);
+        // Cancelled work that is dropped is work the pool no longer runs:
+        // the pools ran different work, and the one that dropped more
+        // waits less for it. Found case (2 nodes against 3): on 2 nodes
+        // four of class b's long jobs were reclaimed and dropped, and
+        // the GPUs they left let b's last job start 10 minutes sooner
+        // than on 3 nodes, where they ran to their end. Nothing to compare.
+        prop_assume!(dropped == 0);
+        for (c, (a, b)) in classes.iter().enumerate() {
             let why = format!("class {c}, {n} vs {} nodes:\n{a:?}\n{b:?}", n + k);
             prop_assert!(b.wait_mean_s <= a.wait_mean_s + 1e-6, "{}", why);
             prop_assert!(b.wait_p95_s <= a.wait_p95_s + 1e-6, "{}", why);
@@ -615,6 +660,50 @@ proptest! {
             prop_assert!(b.unserved <= a.unserved, "{}", why);
         }
     }
+}
+
+/// One of the four workloads a random search found where more GPUs made
+/// a class wait longer (one-GPU jobs, nothing dropped): on 2 nodes one of
+/// class a's two jobs waited 60 s, on 1 node neither waited a second.
+/// Pinned so that the claim above stays a claim about the 256 workloads
+/// it is checked on; if a change to the model removes this case, the
+/// property's comment is due a look.
+#[test]
+fn a_flexible_job_can_wait_longer_on_more_gpus() {
+    let jobs = vec![
+        (18, 133, 1, 2),
+        (230, 1, 1, 1),
+        (30, 121, 1, 2),
+        (109, 28, 1, 2),
+        (109, 8, 1, 0),
+        (109, 122, 1, 2),
+        (0, 158, 1, 0),
+        (109, 94, 1, 2),
+        (109, 80, 1, 2),
+        (109, 73, 1, 2),
+        (127, 44, 1, 1),
+        (196, 35, 1, 2),
+        (99, 59, 1, 0),
+        (109, 10, 1, 0),
+        (144, 14, 1, 0),
+        (77, 81, 1, 0),
+    ];
+    let case = PoolCase {
+        jobs,
+        exempt: "0s",
+        a_mode: "graceful",
+        reserved: 2,
+        drop: false,
+        load: None,
+        baseline: false,
+        n: 1,
+        k: 1,
+    };
+    let (classes, dropped) = small_and_big(&case);
+    assert_eq!(dropped, 0);
+    let (one_node, two_nodes) = &classes[1];
+    assert_eq!(one_node.jobs_started, two_nodes.jobs_started);
+    assert!(two_nodes.wait_p95_s > one_node.wait_p95_s + 30.0, "{one_node:?}\n{two_nodes:?}");
 }
 
 /// More GPUs can make a protected job wait, when jobs span several GPUs
