@@ -380,23 +380,7 @@ fn workload(p: &Policy, jobs: &[(u32, u32, u32, usize)], ep: Option<(u32, f64)>)
             let reqs: Arc<[Req]> = (0..rate * 60)
                 .map(|i| Req { t: f64::from(i) / f64::from(rate) * 60.0, service: service as f32 })
                 .collect();
-            vec![Endpoint {
-                name: "e".into(),
-                class: 1,
-                island: 1,
-                gpus_per_replica: 1,
-                gpu_type: None,
-                max_concurrent: 4,
-                startup_s: 30.0,
-                slo_p99_s: 1.0,
-                scaling: ScalingPolicy { target_per_replica: 3.0, ..ScalingPolicy::default() },
-                reclaim: Some(Immediate),
-                drain: None,
-                baseline: None,
-                warm: None,
-                latency: None,
-                requests: reqs,
-            }]
+            vec![one_gpu_endpoint(1, None, reqs)]
         })
         .unwrap_or_default();
     build_workload(p, js, eps)
@@ -540,6 +524,28 @@ fn three_class_jobs(p: &Policy, jobs: &[(u32, u32, u32, usize)]) -> Vec<Job> {
     js
 }
 
+/// An endpoint of one-GPU replicas in `class` (its own island), 4
+/// requests at once each, reclaimed immediately.
+fn one_gpu_endpoint(class: usize, baseline: Option<(usize, u32)>, requests: Arc<[Req]>) -> Endpoint {
+    Endpoint {
+        name: "e".into(),
+        class,
+        island: class,
+        gpus_per_replica: 1,
+        gpu_type: None,
+        max_concurrent: 4,
+        startup_s: 30.0,
+        slo_p99_s: 1.0,
+        scaling: ScalingPolicy { target_per_replica: 3.0, ..ScalingPolicy::default() },
+        reclaim: Some(onepool_decisions::annotation::ReclaimMode::Immediate),
+        drain: None,
+        baseline,
+        warm: None,
+        latency: None,
+        requests,
+    }
+}
+
 /// One generated workload of one-GPU jobs (and an endpoint), run on `n`
 /// and `n + k` nodes of the shared pool.
 #[derive(Debug, Clone)]
@@ -558,7 +564,6 @@ struct PoolCase {
 /// Each class's figures on the smaller and the larger pool, and how many
 /// jobs the two runs dropped in all.
 fn small_and_big(case: &PoolCase) -> (Vec<(compare::ClassFigures, compare::ClassFigures)>, u64) {
-    use onepool_decisions::annotation::ReclaimMode::Immediate;
     use onepool_simulator::engine::VictimModel;
     let p = three_class_policy(case.exempt, case.a_mode, case.reserved);
     let eps = case.load.as_ref().map(|rates| {
@@ -569,23 +574,7 @@ fn small_and_big(case: &PoolCase) -> (Vec<(compare::ClassFigures, compare::Class
                 reqs.push(Req { t: h as f64 * 1800.0 + f64::from(i) * 60.0 / f64::from(r), service: 2.0 });
             }
         }
-        vec![Endpoint {
-            name: "e".into(),
-            class: 2,
-            island: 2,
-            gpus_per_replica: 1,
-            gpu_type: None,
-            max_concurrent: 4,
-            startup_s: 30.0,
-            slo_p99_s: 1.0,
-            scaling: ScalingPolicy { target_per_replica: 3.0, ..ScalingPolicy::default() },
-            reclaim: Some(Immediate),
-            drain: None,
-            baseline: case.baseline.then_some((0, 1)),
-            warm: None,
-            latency: None,
-            requests: reqs.into(),
-        }]
+        vec![one_gpu_endpoint(2, case.baseline.then_some((0, 1)), reqs.into())]
     });
     let mut w = build_workload(&p, three_class_jobs(&p, &case.jobs), eps.unwrap_or_default());
     let cancelled = if case.drop { Cancelled::Drop } else { Cancelled::Resubmit };
