@@ -328,13 +328,14 @@ impl Drop for Guard {
     }
 }
 
-/// The last event of a stream cut off at the drain timeout: the shape
+/// The last event of a stream cut off (at the drain timeout, or at once
+/// for an immediate class): the shape
 /// OpenAI's API uses for an error in the middle of a stream, which its
 /// clients raise as an API error.
 const CUT_EVENT: &str = "data: {\"error\":{\"message\":\"the replica serving this stream was reclaimed for higher-priority work before the stream finished; retry the request\",\"type\":\"server_error\",\"code\":\"replica_reclaimed\"}}\n\n";
 
 /// A response body from the server that counts as in flight until it
-/// ends, and ends early (see [`Front::cut_off`]) when the drain times out.
+/// ends, and ends early (see [`Front::cut_off`]) when the replica is cut.
 struct GuardedBody {
     inner: Incoming,
     _guard: Guard,
