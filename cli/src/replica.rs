@@ -13,9 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use onepool_decisions::annotation::ReclaimMode;
 use onepool_launcher::access::Access;
 use onepool_launcher::conventions::REPLICA_KEY_ENV;
-use onepool_launcher::launcher::{run, Front, FrontBounds, LauncherConfig, Outcome, Reclaim};
+use onepool_launcher::launcher::{parse_reclaim, run, Front, FrontBounds, LauncherConfig, Outcome};
 use onepool_launcher::replica_group::{self, GroupConfig};
 use onepool_launcher::report::Report;
 
@@ -66,8 +67,8 @@ pub struct ReplicaArgs {
     /// The replica's class's `reclaim` in the policy: "graceful" (a
     /// SIGTERM drains, like the notice) or "immediate" (GraceTime 0: the
     /// SIGTERM is the preemption, and what is in flight is cut at once).
-    #[arg(long, default_value = "graceful", value_parser = str::parse::<Reclaim>)]
-    pub reclaim: Reclaim,
+    #[arg(long, default_value = "graceful", value_parser = parse_reclaim)]
+    pub reclaim: ReclaimMode,
     /// Host one replica per node of the job: one srun step each, the i-th
     /// node's listening on --listen's port + 2i (its server one above).
     #[arg(long)]

@@ -51,6 +51,7 @@ use crate::conventions::{
 };
 use crate::exit_cause::{self, OutputTail};
 use crate::report::{Patience, Report};
+use onepool_decisions::annotation::ReclaimMode;
 
 /// How long the answers of requests cut off at the drain timeout get to
 /// leave before the server is stopped.
@@ -64,9 +65,8 @@ const CUT_STOP_GRACE: Duration = Duration::from_secs(1);
 /// signal that ended it (Slurm signals every process of the job at once).
 const SIMULTANEOUS: Duration = Duration::from_millis(200);
 
-/// What Slurm's SIGTERM means to this replica: its class's `reclaim` in
-/// the policy (onepoold passes `--reclaim immediate` for an immediate
-/// class).
+/// What Slurm's SIGTERM means to a replica whose class is reclaimed
+/// `mode` (onepoold passes `--reclaim immediate` for an immediate class).
 ///
 /// A graceful class gets GraceTime to drain, so a SIGTERM, whether the
 /// grace's notice or an admin's scancel, drains the replica. An immediate
@@ -75,30 +75,15 @@ const SIMULTANEOUS: Duration = Duration::from_millis(200);
 /// (30 s by default). Draining then would only hold the GPUs until that
 /// SIGKILL (CI measured 5.5 s with KillWait=5, the whole of it), so the
 /// launcher cuts what is in flight at once, stops the server and exits.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Reclaim {
-    #[default]
-    Graceful,
-    Immediate,
+fn cuts_at_sigterm(mode: ReclaimMode) -> bool {
+    mode == ReclaimMode::Immediate
 }
 
-impl std::str::FromStr for Reclaim {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Reclaim, String> {
-        match s {
-            "graceful" => Ok(Reclaim::Graceful),
-            "immediate" => Ok(Reclaim::Immediate),
-            other => Err(format!("{other:?} is neither \"graceful\" nor \"immediate\"")),
-        }
-    }
-}
-
-impl Reclaim {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reclaim::Graceful => "graceful",
-            Reclaim::Immediate => "immediate",
-        }
+/// `--reclaim`: the two modes a replica's class may have.
+pub fn parse_reclaim(s: &str) -> Result<ReclaimMode, String> {
+    match ReclaimMode::parse(s) {
+        Some(m @ (ReclaimMode::Graceful | ReclaimMode::Immediate)) => Ok(m),
+        _ => Err(format!("{s:?} is neither \"graceful\" nor \"immediate\"")),
     }
 }
 
@@ -114,8 +99,9 @@ pub struct LauncherConfig {
     pub drain_timeout: Duration,
     /// How long the server gets between SIGTERM and SIGKILL.
     pub stop_grace: Duration,
-    /// What a SIGTERM means: drain, or cut at once ([`Reclaim`]).
-    pub reclaim: Reclaim,
+    /// The class's reclaim mode: a SIGTERM drains, or cuts at once
+    /// ([`cuts_at_sigterm`]).
+    pub reclaim: ReclaimMode,
     /// The model server's command line.
     pub command: Vec<String>,
     /// Who may send what.
@@ -214,7 +200,7 @@ pub enum Outcome {
     /// The drain timeout passed with requests still in flight; they were
     /// cut off with an answer that says so ([`Front::cut_off`]).
     TimedOut { in_flight: u64 },
-    /// Reclaimed at once (an immediate class's SIGTERM, [`Reclaim`]):
+    /// Reclaimed at once (an immediate class's SIGTERM, [`cuts_at_sigterm`]):
     /// what was in flight was cut off without waiting.
     Cut { in_flight: u64 },
 }
@@ -739,7 +725,7 @@ impl Server {
 
 /// After a notice: stops routing new requests, lets those in flight finish
 /// up to the drain timeout (an immediate class: not at all, see
-/// [`Reclaim`]), stops the server, and records the drain in the job's
+/// [`cuts_at_sigterm`]), stops the server, and records the drain in the job's
 /// comment.
 async fn drain(
     cfg: &LauncherConfig,
@@ -752,7 +738,7 @@ async fn drain(
     let notice = (std::time::SystemTime::now(), Instant::now());
     state.start_draining();
     let in_flight_at_notice = state.in_flight();
-    let immediate = cfg.reclaim == Reclaim::Immediate;
+    let immediate = cuts_at_sigterm(cfg.reclaim);
     let outcome = if immediate && which.1 == libc::SIGTERM {
         tracing::info!(signal = which.0, in_flight = in_flight_at_notice, "reclaimed at once (immediate class)");
         cut_now(state).await

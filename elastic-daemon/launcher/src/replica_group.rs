@@ -34,8 +34,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::task::JoinSet;
 
 use crate::conventions::ReplicaNote;
-use crate::launcher::Reclaim;
 use crate::report::Patience;
+use onepool_decisions::annotation::ReclaimMode;
 
 #[derive(Debug, Clone)]
 pub struct GroupConfig {
@@ -46,8 +46,8 @@ pub struct GroupConfig {
     pub base_port: u16,
     pub drain_timeout: Duration,
     pub stop_grace: Duration,
-    /// Each step's `--reclaim` ([`crate::launcher::Reclaim`]).
-    pub reclaim: Reclaim,
+    /// Each step's `--reclaim` (its class's mode).
+    pub reclaim: ReclaimMode,
     /// The `onepool` binary each step runs (this one).
     pub launcher: String,
     pub srun: String,
@@ -212,7 +212,7 @@ pub async fn run(cfg: GroupConfig) -> Result<i32, GroupError> {
                 if merge(&mut note, &entry) {
                     if let Some(job) = cfg.job_id {
                         // An immediate class's job being killed waits for nobody's record.
-                        let patience = match noticed && cfg.reclaim == Reclaim::Immediate {
+                        let patience = match noticed && cfg.reclaim == ReclaimMode::Immediate {
                             true => Patience::AtKill,
                             false => Patience::Retry,
                         };
@@ -289,7 +289,7 @@ mod tests {
             base_port: 18500,
             drain_timeout: Duration::from_millis(29_500),
             stop_grace: Duration::from_secs(10),
-            reclaim: Reclaim::Graceful,
+            reclaim: ReclaimMode::Graceful,
             launcher: "/opt/onepool/bin/onepool".into(),
             srun: "srun".into(),
             scancel: "/nonexistent/scancel".into(),

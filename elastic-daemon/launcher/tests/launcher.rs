@@ -7,9 +7,10 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
+use onepool_decisions::annotation::ReclaimMode;
 use onepool_launcher::access::Access;
 use onepool_launcher::conventions::REPLICA_KEY_HEADER;
-use onepool_launcher::launcher::{run, Front, FrontBounds, FrontConfig, LauncherConfig, Outcome, Reclaim};
+use onepool_launcher::launcher::{run, Front, FrontBounds, FrontConfig, LauncherConfig, Outcome};
 use onepool_launcher::report::Report;
 
 /// The dev cluster's stand-in model server (answers `GET /?sleep=S` after S seconds).
@@ -47,7 +48,7 @@ fn config(listen: SocketAddr, drain: Duration, command: Vec<String>) -> Launcher
         backend: None,
         drain_timeout: drain,
         stop_grace: Duration::from_secs(5),
-        reclaim: Reclaim::Graceful,
+        reclaim: ReclaimMode::Graceful,
         command,
         access: Access::new(Some(KEY.as_bytes().to_vec()), Vec::new()),
         bounds: FrontBounds::default(),
@@ -77,14 +78,14 @@ async fn launch(drain: Duration) -> (SocketAddr, Arc<Front>, tokio::task::JoinHa
 
 /// A launcher in front of the stand-in server, with `env` for the server.
 async fn launch_with(drain: Duration, env: &[&str]) -> (SocketAddr, Arc<Front>, tokio::task::JoinHandle<Outcome>) {
-    launch_reclaimed(drain, env, Reclaim::Graceful).await
+    launch_reclaimed(drain, env, ReclaimMode::Graceful).await
 }
 
 /// [`launch_with`] for a replica of a class reclaimed `reclaim`.
 async fn launch_reclaimed(
     drain: Duration,
     env: &[&str],
-    reclaim: Reclaim,
+    reclaim: ReclaimMode,
 ) -> (SocketAddr, Arc<Front>, tokio::task::JoinHandle<Outcome>) {
     let listen = free_addr();
     let mut command: Vec<String> = vec!["env".into()];
@@ -152,7 +153,7 @@ async fn a_notice_drains_in_flight_requests_turns_new_ones_away_and_stops_the_se
 async fn an_immediate_class_s_sigterm_cuts_what_is_in_flight_at_once() {
     let _turn = NOTICE.lock().await;
     let env = ["ONEPOOL_SECONDS_PER_TOKEN=0.1", "ONEPOOL_STANDIN_ON_SIGTERM=ignore"];
-    let (addr, front, task) = launch_reclaimed(Duration::from_secs(60), &env, Reclaim::Immediate).await;
+    let (addr, front, task) = launch_reclaimed(Duration::from_secs(60), &env, ReclaimMode::Immediate).await;
     let stream = tokio::spawn(async move { post(addr, r#"{"max_tokens": 900, "stream": true}"#).await });
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(front.in_flight(), 1);
@@ -164,7 +165,7 @@ async fn an_immediate_class_s_sigterm_cuts_what_is_in_flight_at_once() {
     assert_eq!(front.cut_short.load(std::sync::atomic::Ordering::SeqCst), 1);
 
     // A time-limit notice drains; the request stays in flight until Slurm's SIGTERM.
-    let (addr, front, task) = launch_reclaimed(Duration::from_secs(60), &env, Reclaim::Immediate).await;
+    let (addr, front, task) = launch_reclaimed(Duration::from_secs(60), &env, ReclaimMode::Immediate).await;
     let stream = tokio::spawn(async move { post(addr, r#"{"max_tokens": 900, "stream": true}"#).await });
     tokio::time::sleep(Duration::from_millis(500)).await;
     notice();
