@@ -13,6 +13,13 @@ use onepool_elastic_daemon::config;
 use onepool_elastic_daemon::daemon::Daemon;
 use tokio::signal::unix::{signal, SignalKind};
 
+/// mimalloc rather than glibc's malloc: the forward path makes and frees a
+/// handful of small blocks per request (hyper's header maps and buffers,
+/// each request's head), and mimalloc's per-thread free lists make those
+/// cheaper; see bench/RESULTS.md (router, issue #28 item 5).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const DEFAULT_CONFIG: &str = "/etc/slurm/onepoold.toml";
 
 /// onepoold's command line; also the source of onepoold(8).

@@ -534,6 +534,67 @@ async fn request_head_reaches_the_replica_as_sent() {
     h.daemon.shutdown().await;
 }
 
+/// The lean HTTP/1.1 path (proxy/lean.rs) takes plain requests without
+/// hyper; what it does not take goes to hyper from that request on, on the
+/// same connection. Three pipelined requests in one write: a POST and a GET
+/// the lean path takes, then one with `Connection: close` it hands over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lean_path_forwards_heads_as_sent_and_hands_over_what_it_does_not_take() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let echo = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Some(buf) = read_head(&mut s).await else { return };
+                let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", buf.len());
+                let _ = s.write_all(answer.as_bytes()).await;
+                let _ = s.write_all(&buf).await;
+            });
+        }
+    });
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[echo]).await;
+    let addr = h.url.trim_start_matches("http://").to_string();
+    let answer = raw(
+        &addr,
+        b"POST /lean?x=1 HTTP/1.1\r\nHost: chat.example\r\nX-Forwarded-For: 10.0.0.1\r\nx-onepool-replica-key: forged\r\nx-kept: yes\r\ncontent-length: 3\r\n\r\nabc\
+          GET /second HTTP/1.1\r\nhost: chat.example\r\n\r\n\
+          GET /third HTTP/1.1\r\nHost: chat.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    // Each answer: its head (from onepoold), then the replica's view of
+    // the request (its head as the body).
+    let mut rest = answer.as_str();
+    let mut seen = Vec::new();
+    while let Some((head, after)) = rest.split_once("\r\n\r\n") {
+        let len: usize = head
+            .to_ascii_lowercase()
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        seen.push((head.to_ascii_lowercase(), after[..len].to_ascii_lowercase()));
+        rest = &after[len..];
+    }
+    assert_eq!(seen.len(), 3, "{answer}");
+    for (head, _) in &seen {
+        assert!(head.starts_with("http/1.1 200 ok\r\n"), "{head}");
+        assert!(head.contains("\r\ndate: "), "{head}");
+    }
+    let (_, post) = &seen[0];
+    assert!(post.starts_with("post /lean?x=1 http/1.1\r\n"), "{post}");
+    for field in ["host: chat.example", "x-kept: yes", "x-forwarded-for: 10.0.0.1, 127.0.0.1", "content-length: 3"] {
+        assert!(post.contains(&format!("\r\n{field}\r\n")), "{field} not in {post}");
+    }
+    assert!(!post.contains("forged"), "a client's replica key reached the replica: {post}");
+    assert!(seen[1].1.starts_with("get /second http/1.1\r\n"), "{}", seen[1].1);
+    assert!(seen[1].1.contains("\r\nx-forwarded-for: 127.0.0.1\r\n"), "{}", seen[1].1);
+    // hyper's: it answers with connection: close, and nothing of the
+    // client's hop-by-hop fields passes.
+    assert!(seen[2].1.starts_with("get /third http/1.1\r\n"), "{}", seen[2].1);
+    assert!(!seen[2].1.contains("connection:"), "{}", seen[2].1);
+    assert!(seen[2].0.contains("\r\nconnection: close\r\n"), "{}", seen[2].0);
+    h.daemon.shutdown().await;
+}
+
 async fn raw(addr: &str, request: &[u8]) -> String {
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(request).await.unwrap();

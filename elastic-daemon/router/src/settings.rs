@@ -61,7 +61,13 @@ impl BearerTokens {
     /// difference, so the time taken does not tell how much of a guess
     /// was right.
     pub fn allows(&self, headers: &HeaderMap) -> bool {
-        let Some(given) = headers.get(AUTHORIZATION).map(|v| v.as_bytes()) else { return false };
+        self.allows_value(headers.get(AUTHORIZATION).map(|v| v.as_bytes()))
+    }
+
+    /// [`allows`](Self::allows), given the first `Authorization` field's
+    /// value as it came (the lean HTTP/1.1 path has no header map).
+    pub fn allows_value(&self, given: Option<&[u8]>) -> bool {
+        let Some(given) = given else { return false };
         let Some(given) = given.get(..7).filter(|s| s.eq_ignore_ascii_case(b"bearer ")).map(|_| &given[7..]) else {
             return false;
         };

@@ -15,6 +15,24 @@ pub(super) struct ClientConn {
     pub(super) done: AtomicU64,
     /// An HTTP/2 connection (its streams have no head timeout).
     pub(super) http2: AtomicBool,
+    /// A graceful stop reached the lean path (`lean`): it closes the
+    /// connection before its next request.
+    pub(super) stop: AtomicBool,
+}
+
+impl ClientConn {
+    pub(super) fn new(dispatch: Arc<Dispatch>, peer: IpAddr) -> Arc<ClientConn> {
+        let forwarded_for =
+            HeaderValue::from_str(&peer.to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        Arc::new(ClientConn {
+            dispatch,
+            forwarded_for,
+            received: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+            http2: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        })
+    }
 }
 
 /// One request's hold on its connection, from its head until its answer

@@ -11,6 +11,7 @@ mod body_budget;
 mod connections;
 mod dispatch;
 mod graceful;
+mod lean;
 mod serve;
 mod to_replica;
 
@@ -29,7 +30,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Waker;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};

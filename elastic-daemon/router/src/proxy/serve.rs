@@ -43,15 +43,7 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let forwarded_for =
-            HeaderValue::from_str(&peer.ip().to_string()).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-        let client = Arc::new(ClientConn {
-            dispatch: dispatch.clone(),
-            forwarded_for,
-            received: AtomicU64::new(0),
-            done: AtomicU64::new(0),
-            http2: AtomicBool::new(false),
-        });
+        let client = ClientConn::new(dispatch.clone(), peer.ip());
         let requests = client.clone();
         let svc = service_fn(move |req: Request<Incoming>| {
             let hold = RequestHold::new(requests.clone(), req.version());
@@ -71,25 +63,28 @@ pub async fn serve(
         });
         let (builder, conns, conn, acceptor) = (builder.clone(), conns.clone(), conn.clone(), acceptor.clone());
         tokio::spawn(async move {
-            // The handshake in the connection's own task, so a slow client
-            // never holds up the accept loop; it gets the head's time.
-            let stream = match acceptor {
-                None => ClientStream::Plain(stream),
-                Some(a) => match tokio::time::timeout(conn.header_read_timeout, a.accept(stream)).await {
-                    Ok(Ok(s)) => ClientStream::Tls(Box::new(s)),
-                    Ok(Err(e)) => {
-                        tracing::debug!(%peer, "TLS handshake failed: {e}");
-                        conns.remove(id, peer.ip());
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(%peer, "no TLS handshake in time; connection closed");
+            let make = move |io: lean::Prefixed| builder.serve_connection(TokioIo::new(io), svc).into_owned();
+            let plain = |io| lean::Prefixed { rest: Bytes::new(), io };
+            let served = match (acceptor, &*client.dispatch) {
+                // An endpoint's own listener in clear: the lean path first.
+                (None, Dispatch::Single(t)) => {
+                    let lean = lean::serve(stream, client.clone(), t.clone(), conn.max_header_bytes);
+                    lean::Switch::Lean { lean: Box::pin(lean), make, client: client.clone() }
+                }
+                (None, Dispatch::Routed(_)) => {
+                    lean::Switch::hyper(make(plain(ClientStream::Plain(stream))), client.clone())
+                }
+                // The handshake in the connection's own task, so a slow
+                // client never holds up the accept loop; it gets the head's
+                // time.
+                (Some(a), _) => match handshake(&a, stream, conn.header_read_timeout, peer).await {
+                    Some(s) => lean::Switch::hyper(make(plain(ClientStream::Tls(Box::new(s)))), client.clone()),
+                    None => {
                         conns.remove(id, peer.ip());
                         return;
                     }
                 },
             };
-            let served = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
             let served = Guarded::new(served, client, (conns, id, peer.ip()), &conn);
             match served.await {
                 Ok(()) => {}
@@ -101,6 +96,27 @@ pub async fn serve(
     drop(listener);
     if tokio::time::timeout(grace, conns.stop()).await.is_err() {
         tracing::warn!(listener = %dispatch.name(), "shutdown grace period over; closing open connections");
+    }
+}
+
+/// A TLS client's handshake, within `timeout`; `None` (logged) if it
+/// failed or took longer.
+async fn handshake(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    timeout: Duration,
+    peer: std::net::SocketAddr,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+        Ok(Ok(s)) => Some(s),
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, "TLS handshake failed: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "no TLS handshake in time; connection closed");
+            None
+        }
     }
 }
 

@@ -176,6 +176,15 @@ impl Prepared {
     }
 }
 
+impl Prepared {
+    /// A request read by the lean HTTP/1.1 path, its replica's head
+    /// already written; its clock starts now (its head was just parsed).
+    pub(super) fn lean(head: Vec<u8>, body: Bytes, spare: HeaderMap, head_request: bool, retry_any: bool) -> Prepared {
+        let start = Instant::now();
+        Prepared { head, body, spare, per_replica: None, head_request, retry_any, start, start_is_now: true }
+    }
+}
+
 /// [`forward_to`] a replica, and with the access log on, its line.
 pub(super) async fn forward(p: Prepared, ctx: &Target) -> Response<ProxyBody> {
     let Some(log) = &ctx.access else { return forward_to(p, ctx).await };
