@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -497,19 +498,7 @@ async fn replica_responses_of_every_framing_pass_through() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_head_reaches_the_replica_as_sent() {
-    // A replica that echoes the head it got, as its body.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let echo = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let Some(buf) = read_head(&mut s).await else { return };
-                let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", buf.len());
-                let _ = s.write_all(answer.as_bytes()).await;
-                let _ = s.write_all(&buf).await;
-            });
-        }
-    });
+    let echo = echo_replica().await;
     let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[echo]).await;
     let addr = h.url.trim_start_matches("http://").to_string();
     let answer = raw(
@@ -534,36 +523,42 @@ async fn request_head_reaches_the_replica_as_sent() {
     h.daemon.shutdown().await;
 }
 
-/// The lean HTTP/1.1 path (proxy/lean.rs) takes plain requests without
-/// hyper; what it does not take goes to hyper from that request on, on the
-/// same connection. Three pipelined requests in one write: a POST and a GET
-/// the lean path takes, then one with `Connection: close` it hands over.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_lean_path_forwards_heads_as_sent_and_hands_over_what_it_does_not_take() {
+/// A replica that answers each request with the head it got as its body,
+/// after reading the whole request body (its length in `x-body`).
+async fn echo_replica() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let echo = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             tokio::spawn(async move {
-                let Some(buf) = read_head(&mut s).await else { return };
-                let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", buf.len());
+                let Some(mut buf) = read_head(&mut s).await else { return };
+                let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                let len: usize = head
+                    .to_ascii_lowercase()
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                while buf.len() < end + len {
+                    let mut chunk = [0u8; 65536];
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let answer =
+                    format!("HTTP/1.1 200 OK\r\nx-body: {len}\r\ncontent-length: {}\r\n\r\n{head}", head.len());
                 let _ = s.write_all(answer.as_bytes()).await;
-                let _ = s.write_all(&buf).await;
             });
         }
     });
-    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[echo]).await;
-    let addr = h.url.trim_start_matches("http://").to_string();
-    let answer = raw(
-        &addr,
-        b"POST /lean?x=1 HTTP/1.1\r\nHost: chat.example\r\nX-Forwarded-For: 10.0.0.1\r\nx-onepool-replica-key: forged\r\nx-kept: yes\r\ncontent-length: 3\r\n\r\nabc\
-          GET /second HTTP/1.1\r\nhost: chat.example\r\n\r\n\
-          GET /third HTTP/1.1\r\nHost: chat.example\r\nConnection: close\r\n\r\n",
-    )
-    .await;
-    // Each answer: its head (from onepoold), then the replica's view of
-    // the request (its head as the body).
-    let mut rest = answer.as_str();
+    echo
+}
+
+/// The answers on a connection, read to its end: each one's head and body
+/// (Content-Length framed).
+fn answers(text: &str) -> Vec<(String, String)> {
+    let mut rest = text;
     let mut seen = Vec::new();
     while let Some((head, after)) = rest.split_once("\r\n\r\n") {
         let len: usize = head
@@ -571,27 +566,71 @@ async fn the_lean_path_forwards_heads_as_sent_and_hands_over_what_it_does_not_ta
             .lines()
             .find_map(|l| l.strip_prefix("content-length:"))
             .map_or(0, |v| v.trim().parse().unwrap());
-        seen.push((head.to_ascii_lowercase(), after[..len].to_ascii_lowercase()));
+        seen.push((head.to_string(), after[..len].to_string()));
         rest = &after[len..];
     }
+    seen
+}
+
+/// The lean HTTP/1.1 path (proxy/lean.rs) takes plain requests without
+/// hyper; what it does not take goes to hyper from that request on, on the
+/// same connection. The two tell apart by field names: the lean path
+/// passes them as the client wrote them, hyper's lower case.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lean_path_forwards_heads_as_sent_and_hands_over_what_it_does_not_take() {
+    let echo = echo_replica().await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[echo]).await;
+    let addr = h.url.trim_start_matches("http://").to_string();
+    // Three pipelined requests in one write: a POST and a GET the lean
+    // path takes, then one with `Connection: close` it hands over.
+    let answer = raw(
+        &addr,
+        b"POST /lean?x=1 HTTP/1.1\r\nHost: chat.example\r\nX-Forwarded-For: 10.0.0.1\r\nx-onepool-replica-key: forged\r\nX-Kept: yes\r\ncontent-length: 3\r\n\r\nabc\
+          GET /second HTTP/1.1\r\nhost: chat.example\r\nX-Kept: 2\r\n\r\n\
+          GET /third HTTP/1.1\r\nHost: chat.example\r\nX-Kept: 3\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let seen = answers(&answer);
     assert_eq!(seen.len(), 3, "{answer}");
     for (head, _) in &seen {
-        assert!(head.starts_with("http/1.1 200 ok\r\n"), "{head}");
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
         assert!(head.contains("\r\ndate: "), "{head}");
     }
-    let (_, post) = &seen[0];
-    assert!(post.starts_with("post /lean?x=1 http/1.1\r\n"), "{post}");
-    for field in ["host: chat.example", "x-kept: yes", "x-forwarded-for: 10.0.0.1, 127.0.0.1", "content-length: 3"] {
+    let (head, post) = &seen[0];
+    assert!(post.starts_with("POST /lean?x=1 HTTP/1.1\r\n"), "{post}");
+    for field in ["Host: chat.example", "X-Kept: yes", "x-forwarded-for: 10.0.0.1, 127.0.0.1", "content-length: 3"] {
         assert!(post.contains(&format!("\r\n{field}\r\n")), "{field} not in {post}");
     }
+    assert!(head.contains("\r\nx-body: 3\r\n"), "{head}");
     assert!(!post.contains("forged"), "a client's replica key reached the replica: {post}");
-    assert!(seen[1].1.starts_with("get /second http/1.1\r\n"), "{}", seen[1].1);
+    assert!(seen[1].1.contains("\r\nX-Kept: 2\r\n"), "{}", seen[1].1);
     assert!(seen[1].1.contains("\r\nx-forwarded-for: 127.0.0.1\r\n"), "{}", seen[1].1);
     // hyper's: it answers with connection: close, and nothing of the
     // client's hop-by-hop fields passes.
-    assert!(seen[2].1.starts_with("get /third http/1.1\r\n"), "{}", seen[2].1);
-    assert!(!seen[2].1.contains("connection:"), "{}", seen[2].1);
+    assert!(seen[2].1.contains("\r\nx-kept: 3\r\n"), "{}", seen[2].1);
+    assert!(!seen[2].1.to_ascii_lowercase().contains("connection:"), "{}", seen[2].1);
     assert!(seen[2].0.contains("\r\nconnection: close\r\n"), "{}", seen[2].0);
+
+    // A body larger than one read, all in the socket: the lean path's.
+    let mut request = b"POST /big HTTP/1.1\r\nHost: h\r\nX-Kept: big\r\ncontent-length: 20000\r\n\r\n".to_vec();
+    request.extend_from_slice(&[b'y'; 20_000]);
+    request.extend_from_slice(b"GET /end HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+    let seen = answers(&raw(&addr, &request).await);
+    assert_eq!(seen.len(), 2);
+    assert!(seen[0].0.contains("\r\nx-body: 20000\r\n") && seen[0].1.contains("\r\nX-Kept: big\r\n"), "{seen:?}");
+
+    // A body that comes after its head: hyper's, and served whole.
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"POST /late HTTP/1.1\r\nHost: h\r\nX-Kept: late\r\ncontent-length: 5\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.write_all(b"hello").await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    let seen = answers(&String::from_utf8_lossy(&out));
+    assert_eq!(seen.len(), 1);
+    assert!(seen[0].0.contains("\r\nx-body: 5\r\n") && seen[0].1.contains("\r\nx-kept: late\r\n"), "{seen:?}");
     h.daemon.shutdown().await;
 }
 

@@ -14,14 +14,15 @@
 //! Why only the common case: every request this path is unsure of is
 //! handed to hyper, which then serves the rest of the connection from the
 //! first byte of that request, so each refusal (400, 401, 413, 431, 503 over
-//! the body budget) and each rarer feature (chunked or late request bodies,
-//! `Expect`, `Connection` and the other hop-by-hop fields, HTTP/1.0, HTTP/2
-//! prior knowledge, the models list) keeps one implementation. The lean
-//! path takes a request only when it is HTTP/1.1 in origin form with one
-//! `Host`, no hop-by-hop or `Expect` field, at most one valid
-//! `Content-Length` whose body has arrived with the head and fits the
-//! endpoint's limit and the body budget, and, on an endpoint with keys, an
-//! accepted key. TLS and shared listeners are hyper's throughout.
+//! the body budget) and each rarer feature (chunked, slow or large request
+//! bodies, `Expect`, `Connection` and the other hop-by-hop fields,
+//! HTTP/1.0, HTTP/2 prior knowledge, the models list) keeps one
+//! implementation. The lean path takes a request only when it is HTTP/1.1
+//! in origin form with one `Host`, no hop-by-hop or `Expect` field, at most
+//! one valid `Content-Length` whose body (at most [`MAX_BODY`]) is already
+//! in the socket when its head is read and fits the body budget, and, on an
+//! endpoint with keys, an accepted key. TLS and shared listeners are
+//! hyper's throughout.
 
 #[allow(unused_imports)]
 use super::*;
@@ -37,6 +38,11 @@ use tokio::net::TcpStream;
 const MAX_FIELDS: usize = 100;
 /// Read buffer growth.
 const READ_CHUNK: usize = 8192;
+/// Largest request body the lean path takes. Its bytes are read before
+/// the body budget is asked (a larger body goes to hyper's path, which
+/// asks it frame by frame), so this bounds what a connection holds outside
+/// the budget; a chat prompt of some thousand tokens fits.
+const MAX_BODY: usize = 64 * 1024;
 
 /// How a lean connection ended.
 pub(super) enum Ended {
@@ -59,6 +65,8 @@ enum Parsed {
     Take(Taken),
     /// The head is not whole yet.
     More,
+    /// The head is, its body not yet: this many bytes in all.
+    Body(usize),
     /// hyper's to serve.
     Decline,
 }
@@ -75,12 +83,23 @@ pub(super) async fn serve(
     let mut out = Vec::with_capacity(512);
     loop {
         let mut head = Vec::new();
+        let mut body_tried = false;
         let taken = loop {
             if !buf.is_empty() {
                 match parse(&buf, &t, &client, max_head, &mut head) {
                     Parsed::Take(x) => break x,
-                    Parsed::Decline => return Ok(Ended::HandOver(io, buf.freeze())),
                     Parsed::More => {}
+                    // The rest of a body may be in the socket already (a
+                    // read stops where the buffer ends): taken without
+                    // waiting; a body still on its way is hyper's, whose
+                    // body timeout then applies.
+                    Parsed::Body(total) if !body_tried => {
+                        body_tried = true;
+                        buf.reserve(total - buf.len());
+                        while buf.len() < total && matches!(io.try_read_buf(&mut buf), Ok(n) if n > 0) {}
+                        continue;
+                    }
+                    Parsed::Body(_) | Parsed::Decline => return Ok(Ended::HandOver(io, buf.freeze())),
                 }
             }
             if buf.capacity() - buf.len() < 1024 {
@@ -159,8 +178,11 @@ fn parse(buf: &[u8], t: &Target, client: &ClientConn, max_head: usize, head: &mu
         }
     }
     let body_len = length.unwrap_or(0);
-    if hosts != 1 || body_len > t.settings.max_request_body || buf.len() - head_len < body_len {
+    if hosts != 1 || body_len > t.settings.max_request_body.min(MAX_BODY) {
         return Parsed::Decline;
+    }
+    if buf.len() - head_len < body_len {
+        return Parsed::Body(head_len + body_len);
     }
     if t.settings.auth.as_ref().is_some_and(|a| !a.allows_value(authorization)) {
         return Parsed::Decline;
