@@ -24,6 +24,7 @@ pub mod line_log;
 pub mod metrics;
 mod models;
 pub mod prefix;
+mod prompt_scan;
 pub mod proxy;
 pub mod registry;
 pub mod replica_client;
