@@ -79,6 +79,30 @@ async fn concurrency_limit_queue_and_503_when_full() {
     h.daemon.shutdown().await;
 }
 
+/// A client that gives up on a queued request takes it out of the queue:
+/// no replica spends time on an answer nobody reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_whose_client_leaves_never_reaches_a_replica() {
+    let a = backend(Mode::Normal).await;
+    let h = Harness::new(endpoint_config(1, 4, Duration::from_secs(10)), &[a.addr]).await;
+    let c = client();
+    let busy = {
+        let (c, url) = (c.clone(), format!("{}/sleep/600", h.url));
+        tokio::spawn(async move { get(&c, &url).await.0 })
+    };
+    until("the replica is busy", || h.snapshot().replicas[0].in_flight == 1).await;
+    let mut s = TcpStream::connect(h.url.trim_start_matches("http://")).await.unwrap();
+    s.write_all(b"GET /ok HTTP/1.1\r\nHost: h\r\n\r\n").await.unwrap();
+    until("the request queues", || h.snapshot().queued == 1).await;
+    drop(s);
+    until("it leaves the queue with its client", || h.snapshot().queued == 0).await;
+    assert_eq!(h.snapshot().replicas[0].in_flight, 1, "the busy request still holds the replica");
+    assert_eq!(busy.await.unwrap(), StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(a.stats.served(), 1, "only the busy request reached the replica");
+    h.daemon.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_past_the_queue_timeout_gets_503() {
     let a = backend(Mode::Normal).await;

@@ -127,7 +127,12 @@ pub(super) async fn serve(
         buf.advance(taken.head_len);
         let body = buf.split_to(taken.body_len).freeze();
         let p = Prepared::lean(head, body, std::mem::take(&mut spare), taken.head_request, taken.retry_any);
-        let response = forward(p, &t).await;
+        let Some(response) = forward_unless_gone(forward(p, &t), &mut io, &mut buf, max_head).await else {
+            // The client left while its request waited (queued, or for
+            // its replica's answer): the request is dropped with it, so it
+            // leaves the queue or frees its replica, as on hyper's path.
+            return Ok(Ended::Closed);
+        };
         drop(share);
         let closing = client.stop.load(Ordering::Relaxed);
         spare = write_response(&mut io, response, taken.head_request, closing, &mut out).await?;
@@ -138,6 +143,37 @@ pub(super) async fn serve(
             return Ok(Ended::Closed);
         }
     }
+}
+
+/// Awaits `forward` while watching the client's side: `None` if the
+/// client closes (or its connection fails) first. Bytes it sends meanwhile
+/// (its next pipelined request) are kept in `buf`, up to `max_head`.
+/// Costs no system call while the client is quiet: its socket's readiness
+/// is known.
+async fn forward_unless_gone(
+    forward: impl Future<Output = Response<ProxyBody>>,
+    io: &mut TcpStream,
+    buf: &mut BytesMut,
+    max_head: usize,
+) -> Option<Response<ProxyBody>> {
+    let mut forward = std::pin::pin!(forward);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = forward.as_mut().poll(cx) {
+            return Poll::Ready(Some(r));
+        }
+        while buf.len() < max_head {
+            if buf.capacity() - buf.len() < 1024 {
+                buf.reserve(READ_CHUNK);
+            }
+            match tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, buf) {
+                Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(None),
+                Poll::Ready(Ok(_)) => {}
+                Poll::Pending => break,
+            }
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// Parses the head at the start of `buf` and, if the lean path takes the
