@@ -558,11 +558,7 @@ async fn echo_replica() -> SocketAddr {
                 let Some(mut buf) = read_head(&mut s).await else { return };
                 let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
                 let head = String::from_utf8_lossy(&buf[..end]).to_string();
-                let len: usize = head
-                    .to_ascii_lowercase()
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .map_or(0, |v| v.trim().parse().unwrap());
+                let len = content_length(&head);
                 while buf.len() < end + len {
                     let mut chunk = [0u8; 65536];
                     match s.read(&mut chunk).await {
@@ -585,11 +581,7 @@ fn answers(text: &str) -> Vec<(String, String)> {
     let mut rest = text;
     let mut seen = Vec::new();
     while let Some((head, after)) = rest.split_once("\r\n\r\n") {
-        let len: usize = head
-            .to_ascii_lowercase()
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .map_or(0, |v| v.trim().parse().unwrap());
+        let len = content_length(head);
         seen.push((head.to_string(), after[..len].to_string()));
         rest = &after[len..];
     }

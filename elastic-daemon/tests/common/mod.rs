@@ -349,6 +349,15 @@ pub async fn read_head(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
     Some(buf)
 }
 
+/// The Content-Length a message head names (0 if none).
+#[allow(dead_code)] // not every test binary uses it
+pub fn content_length(head: &str) -> usize {
+    head.to_ascii_lowercase()
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
 /// One HTTP/1.1 message (request or response, Content-Length framed) from
 /// a kept-alive connection: its first line and its body; what follows it
 /// stays in `buf`. None when the peer closes first.
@@ -366,11 +375,7 @@ pub async fn read_message(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> O
         }
     };
     let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-    let len: usize = head
-        .to_ascii_lowercase()
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .map_or(0, |v| v.trim().parse().unwrap());
+    let len = content_length(&head);
     while buf.len() < head_end + len {
         let mut chunk = [0u8; 65536];
         match s.read(&mut chunk).await {

@@ -264,49 +264,6 @@ fn is_hop_by_hop_name(name: &[u8]) -> bool {
     HOP_BY_HOP.iter().any(|h| h.as_str().as_bytes().eq_ignore_ascii_case(name))
 }
 
-/// Writes an HTTP/1.1 head into a buffer.
-struct HeadWriter<'a>(&'a mut Vec<u8>);
-
-impl<'a> HeadWriter<'a> {
-    fn new(b: &'a mut Vec<u8>, size: usize) -> HeadWriter<'a> {
-        b.clear();
-        b.reserve(size);
-        HeadWriter(b)
-    }
-
-    fn request_line(&mut self, method: &str, target: &str) {
-        self.0.extend_from_slice(method.as_bytes());
-        self.0.push(b' ');
-        self.0.extend_from_slice(target.as_bytes());
-        self.0.extend_from_slice(b" HTTP/1.1\r\n");
-    }
-
-    fn status_line(&mut self, status: StatusCode) {
-        self.0.extend_from_slice(b"HTTP/1.1 ");
-        self.0.extend_from_slice(status.as_str().as_bytes());
-        self.0.push(b' ');
-        self.0.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-        self.0.extend_from_slice(b"\r\n");
-    }
-
-    fn field(&mut self, name: &[u8], value: &[u8]) {
-        self.field_parts(name, &[value]);
-    }
-
-    fn field_parts(&mut self, name: &[u8], value: &[&[u8]]) {
-        self.0.extend_from_slice(name);
-        self.0.extend_from_slice(b": ");
-        for v in value {
-            self.0.extend_from_slice(v);
-        }
-        self.0.extend_from_slice(b"\r\n");
-    }
-
-    fn end(&mut self) {
-        self.0.extend_from_slice(b"\r\n");
-    }
-}
-
 /// What the response writer does next.
 enum Next {
     Frame(Option<Result<Frame<Bytes>, io::Error>>),

@@ -87,40 +87,76 @@ impl Forwarded {
     /// The request line and header section, naming `host` if the client
     /// named none, for a body of `body_len` bytes.
     pub(super) fn head(&self, host: Option<&str>, body_len: usize) -> Vec<u8> {
-        fn field(b: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-            b.extend_from_slice(name);
-            b.extend_from_slice(b": ");
-            b.extend_from_slice(value);
-            b.extend_from_slice(b"\r\n");
-        }
         let target = self.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         let target = if target.is_empty() { "/" } else { target };
         let method = self.method.as_str();
         let fields: usize = self.headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
-        let mut b = Vec::with_capacity(method.len() + target.len() + fields + self.forwarded_for.len() + 96);
-        b.extend_from_slice(method.as_bytes());
-        b.push(b' ');
-        b.extend_from_slice(target.as_bytes());
-        b.extend_from_slice(b" HTTP/1.1\r\n");
+        let mut b = Vec::new();
+        let mut w = HeadWriter::new(&mut b, method.len() + target.len() + fields + self.forwarded_for.len() + 96);
+        w.request_line(method, target);
         match (&self.authority, host) {
-            (Some(a), _) => field(&mut b, b"host", a.as_bytes()),
-            (None, Some(h)) => field(&mut b, b"host", h.as_bytes()),
+            (Some(a), _) => w.field(b"host", a.as_bytes()),
+            (None, Some(h)) => w.field(b"host", h.as_bytes()),
             (None, None) => {}
         }
         for (name, value) in &self.headers {
             if self.passes(name) {
-                field(&mut b, name.as_str().as_bytes(), value.as_bytes());
+                w.field(name.as_str().as_bytes(), value.as_bytes());
             }
         }
-        field(&mut b, b"x-forwarded-for", self.forwarded_for.as_bytes());
+        w.field(b"x-forwarded-for", self.forwarded_for.as_bytes());
         if let Some(k) = &self.replica_key {
-            field(&mut b, crate::REPLICA_KEY_HEADER.as_str().as_bytes(), k.as_bytes());
+            w.field(crate::REPLICA_KEY_HEADER.as_str().as_bytes(), k.as_bytes());
         }
         if body_len > 0 || self.had_length {
-            field(&mut b, b"content-length", body_len.to_string().as_bytes());
+            w.field(b"content-length", body_len.to_string().as_bytes());
         }
-        b.extend_from_slice(b"\r\n");
+        w.end();
         b
+    }
+}
+
+/// Writes an HTTP/1.1 head into a buffer (a replica's request head, or
+/// the lean path's answer head).
+pub(super) struct HeadWriter<'a>(&'a mut Vec<u8>);
+
+impl<'a> HeadWriter<'a> {
+    pub(super) fn new(b: &'a mut Vec<u8>, size: usize) -> HeadWriter<'a> {
+        b.clear();
+        b.reserve(size);
+        HeadWriter(b)
+    }
+
+    pub(super) fn request_line(&mut self, method: &str, target: &str) {
+        self.0.extend_from_slice(method.as_bytes());
+        self.0.push(b' ');
+        self.0.extend_from_slice(target.as_bytes());
+        self.0.extend_from_slice(b" HTTP/1.1\r\n");
+    }
+
+    pub(super) fn status_line(&mut self, status: StatusCode) {
+        self.0.extend_from_slice(b"HTTP/1.1 ");
+        self.0.extend_from_slice(status.as_str().as_bytes());
+        self.0.push(b' ');
+        self.0.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+        self.0.extend_from_slice(b"\r\n");
+    }
+
+    pub(super) fn field(&mut self, name: &[u8], value: &[u8]) {
+        self.field_parts(name, &[value]);
+    }
+
+    pub(super) fn field_parts(&mut self, name: &[u8], value: &[&[u8]]) {
+        self.0.extend_from_slice(name);
+        self.0.extend_from_slice(b": ");
+        for v in value {
+            self.0.extend_from_slice(v);
+        }
+        self.0.extend_from_slice(b"\r\n");
+    }
+
+    pub(super) fn end(&mut self) {
+        self.0.extend_from_slice(b"\r\n");
     }
 }
 
