@@ -201,6 +201,10 @@ impl Slurm for ScriptedSlurm {
             admin_comment: j.admin_comment.clone(),
             comment: j.comment.clone(),
             state: j.job_state.clone(),
+            start_time: j.start_time,
+            end_time: j.end_time,
+            preempt_time: j.preempt_time,
+            nodes: j.nodes.clone(),
             ..Default::default()
         }))
     }
@@ -364,13 +368,14 @@ fn preemptions_replica_phases_and_slurm_calls_are_exported() {
             endpoint.metrics().encode()
         };
         c.round().await.unwrap();
-        slurm.jobs.lock().unwrap().push(victim);
-        // Picked as a victim: counted once, however many polls see it.
+        slurm.jobs.lock().unwrap().push(victim.clone());
+        // Picked as a victim: shown at once, counted from its record when
+        // it ends (issue #35), however many polls saw it.
         c.round().await.unwrap();
         c.round().await.unwrap();
         let m = exported(&c);
+        assert!(!m.contains("onepool_replica_preemptions_total{"), "counted before its end:\n{m}");
         for want in [
-            r#"onepool_replica_preemptions_total{endpoint="llm"} 1"#,
             r#"onepool_replica_slurm_calls_total{endpoint="llm",call="squeue",outcome="ok"} 3"#,
             r#"onepool_replica_jobs{endpoint="llm",kind="supplemental",phase="serving"} 1"#,
             // Out of the router at once, and left to its launcher: it got
@@ -384,6 +389,18 @@ fn preemptions_replica_phases_and_slurm_calls_are_exported() {
             assert!(m.contains(want), "{want} not in:\n{m}");
         }
         assert!(!m.contains(r#"call="scancel""#), "no scancel of the victim:\n{m}");
+        // It drained and ended: its record says Slurm picked it.
+        slurm.jobs.lock().unwrap().retain(|j| j.job_id != 7);
+        slurm.ended.lock().unwrap().insert(7, ended(&victim, "COMPLETED", now + 2));
+        c.round().await.unwrap();
+        c.round().await.unwrap();
+        let m = exported(&c);
+        for want in [
+            r#"onepool_replica_preemptions_total{endpoint="llm"} 1"#,
+            r#"onepool_replica_reclaims_total{endpoint="llm",mode="graceful"} 1"#,
+        ] {
+            assert!(m.contains(want), "{want} not in:\n{m}");
+        }
         // A failed call is counted as such.
         let (mut c, _) = Controller::new("llm", endpoint.clone(), false, settings(), Arc::new(NoSlurm));
         assert!(c.round().await.is_err());
@@ -678,6 +695,7 @@ fn failed_starts_back_off_show_their_cause_and_end_on_request() {
                 state: "FAILED".into(),
                 exit_code: "139:0".into(),
                 reason: "NonZeroExitCode".into(),
+                ..Default::default()
             },
         );
         c.round().await.unwrap();
@@ -709,6 +727,132 @@ fn failed_starts_back_off_show_their_cause_and_end_on_request() {
     });
 }
 
+/// Slurm's record of a replica job that ended in `state` at `end`.
+fn ended(j: &JobInfo, state: &str, end: u64) -> onepool_slurm_commands::state::JobDetails {
+    onepool_slurm_commands::state::JobDetails {
+        admin_comment: j.admin_comment.clone(),
+        comment: j.comment.clone(),
+        state: state.into(),
+        exit_code: "0:0".into(),
+        start_time: j.start_time,
+        end_time: end,
+        preempt_time: j.preempt_time,
+        nodes: j.nodes.clone(),
+        ..Default::default()
+    }
+}
+
+/// The demo's failure (issue #35): an idle victim that Slurm picked and
+/// that drained and ended between two polls, never seen being preempted,
+/// and a taker that also ran and ended between two polls. Both are found
+/// from Slurm's records, whatever the poll interval; a job that ended
+/// without a pick (completed, cancelled by its user) is no reclaim.
+#[test]
+fn a_reclaim_no_poll_saw_is_counted_from_the_victim_s_record_with_its_taker() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let endpoint = test_endpoint("llm");
+        let slurm = Arc::new(ScriptedSlurm::default());
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let idle = running(7, "onepool-llm-18000", "node2", 1);
+        let other = running(8, "onepool-llm-18002", "node3", 1);
+        *slurm.jobs.lock().unwrap() = vec![idle.clone(), other.clone()];
+        let s = ReplicaSettings { min: 0, max: 2, ..settings() };
+        let (mut c, view) = Controller::new("llm", endpoint.clone(), false, s, slurm.clone());
+        c.round().await.unwrap();
+        // Between two polls: Slurm picks 7, it drains in no time and ends
+        // COMPLETED; the taker starts on its node, runs and ends too. 8
+        // ends on its own.
+        let mut picked = idle.clone();
+        picked.preempt_time = now;
+        let mut record = ended(&picked, "COMPLETED", now);
+        record.comment = format!("{};D18000={}000,10,0,0,0,2", record.comment, now);
+        slurm.ended.lock().unwrap().insert(7, record);
+        slurm.ended.lock().unwrap().insert(8, ended(&other, "CANCELLED", now));
+        let mut taker = running(10, "training", "node2", 1);
+        (taker.user_id, taker.submit_time, taker.start_time, taker.job_state) =
+            (idle.user_id + 1, now - 3, now, "COMPLETED".into());
+        *slurm.jobs.lock().unwrap() = vec![taker];
+        c.round().await.unwrap();
+        c.round().await.unwrap();
+        let v = view.lock().unwrap();
+        assert_eq!(v.reclaims.len(), 1, "{:?}", v.reclaims);
+        let r = &v.reclaims[0];
+        assert_eq!(
+            (r.job, r.mode, r.at, r.released_after_s, r.taker, r.time_to_capacity_s),
+            (7, ReclaimMode::Graceful, now, 0.0, Some(10), Some(3)),
+            "{r:?}"
+        );
+        let m = endpoint.metrics().encode();
+        for want in [
+            r#"onepool_replica_reclaims_total{endpoint="llm",mode="graceful"} 1"#,
+            r#"onepool_replica_reclaim_time_to_capacity_seconds_count{endpoint="llm",mode="graceful"} 1"#,
+        ] {
+            assert!(m.contains(want), "{want} not in:\n{m}");
+        }
+        assert_eq!(c.start_failures_view().total, 0, "a reclaim is no failed start");
+    });
+}
+
+/// A record that cannot be read yet (slurmctld busy) delays the count to a
+/// later poll; it is not lost.
+#[test]
+fn an_ended_job_s_record_that_cannot_be_read_is_read_at_a_later_poll() {
+    struct Flaky {
+        inner: ScriptedSlurm,
+        fail: std::sync::atomic::AtomicBool,
+    }
+    impl Slurm for Flaky {
+        fn submit(&self, a: &[&str]) -> Result<u32, SlurmError> {
+            self.inner.submit(a)
+        }
+        fn cancel(&self, j: u32, s: Option<&str>) -> Result<(), SlurmError> {
+            self.inner.cancel(j, s)
+        }
+        fn update_job(&self, j: u32, s: &[(&str, &str)]) -> Result<(), SlurmError> {
+            self.inner.update_job(j, s)
+        }
+        fn jobs(&self) -> Result<Vec<JobInfo>, SlurmError> {
+            self.inner.jobs()
+        }
+        fn nodes(&self) -> Result<Vec<onepool_slurm_commands::state::NodeInfo>, SlurmError> {
+            self.inner.nodes()
+        }
+        fn steps(&self, u: u32) -> Result<Vec<StepInfo>, SlurmError> {
+            self.inner.steps(u)
+        }
+        fn job_details(&self, job: u32) -> Result<Option<onepool_slurm_commands::state::JobDetails>, SlurmError> {
+            if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(SlurmError::NoJobId { cmd: "scontrol".into(), output: "slurmctld busy".into() });
+            }
+            self.inner.job_details(job)
+        }
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let endpoint = test_endpoint("llm");
+        let slurm = Arc::new(Flaky { inner: ScriptedSlurm::default(), fail: false.into() });
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let victim = running(7, "onepool-llm-18000", "node2", 1);
+        *slurm.inner.jobs.lock().unwrap() = vec![victim.clone()];
+        let s = ReplicaSettings { min: 0, max: 1, ..settings() };
+        let (mut c, view) = Controller::new("llm", endpoint.clone(), false, s, slurm.clone());
+        c.round().await.unwrap();
+        let mut picked = victim.clone();
+        picked.preempt_time = now;
+        slurm.inner.ended.lock().unwrap().insert(7, ended(&picked, "PREEMPTED", now));
+        slurm.inner.jobs.lock().unwrap().clear();
+        slurm.fail.store(true, std::sync::atomic::Ordering::Relaxed);
+        c.round().await.unwrap();
+        c.round().await.unwrap();
+        assert!(view.lock().unwrap().reclaims.is_empty());
+        slurm.fail.store(false, std::sync::atomic::Ordering::Relaxed);
+        c.round().await.unwrap();
+        let v = view.lock().unwrap();
+        assert_eq!(v.reclaims.iter().map(|r| (r.job, r.mode)).collect::<Vec<_>>(), [(7, ReclaimMode::Graceful)]);
+    });
+}
+
 /// A reclaimed replica's taker (issue #26): the first job of another user
 /// that started on its nodes after Slurm's pick, with its time from
 /// submission to start; a job of onepoold's own, or one that started
@@ -723,6 +867,7 @@ fn the_job_that_took_a_reclaimed_replicas_gpus_is_found_with_its_time_to_capacit
         let mut victim = running(7, "onepool-llm-18000", "node2", 1);
         victim.preempt_time = now;
         victim.end_time = now + 30;
+        slurm.ended.lock().unwrap().insert(7, ended(&victim, "COMPLETED", now + 1));
         let mut before = running(8, "someone-elses", "node2", 1);
         (before.user_id, before.submit_time, before.start_time) = (victim.user_id + 1, now - 500, now - 400);
         *slurm.jobs.lock().unwrap() = vec![victim.clone(), before.clone()];

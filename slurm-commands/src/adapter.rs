@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::runner::{CommandError, Runner};
 use crate::state::{
-    parse_job_details, parse_jobs, parse_nodes, parse_running_on, parse_steps, parse_user_jobs, parse_waiting,
-    JobDetails, JobInfo, NodeInfo, StateError, StepInfo, WaitingJob, RUNNING_ON_FIELDS, STEP_FORMAT, USER_JOB_FIELDS,
+    parse_job_details, parse_jobs, parse_nodes, parse_started_on, parse_steps, parse_user_jobs, parse_waiting,
+    JobDetails, JobInfo, NodeInfo, StateError, StepInfo, WaitingJob, STARTED_ON_FIELDS, STEP_FORMAT, USER_JOB_FIELDS,
     WAITING_FIELDS,
 };
 
@@ -61,6 +61,10 @@ pub trait Slurm {
             state: j.job_state,
             exit_code: String::new(),
             reason: j.state_reason,
+            start_time: j.start_time,
+            end_time: j.end_time,
+            preempt_time: j.preempt_time,
+            nodes: j.nodes,
         }))
     }
     fn nodes(&self) -> Result<Vec<NodeInfo>, SlurmError>;
@@ -76,15 +80,18 @@ pub trait Slurm {
             .map(|j| WaitingJob { job_id: j.job_id, user_id: j.user_id, qos: j.qos, reason: j.state_reason })
             .collect())
     }
-    /// The running jobs of every user on any node of `nodes` (a host
-    /// list), with their submission and start times (Unix seconds): who
-    /// took a reclaimed replica's GPUs (issue #26).
-    fn running_on(&self, nodes: &str) -> Result<Vec<JobInfo>, SlurmError> {
+    /// The jobs of every user that started on any node of `nodes` (a host
+    /// list) and that slurmctld still holds: running, or ended within
+    /// `MinJobAge`, with their submission and start times (Unix seconds):
+    /// who took a reclaimed replica's GPUs (issue #26). Ended ones count
+    /// too: a taker that ran for less than a poll is still the taker
+    /// (issue #35: records, not moments).
+    fn started_on(&self, nodes: &str) -> Result<Vec<JobInfo>, SlurmError> {
         let wanted = onepool_decisions::hostlist::expand(nodes).unwrap_or_default();
         let on = |j: &JobInfo| {
             onepool_decisions::hostlist::expand(&j.nodes).unwrap_or_default().iter().any(|n| wanted.contains(n))
         };
-        Ok(self.jobs()?.into_iter().filter(|j| j.job_state == "RUNNING" && on(j)).collect())
+        Ok(self.jobs()?.into_iter().filter(|j| j.job_state != "PENDING" && j.start_time > 0 && on(j)).collect())
     }
 }
 
@@ -140,7 +147,9 @@ impl<R: Runner> Slurm for Commands<R> {
 
     fn job_details(&self, job: u32) -> Result<Option<JobDetails>, SlurmError> {
         let id = job.to_string();
-        match self.runner.run(&["scontrol", "-o", "show", "job", &id]) {
+        // Times as Unix seconds: PreemptTime, StartTime and EndTime are
+        // what onepoold learns a replica's end from.
+        match self.runner.run(&["env", "SLURM_TIME_FORMAT=%s", "scontrol", "-o", "show", "job", &id]) {
             Ok(out) => Ok(parse_job_details(&out)),
             // It ended and left slurmctld's table since it was listed.
             Err(CommandError::Failed { stderr, .. }) if stderr.contains("Invalid job id") => Ok(None),
@@ -166,9 +175,9 @@ impl<R: Runner> Slurm for Commands<R> {
         Ok(parse_steps(&self.runner.run(&["squeue", "-h", "--steps", "-u", &user, "-o", STEP_FORMAT])?)?)
     }
 
-    fn running_on(&self, nodes: &str) -> Result<Vec<JobInfo>, SlurmError> {
-        let argv = ["env", "SLURM_TIME_FORMAT=%s", "squeue", "-h", "-t", "R", "-w", nodes, "-O", RUNNING_ON_FIELDS];
-        Ok(parse_running_on(&self.runner.run(&argv)?)?)
+    fn started_on(&self, nodes: &str) -> Result<Vec<JobInfo>, SlurmError> {
+        let argv = ["env", "SLURM_TIME_FORMAT=%s", "squeue", "-h", "-t", "all", "-w", nodes, "-O", STARTED_ON_FIELDS];
+        Ok(parse_started_on(&self.runner.run(&argv)?)?)
     }
     fn waiting(&self, partitions: &[String]) -> Result<Vec<WaitingJob>, SlurmError> {
         let parts = partitions.join(",");
@@ -263,8 +272,8 @@ impl<S: Slurm> Slurm for Coalesced<S> {
     fn steps(&self, user: u32) -> Result<Vec<StepInfo>, SlurmError> {
         shared(&self.steps, self.max_age, user, || self.inner.steps(user))
     }
-    fn running_on(&self, nodes: &str) -> Result<Vec<JobInfo>, SlurmError> {
-        self.inner.running_on(nodes)
+    fn started_on(&self, nodes: &str) -> Result<Vec<JobInfo>, SlurmError> {
+        self.inner.started_on(nodes)
     }
     /// Every endpoint asks about the same pool's partitions.
     fn waiting(&self, partitions: &[String]) -> Result<Vec<WaitingJob>, SlurmError> {

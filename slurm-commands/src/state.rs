@@ -362,14 +362,16 @@ pub fn parse_user_jobs(out: &str) -> Result<Vec<JobInfo>, StateError> {
     Ok(jobs)
 }
 
-/// `squeue -O` fields of [`parse_running_on`], under
+/// `squeue -O` fields of [`parse_started_on`], under
 /// `SLURM_TIME_FORMAT=%s` (times as Unix seconds).
-pub const RUNNING_ON_FIELDS: &str = "JobID:|,UserID:|,SubmitTime:|,StartTime:|,NodeList:|";
+pub const STARTED_ON_FIELDS: &str = "JobID:|,UserID:|,State:|,SubmitTime:|,StartTime:|,NodeList:|";
 
-/// Reads `squeue -h -t R -w NODES -O RUNNING_ON_FIELDS`: the running jobs
-/// on some nodes with when each was submitted and started.
-pub fn parse_running_on(out: &str) -> Result<Vec<JobInfo>, StateError> {
-    const FIELDS: usize = 5;
+/// Reads `squeue -h -t all -w NODES -O STARTED_ON_FIELDS`: the jobs that
+/// started on some nodes (running, or ended and still held by slurmctld)
+/// with when each was submitted and started. A job that has not started
+/// (squeue prints an expected start, or none) is left out.
+pub fn parse_started_on(out: &str) -> Result<Vec<JobInfo>, StateError> {
+    const FIELDS: usize = 6;
     let bad = |line: usize, why: String| StateError { what: "squeue -w -O", detail: format!("line {line}: {why}") };
     let mut jobs = Vec::new();
     for (i, l) in out.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
@@ -378,6 +380,9 @@ pub fn parse_running_on(out: &str) -> Result<Vec<JobInfo>, StateError> {
         if f.len() != FIELDS {
             return Err(bad(line, format!("{} fields, expected {FIELDS}: {l:?}", f.len())));
         }
+        if f[2] == "PENDING" {
+            continue;
+        }
         // An array task or hetjob component prints JOB_TASK or JOB+N; the
         // raw id is what the report and the log use, and squeue -O has it
         // only as ArrayJobID: such a taker is named by its first id.
@@ -385,15 +390,17 @@ pub fn parse_running_on(out: &str) -> Result<Vec<JobInfo>, StateError> {
         let number = |v: &str, what: &str| -> Result<u64, StateError> {
             v.parse().map_err(|_| bad(line, format!("{what} {v:?} is not a number")))
         };
+        // Slurm prints N/A or Unknown for a start it has not made.
+        let Ok(start_time) = f[4].parse::<u64>() else { continue };
         jobs.push(JobInfo {
             job_id: u32::try_from(number(id, "the job id")?)
                 .map_err(|_| bad(line, format!("job id {id:?} is too large")))?,
             user_id: u32::try_from(number(f[1], "the user id")?)
                 .map_err(|_| bad(line, format!("user id {:?} is too large", f[1])))?,
-            submit_time: number(f[2], "the submission time")?,
-            start_time: number(f[3], "the start time")?,
-            nodes: f[4].to_string(),
-            job_state: "RUNNING".into(),
+            job_state: f[2].to_string(),
+            submit_time: number(f[3], "the submission time")?,
+            start_time,
+            nodes: f[5].to_string(),
             ..JobInfo::default()
         });
     }
@@ -423,6 +430,15 @@ pub struct JobDetails {
     /// `ExitCode=CODE:SIGNAL` as Slurm prints it.
     pub exit_code: String,
     pub reason: String,
+    /// Unix seconds; 0 where Slurm has none. `preempt_time` is set when
+    /// Slurm picks the job as a preemption victim and stays in its record
+    /// after it ended: the record of a reclaim, however short the grace
+    /// time and whenever onepoold polled (issue #35).
+    pub start_time: u64,
+    pub end_time: u64,
+    pub preempt_time: u64,
+    /// The nodes it ran on (a host list), empty if it never ran.
+    pub nodes: String,
 }
 
 impl JobDetails {
@@ -441,16 +457,23 @@ impl JobDetails {
     }
 }
 
-/// Reads `scontrol -o show job JOB`. Comments are single words here:
-/// job_submit/onepool's record and the replicas' notes have no spaces.
+/// Reads `SLURM_TIME_FORMAT=%s scontrol -o show job JOB`. Comments are
+/// single words here: job_submit/onepool's record and the replicas' notes
+/// have no spaces. Times that are not Unix seconds (`None`, `Unknown`, or
+/// another time format) read 0.
 pub fn parse_job_details(out: &str) -> Option<JobDetails> {
     let state = field(out, "JobState")?;
+    let time = |key: &str| field(out, key).and_then(|v| v.parse().ok()).unwrap_or(0);
     Some(JobDetails {
         admin_comment: parse_admin_comment(out).unwrap_or_default(),
         comment: field(out, "Comment").unwrap_or_default(),
         state,
         exit_code: field(out, "ExitCode").unwrap_or_default(),
         reason: field(out, "Reason").unwrap_or_default(),
+        start_time: time("StartTime"),
+        end_time: time("EndTime"),
+        preempt_time: time("PreemptTime"),
+        nodes: field(out, "NodeList").unwrap_or_default(),
     })
 }
 
@@ -498,22 +521,24 @@ pub fn parse_nodes(json: &str) -> Result<Vec<NodeInfo>, StateError> {
 }
 
 #[cfg(test)]
-mod running_on_tests {
+mod started_on_tests {
     use super::*;
 
     #[test]
-    fn running_jobs_on_nodes_with_their_times() {
-        let out = "41|1001|1796464800|1796464803|node[1-2]|\n42_3|1002|1796464801|1796464802|node3|\n";
-        let j = parse_running_on(out).unwrap();
-        assert_eq!(j.len(), 2);
+    fn jobs_that_started_on_nodes_with_their_times_ended_ones_too() {
+        let out =
+            "41|1001|RUNNING|1796464800|1796464803|node[1-2]|\n42_3|1002|COMPLETED|1796464801|1796464802|node3|\n\
+                   43|1003|PENDING|1796464801|1796464900|node3|\n44|1004|CANCELLED|1796464801|N/A|node3|\n";
+        let j = parse_started_on(out).unwrap();
+        assert_eq!(j.len(), 2, "not started: left out: {j:?}");
         assert_eq!(
             (j[0].job_id, j[0].user_id, j[0].submit_time, j[0].start_time),
             (41, 1001, 1_796_464_800, 1_796_464_803)
         );
-        assert_eq!((j[0].nodes.as_str(), j[1].job_id), ("node[1-2]", 42));
-        let e = parse_running_on("41|1001|soon|1796464803|node1|\n").unwrap_err();
+        assert_eq!((j[0].nodes.as_str(), j[1].job_id, j[1].job_state.as_str()), ("node[1-2]", 42, "COMPLETED"));
+        let e = parse_started_on("41|1001|RUNNING|soon|1796464803|node1|\n").unwrap_err();
         assert!(e.to_string().contains("line 1: the submission time \"soon\" is not a number"), "{e}");
-        assert!(parse_running_on("41|1001|\n").is_err());
+        assert!(parse_started_on("41|1001|\n").is_err());
     }
 }
 
@@ -657,6 +682,17 @@ mod tests {
         assert_eq!(parse_job_details("slurm_load_jobs error: Invalid job id specified\n"), None);
         // A comment with no note, and none at all.
         assert_eq!(parse_job_details("JobId=1 JobState=RUNNING Comment=(null)\n").unwrap().comment, "");
+        // A reclaimed replica as 22.05 prints it under SLURM_TIME_FORMAT=%s:
+        // COMPLETED after its drain, its pick kept in PreemptTime.
+        let line = "JobId=92 JobName=onepool-chat-18000 JobState=COMPLETED Reason=None ExitCode=0:0 \
+                    SubmitTime=1796464700 StartTime=1796464701 EndTime=1796464805 Deadline=N/A \
+                    PreemptEligibleTime=1796464711 PreemptTime=1796464803 SuspendTime=None \
+                    ReqNodeList=(null) ExcNodeList=node9 NodeList=node[2-3] BatchHost=node2\n";
+        let d = parse_job_details(line).unwrap();
+        assert_eq!((d.start_time, d.end_time, d.preempt_time), (1_796_464_701, 1_796_464_805, 1_796_464_803));
+        assert_eq!(d.nodes, "node[2-3]");
+        let d = parse_job_details("JobId=1 JobState=RUNNING PreemptTime=None StartTime=Unknown\n").unwrap();
+        assert_eq!((d.start_time, d.preempt_time, d.nodes.as_str()), (0, 0, ""));
     }
 
     #[test]

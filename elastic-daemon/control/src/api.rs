@@ -284,13 +284,14 @@ pub struct ReclaimView {
     pub job: u32,
     pub kind: ReplicaKind,
     pub mode: ReclaimMode,
-    /// Unix seconds when onepoold saw Slurm's pick.
+    /// Unix seconds of Slurm's pick (the job's `PreemptTime` record).
     pub at: u64,
-    /// Seconds from that poll to the poll that found the job gone: its
-    /// GPUs were free by then (poll-interval resolution).
+    /// Seconds from the pick to the job's end (`EndTime`): its GPUs were
+    /// free then (whole seconds, as Slurm keeps them).
     pub released_after_s: f64,
     /// The job that took its GPUs: the first another user started on its
-    /// nodes after Slurm's pick (found in the polls after its release).
+    /// nodes after Slurm's pick (slurmctld's records of the jobs on those
+    /// nodes, running or ended).
     pub taker: Option<u32>,
     /// The taker's submission to its start, in whole seconds (squeue's);
     /// `onepool report` has it to the millisecond from slurmctld's log.

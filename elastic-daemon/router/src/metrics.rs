@@ -305,17 +305,19 @@ impl Metrics {
         r.register("desired", "Replicas the autoscaler wants (baseline included)", self.desired.clone());
         r.register(
             "preemptions",
-            "Replica jobs Slurm picked as preemption victims (seen by onepoold)",
+            "Replica jobs Slurm picked as preemption victims (their PreemptTime record, counted when they end)",
             self.preemptions.clone(),
         );
         r.register(
             "reclaims",
-            "Preempted replica jobs that released their GPUs, by mode (graceful: within a grace time; immediate)",
+            "Preempted replica jobs that released their GPUs, by mode (graceful: within a grace time; immediate), from \
+             each job's record when it ended",
             self.reclaims.clone(),
         );
         r.register(
             "reclaim_release_seconds",
-            "From the poll that saw Slurm pick a replica job to the poll that found it gone (its GPUs free)",
+            "From Slurm's pick of a replica job (its PreemptTime) to its end (EndTime, its GPUs free), in whole seconds \
+             as Slurm keeps them",
             self.reclaim_release_seconds.clone(),
         );
         r.register("reclaim_time_to_capacity_seconds", "The job that took a reclaimed replica job's GPUs (the first to start on its nodes): from its submission to \

@@ -42,29 +42,26 @@ impl Controller {
     /// before it served — always within [`FAILED_START_WINDOW`] of its
     /// first answer. A job that ended cleanly (COMPLETED: the launcher
     /// drained on a notice and exited 0) or was cancelled, preempted or
-    /// requeued did not fail to start, whether or not a poll saw it being
-    /// preempted. The cause comes from Slurm's record of the job and the
-    /// launcher's note (the server's signal or code, its last lines).
-    pub(super) async fn failed_start_cause(&self, id: u32, t: &TrackedJob) -> Option<String> {
+    /// requeued did not fail to start. The cause comes from Slurm's record
+    /// of the job (`record`, read once when it left the queue) and the
+    /// launcher's note in it (the server's signal or code, its last lines).
+    pub(super) fn failed_start_cause(&self, id: u32, t: &TrackedJob, record: Option<&JobDetails>) -> Option<String> {
         let ours = t.failure_counted || t.members.values().any(|m| m.released || m.drain_started.is_some());
         let short = t.served_at.is_none_or(|s| s.elapsed() < FAILED_START_WINDOW);
         if ours || t.preempt_end.is_some() || !short {
             return None;
         }
-        let slurm = self.slurm.clone();
-        let details = blocking(&self.metrics, &self.name, "scontrol_show_job", move || slurm.job_details(id))
-            .await
-            .ok()
-            .flatten();
         let when =
             if t.served_at.is_some() { "ended within its first minutes of serving" } else { "ended before it served" };
-        let Some(d) = details else {
+        let Some(d) = record else {
             // No record left (MinJobAge): a job seen running that never
             // served is still a failed start; nothing more is known.
             return (t.seen_running.is_some() && t.served_at.is_none())
                 .then(|| format!("job {id} {when}; Slurm no longer holds its record (MinJobAge)"));
         };
-        if matches!(d.state.as_str(), "COMPLETED" | "CANCELLED" | "PREEMPTED" | "REQUEUED" | "REQUEUE_HOLD") {
+        if d.preempt_time > 0
+            || matches!(d.state.as_str(), "COMPLETED" | "CANCELLED" | "PREEMPTED" | "REQUEUED" | "REQUEUE_HOLD")
+        {
             return None;
         }
         let note = ReplicaNote::decode(&d.comment).unwrap_or_default();

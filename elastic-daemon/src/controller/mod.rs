@@ -31,7 +31,7 @@ use onepool_router::endpoint::{Endpoint, EndpointSnapshot};
 use onepool_router::metrics::{EndpointLabels, Metrics, ReclaimLabels, ReplicaJobLabels};
 use onepool_router::registry::{RegistryError, ReplicaState};
 use onepool_slurm_commands::adapter::{Slurm, SlurmError};
-use onepool_slurm_commands::state::JobInfo;
+use onepool_slurm_commands::state::{JobDetails, JobInfo};
 use tokio::sync::watch;
 
 use crate::config::ReplicaSettings;
@@ -39,13 +39,14 @@ use crate::round_error::RoundError;
 
 mod act;
 mod decisions;
+mod ending;
 mod failures;
 mod observe;
 mod reclaims;
 mod sbatch;
 mod view;
 
-use reclaims::TakerSearch;
+use reclaims::{EndedJob, TakerSearch};
 pub use sbatch::{launcher_end, owned, sbatch_args};
 pub use view::{
     ControllerView, FailedStartView, JobPhase, ReclaimMode, ReclaimView, ReplicaJob, ReplicaKind, StartFailures,
@@ -91,10 +92,10 @@ struct TrackedJob {
     /// being checked anew, and its startup time counts from here.
     seen_running: Option<Instant>,
     batch_host: Option<String>,
-    /// Slurm's preemption deadline (Unix seconds), once it picked this job.
+    /// Slurm's preemption deadline (Unix seconds) while a poll sees it
+    /// picked: shown in status, never counted (a reclaim is counted from
+    /// the job's record when it ends: [`ending::reclaim_of`]).
     preempt_end: Option<u64>,
-    /// When a poll first saw Slurm's pick, and the mode it implies.
-    preempt_seen: Option<(Instant, u64, ReclaimMode)>,
     /// By slot.
     members: BTreeMap<u16, Member>,
     /// Where its replicas listen, from the job's comment.
@@ -117,7 +118,6 @@ impl TrackedJob {
             seen_running: None,
             batch_host: None,
             preempt_end: None,
-            preempt_seen: None,
             members: BTreeMap::new(),
             note: None,
             served_at: None,
@@ -166,6 +166,9 @@ pub struct Controller {
     backoff: StartBackoff,
     /// Reclaimed replicas whose taker is being looked for.
     takers: Vec<TakerSearch>,
+    /// Replica jobs that left the queue and whose record is still to be
+    /// read (a failed read is tried again at the next poll).
+    ended: Vec<EndedJob>,
     /// Where each decision is written (`[decision_log]`).
     decision_log: Option<Arc<onepool_router::line_log::LineLog>>,
     /// Advisory mode: what was wanted at the last poll.
@@ -321,6 +324,7 @@ impl Controller {
             halted: None,
             backoff: StartBackoff::new(BackoffPolicy::default()),
             takers: Vec::new(),
+            ended: Vec::new(),
             decision_log: None,
             advice: Default::default(),
             seen: decisions::Seen::default(),

@@ -15,7 +15,6 @@ impl Controller {
     pub(super) fn observe(&mut self, j: &JobInfo, l: Live, base: u16, kind: Kind, steps: &[(String, u16)]) {
         let per_node = self.per_node();
         let (name, endpoint) = (&self.name, &self.endpoint);
-        let preemptions = self.metrics.preemptions.get_or_create(&EndpointLabels { endpoint: name.clone() }).clone();
         let t = self.tracked.entry(j.job_id).or_insert_with(|| {
             tracing::info!(endpoint = %name, job = j.job_id, port = base, ?kind, state = %j.job_state, "adopted a replica job");
             TrackedJob::new(base, kind, j.node_count.clamp(1, 256) as u16)
@@ -24,16 +23,13 @@ impl Controller {
         if !j.nodes.is_empty() {
             t.nodes.clone_from(&j.nodes);
         }
-        // Slurm's kill comes at end_time once it preempts the job.
+        // Slurm's kill comes at end_time once it preempts the job. Only
+        // shown and logged: the reclaim is counted from the job's record
+        // when it ends, which no poll interval can miss.
         let preempt_end = j.is_being_preempted().then_some(j.end_time).filter(|e| *e > 0);
         if let (None, Some(end)) = (t.preempt_end, preempt_end) {
-            let now = unix_now();
-            let left = end.saturating_sub(now);
+            let left = end.saturating_sub(unix_now());
             tracing::info!(endpoint = %name, job = j.job_id, ?kind, "Slurm is preempting the replica job; it ends within {left} s");
-            preemptions.inc();
-            // GraceTime 0 ends the job at once: no time to drain in.
-            let mode = if left > 1 { ReclaimMode::Graceful } else { ReclaimMode::Immediate };
-            t.preempt_seen.get_or_insert((Instant::now(), now, mode));
         }
         t.preempt_end = preempt_end;
         let wanted: Vec<(Option<String>, u16)> = match l {
@@ -206,14 +202,10 @@ impl Controller {
                     Self::unroute(&self.endpoint, m);
                 }
                 tracing::info!(endpoint = %self.name, job = id, "replica job ended; out of the router");
-                if let Some((seen, at, mode)) = t.preempt_seen {
-                    self.reclaimed(id, &t, seen, at, mode);
-                }
-                if let Some(cause) = self.failed_start_cause(id, &t).await {
-                    self.failed_start(id, cause);
-                }
+                self.ended.push(EndedJob { job: id, tracked: t, reads: 0 });
             }
         }
+        self.settle_ended().await;
         Ok(seen)
     }
 

@@ -1,7 +1,23 @@
 //! Reclaimed replicas: counted and timed when their GPUs are free, and the job
-//! that took them found (issue #26).
+//! that took them found (issue #26), all from Slurm's records of the jobs
+//! (issue #35): the victim's `PreemptTime`, `EndTime` and nodes, the
+//! taker's submission and start.
 
+use super::ending::{reclaim_of, RecordedReclaim};
 use super::*;
+
+/// A replica job that left the queue, its record still to be read.
+pub(super) struct EndedJob {
+    pub job: u32,
+    pub tracked: TrackedJob,
+    /// Reads of its record that failed so far.
+    pub reads: u32,
+}
+
+/// Failed reads of an ended job's record before onepoold settles it with
+/// what it saw itself (a slurmctld that does not answer for this long has
+/// other problems, and the record may be gone by then: `MinJobAge`).
+const RECORD_READS: u32 = 10;
 
 /// A reclaimed replica whose taker is still to be found.
 #[derive(Clone, Debug)]
@@ -9,7 +25,8 @@ pub(super) struct TakerSearch {
     job: u32,
     nodes: String,
     mode: ReclaimMode,
-    /// Unix seconds when Slurm's pick was seen: the taker starts after.
+    /// Unix seconds of Slurm's pick (the victim's PreemptTime): the taker
+    /// starts after.
     picked_at: u64,
     /// Given up (no other job started on its nodes) after this.
     until: Instant,
@@ -19,40 +36,86 @@ pub(super) struct TakerSearch {
 pub(super) const TAKER_SEARCH: Duration = Duration::from_secs(30);
 
 impl Controller {
-    /// A preempted replica job is gone: counted, timed, kept for status.
-    pub(super) fn reclaimed(&mut self, job: u32, t: &TrackedJob, seen: Instant, at: u64, mode: ReclaimMode) {
-        let released = seen.elapsed().as_secs_f64();
-        tracing::info!(endpoint = %self.name, job, mode = mode.as_str(), "reclaimed replica job released its GPUs {released:.1} s after Slurm's pick was seen");
+    /// Reads the record of each replica job that left the queue and counts
+    /// what it says: a reclaim, a failed start, or neither. A read that
+    /// fails is tried again at the next poll, so a slow slurmctld delays a
+    /// count but does not lose it.
+    pub(super) async fn settle_ended(&mut self) {
+        for mut e in std::mem::take(&mut self.ended) {
+            let (slurm, id) = (self.slurm.clone(), e.job);
+            let record = match blocking(&self.metrics, &self.name, "scontrol_show_job", move || slurm.job_details(id))
+                .await
+            {
+                Ok(r) => r,
+                Err(err) if e.reads + 1 < RECORD_READS => {
+                    tracing::warn!(endpoint = %self.name, job = id, "reading the ended replica job's record: {err}; again at the next poll");
+                    e.reads += 1;
+                    self.ended.push(e);
+                    continue;
+                }
+                Err(err) => {
+                    tracing::warn!(endpoint = %self.name, job = id, "reading the ended replica job's record failed {RECORD_READS} times ({err}); its end is not counted");
+                    continue;
+                }
+            };
+            if record.is_none() {
+                tracing::warn!(endpoint = %self.name, job = id, "the ended replica job's record is gone from slurmctld (MinJobAge); a reclaim of it cannot be counted");
+            }
+            match record.as_ref().and_then(reclaim_of) {
+                Some(r) => self.reclaimed(id, &e.tracked, r),
+                None => {
+                    if let Some(cause) = self.failed_start_cause(id, &e.tracked, record.as_ref()) {
+                        self.failed_start(id, cause);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A replica job Slurm reclaimed has ended: counted, timed, kept for
+    /// status, and its taker looked for.
+    pub(super) fn reclaimed(&mut self, job: u32, t: &TrackedJob, r: RecordedReclaim) {
+        let mode = r.mode;
+        tracing::info!(
+            endpoint = %self.name,
+            job,
+            mode = mode.as_str(),
+            "reclaimed replica job released its GPUs {:.0} s after Slurm picked it (its record)",
+            r.released_after_s
+        );
         let labels = ReclaimLabels { endpoint: self.name.clone(), mode: mode.as_str().to_string() };
+        self.metrics.preemptions.get_or_create(&EndpointLabels { endpoint: self.name.clone() }).inc();
         self.metrics.reclaims.get_or_create(&labels).inc();
-        self.metrics.reclaim_release_seconds.get_or_create(&labels).observe(released);
+        self.metrics.reclaim_release_seconds.get_or_create(&labels).observe(r.released_after_s);
         let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
         v.reclaims.push(ReclaimView {
             job,
             kind: kind_name(t.kind),
             mode,
-            at,
-            released_after_s: released,
+            at: r.picked_at,
+            released_after_s: r.released_after_s,
             taker: None,
             time_to_capacity_s: None,
         });
         let extra = v.reclaims.len().saturating_sub(RECENT_RECLAIMS);
         v.reclaims.drain(..extra);
-        if !t.nodes.is_empty() {
+        let nodes = if r.nodes.is_empty() { t.nodes.clone() } else { r.nodes };
+        if !nodes.is_empty() {
             self.takers.push(TakerSearch {
                 job,
-                nodes: t.nodes.clone(),
+                nodes,
                 mode,
-                picked_at: at,
+                picked_at: r.picked_at,
                 until: Instant::now() + TAKER_SEARCH,
             });
         }
     }
 
     /// Looks for the jobs that took reclaimed replicas' GPUs: on the
-    /// victim's nodes, another user's, started at or after Slurm's pick;
-    /// the first to start is the taker. One squeue per victim and poll,
-    /// until found or [`TAKER_SEARCH`] after the release.
+    /// victim's nodes, another user's, started at or after Slurm's pick
+    /// (running or already ended: slurmctld's records of both); the first
+    /// to start is the taker. One squeue per victim and poll, until found
+    /// or [`TAKER_SEARCH`] after the release.
     /// A failed squeue is logged and tried again at the next poll (the
     /// taker is a figure for the admin, not a reason to stop a round).
     pub(super) async fn find_takers(&mut self) {
@@ -60,7 +123,7 @@ impl Controller {
         for s in std::mem::take(&mut self.takers) {
             let slurm = self.slurm.clone();
             let nodes = s.nodes.clone();
-            let running = blocking(&self.metrics, &self.name, "squeue_running_on", move || slurm.running_on(&nodes));
+            let running = blocking(&self.metrics, &self.name, "squeue_started_on", move || slurm.started_on(&nodes));
             let running = match running.await {
                 Ok(r) => r,
                 Err(e) => {
