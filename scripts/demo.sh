@@ -30,5 +30,6 @@ sed 's/^min_runtime_before_reclaim = .*/min_runtime_before_reclaim = "10s"/' etc
 # The scenario itself (onepool-demo --help): onepoold runs as its child with
 # a generated config; on any failure or Ctrl-C it stops onepoold and cancels
 # the demo's jobs, and exits non-zero.
+# Arguments go to onepool-demo (e.g. --victim idle|busy).
 exec "$bin/onepool-demo" --dir "$dir" \
-    --trace data/azure-llm-inference-2023-conv.csv
+    --trace data/azure-llm-inference-2023-conv.csv "$@"

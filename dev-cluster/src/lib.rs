@@ -16,6 +16,7 @@ pub mod onepoold;
 pub mod process;
 pub mod spec;
 pub mod templates;
+pub mod throttle;
 
 mod policy_conf;
 mod services;

@@ -24,6 +24,27 @@ pub fn quick_health(path: &str) -> HealthFile {
     }
 }
 
+/// The environment variable that stretches the poll of every onepoold the
+/// demo and the tests start (issue #35: what onepoold counts must not
+/// depend on how often it polls; CI runs the demo and the reclaim programs
+/// at 5 s).
+pub const POLL_INTERVAL_ENV: &str = "ONEPOOL_POLL_INTERVAL";
+
+/// The replica controllers' poll: `default`, or [`POLL_INTERVAL_ENV`] where
+/// it is set (a duration: `5s`, `200ms`). A value that is not one stops
+/// the run with what is wrong: a run meant to stretch the poll must not
+/// pass at the default.
+pub fn poll_interval(default: Duration) -> Duration {
+    match std::env::var(POLL_INTERVAL_ENV) {
+        Ok(v) if !v.trim().is_empty() => match onepool_decisions::duration::parse(v.trim()) {
+            Ok(d) if !d.is_zero() => d,
+            Ok(_) => panic!("{POLL_INTERVAL_ENV}={v:?}: a poll interval must be above zero"),
+            Err(e) => panic!("{POLL_INTERVAL_ENV}={v:?}: {e}"),
+        },
+        _ => default,
+    }
+}
+
 /// The stand-in model server's command line: it loads its "model" for
 /// `model_load_s` seconds, then takes `seconds_per_token` a generated token.
 pub fn stand_in_command(server: &Path, model_load_s: f64, seconds_per_token: f64) -> String {

@@ -281,6 +281,10 @@ pub(crate) fn start_all(
         policy_conf::apply_qos(cl, policy, progress)?;
     }
     start_slurmctld(cl, progress)?;
+    let throttled = match crate::throttle::percent_from_env()? {
+        Some(p) => Some((p, crate::throttle::node_cgroup(&l.root, p)?)),
+        None => None,
+    };
     for (node, _) in spec.node_names().iter().zip(&spec.slurmd_ports) {
         let name = format!("slurmd-{node}");
         if running(l, &name).is_none() {
@@ -288,8 +292,14 @@ pub(crate) fn start_all(
             let mut c = Command::new("slurmd");
             c.args(["-D", "-N", node, "-f"]).arg(l.slurm_conf());
             slurm_env(&mut c, l);
-            process::spawn(c, &l.log_file(&format!("{name}.stdout")), &l.pid_file(&name))?;
-            progress(&format!("started {name}"));
+            let slurmd = process::spawn(c, &l.log_file(&format!("{name}.stdout")), &l.pid_file(&name))?;
+            match &throttled {
+                Some((p, cgroup)) => {
+                    crate::throttle::join(cgroup, slurmd.pid)?;
+                    progress(&format!("started {name}, its CPU capped with the other nodes' at {p}% of one core"));
+                }
+                None => progress(&format!("started {name}")),
+            }
         }
     }
     wait_nodes_idle(cl, spec, progress)

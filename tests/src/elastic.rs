@@ -157,7 +157,7 @@ pub fn stand_in_config(
         startup_timeout: Some(secs(60)),
         port_range: Some((18500, 18599)),
         launcher: Some(launcher.display().to_string()),
-        poll_interval: Some(millis(500)),
+        poll_interval: Some(onepool_dev_cluster::onepoold::poll_interval(millis(500))),
         stable_window: Some(secs(6)),
         panic_window: Some(secs(2)),
         scale_down_delay: Some(secs(60)),

@@ -32,6 +32,7 @@ pub(crate) fn the_report_agrees(
     from: &str,
     training: u32,
     time_to_capacity: f64,
+    victim: crate::scenario::Victim,
 ) -> anyhow::Result<()> {
     let onepool = paths.bin.join("onepool");
     let policy = cluster.layout.policy();
@@ -74,6 +75,7 @@ pub(crate) fn the_report_agrees(
                 (ttc - time_to_capacity).abs() <= 0.5,
                 "the report's time to capacity {ttc:.2} s is not the demo's {time_to_capacity:.2} s"
             );
+            victim_as_asked(victim, r)?;
             return the_saved_figure_is_the_simulators(cluster, &onepool, &report["saved"], &saved_dir);
         }
         if Instant::now() > deadline {
@@ -81,6 +83,23 @@ pub(crate) fn the_report_agrees(
         }
         std::thread::sleep(Duration::from_secs(2));
     }
+}
+
+/// The victim's drain as its launcher noted it (the report's `drained` and
+/// `cut`) must be what `--victim` asked for: nothing in flight, or some.
+fn victim_as_asked(victim: crate::scenario::Victim, r: &serde_json::Value) -> anyhow::Result<()> {
+    use crate::scenario::Victim;
+    let in_flight = match (r["drained"].as_u64(), r["cut"].as_u64()) {
+        (Some(d), Some(c)) => d + c,
+        _ if victim == Victim::Any => return Ok(()),
+        _ => anyhow::bail!("the report has no drain record of the victim (--victim {victim:?}): {r}"),
+    };
+    match victim {
+        Victim::Idle => anyhow::ensure!(in_flight == 0, "--victim idle, but it had {in_flight} request(s) in flight"),
+        Victim::Busy => anyhow::ensure!(in_flight > 0, "--victim busy, but it had nothing in flight at Slurm's pick"),
+        Victim::Any => {}
+    }
+    Ok(())
 }
 
 /// The report's "what the pool saved" must be what `onepool simulate`

@@ -31,7 +31,7 @@ pub(crate) fn config(p: &Paths, listen: SocketAddr, slurm_conf: &str, server: &M
                 supplemental_workload: Some("inference".into()),
                 port_range: Some((19400, 19499)),
                 launcher: Some(p.bin.join("onepool").display().to_string()),
-                poll_interval: Some(millis(500)),
+                poll_interval: Some(onepool_dev_cluster::onepoold::poll_interval(millis(500))),
                 stable_window: Some(secs(10)),
                 panic_window: Some(secs(2)),
                 scale_down_delay: Some(secs(SCALE_DOWN_DELAY_SECS)),

@@ -84,6 +84,11 @@ struct Args {
     /// The model server and model (scripts/model-server.sh makes them).
     #[arg(long, env = "ONEPOOL_MODEL_SERVER_DIR", default_value = "/var/cache/onepool/model-server")]
     model_server: PathBuf,
+    /// The reclaim's victim at Slurm's pick: idle (the load pauses until
+    /// nothing is in flight), busy (the training is submitted while every
+    /// supplemental replica has requests in flight), or as the trace makes it
+    #[arg(long, env = "ONEPOOL_DEMO_VICTIM", value_enum, default_value = "any")]
+    victim: Victim,
 }
 
 fn main() -> ExitCode {
@@ -138,7 +143,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
     let listen = onepoold_starts(&mut d, &tl, &slurm_conf, &server)?;
     let trace_name = trace_name(&args.trace);
     let load = load_light_then_heavy(&mut d, &tl, trace, &trace_name, listen)?;
-    let (training, time_to_capacity) = protected_training_arrives(&mut d, &tl)?;
+    let (training, time_to_capacity) = protected_training_arrives(&mut d, &tl, args.victim)?;
     training_ends(&mut d, &tl, training)?;
     load_ends(&mut d, &tl, &load)?;
     let other_state = job_state(other);
@@ -160,7 +165,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
     let mut problems = std::mem::take(&mut d.untold);
     problems.extend(onepoold_saw.err());
     step("What Slurm's records say: onepool report over the demo's period");
-    if let Err(e) = the_report_agrees(&cluster, &d.paths, &report_from, training, time_to_capacity) {
+    if let Err(e) = the_report_agrees(&cluster, &d.paths, &report_from, training, time_to_capacity, args.victim) {
         problems.push(format!("onepool report: {e:#}"));
     }
     println!("demo wall time {:.0} s", started.elapsed().as_secs_f64());

@@ -147,10 +147,48 @@ pub(crate) fn load_light_then_heavy(
     Ok(load)
 }
 
+/// What the reclaim's victim is doing when Slurm picks it (issue #35: every
+/// check of the demo must hold for an idle victim, which drains in no
+/// time, as for a busy one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Victim {
+    /// Whatever the trace's load makes it.
+    Any,
+    /// Nothing in flight: the load pauses until every request is answered.
+    Idle,
+    /// Requests in flight on every supplemental replica.
+    Busy,
+}
+
+/// Shapes the victim's load before the training is submitted; returns the
+/// load's speed to resume at once Slurm has picked its victim.
+fn prepare_victim(d: &mut Demo, tl: &Timeline, victim: Victim) -> anyhow::Result<Option<f64>> {
+    match victim {
+        Victim::Any => Ok(None),
+        Victim::Idle => {
+            let speed = d.load().phases().last().map_or(1.0, |p| p.speed);
+            d.load().pause();
+            tl.note("load: paused until every request is answered, so that the victim is idle at Slurm's pick");
+            d.wait("the requests in flight", Duration::from_secs(150), |d| d.load().in_flight() == 0)?;
+            Ok(Some(speed))
+        }
+        Victim::Busy => {
+            d.wait("requests in flight on every supplemental replica", Duration::from_secs(60), |d| {
+                let s = d.watch().seen();
+                let serving = s.serving(Kind::Supplemental);
+                !serving.is_empty() && serving.iter().all(|j| j.in_flight > 0)
+            })?;
+            tl.note("load: every supplemental replica has requests in flight");
+            Ok(None)
+        }
+    }
+}
+
 /// Phase 5: Protected training arrives; Slurm preempts a supplemental replica,
 /// which drains. Returns the training job and its time to capacity.
-pub(crate) fn protected_training_arrives(d: &mut Demo, tl: &Timeline) -> anyhow::Result<(u32, f64)> {
+pub(crate) fn protected_training_arrives(d: &mut Demo, tl: &Timeline, victim: Victim) -> anyhow::Result<(u32, f64)> {
     step("Critical training (protected, 4 GPUs) arrives; every GPU is taken");
+    let resume = prepare_victim(d, tl, victim)?;
     let t_submit = Instant::now();
     let training = slurm(
         "sbatch",
@@ -189,6 +227,10 @@ pub(crate) fn protected_training_arrives(d: &mut Demo, tl: &Timeline) -> anyhow:
     d.wait("the victim Slurm preempted", Duration::from_secs(10), |d| !preempted(d).is_empty())
         .context("the training job runs, but no job was seen being preempted (were GPUs free?)")?;
     let (victim, victim_kind, victim_label) = preempted(d)[0].clone();
+    if let Some(speed) = resume {
+        d.load().phase("heavy", speed);
+        tl.note(format!("load: resumed at {speed:.2}x"));
+    }
     println!();
     d.show_status();
     if victim_kind != Kind::Supplemental {

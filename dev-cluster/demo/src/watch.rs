@@ -71,6 +71,8 @@ pub struct Job {
     pub router: Option<String>,
     /// Requests the router handed to it.
     pub served: u64,
+    /// Requests in flight on it at the last look.
+    pub in_flight: u64,
     pub seen: f64,
     pub running: Option<f64>,
     pub serving: Option<f64>,
@@ -292,6 +294,7 @@ fn new_job(j: &JobInfo, port: Option<u16>, label: Option<(String, bool)>, tl: &T
         node: String::new(),
         router: None,
         served: 0,
+        in_flight: 0,
         seen,
         running: None,
         serving: None,
@@ -330,6 +333,7 @@ fn update(e: &mut Job, j: &JobInfo, router: Option<&HashMap<u16, InRouter>>, tl:
     if let (Some(port), Some(router)) = (e.port, router) {
         if let Some(InRouter { state, served, in_flight }) = router.get(&port) {
             e.served = e.served.max(*served);
+            e.in_flight = *in_flight;
             if e.router.as_deref() != Some(state.as_str()) {
                 match state.as_str() {
                     "ready" if e.serving.is_none() => {
