@@ -754,6 +754,44 @@ async fn head_timeout_spares_long_answers_and_busy_connections_but_not_idle_ones
     h.daemon.shutdown().await;
 }
 
+/// An idle keep-alive connection (its answer out, no next request begun)
+/// closes `header_read_timeout` after its last answer, on both HTTP/1.1
+/// paths. A request right after the connection opened is the worst case of
+/// a timer that looks once per timeout whether anything happened: it kept
+/// such a connection for twice the timeout (1.19-1.20 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_closes_at_the_head_timeout_on_both_paths() {
+    let echo = echo_replica().await;
+    let timeout = Duration::from_millis(600);
+    let mut cfg = endpoint_config(4, 4, Duration::from_secs(5));
+    cfg.proxy.conn.header_read_timeout = timeout;
+    let h = Harness::new(cfg, &[echo]).await;
+    let addr = h.url.trim_start_matches("http://").to_string();
+    // The lean path passes field names as sent; a `Connection` field sends
+    // the request to hyper, which passes them in lower case.
+    for (path, request, seen) in [
+        ("lean", "GET /lean HTTP/1.1\r\nHost: h\r\nX-Kept: 1\r\n\r\n", "\r\nX-Kept: 1\r\n"),
+        ("hyper", "GET /hyper HTTP/1.1\r\nHost: h\r\nX-Kept: 1\r\nConnection: keep-alive\r\n\r\n", "\r\nx-kept: 1\r\n"),
+    ] {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        let mut buf = Vec::new();
+        s.write_all(request.as_bytes()).await.unwrap();
+        let (status, body) = read_response(&mut s, &mut buf).await.expect("answered");
+        let answered = std::time::Instant::now();
+        assert!(status.starts_with("HTTP/1.1 200") && body.contains(seen), "{path}: {status} {body}");
+        let mut byte = [0u8; 1];
+        let n = tokio::time::timeout(timeout * 4, s.read(&mut byte)).await.expect("closed in time");
+        assert!(matches!(n, Ok(0) | Err(_)), "{path}: {n:?}");
+        let idle = answered.elapsed();
+        eprintln!("{path}: an idle keep-alive connection lived {idle:?} (header_read_timeout {timeout:?})");
+        assert!(
+            idle >= timeout - Duration::from_millis(50) && idle < timeout + Duration::from_millis(250),
+            "{path}: an idle keep-alive connection lived {idle:?} (header_read_timeout {timeout:?})"
+        );
+    }
+    h.daemon.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_closes_idle_connections_at_once_and_busy_ones_after_their_answer() {
     let a = backend(Mode::Normal).await;
@@ -1019,6 +1057,85 @@ async fn an_endpoint_with_bearer_tokens_refuses_requests_without_one_before_any_
     assert_eq!((s, text), (StatusCode::OK, a.addr.to_string()));
     assert_eq!(a.stats.served(), 1);
     h.daemon.shutdown().await;
+}
+
+/// The client's key is the router's to check: where the endpoint has keys,
+/// no `Authorization` field of the client's reaches a replica, on either
+/// HTTP/1.1 path (told apart by field-name case, as in
+/// `the_lean_path_forwards_heads_as_sent_and_hands_over_what_it_does_not_take`)
+/// nor with the models list; where it has none, the field passes as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_key_stops_at_the_router_where_the_endpoint_has_keys_and_passes_where_it_has_none() {
+    const KEY: &str = "0123456789abcdef-chat";
+    let echo = echo_replica().await;
+    let (lists, heads) = recording_list_replica().await;
+    for keys in [true, false] {
+        let mut cfg = endpoint_config(4, 4, Duration::from_secs(5));
+        if keys {
+            cfg.proxy.auth = Some(onepool_router::settings::BearerTokens::new([KEY.to_string()]));
+        }
+        let h = Harness::new(cfg, &[echo]).await;
+        let addr = h.url.trim_start_matches("http://").to_string();
+        // A second field with another value too: the lean path checks the
+        // first.
+        let fields = format!("Authorization: Bearer {KEY}\r\nAUTHORIZATION: Bearer second-secret\r\n");
+        for (path, extra, kept) in
+            [("lean", "", "\r\nX-Kept: 1\r\n"), ("hyper", "Connection: close\r\n", "\r\nx-kept: 1\r\n")]
+        {
+            let request = format!("GET /{path} HTTP/1.1\r\nHost: h\r\n{fields}X-Kept: 1\r\n{extra}\r\n");
+            let mut s = TcpStream::connect(&addr).await.unwrap();
+            let mut buf = Vec::new();
+            s.write_all(request.as_bytes()).await.unwrap();
+            let (status, seen) = read_response(&mut s, &mut buf).await.expect("answered");
+            assert!(status.starts_with("HTTP/1.1 200") && seen.contains(kept), "{path}: {status} {seen}");
+            let authorization = seen.to_ascii_lowercase().matches("\r\nauthorization: bearer ").count();
+            match keys {
+                true => {
+                    assert_eq!(authorization, 0, "{path}: the client's key reached the replica: {seen}");
+                    assert!(!seen.contains(KEY) && !seen.contains("second-secret"), "{path}: {seen}");
+                }
+                false => assert_eq!(authorization, 2, "{path}: the fields pass as sent: {seen}"),
+            }
+        }
+        // The models list asks each replica with the client's field, or
+        // without it.
+        h.daemon.endpoint("chat").unwrap().endpoint.add(lists, None, true).unwrap();
+        let req = Request::builder()
+            .uri(format!("{}/v1/models", h.url))
+            .header("authorization", format!("Bearer {KEY}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = client().request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let head = heads.lock().unwrap().pop().expect("the list replica was asked").to_ascii_lowercase();
+        assert_eq!(head.contains(&format!("\r\nauthorization: bearer {KEY}\r\n")), !keys, "keys {keys}: {head}");
+        h.daemon.shutdown().await;
+    }
+}
+
+/// A replica that lists one model to every request, and keeps each
+/// request's head.
+async fn recording_list_replica() -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let kept = kept.clone();
+            tokio::spawn(async move {
+                let Some(buf) = read_head(&mut s).await else { return };
+                kept.lock().unwrap().push(String::from_utf8_lossy(&buf).into_owned());
+                let body = r#"{"object":"list","data":[{"id":"m"}]}"#;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (addr, heads)
 }
 
 /// A replica that answers every request with `body` (JSON), once per

@@ -21,9 +21,10 @@ const MAX_LIST_BYTES: usize = 1 << 20;
 
 /// The merged list as an OpenAI `list` object, or why there is none
 /// (status and sentence).
-/// `authorization`, the client's, goes to each replica as it would with the
-/// request itself: replicas that check keys of their own (vLLM's
-/// `--api-key`, llama-server's `--api-key-file`) list their models to it.
+/// `authorization`, the client's where the endpoint has no keys of its
+/// own, goes to each replica as it would with the request itself: replicas
+/// that check keys of their own (vLLM's `--api-key`, llama-server's
+/// `--api-key-file`) list their models to it.
 pub(crate) async fn list(
     endpoint: &Endpoint,
     connect_timeout: Duration,

@@ -44,7 +44,10 @@ pub(super) fn is_models_list<B>(req: &Request<B>) -> bool {
     req.method() == Method::GET && req.uri().path() == "/v1/models"
 }
 
+/// `authorization`: the client's, which goes to the replicas as with any
+/// other request ([`ProxySettings::client_authorization_passes`]).
 pub(super) async fn list_models(t: Arc<Target>, authorization: Option<HeaderValue>) -> Response<ProxyBody> {
+    let authorization = authorization.filter(|_| t.settings.client_authorization_passes());
     let r = match crate::models::list(&t.endpoint, t.settings.connect_timeout, authorization).await {
         Ok(list) => json_response(StatusCode::OK, list),
         Err((status, why)) => openai_error(status, &why),

@@ -16,6 +16,25 @@ pub struct ProxyBody {
     pub(super) tap: Option<Box<Tap>>,
 }
 
+impl ProxyBody {
+    /// A replica's answer ends: its lease goes, and the clock reading that
+    /// ends its latency also ends its request's hold (instead of a reading
+    /// of the hold's own).
+    fn finish(kind: &mut BodyKind, hold: &mut Option<RequestHold>) {
+        if let (BodyKind::Replica(b), Some(hold)) = (kind, hold) {
+            if let Some(ended) = b.finish() {
+                hold.ended = Some(ended);
+            }
+        }
+    }
+}
+
+impl Drop for ProxyBody {
+    fn drop(&mut self) {
+        ProxyBody::finish(&mut self.kind, &mut self.hold);
+    }
+}
+
 pub(super) enum BodyKind {
     Own(Full<Bytes>),
     Replica(LeasedBody),
@@ -31,6 +50,9 @@ impl Body for ProxyBody {
             BodyKind::Own(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
             BodyKind::Replica(b) => Pin::new(b).poll_frame(cx),
         };
+        if matches!(r, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            ProxyBody::finish(&mut me.kind, &mut me.hold);
+        }
         if let Some(tap) = &mut me.tap {
             match &r {
                 Poll::Ready(Some(Ok(frame))) => {
@@ -72,6 +94,7 @@ impl Body for ProxyBody {
 
 /// A replica's response body that holds the replica's lease until the last
 /// frame has passed (or the client went away), then records the latency.
+/// Polled only as a [`ProxyBody`], which ends it at its last frame.
 pub(super) struct LeasedBody {
     pub(super) inner: BackendBody,
     pub(super) lease: Option<Lease>,
@@ -81,19 +104,22 @@ pub(super) struct LeasedBody {
 }
 
 impl LeasedBody {
-    pub(super) fn finish(&mut self) {
+    /// Ends the lease, once: when it did now, when.
+    pub(super) fn finish(&mut self) -> Option<Instant> {
         if let Some(lease) = self.lease.take() {
             let now = Instant::now();
             // The connection first, so that the next request finds it idle.
             self.inner.finish(tokio::time::Instant::from_std(now));
             lease.replica().metrics.latency.observe(now.saturating_duration_since(self.start).as_secs_f64());
+            return Some(now);
         }
+        None
     }
 }
 
 impl Drop for LeasedBody {
     fn drop(&mut self) {
-        self.finish();
+        let _ = self.finish();
     }
 }
 
@@ -120,9 +146,6 @@ impl Body for LeasedBody {
                 replica.metrics.response_idle_timeouts.inc();
                 tracing::info!(replica = %replica.address, "response cut off: {e}");
             }
-        }
-        if matches!(r, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-            self.finish();
         }
         r
     }

@@ -10,15 +10,18 @@ use super::*;
 /// rather than by hyper per request (which makes and removes a timer entry
 /// for every request, and reads the clock): one timer, which looks when it
 /// fires whether the connection has been waiting for a request head all
-/// along since it was set; if so, the connection closes; if not, the timer
-/// is set again from then. So a connection that waits for a head is closed
-/// between one and two head timeouts after it started to wait, and busy
-/// connections cost the timer nothing per request. HTTP/2 connections are
-/// held to it only until their first request (hyper had no head timeout
-/// for HTTP/2 at all; a connection that never sends one now closes too);
-/// after it, the same timer closes them once no stream has been open for
-/// the HTTP/2 idle timeout (GOAWAY first; if the client keeps the
-/// connection open one more idle timeout, it is dropped).
+/// along since it was set; if so, the connection closes. If not, and it is
+/// idle now, the timer is set again for one head timeout after its latest
+/// answer ended (the request's hold notes when: [`RequestHold`]), else (a
+/// request open) one head timeout from now. So a connection that waits for
+/// a head is closed one head timeout after it started to wait (before:
+/// between one and two, as a timer set from when it fired could not
+/// know), and busy connections cost the timer nothing per request. HTTP/2
+/// connections are held to it only until their first request (hyper had
+/// no head timeout for HTTP/2 at all; a connection that never sends one
+/// now closes too); after it, the same timer closes them once no stream
+/// has been open for the HTTP/2 idle timeout (GOAWAY first; if the client
+/// keeps the connection open one more idle timeout, it is dropped).
 pub(super) struct Guarded<C> {
     pub(super) conn: Pin<Box<C>>,
     pub(super) client: Arc<ClientConn>,
@@ -124,9 +127,12 @@ where
             this.timer.as_mut().reset(tokio::time::Instant::now() + this.http2_idle_timeout);
         }
         while this.timer.as_mut().poll(cx).is_ready() {
-            let now = (this.client.received.load(Ordering::Relaxed), this.client.done.load(Ordering::Relaxed));
+            // `done` first: the end of the request it counts is then seen.
+            let done = this.client.done.load(Ordering::Acquire);
+            let now = (this.client.received.load(Ordering::Relaxed), done);
+            let idle = now.0 == now.1;
             // No request since the timer was set, and none open then.
-            if now == this.armed_at && now.0 == now.1 {
+            if now == this.armed_at && idle {
                 if !this.http2 || this.stopping {
                     return Poll::Ready(Err(HeadTimeout::Elapsed));
                 }
@@ -135,9 +141,16 @@ where
                 // Polled again to send the GOAWAY.
                 cx.waker().wake_by_ref();
             }
-            this.armed_at = now;
             let period = if this.http2 { this.http2_idle_timeout } else { this.head_timeout };
-            this.timer.as_mut().reset(tokio::time::Instant::now() + period);
+            // Idle since an answer that ended after the timer was set: its
+            // wait counts from that end (if that was a whole period ago
+            // already, the timer is ready at once and closes it).
+            let from = match now != this.armed_at && idle {
+                true => tokio::time::Instant::from_std(this.client.idle_since()),
+                false => tokio::time::Instant::now(),
+            };
+            this.armed_at = now;
+            this.timer.as_mut().reset(from + period);
         }
         Poll::Pending
     }

@@ -21,8 +21,8 @@
 //! in origin form with one `Host`, no hop-by-hop or `Expect` field, at most
 //! one valid `Content-Length` whose body (at most [`MAX_BODY`]) is already
 //! in the socket when its head is read and fits the body budget, and, on an
-//! endpoint with keys, an accepted key. TLS and shared listeners are
-//! hyper's throughout.
+//! endpoint with keys, an accepted key (which, as on hyper's path, does not
+//! go on to the replica). TLS and shared listeners are hyper's throughout.
 
 #[allow(unused_imports)]
 use super::*;
@@ -127,7 +127,7 @@ pub(super) async fn serve(
         buf.advance(taken.head_len);
         let body = buf.split_to(taken.body_len).freeze();
         let p = Prepared::lean(head, body, std::mem::take(&mut spare), taken.head_request, taken.retry_any);
-        let Some(response) = forward_unless_gone(forward(p, &t), &mut io, &mut buf, max_head).await else {
+        let Some(mut response) = forward_unless_gone(forward(p, &t), &mut io, &mut buf, max_head).await else {
             // The client left while its request waited (queued, or for
             // its replica's answer): the request is dropped with it, so it
             // leaves the queue or frees its replica, as on hyper's path.
@@ -135,9 +135,11 @@ pub(super) async fn serve(
         };
         drop(share);
         let closing = client.stop.load(Ordering::Relaxed);
+        // Let go with the body, at the end of its last write, as hyper
+        // lets go of it.
+        response.body_mut().hold = Some(hold);
         spare = write_response(&mut io, response, taken.head_request, closing, &mut out).await?;
         spare.clear();
-        drop(hold);
         if closing || client.stop.load(Ordering::Relaxed) {
             let _ = io.shutdown().await;
             return Ok(Ended::Closed);
@@ -223,14 +225,16 @@ fn parse(buf: &[u8], t: &Target, client: &ClientConn, max_head: usize, head: &mu
     if t.settings.auth.as_ref().is_some_and(|a| !a.allows_value(authorization)) {
         return Parsed::Decline;
     }
+    let drop_authorization = !t.settings.client_authorization_passes();
     let mut w = HeadWriter::new(head, buf.len().min(head_len + 128));
     w.request_line(method, target);
     for f in req.headers.iter() {
         let name = f.name.as_bytes();
-        let passes = !name.eq_ignore_ascii_case(b"content-length")
-            && !name.eq_ignore_ascii_case(b"x-forwarded-for")
-            && !name.eq_ignore_ascii_case(crate::REPLICA_KEY_HEADER.as_str().as_bytes());
-        if passes {
+        let kept_back = name.eq_ignore_ascii_case(b"content-length")
+            || name.eq_ignore_ascii_case(b"x-forwarded-for")
+            || name.eq_ignore_ascii_case(crate::REPLICA_KEY_HEADER.as_str().as_bytes())
+            || (drop_authorization && name.eq_ignore_ascii_case(b"authorization"));
+        if !kept_back {
             w.field(name, f.value);
         }
     }

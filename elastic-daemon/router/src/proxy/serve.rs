@@ -50,7 +50,7 @@ pub async fn serve(
             // Decided before the future is made, so that it carries only
             // what the request needs (every request's future is moved
             // around whole).
-            let plan = plan(req, &hold.0);
+            let plan = plan(req, &hold.client);
             async move {
                 let mut r = match plan {
                     Plan::Answer(r) => *r,

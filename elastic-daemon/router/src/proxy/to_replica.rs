@@ -29,6 +29,9 @@ pub(super) struct Forwarded {
     /// onepoold's replica key for the replica (a client's own
     /// `x-onepool-replica-key` never passes).
     pub(super) replica_key: Option<HeaderValue>,
+    /// The client's `Authorization` stays with the router
+    /// ([`ProxySettings::client_authorization_passes`]).
+    pub(super) drop_authorization: bool,
 }
 
 impl Forwarded {
@@ -73,6 +76,7 @@ impl Forwarded {
             connection_names,
             hop_by_hop,
             replica_key: None,
+            drop_authorization: false,
         }
     }
 
@@ -81,6 +85,7 @@ impl Forwarded {
         name != header::CONTENT_LENGTH
             && name != X_FORWARDED_FOR
             && name != crate::REPLICA_KEY_HEADER
+            && !(self.drop_authorization && name == header::AUTHORIZATION)
             && !(self.hop_by_hop && (is_hop_by_hop(name) || self.connection_names.contains(name)))
     }
 
@@ -200,6 +205,7 @@ impl Prepared {
         let retry_any = ctx.settings.idempotent || is_safe(&parts.method);
         let mut out = Forwarded::new(parts, body, client);
         out.replica_key = ctx.endpoint.replica_key().cloned();
+        out.drop_authorization = !ctx.settings.client_authorization_passes();
         let head_request = out.method == Method::HEAD;
         let head = if out.host_from_replica { Vec::new() } else { out.head(None, out.body.len()) };
         // Serialized, the client's header map takes the response's fields:
