@@ -1,16 +1,17 @@
 //! Replica jobs that ended as failures, per endpoint: a crash loop's jobs
 //! are not service, and GPU-hours alone made them look like it (issue
-//! #26). A replica job is one named as onepoold names them
-//! (`onepool-ENDPOINT-SLOT`); it failed when Slurm says so (FAILED,
-//! TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE) or its launcher
-//! noted that the server ended by itself. The job's user is kept with the
-//! endpoint: any user may name a job that way, and the report shows whose
-//! jobs they were rather than trusting the name.
+//! #26). A replica job is one of onepoold's ([`ReplicaJobs`]: its service
+//! user's, recorded by job_submit/onepool for the endpoint; a job that is
+//! only named like one, `onepool-ENDPOINT-SLOT`, is not, issue #35); it
+//! failed when Slurm says so (FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY,
+//! BOOT_FAIL, DEADLINE) or its launcher noted that the server ended by
+//! itself.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::replica_jobs::ReplicaJobs;
 use super::usage::Run;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -35,16 +36,17 @@ pub struct ReplicaFailures {
 
 const FAILED_STATES: [&str; 6] = ["FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"];
 
-/// The endpoint in a replica job's name (`onepool-ENDPOINT-SLOT`).
+/// The endpoint in a replica job's name (`onepool-ENDPOINT-SLOT`); only
+/// the name, which any user may give a job.
 pub fn endpoint_of(name: &str) -> Option<&str> {
     let (endpoint, slot) = name.strip_prefix("onepool-")?.rsplit_once('-')?;
     (!endpoint.is_empty() && !slot.is_empty() && slot.bytes().all(|b| b.is_ascii_digit())).then_some(endpoint)
 }
 
-pub fn find(runs: &[Run], from: f64, to: f64) -> Vec<ReplicaFailures> {
+pub fn find(runs: &[Run], replicas: &ReplicaJobs, from: f64, to: f64) -> Vec<ReplicaFailures> {
     let mut by: BTreeMap<(String, String), ReplicaFailures> = BTreeMap::new();
     for r in runs.iter().filter(|r| r.end >= from && r.end <= to) {
-        let Some(endpoint) = endpoint_of(&r.name) else { continue };
+        let Some(endpoint) = replicas.endpoint_of(r) else { continue };
         let f = by.entry((endpoint.to_string(), r.user.clone())).or_insert_with(|| ReplicaFailures {
             endpoint: endpoint.to_string(),
             user: r.user.clone(),

@@ -13,10 +13,10 @@
 //! it ended (by node and time; the report says so).
 
 use onepool_decisions::annotation::ReclaimMode;
-use onepool_decisions::policy::Policy;
+use onepool_decisions::policy::{Policy, Tier};
 use serde::Serialize;
 
-use super::slurmctld_log::LogFacts;
+use super::slurmctld_log::{LogFacts, Preemption};
 use super::usage::Run;
 
 /// A run Slurm stopped to give its GPUs to other work.
@@ -59,15 +59,24 @@ pub struct Reclaim {
 /// (accounting only).
 pub const LINK_S: f64 = 10.0;
 
+/// How long after Slurm's line a victim may still be ending, beyond its
+/// grace time: KillWait (30 s by default) between SIGTERM and SIGKILL, and
+/// slurmctld's check that ends a grace time, which runs every 30 s.
+pub const END_SLACK_S: f64 = 60.0;
+
+/// How far the log's time of an event may lie from accounting's: sacct
+/// keeps the whole second slurmctld took before it logged the line.
+const AGREE_S: (f64, f64) = (-1.0, 2.0);
+
 pub fn find(runs: &[Run], policy: &Policy, log: Option<&LogFacts>, from: f64, to: f64) -> Vec<Reclaim> {
     let mut out = Vec::new();
     // The log's span: where it is read; before it, accounting alone.
     let log_from = log.and_then(|l| l.first).map(|f| f.max(from));
     let mut seen: Vec<(&str, f64)> = Vec::new();
-    // Victims Slurm named, with their takers.
+    // Victims Slurm named, with their takers, where accounting agrees.
     if let (Some(log), Some(log_from)) = (log, log_from) {
         for p in log.preemptions.iter().filter(|p| p.at >= log_from && p.at <= to) {
-            let Some(victim) = run_at(runs, &p.victim, p.at) else { continue };
+            let Some((victim, taker)) = checked(runs, policy, p) else { continue };
             // One reclaim per victim run, whatever slurmctld repeats (a
             // graceful victim killed at the end of its grace time is named
             // again then).
@@ -75,10 +84,6 @@ pub fn find(runs: &[Run], policy: &Policy, log: Option<&LogFacts>, from: f64, to
                 continue;
             }
             seen.push((victim.id.as_str(), victim.start));
-            let taker = runs
-                .iter()
-                .filter(|r| r.id == p.taker && r.start >= p.at - 1.0)
-                .min_by(|a, b| a.start.total_cmp(&b.start));
             let class_mode = policy.class_by_qos(&victim.qos).and_then(|c| c.reclaim());
             let mode = match p.verb.as_str() {
                 "requeued" => ReclaimMode::Requeue,
@@ -88,7 +93,7 @@ pub fn find(runs: &[Run], policy: &Policy, log: Option<&LogFacts>, from: f64, to
                 _ if victim.drain().is_some() || class_mode == Some(ReclaimMode::Graceful) => ReclaimMode::Graceful,
                 _ => ReclaimMode::Immediate,
             };
-            let ttc = log_ttc(log, &p.taker).or_else(|| taker.map(|t| t.start - t.submit));
+            let ttc = taker.map(|t| ttc(Some(log), t));
             out.push(reclaim(policy, victim, taker, mode, p.at - from, ttc, "slurmctld log"));
         }
     }
@@ -112,34 +117,32 @@ pub fn find(runs: &[Run], policy: &Policy, log: Option<&LogFacts>, from: f64, to
         let r = match in_log {
             Some(log) => {
                 // The log's end of the victim and starts of the others, to
-                // the millisecond.
-                // (A requeued job's log end is its last run's: only one
-                // that agrees with this run's whole-second end is used.)
-                let end = log.times(&v.id).end.filter(|e| (e - v.end).abs() < 1.5).unwrap_or(v.end);
+                // the millisecond, where accounting agrees.
+                let end = logged(&log.times(&v.id).ends, v.end).unwrap_or(v.end);
                 let taker = log
                     .starts
                     .iter()
-                    .filter(|(t, id, nodes)| {
-                        *id != v.id
-                            && *t >= end - 1.0
-                            && *t <= end + LINK_S
-                            && nodes.iter().any(|n| v.nodes.contains(n))
+                    .filter(|(t, id, _)| *id != v.id && *t >= end - 1.0 && *t <= end + LINK_S)
+                    // The run that started then, on the victim's nodes (as
+                    // accounting has them), waiting when the victim ended
+                    // (sacct's submission may be the whole second before the log's).
+                    .filter_map(|(t, id, _)| {
+                        let run = runs.iter().find(|r| r.id == *id && agrees(*t, r.start))?;
+                        let submit = logged(&log.times(id).submits, run.submit).unwrap_or(run.submit);
+                        (shares_a_node(run, v) && submit <= end + 1.0).then_some((*t, run))
                     })
-                    // Waiting when the victim ended (sacct's end may be
-                    // the whole second before the log's submission).
-                    .filter(|(_, id, _)| log.times(id).submit.is_none_or(|s| s <= end + 1.0))
-                    .min_by(|a, b| a.0.total_cmp(&b.0));
-                let run = taker.and_then(|(t, id, _)| run_at(runs, id, *t));
-                let ttc = taker.and_then(|(_, id, _)| log_ttc(log, id)).or_else(|| run.map(|t| t.start - t.submit));
-                reclaim(policy, v, run, mode, end - from, ttc, "slurmctld log (taker by node and time)")
+                    .min_by(|a, b| a.0.total_cmp(&b.0))
+                    .map(|(_, run)| run);
+                let ttc = taker.map(|t| ttc(Some(log), t));
+                reclaim(policy, v, taker, mode, end - from, ttc, "slurmctld log (taker by node and time)")
             }
             None => {
                 let taker = runs
                     .iter()
                     .filter(|p| p.id != v.id && p.start >= v.end && p.start <= v.end + LINK_S)
-                    .filter(|p| p.submit <= v.end && p.nodes.iter().any(|n| v.nodes.contains(n)))
+                    .filter(|p| p.submit <= v.end && shares_a_node(p, v))
                     .min_by(|a, b| a.start.total_cmp(&b.start));
-                let ttc = taker.map(|p| p.start - p.submit);
+                let ttc = taker.map(|t| ttc(None, t));
                 reclaim(policy, v, taker, mode, v.end - from, ttc, "accounting")
             }
         };
@@ -149,17 +152,83 @@ pub fn find(runs: &[Run], policy: &Policy, log: Option<&LogFacts>, from: f64, to
     out
 }
 
-/// A job's submission to start in the log, when it has both.
-fn log_ttc(log: &LogFacts, job: &str) -> Option<f64> {
-    let t = log.times(job);
-    Some(t.start? - t.submit?).filter(|d| *d >= 0.0)
+/// A preemption line's victim and taker runs when accounting bears it
+/// out; `None`: the line is ignored (a user's text may have written it,
+/// [`super::log_trust`]), and the victim is found as one Slurm did not
+/// name. The victim held its GPUs at the line and ended (or was requeued)
+/// within its grace time and [`END_SLACK_S`] after it; the taker (none for
+/// `JobId=Invalid`) was waiting at the line and started after it, on one of
+/// the victim's nodes, within as long; and the policy lets the taker's
+/// class reclaim the victim's.
+fn checked<'a>(runs: &'a [Run], policy: &Policy, p: &Preemption) -> Option<(&'a Run, Option<&'a Run>)> {
+    let reach = |r: &Run| grace_s(policy, &r.qos) + END_SLACK_S;
+    let victim = runs
+        .iter()
+        .filter(|r| r.id == p.victim)
+        .find(|r| r.start <= p.at + 1.0 && r.end >= p.at - 1.0 && r.end <= p.at + reach(r))?;
+    let Some(taker) = &p.taker else { return Some((victim, None)) };
+    let taker = runs
+        .iter()
+        .filter(|r| r.id == *taker && r.submit <= p.at + 1.0 && r.start >= p.at - 1.0)
+        .filter(|r| r.start <= p.at + reach(victim) + LINK_S && shares_a_node(r, victim))
+        .min_by(|a, b| a.start.total_cmp(&b.start))?;
+    may_reclaim(policy, &taker.qos, &victim.qos).then_some((victim, Some(taker)))
 }
 
-/// The run of job `id` that held its GPUs at `at` (a requeued job has one
-/// run per start; sacct's whole seconds round either way).
-fn run_at<'a>(runs: &'a [Run], id: &str, at: f64) -> Option<&'a Run> {
-    let of = || runs.iter().filter(move |r| r.id == id);
-    of().find(|r| r.start <= at + 1.0 && r.end >= at - 1.0).or_else(|| of().next())
+/// The grace time of the class a job ran in; the longest of the policy's
+/// for a job outside its classes.
+fn grace_s(policy: &Policy, qos: &str) -> f64 {
+    let grace = |c: &onepool_decisions::policy::Class| match c.tier {
+        Tier::Flexible { grace_time, .. } => grace_time.as_secs_f64(),
+        Tier::Protected { .. } => 0.0,
+    };
+    match policy.class_by_qos(qos) {
+        Some(c) => grace(c),
+        None => policy.classes.iter().map(grace).fold(0.0, f64::max),
+    }
+}
+
+/// Whether the QOS `onepool policy render` gives the taker's class may
+/// preempt the victim's: a protected class every flexible one, a flexible
+/// class those ranked after it. A class outside the policy, or whose QOS
+/// the site manages, is not checked.
+fn may_reclaim(policy: &Policy, taker: &str, victim: &str) -> bool {
+    let (Some(t), Some(v)) = (policy.class_by_qos(taker), policy.class_by_qos(victim)) else { return true };
+    if !t.manage_qos || !v.manage_qos {
+        return true;
+    }
+    match (t.rank(), v.rank()) {
+        (_, None) => false,
+        (None, Some(_)) => true,
+        (Some(t), Some(v)) => t < v,
+    }
+}
+
+fn shares_a_node(a: &Run, b: &Run) -> bool {
+    a.nodes.iter().any(|n| b.nodes.contains(n))
+}
+
+/// Whether the log's time `log` is the event accounting has at `sacct`.
+fn agrees(log: f64, sacct: f64) -> bool {
+    let d = log - sacct;
+    d >= AGREE_S.0 && d <= AGREE_S.1
+}
+
+/// The first of the log's times that agrees with accounting's.
+fn logged(times: &[f64], sacct: f64) -> Option<f64> {
+    times.iter().copied().find(|t| agrees(*t, sacct))
+}
+
+/// The taker's submission to start: the log's, to the millisecond, where
+/// both agree with accounting; else accounting's whole seconds.
+fn ttc(log: Option<&LogFacts>, t: &Run) -> f64 {
+    let times = log.map(|l| l.times(&t.id));
+    let submit = times.and_then(|x| logged(&x.submits, t.submit));
+    let start = times.and_then(|x| logged(&x.starts, t.start));
+    match (submit, start) {
+        (Some(a), Some(b)) if b >= a => b - a,
+        _ => t.start - t.submit,
+    }
 }
 
 fn reclaim(

@@ -45,8 +45,24 @@ fn run(id: &str, qos: &str, state: &str, (submit, start, end): (f64, f64, f64), 
         gpus,
         nodes: nodes.iter().map(|n| n.to_string()).collect(),
         user: "alice".into(),
+        record: None,
         note: None,
     }
+}
+
+/// Any endpoint of the service user's recorded jobs (no onepoold.toml).
+fn any_replica() -> replica_jobs::ReplicaJobs {
+    replica_jobs::ReplicaJobs::unconfigured("no onepoold.toml in the test")
+}
+
+/// `r` as onepoold's replica of `endpoint` (its service user's, recorded by job_submit/onepool).
+fn as_replica(mut r: Run, endpoint: &str, slot: u16) -> Run {
+    r.name = format!("onepool-{endpoint}-{slot}");
+    r.user = onepool_decisions::policy::SERVICE_USER.into();
+    r.record = onepool_decisions::record::JobRecord::decode(&format!(
+        "onepool:class=b;tier=flexible;reclaim=immediate;endpoint={endpoint}"
+    ));
+    r
 }
 
 /// One hour of an 8-GPU pool, 4 of them protected: a (4 GPUs) and b
@@ -68,7 +84,7 @@ fn close(a: f64, b: f64) -> bool {
 
 #[test]
 fn gpu_hours_borrowed_idle_and_the_reclaim_by_hand() {
-    let r = usage::compute(&hour(), &policy(), 0.0, 3600.0, None);
+    let r = usage::compute(&hour(), &policy(), 0.0, 3600.0, None, &any_replica());
     let by = |n: &str| r.classes.iter().find(|c| c.class == n).unwrap().clone();
     let (a, b, p) = (by("a"), by("b"), by("p"));
     assert!(close(a.gpu_hours, 2.0) && close(b.gpu_hours, 2.0 * 1200.0 / 3600.0), "{a:?} {b:?}");
@@ -96,7 +112,7 @@ fn a_requeued_run_is_a_reclaim_only_in_a_requeue_class_and_no_taker_is_said_so()
         run("6", "op-b", "REQUEUED", (0.0, 0.0, 600.0), 2, &["n2"]),
         run("7", "op-b", "PREEMPTED", (0.0, 0.0, 900.0), 2, &["n3"]),
     ];
-    let r = usage::compute(&runs, &policy(), 0.0, 3600.0, None);
+    let r = usage::compute(&runs, &policy(), 0.0, 3600.0, None, &any_replica());
     let got: Vec<(&str, &str)> = r.reclaims.iter().map(|x| (x.job.as_str(), x.mode.as_str())).collect();
     assert_eq!(got, [("5", "requeue"), ("7", "immediate")], "scontrol requeue of a b job is no reclaim");
     assert_eq!(r.reclaims[1].for_job, None);
@@ -106,11 +122,11 @@ fn a_requeued_run_is_a_reclaim_only_in_a_requeue_class_and_no_taker_is_said_so()
 
 #[test]
 fn sacct_lines_become_runs() {
-    let out = "40|requeue-training.sbatch|op-training|REQUEUED|2026-12-04T08:13:28|2026-12-04T08:13:28|2026-12-04T08:13:40|billing=1,cpu=1,gres/gpu=4,node=1|node1|alice|\n\
-               41|cpu-only|normal|COMPLETED|2026-12-04T08:13:28|2026-12-04T08:13:29|2026-12-04T08:13:40|billing=1,cpu=1,node=1|node2|bob|\n\
-               42|pending|op-a|PENDING|2026-12-04T08:13:28|Unknown|Unknown|billing=1,cpu=1,gres/gpu=1,node=1|None assigned|bob|\n\
-               43|runs|op-a|RUNNING|2026-12-04T08:13:28|2026-12-04T08:13:30|Unknown|billing=1,gres/gpu=8,node=2|node[3-4]|bob|my own words\n\
-               44|onepool-chat-7|op-b|CANCELLED by 0|2026-12-04T08:13:28|2026-12-04T08:13:30|2026-12-04T08:14:30|gres/gpu=1|node1|onepool|op1;L7=40000;D7=1,10,3,0,2,1500\n";
+    let out = "40|requeue-training.sbatch|op-training|REQUEUED|2026-12-04T08:13:28|2026-12-04T08:13:28|2026-12-04T08:13:40|billing=1,cpu=1,gres/gpu=4,node=1|node1|alice||\n\
+               41|cpu-only|normal|COMPLETED|2026-12-04T08:13:28|2026-12-04T08:13:29|2026-12-04T08:13:40|billing=1,cpu=1,node=1|node2|bob||\n\
+               42|pending|op-a|PENDING|2026-12-04T08:13:28|Unknown|Unknown|billing=1,cpu=1,gres/gpu=1,node=1|None assigned|bob||\n\
+               43|runs|op-a|RUNNING|2026-12-04T08:13:28|2026-12-04T08:13:30|Unknown|billing=1,gres/gpu=8,node=2|node[3-4]|bob||my own words\n\
+               44|onepool-chat-7|op-b|CANCELLED by 0|2026-12-04T08:13:28|2026-12-04T08:13:30|2026-12-04T08:14:30|gres/gpu=1|node1|onepool|onepool:class=b;tier=flexible;endpoint=chat|op1;L7=40000;D7=1,10,3,0,2,1500\n";
     let (runs, malformed) = usage::parse_sacct(out, "|").unwrap();
     assert!(malformed.is_empty());
     let ids: Vec<&str> = runs.iter().map(|r| r.id.as_str()).collect();
@@ -123,6 +139,8 @@ fn sacct_lines_become_runs() {
     assert_eq!((runs[1].user.as_str(), runs[1].note.is_none()), ("bob", true));
     assert_eq!(runs[2].state, "CANCELLED");
     assert_eq!(runs[2].drain().map(|d| (d.finished(), d.took_ms)), Some((3, 1500)));
+    assert_eq!(runs[2].record.as_ref().and_then(|r| r.endpoint.as_deref()), Some("chat"));
+    assert_eq!(runs[1].record, None);
     let (runs, malformed) = usage::parse_sacct("1|x|q\n", "|").unwrap();
     assert!(runs.is_empty());
     assert_eq!(malformed, [1]);
@@ -146,11 +164,12 @@ fn a_name_or_comment_cannot_forge_a_run() {
             "gres/gpu=2",
             "n1",
             "mallory",
+            "",
             comment,
         ]
         .join(&d)
     };
-    let forged = "x\n99|onepool-chat-1|op-p|PREEMPTED|2026-12-04T08:00:00|2026-12-04T08:00:00|2026-12-04T09:00:00|gres/gpu=8|n1|onepool|op1;E1=boom";
+    let forged = "x\n99|onepool-chat-1|op-p|PREEMPTED|2026-12-04T08:00:00|2026-12-04T08:00:00|2026-12-04T09:00:00|gres/gpu=8|n1|onepool|onepool:class=p;tier=protected;endpoint=chat|op1;E1=boom";
     let out = format!("{}\n{}\n", line("50", "a|b", forged), line("51", "ok", "op1;D3=1,10,1,0,0,5"));
     let (runs, malformed) = usage::parse_sacct(&out, &d).unwrap();
     assert!(malformed.is_empty());
@@ -158,9 +177,10 @@ fn a_name_or_comment_cannot_forge_a_run() {
     assert_eq!(ids, ["50", "51"]);
     assert_eq!(runs[0].name, "a|b");
     assert_eq!(runs[0].note, None, "a comment that does not start with the tag is no note");
-    // A user's own job may carry a note-shaped comment; the report names the user.
+    // A user's own job may carry a note-shaped comment: it is read, and
+    // counts only on onepoold's replica jobs (a_note_counts_only_on_a_replica_job).
     assert!(runs[1].drain().is_some());
-    assert_eq!(runs[1].user, "mallory");
+    assert_eq!((runs[1].user.as_str(), &runs[1].record), ("mallory", &None));
 }
 
 #[test]
@@ -196,7 +216,7 @@ fn times_relative_and_absolute() {
 
 #[test]
 fn text_and_chart_name_every_class_and_the_reclaim() {
-    let r = usage::compute(&hour(), &policy(), 0.0, 3600.0, None);
+    let r = usage::compute(&hour(), &policy(), 0.0, 3600.0, None, &any_replica());
     let t = text(&r);
     assert!(
         t.starts_with("onepool report 1970-01-01T00:00:00 to 1970-01-01T01:00:00 (1.0 h), pool of 8 GPUs\n"),
@@ -243,19 +263,17 @@ fn reclaims_from_the_log_with_the_drain_record_and_failures_apart() {
 [2026-12-05T10:03:00.010] preempted JobId=13 has been requeued to reclaim resources for JobId=22
 [2026-12-05T10:03:00.900] sched/backfill: _start_job: Started JobId=22 in gpu on n3
 ";
-    let facts = slurmctld_log::read(log);
-    let mut replica = run("11", "op-b", "COMPLETED", (at("00:10"), at("00:11"), at("01:02")), 2, &["n1"]);
+    let facts = slurmctld_log::read(log, &|_| false);
+    let mut replica =
+        as_replica(run("11", "op-b", "COMPLETED", (at("00:10"), at("00:11"), at("01:02")), 2, &["n1"]), "chat", 7);
     let mut note = ReplicaNote::default();
     note.set_port(7, 40000);
     note.set_drained(7, DrainNote { notice_ms: 1, signal: 10, in_flight: 4, cut: 1, turned_away: 6, took_ms: 2100 });
     replica.note = Some(note);
-    replica.name = "onepool-chat-7".into();
     let mut crashes: Vec<Run> = (0..3)
         .map(|i| {
-            let mut r = run(&format!("3{i}"), "op-b", "FAILED", (at("04:00"), at("04:01"), at("04:02")), 1, &["n4"]);
-            r.name = "onepool-broken-9".into();
-            r.user = "onepool".into();
-            r
+            let r = run(&format!("3{i}"), "op-b", "FAILED", (at("04:00"), at("04:01"), at("04:02")), 1, &["n4"]);
+            as_replica(r, "broken", 9)
         })
         .collect();
     let mut ended = ReplicaNote::default();
@@ -271,7 +289,7 @@ fn reclaims_from_the_log_with_the_drain_record_and_failures_apart() {
         run("22", "op-p", "COMPLETED", (at("03:00"), at("03:01"), at("05:00")), 4, &["n3"]),
     ];
     runs.append(&mut crashes);
-    let r = usage::compute(&runs, &policy(), from, from + 3600.0, Some(&facts));
+    let r = usage::compute(&runs, &policy(), from, from + 3600.0, Some(&facts), &any_replica());
     assert_eq!(r.reclaim_source, "slurmctld's log");
     let got: Vec<(&str, &str, Option<&str>, Option<u32>)> = r
         .reclaims
@@ -318,20 +336,131 @@ fn reclaims_from_the_log_with_the_drain_record_and_failures_apart() {
 fn a_rotated_log_leaves_the_earlier_reclaims_to_accounting() {
     let t = |s: &str| onepool_decisions::trace::parse_time(s).unwrap();
     let log = "[2026-12-05T10:30:00.000] slurmctld version 22.05.8 started\n";
-    let facts = slurmctld_log::read(log);
+    let facts = slurmctld_log::read(log, &|_| false);
     let from = t("2026-12-05T10:00:00");
     let runs = vec![
         run("5", "op-b", "PREEMPTED", (from, from + 10.0, from + 600.0), 2, &["n1"]),
         run("6", "op-p", "COMPLETED", (from + 590.0, from + 601.0, from + 3000.0), 2, &["n1"]),
         run("7", "op-b", "PREEMPTED", (from, from + 10.0, from + 2400.0), 2, &["n2"]),
     ];
-    let r = usage::compute(&runs, &policy(), from, from + 3600.0, Some(&facts));
+    let r = usage::compute(&runs, &policy(), from, from + 3600.0, Some(&facts), &any_replica());
     // Job 5 ended before the log begins; job 7, after, is not named in it
     // (a victim killed at the end of its grace time, at info level).
     let got: Vec<(&str, &str, Option<&str>)> =
         r.reclaims.iter().map(|x| (x.job.as_str(), x.source.as_str(), x.for_job.as_deref())).collect();
     assert_eq!(got, [("5", "accounting", Some("6")), ("7", "slurmctld log (taker by node and time)", None)]);
     assert!(r.reclaim_source.starts_with("slurmctld's log from 2026-12-05T10:30:00"), "{}", r.reclaim_source);
+}
+
+/// A drain and an end note on an ordinary user's job named like a replica
+/// (issue #35, item 1): no reclaim, no failure. The same job of onepoold's
+/// service user, recorded for the endpoint, is both.
+#[test]
+fn a_note_counts_only_on_a_replica_job() {
+    use onepool_launcher::conventions::{DrainNote, ReplicaNote};
+    let from = 0.0;
+    let mut forged = run("50", "op-b", "COMPLETED", (10.0, 10.0, 600.0), 1, &["n1"]);
+    forged.name = "onepool-chat-0".into();
+    let mut note = ReplicaNote::default();
+    note.set_port(0, 40000);
+    note.set_drained(0, DrainNote { notice_ms: 1, signal: 10, in_flight: 7, cut: 0, turned_away: 3, took_ms: 1500 });
+    note.set_ended(0, "exit code 3");
+    forged.note = Some(note);
+    // A job that started on its node right after: a taker by node and time.
+    let next = run("51", "op-p", "COMPLETED", (590.0, 601.0, 900.0), 1, &["n1"]);
+    let runs = vec![forged.clone(), next.clone()];
+    let r = usage::compute(&runs, &policy(), from, 3600.0, None, &any_replica());
+    assert_eq!((r.reclaims.len(), r.replica_failures.len()), (0, 0), "{:?} {:?}", r.reclaims, r.replica_failures);
+    // Its record says endpoint chat, but its user is not onepoold's.
+    forged.record = as_replica(forged.clone(), "chat", 0).record;
+    let r = usage::compute(&[forged.clone(), next.clone()], &policy(), from, 3600.0, None, &any_replica());
+    assert_eq!((r.reclaims.len(), r.replica_failures.len()), (0, 0));
+    let replica = as_replica(forged, "chat", 0);
+    let r = usage::compute(&[replica, next], &policy(), from, 3600.0, None, &any_replica());
+    let got: Vec<(&str, &str, Option<&str>, Option<u64>)> =
+        r.reclaims.iter().map(|x| (x.job.as_str(), x.mode.as_str(), x.for_job.as_deref(), x.drained)).collect();
+    assert_eq!(got, [("50", "graceful", Some("51"), Some(7))]);
+    assert_eq!(r.replica_failures.len(), 1);
+    assert!(r.replica_jobs.starts_with("jobs of user onepool"), "{}", r.replica_jobs);
+}
+
+/// Lines that a user's text got past the continuation rule (issue #35,
+/// item 2) are checked against accounting: one naming a real graceful
+/// victim with the user's own job as its taker, one naming an invented
+/// pair, and one naming a real pair but stamped when neither was waiting
+/// or ending change nothing; nor does a taker the policy does not let
+/// reclaim the victim's class.
+#[test]
+fn a_preemption_accounting_does_not_bear_out_is_ignored() {
+    use onepool_launcher::conventions::{DrainNote, ReplicaNote};
+    let t = |s: &str| onepool_decisions::trace::parse_time(&format!("2026-12-05T10:{s}")).unwrap();
+    let from = t("00:00");
+    let real = [
+        "[2026-12-05T09:59:00.000] slurmctld version 22.05.8 started",
+        "[2026-12-05T10:01:00.100] _slurm_rpc_submit_batch_job: JobId=20 InitPrio=10000 usec=800",
+        "[2026-12-05T10:01:02.350] sched: Allocate JobId=20 NodeList=n1 #CPUs=1 Partition=gpu",
+    ];
+    // In the log's order, as if written then.
+    let forged = [
+        (2, "[2026-12-05T10:01:00.200] preempted JobId=11 has been killed to reclaim resources for JobId=60"),
+        (2, "[2026-12-05T10:01:00.300] preempted JobId=61 has been killed to reclaim resources for JobId=20"),
+        (2, "[2026-12-05T10:01:00.400] preempted JobId=62 has been killed to reclaim resources for JobId=63"),
+        (3, "[2026-12-05T10:03:00.000] preempted JobId=11 has been killed to reclaim resources for JobId=20"),
+    ];
+    let mut replica =
+        as_replica(run("11", "op-b", "COMPLETED", (t("00:10"), t("00:11"), t("01:02")), 2, &["n1"]), "chat", 7);
+    let mut note = ReplicaNote::default();
+    note.set_drained(7, DrainNote { notice_ms: 1, signal: 10, in_flight: 1, cut: 0, turned_away: 0, took_ms: 2000 });
+    replica.note = Some(note);
+    let runs = vec![
+        replica,
+        run("20", "op-p", "COMPLETED", (t("01:00"), t("01:02"), t("05:00")), 2, &["n1"]),
+        // The user's own: one on another node, one that ended long before.
+        run("60", "op-p", "RUNNING", (t("00:30"), t("01:01"), f64::INFINITY), 1, &["n2"]),
+        run("61", "op-b", "COMPLETED", (t("00:05"), t("00:06"), t("00:20")), 1, &["n1"]),
+        // b (rank 2) cannot reclaim a (rank 1).
+        run("62", "op-a", "COMPLETED", (t("00:05"), t("00:06"), t("01:01")), 1, &["n3"]),
+        run("63", "op-b", "COMPLETED", (t("01:00"), t("01:02"), t("02:00")), 1, &["n3"]),
+    ];
+    let report = |log: &str| {
+        let facts = slurmctld_log::read(log, &|_| false);
+        usage::compute(&runs, &policy(), from, from + 3600.0, Some(&facts), &any_replica())
+    };
+    let clean = report(&real.join("\n"));
+    let got: Vec<(&str, Option<&str>, &str)> =
+        clean.reclaims.iter().map(|x| (x.job.as_str(), x.for_job.as_deref(), x.source.as_str())).collect();
+    assert_eq!(got, [("11", Some("20"), "slurmctld log (taker by node and time)")]);
+    assert!((clean.reclaims[0].time_to_capacity_s.unwrap() - 2.25).abs() < 1e-6);
+    let mut lines: Vec<&str> = real.to_vec();
+    for (at, line) in forged.iter().rev() {
+        lines.insert(*at, line);
+    }
+    let attacked = report(&lines.join("\n"));
+    assert_eq!(attacked.reclaims, clean.reclaims);
+}
+
+/// A victim whose grace time ran out is requeued "for JobId=Invalid"
+/// (issue #35, item 3): a reclaim without a taker, not one guessed by node
+/// and time.
+#[test]
+fn a_taker_slurm_calls_invalid_is_none() {
+    let t = |s: &str| onepool_decisions::trace::parse_time(&format!("2026-12-05T10:{s}")).unwrap();
+    let from = t("00:00");
+    let log = "\
+[2026-12-05T09:59:00.000] slurmctld version 22.05.8 started
+[2026-12-05T10:03:00.010] preempted JobId=13 has been requeued to reclaim resources for JobId=Invalid
+[2026-12-05T10:03:00.020] Requeuing JobId=13
+[2026-12-05T10:03:00.900] sched/backfill: _start_job: Started JobId=20 in gpu on n3
+";
+    let runs = vec![
+        run("13", "op-a", "REQUEUED", (t("00:10"), t("00:11"), t("03:00")), 4, &["n3"]),
+        as_replica(run("20", "op-b", "COMPLETED", (t("02:59"), t("03:00"), t("05:00")), 4, &["n3"]), "chat", 20),
+    ];
+    let facts = slurmctld_log::read(log, &|_| false);
+    let r = usage::compute(&runs, &policy(), from, from + 3600.0, Some(&facts), &any_replica());
+    let got: Vec<(&str, &str, Option<&str>, &str)> =
+        r.reclaims.iter().map(|x| (x.job.as_str(), x.mode.as_str(), x.for_job.as_deref(), x.source.as_str())).collect();
+    assert_eq!(got, [("13", "requeue", None, "slurmctld log")]);
 }
 
 /// "What the pool saved": the period's records become a scenario the

@@ -5,11 +5,13 @@
 use std::collections::BTreeMap;
 
 use onepool_decisions::policy::{Policy, Tier};
+use onepool_decisions::record::JobRecord;
 use onepool_launcher::conventions::{DrainNote, ReplicaNote};
 use serde::Serialize;
 
 use super::failures::{self, ReplicaFailures};
 use super::reclaims::{self, Reclaim};
+use super::replica_jobs::ReplicaJobs;
 use super::slurmctld_log::LogFacts;
 
 /// One run of a job as `sacct -X -D` lists it (a requeued job has one
@@ -27,8 +29,12 @@ pub struct Run {
     pub gpus: u32,
     pub nodes: Vec<String>,
     pub user: String,
+    /// job_submit/onepool's record in the job's AdminComment (its class,
+    /// the endpoint it serves), which no user can set.
+    pub record: Option<JobRecord>,
     /// A replica launcher's note in the job's comment (issue #26): why its
-    /// server ended, what its drain did.
+    /// server ended, what its drain did. The job's user writes the comment:
+    /// the report reads it only on a replica job ([`ReplicaJobs`]).
     pub note: Option<ReplicaNote>,
 }
 
@@ -72,6 +78,9 @@ pub struct Report {
     /// Where the reclaims come from: slurmctld's log for the span it
     /// covers, accounting alone before it (or without it), and why.
     pub reclaim_source: String,
+    /// Which jobs count as onepoold's replicas, whose drain and end notes
+    /// the reclaims and failures read ([`ReplicaJobs`]).
+    pub replica_jobs: String,
     /// Replica jobs that ended as failures, per endpoint.
     pub replica_failures: Vec<ReplicaFailures>,
     pub audit: Option<Audit>,
@@ -87,8 +96,16 @@ fn inside(start: f64, end: f64, from: f64, to: f64) -> f64 {
     (end.min(to) - start.max(from)).max(0.0)
 }
 
-/// `log`: what slurmctld's log says (`None`: it was not read).
-pub fn compute(runs: &[Run], policy: &Policy, from: f64, to: f64, log: Option<&LogFacts>) -> Report {
+/// `log`: what slurmctld's log says (`None`: it was not read);
+/// `replicas`: which runs' notes count.
+pub fn compute(
+    runs: &[Run],
+    policy: &Policy,
+    from: f64,
+    to: f64,
+    log: Option<&LogFacts>,
+    replicas: &ReplicaJobs,
+) -> Report {
     let pool_gpus = policy.pool.total_gpus;
     let protected_gpus: u32 = policy
         .classes
@@ -141,6 +158,7 @@ pub fn compute(runs: &[Run], policy: &Policy, from: f64, to: f64, log: Option<&L
     }
     let used: f64 = classes.iter().map(|c| c.gpu_hours).sum();
     let idle = (f64::from(pool_gpus) * (to - from) / 3600.0 - used).max(0.0);
+    let trusted = replicas.notes_trusted(runs);
     Report {
         from,
         to,
@@ -148,9 +166,10 @@ pub fn compute(runs: &[Run], policy: &Policy, from: f64, to: f64, log: Option<&L
         classes,
         outside_gpu_hours: outside,
         idle_gpu_hours: idle,
-        reclaims: reclaims::find(runs, policy, log, from, to),
+        reclaims: reclaims::find(&trusted, policy, log, from, to),
         reclaim_source: reclaim_source(log, from),
-        replica_failures: failures::find(runs, from, to),
+        replica_jobs: replicas.said.clone(),
+        replica_failures: failures::find(&trusted, replicas, from, to),
         audit: None,
         saved: None,
         decisions: None,
@@ -199,9 +218,11 @@ pub fn audit(log: &str, from: f64, to: f64) -> Audit {
 
 /// The fields the report asks sacct for. The comment is last: it is the
 /// one field a job's user writes freely, and whatever it holds (the
-/// delimiter, line breaks) is then the last field's.
-pub const SACCT_FORMAT: &str = "JobIDRaw,JobName,QOS,State,Submit,Start,End,AllocTRES,NodeList,User,Comment";
-const FIELDS: usize = 11;
+/// delimiter, line breaks) is then the last field's. The admin comment
+/// (job_submit/onepool's record) is an administrator's, before it.
+pub const SACCT_FORMAT: &str =
+    "JobIDRaw,JobName,QOS,State,Submit,Start,End,AllocTRES,NodeList,User,AdminComment,Comment";
+const FIELDS: usize = 12;
 
 /// `sacct -P -n --delimiter=DELIM` output in [`SACCT_FORMAT`] order. The
 /// caller picks a delimiter no user can know in advance ([`delimiter`]):
@@ -256,7 +277,8 @@ pub fn parse_sacct(text: &str, delim: &str) -> Result<(Vec<Run>, Vec<usize>), St
             gpus,
             nodes,
             user: f[9].into(),
-            note: ReplicaNote::decode(f[10]),
+            record: JobRecord::decode(f[10]),
+            note: ReplicaNote::decode(f[11]),
         });
     }
     Ok((runs, malformed))
