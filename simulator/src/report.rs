@@ -2,7 +2,9 @@
 
 use serde::Serialize;
 
-use crate::compare::{ClassFigures, ClassRow, Comparison, SearchEstimate, SharedSearch};
+use crate::compare::{
+    Because, ClassFigures, ClassMisses, ClassRow, Comparison, Miss, NoSaving, SearchEstimate, SharedSearch, Unmet,
+};
 use crate::input::BadRow;
 
 #[derive(Debug, Clone, Serialize)]
@@ -111,19 +113,22 @@ fn lost(f: &ClassFigures) -> String {
 }
 
 /// The figure the command is run for first, then what each figure
-/// measured: the two GPU counts are different measurements (a search vs
-/// the size simulated for the table), and the window is set by whichever
-/// input runs longest, not by the trace alone.
-pub fn headline(c: &Comparison) -> String {
-    let mut out = format!(
-        "GPUs needed to meet every target: separate islands {}, one shared pool {}\n",
-        if c.separate_sized { opt_gpus(c.separate_gpus) } else { "not sized (--shared-only)".into() },
-        shared_needed(c)
-    );
+/// measured (or why it is not a number, and why the islands needed no
+/// more than one pool: [`reasons`]): the two GPU counts are different
+/// measurements (a search vs the size simulated for the table), and the
+/// window is set by whichever input runs longest, not by the trace alone.
+pub fn headline(c: &Comparison, o: &Options) -> String {
+    let why = reasons(c, o);
+    let mut out = format!("{}\n", gpus_needed_line(c));
     if c.separate_sized {
-        out.push_str(&format!("  separate islands: {}\n", separate_measured(c)));
+        let line = why.separate.clone().unwrap_or_else(|| format!("separate islands: {}", separate_measured(c)));
+        out.push_str(&format!("  {line}\n"));
     }
-    out.push_str(&format!("  one shared pool: {}\n", shared_measured(c)));
+    let line = why.shared.clone().unwrap_or_else(|| format!("one shared pool: {}", shared_measured(c)));
+    out.push_str(&format!("  {line}\n"));
+    if let Some(line) = &why.no_saving {
+        out.push_str(&format!("  {line}\n"));
+    }
     out.push_str(&window_line(c));
     out.push_str(&format!(
         "per class below: \"shared\" = one pool of {} GPUs, the fleet simulated (the scenario's, or --nodes), not \
@@ -135,10 +140,19 @@ pub fn headline(c: &Comparison) -> String {
     out
 }
 
+/// The two GPU figures in one line, a word where one is not a number.
+pub fn gpus_needed_line(c: &Comparison) -> String {
+    format!(
+        "GPUs needed to meet every target: separate islands {}, one shared pool {}",
+        if c.separate_sized { opt_gpus(c.separate_gpus) } else { "not sized (--shared-only)".into() },
+        shared_needed(c)
+    )
+}
+
 fn shared_needed(c: &Comparison) -> String {
     match (c.shared_gpus_needed, c.shared_search.ran()) {
         (Some(g), _) => g.to_string(),
-        (None, true) => format!("unmet up to {} GPUs", c.shared_max_gpus),
+        (None, true) => format!("unmet up to {} GPUs", count(c.shared_max_gpus)),
         (None, false) => "not searched".into(),
     }
 }
@@ -156,34 +170,221 @@ fn separate_measured(c: &Comparison) -> String {
     )
 }
 
+/// What the shared figure measured when it is a number.
 fn shared_measured(c: &Comparison) -> String {
     let how = match c.shared_search {
-        SharedSearch::Asked => "searched (--search)".to_string(),
         SharedSearch::Cheap { estimate } => format!("searched by default ({})", cost(&estimate)),
-        SharedSearch::TooCostly { estimate } => {
-            return format!(
-                "not searched: {} is over the {} a search may cost without a flag; --search forces it",
-                cost(&estimate),
-                count(estimate.budget)
-            )
-        }
-        SharedSearch::SharedOnly => {
-            return "not searched: --shared-only times the one shared run; --search forces it".into()
-        }
-        SharedSearch::Declined => return "not searched (--no-search)".into(),
+        _ => "searched (--search)".to_string(),
     };
-    match (c.shared_gpus_needed, &c.shared_smaller_missed) {
-        (Some(_), Some(m)) => format!(
+    match &c.shared_smaller_missed {
+        Some(m) => format!(
             "the smallest pool found by bisection where every class meets its target under the policy, {how}; on {} \
              GPUs these missed theirs: {}",
             m.gpus,
             m.classes.join(", ")
         ),
-        (Some(_), None) => {
+        None => {
             format!("the smallest pool found by bisection where every class meets its target under the policy, {how}")
         }
-        (None, _) => format!("no pool up to {} GPUs met every target, {how}", c.shared_max_gpus),
     }
+}
+
+/// What sets the targets and assumptions behind the GPU figures, as the
+/// command printing them takes it: a figure that is not a number names
+/// what would change it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    pub slo_p99: &'static str,
+    pub max_p95_wait: &'static str,
+    pub startup: &'static str,
+    pub max_replicas: &'static str,
+    /// What searches the shared pool whatever it costs.
+    pub search: &'static str,
+}
+
+/// `onepool simulate`'s: the scenario's keys, and its flag.
+pub const SCENARIO_OPTIONS: Options = Options {
+    slo_p99: "the endpoint's slo_p99",
+    max_p95_wait: "[targets] max_p95_wait",
+    startup: "the endpoint's startup",
+    max_replicas: "the endpoint's max_replicas",
+    search: "--search",
+};
+
+/// The GPU figures' reasons in words (issue #38): why a figure is not a
+/// number, and why the islands needed no more GPUs than one pool. Every
+/// output says them in these words, from [`reasons`]: onepool simulate's
+/// table and plot, onepool report's text, JSON and chart, and the demo.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reasons {
+    pub separate: Option<String>,
+    pub shared: Option<String>,
+    pub no_saving: Option<String>,
+}
+
+impl Reasons {
+    pub fn lines(&self) -> Vec<String> {
+        [&self.separate, &self.shared, &self.no_saving].into_iter().flatten().cloned().collect()
+    }
+}
+
+pub fn reasons(c: &Comparison, o: &Options) -> Reasons {
+    Reasons {
+        separate: c
+            .separate_unmet
+            .as_ref()
+            .map(|u| format!("separate islands {}", unmet(u, "island", "its class's target", o))),
+        shared: c.shared_unmet.as_ref().map(|u| format!("one shared pool {}", unmet(u, "pool", "every target", o))),
+        no_saving: c.no_saving.as_ref().map(no_saving),
+    }
+}
+
+fn unmet(u: &Unmet, what: &str, target: &str, o: &Options) -> String {
+    match u {
+        Unmet::NotSized => "not sized (--shared-only)".into(),
+        Unmet::NotSearched { search: SharedSearch::TooCostly { estimate } } => format!(
+            "not searched: {} is over the {} a search may cost by default; {} forces it",
+            cost(estimate),
+            count(estimate.budget),
+            o.search
+        ),
+        Unmet::NotSearched { search: SharedSearch::SharedOnly } => {
+            format!("not searched: --shared-only times the one shared run; {} forces it", o.search)
+        }
+        Unmet::NotSearched { .. } => "not searched (--no-search)".into(),
+        Unmet::NoSizeMet { tried_gpus, at_largest } => {
+            let largest = count(tried_gpus.last().copied().unwrap_or(0));
+            let who = at_largest.iter().map(class_misses).collect::<Vec<_>>().join("; ");
+            format!(
+                "unmet: no {what} up to {largest} GPUs met {target} (sizes searched: {}){}.{}",
+                sizes(tried_gpus),
+                if who.is_empty() { String::new() } else { format!("; on {largest} GPUs {who}") },
+                what_changes(at_largest, o)
+            )
+        }
+    }
+}
+
+/// The sizes a search tried, the first and last few when there are many.
+fn sizes(gpus: &[u64]) -> String {
+    let each: Vec<String> = gpus.iter().map(|g| count(*g)).collect();
+    match each.len() {
+        0 => "none".into(),
+        1 => format!("{} GPUs", each[0]),
+        n if n <= 5 => format!("{} and {} GPUs", each[..n - 1].join(", "), each[n - 1]),
+        n => format!("{}, ..., {} GPUs, {n} sizes", each[..3].join(", "), each[n - 1]),
+    }
+}
+
+/// "training missed its p95 wait target of 1.0h (p95 1.3h)", what a
+/// class left undone, and its endpoints capped at their maximum.
+fn class_misses(m: &ClassMisses) -> String {
+    let (mut targets, mut left) = (Vec::new(), Vec::new());
+    for x in &m.missed {
+        match x {
+            Miss::P99QueueDelay { p99_s, slo_s } => {
+                targets.push(format!("its p99 queueing delay target of {} (p99 {})", secs(*slo_s), secs(*p99_s)));
+            }
+            Miss::P95Wait { p95_s, max_s } => {
+                targets.push(format!("its p95 wait target of {} (p95 {})", secs(*max_s), secs(*p95_s)));
+            }
+            Miss::Unserved { requests } => left.push(format!("{requests} request(s) unserved")),
+            Miss::Unstarted { jobs } => left.push(format!("{jobs} job(s) never started")),
+        }
+    }
+    let mut said = Vec::new();
+    if !targets.is_empty() {
+        said.push(format!("missed {}", and_list(&targets)));
+    }
+    if !left.is_empty() {
+        said.push(format!("left {}", and_list(&left)));
+    }
+    let capped: Vec<String> = m
+        .at_max_replicas
+        .iter()
+        .map(|(e, n)| format!("endpoint {e} at its maximum of {n} replica{}", if *n == 1 { "" } else { "s" }))
+        .collect();
+    format!(
+        "{} {}{}",
+        m.class,
+        said.join(" and "),
+        if capped.is_empty() { String::new() } else { format!(", with {}", and_list(&capped)) }
+    )
+}
+
+fn and_list(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
+/// The options that change a missed target, once each.
+fn what_changes(at: &[ClassMisses], o: &Options) -> String {
+    let missed = |f: fn(&Miss) -> bool| at.iter().flat_map(|m| &m.missed).any(f);
+    let mut out = Vec::new();
+    if missed(|x| matches!(x, Miss::P99QueueDelay { .. } | Miss::Unserved { .. })) {
+        out.push(format!("{} sets the p99 target, {} the replica startup assumed", o.slo_p99, o.startup));
+    }
+    if at.iter().any(|m| !m.at_max_replicas.is_empty()) {
+        out.push(format!("{} caps the replicas more GPUs could add", o.max_replicas));
+    }
+    if missed(|x| matches!(x, Miss::P95Wait { .. })) {
+        out.push(format!("{} sets the p95 wait target", o.max_p95_wait));
+    }
+    if out.is_empty() {
+        String::new()
+    } else {
+        format!(" What changes it: {}.", out.join("; "))
+    }
+}
+
+/// Why the islands needed no more GPUs than one pool, from what the runs
+/// show.
+fn no_saving(n: &NoSaving) -> String {
+    let head = if n.separate_gpus == n.shared_gpus {
+        format!("no saving in this period (islands and one pool both need {} GPUs)", n.separate_gpus)
+    } else {
+        format!(
+            "islands needed fewer GPUs than one pool in this period ({} against {})",
+            n.separate_gpus, n.shared_gpus
+        )
+    };
+    let (together, apart) = (n.together_peak_gpus, n.apart_peak_gpus);
+    let why = match n.because {
+        Because::OneClass => match n.islands.first() {
+            Some(c) => format!("only {c} had work of its own: there was nothing to share"),
+            None => "no class had work of its own".into(),
+        },
+        Because::PeaksTogether if together == apart => format!(
+            "the classes' busiest moments came together: one pool held {together} GPUs at once, as many as their \
+             peaks apart add up to"
+        ),
+        Because::PeaksTogether => format!(
+            "the classes' busiest moments came together: one pool held {together} GPUs at once, more than their \
+             peaks apart add up to ({apart})"
+        ),
+        Because::SmallestIslands => format!(
+            "each class alone fits on the smallest island searched ({} GPUs), so the islands cannot be smaller, and \
+             a smaller pool missed a target though the peaks did not all come at once (one pool held at most \
+             {together} GPUs at once, their peaks apart add up to {apart})",
+            n.smallest_island_gpus.unwrap_or(0)
+        ),
+        Because::SmallerPoolMissed => format!(
+            "a smaller pool missed a target though the peaks did not all come at once (one pool held at most \
+             {together} GPUs at once, their peaks apart add up to {apart})"
+        ),
+    };
+    let below = match &n.below {
+        Some(b) if !b.targets.is_empty() => format!(
+            "; on {} GPUs, {}",
+            count(b.gpus),
+            b.targets.iter().map(class_misses).collect::<Vec<_>>().join("; ")
+        ),
+        _ => String::new(),
+    };
+    format!("{head} because {why}{below}")
 }
 
 fn cost(e: &SearchEstimate) -> String {
@@ -220,7 +421,7 @@ fn window_line(c: &Comparison) -> String {
 pub fn table(r: &Report) -> String {
     let c = &r.comparison;
     let mut out = String::new();
-    out.push_str(&headline(c));
+    out.push_str(&headline(c, &SCENARIO_OPTIONS));
     out.push('\n');
     let header = [
         "class",

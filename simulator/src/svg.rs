@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use crate::compare::{ClassRow, Comparison, SharedSearch};
+use crate::compare::{ClassRow, Comparison};
 
 const COLORS: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
 
@@ -229,28 +229,50 @@ fn panel(
     );
 }
 
-/// What each bar measured, and why the shared one is missing if it is.
+/// What each bar measured, or why it is missing, and why the islands
+/// needed no more than the pool, in `onepool simulate`'s words
+/// ([`crate::report::reasons`]), wrapped to the plot's width.
 fn gpus_needed_caption(c: &Comparison) -> Vec<String> {
+    let why = crate::report::reasons(c, &crate::report::SCENARIO_OPTIONS);
     let mut out = Vec::new();
-    if c.separate_sized {
-        out.push("separate islands: each class alone on its smallest island meeting its target".to_string());
-    } else {
-        out.push("separate islands: not sized (--shared-only)".to_string());
+    match &why.separate {
+        Some(w) => out.extend(wrap(w, CAPTION_CHARS)),
+        None => out.push("separate islands: each class alone on its smallest island meeting its target".to_string()),
     }
-    out.push(match (c.shared_gpus_needed, c.shared_search) {
-        (Some(_), _) => "one shared pool: the smallest found meeting every target under the policy".into(),
-        (None, s) if s.ran() => format!("one shared pool: no size up to {} GPUs met every target", c.shared_max_gpus),
-        (None, SharedSearch::TooCostly { estimate }) => format!(
-            "one shared pool: not searched, about {} simulations is over the default budget; --search forces it",
-            estimate.runs
-        ),
-        (None, SharedSearch::SharedOnly) => {
-            "one shared pool: not searched with --shared-only; --search forces it".into()
-        }
-        (None, _) => "one shared pool: not searched (--no-search)".into(),
-    });
+    match &why.shared {
+        Some(w) => out.extend(wrap(w, CAPTION_CHARS)),
+        None => out.push("one shared pool: the smallest found meeting every target under the policy".to_string()),
+    }
+    if let Some(w) = &why.no_saving {
+        out.extend(wrap(w, CAPTION_CHARS));
+    }
     out.push(format!("per-class figures of the report: the shared pool simulated on {} GPUs", c.shared_fleet_gpus));
     out
+}
+
+/// Characters in a caption line: about the plot's width at 12 px.
+const CAPTION_CHARS: usize = 100;
+
+/// `text` in lines of at most `width` characters, broken between words
+/// (a longer word gets a line of its own); the lines after the first are
+/// indented, so a reader sees where one sentence ends.
+pub fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        let indent = if lines.is_empty() { 0 } else { 2 };
+        if !line.is_empty() && indent + line.chars().count() + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() || lines.is_empty() {
+        lines.push(line);
+    }
+    lines.iter().enumerate().map(|(i, l)| if i == 0 { l.clone() } else { format!("  {l}") }).collect()
 }
 
 /// Two bars: the separate islands stacked by class, and the shared pool.

@@ -15,6 +15,8 @@ use std::collections::BTreeMap;
 
 use onepool_decisions::policy::Policy;
 use onepool_decisions::trace::{format_time, parse_time, AccessEntry};
+use onepool_simulator::compare::{NoSaving, Unmet};
+use onepool_simulator::report::Options;
 use serde::Serialize;
 
 use super::failures::endpoint_of;
@@ -83,8 +85,21 @@ pub struct Saved {
     /// smallest island meeting its target); `None`: unmet.
     pub separate_islands_gpus: Option<u64>,
     /// The smallest shared pool meeting every target; `None`: not searched
-    /// (too costly) or unmet, `shared_pool` says which.
+    /// (too costly) or unmet, `shared_pool_unmet` says which.
     pub shared_pool_gpus: Option<u64>,
+    /// Why `separate_islands_gpus` is `None` (which class missed which
+    /// target at which sizes), as `onepool simulate --json`'s
+    /// `separate_unmet`.
+    pub separate_islands_unmet: Option<Unmet>,
+    /// Why `shared_pool_gpus` is `None`.
+    pub shared_pool_unmet: Option<Unmet>,
+    /// The islands needed no more GPUs than one pool: what the runs show
+    /// about why.
+    pub no_saving: Option<NoSaving>,
+    /// The figures in words: the GPUs-needed line, then why a figure is
+    /// not a number and why there was no saving, as the text, the chart
+    /// and the demo say them ([`onepool_simulator::report::reasons`]).
+    pub reading: Vec<String>,
     /// What the two figures measured, as `onepool simulate` words it.
     pub measured: String,
     /// The pool's GPUs (the policy's `total_gpus`).
@@ -100,6 +115,16 @@ pub struct Saved {
     /// Where the scenario was kept (`--scenario`).
     pub scenario: Option<String>,
 }
+
+/// What changes the figure's targets and assumptions: the report's own
+/// flags (the figure not being a number names them).
+pub const OPTIONS: Options = Options {
+    slo_p99: "--slo-p99",
+    max_p95_wait: "--max-p95-wait",
+    startup: "--replica-startup",
+    max_replicas: "max in onepoold.toml's [endpoint.replicas]",
+    search: "onepool simulate --search on the scenario --scenario keeps",
+};
 
 /// Writes the period's records as a scenario.
 pub fn scenario(inp: &Inputs) -> Written {
@@ -490,10 +515,17 @@ pub fn evaluate(w: &Written, keep: Option<&std::path::Path>, pool_gpus: u64) -> 
     }
     let r = outcome.context("simulating the period's records")?.report;
     let c = &r.comparison;
+    let reading = std::iter::once(onepool_simulator::report::gpus_needed_line(c))
+        .chain(onepool_simulator::report::reasons(c, &OPTIONS).lines())
+        .collect();
     Ok(Saved {
         separate_islands_gpus: c.separate_gpus,
         shared_pool_gpus: c.shared_gpus_needed,
-        measured: onepool_simulator::report::headline(c),
+        separate_islands_unmet: c.separate_unmet.clone(),
+        shared_pool_unmet: c.shared_unmet.clone(),
+        no_saving: c.no_saving.clone(),
+        reading,
+        measured: onepool_simulator::report::headline(c, &OPTIONS),
         pool_gpus,
         islands: c
             .classes
@@ -509,3 +541,7 @@ pub fn evaluate(w: &Written, keep: Option<&std::path::Path>, pool_gpus: u64) -> 
         scenario: keep.map(|d| d.join("scenario.toml").display().to_string()),
     })
 }
+
+#[cfg(test)]
+#[path = "saved_tests.rs"]
+mod tests;

@@ -20,7 +20,7 @@ pub fn chart(r: &Report) -> String {
     bars.push(("idle".into(), r.idle_gpu_hours, 0.0, "#a0aec0"));
     let top = bars.iter().map(|b| b.1).fold(capacity.max(1e-9) * 0.05, f64::max);
     let (left, width, row) = (190.0, 480.0, 30.0);
-    let saved_rows = if r.saved.is_some() { 4.0 } else { 0.0 };
+    let saved_rows = r.saved.as_ref().map_or(0.0, |s| 4.0 + reasons_height(saved_reasons(s).len()) / 24.0);
     let height = 90.0 + row * bars.len() as f64 + 24.0 * (r.reclaims.len().min(8) as f64 + 2.0 + saved_rows);
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"760\" height=\"{height:.0}\" font-family=\"sans-serif\" font-size=\"13\">\n\
@@ -73,10 +73,31 @@ pub fn chart(r: &Report) -> String {
     s
 }
 
+/// Why a figure is not a number and why there was no saving, in the
+/// report's words, in lines that fit the chart.
+fn saved_reasons(saved: &super::saved::Saved) -> Vec<String> {
+    saved.reading.iter().skip(1).flat_map(|r| onepool_simulator::svg::wrap(r, 100)).collect()
+}
+
+/// A bar's label: its GPUs, or in a word what it is instead (the reasons
+/// are printed under the bars).
+fn figure(g: Option<u64>, unmet: Option<&onepool_simulator::compare::Unmet>) -> String {
+    use onepool_simulator::compare::Unmet;
+    match (g, unmet) {
+        (Some(g), _) => format!("{g} GPUs"),
+        (None, Some(Unmet::NoSizeMet { tried_gpus, .. })) => {
+            format!("unmet up to {} GPUs (below)", tried_gpus.last().copied().unwrap_or(0))
+        }
+        (None, Some(Unmet::NotSearched { .. })) => "not searched (below)".into(),
+        (None, Some(Unmet::NotSized)) => "not sized".into(),
+        (None, None) => "unmet".into(),
+    }
+}
+
 /// Two bars on one scale: the GPUs separate islands would have needed and
-/// the shared pool's, with the pool's size for reference.
+/// the shared pool's, with the pool's size for reference, then why a
+/// figure is not a number or the islands needed no more.
 fn saved_bars(s: &mut String, saved: &super::saved::Saved, mut y: f64, left: f64, width: f64) -> f64 {
-    let gpus = |g: Option<u64>| g.map_or("unmet or not searched".to_string(), |g| format!("{g} GPUs"));
     s.push_str(&format!(
         "<text x=\"20\" y=\"{y:.0}\" font-weight=\"bold\">What the pool saved: GPUs needed to meet every target (simulated on the period's {} jobs and {} requests)</text>\n",
         saved.jobs, saved.requests
@@ -87,9 +108,9 @@ fn saved_bars(s: &mut String, saved: &super::saved::Saved, mut y: f64, left: f64
         .max()
         .unwrap_or(1)
         .max(1) as f64;
-    for (label, g, colour) in [
-        ("separate islands", saved.separate_islands_gpus, "#dd6b20"),
-        ("one shared pool", saved.shared_pool_gpus, "#38a169"),
+    for (label, g, unmet, colour) in [
+        ("separate islands", saved.separate_islands_gpus, saved.separate_islands_unmet.as_ref(), "#dd6b20"),
+        ("one shared pool", saved.shared_pool_gpus, saved.shared_pool_unmet.as_ref(), "#38a169"),
     ] {
         y += 24.0;
         let w = g.map_or(0.0, |g| width * g as f64 / top);
@@ -100,7 +121,7 @@ fn saved_bars(s: &mut String, saved: &super::saved::Saved, mut y: f64, left: f64
             y,
             left + w + 6.0,
             y + 14.0,
-            esc(&gpus(g))
+            esc(&figure(g, unmet))
         ));
     }
     y += 40.0;
@@ -109,5 +130,18 @@ fn saved_bars(s: &mut String, saved: &super::saved::Saved, mut y: f64, left: f64
         y - 8.0,
         saved.pool_gpus
     ));
-    y
+    let lines = saved_reasons(saved);
+    for (i, line) in lines.iter().enumerate() {
+        s.push_str(&format!("<text x=\"30\" y=\"{:.0}\">{}</text>\n", y + 10.0 + 18.0 * i as f64, esc(line)));
+    }
+    y + reasons_height(lines.len())
+}
+
+/// The height the reasons' lines take, with room under the last.
+fn reasons_height(lines: usize) -> f64 {
+    if lines == 0 {
+        0.0
+    } else {
+        18.0 * lines as f64 + 20.0
+    }
 }

@@ -111,17 +111,8 @@ pub(crate) fn the_saved_figure_is_the_simulators(
     saved: &serde_json::Value,
     dir: &Path,
 ) -> anyhow::Result<()> {
-    let gpus = |v: &serde_json::Value| v.as_u64().map_or("unmet or not searched".to_string(), |g| g.to_string());
-    println!(
-        "what the pool saved ({} job run(s), {} request(s)): separate islands {} GPUs, one shared pool {} GPUs; this pool {}",
-        saved["jobs"],
-        saved["requests"],
-        gpus(&saved["separate_islands_gpus"]),
-        gpus(&saved["shared_pool_gpus"]),
-        saved["pool_gpus"]
-    );
-    for a in saved["assumptions"].as_array().into_iter().flatten() {
-        println!("  - {}", a.as_str().unwrap_or("?"));
+    for line in saved_lines(saved) {
+        println!("{line}");
     }
     anyhow::ensure!(saved["requests"].as_u64().unwrap_or(0) > 0, "the saved figure replayed no request: {saved}");
     let out = cluster
@@ -145,4 +136,19 @@ pub(crate) fn the_saved_figure_is_the_simulators(
     );
     println!("onepool simulate {} gives the same figures", dir.join("scenario.toml").display());
     Ok(())
+}
+
+/// The report's "what the pool saved" as the demo prints it: the figures
+/// in the report's own words (`reading`: a figure that is not a number
+/// says which target missed at which sizes and what changes it; a period
+/// without saving says why), then what the simulation assumed.
+pub(crate) fn saved_lines(saved: &serde_json::Value) -> Vec<String> {
+    let mut out = vec![format!(
+        "what the pool saved ({} job run(s), {} request(s); this pool {} GPUs):",
+        saved["jobs"], saved["requests"], saved["pool_gpus"]
+    )];
+    let said = |v: &serde_json::Value| v.as_str().unwrap_or("?").to_string();
+    out.extend(saved["reading"].as_array().into_iter().flatten().map(|r| format!("  {}", said(r))));
+    out.extend(saved["assumptions"].as_array().into_iter().flatten().map(|a| format!("  - {}", said(a))));
+    out
 }

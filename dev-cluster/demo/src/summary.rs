@@ -46,21 +46,7 @@ pub(crate) fn summary(
         "PHASE", "SPEED", "SECONDS", "SENT", "SERVED", "FAILED", "P50_S", "P99_S", "TTFT_P50", "TTFT_P99"
     );
     for p in load.phases() {
-        let lat = |q| seconds(p.latency(q));
-        let ttft = |q| seconds(p.ttft(q));
-        println!(
-            "  {:<7} {:>5}x {:>12} {:>6} {:>7} {:>7} {:>8} {:>8} {:>9} {:>9}",
-            p.name,
-            p.speed,
-            format!("{:.1}-{:.1}", p.start, p.end.unwrap_or(p.start)),
-            p.sent,
-            p.served,
-            p.failed,
-            lat(0.5),
-            lat(0.99),
-            ttft(0.5),
-            ttft(0.99)
-        );
+        println!("{}", phase_row(&p));
     }
     let (sent, served, failed) = load.totals();
     println!("\nrequests sent {sent}, served (2xx) {served}, failed {failed}");
@@ -84,6 +70,26 @@ pub(crate) fn summary(
         "time to capacity: critical training job {training} RUNNING {time_to_capacity:.1} s after submission ({how})"
     );
     println!("{OTHER_USER}'s job {other}: {}", other_state.unwrap_or("gone"));
+}
+
+/// One load phase's row of the requests table: its speed as a person
+/// reads it (the trace at 0.12x, not 0.12282157676348548x).
+pub(crate) fn phase_row(p: &onepool_loadgen::Phase) -> String {
+    let lat = |q| seconds(p.latency(q));
+    let ttft = |q| seconds(p.ttft(q));
+    format!(
+        "  {:<7} {:>6} {:>12} {:>6} {:>7} {:>7} {:>8} {:>8} {:>9} {:>9}",
+        p.name,
+        format!("{:.2}x", p.speed),
+        format!("{:.1}-{:.1}", p.start, p.end.unwrap_or(p.start)),
+        p.sent,
+        p.served,
+        p.failed,
+        lat(0.5),
+        lat(0.99),
+        ttft(0.5),
+        ttft(0.99)
+    )
 }
 
 pub(crate) fn seconds(v: Option<f64>) -> String {

@@ -75,3 +75,41 @@ fn the_demo_config_loads() {
         ("/src/target/debug/onepool", "/c/demo/replicas/replica-%j.out")
     );
 }
+
+#[test]
+fn the_requests_table_says_speeds_as_people_read_them() {
+    let light = onepool_loadgen::Phase {
+        name: "light".into(),
+        speed: 0.12282157676348548,
+        start: 3.04,
+        end: Some(40.25),
+        ..Default::default()
+    };
+    let row = phase_row(&light);
+    assert!(row.contains(" 0.12x ") && !row.contains("0.1228"), "{row}");
+    let heavy = onepool_loadgen::Phase { name: "heavy".into(), speed: 0.3070539419087137, ..light };
+    assert!(phase_row(&heavy).contains(" 0.31x "), "{}", phase_row(&heavy));
+}
+
+#[test]
+fn the_saved_figure_is_printed_in_the_reports_words() {
+    // What `onepool report --json` gives when no size met the p99 target.
+    let saved = serde_json::json!({
+        "jobs": 2,
+        "requests": 316,
+        "pool_gpus": 16,
+        "separate_islands_gpus": null,
+        "shared_pool_gpus": null,
+        "reading": [
+            "GPUs needed to meet every target: separate islands unmet, one shared pool unmet up to 64 GPUs",
+            "one shared pool unmet: no pool up to 64 GPUs met every target (sizes searched: 4, 8, 16, 32 and 64 GPUs); \
+             on 64 GPUs inference missed its p99 queueing delay target of 2.0s (p99 9.5s). What changes it: \
+             --slo-p99 sets the p99 target, --replica-startup the replica startup assumed."
+        ],
+        "assumptions": ["targets: ..."]
+    });
+    let said = saved_lines(&saved).join("\n");
+    assert!(!said.contains("unmet or not searched"), "{said}");
+    assert!(said.contains("this pool 16 GPUs") && said.contains("  - targets: ..."), "{said}");
+    assert!(said.contains("\n  one shared pool unmet: no pool up to 64 GPUs") && said.contains("--slo-p99"), "{said}");
+}

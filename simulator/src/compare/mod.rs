@@ -11,6 +11,7 @@
 //! The searches themselves, and what they guarantee: search.rs.
 
 mod search;
+mod why;
 
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +22,7 @@ use onepool_decisions::policy::Policy;
 use crate::slurm::SlurmModel;
 pub use search::{bisect, bisect_runs, decide_search, run_size, Search, SearchEstimate, SharedSearch, SEARCH_BUDGET};
 use search::{search_shared, size_separate};
+pub use why::{Because, ClassMisses, Miss, NoSaving, Unmet};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Settings {
@@ -90,6 +92,8 @@ pub struct ClassFigures {
     pub time_to_capacity_mean_s: f64,
     pub time_to_capacity_max_s: f64,
     pub meets_target: bool,
+    /// The targets it missed (empty: `meets_target`).
+    pub missed: Vec<Miss>,
 }
 
 pub fn figures(w: &Workload, s: &Settings, c: usize, st: &ClassStats) -> ClassFigures {
@@ -102,11 +106,7 @@ pub fn figures(w: &Workload, s: &Settings, c: usize, st: &ClassStats) -> ClassFi
     let p50 = quantile_f32(&mut delays, 0.5);
     let p90 = quantile_f32(&mut delays, 0.9);
     let ttc = &st.time_to_capacity;
-    let meets = (!has_batch || wait_p95 <= s.max_p95_wait_s)
-        && slo.is_none_or(|slo| p99 <= slo)
-        && st.unserved == 0
-        && st.unstarted_jobs == 0;
-    ClassFigures {
+    let mut f = ClassFigures {
         class: w.classes[c].clone(),
         has_work: has_batch || slo.is_some() || w.endpoints.iter().any(|e| e.baseline.is_some_and(|b| b.0 == c)),
         gpu_hours_used: st.used_gpu_s / 3600.0,
@@ -132,8 +132,12 @@ pub fn figures(w: &Workload, s: &Settings, c: usize, st: &ClassStats) -> ClassFi
         unused_reserved_gpu_hours: st.capacity.map(|_| st.unused_reserved_gpu_s / 3600.0),
         time_to_capacity_mean_s: if ttc.is_empty() { 0.0 } else { ttc.iter().sum::<f64>() / ttc.len() as f64 },
         time_to_capacity_max_s: ttc.iter().copied().fold(0.0, f64::max),
-        meets_target: meets,
-    }
+        meets_target: false,
+        missed: Vec::new(),
+    };
+    f.missed = why::misses(&f, has_batch, s.max_p95_wait_s);
+    f.meets_target = f.missed.is_empty();
+    f
 }
 
 fn config(fleet: Fleet, layout: Layout, s: &Settings, w: &Workload) -> Config {
@@ -176,10 +180,12 @@ pub fn run_islands(w: &Workload, islands: &[Fleet], s: &Settings) -> RunResult {
 
 /// The shared pool one size below the one found: the size tried and the
 /// classes that missed their target there (what made the search go up).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Missed {
     pub gpus: u64,
     pub classes: Vec<String>,
+    /// What each of `classes` missed.
+    pub targets: Vec<ClassMisses>,
 }
 
 /// An endpoint whose first replicas run in a (protected) class in the
@@ -202,6 +208,13 @@ pub struct Comparison {
     pub shared_gpus_needed: Option<u64>,
     /// The size below `shared_gpus_needed` that the search tried, and who missed there.
     pub shared_smaller_missed: Option<Missed>,
+    /// Why `separate_gpus` is `None` (`None` when it is a number).
+    pub separate_unmet: Option<Unmet>,
+    /// Why `shared_gpus_needed` is `None` (`None` when it is a number).
+    pub shared_unmet: Option<Unmet>,
+    /// The islands needed no more GPUs than one pool: what the runs show
+    /// about why.
+    pub no_saving: Option<NoSaving>,
     /// The largest shared pool the search may try.
     pub shared_max_gpus: u64,
     pub shared_searched: bool,
@@ -270,8 +283,17 @@ pub fn compare(w: &Workload, policy: &Policy, fleet: &Fleet, s: &Settings, searc
     let max = s.max_nodes.max(fleet.nodes());
     let sep = size_separate(w, fleet, s, max);
     let decision = decide_search(search, w, s, fleet.nodes().max(sep.nodes));
-    let (shared_needed, missed, shared_runs) =
-        if decision.ran() { search_shared(w, policy, fleet, s, max) } else { (None, None, 0) };
+    let found = if decision.ran() {
+        search_shared(w, policy, fleet, s, max)
+    } else {
+        search::SharedFound {
+            gpus: None,
+            below: None,
+            unmet: Some(Unmet::NotSearched { search: decision }),
+            peak_gpus: None,
+            runs: 0,
+        }
+    };
     let search_seconds = started.elapsed().as_secs_f64();
     let t = std::time::Instant::now();
     let res = run_shared(w, policy, fleet, s);
@@ -292,11 +314,14 @@ pub fn compare(w: &Workload, policy: &Policy, fleet: &Fleet, s: &Settings, searc
         })
         .collect();
     let (jobs_end, requests_end) = w.ends();
-    let cmp = Comparison {
+    let mut cmp = Comparison {
         classes,
         separate_gpus: sep.gpus,
-        shared_gpus_needed: shared_needed,
-        shared_smaller_missed: missed,
+        shared_gpus_needed: found.gpus,
+        shared_smaller_missed: found.below,
+        separate_unmet: sep.unmet,
+        shared_unmet: found.unmet,
+        no_saving: None,
         shared_max_gpus: fleet.scaled(max).gpus(),
         shared_searched: decision.ran(),
         shared_search: decision,
@@ -308,11 +333,12 @@ pub fn compare(w: &Workload, policy: &Policy, fleet: &Fleet, s: &Settings, searc
         jobs_end_hours: jobs_end.map(|t| t / 3600.0),
         requests_end_hours: requests_end.map(|t| t / 3600.0),
         shared_last_busy_hours: res.last_busy_s / 3600.0,
-        search_runs: sep.runs + shared_runs,
-        shared_search_runs: shared_runs,
+        search_runs: sep.runs + found.runs,
+        shared_search_runs: found.runs,
         search_seconds,
         shared_run_seconds,
         bucket_s: ((w.t1 - w.t0) / 300.0).max(60.0),
     };
+    cmp.no_saving = NoSaving::find(&cmp, found.peak_gpus, fleet.scaled(1).gpus());
     (cmp, res)
 }

@@ -22,7 +22,7 @@
 
 use serde::Serialize;
 
-use super::{figures, run_separate, run_shared, ClassFigures, Missed, Settings};
+use super::{figures, run_separate, run_shared, ClassFigures, ClassMisses, Missed, Settings, Unmet};
 use crate::engine::Workload;
 use crate::fleet::Fleet;
 use onepool_decisions::policy::Policy;
@@ -163,28 +163,36 @@ pub(super) struct Separate {
     pub(super) rows: Vec<SeparateRow>,
     pub(super) nodes: u32,
     pub(super) gpus: Option<u64>,
+    /// Why `gpus` is `None`.
+    pub(super) unmet: Option<Unmet>,
     pub(super) idle_gpu_hours: f64,
     pub(super) runs: u32,
 }
 
 pub(super) fn size_separate(w: &Workload, fleet: &Fleet, s: &Settings, max: u32) -> Separate {
-    let mut out = Separate { rows: Vec::new(), nodes: 0, gpus: Some(0), idle_gpu_hours: 0.0, runs: 0 };
+    let mut out = Separate { rows: Vec::new(), nodes: 0, gpus: Some(0), unmet: None, idle_gpu_hours: 0.0, runs: 0 };
     for c in 0..w.classes.len() {
         let has = w.jobs.iter().any(|j| j.class == c) || w.endpoints.iter().any(|e| e.class == c);
         if !has || !s.separate {
             if has {
                 out.gpus = None;
+                out.unmet = Some(Unmet::NotSized);
             }
             out.rows.push((has, None, None, None));
             continue;
         }
+        let mut tried = Vec::new();
         let (n, r) = bisect(max, |n| {
-            let res = run_separate(w, c, &fleet.scaled(n), s);
-            figures(w, s, c, &res.classes[c]).meets_target
+            let island = fleet.scaled(n);
+            let res = run_separate(w, c, &island, s);
+            let f = figures(w, s, c, &res.classes[c]);
+            tried.push((island.gpus(), ClassMisses::of(&f, &res.classes[c])));
+            f.meets_target
         });
         out.runs += r;
         let Some(n) = n else {
             out.gpus = None;
+            add_unmet(&mut out.unmet, tried);
             out.rows.push((true, None, None, None));
             continue;
         };
@@ -200,29 +208,68 @@ pub(super) fn size_separate(w: &Workload, fleet: &Fleet, s: &Settings, max: u32)
     out
 }
 
-/// The smallest shared pool found, the size below it that missed (with
-/// who missed there), and the runs it took.
-pub(super) fn search_shared(
-    w: &Workload,
-    policy: &Policy,
-    fleet: &Fleet,
-    s: &Settings,
-    max: u32,
-) -> (Option<u64>, Option<Missed>, u32) {
-    let mut missed: Vec<(u32, Vec<String>)> = Vec::new();
+/// Adds a class no size fitted (`tried`: each size tried, in order, and
+/// its misses there) to the islands' [`Unmet::NoSizeMet`]. Every class's
+/// search tries the same sizes (doubling up to the same largest), so the
+/// first class's sizes stand for all.
+fn add_unmet(unmet: &mut Option<Unmet>, tried: Vec<(u64, Option<ClassMisses>)>) {
+    let mut sizes: Vec<u64> = tried.iter().map(|(g, _)| *g).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let largest = tried.into_iter().max_by_key(|(g, _)| *g).and_then(|(_, m)| m);
+    match unmet {
+        Some(Unmet::NoSizeMet { at_largest, .. }) => at_largest.extend(largest),
+        Some(_) => {}
+        None => *unmet = Some(Unmet::NoSizeMet { tried_gpus: sizes, at_largest: largest.into_iter().collect() }),
+    }
+}
+
+/// What the shared-pool search found.
+pub(super) struct SharedFound {
+    /// The smallest pool found meeting every target.
+    pub(super) gpus: Option<u64>,
+    /// The size below it, and who missed there.
+    pub(super) below: Option<Missed>,
+    /// No size met every target: the sizes tried and who missed at the largest.
+    pub(super) unmet: Option<Unmet>,
+    /// Most GPUs held at once in the run of the size found.
+    pub(super) peak_gpus: Option<u32>,
+    pub(super) runs: u32,
+}
+
+/// Searches the smallest shared pool meeting every target.
+pub(super) fn search_shared(w: &Workload, policy: &Policy, fleet: &Fleet, s: &Settings, max: u32) -> SharedFound {
+    // Per size tried: its misses, and the most GPUs held at once.
+    let mut tried: Vec<(u32, Vec<ClassMisses>, u32)> = Vec::new();
     let (n, runs) = bisect(max, |n| {
         let res = run_shared(w, policy, &fleet.scaled(n), s);
-        let misses: Vec<String> = (0..w.classes.len())
-            .filter(|&c| !figures(w, s, c, &res.classes[c]).meets_target)
-            .map(|c| w.classes[c].clone())
+        let misses: Vec<ClassMisses> = (0..w.classes.len())
+            .filter_map(|c| ClassMisses::of(&figures(w, s, c, &res.classes[c]), &res.classes[c]))
             .collect();
         let ok = misses.is_empty();
-        missed.push((n, misses));
+        tried.push((n, misses, res.peak_gpus));
         ok
     });
-    let below = n.and_then(|n| missed.into_iter().find(|(m, _)| *m + 1 == n));
-    let below = below.map(|(m, classes)| Missed { gpus: fleet.scaled(m).gpus(), classes });
-    (n.map(|n| fleet.scaled(n).gpus()), below, runs)
+    let gpus = |n: u32| fleet.scaled(n).gpus();
+    let Some(n) = n else {
+        let mut sizes: Vec<u64> = tried.iter().map(|(m, _, _)| gpus(*m)).collect();
+        sizes.sort_unstable();
+        let at_largest = tried.into_iter().max_by_key(|(m, _, _)| *m).map(|(_, x, _)| x).unwrap_or_default();
+        return SharedFound {
+            gpus: None,
+            below: None,
+            unmet: Some(Unmet::NoSizeMet { tried_gpus: sizes, at_largest }),
+            peak_gpus: None,
+            runs,
+        };
+    };
+    let peak_gpus = tried.iter().find(|(m, _, _)| *m == n).map(|(_, _, p)| *p);
+    let below = tried.into_iter().find(|(m, _, _)| *m + 1 == n).map(|(m, targets, _)| Missed {
+        gpus: gpus(m),
+        classes: targets.iter().map(|t| t.class.clone()).collect(),
+        targets,
+    });
+    SharedFound { gpus: Some(gpus(n)), below, unmet: None, peak_gpus, runs }
 }
 
 #[cfg(test)]

@@ -222,6 +222,10 @@ pub struct ClassStats {
     /// Per bucket: mean GPUs demanded, mean GPUs held.
     pub demand: Vec<f64>,
     pub alloc: Vec<f64>,
+    /// The class's endpoints whose autoscaler asked for the most replicas
+    /// their scenario allows (`max_replicas`), with that maximum: more
+    /// GPUs cannot shorten their queues.
+    pub at_max_replicas: Vec<(String, u32)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -251,6 +255,9 @@ pub struct RunResult {
     /// Per endpoint: replica jobs submitted after the start (those already
     /// serving when the trace starts not counted), withdrawn ones included.
     pub replicas_submitted: Vec<u32>,
+    /// Most GPUs held at once, every class together: set against the
+    /// classes' own peaks, whether their busiest moments came together.
+    pub peak_gpus: u32,
     pub events: u64,
 }
 
@@ -319,6 +326,7 @@ pub fn run(w: &Workload, cfg: &Config) -> RunResult {
         next_job: 0,
         eps: Vec::new(),
         used: vec![0; n],
+        peak_gpus: 0,
         demand: vec![0.0; n],
         stats,
         dirty: false,
@@ -343,17 +351,25 @@ pub fn run(w: &Workload, cfg: &Config) -> RunResult {
     sim.dirty = false;
     sim.schedule();
     sim.main_loop();
-    let window_s = (w.t1 - w.t0).max(0.0);
-    RunResult {
-        classes: sim.stats,
-        fleet_gpus: cfg.fleet.gpus(),
-        window_s,
-        used_in_window_gpu_s: sim.used_in_window,
-        last_busy_s: (sim.last_busy - w.t0).max(0.0),
-        job_log: sim.log,
-        request_log: sim.request_log,
-        replicas_submitted: sim.eps.iter().map(|e| e.submitted).collect(),
-        events: sim.events,
+    sim.into_result()
+}
+
+impl Sim<'_> {
+    /// What the finished run measured.
+    fn into_result(self) -> RunResult {
+        let (w, cfg) = (self.w, self.cfg);
+        RunResult {
+            classes: self.stats,
+            fleet_gpus: cfg.fleet.gpus(),
+            window_s: (w.t1 - w.t0).max(0.0),
+            used_in_window_gpu_s: self.used_in_window,
+            last_busy_s: (self.last_busy - w.t0).max(0.0),
+            job_log: self.log,
+            request_log: self.request_log,
+            replicas_submitted: self.eps.iter().map(|e| e.submitted).collect(),
+            peak_gpus: self.peak_gpus,
+            events: self.events,
+        }
     }
 }
 

@@ -61,6 +61,7 @@ impl Sim<'_> {
         let class = self.live[id].class;
         let g = self.gpus(id);
         self.used[class] += g;
+        self.peak_gpus = self.peak_gpus.max(self.used.iter().sum());
         let s = &mut self.stats[class];
         s.peak_gpus = s.peak_gpus.max(self.used[class]);
         let now = self.now;

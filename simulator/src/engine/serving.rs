@@ -204,6 +204,15 @@ impl Sim<'_> {
             self.demand[c] += g;
         }
         self.eps[ep].target = target;
+        // The scenario's own cap, not the island's room: only that one
+        // stays whatever the fleet's size.
+        let spec = &self.w.endpoints[ep];
+        if target > 0 && target >= spec.scaling.max {
+            let seen = &mut self.stats[spec.class].at_max_replicas;
+            if !seen.iter().any(|(name, _)| *name == spec.name) {
+                seen.push((spec.name.clone(), spec.scaling.max));
+            }
+        }
     }
 
     /// GPUs of `target` replicas per class: (baseline class, endpoint's class).

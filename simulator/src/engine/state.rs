@@ -120,6 +120,8 @@ pub(super) struct Sim<'a> {
     pub(super) next_job: usize,
     pub(super) eps: Vec<EpState>,
     pub(super) used: Vec<u32>,
+    /// Most GPUs held at once, every class together.
+    pub(super) peak_gpus: u32,
     pub(super) demand: Vec<f64>,
     pub(super) stats: Vec<ClassStats>,
     pub(super) dirty: bool,
