@@ -302,6 +302,61 @@ async fn every_request_leaves_an_access_line() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A client chooses the model's name, and a 4 MB one made every access
+/// line, so every file, 4 MB whatever `max_file_bytes` said: its line is now
+/// written with the name cut and marked, and no file passes the size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_access_line_is_bounded_whatever_model_name_a_client_sends() {
+    let a = backend(Mode::Normal).await;
+    let dir = std::env::temp_dir().join(format!("onepool-access-bound-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let settings = onepool_router::access_log::AccessLogSettings {
+        path: dir.join("access.jsonl"),
+        // The least onepoold.toml takes.
+        max_file_bytes: 64 << 10,
+        keep_files: 3,
+    };
+    let mut endpoint = endpoint_config(4, 4, Duration::from_secs(5));
+    endpoint.proxy.max_request_body = 8 << 20;
+    let mut config = common::config(endpoint, 256 << 20);
+    config.access_log = Some(settings.clone());
+    let daemon = onepool_elastic_daemon::daemon::Daemon::start(config).await.unwrap();
+    let ep = daemon.endpoint("chat").unwrap();
+    ep.endpoint.add(a.addr, None, true).unwrap();
+    let url = format!("http://{}/ok", ep.listen.unwrap());
+    let c = client();
+    let huge = serde_json::json!({ "model": "m".repeat(4 << 20), "messages": [] }).to_string();
+    for body in [huge.clone(), huge, r#"{"model":"SmolLM2-135M-Instruct"}"#.to_string()] {
+        let req = Request::post(&url).body(Full::new(Bytes::from(body))).unwrap();
+        let r = c.request(req).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        r.into_body().collect().await.unwrap();
+    }
+    let entries = || -> Vec<(std::path::PathBuf, String)> {
+        settings
+            .files_oldest_first()
+            .into_iter()
+            .filter_map(|p| std::fs::read_to_string(&p).ok().map(|t| (p, t)))
+            .collect()
+    };
+    until("three access lines", || entries().iter().map(|(_, t)| t.lines().count()).sum::<usize>() == 3).await;
+    let mut models = Vec::new();
+    for (p, text) in entries() {
+        assert!(text.len() <= 64 << 10, "{}: {} bytes", p.display(), text.len());
+        for line in text.lines() {
+            // As `onepool report` and `onepool simulate` read it.
+            let e: onepool_decisions::trace::AccessEntry = serde_json::from_str(line).unwrap();
+            models.push(e.model.unwrap_or_default());
+        }
+    }
+    let cut = format!("{}...[truncated from {} bytes]", "m".repeat(256), 4 << 20);
+    assert_eq!(models, [cut.as_str(), cut.as_str(), "SmolLM2-135M-Instruct"]);
+    assert_eq!(daemon.metrics.access_log_dropped.get(), 0);
+    daemon.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_reset_is_retried_when_safe_else_502() {
     let (reset, count) = resetting_backend().await;

@@ -8,8 +8,13 @@
 //! The request path never waits for the disk ([`crate::line_log`]): a
 //! line that finds the writer's queue full is dropped and counted
 //! (`onepool_router_access_log_dropped_total`) rather than slowing
-//! requests, and the file rotates at its size.
+//! requests, and the file rotates before a line would take it past its
+//! size. What a client chose (the model's name: the other fields are the
+//! router's own, the endpoint's configured name and the replica's address)
+//! is bounded by [`client_field`], so a line is never more than a few KiB
+//! whatever a client sends.
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -24,22 +29,59 @@ use onepool_decisions::trace::{format_time_ms, AccessEntry};
 /// event).
 const TAIL: usize = 2048;
 
-/// What the access log needs from a request's body: its model and whether
-/// it streams. Read only when the log is on.
-#[derive(Default, serde::Deserialize)]
+/// The most bytes of a value a client chose that a line keeps. A model's
+/// name is tens of bytes; a 4 MB one made each line 4 MB, and so each file,
+/// whatever `max_file_bytes` said.
+pub const MAX_CLIENT_FIELD_BYTES: usize = 256;
+
+/// A value a client chose, as the log keeps it: past
+/// [`MAX_CLIENT_FIELD_BYTES`] it is cut (at a character boundary) and ends
+/// in a mark with the length it had, so that a reader sees it was cut and
+/// the line is still one JSON object of the same shape.
+pub fn client_field(mut value: String) -> String {
+    if value.len() <= MAX_CLIENT_FIELD_BYTES {
+        return value;
+    }
+    let len = value.len();
+    let mut cut = MAX_CLIENT_FIELD_BYTES;
+    while !value.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    value.truncate(cut);
+    let _ = write!(value, "...[truncated from {len} bytes]");
+    // The long value's memory goes now, not when the answer ends.
+    value.shrink_to_fit();
+    value
+}
+
+/// What the access log needs from a request's body: its model (bounded:
+/// [`client_field`]) and whether it streams. Read only when the log is on.
+#[derive(Default)]
 pub struct RequestFacts {
-    #[serde(default)]
-    model: Option<serde_json::Value>,
-    #[serde(default)]
-    stream: Option<serde_json::Value>,
+    model: Option<String>,
+    stream: bool,
 }
 
 impl RequestFacts {
     pub fn of(body: &[u8]) -> RequestFacts {
+        #[derive(serde::Deserialize)]
+        struct Fields {
+            #[serde(default)]
+            model: Option<serde_json::Value>,
+            #[serde(default)]
+            stream: Option<serde_json::Value>,
+        }
         if body.is_empty() {
             return RequestFacts::default();
         }
-        serde_json::from_slice(body).unwrap_or_default()
+        let Ok(f) = serde_json::from_slice::<Fields>(body) else { return RequestFacts::default() };
+        RequestFacts {
+            model: match f.model {
+                Some(serde_json::Value::String(m)) => Some(client_field(m)),
+                _ => None,
+            },
+            stream: matches!(f.stream, Some(serde_json::Value::Bool(true))),
+        }
     }
 }
 
@@ -104,12 +146,9 @@ impl Tap {
         let entry = AccessEntry {
             time: format_time_ms(unix),
             endpoint: self.endpoint.clone(),
-            model: match self.facts.model.take() {
-                Some(serde_json::Value::String(m)) => Some(m),
-                _ => None,
-            },
+            model: self.facts.model.take(),
             status: self.status,
-            stream: matches!(self.facts.stream, Some(serde_json::Value::Bool(true))),
+            stream: self.facts.stream,
             prompt_tokens: prompt_tokens(&self.tail),
             completion_tokens: count_after(&self.tail, b"\"completion_tokens\":")
                 .or_else(|| count_after(&self.tail, b"\"predicted_n\":")),
@@ -190,6 +229,53 @@ data: [DONE]
         let usage = br#"{"usage":{"completion_tokens":8,"prompt_tokens":31},"timings":{"prompt_n":2}}"#;
         assert_eq!(prompt_tokens(usage), Some(31), "usage first");
         assert_eq!(prompt_tokens(b"data: [DONE]"), None);
+    }
+
+    #[test]
+    fn what_a_client_chose_is_cut_with_a_mark_at_a_character_boundary() {
+        assert_eq!(client_field("SmolLM2-135M-Instruct".into()), "SmolLM2-135M-Instruct");
+        let exact = "m".repeat(MAX_CLIENT_FIELD_BYTES);
+        assert_eq!(client_field(exact.clone()), exact);
+        let long = client_field("x".repeat(4 << 20));
+        assert_eq!(long, format!("{}...[truncated from 4194304 bytes]", "x".repeat(MAX_CLIENT_FIELD_BYTES)));
+        // 'é' is two bytes: the cut falls inside the last one that fits.
+        let cut = client_field(format!("a{}", "é".repeat(200)));
+        assert_eq!(cut, format!("a{}...[truncated from 401 bytes]", "é".repeat(127)));
+    }
+
+    /// A 4 MB model name made every line, and so every file, 4 MB against
+    /// a 200 KB `max_file_bytes`: now its line is written, bounded and
+    /// marked, and still reads as an entry.
+    #[test]
+    fn a_huge_model_name_is_logged_cut_and_no_file_passes_its_size() {
+        let d = dir("huge");
+        let path = d.join("access.jsonl");
+        let s = AccessLogSettings { path: path.clone(), max_file_bytes: 4096, keep_files: 3 };
+        let dropped = Counter::default();
+        let log = AccessLog::start("access log", s.clone(), dropped.clone()).unwrap();
+        let body = serde_json::json!({ "model": "x".repeat(4 << 20), "stream": true }).to_string();
+        for _ in 0..4 {
+            drop(Tap::new(log.clone(), "chat", RequestFacts::of(body.as_bytes()), Instant::now(), 200, None));
+        }
+        drop(Tap::new(log.clone(), "last", RequestFacts::of(br#"{"model":"m"}"#), Instant::now(), 200, None));
+        drop(log);
+        let wait = Instant::now();
+        while !std::fs::read_to_string(&path).unwrap_or_default().contains("\"last\"") {
+            assert!(wait.elapsed() < Duration::from_secs(10), "the last line never came");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut entries = Vec::new();
+        for p in s.files_oldest_first().iter().filter(|p| p.exists()) {
+            let text = std::fs::read_to_string(p).unwrap();
+            assert!(text.len() <= 4096, "{}: {} bytes", p.display(), text.len());
+            entries.extend(text.lines().map(|l| serde_json::from_str::<AccessEntry>(l).unwrap()));
+        }
+        assert_eq!(entries.len(), 5, "{entries:#?}");
+        let cut = format!("{}...[truncated from 4194304 bytes]", "x".repeat(MAX_CLIENT_FIELD_BYTES));
+        assert!(entries[..4].iter().all(|e| e.model.as_deref() == Some(cut.as_str()) && e.stream), "{entries:#?}");
+        assert_eq!(entries[4].model.as_deref(), Some("m"));
+        assert_eq!(dropped.get(), 0);
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]
