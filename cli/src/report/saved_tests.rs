@@ -36,14 +36,12 @@ fn saved(files: &[(&str, &str)], scenario: &str) -> (Saved, String, String) {
     (s, text(&report), svg::chart(&report))
 }
 
-/// The chart's text elements' contents, one line each.
+/// The chart's text elements' contents as one text (lines wrapped to the
+/// chart's width joined again).
 fn chart_text(chart: &str) -> String {
-    chart
-        .split("<text ")
-        .skip(1)
-        .filter_map(|t| Some(t.split_once('>')?.1.split_once("</text>")?.0))
-        .collect::<Vec<_>>()
-        .join("\n")
+    let texts: Vec<&str> =
+        chart.split("<text ").skip(1).filter_map(|t| Some(t.split_once('>')?.1.split_once("</text>")?.0)).collect();
+    texts.join(" ").split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// A request a second for 200 s, each 10 s of one replica's only slot, at
