@@ -78,6 +78,7 @@ pub fn spawn(mut cmd: Command, log: &Path, pid_file: &Path) -> Result<Tracked> {
     let err = out.try_clone().ctx(|| "dup log fd".into())?;
     cmd.stdin(Stdio::null()).stdout(out).stderr(err);
     onepool_os::new_session_on_exec(&mut cmd);
+    onepool_os::close_inherited_on_exec(&mut cmd);
     let program = format!("{:?}", cmd.get_program());
     let child = cmd.spawn().ctx(|| format!("starting {program}"))?;
     let pid = child.id() as i32;

@@ -35,6 +35,29 @@ pub fn new_session_on_exec(cmd: &mut Command) {
     }
 }
 
+/// The program `cmd` starts inherits no descriptor but its standard
+/// input, output and error: every other one its starter inherited (a
+/// lock a test runner holds, a CI runner's pipe) is closed at exec. A
+/// daemon that kept them would hold the lock or keep the pipe open for as
+/// long as it runs.
+pub fn close_inherited_on_exec(cmd: &mut Command) {
+    // SAFETY: the closure runs between fork and exec and makes only the
+    // close_range and fcntl system calls, which are async-signal-safe and
+    // touch no memory of ours.
+    unsafe {
+        cmd.pre_exec(|| {
+            // close_range(3, ~0, CLOSE_RANGE_CLOEXEC): Linux 5.11 and later.
+            let r = libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+            if r != 0 {
+                for fd in 3..1024 {
+                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
 /// The first descriptor socket activation hands over (`SD_LISTEN_FDS_START`).
 pub const FIRST_LISTEN_FD: RawFd = 3;
 
@@ -63,6 +86,27 @@ pub fn pass_as_first_listen_fd(cmd: &mut Command, socket: &impl AsRawFd) {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// A descriptor the starter inherited without close-on-exec (as
+    /// `flock FILE cargo test` hands its lock on) does not reach the
+    /// program; standard output does.
+    #[test]
+    fn inherited_descriptors_stay_behind() {
+        let f = std::fs::File::open("/dev/null").unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+        // SAFETY: clearing close-on-exec on a descriptor this test owns.
+        assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }, 0);
+        let listed = |close: bool| {
+            let mut cmd = Command::new("sh");
+            cmd.args(["-c", &format!("test -e /proc/self/fd/{fd} && echo open || echo closed")]);
+            if close {
+                close_inherited_on_exec(&mut cmd);
+            }
+            String::from_utf8(cmd.output().unwrap().stdout).unwrap()
+        };
+        assert_eq!(listed(false).trim(), "open", "the test's own premise");
+        assert_eq!(listed(true).trim(), "closed");
+    }
 
     #[test]
     fn a_file_made_under_a_umask_has_its_mode_and_the_umask_is_back() {
