@@ -120,11 +120,11 @@ impl ProxySettings {
     /// Whether the client's `Authorization` fields go on to a replica.
     /// Where the endpoint has keys, the client's key is the router's to
     /// check and stops there: replicas trust onepoold's replica key, and
-    /// the key would otherwise cross the cluster network in clear to every
-    /// replica (and the launcher's model server in its place). Where it has
-    /// none, the router checks nothing and the field passes as sent: a
-    /// replica behind an open endpoint may check keys of its own (onepool's
-    /// launcher puts its own server key in its place).
+    /// the client's would otherwise cross the cluster network in clear to
+    /// every replica. Where it has none, the router checks nothing and the
+    /// field passes as sent: a replica behind an open endpoint may check
+    /// keys of its own (onepool's launcher sends its model server that
+    /// server's own key instead, or none).
     pub fn client_authorization_passes(&self) -> bool {
         self.auth.is_none()
     }
