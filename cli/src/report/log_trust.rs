@@ -41,8 +41,11 @@ pub fn trusted_jobs(runs: &[super::usage::Run]) -> std::collections::HashSet<&st
 enum Ends {
     /// With `%pJ` (`... for JobId=N`).
     JobId,
-    /// With ` uid=U: ERROR` (`_slurm_rpc_update_job: JobId=%s uid=%u: %s`).
-    Uid,
+    /// On its first line, unless Slurm could not parse the job id it
+    /// holds as text: a text with a line break is no job id, and slurmctld
+    /// then logs `invalid JobId=<text>` in the same call, right after. With
+    /// such a line following, like [`Ends::Text`].
+    Parsed,
     /// With the user's text: any line may be its last.
     Text,
 }
@@ -65,6 +68,9 @@ const PATH: usize = 4096;
 /// (MAX_ARG_STRLEN), what `scontrol` can pass. A program that sends the RPC
 /// itself can send more; what it writes is left to the accounting checks.
 const JOB_ID_STR: usize = 128 * 1024;
+/// How far past a [`Ends::Parsed`] entry's reach its `invalid JobId=` line
+/// is looked for (other threads may log between the two).
+const PARSED_AFTER: usize = 64 * 1024;
 /// The fixed words around the text (`setting comment to`, `for
 /// JobId=4294967295_4294967295(4294967295)`, an error message).
 const WORDS: usize = 160;
@@ -85,12 +91,14 @@ const USER_TEXT: &[UserText] = &[
     // "changing licenses from '%s' to '%s' for pending %pJ", "setting
     // %sfor %pJ" with up to six TRES fields...).
     UserText { marker: "_update_job: ", reach: 8 * FIELD, ends: Ends::JobId },
-    // A job id as text: "update_job_str: invalid JobId=%s", "job_str_signal(1):
-    // invalid JobId=%s", ..., then "_slurm_rpc_update_job: JobId=%s uid=%u: %s".
-    UserText { marker: "invalid JobId=", reach: 2 * JOB_ID_STR, ends: Ends::Text },
-    UserText { marker: "_slurm_rpc_update_job: JobId=", reach: JOB_ID_STR, ends: Ends::Uid },
-    UserText { marker: "_slurm_rpc_update_job: can't update job", reach: JOB_ID_STR, ends: Ends::Text },
-    UserText { marker: "_slurm_rpc_update_job: We cannot update JobId=", reach: JOB_ID_STR, ends: Ends::Text },
+    // A job id as text. Where Slurm cannot parse it (a line break, or any
+    // text): "update_job_str: invalid JobId=%s", "job_str_signal(1):
+    // invalid JobId=%s", ..., then the call's result repeats it
+    // ("_slurm_rpc_update_job: JobId=%s uid=%u: %s", "_slurm_rpc_kill_job:
+    // job_str_signal() uid=%u JobId=%s sig=%d returned: %s").
+    UserText { marker: "invalid JobId=", reach: 3 * JOB_ID_STR, ends: Ends::Text },
+    // The one entry logged before the text is parsed.
+    UserText { marker: "_slurm_rpc_kill_job: REQUEST_KILL_JOB JobId=", reach: JOB_ID_STR, ends: Ends::Parsed },
     // A submission's fields, logged when they are refused.
     UserText { marker: "invalid partition specified: ", reach: FIELD, ends: Ends::Text },
     UserText { marker: "_job_create: account '", reach: 2 * FIELD, ends: Ends::Text },
@@ -130,6 +138,11 @@ pub fn zones(lines: &[&str], trusted: &dyn Fn(&str) -> bool) -> Vec<Zone> {
         let Some((rule, at)) = USER_TEXT.iter().find_map(|u| marker_at(lines[i], u.marker).map(|at| (u, at))) else {
             continue;
         };
+        let ends = match rule.ends {
+            Ends::Parsed if unparsed(&lines[i + 1..], rule.reach + PARSED_AFTER) => Ends::Text,
+            Ends::Parsed => continue,
+            e => e,
+        };
         // The text after the marker, then each following line, up to the reach.
         let mut used = lines[i].len() - at - rule.marker.len();
         let mut reach_end = i;
@@ -142,10 +155,10 @@ pub fn zones(lines: &[&str], trusted: &dyn Fn(&str) -> bool) -> Vec<Zone> {
                 }
                 reach_end = j;
             }
-            if ends_as(line, rule.ends) {
+            if ends_as(line, ends) {
                 first.get_or_insert(j);
                 last = Some(j);
-                if rule.ends != Ends::JobId || !ended_job(line).is_some_and(trusted) {
+                if ends != Ends::JobId || !ended_job(line).is_some_and(trusted) {
                     last_untrusted = Some(j);
                 }
             }
@@ -180,6 +193,18 @@ fn ended_job(line: &str) -> Option<&str> {
     (!raw.is_empty() && raw.bytes().all(|b| b.is_ascii_digit())).then_some(raw)
 }
 
+/// Whether an `invalid JobId=` line comes within `bytes` of `lines`.
+fn unparsed(lines: &[&str], bytes: usize) -> bool {
+    let mut used = 0;
+    lines
+        .iter()
+        .take_while(|l| {
+            used += 1 + l.len();
+            used <= bytes
+        })
+        .any(|l| l.contains("invalid JobId="))
+}
+
 /// Where `marker` starts in `line` as a word of its own (after a space or
 /// at the start: `_update_job: ` is not the end of `_slurm_rpc_update_job: `).
 fn marker_at(line: &str, marker: &str) -> Option<usize> {
@@ -190,7 +215,7 @@ fn marker_at(line: &str, marker: &str) -> Option<usize> {
 fn ends_as(line: &str, ends: Ends) -> bool {
     let line = line.trim_end();
     match ends {
-        Ends::Text => true,
+        Ends::Text | Ends::Parsed => true,
         Ends::JobId => {
             // "... for JobId=15", "JobId=12_3(15)", "JobId=20+1(21)",
             // "JobId=12_*", "JobId=Invalid"; "... for JobId=15 update".
@@ -201,10 +226,6 @@ fn ends_as(line: &str, ends: Ends) -> bool {
                     || (!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit() || b"_+()*".contains(&b)))
             })
         }
-        Ends::Uid => line.rsplit_once(" uid=").is_some_and(|(_, rest)| {
-            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-            digits > 0 && (rest.len() == digits || rest[digits..].starts_with(": ") || rest[digits..].starts_with(' '))
-        }),
     }
 }
 
@@ -319,10 +340,26 @@ y for JobId=9
 [2026-12-05T10:00:00.000] update_job_str: invalid JobId=1
 [2026-12-05T10:00:00.001] preempted JobId=5 has been killed to reclaim resources for JobId=6
 [2026-12-05T10:00:00.002] _slurm_rpc_update_job: JobId=1
-y uid=0: Invalid job id specified
+[2026-12-05T10:00:00.001] preempted JobId=5 has been killed to reclaim resources for JobId=6
+y uid=1003: Invalid job id specified
 [2026-12-05T10:00:00.003] sched: Allocate JobId=6 NodeList=n1 #CPUs=1 Partition=gpu";
-        // The second entry's text is certainly its own up to its first end.
-        assert_eq!(zones_of(log), [Clear, Unsure, Unsure, Inside, Unsure]);
+        assert_eq!(zones_of(log), [Clear, Unsure, Unsure, Unsure, Unsure, Unsure]);
+    }
+
+    /// scancel's job id is logged before it is parsed: one line, unless
+    /// Slurm then says it was no job id.
+    #[test]
+    fn a_kill_s_job_id_is_one_line_unless_slurm_could_not_parse_it() {
+        let plain = "\
+[2026-12-05T10:00:00.000] _slurm_rpc_kill_job: REQUEST_KILL_JOB JobId=27 uid 1003
+[2026-12-05T10:00:00.001] preempted JobId=5 has been killed to reclaim resources for JobId=6";
+        assert_eq!(zones_of(plain), [Clear, Clear]);
+        let forged = "\
+[2026-12-05T10:00:00.000] _slurm_rpc_kill_job: REQUEST_KILL_JOB JobId=27
+[2026-12-05T10:00:00.001] preempted JobId=5 has been killed to reclaim resources for JobId=6
+x uid 1003
+[2026-12-05T10:00:00.002] job_str_signal(1): invalid JobId=27";
+        assert_eq!(zones_of(forged), [Clear, Unsure, Unsure, Unsure]);
     }
 
     #[test]
@@ -333,9 +370,6 @@ y uid=0: Invalid job id specified
         for l in ["for JobId=", "JobId=15 x", "JobId=1;"] {
             assert!(!ends_as(l, Ends::JobId), "{l}");
         }
-        assert!(ends_as("_slurm_rpc_update_job: JobId=x uid=1001: Invalid job id specified", Ends::Uid));
-        assert!(!ends_as("_slurm_rpc_update_job: JobId=x", Ends::Uid));
-        assert!(!ends_as("uid=: x", Ends::Uid));
     }
 
     #[test]
