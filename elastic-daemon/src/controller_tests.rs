@@ -320,6 +320,50 @@ fn a_per_node_job_scales_down_by_draining_one_replica_then_releasing_exactly_its
     });
 }
 
+/// A per-node replica whose server dies while its job runs on is a failed
+/// start by the launcher's note (issue #35), whether a poll saw its step
+/// first or not; a step that ends without such a note (its node left the
+/// job) is not one.
+#[test]
+fn a_per_node_replica_whose_server_died_is_a_failed_start_by_its_note() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let endpoint = test_endpoint("llm");
+        let slurm = Arc::new(ScriptedSlurm::default());
+        let mut job = running(7, "onepool-llm-18000", "node[1-3]", 3);
+        // node3's server died before any poll saw its step or its port.
+        job.comment = "op1;L18000=18000;L18002=18002;E18004=exited%20with%20code%201".into();
+        *slurm.jobs.lock().unwrap() = vec![job.clone()];
+        *slurm.steps.lock().unwrap() = vec![step(7, "node1", 18000), step(7, "node2", 18002)];
+        let s = ReplicaSettings { replicas_per_job: 3, min: 0, max: 3, ..settings() };
+        let (mut c, _) = Controller::new("llm", endpoint.clone(), false, s, slurm.clone());
+        c.round().await.unwrap();
+        c.round().await.unwrap();
+        let f = c.start_failures_view();
+        assert_eq!(f.total, 1, "{:?}", f.last);
+        let cause = f.last.unwrap().cause;
+        assert_eq!(
+            cause,
+            "job 7's replica on node3 (slot 18004) ended before it served: the model server exited with code 1"
+        );
+        // node2's step is seen, then gone, and its note says its server was
+        // killed (the router took it at once: no health checks here).
+        job.comment = format!("{};E18002=killed%20by%20SIGSEGV", job.comment);
+        *slurm.jobs.lock().unwrap() = vec![job.clone()];
+        slurm.steps.lock().unwrap().retain(|s| s.nodes != "node2");
+        c.round().await.unwrap();
+        let f = c.start_failures_view();
+        assert_eq!(f.total, 2);
+        assert!(f.last.unwrap().cause.contains(
+            "on node2 (slot 18002) ended within its job's first minutes of serving: the model server killed by SIGSEGV"
+        ));
+        // node1's step ends with no note of its server's end: no failure.
+        slurm.steps.lock().unwrap().clear();
+        c.round().await.unwrap();
+        assert_eq!(c.start_failures_view().total, 2);
+    });
+}
+
 #[test]
 fn a_replica_whose_server_crashed_after_a_shrink_keeps_its_port_and_leaves_the_router() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

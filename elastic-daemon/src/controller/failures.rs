@@ -77,6 +77,46 @@ impl Controller {
         Some(cause)
     }
 
+    /// Per-node replicas whose step ended while their job runs on: a
+    /// failed start when the launcher's note (the job's comment, read
+    /// here) says its server ended by itself before it served or within
+    /// [`FAILED_START_WINDOW`] of the job's first answer. A step that ended
+    /// for onepoold's own drain or shrink, or with no note of its server's
+    /// end (its node left the job), is not one.
+    pub(super) async fn settle_step_ends(&mut self) -> Result<(), RoundError> {
+        let jobs: Vec<u32> = {
+            let mut j: Vec<u32> = self.step_ends.iter().map(|(j, _)| *j).collect();
+            j.dedup();
+            j
+        };
+        for id in jobs {
+            let slurm = self.slurm.clone();
+            let d = blocking(&self.metrics, &self.name, "scontrol_show_job", move || slurm.job_details(id)).await?;
+            let note = d.and_then(|d| ReplicaNote::decode(&d.comment)).unwrap_or_default();
+            let slots: Vec<u16> = self.step_ends.iter().filter(|(j, _)| *j == id).map(|(_, s)| *s).collect();
+            self.step_ends.retain(|(j, _)| *j != id);
+            for slot in slots {
+                let Some(t) = self.tracked.get(&id) else { continue };
+                let Some(m) = t.members.get(&slot) else { continue };
+                let (Some(server), false) = (note.ended(slot), m.released || m.drain_started.is_some()) else {
+                    continue;
+                };
+                if t.served_at.is_some_and(|s| s.elapsed() >= FAILED_START_WINDOW) {
+                    continue;
+                }
+                let when = if t.served_at.is_some() {
+                    "ended within its job's first minutes of serving"
+                } else {
+                    "ended before it served"
+                };
+                let node = m.node.clone().unwrap_or_default();
+                let cause = format!("job {id}'s replica on {node} (slot {slot}) {when}: the model server {server}");
+                self.failed_start(id, cause);
+            }
+        }
+        Ok(())
+    }
+
     /// Why a replica released for not becoming healthy failed, with what
     /// its launcher reported (where it listens).
     pub(super) fn never_healthy_cause(&self, job: u32, starting_for: Duration) -> String {

@@ -169,6 +169,9 @@ pub struct Controller {
     /// Replica jobs that left the queue and whose record is still to be
     /// read (a failed read is tried again at the next poll).
     ended: Vec<EndedJob>,
+    /// Per-node replicas whose step ended while their job runs on (job,
+    /// slot): why is read from the launcher's note.
+    step_ends: Vec<(u32, u16)>,
     /// Where each decision is written (`[decision_log]`).
     decision_log: Option<Arc<onepool_router::line_log::LineLog>>,
     /// Advisory mode: what was wanted at the last poll.
@@ -325,6 +328,7 @@ impl Controller {
             backoff: StartBackoff::new(BackoffPolicy::default()),
             takers: Vec::new(),
             ended: Vec::new(),
+            step_ends: Vec::new(),
             decision_log: None,
             advice: Default::default(),
             seen: decisions::Seen::default(),
@@ -421,6 +425,9 @@ impl Controller {
             self.find_takers().await;
         }
         self.read_notes().await?;
+        if !self.step_ends.is_empty() {
+            self.settle_step_ends().await?;
+        }
         self.route_running().await?;
         if self.adopted.is_none() {
             // Warm replicas are headroom, not load: counting them would

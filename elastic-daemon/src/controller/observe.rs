@@ -87,6 +87,7 @@ impl Controller {
                     m.ended = true;
                     tracing::warn!(endpoint = %name, job = j.job_id, port, node = ?node, "replica step ended; out of the router");
                     Self::unroute(endpoint, m);
+                    self.step_ends.push((j.job_id, port));
                 }
             }
         }
@@ -138,6 +139,15 @@ impl Controller {
             let d = blocking(&self.metrics, &self.name, "scontrol_show_job", move || slurm.job_details(id)).await?;
             if let (Some(t), Some(note)) = (self.tracked.get_mut(&id), d.and_then(|d| ReplicaNote::decode(&d.comment)))
             {
+                // A per-node replica whose server ended before any poll saw
+                // its step: the launcher's note is its record.
+                for (slot, m) in t.members.iter_mut() {
+                    if note.ended(*slot).is_some() && !m.ended && !m.released && m.node.is_some() {
+                        m.ended = true;
+                        Self::unroute(&self.endpoint, m);
+                        self.step_ends.push((id, *slot));
+                    }
+                }
                 t.note = Some(note);
             }
         }
