@@ -17,16 +17,18 @@ use onepool_decisions::annotation::ReclaimMode;
 use onepool_launcher::access::Access;
 use onepool_launcher::conventions::REPLICA_KEY_ENV;
 use onepool_launcher::launcher::{parse_reclaim, run, Front, FrontBounds, LauncherConfig, Outcome};
+use onepool_launcher::node_address::{self, Listen};
 use onepool_launcher::replica_group::{self, GroupConfig};
 use onepool_launcher::report::Report;
 
 #[derive(clap::Args)]
 pub struct ReplicaArgs {
-    /// Where the router reaches this replica; port 0 (the default, what
-    /// onepoold asks for): a free port the kernel chooses, reported in the
-    /// job's comment (--report).
+    /// Where the router reaches this replica: IP:PORT, or node:PORT for
+    /// this node's address as Slurm knows it (its NodeAddr, what onepoold
+    /// asks for and routes to); port 0: a free port the kernel chooses,
+    /// reported in the job's comment (--report).
     #[arg(long, env = "ONEPOOL_REPLICA_LISTEN", default_value = "0.0.0.0:0")]
-    pub listen: SocketAddr,
+    pub listen: Listen,
     /// Where the model server listens (default: a free loopback port); it
     /// is told the port in ONEPOOL_BACKEND_PORT, and its own key in
     /// ONEPOOL_BACKEND_API_KEY (also LLAMA_API_KEY and VLLM_API_KEY).
@@ -127,8 +129,10 @@ pub fn run_replica(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {
         }
         (None, None) => Report::Off,
     };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let listen = rt.block_on(node_address::resolve(args.listen, &args.scontrol)).map_err(anyhow::Error::msg)?;
     let cfg = LauncherConfig {
-        listen: args.listen,
+        listen,
         backend: args.backend,
         drain_timeout: args.drain_timeout,
         stop_grace: args.stop_grace,
@@ -143,7 +147,6 @@ pub fn run_replica(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {
         },
         report,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let outcome = rt.block_on(run(cfg, Arc::new(Front::default()))).context("onepool replica")?;
     match &outcome {
         Outcome::Drained { waited } => {
@@ -170,8 +173,12 @@ fn run_per_node(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {
     let launcher = std::env::current_exe().context("finding this onepool binary for the steps")?;
     let cfg = GroupConfig {
         nodes,
-        listen_ip: args.listen.ip(),
-        base_port: if args.slot != 0 { args.slot } else { args.listen.port() },
+        listen: args.listen,
+        base_port: match (args.slot, args.listen) {
+            (0, Listen::At(a)) => a.port(),
+            (0, Listen::Node(p)) => p,
+            (slot, _) => slot,
+        },
         allow_paths: args.allow_paths.clone(),
         drain_timeout: args.drain_timeout,
         stop_grace: args.stop_grace,

@@ -65,7 +65,7 @@ fn sbatch_arguments() {
             "-o",
             "/dev/null",
             "--wrap",
-            "exec /opt/onepool/bin/onepool replica --listen 0.0.0.0:0 --slot 18004 \
+            "exec /opt/onepool/bin/onepool replica --listen node:0 --slot 18004 \
              --drain-timeout 30s -- python3 /srv/server.py --model 'x y'",
         ]
     );
@@ -497,7 +497,7 @@ fn a_per_node_job_asks_for_its_replicas_nodes_and_runs_one_step_each() {
     assert!(!text.contains("--gpus=2"), "{text}");
     assert!(
         a.last().unwrap().starts_with(
-            "exec /opt/onepool/bin/onepool replica --per-node --listen 0.0.0.0:0 --slot 18010 --drain-timeout 30s -- "
+            "exec /opt/onepool/bin/onepool replica --per-node --listen node:0 --slot 18010 --drain-timeout 30s -- "
         ),
         "{text}"
     );

@@ -2,7 +2,7 @@
 //! ([`launcher`]: the model server behind a small front proxy that drains
 //! on Slurm's preemption notice, answers only onepoold's router
 //! ([`access`]), reports where it listens and why its server ended
-//! ([`report`], [`exit_cause`])) and, for jobs that host one replica per
+//! ([`report`], [`exit_cause`]), on its node's address ([`node_address`])) and, for jobs that host one replica per
 //! node, the group that starts one launcher per node as an `srun` step
 //! ([`replica_group`]). [`conventions`] holds what onepoold's router and
 //! controller agree on with them (the draining header, the replica key,
@@ -16,5 +16,6 @@ pub mod access;
 pub mod conventions;
 pub mod exit_cause;
 pub mod launcher;
+pub mod node_address;
 pub mod replica_group;
 pub mod report;

@@ -10,7 +10,8 @@
 //! (`replica-<port>`) is how onepoold finds which replica runs where,
 //! also after a restart and after earlier shrinks renumbered nothing.
 //!
-//! Each step's launcher listens where the kernel chooses and prints the
+//! Each step's launcher listens where the kernel chooses, on its own node's
+//! address (`--listen node:0`, [`crate::node_address`]), and prints the
 //! port on its standard output ([`crate::report::Report::Stdout`]); this
 //! process reads those lines and writes every replica's port (and why a
 //! server ended) into the job's comment, which onepoold reads (one writer:
@@ -24,7 +25,6 @@
 //! every step); only if scancel fails are the srun processes sent SIGUSR1
 //! (they forward it), which drains too but may lose requests in flight.
 
-use std::net::{IpAddr, SocketAddr};
 use std::process::ExitStatus;
 use std::time::Duration;
 
@@ -34,6 +34,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::task::JoinSet;
 
 use crate::conventions::ReplicaNote;
+use crate::node_address::Listen;
 use crate::report::Patience;
 use onepool_decisions::annotation::ReclaimMode;
 
@@ -42,7 +43,9 @@ pub struct GroupConfig {
     /// The allocation's nodes in Slurm's order (SLURM_JOB_NODELIST); the
     /// replica on the i-th has slot `base_port + 2i` (its step's name).
     pub nodes: Vec<String>,
-    pub listen_ip: IpAddr,
+    /// Each step's `--listen` with port 0 (`node:0`: each on its own
+    /// node's address, [`crate::node_address`]).
+    pub listen: Listen,
     pub base_port: u16,
     pub drain_timeout: Duration,
     pub stop_grace: Duration,
@@ -112,7 +115,10 @@ pub fn srun_argv(cfg: &GroupConfig, node: &str, port: u16) -> Vec<String> {
         cfg.launcher.clone(),
         "replica".into(),
         "--listen".into(),
-        SocketAddr::new(cfg.listen_ip, 0).to_string(),
+        match cfg.listen {
+            Listen::At(a) => std::net::SocketAddr::new(a.ip(), 0).to_string(),
+            Listen::Node(_) => Listen::Node(0).to_string(),
+        },
         "--slot".into(),
         port.to_string(),
         "--report".into(),
@@ -285,7 +291,7 @@ mod tests {
     fn cfg() -> GroupConfig {
         GroupConfig {
             nodes: vec!["gpu01".into(), "gpu02".into()],
-            listen_ip: "0.0.0.0".parse().unwrap(),
+            listen: Listen::Node(0),
             base_port: 18500,
             drain_timeout: Duration::from_millis(29_500),
             stop_grace: Duration::from_secs(10),
@@ -305,7 +311,7 @@ mod tests {
         assert_eq!(
             srun_argv(&cfg(), "gpu02", 18502).join(" "),
             "srun -N1 -n1 --nodelist=gpu02 --job-name=replica-18502 --kill-on-bad-exit=0 \
-             /opt/onepool/bin/onepool replica --listen 0.0.0.0:0 --slot 18502 --report stdout \
+             /opt/onepool/bin/onepool replica --listen node:0 --slot 18502 --report stdout \
              --drain-timeout 30s --stop-grace 10s --reclaim graceful -- python3 -m server"
         );
         assert_eq!(port_of(18500, 3), Some(18506));

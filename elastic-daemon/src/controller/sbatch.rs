@@ -50,8 +50,10 @@ pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16, r
     let drain = onepool_decisions::duration::format(Duration::from_secs(drain_secs));
     let launcher = quote(&s.launcher);
     // The slot names the job; the port is the kernel's choice on the node
-    // (issue #25: a port from a known range could be taken first).
-    let mut common = format!("--listen 0.0.0.0:0 --slot {port} --drain-timeout {drain}");
+    // (issue #25: a port from a known range could be taken first), on the
+    // node's address as Slurm knows it, where onepoold routes (issue #36:
+    // not every address of the node).
+    let mut common = format!("--listen node:0 --slot {port} --drain-timeout {drain}");
     if s.immediate_classes.iter().any(|c| c == class) {
         common.push_str(" --reclaim immediate");
     }
