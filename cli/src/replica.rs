@@ -71,6 +71,13 @@ pub struct ReplicaArgs {
     /// SIGTERM is the preemption, and what is in flight is cut at once).
     #[arg(long, default_value = "graceful", value_parser = parse_reclaim)]
     pub reclaim: ReclaimMode,
+    /// Serve the router over TLS: a key pair and self-signed certificate
+    /// made at start (never written anywhere), the certificate's SHA-256
+    /// reported with the port, and the router accepts only that one
+    /// (onepoold passes it unless its endpoint's replicas.transport is
+    /// "plain").
+    #[arg(long)]
+    pub tls: bool,
     /// Host one replica per node of the job: one srun step each, the i-th
     /// node's listening on --listen's port + 2i (its server one above).
     #[arg(long)]
@@ -146,6 +153,7 @@ pub fn run_replica(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {
             max_connections: args.max_connections,
         },
         report,
+        tls: args.tls,
     };
     let outcome = rt.block_on(run(cfg, Arc::new(Front::default()))).context("onepool replica")?;
     match &outcome {
@@ -174,6 +182,7 @@ fn run_per_node(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {
     let cfg = GroupConfig {
         nodes,
         listen: args.listen,
+        tls: args.tls,
         base_port: match (args.slot, args.listen) {
             (0, Listen::At(a)) => a.port(),
             (0, Listen::Node(p)) => p,

@@ -63,7 +63,12 @@ pub fn port_from_name(endpoint: &str, name: &str) -> Option<u16> {
 /// `onepool report` finds it in `sacct` after the job is gone (a drained
 /// replica ends COMPLETED, like one that was never reclaimed).
 ///
-/// Text form: `op1;L<slot>=<port>;E<slot>=<cause>;D<slot>=<drain>`, the
+/// Since issue #36 it also carries the fingerprint of each replica's TLS
+/// certificate (`F<slot>`, [`crate::hop_tls`]), which the router pins: the
+/// comment is where onepoold learns the address, so the same few writers
+/// vouch for both.
+///
+/// Text form: `op1;L<slot>=<port>;F<slot>=<sha256 hex>;E<slot>=<cause>;D<slot>=<drain>`, the
 /// cause percent-encoded (no spaces: `scontrol -o show job` prints the
 /// comment among other `Key=Value` words), the drain as
 /// [`DrainNote::encode`]. Bounded to [`NOTE_MAX`] bytes.
@@ -71,6 +76,8 @@ pub fn port_from_name(endpoint: &str, name: &str) -> Option<u16> {
 pub struct ReplicaNote {
     /// (slot, port) of each replica that listens.
     pub listening: Vec<(u16, u16)>,
+    /// (slot, certificate fingerprint) of each replica that serves TLS.
+    pub pins: Vec<(u16, Fingerprint)>,
     /// (slot, cause) of each replica whose server ended by itself.
     pub ended: Vec<(u16, String)>,
     /// (slot, drain) of each replica that drained on a notice.
@@ -137,6 +144,16 @@ impl ReplicaNote {
         self.listening.iter().find(|(s, _)| *s == slot).map(|(_, p)| *p)
     }
 
+    /// The fingerprint of the certificate the replica in `slot` serves.
+    pub fn pin(&self, slot: u16) -> Option<Fingerprint> {
+        self.pins.iter().find(|(s, _)| *s == slot).map(|(_, f)| *f)
+    }
+
+    pub fn set_pin(&mut self, slot: u16, pin: Fingerprint) {
+        self.pins.retain(|(s, _)| *s != slot);
+        self.pins.push((slot, pin));
+    }
+
     pub fn ended(&self, slot: u16) -> Option<&str> {
         self.ended.iter().find(|(s, _)| *s == slot).map(|(_, c)| c.as_str())
     }
@@ -162,6 +179,9 @@ impl ReplicaNote {
         let mut out = String::from(NOTE_TAG);
         for (slot, port) in &self.listening {
             out.push_str(&format!(";L{slot}={port}"));
+        }
+        for (slot, pin) in &self.pins {
+            out.push_str(&format!(";F{slot}={pin}"));
         }
         // Before the causes: they are cut to fit, these never are.
         for (slot, drain) in &self.drained {
@@ -201,6 +221,7 @@ impl ReplicaNote {
             let slot: u16 = slot.parse().ok()?;
             match key {
                 "L" => note.set_port(slot, value.parse().ok().filter(|p| *p != 0)?),
+                "F" => note.set_pin(slot, value.parse().ok()?),
                 "E" => note.set_ended(slot, &percent_decode(value)),
                 "D" => note.set_drained(slot, DrainNote::decode(value)?),
                 // A newer launcher's entries: skipped, not refused.
@@ -247,6 +268,8 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+use crate::hop_tls::Fingerprint;
+
 /// The lines a per-node job's launcher steps print on their standard
 /// output for the job's main process ([`crate::replica_group`]), which
 /// alone writes the job's comment (several writers would race).
@@ -273,10 +296,15 @@ mod tests {
         n.set_port(19400, 41234);
         n.set_port(19402, 40001);
         n.set_ended(19400, "killed by SIGSEGV (core dumped); last output:\nggml_backend_amx_mul_mat: 100% ;=");
+        let pin = Fingerprint([0xab; 32]);
+        n.set_pin(19402, pin);
         let text = n.encode();
         assert!(!text.contains(' ') && !text.contains('\n'), "{text}");
         assert_eq!(ReplicaNote::decode(&text), Some(n.clone()));
         assert_eq!(n.port(19402), Some(40001));
+        assert_eq!(n.pin(19402), Some(pin));
+        assert_eq!(n.pin(19400), None);
+        assert!(text.contains(&format!(";F19402={}", "ab".repeat(32))), "{text}");
         assert!(n.ended(19400).unwrap().ends_with("100% ;="));
     }
 
@@ -303,7 +331,11 @@ mod tests {
 
     #[test]
     fn a_comment_that_is_not_a_note_is_none() {
-        for c in ["", "my comment", "op1;Lx=1", "op1;L1=0", "op2;L1=2", "op1;L1"] {
+        // A fingerprint that is not one makes no note: onepoold must not
+        // route to a replica whose certificate it cannot pin.
+        let short = format!("op1;L1=2;F1={}", "ab".repeat(31));
+        let upper = format!("op1;L1=2;F1={}", "AB".repeat(32));
+        for c in ["", "my comment", "op1;Lx=1", "op1;L1=0", "op2;L1=2", "op1;L1", &short, &upper, "op1;L1=2;F1="] {
             assert_eq!(ReplicaNote::decode(c), None, "{c:?}");
         }
         // Unknown entries of a newer launcher are skipped.

@@ -109,6 +109,9 @@ pub struct LauncherConfig {
     pub bounds: FrontBounds,
     /// Where the listening port and the server's end are reported.
     pub report: Report,
+    /// Serve the front over TLS with a certificate made at start, its
+    /// fingerprint reported with the port ([`crate::hop_tls`]).
+    pub tls: bool,
 }
 
 /// The front's limits, the router's defaults (onepoold.toml's
@@ -143,6 +146,8 @@ pub struct FrontConfig {
     /// `Bearer <the server's own key>`, added to every request.
     pub backend_auth: Option<http::HeaderValue>,
     pub bounds: FrontBounds,
+    /// The front's TLS (`--tls`); `None`: clear HTTP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -167,6 +172,8 @@ pub enum LauncherError {
     },
     #[error("cannot watch signals: {0}")]
     Signals(#[source] std::io::Error),
+    #[error("{0}")]
+    Tls(String),
 }
 
 /// How a server that ended by itself ended.
@@ -480,8 +487,6 @@ pub async fn serve_front(listener: TcpListener, cfg: Arc<FrontConfig>, state: Ar
     let client: onepool_client::Pooled<Limited<Incoming>> =
         onepool_client::pooled(onepool_client::Settings { max_idle_per_host: 0, ..Default::default() });
     let slots = Arc::new(Semaphore::new(cfg.bounds.max_connections.max(1)));
-    // hyper's smallest read buffer; the head must fit in it.
-    let max_buf = cfg.bounds.max_header_bytes.max(8192);
     loop {
         let Ok((stream, _)) = listener.accept().await else { continue };
         // Over the cap: closed at once, before a byte is read.
@@ -495,27 +500,59 @@ pub async fn serve_front(listener: TcpListener, cfg: Arc<FrontConfig>, state: Ar
         tokio::spawn(async move {
             let _slot = slot;
             let _open = OpenConnection(state.clone());
-            let header_read_timeout = cfg.bounds.header_read_timeout;
-            let closing = state.closing.clone();
-            let svc = service_fn(move |req| {
-                let (state, client, cfg) = (state.clone(), client.clone(), cfg.clone());
-                async move { Ok::<_, std::convert::Infallible>(front(req, state, client, cfg).await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_read_timeout)
-                .max_buf_size(max_buf)
-                .serve_connection(TokioIo::new(stream), svc);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = closing.cancelled() => {
-                    // Finish the response being written, then close.
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
+            match &cfg.tls {
+                None => serve_connection(stream, state, client, cfg).await,
+                Some(tls) => {
+                    // The handshake is part of the head: a peer that stalls
+                    // in it holds a connection no longer than one that
+                    // stalls in its head.
+                    let accept = tokio_rustls::TlsAcceptor::from(tls.clone()).accept(stream);
+                    match tokio::time::timeout(cfg.bounds.header_read_timeout, accept).await {
+                        Ok(Ok(tls)) => serve_connection(tls, state, client, cfg).await,
+                        Ok(Err(e)) => {
+                            state.refused.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!("TLS handshake refused: {e}");
+                        }
+                        Err(_) => {
+                            state.refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                 }
             }
         });
+    }
+}
+
+/// One client connection, clear or TLS, until it closes or the drain ends.
+async fn serve_connection<S>(
+    io: S,
+    state: Arc<Front>,
+    client: onepool_client::Pooled<Limited<Incoming>>,
+    cfg: Arc<FrontConfig>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let header_read_timeout = cfg.bounds.header_read_timeout;
+    // hyper's smallest read buffer; the head must fit in it.
+    let max_buf = cfg.bounds.max_header_bytes.max(8192);
+    let closing = state.closing.clone();
+    let svc = service_fn(move |req| {
+        let (state, client, cfg) = (state.clone(), client.clone(), cfg.clone());
+        async move { Ok::<_, std::convert::Infallible>(front(req, state, client, cfg).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .max_buf_size(max_buf)
+        .serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = closing.cancelled() => {
+            // Finish the response being written, then close.
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
     }
 }
 
@@ -593,17 +630,25 @@ pub async fn run(cfg: LauncherConfig, state: Arc<Front>) -> Result<Outcome, Laun
     };
     let mut notices = Notices::install()?;
     let oom_before = exit_cause::oom_kills();
+    // Made before the server starts: a launcher that cannot serve TLS
+    // must not hold GPUs for a server nobody can reach.
+    let identity = match cfg.tls {
+        true => Some(crate::hop_tls::Identity::generate().map_err(LauncherError::Tls)?),
+        false => None,
+    };
     let mut server = Server::spawn(&cfg, program, args, backend, &backend_key)?;
     let front_cfg = Arc::new(FrontConfig {
+        tls: identity.as_ref().map(|i| i.config.clone()),
         backend,
         access: cfg.access.clone(),
         backend_auth: http::HeaderValue::from_str(&format!("Bearer {backend_key}")).ok(),
         bounds: cfg.bounds,
     });
     let front_task = tokio::spawn(serve_front(listener, front_cfg, state.clone()));
-    tracing::info!(%listening, %backend, "replica front listening; model server starting");
+    let pin = identity.map(|i| i.fingerprint);
+    tracing::info!(%listening, %backend, tls = ?pin, "replica front listening; model server starting");
     let mut note = ReplicaNote::default();
-    cfg.report.listening(&mut note, listening.port()).await;
+    cfg.report.listening(&mut note, listening.port(), pin).await;
     let which = tokio::select! {
         status = server.child.wait() => {
             // Slurm's kill signals the server with this process, and the

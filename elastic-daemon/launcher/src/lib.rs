@@ -15,6 +15,7 @@
 pub mod access;
 pub mod conventions;
 pub mod exit_cause;
+pub mod hop_tls;
 pub mod launcher;
 pub mod node_address;
 pub mod replica_group;

@@ -46,6 +46,8 @@ pub struct GroupConfig {
     /// Each step's `--listen` with port 0 (`node:0`: each on its own
     /// node's address, [`crate::node_address`]).
     pub listen: Listen,
+    /// Each step's `--tls` ([`crate::hop_tls`]).
+    pub tls: bool,
     pub base_port: u16,
     pub drain_timeout: Duration,
     pub stop_grace: Duration,
@@ -130,6 +132,9 @@ pub fn srun_argv(cfg: &GroupConfig, node: &str, port: u16) -> Vec<String> {
         "--reclaim".into(),
         cfg.reclaim.as_str().into(),
     ];
+    if cfg.tls {
+        argv.push("--tls".into());
+    }
     for p in &cfg.allow_paths {
         argv.extend(["--allow-path".to_string(), p.clone()]);
     }
@@ -275,6 +280,9 @@ fn merge(note: &mut ReplicaNote, entry: &str) -> bool {
     for (slot, port) in one.listening {
         note.set_port(slot, port);
     }
+    for (slot, pin) in one.pins {
+        note.set_pin(slot, pin);
+    }
     for (slot, cause) in one.ended {
         note.set_ended(slot, &cause);
     }
@@ -292,6 +300,7 @@ mod tests {
         GroupConfig {
             nodes: vec!["gpu01".into(), "gpu02".into()],
             listen: Listen::Node(0),
+            tls: false,
             base_port: 18500,
             drain_timeout: Duration::from_millis(29_500),
             stop_grace: Duration::from_secs(10),
@@ -314,8 +323,19 @@ mod tests {
              /opt/onepool/bin/onepool replica --listen node:0 --slot 18502 --report stdout \
              --drain-timeout 30s --stop-grace 10s --reclaim graceful -- python3 -m server"
         );
+        let tls = GroupConfig { tls: true, ..cfg() };
+        assert!(srun_argv(&tls, "gpu01", 18500).join(" ").contains(" --reclaim graceful --tls -- python3"));
         assert_eq!(port_of(18500, 3), Some(18506));
         assert_eq!(port_of(65530, 3), None);
+    }
+
+    #[test]
+    fn a_step_s_port_and_pin_reach_the_job_s_note_together() {
+        let mut note = ReplicaNote::default();
+        let pin = crate::hop_tls::Fingerprint([7; 32]);
+        assert!(merge(&mut note, &format!("L18502=40001;F18502={pin}")));
+        assert_eq!((note.port(18502), note.pin(18502)), (Some(40001), Some(pin)));
+        assert!(!merge(&mut note, &format!("L18502=40001;F18502={pin}")));
     }
 
     #[test]

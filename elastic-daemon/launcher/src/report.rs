@@ -11,6 +11,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 use crate::conventions::{DrainNote, ReplicaNote, STEP_LINE};
+use crate::hop_tls::Fingerprint;
 
 #[derive(Debug, Clone)]
 pub enum Report {
@@ -49,13 +50,21 @@ impl Patience {
 }
 
 impl Report {
-    pub async fn listening(&self, note: &mut ReplicaNote, port: u16) {
+    /// The port, with the fingerprint of the certificate it serves (TLS).
+    pub async fn listening(&self, note: &mut ReplicaNote, port: u16, pin: Option<Fingerprint>) {
         match self {
             Report::Comment { slot, .. } => {
                 note.set_port(*slot, port);
+                if let Some(pin) = pin {
+                    note.set_pin(*slot, pin);
+                }
                 self.write_comment(note, Patience::Retry).await;
             }
-            Report::Stdout { slot } => print_line(&format!("L{slot}={port}")).await,
+            // One line, so the group writes the port and its pin together.
+            Report::Stdout { slot } => match pin {
+                Some(pin) => print_line(&format!("L{slot}={port};F{slot}={pin}")).await,
+                None => print_line(&format!("L{slot}={port}")).await,
+            },
             Report::Off => {}
         }
     }

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use onepool_decisions::annotation::ReclaimMode;
 use onepool_launcher::access::Access;
-use onepool_launcher::conventions::REPLICA_KEY_HEADER;
+use onepool_launcher::conventions::{ReplicaNote, REPLICA_KEY_HEADER};
+use onepool_launcher::hop_tls::Fingerprint;
 use onepool_launcher::launcher::{run, Front, FrontBounds, FrontConfig, LauncherConfig, Outcome};
 use onepool_launcher::report::Report;
 
@@ -53,6 +54,7 @@ fn config(listen: SocketAddr, drain: Duration, command: Vec<String>) -> Launcher
         access: Access::new(Some(KEY.as_bytes().to_vec()), Vec::new()),
         bounds: FrontBounds::default(),
         report: Report::Off,
+        tls: false,
     }
 }
 
@@ -206,6 +208,7 @@ async fn a_request_the_dead_server_never_got_is_answered_draining() {
         access: Access::new(Some(KEY.as_bytes().to_vec()), Vec::new()),
         backend_auth: None,
         bounds: FrontBounds::default(),
+        tls: None,
     };
     let task = tokio::spawn(onepool_launcher::launcher::serve_front(listener, Arc::new(cfg), front.clone()));
     assert_eq!(get(listen, "/v1/x").await, Some((503, true)));
@@ -350,4 +353,83 @@ async fn a_server_that_dies_is_named_with_its_last_output() {
     assert_eq!(out.exit_code(), 3);
     let Outcome::ServerExited(ended) = out else { panic!() };
     assert_eq!(ended.report(), "exited with code 3; last output:\nno model");
+}
+
+/// The whole answer to a GET with `fields` over TLS to `addr`, accepting
+/// only the certificate `pin`; Err: the handshake failed.
+async fn get_tls(addr: SocketAddr, pin: Fingerprint, fields: &str) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let client = onepool_launcher::hop_tls::pinned_client(pin)?;
+    let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let mut s = tokio_rustls::TlsConnector::from(client.config)
+        .connect(client.name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    s.write_all(format!("GET /v1/x HTTP/1.1\r\nHost: x\r\n{fields}Connection: close\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf).await;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// With --tls the launcher's note carries its certificate's fingerprint
+/// beside its port (written by scontrol, here a script that keeps what it
+/// was asked to write), and its front speaks TLS only: the pinned client
+/// is answered with the key and refused without it, a client pinned to
+/// another certificate never completes the handshake (so never sends the
+/// key), and clear HTTP gets no answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tls_the_note_pins_the_certificate_and_only_the_pinned_router_with_the_key_is_answered() {
+    let _turn = NOTICE.lock().await;
+    let dir = std::env::temp_dir().join(format!("onepool-launcher-tls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let scontrol = dir.join("scontrol");
+    let comment = dir.join("comment");
+    std::fs::write(&scontrol, format!("#!/bin/sh\necho \"$3\" > {}.new && mv {0}.new {0}\n", comment.display()))
+        .unwrap();
+    std::fs::set_permissions(&scontrol, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let listen = free_addr();
+    let command = vec!["python3".into(), "-c".into(), SERVER.into()];
+    let report = Report::Comment { scontrol: scontrol.display().to_string(), job: 7, slot: 3 };
+    let cfg = LauncherConfig { tls: true, report, ..config(listen, Duration::from_secs(5), command) };
+    let front = Arc::new(Front::default());
+    let task = tokio::spawn(run(cfg, front.clone()));
+    let mut note = None;
+    for _ in 0..100 {
+        note = std::fs::read_to_string(&comment)
+            .ok()
+            .and_then(|c| ReplicaNote::decode(c.trim().strip_prefix("Comment=")?))
+            .filter(|n| n.port(3).is_some());
+        if note.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let note = note.expect("the launcher wrote its note");
+    assert_eq!(note.port(3), Some(listen.port()));
+    let pin = note.pin(3).expect("the note carries the certificate's fingerprint");
+    let key = format!("{REPLICA_KEY_HEADER}: {KEY}\r\n");
+    let mut answer = String::new();
+    for _ in 0..100 {
+        answer = get_tls(listen, pin, &key).await.unwrap();
+        if answer.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let keyless = get_tls(listen, pin, "").await.unwrap();
+    assert!(keyless.starts_with("HTTP/1.1 401"), "{keyless}");
+    let refused_before = front.refused.load(std::sync::atomic::Ordering::SeqCst);
+    let other = Fingerprint([0x5a; 32]);
+    let e = get_tls(listen, other, &key).await.unwrap_err();
+    assert!(e.contains("handshake") && e.to_lowercase().contains("certificate"), "{e}");
+    assert_eq!(get(listen, "/v1/x").await, None, "clear HTTP gets no HTTP answer");
+    assert!(front.refused.load(std::sync::atomic::Ordering::SeqCst) > refused_before);
+    onepool_os::raise(onepool_os::SIGUSR1).unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(20), task).await.unwrap().unwrap().unwrap();
+    assert!(matches!(outcome, Outcome::Drained { .. }), "{outcome:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
