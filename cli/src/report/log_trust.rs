@@ -7,7 +7,7 @@
 //! logs `_update_job: setting comment to x` and, on the next line, what
 //! reads as slurmctld's own. So:
 //!
-//! - [`USER_TEXT`] lists the entries that hold a user's text (found in
+//! - `USER_TEXT` lists the entries that hold a user's text (found in
 //!   Slurm's source), how long that text can be (Slurm's own bound) and
 //!   how the entry ends. After such an entry's first line, every line up
 //!   to the first one that ends as the entry ends is certainly its text

@@ -8,9 +8,15 @@
 //! [`super::slurmctld_log`]), and times submissions, starts and ends to
 //! the millisecond. A graceful victim that drained and exited in its grace
 //! time ends COMPLETED in sacct: it is found by the drain note its
-//! launcher left in the job's comment (`AccountingStoreFlags=job_comment`),
-//! and its taker is the first job that started on its nodes right after
-//! it ended (by node and time; the report says so).
+//! launcher left in the job's comment (`AccountingStoreFlags=job_comment`,
+//! read only on onepoold's replica jobs: [`super::replica_jobs`]), and its
+//! taker is the first job that started on its nodes right after it ended
+//! (by node and time; the report says so).
+//!
+//! A user's text can reach slurmctld's log (issue #35), so nothing in it
+//! counts that accounting does not bear out: a preemption only where its
+//! victim and taker ran as it says (`checked`), a time only where it
+//! agrees with sacct's whole second.
 
 use onepool_decisions::annotation::ReclaimMode;
 use onepool_decisions::policy::{Policy, Tier};
