@@ -36,13 +36,6 @@ pub struct ReplicaFailures {
 
 const FAILED_STATES: [&str; 6] = ["FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"];
 
-/// The endpoint in a replica job's name (`onepool-ENDPOINT-SLOT`); only
-/// the name, which any user may give a job.
-pub fn endpoint_of(name: &str) -> Option<&str> {
-    let (endpoint, slot) = name.strip_prefix("onepool-")?.rsplit_once('-')?;
-    (!endpoint.is_empty() && !slot.is_empty() && slot.bytes().all(|b| b.is_ascii_digit())).then_some(endpoint)
-}
-
 pub fn find(runs: &[Run], replicas: &ReplicaJobs, from: f64, to: f64) -> Vec<ReplicaFailures> {
     let mut by: BTreeMap<(String, String), ReplicaFailures> = BTreeMap::new();
     for r in runs.iter().filter(|r| r.end >= from && r.end <= to) {
@@ -85,15 +78,6 @@ fn first_line_and_last(cause: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_onepoold_s_names_are_replica_jobs() {
-        assert_eq!(endpoint_of("onepool-chat-19400"), Some("chat"));
-        assert_eq!(endpoint_of("onepool-llm-2-19400"), Some("llm-2"));
-        for other in ["onepool-19400", "onepool-chat-", "onepool-chat-x1", "train", "onepool--1"] {
-            assert_eq!(endpoint_of(other), None, "{other}");
-        }
-    }
 
     #[test]
     fn a_cause_keeps_its_first_and_last_line() {

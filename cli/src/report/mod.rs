@@ -192,8 +192,10 @@ fn saved_figure(
     let max_p95_wait_s = dur(&args.max_p95_wait, "--max-p95-wait")?;
     let startup_s = args.replica_startup.as_deref().map(|s| dur(s, "--replica-startup")).transpose()?;
     let daemon = daemon_inputs(&args.daemon_config);
+    let replicas = replica_jobs::ReplicaJobs::read(&args.daemon_config);
     let inputs = saved::Inputs {
         runs,
+        replicas: &replicas,
         policy,
         policy_text,
         from: report.from,

@@ -19,7 +19,7 @@ use onepool_simulator::compare::{NoSaving, Unmet};
 use onepool_simulator::report::Options;
 use serde::Serialize;
 
-use super::failures::endpoint_of;
+use super::replica_jobs::ReplicaJobs;
 use super::usage::Run;
 
 /// An endpoint whose replicas onepoold runs (`[endpoint.replicas]` in
@@ -49,6 +49,11 @@ pub struct EndpointSettings {
 /// What the report reads for the figure.
 pub struct Inputs<'a> {
     pub runs: &'a [Run],
+    /// Which runs are onepoold's replica jobs (the endpoints stand for
+    /// them, and their launchers' notes time a replica's startup): the
+    /// report's one rule, so a job a user merely names like a replica
+    /// changes neither (issue #35).
+    pub replicas: &'a ReplicaJobs,
     pub policy: &'a Policy,
     pub policy_text: &'a str,
     pub from: f64,
@@ -184,7 +189,7 @@ fn jobs_csv(inp: &Inputs, endpoints: &[&str], assumptions: &mut Vec<String>) -> 
         if r.gpus == 0 || !r.start.is_finite() || r.start <= 0.0 || r.start >= inp.to || r.end <= inp.from {
             continue;
         }
-        if endpoint_of(&r.name).is_some_and(|e| endpoints.contains(&e)) {
+        if inp.replicas.endpoint_of(r).is_some_and(|e| endpoints.contains(&e)) {
             continue;
         }
         let end = r.end.min(inp.to);
@@ -323,7 +328,7 @@ fn modelled(inp: &Inputs, assumptions: &mut Vec<String>) -> (Vec<EndpointSetting
                 s
             }
             None => {
-                let (s, how) = startup(inp.runs, &e.name, &requests);
+                let (s, how) = startup(inp.runs, inp.replicas, &e.name, &requests);
                 assumptions.push(format!("endpoint {}: replica startup {}: {how}", e.name, seconds(s)));
                 s
             }
@@ -394,10 +399,10 @@ fn fit_service(reqs: &[AccessEntry]) -> (f64, f64, String) {
 /// the endpoint's replica jobs, from the job's start to the first byte of
 /// the first answer its launcher's port gave (an upper bound: the first
 /// request may have come later). 60 s where no job can be matched.
-fn startup(runs: &[Run], endpoint: &str, reqs: &[AccessEntry]) -> (f64, String) {
+fn startup(runs: &[Run], replicas: &ReplicaJobs, endpoint: &str, reqs: &[AccessEntry]) -> (f64, String) {
     let mut best: Option<f64> = None;
     let mut matched = 0;
-    for r in runs.iter().filter(|r| endpoint_of(&r.name) == Some(endpoint) && r.start.is_finite() && r.start > 0.0) {
+    for r in runs.iter().filter(|r| replicas.endpoint_of(r) == Some(endpoint) && r.start.is_finite() && r.start > 0.0) {
         let Some(note) = &r.note else { continue };
         let ports: Vec<String> = note.listening.iter().map(|(_, p)| format!(":{p}")).collect();
         let first = reqs

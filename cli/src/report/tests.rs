@@ -487,8 +487,17 @@ fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
     ];
     let mut replica = run("5", "op-p", "COMPLETED", (t0 + 1.0, t0 + 2.0, t0 + 3600.0), 1, &["n4"]);
     replica.name = "onepool-chat-18000".into();
+    replica.user = onepool_decisions::policy::SERVICE_USER.into();
+    replica.record = onepool_decisions::record::JobRecord::decode("onepool:class=p;tier=protected;endpoint=chat");
     replica.note = Some(ReplicaNote { listening: vec![(18000, 40001)], ..ReplicaNote::default() });
-    runs.push(replica);
+    runs.push(replica.clone());
+    // A user's job named like a replica, with a note naming the replica's
+    // port, started just before its first answer: neither the endpoint's
+    // nor its startup (issue #35).
+    let mut forged = replica;
+    (forged.id, forged.user, forged.record, forged.start, forged.end) =
+        ("6".into(), "op-ana".into(), None, t0 + 9.9, t0 + 20.0);
+    runs.push(forged);
     let time = onepool_decisions::trace::format_time_ms;
     let mut access: Vec<AccessEntry> = (0..40u64)
         .map(|i| {
@@ -536,8 +545,10 @@ fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
         warm: None,
         latency: None,
     };
+    let replicas = super::replica_jobs::ReplicaJobs::unconfigured("no onepoold.toml in this test");
     let inputs = saved::Inputs {
         runs: &runs,
+        replicas: &replicas,
         policy: &p,
         policy_text: "(the policy's text)",
         from: t0,
@@ -550,7 +561,7 @@ fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
         utc_offset_s: 0.0,
     };
     let w = saved::scenario(&inputs);
-    assert_eq!((w.jobs, w.requests, w.endpoints.clone()), (4, 40, vec!["chat".to_string()]));
+    assert_eq!((w.jobs, w.requests, w.endpoints.clone()), (5, 40, vec!["chat".to_string()]));
     let file = |name: &str| w.files.iter().find(|(n, _)| n == name).map(|(_, t)| t.clone()).unwrap();
     let jobs = file("jobs.csv");
     assert!(!jobs.contains("onepool-chat"), "the replica job is the endpoint's, not a job");
@@ -573,6 +584,7 @@ fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
     });
     let w2 = saved::scenario(&saved::Inputs {
         runs: inputs.runs,
+        replicas: inputs.replicas,
         policy: inputs.policy,
         policy_text: inputs.policy_text,
         from: inputs.from,
