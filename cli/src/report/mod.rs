@@ -165,7 +165,7 @@ pub fn gather(
     let replicas = replica_jobs::ReplicaJobs::read(&args.daemon_config);
     let mut report = usage::compute(&runs, policy, from, to, facts.as_ref(), &replicas);
     if let Some(text) = text {
-        let a = usage::audit(&text, from, to);
+        let a = usage::audit(&text, from, to, &|id| trusted.contains(id));
         if policy.pool.audit || !a.would_place.is_empty() || !a.would_refuse.is_empty() {
             report.audit = Some(a);
         }

@@ -190,9 +190,13 @@ fn audit_lines_in_the_period_are_counted() {
                [2026-12-04T09:00:01.000] job_submit/onepool: audit: uid 1001: would place: class agents qos op-agents [v1]\n\
                [2026-12-04T09:00:02.000] job_submit/onepool: audit: uid 1001: would refuse: --workload=critical-training needs an entitlement\n\
                [2026-12-04T09:00:03.000] job_submit/onepool: audit: uid 1001: would refuse update of job 7: QOS is set by onepool\n\
-               [2026-12-04T09:00:04.000] slurmctld: something else\n";
+               [2026-12-04T09:00:04.000] slurmctld: something else\n\
+               [2026-12-04T09:00:05.000] _update_job: setting comment to x\n\
+               [2026-12-04T09:00:05.000] job_submit/onepool: audit: uid 1001: would place: class forged qos op-agents [v1] for JobId=41\n\
+               [2026-12-04T09:00:06.000] slurmctld: something else\n";
     let from = onepool_decisions::trace::parse_time("2026-12-04T08:30:00").unwrap();
-    let a = usage::audit(log, from, from + 3600.0);
+    // A line a user's comment wrote into the log is not counted (issue #35).
+    let a = usage::audit(log, from, from + 3600.0, &|_| false);
     assert_eq!(a.would_place.into_iter().collect::<Vec<_>>(), [("agents".to_string(), 1), ("training".to_string(), 1)]);
     assert_eq!(
         a.would_refuse.into_iter().collect::<Vec<_>>(),

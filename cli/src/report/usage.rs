@@ -190,9 +190,13 @@ fn reclaim_source(log: Option<&LogFacts>, from: f64) -> String {
 }
 
 /// job_submit/onepool's audit lines in slurmctld's log, within the period.
-pub fn audit(log: &str, from: f64, to: f64) -> Audit {
+/// Lines a user's text may have written (a comment with a line break in
+/// slurmctld's log: [`super::log_trust::zones`]) are not counted.
+pub fn audit(log: &str, from: f64, to: f64, trusted: &dyn Fn(&str) -> bool) -> Audit {
     let mut a = Audit::default();
-    for line in log.lines() {
+    let lines: Vec<&str> = log.lines().collect();
+    let zones = super::log_trust::zones(&lines, trusted);
+    for (line, _) in lines.iter().zip(&zones).filter(|(_, z)| **z == super::log_trust::Zone::Clear) {
         let Some(rest) = line.split_once("job_submit/onepool: audit: ").map(|x| x.1) else { continue };
         // "[2026-12-04T14:44:36.123] ..." (the log's own time stamp).
         let at = line
