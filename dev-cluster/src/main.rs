@@ -56,6 +56,12 @@ enum Cmd {
         /// as production nodes do; fails naming what this machine lacks.
         #[arg(long)]
         cgroup: bool,
+        /// Each node, a head host (slurmctld, slurmdbd, MariaDB), a service
+        /// host and a client host in network namespaces of their own, each
+        /// with its address on one bridge (docs/dev-cluster.md). Fixed at
+        /// the folder's first `up`.
+        #[arg(long)]
+        hosts: bool,
     },
     /// Stop slurmctld and start it again on the configuration files as they are.
     RestartSlurmctld,
@@ -65,6 +71,9 @@ enum Cmd {
     Status,
     /// Print `export` lines for a shell: eval "$(onepool-devcluster env)".
     Env,
+    /// Print the network namespace of a host of a hosts-mode cluster
+    /// (`head`, `service`, `client`, `nodeN`), for `ip netns exec NAME ...`.
+    Netns { host: String },
     /// Print onepoold.toml for a simulator scenario's first endpoint, its
     /// replicas running the stand-in model server
     /// (bench/validate-simulator.sh).
@@ -132,6 +141,7 @@ fn run(cli: Cli) -> onepool_dev_cluster::Result<()> {
             site_conf,
             before_onepool,
             cgroup,
+            hosts,
         } => {
             let plugin_source = plugins.or_else(|| std::env::current_exe().ok()?.parent().map(PathBuf::from));
             let opts = UpOptions {
@@ -145,6 +155,7 @@ fn run(cli: Cli) -> onepool_dev_cluster::Result<()> {
                 site_conf,
                 before_onepool,
                 cgroup,
+                hosts,
             };
             let spec = cluster.up(&opts, &mut say)?;
             say(&format!(
@@ -158,26 +169,65 @@ fn run(cli: Cli) -> onepool_dev_cluster::Result<()> {
         }
         Cmd::RestartSlurmctld => cluster.restart_slurmctld(&mut say)?,
         Cmd::Down => cluster.down(&mut say)?,
-        Cmd::Status => {
-            let mut ctld_up = false;
-            for (name, pid) in cluster.status() {
-                match pid {
-                    Some(pid) => println!("{name:<16} running  pid {pid}"),
-                    None => println!("{name:<16} stopped"),
-                }
-                ctld_up |= name == "slurmctld" && pid.is_some();
-            }
-            if ctld_up {
-                print!("{}", cluster.run("sinfo", &["-N", "-o", "%N %P %t %G"])?);
-            }
-        }
+        Cmd::Status => status(&cluster)?,
         Cmd::Env => {
             for (k, v) in cluster.env() {
                 println!("export {k}={v}");
             }
         }
+        Cmd::Netns { host } => println!("{}", namespace_of(&cluster, &host)?),
         // Printed above, without opening the cluster's folder.
         Cmd::OnepooldConfig { .. } => {}
     }
     Ok(())
+}
+
+/// Which daemons run, the hosts of a hosts-mode cluster, and sinfo when
+/// slurmctld is up.
+fn status(cluster: &Cluster) -> onepool_dev_cluster::Result<()> {
+    let mut ctld_up = false;
+    for (name, pid) in cluster.status() {
+        match pid {
+            Some(pid) => println!("{name:<16} running  pid {pid}"),
+            None => println!("{name:<16} stopped"),
+        }
+        ctld_up |= name == "slurmctld" && pid.is_some();
+    }
+    if let Some(net) = cluster.hosts() {
+        println!(
+            "hosts on bridge {} ({}; this namespace is admin, {}):",
+            net.bridge(),
+            net.cidr(),
+            net.admin_address()
+        );
+        for h in net.hosts(cluster.spec()?.nodes) {
+            println!("  {:<10} {:<15} netns {}", h.name, h.address.to_string(), h.namespace);
+        }
+    }
+    if ctld_up {
+        print!("{}", cluster.run("sinfo", &["-N", "-o", "%N %P %t %G"])?);
+    }
+    Ok(())
+}
+
+/// The network namespace of `host` on a hosts-mode cluster.
+fn namespace_of(cluster: &Cluster, host: &str) -> onepool_dev_cluster::Result<String> {
+    let spec = cluster.spec()?;
+    let Some(net) = spec.hosts else {
+        return Err(onepool_dev_cluster::Error::Setup(format!(
+            "the cluster in {} runs in one network namespace (bring it up with --hosts)",
+            cluster.layout.root.display()
+        )));
+    };
+    let hosts = net.hosts(spec.nodes);
+    match hosts.iter().find(|h| h.name == host) {
+        Some(h) => Ok(h.namespace.clone()),
+        None => {
+            let names: Vec<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
+            Err(onepool_dev_cluster::Error::Setup(format!(
+                "the cluster has no host {host}; its hosts: {}",
+                names.join(", ")
+            )))
+        }
+    }
 }

@@ -95,8 +95,14 @@ pub(crate) fn write_configs(
         .iter()
         .zip(&spec.slurmd_ports)
         .map(|(n, port)| {
+            // The hosts mode: the node's name resolves (every namespace's
+            // hosts file) and its address is its namespace's own.
+            let (host, addr) = match spec.hosts.as_ref().and_then(|net| net.node_named(spec, n)) {
+                Some(h) => (h.name, h.address.to_string()),
+                None => ("localhost".to_string(), "127.0.0.1".to_string()),
+            };
             format!(
-                "NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs={} RealMemory={} Gres=gpu:{} State=UNKNOWN\n",
+                "NodeName={n} NodeHostname={host} NodeAddr={addr} Port={port} CPUs={} RealMemory={} Gres=gpu:{} State=UNKNOWN\n",
                 spec.cpus_per_node, spec.memory_mb_per_node, spec.gpus_per_node
             )
         })
@@ -126,6 +132,9 @@ pub(crate) fn write_configs(
     ];
     let text = |template: &str| templates::render(template, &vars).map_err(Error::Setup);
     let mut site = text(templates::SLURM_CONF)?;
+    if let Some(net) = &spec.hosts {
+        site = crate::hosts::slurm_conf(&site, net)?;
+    }
     if let Some(p) = &opts.site_conf {
         site =
             policy_conf::override_settings(&site, &fs::read_to_string(p).ctx(|| format!("reading {}", p.display()))?);
@@ -146,7 +155,11 @@ pub(crate) fn write_configs(
     };
     changed |= write_file(&l.slurm_conf(), &slurm_conf, 0o644)?;
     changed |= write_file(&l.policy_slurm_conf(), &policy_conf, 0o644)?;
-    changed |= write_file(&l.slurmdbd_conf(), &text(templates::SLURMDBD_CONF)?, 0o600)?;
+    let mut dbd = text(templates::SLURMDBD_CONF)?;
+    if let Some(net) = &spec.hosts {
+        dbd = crate::hosts::slurmdbd_conf(&dbd, net);
+    }
+    changed |= write_file(&l.slurmdbd_conf(), &dbd, 0o600)?;
     changed |= write_file(&l.gres_conf(), &text(templates::GRES_CONF)?, 0o644)?;
     let plugstack =
         if opts.before_onepool { BEFORE_ONEPOOL_PLUGSTACK.to_string() } else { text(templates::PLUGSTACK_CONF)? };
@@ -240,6 +253,48 @@ fn slurm_env(c: &mut Command, l: &Layout) {
     c.env("SLURM_CONF", l.slurm_conf());
 }
 
+/// Starts a daemon on `host`: in its network namespace in the hosts mode
+/// (`None`: the root namespace, as munged's socket file serves them all),
+/// as it is in the single-namespace mode.
+fn spawn_on(spec: &Spec, host: Option<crate::hosts::Host>, c: Command, l: &Layout, name: &str) -> Result<Tracked> {
+    let c = match (&spec.hosts, host) {
+        (Some(_), Some(h)) => crate::hosts::in_namespace(&c, &h),
+        _ => c,
+    };
+    process::spawn(c, &l.log_file(&format!("{name}.stdout")), &l.pid_file(name))
+}
+
+/// The head host (slurmctld, slurmdbd, MariaDB) in the hosts mode.
+fn head(spec: &Spec) -> Option<crate::hosts::Host> {
+    spec.hosts.as_ref().map(|n| n.head())
+}
+
+/// The address MariaDB listens on and slurmdbd connects from.
+fn db_address(spec: &Spec) -> String {
+    head(spec).map_or_else(|| "127.0.0.1".to_string(), |h| h.address.to_string())
+}
+
+/// The daemons that run on `host` in the hosts mode (to restart when its
+/// namespace had to be made again).
+pub(crate) fn services_on(host: &str) -> Vec<String> {
+    match host {
+        "head" => vec!["mariadbd".into(), "slurmdbd".into(), "slurmctld".into()],
+        node if node.starts_with("node") => vec![format!("slurmd-{node}")],
+        _ => Vec::new(),
+    }
+}
+
+/// Stops the daemons of hosts whose namespaces were just made again: they
+/// ran in a namespace that is gone from the network.
+pub(crate) fn stop_rewired(l: &Layout, rewired: &[String], progress: &mut dyn FnMut(&str)) {
+    for name in rewired.iter().flat_map(|h| services_on(h)) {
+        if let Some(t) = running(l, &name) {
+            t.stop(Duration::from_secs(15));
+            progress(&format!("stopped {name}: its host's namespace was made again"));
+        }
+    }
+}
+
 pub(crate) fn start_all(
     cl: &Cluster,
     spec: &Spec,
@@ -250,7 +305,7 @@ pub(crate) fn start_all(
     let l = &cl.layout;
     start_munge(l, progress)?;
     start_mariadb(l, spec, progress)?;
-    start_slurmdbd(cl, progress)?;
+    start_slurmdbd(cl, spec, progress)?;
     register_cluster(cl, spec)?;
     if restart_slurm {
         for name in service_names(Some(spec)).iter().filter(|n| n.starts_with("slurm") && *n != "slurmdbd") {
@@ -267,7 +322,7 @@ pub(crate) fn start_all(
         let site = fs::read_to_string(l.slurm_conf()).ctx(|| "reading slurm.conf".into())?;
         write_file(&l.policy_slurm_conf(), &policy_conf::without_flexible_partition(&full), 0o644)?;
         write_file(&l.slurm_conf(), &policy_conf::without_allow_qos(&site), 0o644)?;
-        start_slurmctld(cl, progress)?;
+        start_slurmctld(cl, spec, progress)?;
         process::wait_for("slurmctld to register gres/gpu", &l.log_file("slurmctld"), Duration::from_secs(30), || {
             policy_conf::gpu_tres_known(cl).unwrap_or(false)
         })?;
@@ -280,7 +335,7 @@ pub(crate) fn start_all(
     if let Some(policy) = policy {
         policy_conf::apply_qos(cl, policy, progress)?;
     }
-    start_slurmctld(cl, progress)?;
+    start_slurmctld(cl, spec, progress)?;
     let throttled = match crate::throttle::percent_from_env()? {
         Some(p) => Some((p, crate::throttle::node_cgroup(&l.root, p)?)),
         None => None,
@@ -292,7 +347,8 @@ pub(crate) fn start_all(
             let mut c = Command::new("slurmd");
             c.args(["-D", "-N", node, "-f"]).arg(l.slurm_conf());
             slurm_env(&mut c, l);
-            let slurmd = process::spawn(c, &l.log_file(&format!("{name}.stdout")), &l.pid_file(&name))?;
+            let host = spec.hosts.as_ref().and_then(|net| net.node_named(spec, node));
+            let slurmd = spawn_on(spec, host, c, l, &name)?;
             match &throttled {
                 Some((p, cgroup)) => {
                     crate::throttle::join(cgroup, slurmd.pid)?;
@@ -361,7 +417,7 @@ fn start_mariadb(l: &Layout, spec: &Spec, progress: &mut dyn FnMut(&str)) -> Res
         .arg(format!("--datadir={}", display(&l.db_dir())))
         .arg(format!("--socket={}", display(&l.db_socket())))
         .arg(format!("--port={}", spec.db_port))
-        .arg("--bind-address=127.0.0.1")
+        .arg(format!("--bind-address={}", db_address(spec)))
         .arg("--user=root")
         .arg(format!("--pid-file={}", display(&l.run().join("mariadbd.pid"))))
         .arg(format!("--log-error={}", display(&l.log_file("mariadbd"))))
@@ -377,30 +433,31 @@ fn start_mariadb(l: &Layout, spec: &Spec, progress: &mut dyn FnMut(&str)) -> Res
             // 12), which lacks the option, starting.
             "--loose-innodb-snapshot-isolation=OFF",
         ]);
-    process::spawn(c, &l.log_file("mariadbd.stdout"), &l.pid_file("mariadbd"))?;
+    spawn_on(spec, head(spec), c, l, "mariadbd")?;
     process::wait_for("MariaDB to accept connections", &l.log_file("mariadbd"), Duration::from_secs(120), || {
         mariadb_client(l, "SELECT 1").is_ok()
     })?;
     let pw = &spec.db_password;
+    let from = db_address(spec);
     mariadb_client(
         l,
         &format!(
-            "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{pw}'; \
-             ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{pw}'; \
-             GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;"
+            "CREATE USER IF NOT EXISTS 'slurm'@'{from}' IDENTIFIED BY '{pw}'; \
+             ALTER USER 'slurm'@'{from}' IDENTIFIED BY '{pw}'; \
+             GRANT ALL ON slurm_acct_db.* TO 'slurm'@'{from}'; FLUSH PRIVILEGES;"
         ),
     )?;
     progress("started MariaDB");
     Ok(())
 }
 
-fn start_slurmdbd(cl: &Cluster, progress: &mut dyn FnMut(&str)) -> Result<()> {
+fn start_slurmdbd(cl: &Cluster, spec: &Spec, progress: &mut dyn FnMut(&str)) -> Result<()> {
     let l = &cl.layout;
     let spawn = |progress: &mut dyn FnMut(&str)| -> Result<()> {
         let mut c = Command::new("slurmdbd");
         c.arg("-D");
         slurm_env(&mut c, l);
-        process::spawn(c, &l.log_file("slurmdbd.stdout"), &l.pid_file("slurmdbd"))?;
+        spawn_on(spec, head(spec), c, l, "slurmdbd")?;
         progress("started slurmdbd");
         Ok(())
     };
@@ -446,10 +503,10 @@ pub(crate) fn restart_slurmctld(cl: &Cluster, progress: &mut dyn FnMut(&str)) ->
         t.stop(Duration::from_secs(10));
         progress("stopped slurmctld");
     }
-    start_slurmctld(cl, progress)
+    start_slurmctld(cl, &cl.spec()?, progress)
 }
 
-fn start_slurmctld(cl: &Cluster, progress: &mut dyn FnMut(&str)) -> Result<()> {
+fn start_slurmctld(cl: &Cluster, spec: &Spec, progress: &mut dyn FnMut(&str)) -> Result<()> {
     let l = &cl.layout;
     if running(l, "slurmctld").is_none() {
         let mut c = Command::new("slurmctld");
@@ -461,7 +518,7 @@ fn start_slurmctld(cl: &Cluster, progress: &mut dyn FnMut(&str)) -> Result<()> {
             c.arg("-i");
         }
         slurm_env(&mut c, l);
-        process::spawn(c, &l.log_file("slurmctld.stdout"), &l.pid_file("slurmctld"))?;
+        spawn_on(spec, head(spec), c, l, "slurmctld")?;
         progress("started slurmctld");
     }
     // A slurmctld that exits (a fatal error in its log) ends the wait at

@@ -8,6 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
+use crate::hosts::HostsNet;
 use crate::layout::Layout;
 use crate::UpOptions;
 
@@ -24,6 +25,10 @@ pub struct Spec {
     pub db_port: u16,
     pub slurmd_ports: Vec<u16>,
     pub db_password: String,
+    /// The hosts mode's network (`up --hosts`); absent in the
+    /// single-namespace mode, whose cluster.json is unchanged by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<HostsNet>,
 }
 
 impl Spec {
@@ -51,11 +56,24 @@ impl Spec {
                     s.gpus_per_node
                 )));
             }
+            if s.hosts.is_some() != opts.hosts {
+                let mode = |hosts: bool| if hosts { "the hosts mode (--hosts)" } else { "one network namespace" };
+                return Err(Error::Setup(format!(
+                    "the cluster in {} runs in {}; run `down` and delete the folder to change its mode",
+                    layout.root.display(),
+                    mode(s.hosts.is_some())
+                )));
+            }
             return Ok(s);
         }
+        if opts.hosts && opts.nodes > crate::hosts::MAX_NODES {
+            return Err(Error::Setup(format!("the hosts mode numbers at most {} nodes", crate::hosts::MAX_NODES)));
+        }
         let ports = free_ports(3 + opts.nodes as usize)?;
+        let cluster = cluster_name(&layout.root);
+        let hosts = if opts.hosts { Some(crate::hosts::choose(&cluster)?) } else { None };
         let spec = Spec {
-            cluster: cluster_name(&layout.root),
+            cluster,
             partition: "gpu".into(),
             nodes: opts.nodes,
             gpus_per_node: opts.gpus_per_node,
@@ -66,6 +84,7 @@ impl Spec {
             db_port: ports[2],
             slurmd_ports: ports[3..].to_vec(),
             db_password: random_hex(12)?,
+            hosts,
         };
         let text = serde_json::to_string_pretty(&spec).expect("spec serializes");
         fs::write(layout.cluster_json(), text).ctx(|| "writing cluster.json".into())?;
