@@ -5,7 +5,7 @@
 //! turns new requests away, lets the one in flight finish, stops the server
 //! and exits; the protected job starts without waiting for GraceTime.
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 use onepool_tests::{build_dir, cluster, Cleanup};
@@ -20,9 +20,10 @@ fn free_port() -> u16 {
 /// The replica key the test hands its launchers, as onepoold would.
 const KEY: &str = "reclaim-test-replica-key-0123456789";
 
-/// Status of a GET through a launcher, or None when the connection failed.
-fn get(port: u16, path: &str) -> Option<u16> {
-    onepool_tests::elastic::request_with(port, "GET", path, "", &[(onepool_tests::elastic::REPLICA_KEY_FIELD, KEY)])
+/// Status of a GET through a launcher at `address`, or None when the
+/// connection failed.
+fn get(address: SocketAddr, path: &str) -> Option<u16> {
+    onepool_tests::elastic::request_at(address, "GET", path, "", &[(onepool_tests::elastic::REPLICA_KEY_FIELD, KEY)])
 }
 
 #[test]
@@ -41,8 +42,9 @@ fn a_protected_job_gets_a_gracefully_drained_replica_s_gpus_at_once_and_no_reque
         let backend = free_port();
         let log = dir.join(format!("replica-{i}.log"));
         let script = format!(
-            "export ONEPOOL_REPLICA_KEY={KEY}; exec {} replica --listen 127.0.0.1:{port} --backend 127.0.0.1:{backend} --report none --drain-timeout 30s -- python3 {}",
+            "export ONEPOOL_REPLICA_KEY={KEY}; exec {} replica --listen {}:{port} --backend 127.0.0.1:{backend} --report none --drain-timeout 30s -- python3 {}",
             launcher.display(),
+            c.replica_listen_ip(),
             server.display()
         );
         let job = c.sbatch_with_output(
@@ -51,21 +53,19 @@ fn a_protected_job_gets_a_gracefully_drained_replica_s_gpus_at_once_and_no_reque
         );
         replicas.push((job, port, log));
     }
+    // Where each launcher is reached: its node's address (the hosts mode).
+    let mut at = Vec::new();
     for (job, port, _) in &replicas {
         c.wait_state(*job, "RUNNING", Duration::from_secs(30));
-        c.wait_until("the replica to answer", Duration::from_secs(30), || get(*port, "/v1/x") == Some(200));
+        let address = SocketAddr::new(c.job_address(*job), *port);
+        c.wait_until("the replica to answer", Duration::from_secs(30), || get(address, "/v1/x") == Some(200));
+        at.push(address);
     }
     c.wait_state(base, "RUNNING", Duration::from_secs(30));
     // Past the policy's minimum run time, every replica may be reclaimed.
     std::thread::sleep(Duration::from_secs(onepool_tests::TEST_MIN_RUNTIME_SECS + 1));
     // A 3-second request in flight on every replica.
-    let in_flight: Vec<_> = replicas
-        .iter()
-        .map(|(_, port, _)| {
-            let p = *port;
-            std::thread::spawn(move || get(p, "/v1/x?sleep=3"))
-        })
-        .collect();
+    let in_flight: Vec<_> = at.iter().copied().map(|a| std::thread::spawn(move || get(a, "/v1/x?sleep=3"))).collect();
     std::thread::sleep(Duration::from_millis(300));
     let t0 = Instant::now();
     let owner = c.sbatch(&["--workload=critical-training", "--time=10:00", "--gpus=4", "-N1", "--wrap", "sleep 60"]);

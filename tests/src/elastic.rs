@@ -297,8 +297,14 @@ pub fn request(port: u16, method: &str, path: &str, body: &str) -> Option<u16> {
 
 /// [`request`] with header `fields` beside the client's, e.g. a replica key.
 pub fn request_with(port: u16, method: &str, path: &str, body: &str, fields: &[(&str, &str)]) -> Option<u16> {
+    request_at(local(port), method, path, body, fields)
+}
+
+/// [`request_with`] to `address`, e.g. a launcher at its node's address in
+/// the hosts mode.
+pub fn request_at(address: SocketAddr, method: &str, path: &str, body: &str, fields: &[(&str, &str)]) -> Option<u16> {
     let body = (!body.is_empty()).then_some(body);
-    send(local(port), method, path, body, fields).ok().map(|a| a.status.as_u16())
+    send(address, method, path, body, fields).ok().map(|a| a.status.as_u16())
 }
 
 /// A completion request that takes `secs` on the stand-in server.

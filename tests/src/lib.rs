@@ -7,6 +7,14 @@
 //! run `cargo build --workspace` before the tests (scripts/test.sh does).
 //! Tests that share the cluster must run one at a time
 //! (`--test-threads=1`): each leaves it idle for the next.
+//!
+//! `ONEPOOL_TEST_HOSTS=1` runs them on a hosts-mode cluster
+//! (`onepool-devcluster up --hosts`: each node, the head, a service and a
+//! client host in network namespaces of their own) in
+//! `target/hosts-cluster`, unless `ONEPOOL_TEST_CLUSTER_DIR` names another
+//! folder. The test process stays in the root namespace, which the bridge
+//! joins as the "admin" host: Slurm commands and an in-process onepoold
+//! reach every host by its address.
 
 pub mod elastic;
 pub mod libslurm;
@@ -92,16 +100,33 @@ pub fn test_policy() -> PathBuf {
 
 /// How the harness brings the cluster up (also to restart what a test stopped).
 pub fn up_options() -> UpOptions {
-    UpOptions { plugin_source: Some(build_dir()), policy: Some(test_policy()), ..UpOptions::default() }
+    UpOptions {
+        plugin_source: Some(build_dir()),
+        policy: Some(test_policy()),
+        hosts: hosts_mode(),
+        ..UpOptions::default()
+    }
+}
+
+/// Whether the tests run on a hosts-mode cluster (`ONEPOOL_TEST_HOSTS=1`).
+pub fn hosts_mode() -> bool {
+    std::env::var("ONEPOOL_TEST_HOSTS").is_ok_and(|v| v == "1")
+}
+
+/// The shared cluster's folder: `ONEPOOL_TEST_CLUSTER_DIR`, else
+/// `test-cluster` (`hosts-cluster` in the hosts mode) beside the build, so
+/// that the two modes never share a folder, its ports or its database.
+pub fn cluster_dir() -> PathBuf {
+    std::env::var_os("ONEPOOL_TEST_CLUSTER_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| output_dir().join(if hosts_mode() { "hosts-cluster" } else { "test-cluster" }))
 }
 
 /// The shared cluster, up and idle.
 pub fn cluster() -> &'static TestCluster {
     static C: OnceLock<TestCluster> = OnceLock::new();
     C.get_or_init(|| {
-        let dir = std::env::var_os("ONEPOOL_TEST_CLUSTER_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| output_dir().join("test-cluster"));
+        let dir = cluster_dir();
         let plugins = build_dir();
         for (built, _) in onepool_dev_cluster::PLUGINS {
             assert!(
@@ -120,6 +145,27 @@ pub fn cluster() -> &'static TestCluster {
     })
 }
 
+/// The hosts-mode cluster (`up --hosts`) in `hosts-cluster` beside the
+/// build, up and idle: the shared cluster itself under
+/// `ONEPOOL_TEST_HOSTS=1`, else one brought up for the hosts tests.
+pub fn hosts_cluster() -> &'static TestCluster {
+    if hosts_mode() {
+        return cluster();
+    }
+    static C: OnceLock<TestCluster> = OnceLock::new();
+    C.get_or_init(|| {
+        let dir = output_dir().join("hosts-cluster");
+        let cluster = Cluster::at(&dir).expect("cluster folder");
+        let options = UpOptions { hosts: true, ..up_options() };
+        let spec = cluster
+            .up(&options, &mut |m| eprintln!("hosts-cluster: {m}"))
+            .unwrap_or_else(|e| panic!("bringing up the hosts-mode cluster in {} failed: {e}", dir.display()));
+        let tc = TestCluster { cluster, spec };
+        tc.cancel_all();
+        tc
+    })
+}
+
 /// A cluster of its own whose nodes track processes and constrain GPU
 /// devices by cgroup (`onepool-devcluster up --cgroup`), with the test
 /// policy; `Err` with the measured reason where this machine cannot host
@@ -129,7 +175,8 @@ pub fn cgroup_cluster() -> Result<&'static TestCluster, String> {
     C.get_or_init(|| {
         onepool_dev_cluster::cgroups::check_this_host().map_err(|e| e.to_string())?;
         let cluster = Cluster::at(output_dir().join("cgroup-cluster")).map_err(|e| e.to_string())?;
-        let options = UpOptions { cgroup: true, ..up_options() };
+        // `ip netns exec` hides the cgroup v1 hierarchies: never in the hosts mode.
+        let options = UpOptions { cgroup: true, hosts: false, ..up_options() };
         let spec = cluster
             .up(&options, &mut |m| eprintln!("cgroup-cluster: {m}"))
             .unwrap_or_else(|e| panic!("bringing up the cgroup cluster failed: {e}"));
@@ -257,6 +304,53 @@ impl TestCluster {
         });
     }
 
+    /// The hosts mode's network; `None` on a single-namespace cluster.
+    pub fn hosts(&self) -> Option<onepool_dev_cluster::hosts::HostsNet> {
+        self.spec.hosts
+    }
+
+    /// `program` run on `host` (`head`, `service`, `client`, `nodeN`) with
+    /// the cluster's environment: in the host's network namespace in the
+    /// hosts mode, as is on a single-namespace cluster (one host).
+    pub fn on_host(&self, host: &str, program: &str) -> Command {
+        let c = self.cmd(program);
+        let Some(net) = self.hosts() else {
+            return c;
+        };
+        let h = net
+            .hosts(self.spec.nodes)
+            .into_iter()
+            .find(|h| h.name == host)
+            .unwrap_or_else(|| panic!("the cluster has no host {host}"));
+        onepool_dev_cluster::hosts::in_namespace(&c, &h)
+    }
+
+    /// Where a launcher a test starts by hand listens on its node: the
+    /// node's loopback on a single-namespace cluster (the test's own), every
+    /// address of the node's namespace in the hosts mode (the test reaches
+    /// it at [`Self::job_address`]).
+    pub fn replica_listen_ip(&self) -> &'static str {
+        if self.hosts().is_some() {
+            "0.0.0.0"
+        } else {
+            "127.0.0.1"
+        }
+    }
+
+    /// The address the node a job runs on (its batch host) has: its
+    /// NodeAddr, 127.0.0.1 on a single-namespace cluster.
+    pub fn job_address(&self, job: u32) -> std::net::IpAddr {
+        let node = self.job_fields(job).get("BatchHost").cloned().unwrap_or_default();
+        self.node_address(&node)
+    }
+
+    /// A node's address as Slurm has it (NodeAddr).
+    pub fn node_address(&self, node: &str) -> std::net::IpAddr {
+        let out = self.ok("scontrol", &["-o", "show", "node", node]);
+        let addr = out.split_whitespace().find_map(|kv| kv.strip_prefix("NodeAddr=")).unwrap_or_default();
+        addr.parse().unwrap_or_else(|_| panic!("node {node}'s NodeAddr is {addr:?}, not an address"))
+    }
+
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.cluster.layout.log_file(name)).unwrap_or_default()
     }
@@ -301,13 +395,30 @@ impl TestCluster {
 
     /// Runs a Slurm command as `user`, in /tmp.
     pub fn run_as(&self, user: &User, program: &str, args: &[&str]) -> Ran {
+        self.as_user(user, program, args).output().unwrap_or_else(|e| panic!("runuser {program}: {e}")).into()
+    }
+
+    /// [`Self::run_as`] on `host` (`nodeN`, `client`, ...): in its network
+    /// namespace in the hosts mode, where a user's process on that node
+    /// sees what the node listens on; as [`Self::run_as`] otherwise.
+    pub fn run_as_on(&self, host: &str, user: &User, program: &str, args: &[&str]) -> Ran {
+        let c = self.as_user(user, program, args);
+        let mut c = match self.hosts().and_then(|net| net.hosts(self.spec.nodes).into_iter().find(|h| h.name == host)) {
+            Some(h) => onepool_dev_cluster::hosts::in_namespace(&c, &h),
+            None if self.hosts().is_some() => panic!("the cluster has no host {host}"),
+            None => c,
+        };
+        c.output().unwrap_or_else(|e| panic!("runuser {program} on {host}: {e}")).into()
+    }
+
+    fn as_user(&self, user: &User, program: &str, args: &[&str]) -> Command {
         let mut c = Command::new("runuser");
         c.args(["-u", &user.name, "--", "env"]);
         for (k, v) in self.cluster.env() {
             c.arg(format!("{k}={v}"));
         }
         c.arg(program).args(args).current_dir("/tmp");
-        c.output().unwrap_or_else(|e| panic!("runuser {program}: {e}")).into()
+        c
     }
 
     /// `scontrol show job` as key=value pairs.
