@@ -21,6 +21,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use onepool_control::api;
 use onepool_control::ControlError;
+use onepool_router::backend_pool::Transport;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 
@@ -187,12 +188,18 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8], expected: &str) -> Result<
 }
 
 fn add(ep: &Routed, name: &str, body: &[u8]) -> Response<Full<Bytes>> {
-    let b: api::AddReplica = match parse(body, r#"{"address": "IP:PORT", "concurrency": N, "ready": BOOL}"#) {
-        Ok(b) => b,
-        Err(answer) => return *answer,
-    };
+    let b: api::AddReplica =
+        match parse(body, r#"{"address": "IP:PORT", "concurrency": N, "ready": BOOL, "pin": "SHA-256 HEX"}"#) {
+            Ok(b) => b,
+            Err(answer) => return *answer,
+        };
     let ready = b.ready.unwrap_or(!ep.health_checked);
-    match ep.endpoint.add(b.address, b.concurrency, ready) {
+    let transport = match b.pin.as_deref().map(|p| p.parse().and_then(onepool_launcher::hop_tls::pinned_client)) {
+        None => Transport::Plain,
+        Some(Ok(client)) => Transport::Pinned(client),
+        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, format!("pin: {e}")),
+    };
+    match ep.endpoint.add_with(b.address, transport, b.concurrency, ready) {
         Ok(id) => {
             tracing::info!(endpoint = %name, address = %b.address, ready, "replica added");
             reply(StatusCode::CREATED, &api::Added { id })

@@ -1,4 +1,5 @@
 use super::*;
+use onepool_router::backend_pool::Transport;
 use onepool_slurm_commands::state::StepInfo;
 
 fn settings() -> ReplicaSettings {
@@ -16,6 +17,7 @@ max = 3
 time_limit = "1h"
 launcher = "/opt/onepool/bin/onepool"
 port_range = "18000-18099"
+transport = "plain"
 "#,
     )
     .unwrap();
@@ -48,7 +50,7 @@ fn only_jobs_of_our_uid_name_and_record_are_owned() {
 
 #[test]
 fn sbatch_arguments() {
-    let s = settings();
+    let s = ReplicaSettings { transport: crate::config::ReplicaTransport::Tls, ..settings() };
     let a = sbatch_args("llm", &s, Kind::Supplemental, 18004, 1);
     assert_eq!(
         a,
@@ -66,9 +68,13 @@ fn sbatch_arguments() {
             "/dev/null",
             "--wrap",
             "exec /opt/onepool/bin/onepool replica --listen node:0 --slot 18004 \
-             --drain-timeout 30s -- python3 /srv/server.py --model 'x y'",
+             --drain-timeout 30s --tls -- python3 /srv/server.py --model 'x y'",
         ]
     );
+    // Clear HTTP to the replicas only when the endpoint says so.
+    let plain = ReplicaSettings { transport: crate::config::ReplicaTransport::Plain, ..s.clone() };
+    let a = sbatch_args("llm", &plain, Kind::Baseline, 18004, 1);
+    assert!(a.last().unwrap().contains("--drain-timeout 30s -- python3"), "{a:?}");
     // Paths of the endpoint's own beyond the defaults go to the launcher.
     let own = ReplicaSettings { serve_paths: vec!["/v1/".into(), "/healthz".into(), "/metrics".into()], ..s.clone() };
     let a = sbatch_args("llm", &own, Kind::Supplemental, 18004, 1);
@@ -81,7 +87,7 @@ fn sbatch_arguments() {
         ..s.clone()
     };
     let a = sbatch_args("llm", &agents, Kind::Supplemental, 18004, 1);
-    assert!(a.last().unwrap().contains("--drain-timeout 30s --reclaim immediate --"), "{a:?}");
+    assert!(a.last().unwrap().contains("--drain-timeout 30s --tls --reclaim immediate --"), "{a:?}");
     let a = sbatch_args("llm", &agents, Kind::Baseline, 18000, 1);
     assert!(!a.last().unwrap().contains("--reclaim"), "{a:?}");
     let a = sbatch_args("llm", &ReplicaSettings { launcher: "/a b/onepool".into(), ..s }, Kind::Baseline, 18000, 1);
@@ -488,7 +494,7 @@ fn controllers_of_several_endpoints_poll_in_step_and_share_their_reads() {
 
 #[test]
 fn a_per_node_job_asks_for_its_replicas_nodes_and_runs_one_step_each() {
-    let s = ReplicaSettings { replicas_per_job: 4, ..settings() };
+    let s = ReplicaSettings { replicas_per_job: 4, transport: crate::config::ReplicaTransport::Tls, ..settings() };
     let a = sbatch_args("llm", &s, Kind::Supplemental, 18010, 3);
     let text = a.join(" ");
     for want in ["-N3", "--ntasks-per-node=1", "--gpus-per-node=2", "--no-kill", "--no-requeue", "--signal=B:URG@30"] {
@@ -497,7 +503,7 @@ fn a_per_node_job_asks_for_its_replicas_nodes_and_runs_one_step_each() {
     assert!(!text.contains("--gpus=2"), "{text}");
     assert!(
         a.last().unwrap().starts_with(
-            "exec /opt/onepool/bin/onepool replica --per-node --listen node:0 --slot 18010 --drain-timeout 30s -- "
+            "exec /opt/onepool/bin/onepool replica --per-node --listen node:0 --slot 18010 --drain-timeout 30s --tls -- "
         ),
         "{text}"
     );
@@ -699,11 +705,34 @@ fn replicas_are_routed_where_their_launcher_reported_not_by_their_name() {
         c.round().await.unwrap();
         assert!(endpoint.snapshot().replicas.is_empty());
         job.comment = "op1;L18000=41234".into();
-        *slurm.jobs.lock().unwrap() = vec![job];
+        *slurm.jobs.lock().unwrap() = vec![job.clone()];
         c.round().await.unwrap();
         let routed: Vec<u16> = endpoint.snapshot().replicas.iter().map(|r| r.address.port()).collect();
         assert_eq!(routed, [41234]);
         assert_eq!(c.jobs_view()[0].port, 18000, "the slot still names it");
+        assert!(matches!(
+            endpoint.conns_of(endpoint.snapshot().replicas[0].address).unwrap().transport(),
+            Transport::Plain
+        ));
+
+        // With transport = "tls" (the default) a port without its
+        // certificate's fingerprint routes nothing; with it, every
+        // connection to the replica is pinned to that certificate.
+        let endpoint = test_endpoint("llm");
+        let s = ReplicaSettings { min: 1, max: 1, transport: crate::config::ReplicaTransport::Tls, ..settings() };
+        let (mut c, _) = Controller::new("llm", endpoint.clone(), false, s, slurm.clone());
+        c.round().await.unwrap();
+        assert!(endpoint.snapshot().replicas.is_empty(), "no fingerprint: not routed");
+        let pin = onepool_launcher::hop_tls::Fingerprint([0x3c; 32]);
+        job.comment = format!("op1;L18000=41234;F18000={pin}");
+        *slurm.jobs.lock().unwrap() = vec![job];
+        c.round().await.unwrap();
+        let routed: Vec<_> = endpoint.snapshot().replicas.iter().map(|r| r.address).collect();
+        assert_eq!(routed.iter().map(|a| a.port()).collect::<Vec<_>>(), [41234]);
+        match endpoint.conns_of(routed[0]).unwrap().transport() {
+            Transport::Pinned(client) => assert_eq!(client.pin, pin),
+            other => panic!("{other:?}"),
+        }
     });
 }
 

@@ -210,6 +210,13 @@ pub fn check(config: &Config) -> Findings {
     if with_replicas.is_empty() {
         return all;
     }
+    for (name, r) in &with_replicas {
+        if r.transport == crate::config::ReplicaTransport::Plain {
+            all.warnings.push(format!(
+                "endpoint {name:?} [endpoint.replicas]: transport = \"plain\": onepoold's replica key and every prompt and answer cross the network between the router and the replicas in clear, readable to anyone on that network, who can then call the replicas with the key; remove the setting (TLS pinned to each launcher's certificate is the default)"
+            ));
+        }
+    }
     let path = policy_path(config);
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
@@ -280,6 +287,26 @@ mod tests {
         let c =
             crate::config::parse("etc/onepoold.toml", &format!("{}\n{warm}{}", &daemon[..at], &daemon[at..])).unwrap();
         (p, c.endpoints[0].replicas.clone().unwrap())
+    }
+
+    /// Clear HTTP to the replicas is allowed, and warned about (onepoold
+    /// logs it at start; `onepool doctor` shows `onepoold --check`'s
+    /// warnings).
+    #[test]
+    fn a_plain_replica_transport_is_warned_about() {
+        let warned = |extra: &str| {
+            let c = crate::config::parse(
+                "t.toml",
+                &format!(
+                    "control_socket = \"/tmp/x.sock\"\npolicy = \"/nonexistent/onepool.toml\"\n[[endpoint]]\nname = \"llm\"\nlisten = \"127.0.0.1:0\"\n[endpoint.replicas]\ncommand = \"x\"\n{extra}"
+                ),
+            )
+            .unwrap();
+            check(&c).warnings.iter().any(|w| w.contains("transport = \"plain\"") && w.contains("in clear"))
+        };
+        assert!(warned("transport = \"plain\"\n"));
+        assert!(!warned(""));
+        assert!(!warned("transport = \"tls\"\n"));
     }
 
     /// onepoold learns the immediate classes from the policy at start; a

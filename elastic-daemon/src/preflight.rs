@@ -11,14 +11,17 @@
 //! so a running onepoold neither routes to it nor cancels it.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use onepool_decisions::replicas::Kind;
 use onepool_launcher::conventions::{ReplicaNote, REPLICA_KEY_ENV};
+use onepool_router::backend_pool::{IdleConns, Transport};
+use onepool_router::replica_client::Call;
 use onepool_slurm_commands::adapter::{Commands, Slurm};
 use onepool_slurm_commands::SystemRunner;
 
-use crate::config::{Config, ReplicaSettings};
+use crate::config::{Config, ReplicaSettings, ReplicaTransport};
 use crate::controller::sbatch_args;
 
 /// What a preflight saw, step by step, in seconds from the submission.
@@ -132,7 +135,9 @@ async fn follow(
     t0: Instant,
     limit: Duration,
 ) {
-    let client = crate::replica_metrics::client(Duration::from_secs(5), http::HeaderValue::from_str(key).ok().as_ref());
+    let fields: Vec<_> =
+        http::HeaderValue::from_str(key).ok().map(|k| (onepool_router::REPLICA_KEY_HEADER, k)).into_iter().collect();
+    let mut conns: Option<Arc<IdleConns>> = None;
     let secs = || t0.elapsed().as_secs_f64();
     // Waiting in the queue does not count against the limit: the pool may
     // be full, and Slurm's own reason is shown when it is what stops us.
@@ -177,30 +182,49 @@ async fn follow(
             return;
         }
         if p.listening.is_none() {
-            let Some(port) = ReplicaNote::decode(&d.comment).and_then(|n| n.port(settings.port_range.0)) else {
-                continue;
+            let slot = settings.port_range.0;
+            let Some(note) = ReplicaNote::decode(&d.comment) else { continue };
+            let Some(port) = note.port(slot) else { continue };
+            let transport = match transport(settings, &note, slot) {
+                Ok(Some(t)) => t,
+                Ok(None) => continue,
+                Err(e) => {
+                    p.failure = Some(format!("cannot pin job {}'s certificate: {e}", p.job));
+                    return;
+                }
             };
             let Some((node, address)) = where_it_listens(slurm, p.job, port).await else { continue };
             p.node = Some(node);
             p.listening = Some((address, secs()));
+            conns = Some(Arc::new(IdleConns::new(transport)));
         }
-        let Some((address, _)) = p.listening else { continue };
+        let (Some((address, _)), Some(conns)) = (p.listening, conns.as_ref()) else { continue };
         if p.healthy.is_none() {
-            let ok = client
-                .get(&format!("http://{address}{health_path}"), ANSWER_LIMIT)
-                .await
-                .is_ok_and(|r| r.status.is_success());
+            let ok = get(conns, address, health_path, &fields, ANSWER_LIMIT).await.is_ok_and(|(s, _)| s.is_success());
             if !ok {
                 continue;
             }
             p.healthy = Some(secs());
         }
-        match chat(&client, address).await {
+        match chat(conns, address, &fields).await {
             Ok(model) => {
                 p.answered = Some((secs(), model));
                 return;
             }
             Err(e) => tracing::debug!("preflight chat completion: {e}"),
+        }
+    }
+}
+
+/// How the replica in `slot` is reached, as onepoold's router reaches it:
+/// pinned to the certificate its launcher reported, unless the endpoint
+/// says "plain"; `None` while the note has no fingerprint yet.
+fn transport(settings: &ReplicaSettings, note: &ReplicaNote, slot: u16) -> Result<Option<Transport>, String> {
+    match (settings.transport, note.pin(slot)) {
+        (ReplicaTransport::Plain, _) => Ok(Some(Transport::Plain)),
+        (ReplicaTransport::Tls, None) => Ok(None),
+        (ReplicaTransport::Tls, Some(pin)) => {
+            onepool_launcher::hop_tls::pinned_client(pin).map(|c| Some(Transport::Pinned(c)))
         }
     }
 }
@@ -239,19 +263,38 @@ async fn where_it_listens(
 /// 4-token completion is a few kilobytes.
 const ANSWER_LIMIT: usize = 1 << 20;
 
+/// How long one of preflight's requests may take.
+const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+
+async fn get(
+    conns: &Arc<IdleConns>,
+    address: SocketAddr,
+    path: &str,
+    fields: &[(http::HeaderName, http::HeaderValue)],
+    limit: usize,
+) -> Result<(http::StatusCode, bytes::Bytes), String> {
+    onepool_router::replica_client::get(conns, address, path, fields, ASK_TIMEOUT, ASK_TIMEOUT, limit).await
+}
+
 /// The first model the replica lists, asked for a 4-token answer.
-async fn chat(client: &onepool_client::Caller, address: SocketAddr) -> Result<String, String> {
-    let listed = client.get(&format!("http://{address}/v1/models"), ANSWER_LIMIT).await.map_err(|e| e.to_string())?;
-    let models: serde_json::Value = serde_json::from_slice(&listed.body).unwrap_or_default();
+async fn chat(
+    conns: &Arc<IdleConns>,
+    address: SocketAddr,
+    fields: &[(http::HeaderName, http::HeaderValue)],
+) -> Result<String, String> {
+    let (_, listed) = get(conns, address, "/v1/models", fields, ANSWER_LIMIT).await?;
+    let models: serde_json::Value = serde_json::from_slice(&listed).unwrap_or_default();
     let model = models["data"][0]["id"].as_str().unwrap_or("default").to_string();
     let body =
         serde_json::json!({"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4});
-    let r = client
-        .post_json(&format!("http://{address}/v1/chat/completions"), &body.to_string(), ANSWER_LIMIT)
-        .await
-        .map_err(|e| e.to_string())?;
-    if !r.status.is_success() {
-        return Err(format!("HTTP {}", r.status));
+    let mut fields = fields.to_vec();
+    fields.push((http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json")));
+    let body = body.to_string();
+    let call = Call { method: "POST", path: "/v1/chat/completions", fields: &fields, body: body.as_bytes() };
+    let (status, _) =
+        onepool_router::replica_client::request(conns, address, call, ASK_TIMEOUT, ASK_TIMEOUT, ANSWER_LIMIT).await?;
+    if !status.is_success() {
+        return Err(format!("HTTP {status}"));
     }
     Ok(model)
 }

@@ -7,9 +7,11 @@
 //! endpoint look idle.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use onepool_client::Caller;
+use http::{HeaderName, HeaderValue};
+use onepool_router::backend_pool::IdleConns;
 
 /// The load gauges of the model servers onepool knows, as (server, what
 /// it is decoding, what waits in it): `load_metrics = "auto"` sums them all,
@@ -80,25 +82,38 @@ fn closing_brace(s: &str) -> Option<usize> {
     None
 }
 
-/// Reads one replica's load; the error says why (for the logs).
-pub async fn scrape(client: &Caller, address: SocketAddr, path: &str, names: &[String]) -> Result<f64, String> {
-    let url = format!("http://{address}{path}");
-    let answer = client.get(&url, MAX_BODY).await.map_err(|e| e.to_string())?;
-    if !answer.status.is_success() {
-        return Err(format!("GET {url}: {}", answer.status));
+/// Reads one replica's load on its own connections (`conns`: pinned to
+/// its certificate like its requests, issue #36); the error says why (for
+/// the logs).
+pub async fn scrape(
+    client: &Scraper,
+    conns: &Arc<IdleConns>,
+    address: SocketAddr,
+    path: &str,
+    names: &[String],
+) -> Result<f64, String> {
+    let (t, fields) = (client.timeout, &client.fields);
+    let (status, body) = onepool_router::replica_client::get(conns, address, path, fields, t, t, MAX_BODY).await?;
+    if !status.is_success() {
+        return Err(format!("GET {address}{path}: {status}"));
     }
-    let text = answer.text();
-    sum_samples(&text, names).ok_or_else(|| format!("GET {url}: no sample of {}", names.join(", ")))
+    let text = String::from_utf8_lossy(&body);
+    sum_samples(&text, names).ok_or_else(|| format!("GET {address}{path}: no sample of {}", names.join(", ")))
 }
 
-/// The client the controller scrapes with: short timeouts (a scrape never
-/// holds up a poll for long) and onepoold's replica key on every request
-/// (launchers answer nothing without it).
-pub fn client(timeout: Duration, replica_key: Option<&http::HeaderValue>) -> Caller {
-    let caller = Caller::tcp(timeout);
-    match replica_key {
-        Some(k) => caller.with_header(onepool_router::REPLICA_KEY_HEADER, k.clone()),
-        None => caller,
+/// How the controller scrapes: short timeouts (a scrape never holds up a
+/// poll for long) and onepoold's replica key on every request (launchers
+/// answer nothing without it).
+#[derive(Clone, Debug)]
+pub struct Scraper {
+    pub timeout: Duration,
+    pub fields: Vec<(HeaderName, HeaderValue)>,
+}
+
+pub fn client(timeout: Duration, replica_key: Option<&HeaderValue>) -> Scraper {
+    Scraper {
+        timeout,
+        fields: replica_key.map(|k| (onepool_router::REPLICA_KEY_HEADER, k.clone())).into_iter().collect(),
     }
 }
 
@@ -186,16 +201,17 @@ vllm:gpu_cache_usage_perc{model_name="a } b"} 0.5
                 }
             });
             let n = names(&["vllm:num_requests_waiting"]);
+            let conns = Arc::new(IdleConns::default());
             let keyless = client(Duration::from_secs(2), None);
-            assert!(scrape(&keyless, address, "/metrics", &n).await.unwrap_err().contains("401"));
+            assert!(scrape(&keyless, &conns, address, "/metrics", &n).await.unwrap_err().contains("401"));
             let c = client(Duration::from_secs(2), Some(&http::HeaderValue::from_static("k3y")));
-            assert_eq!(scrape(&c, address, "/metrics", &n).await, Ok(7.0));
-            let e = scrape(&c, address, "/other", &n).await.unwrap_err();
+            assert_eq!(scrape(&c, &conns, address, "/metrics", &n).await, Ok(7.0));
+            let e = scrape(&c, &conns, address, "/other", &n).await.unwrap_err();
             assert!(e.contains("/other: 404"), "{e}");
-            let e = scrape(&c, address, "/metrics", &names(&["x"])).await.unwrap_err();
+            let e = scrape(&c, &conns, address, "/metrics", &names(&["x"])).await.unwrap_err();
             assert!(e.ends_with("no sample of x"), "{e}");
             let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-            assert!(scrape(&c, closed, "/metrics", &n).await.is_err());
+            assert!(scrape(&c, &conns, closed, "/metrics", &n).await.is_err());
         });
     }
 }

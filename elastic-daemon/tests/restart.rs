@@ -99,7 +99,7 @@ fn spawn(binary: &Path, config: &Path, socket: &TcpListener) -> Child {
 fn add_replica(rt: &tokio::runtime::Runtime, control: &Path, replica: SocketAddr) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let add = onepool_control::api::AddReplica { address: replica, concurrency: None, ready: None };
+        let add = onepool_control::api::AddReplica { address: replica, concurrency: None, ready: None, pin: None };
         let r = rt.block_on(onepool_control::Control::new(control, Duration::from_secs(5)).add_replica("chat", &add));
         match r {
             Ok(_) => return,

@@ -889,7 +889,7 @@ async fn control_socket_adds_drains_removes_and_reports() {
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600);
     let control = Control::new(&socket, Duration::from_secs(10));
-    let add = api::AddReplica { address: a.addr, concurrency: Some(3), ready: None };
+    let add = api::AddReplica { address: a.addr, concurrency: Some(3), ready: None, pin: None };
     control.add_replica("chat", &add).await.unwrap();
     match control.add_replica("chat", &add).await {
         Err(ControlError::Refused { status, message }) => {
@@ -940,7 +940,7 @@ async fn health_checks_bring_replicas_in() {
     });
     let h = Harness::new(cfg, &[]).await;
     let socket = h.daemon.control_socket.clone();
-    let add = api::AddReplica { address: a.addr, concurrency: None, ready: None };
+    let add = api::AddReplica { address: a.addr, concurrency: None, ready: None, pin: None };
     Control::new(&socket, Duration::from_secs(10)).add_replica("chat", &add).await.unwrap();
     assert_eq!(h.snapshot().replicas[0].state, ReplicaState::Starting);
     // A request sent now waits in the queue until the replica is ready.

@@ -880,6 +880,7 @@ fn an_advisory_endpoint_submits_and_cancels_nothing_while_its_decisions_are_logg
         address: SocketAddr::from(([127, 0, 0, 1], own_port)),
         concurrency: None,
         ready: None,
+        pin: None,
     };
     wait("the admin's replica to be added", Duration::from_secs(10), || control.add_replica(ENDPOINT, &add).is_ok());
     wait("the advice to be nothing", Duration::from_secs(20), || {

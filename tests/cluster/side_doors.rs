@@ -9,9 +9,11 @@
 //!   comment, so the baseline serves anyway.
 //! - The same user finds every listening port of the node (/proc/net/tcp is
 //!   readable by all) and asks each for a chat completion: only the router
-//!   answers; the launcher wants onepoold's key, the model server its own.
-//!   With the key, the model server's administrative paths are still
-//!   refused; a slow client is cut at the launcher's header timeout.
+//!   answers; the launcher speaks TLS only (issue #36: a clear request
+//!   gets no HTTP answer) and wants onepoold's key inside it, the model
+//!   server its own. With the key, the model server's administrative
+//!   paths are still refused; a client that stalls in its handshake is cut
+//!   at the launcher's header timeout.
 //! - Replica commands that exit at once, die of SIGSEGV or never become
 //!   healthy: each endpoint backs off (a handful of jobs, not one a poll),
 //!   `onepool status` names the cause and the next attempt, and once the
@@ -24,6 +26,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use onepool_elastic_daemon::config::ReplicasFile;
+use onepool_elastic_daemon::daemon::Daemon;
+use onepool_router::backend_pool::Transport;
 use onepool_tests::elastic::{
     assert_untouched, daemon_config, foreign_job, protected_training, replica_view, request, runtime, scratch, serving,
     stand_in_server, start_daemon, wait,
@@ -88,12 +92,13 @@ for p in sorted(ports - skip):
     print(p, status, flush=True)
 "#;
 
-/// Connects to `address`, sends half a request head and waits; prints the
-/// seconds until the server closed the connection.
+/// Connects to `address`, sends half a TLS record header (the start of a
+/// handshake) and waits; prints the seconds until the server closed the
+/// connection.
 const SLOW_CLIENT: &str = r#"
 import socket, sys, time
 s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
-s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+s.sendall(b"\x16\x03\x01")
 t0 = time.time()
 try:
     while s.recv(1024):
@@ -103,15 +108,26 @@ except OSError:
 print("%.1f" % (time.time() - t0), flush=True)
 "#;
 
-/// The GET of `path` at `address` with `fields`, as the test (root): the status.
-fn get(address: SocketAddr, path: &str, fields: &str) -> Option<u16> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(address).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n{fields}Connection: close\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    text.split_whitespace().nth(1)?.parse().ok()
+/// The GET of `path` at the replica at `address` with `key`, over TLS
+/// pinned to its certificate as onepoold's router reaches it (on a
+/// connection of the router's own): the status.
+fn get(
+    rt: &onepool_elastic_daemon::tokio::runtime::Runtime,
+    d: &Daemon,
+    address: SocketAddr,
+    path: &str,
+    key: Option<&str>,
+) -> Option<u16> {
+    let conns = d.endpoint(ENDPOINT)?.endpoint.conns_of(address)?;
+    let fields: Vec<_> = key
+        .and_then(|k| http::HeaderValue::from_str(k).ok())
+        .map(|k| (onepool_router::REPLICA_KEY_HEADER, k))
+        .into_iter()
+        .collect();
+    let t = Duration::from_secs(10);
+    let (status, _) =
+        rt.block_on(onepool_router::replica_client::get(&conns, address, path, &fields, t, t, 1 << 16)).ok()?;
+    Some(status.as_u16())
 }
 
 #[test]
@@ -125,6 +141,8 @@ fn squatted_ports_and_keyless_or_administrative_requests_leave_protected_serving
     daemon_config(c, &dir, ENDPOINT, |r| {
         r.max = Some(1);
         range = r.port_range.unwrap();
+        // Said, not assumed: the launcher's port is scanned below as TLS.
+        r.transport = Some("tls".into());
     })
     .write(&config)
     .unwrap();
@@ -139,23 +157,21 @@ fn squatted_ports_and_keyless_or_administrative_requests_leave_protected_serving
     std::fs::set_permissions(&squat_log, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
     let lo = range.0.to_string();
     let hi = range.1.to_string();
-    let r = c.run_as(
-        &mal,
-        "sbatch",
-        &[
-            "--parsable",
-            "-n1",
-            "-o",
-            squat_log.to_str().unwrap(),
-            "--wrap",
-            &format!("python3 -c '{SQUATTER}' {lo} {hi}"),
-        ],
-    );
+    // In the hosts mode each node has ports of its own: a task per node.
+    let squat = format!("python3 -c '{SQUATTER}' {lo} {hi}");
+    let (nodes, shape, wrap) = match c.hosts() {
+        Some(_) => (c.spec.nodes, format!("-N{} --ntasks-per-node=1", c.spec.nodes), format!("srun {squat}")),
+        None => (1, "-n1".to_string(), squat),
+    };
+    let mut args = vec!["--parsable"];
+    args.extend(shape.split(' '));
+    args.extend(["-o", squat_log.to_str().unwrap(), "--wrap", &wrap]);
+    let r = c.run_as(&mal, "sbatch", &args);
     assert!(r.ok, "sbatch as op-mal: {}{}", r.stdout, r.stderr);
     let squatter: u32 = r.stdout.trim().split(';').next().unwrap().parse().unwrap();
     c.wait_state(squatter, "RUNNING", Duration::from_secs(30));
     c.wait_until("the squatter to bind the range", Duration::from_secs(30), || {
-        std::fs::read_to_string(&squat_log).unwrap_or_default().contains("bound")
+        std::fs::read_to_string(&squat_log).unwrap_or_default().matches("bound").count() == nodes as usize
     });
     let bound = std::fs::read_to_string(&squat_log).unwrap();
     eprintln!("squatter job {squatter}: {}", bound.trim());
@@ -185,7 +201,9 @@ fn squatted_ports_and_keyless_or_administrative_requests_leave_protected_serving
     skip.extend(d.metrics_address.map(|a| a.port().to_string()));
     let mut args = vec!["-c", SCANNER];
     args.extend(skip.iter().map(String::as_str));
-    let scan = c.run_as(&mal, "python3", &args);
+    // On the replica's node: in the hosts mode only there are its ports.
+    let node = v.jobs.iter().find(|j| j.address == Some(address)).map(|j| c.job_fields(j.job)["BatchHost"].clone());
+    let scan = c.run_as_on(&node.unwrap_or_default(), &mal, "python3", &args);
     assert!(scan.ok, "{}", scan.stderr);
     let answers: BTreeMap<u16, String> = scan
         .stdout
@@ -194,7 +212,14 @@ fn squatted_ports_and_keyless_or_administrative_requests_leave_protected_serving
         .filter_map(|(p, s)| Some((p.parse().ok()?, s.to_string())))
         .collect();
     eprintln!("op-mal's scan of {} listening ports: {answers:?}", answers.len());
-    assert_eq!(answers.get(&address.port()).map(String::as_str), Some("401"), "the launcher wants onepoold's key");
+    assert!(
+        matches!(
+            d.endpoint(ENDPOINT).and_then(|e| e.endpoint.conns_of(address)).map(|c| c.transport().clone()),
+            Some(Transport::Pinned(_))
+        ),
+        "onepoold reaches its replica over TLS pinned to its certificate"
+    );
+    assert_eq!(answers.get(&address.port()).map(String::as_str), Some("-"), "the launcher answers no clear HTTP");
     let served: Vec<_> = answers.iter().filter(|(_, s)| s.starts_with('2')).collect();
     assert!(served.is_empty(), "answered a user without a key: {served:?}");
     // The model server itself is among them: some port answered 401 that
@@ -206,17 +231,18 @@ fn squatted_ports_and_keyless_or_administrative_requests_leave_protected_serving
 
     // 3. Even with onepoold's key, only the endpoint's paths pass.
     let key = std::fs::read_to_string(dir.join("replica.key")).unwrap();
-    let keyed = format!("x-onepool-replica-key: {}\r\n", key.trim());
-    assert_eq!(get(address, "/health", &keyed), Some(200));
+    let keyed = Some(key.trim());
+    assert_eq!(get(&rt, &d, address, "/health", keyed), Some(200));
     for admin in ["/slots", "/props", "/v1/../slots", "/"] {
-        assert_eq!(get(address, admin, &keyed), Some(404), "{admin} with the key");
+        assert_eq!(get(&rt, &d, address, admin, keyed), Some(404), "{admin} with the key");
     }
-    assert_eq!(get(address, "/health", ""), Some(401), "no key");
+    assert_eq!(get(&rt, &d, address, "/health", None), Some(401), "no key");
 
-    // 4. A slow client on the launcher's port is cut at its header timeout.
+    // 4. A client that stalls in its TLS handshake on the launcher's port
+    // is cut at its header timeout.
     let slow = c.run_as(&mal, "python3", &["-c", SLOW_CLIENT, &address.ip().to_string(), &address.port().to_string()]);
     let secs: f64 = slow.stdout.trim().parse().unwrap_or_else(|_| panic!("{}{}", slow.stdout, slow.stderr));
-    eprintln!("a half-sent head on the launcher's port was cut after {secs} s");
+    eprintln!("a half-sent handshake on the launcher's port was cut after {secs} s");
     assert!((8.0..20.0).contains(&secs), "the header read timeout is 10 s: {secs}");
 
     // 5. The dev cluster's fake GPU source is root's: a line there would

@@ -274,11 +274,20 @@ pub fn metric(port: u16, name: &str) -> Option<f64> {
 
 /// [`metric`] of a replica's model server, read through its launcher with
 /// onepoold's replica key (the launcher answers nothing without it, and
-/// the server's own port is known to the launcher alone).
+/// the server's own port is known to the launcher alone), on the transport
+/// onepoold's router has for it (TLS pinned to its certificate, issue #36).
 pub fn replica_metric(d: &Daemon, endpoint: &str, job: u32, name: &str) -> Option<f64> {
     let address = replica_view(d, endpoint).jobs.iter().find(|j| j.job == job)?.address?;
-    let key = d.endpoint(endpoint)?.endpoint.replica_key()?.to_str().ok()?.to_string();
-    metric_at(address, name, Some(&key))
+    let e = &d.endpoint(endpoint)?.endpoint;
+    let fields = [(onepool_router::REPLICA_KEY_HEADER, e.replica_key()?.clone())];
+    // Connections of this call's own: the router's belong to its runtime.
+    let conns = Arc::new(onepool_router::backend_pool::IdleConns::new(e.conns_of(address)?.transport().clone()));
+    let rt = onepool_elastic_daemon::tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+    let t = Duration::from_secs(5);
+    let get = onepool_router::replica_client::get(&conns, address, "/metrics", &fields, t, t, 1 << 20);
+    let (status, body) = rt.block_on(get).ok()?;
+    let text = String::from_utf8_lossy(&body);
+    status.is_success().then(|| onepool_elastic_daemon::replica_metrics::sum_samples(&text, &[name.to_string()]))?
 }
 
 fn metric_at(address: SocketAddr, name: &str, key: Option<&str>) -> Option<f64> {

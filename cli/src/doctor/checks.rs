@@ -387,7 +387,19 @@ pub fn daemon(config: Option<&str>, result: Option<Result<String, String>>) -> C
             "pass --daemon-config FILE, or run the doctor on the host where onepoold runs",
         ),
         (Some(path), Some(Ok(out))) => {
-            Check::pass(what, format!("{path}: {}", out.lines().last().unwrap_or("fits").trim()))
+            let verdict = format!("{path}: {}", out.lines().last().unwrap_or("fits").trim());
+            // What onepoold would start with but warns about (a plain
+            // replica transport among them) is the doctor's warning too.
+            let warnings: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("warning: ")).collect();
+            if warnings.is_empty() {
+                Check::pass(what, verdict)
+            } else {
+                Check::warn(
+                    what,
+                    format!("{verdict}: {}", warnings.join("; ")),
+                    format!("each warning says what to change in {path}"),
+                )
+            }
         }
         (Some(path), Some(Err(out))) => {
             let errors: Vec<&str> = out.lines().filter(|l| l.starts_with("error: ")).collect();

@@ -305,6 +305,23 @@ fn during_an_audit_trial_the_packaged_daemon_config_is_a_warning_and_a_named_one
     assert_eq!(find(&named, "onepoold config").status, Status::Fail);
 }
 
+/// What `onepoold --check` accepts but warns about (here clear HTTP to the
+/// replicas) is a warning of the doctor's, not a pass.
+#[test]
+fn onepoold_s_warnings_are_the_doctor_s() {
+    let path = "/etc/slurm/onepoold.toml";
+    let plain = "warning: endpoint \"llm\" [endpoint.replicas]: transport = \"plain\": onepoold's replica key and every prompt ... in clear\n/etc/slurm/onepoold.toml: fits (1 endpoint(s), 1 warning(s))\n";
+    let c = checks::daemon(Some(path), Some(Ok(plain.into())));
+    assert_eq!(c.status, Status::Warn);
+    assert!(
+        c.detail.contains("fits (1 endpoint(s), 1 warning(s)): endpoint \"llm\"") && c.detail.contains("\"plain\""),
+        "{}",
+        c.detail
+    );
+    let clean = checks::daemon(Some(path), Some(Ok(format!("{path}: fits (1 endpoint(s), 0 warning(s))\n"))));
+    assert_eq!(clean.status, Status::Pass);
+}
+
 #[test]
 fn a_serving_preflight_passes_with_its_time_and_fails_with_the_replica_s_last_lines() {
     let ok = "preflight of endpoint chat: replica job 7\n  running on node1: 0.6 s\n  its launcher listening at 127.0.0.1:41234: 1.1 s\n  healthy: 8.2 s\n  first chat completion answered (SmolLM2): 8.6 s\n";

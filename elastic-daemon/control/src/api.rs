@@ -99,6 +99,10 @@ pub struct AddReplica {
     /// Absent: ready at once unless the endpoint health-checks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<bool>,
+    /// The SHA-256 (64 hex digits) of the certificate the replica serves
+    /// TLS with (`onepool replica --tls`); absent: clear HTTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin: Option<String>,
 }
 
 /// The answer to [`AddReplica`].

@@ -9,6 +9,12 @@
 //! for the next request when its response was read to the end and the
 //! replica did not ask to close it; a response left half-way (client gone,
 //! timeout, a replica silent mid-body) closes it.
+//!
+//! A replica whose launcher serves TLS (issue #36) is reached over TLS
+//! pinned to the certificate its launcher reported
+//! ([`onepool_launcher::hop_tls`]): one handshake per new connection, none
+//! per request, and a request never leaves on a connection whose
+//! certificate did not match.
 
 use std::future::{poll_fn, Future};
 use std::io;
@@ -24,7 +30,8 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
-use tokio::io::AsyncWrite;
+use onepool_launcher::hop_tls::PinnedClient;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
@@ -47,9 +54,71 @@ const MAX_CHUNK_LINE: usize = 4096;
 /// Read buffer growth.
 const READ_CHUNK: usize = 8192;
 
+/// A connection's bytes: clear, or TLS pinned to the replica's certificate.
+enum ReplicaIo {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for ReplicaIo {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ReplicaIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ReplicaIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ReplicaIo {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ReplicaIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ReplicaIo::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ReplicaIo::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            ReplicaIo::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            ReplicaIo::Plain(s) => s.is_write_vectored(),
+            ReplicaIo::Tls(s) => s.is_write_vectored(),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ReplicaIo::Plain(s) => Pin::new(s).poll_flush(cx),
+            ReplicaIo::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ReplicaIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ReplicaIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+impl ReplicaIo {
+    /// The TCP socket under it.
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            ReplicaIo::Plain(s) => s,
+            ReplicaIo::Tls(s) => s.get_ref().0,
+        }
+    }
+}
+
 /// One HTTP/1.1 connection to a replica, between exchanges.
 pub struct BackendConn {
-    io: TcpStream,
+    io: ReplicaIo,
     /// Bytes read and not yet used (empty between exchanges).
     buf: BytesMut,
     /// The current exchange's deadline for its response head; kept with the
@@ -63,7 +132,7 @@ pub struct BackendConn {
 }
 
 impl BackendConn {
-    fn new(io: TcpStream) -> BackendConn {
+    fn new(io: ReplicaIo) -> BackendConn {
         BackendConn {
             io,
             buf: BytesMut::new(),
@@ -111,9 +180,11 @@ impl BackendConn {
         }
         // Without readiness known, tokio answers WouldBlock with no system
         // call (and no waker to register); with it, a read tells an end of
-        // stream or unasked bytes (either way the connection goes).
+        // stream or unasked bytes (either way the connection goes). Under
+        // TLS the same holds of the socket: the launcher sends no session
+        // tickets, so a byte on an idle connection is an alert or a close.
         let mut byte = [0u8; 1];
-        matches!(self.io.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+        matches!(self.io.tcp().try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
     /// Writes the request; Err carries how many bytes had gone out.
@@ -141,7 +212,15 @@ impl BackendConn {
                 }
             }
         }
-        Poll::Ready(Ok(()))
+        // TLS may hold the last record; a TCP socket flushes at once.
+        match Pin::new(&mut self.io).poll_flush(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(Exchange::Io(e))),
+            Poll::Pending => {
+                ready!(self.poll_timer(cx));
+                Poll::Ready(Err(Exchange::TimedOut))
+            }
+        }
     }
 
     /// Reads the response head (skipping 1xx interim answers), its fields
@@ -312,13 +391,36 @@ enum Exchange {
     Invalid(String),
 }
 
-/// A replica's idle connections, the most recently used first out.
+/// A replica's idle connections, the most recently used first out, and
+/// how new ones are made.
 #[derive(Default)]
 pub struct IdleConns {
     idle: Mutex<Vec<BackendConn>>,
+    transport: Transport,
+}
+
+/// How the router reaches one replica.
+#[derive(Default, Clone, Debug)]
+pub enum Transport {
+    /// Clear HTTP (`[endpoint.replicas] transport = "plain"`, or a replica
+    /// added by hand).
+    #[default]
+    Plain,
+    /// TLS, accepting only the certificate its launcher reported.
+    Pinned(PinnedClient),
+    /// No connection at all: a replica whose transport is not known.
+    Refused,
 }
 
 impl IdleConns {
+    pub fn new(transport: Transport) -> IdleConns {
+        IdleConns { idle: Mutex::default(), transport }
+    }
+
+    pub fn transport(&self) -> &Transport {
+        &self.transport
+    }
+
     fn lock(&self) -> MutexGuard<'_, Vec<BackendConn>> {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -421,7 +523,7 @@ pub async fn send(
         let (mut c, reused) = match sent_once.is_none().then(|| idle.pop()).flatten() {
             Some(c) => (c, true),
             // Boxed: rare, and large.
-            None => match (Box::pin(connect(address, connect_timeout, deadline)).await, &sent_once) {
+            None => match (Box::pin(connect(address, &idle.transport, connect_timeout, deadline)).await, &sent_once) {
                 (Ok(c), _) => (c, false),
                 (Err(SendError::NotSent(e)), Some(first)) => {
                     return Err(SendError::Failed(format!("{first}; sent again: {e}")))
@@ -473,7 +575,8 @@ pub async fn send(
 fn closed_unread(e: &Exchange) -> bool {
     match e {
         Exchange::Closed => true,
-        Exchange::Io(e) => e.kind() == io::ErrorKind::ConnectionReset,
+        // Under TLS a close without close_notify reads as an unexpected end.
+        Exchange::Io(e) => matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::UnexpectedEof),
         Exchange::TimedOut | Exchange::Invalid(_) => false,
     }
 }
@@ -487,16 +590,37 @@ fn describe(address: SocketAddr, e: Exchange) -> String {
     }
 }
 
-async fn connect(address: SocketAddr, connect_timeout: Duration, deadline: Instant) -> Result<BackendConn, SendError> {
+/// A new connection, its TLS handshake included (within the connect
+/// bound: a replica that accepts and then stalls is as good as down).
+async fn connect(
+    address: SocketAddr,
+    transport: &Transport,
+    connect_timeout: Duration,
+    deadline: Instant,
+) -> Result<BackendConn, SendError> {
     let connect_by = Instant::now() + connect_timeout;
-    match tokio::time::timeout_at(connect_by.min(deadline), TcpStream::connect(address)).await {
+    let open = async {
+        if matches!(transport, Transport::Refused) {
+            return Err(format!("{address}: no transport is known for this replica; nothing is sent to it"));
+        }
+        let s = TcpStream::connect(address).await.map_err(|e| format!("connecting to {address}: {e}"))?;
+        let _ = s.set_nodelay(true);
+        match transport {
+            Transport::Pinned(tls) => tokio_rustls::TlsConnector::from(tls.config.clone())
+                .connect(tls.name.clone(), s)
+                .await
+                .map(|t| ReplicaIo::Tls(Box::new(t)))
+                // A certificate other than the pinned one ends here, before
+                // a byte of the request (and the replica key) is written.
+                .map_err(|e| format!("TLS with {address} (pinned certificate {}): {e}", tls.pin)),
+            _ => Ok(ReplicaIo::Plain(s)),
+        }
+    };
+    match tokio::time::timeout_at(connect_by.min(deadline), open).await {
         Err(_) if deadline < connect_by => Err(SendError::TimedOut),
         Err(_) => Err(SendError::NotSent(format!("connecting to {address} timed out"))),
-        Ok(Err(e)) => Err(SendError::NotSent(format!("connecting to {address}: {e}"))),
-        Ok(Ok(s)) => {
-            let _ = s.set_nodelay(true);
-            Ok(BackendConn::new(s))
-        }
+        Ok(Err(e)) => Err(SendError::NotSent(e)),
+        Ok(Ok(io)) => Ok(BackendConn::new(io)),
     }
 }
 

@@ -12,7 +12,7 @@ use tokio::sync::{oneshot, Notify};
 
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::backend_pool::IdleConns;
+use crate::backend_pool::{IdleConns, Transport};
 use crate::metrics::{replica_labels, Metrics, PrefixLabels, ReplicaMetrics, RequestCounters};
 use crate::prefix::{Affine, Affinity, PrefixSettings};
 use crate::registry::{HealthThresholds, Pool, RegistryError, Replica, ReplicaId, ReplicaState, Transition};
@@ -52,6 +52,11 @@ pub struct ReplicaShared {
     pub address: SocketAddr,
     pub metrics: ReplicaMetrics,
     pub conns: Arc<IdleConns>,
+    /// The connections of the router's own calls (health checks, model
+    /// lists, onepoold's scrapes), on the same transport but apart from the
+    /// requests' (as when those calls had a client of their own): a check
+    /// never hands a request a connection the replica may be closing.
+    pub own_conns: Arc<IdleConns>,
 }
 
 struct Inner {
@@ -209,10 +214,24 @@ impl Endpoint {
         }
     }
 
+    /// Adds a replica reached in clear HTTP.
     pub fn add(&self, address: SocketAddr, limit: Option<u32>, ready: bool) -> Result<ReplicaId, RegistryError> {
+        self.add_with(address, Transport::Plain, limit, ready)
+    }
+
+    /// Adds a replica reached over `transport` (TLS pinned to the
+    /// certificate its launcher reported, issue #36). Its transport is
+    /// fixed with it: no request can leave before it is known.
+    pub fn add_with(
+        &self,
+        address: SocketAddr,
+        transport: Transport,
+        limit: Option<u32>,
+        ready: bool,
+    ) -> Result<ReplicaId, RegistryError> {
         let mut g = self.lock();
         let id = g.pool.add(address, limit.unwrap_or(self.default_limit), ready)?;
-        let shared = self.new_shared(address);
+        let shared = self.new_shared(address, transport);
         shared.metrics.in_flight.set(0);
         g.shared.push((id, Arc::new(shared)));
         self.dispatch(&mut g);
@@ -339,13 +358,40 @@ impl Endpoint {
         let shared: Vec<_> = self.lock().shared.iter().map(|(_, s)| s.clone()).collect();
         for s in shared {
             s.conns.prune(max_idle);
+            s.own_conns.prune(max_idle);
         }
     }
 
-    /// Replicas to health-check: every one not draining.
-    pub fn health_targets(&self) -> Vec<(ReplicaId, SocketAddr)> {
+    /// Replicas to health-check (every one not draining), each with its
+    /// connections.
+    pub fn health_targets(&self) -> Vec<(ReplicaId, SocketAddr, Arc<IdleConns>)> {
         let g = self.lock();
-        g.pool.replicas().iter().filter(|r| r.state != ReplicaState::Draining).map(|r| (r.id, r.address)).collect()
+        g.pool
+            .replicas()
+            .iter()
+            .filter(|r| r.state != ReplicaState::Draining)
+            .filter_map(|r| Some((r.id, r.address, g.shared(r.id)?.own_conns.clone())))
+            .collect()
+    }
+
+    /// The ready replicas with their connections, for the router's own
+    /// calls to them ([`crate::replica_client`]).
+    pub fn ready_conns(&self) -> Vec<(SocketAddr, Arc<IdleConns>)> {
+        let g = self.lock();
+        g.pool
+            .replicas()
+            .iter()
+            .filter(|r| r.state == ReplicaState::Ready)
+            .filter_map(|r| Some((r.address, g.shared(r.id)?.own_conns.clone())))
+            .collect()
+    }
+
+    /// The connections of the replica at `address` (onepoold's scrapes of
+    /// its metrics take them, so they are pinned like its requests).
+    pub fn conns_of(&self, address: SocketAddr) -> Option<Arc<IdleConns>> {
+        let g = self.lock();
+        let id = g.pool.replicas().iter().find(|r| r.address == address)?.id;
+        Some(g.shared(id)?.own_conns.clone())
     }
 
     /// A replica for one request: at once if one has room, else after
@@ -453,16 +499,19 @@ impl Endpoint {
             return s.clone();
         }
         let address = g.pool.get(id).map(|r| r.address).unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
-        let s = Arc::new(self.new_shared(address));
+        // Its transport went with what was missed: nothing is sent to it
+        // rather than risk the replica key in clear.
+        let s = Arc::new(self.new_shared(address, Transport::Refused));
         g.shared.push((id, s.clone()));
         s
     }
 
-    fn new_shared(&self, address: SocketAddr) -> ReplicaShared {
+    fn new_shared(&self, address: SocketAddr, transport: Transport) -> ReplicaShared {
         ReplicaShared {
             address,
             metrics: self.metrics.replica(&self.name, &address.to_string()),
-            conns: Arc::default(),
+            conns: Arc::new(IdleConns::new(transport.clone())),
+            own_conns: Arc::new(IdleConns::new(transport)),
         }
     }
 

@@ -4,18 +4,16 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::{Request, Uri};
-use http_body_util::Full;
 use tokio::sync::watch;
 
 use crate::endpoint::Endpoint;
-use crate::replica_client::replica_client;
 use crate::settings::HealthCheck;
+
+/// Largest health answer read (its body says nothing the status does not).
+const MAX_HEALTH_BYTES: usize = 64 * 1024;
 
 /// Checks `endpoint`'s replicas until `shutdown` turns true.
 pub async fn run(endpoint: Arc<Endpoint>, check: HealthCheck, mut shutdown: watch::Receiver<bool>) {
-    let client = replica_client(check.timeout);
     let mut tick = tokio::time::interval(check.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     endpoint.eject_on_failure();
@@ -28,25 +26,22 @@ pub async fn run(endpoint: Arc<Endpoint>, check: HealthCheck, mut shutdown: watc
             _ = crate::shutdown::stopped(&mut shutdown) => return,
         }
         let key = endpoint.replica_key().cloned();
-        let probes = endpoint.health_targets().into_iter().map(|(id, address)| {
-            let client = client.clone();
+        let probes = endpoint.health_targets().into_iter().map(|(id, address, conns)| {
             let path = check.path.clone();
-            let key = key.clone();
+            let fields: Vec<_> = key.iter().map(|k| (crate::REPLICA_KEY_HEADER, k.clone())).collect();
             async move {
-                let ok = match format!("http://{address}{path}").parse::<Uri>() {
-                    Ok(uri) => {
-                        let mut req = Request::new(Full::new(Bytes::new()));
-                        *req.uri_mut() = uri;
-                        if let Some(k) = key {
-                            req.headers_mut().insert(crate::REPLICA_KEY_HEADER, k);
-                        }
-                        matches!(
-                            tokio::time::timeout(check.timeout, client.request(req)).await,
-                            Ok(Ok(r)) if r.status().is_success()
-                        )
-                    }
-                    Err(_) => false,
-                };
+                // On the replica's own connections: pinned like its requests.
+                let answer = crate::replica_client::get(
+                    &conns,
+                    address,
+                    &path,
+                    &fields,
+                    check.timeout,
+                    check.timeout,
+                    MAX_HEALTH_BYTES,
+                )
+                .await;
+                let ok = matches!(answer, Ok((status, _)) if status.is_success());
                 (id, address, ok)
             }
         });

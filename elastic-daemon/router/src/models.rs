@@ -4,15 +4,11 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::header::AUTHORIZATION;
-use http::{HeaderValue, Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Full};
+use http::{HeaderValue, StatusCode};
 use serde_json::Value;
 
 use crate::endpoint::Endpoint;
-use crate::registry::ReplicaState;
-use crate::replica_client::replica_client;
 
 /// Longest wait for one replica's list.
 const LIST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -30,44 +26,38 @@ pub(crate) async fn list(
     connect_timeout: Duration,
     authorization: Option<HeaderValue>,
 ) -> Result<Value, (StatusCode, String)> {
-    let ready: Vec<_> = endpoint
-        .snapshot()
-        .replicas
-        .into_iter()
-        .filter(|r| r.state == ReplicaState::Ready)
-        .map(|r| r.address)
-        .collect();
+    let ready = endpoint.ready_conns();
     if ready.is_empty() {
         return Err((StatusCode::SERVICE_UNAVAILABLE, "no replica is ready to list its models; retry later".into()));
     }
-    let client = replica_client(connect_timeout);
+    let mut fields = Vec::new();
+    if let Some(a) = authorization {
+        fields.push((AUTHORIZATION, a));
+    }
+    if let Some(k) = endpoint.replica_key() {
+        fields.push((crate::REPLICA_KEY_HEADER, k.clone()));
+    }
     // Asked together, so one slow replica does not delay the answer more
     // than LIST_TIMEOUT.
     let mut asks = tokio::task::JoinSet::new();
-    for (i, address) in ready.iter().enumerate() {
-        let (client, uri) = (client.clone(), format!("http://{address}/v1/models").parse::<Uri>());
-        let authorization = authorization.clone();
-        let key = endpoint.replica_key().cloned();
+    for (i, (address, conns)) in ready.iter().cloned().enumerate() {
+        let fields = fields.clone();
         asks.spawn(async move {
-            let list = async {
-                let mut req = Request::new(Full::new(Bytes::new()));
-                *req.uri_mut() = uri.ok()?;
-                if let Some(a) = authorization {
-                    req.headers_mut().insert(AUTHORIZATION, a);
-                }
-                if let Some(k) = key {
-                    req.headers_mut().insert(crate::REPLICA_KEY_HEADER, k);
-                }
-                let resp = client.request(req).await.ok()?;
-                if !resp.status().is_success() {
-                    return None;
-                }
-                let body = http_body_util::Limited::new(resp.into_body(), MAX_LIST_BYTES);
-                let bytes = body.collect().await.ok()?.to_bytes();
-                serde_json::from_slice::<Value>(&bytes).ok()
+            // On the replica's own connections: pinned like its requests.
+            let answer = crate::replica_client::get(
+                &conns,
+                address,
+                "/v1/models",
+                &fields,
+                connect_timeout,
+                LIST_TIMEOUT,
+                MAX_LIST_BYTES,
+            );
+            let list = match answer.await {
+                Ok((status, body)) if status.is_success() => serde_json::from_slice::<Value>(&body).ok(),
+                _ => None,
             };
-            // One bound for the head and the body together.
-            (i, tokio::time::timeout(LIST_TIMEOUT, list).await.ok().flatten())
+            (i, list)
         });
     }
     // In the replicas' order, whichever answers first; a task that failed

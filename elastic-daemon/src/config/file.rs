@@ -182,6 +182,8 @@ pub struct ReplicasFile<F: Form = Typed> {
     /// This endpoint's replica decisions logged, never carried out.
     pub advisory: Option<F::Bool>,
     pub latency: Option<F::Table<LatencyFile<F>>>,
+    /// "tls" (the default) or "plain": how the router reaches the replicas.
+    pub transport: Option<F::Text>,
 }
 
 /// `[endpoint.replicas.warm]`.

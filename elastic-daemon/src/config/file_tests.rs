@@ -129,6 +129,7 @@ fn every_replicas_key() -> ReplicasFile {
             window: Some(secs(30)),
             min_samples: Some(50),
         }),
+        transport: Some("plain".into()),
         ..ReplicasFile::new("env A=\"x y\" python3 'server.py' \\\n --port $ONEPOOL_BACKEND_PORT")
     }
 }
@@ -227,6 +228,7 @@ fn every_key_is_read_back_as_written() {
                 min_samples: 50,
             }),
             immediate_classes: Vec::new(),
+            transport: crate::config::ReplicaTransport::Plain,
         })
     );
     assert_eq!((c.endpoints[1].name.as_str(), c.endpoints[1].listen), ("embed", f.endpoints[1].listen));
@@ -340,7 +342,7 @@ prop_compose! {
         metrics in some(proptest::collection::vec("[a-zA-Z_:][a-zA-Z0-9_:]{0,20}", 0..3)),
         metrics_path in some("/[^\u{0}]*"),
         warm in some((some("[a-z0-9_-]{1,12}"), some(0.0f64..=100.0))),
-        advisory in some(proptest::bool::ANY),
+        (advisory, transport) in (some(proptest::bool::ANY), some(proptest::sample::select(vec!["tls".to_string(), "plain".to_string()]))),
         latency in some(latency_file()),
     ) -> ReplicasFile {
         let max = min.max(1).saturating_add(extra).min(1000);
@@ -376,6 +378,7 @@ prop_compose! {
             }),
             advisory,
             latency,
+            transport,
         }
     }
 }

@@ -162,6 +162,28 @@ pub struct ReplicaSettings {
     /// so its launcher cuts at Slurm's SIGTERM instead of draining while
     /// the protected job waits for the GPUs.
     pub immediate_classes: Vec<String>,
+    /// How the router reaches the replicas (`transport`, issue #36).
+    pub transport: ReplicaTransport,
+}
+
+/// `[endpoint.replicas] transport`: TLS pinned to the certificate each
+/// launcher reports (the default), or clear HTTP, where the replica key
+/// and every prompt cross the cluster network readable to anyone on it
+/// (`onepool doctor` warns).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReplicaTransport {
+    #[default]
+    Tls,
+    Plain,
+}
+
+impl ReplicaTransport {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaTransport::Tls => "tls",
+            ReplicaTransport::Plain => "plain",
+        }
+    }
 }
 
 /// `[endpoint.replicas.warm]`: replicas kept loaded above the load's need

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::check::{positive, workload, Checker};
 use super::file::{LatencyFile, ReplicasFile, WarmFile};
 use super::form::{self, Raw};
-use super::{PoolScope, ReplicaSettings, WarmSettings};
+use super::{PoolScope, ReplicaSettings, ReplicaTransport, WarmSettings};
 use onepool_decisions::latency::LatencyTargets;
 use toml::Spanned;
 
@@ -84,6 +84,25 @@ pub(super) fn replica_settings(c: &mut Checker, r: &Spanned<ReplicasFile<Raw>>) 
         advisory: r.advisory.as_ref().is_some_and(|a| *a.get_ref()),
         latency: r.latency.as_ref().map(|l| latency_targets(c, l)),
         immediate_classes: Vec::new(),
+        transport: transport(c, &r.transport),
+    }
+}
+
+/// `transport`: "tls" (the default) or "plain".
+fn transport(c: &mut Checker, v: &Option<Spanned<String>>) -> ReplicaTransport {
+    let Some(t) = v else { return ReplicaTransport::default() };
+    match t.get_ref().as_str() {
+        "tls" => ReplicaTransport::Tls,
+        "plain" => ReplicaTransport::Plain,
+        other => {
+            c.error(
+                t.span(),
+                format!(
+                    "replicas.transport = {other:?}: give \"tls\" (each launcher's certificate pinned by the router) or \"plain\" (the replica key and prompts in clear on the network)"
+                ),
+            );
+            ReplicaTransport::default()
+        }
     }
 }
 

@@ -82,6 +82,26 @@ metrics_path = "metrics"
 }
 
 #[test]
+fn the_replicas_transport_is_tls_unless_plain_is_asked_for() {
+    let src = |v: &str| {
+        format!(
+            "control_socket = \"/tmp/x.sock\"\n[[endpoint]]\nname = \"llm\"\nlisten = \"127.0.0.1:0\"\n[endpoint.replicas]\ncommand = \"x\"\n{v}\n"
+        )
+    };
+    let transport = |v: &str| parse("t.toml", &src(v)).unwrap().endpoints[0].replicas.clone().unwrap().transport;
+    assert_eq!(transport(""), crate::config::ReplicaTransport::Tls);
+    assert_eq!(transport("transport = \"tls\""), crate::config::ReplicaTransport::Tls);
+    assert_eq!(transport("transport = \"plain\""), crate::config::ReplicaTransport::Plain);
+    for v in ["\"TLS\"", "\"https\""] {
+        let e = parse("t.toml", &src(&format!("transport = {v}"))).unwrap_err().to_string();
+        let want = format!("t.toml:7:13: error: replicas.transport = {v}: give \"tls\"");
+        assert!(e.contains(&want), "{e}");
+    }
+    let e = parse("t.toml", &src("transport = 1")).unwrap_err().to_string();
+    assert!(e.contains("t.toml:7:13"), "{e}");
+}
+
+#[test]
 fn load_metrics_auto_is_the_known_servers_gauges() {
     let src = |v: &str| {
         format!(

@@ -233,8 +233,11 @@ impl Controller {
         let mut reads = tokio::task::JoinSet::new();
         for (i, r) in serving.iter().enumerate() {
             let (client, address) = (client.clone(), r.address);
+            let Some(conns) = self.endpoint.conns_of(address) else { continue };
             let (path, names) = (self.settings.metrics_path.clone(), self.settings.load_metrics.clone());
-            reads.spawn(async move { (i, crate::replica_metrics::scrape(&client, address, &path, &names).await) });
+            reads.spawn(
+                async move { (i, crate::replica_metrics::scrape(&client, &conns, address, &path, &names).await) },
+            );
         }
         let mut own = vec![None; serving.len()];
         while let Some(Ok((i, r))) = reads.join_next().await {

@@ -153,7 +153,7 @@ pub struct Controller {
     /// Requests served by all replicas at the last poll, and when.
     last_served: Option<(u64, Instant)>,
     /// Reads the replicas' own load metrics (endpoints with `load_metrics`).
-    scraper: Option<onepool_client::Caller>,
+    scraper: Option<crate::replica_metrics::Scraper>,
     view: Arc<Mutex<ControllerView>>,
     metrics: Arc<Metrics>,
     /// The admin comment of each job [`Controller::read_records`] read.

@@ -2,6 +2,8 @@
 //! the router kept in step with them.
 
 use super::*;
+use crate::config::ReplicaTransport;
+use onepool_router::backend_pool::Transport;
 
 impl Controller {
     pub(super) fn unroute(endpoint: &Endpoint, m: &mut Member) {
@@ -129,7 +131,7 @@ impl Controller {
                         && m.address.is_none()
                         && !m.released
                         && !m.draining()
-                        && t.note.as_ref().and_then(|n| n.port(*slot)).is_none()
+                        && !t.note.as_ref().is_some_and(|n| self.note_complete(n, *slot))
                 })
             })
             .map(|(id, _)| *id)
@@ -219,19 +221,50 @@ impl Controller {
         Ok(seen)
     }
 
+    /// Whether the note says all the router needs of the replica in `slot`.
+    fn note_complete(&self, note: &ReplicaNote, slot: u16) -> bool {
+        note.port(slot).is_some() && (self.settings.transport == ReplicaTransport::Plain || note.pin(slot).is_some())
+    }
+
+    /// The port of the replica in `slot` and how the router reaches it,
+    /// once its note says enough: with `transport = "tls"` the
+    /// certificate's fingerprint must come with the port, or the
+    /// replica is not routed to (an older launcher, one started without
+    /// `--tls`: the key would cross the network in clear).
+    pub(super) fn reachable(&self, note: &ReplicaNote, slot: u16) -> Option<(u16, Transport)> {
+        let port = note.port(slot)?;
+        match self.settings.transport {
+            ReplicaTransport::Plain => Some((port, Transport::Plain)),
+            ReplicaTransport::Tls => {
+                let pin = note.pin(slot)?;
+                match onepool_launcher::hop_tls::pinned_client(pin) {
+                    Ok(client) => Some((port, Transport::Pinned(client))),
+                    Err(e) => {
+                        tracing::error!(endpoint = %self.name, slot, "cannot pin the replica's certificate: {e}");
+                        None
+                    }
+                }
+            }
+        }
+    }
+
     /// Running replicas not yet in the router join it at their node's
     /// address (as "starting" when health checks will bring them in).
     pub(super) async fn route_running(&mut self) -> Result<(), RoundError> {
-        // (job, slot, the port its launcher reported, node)
-        let need: Vec<(u32, u16, u16, String)> = self
+        // (job, slot, the port its launcher reported and how to reach it, node)
+        let this = &*self;
+        let need: Vec<(u32, u16, (u16, Transport), String)> = this
             .tracked
             .iter()
             .filter(|(_, t)| t.running)
             .flat_map(|(id, t)| {
                 t.members.iter().filter_map(move |(slot, m)| {
+                    if m.address.is_some() || m.released || m.draining() {
+                        return None;
+                    }
                     let node = m.node.clone()?;
-                    let port = t.note.as_ref()?.port(*slot)?;
-                    (m.address.is_none() && !m.released && !m.draining()).then_some((*id, *slot, port, node))
+                    let port = this.reachable(t.note.as_ref()?, *slot)?;
+                    Some((*id, *slot, port, node))
                 })
             })
             .collect();
@@ -240,7 +273,7 @@ impl Controller {
         }
         let slurm = self.slurm.clone();
         let nodes = blocking(&self.metrics, &self.name, "sinfo", move || slurm.nodes()).await?;
-        for (id, slot, port, host) in need {
+        for (id, slot, (port, transport), host) in need {
             let Some(node) = nodes.iter().find(|n| n.name == host) else { continue };
             let host = if node.address.is_empty() { node.name.as_str() } else { node.address.as_str() };
             let address = match host.parse::<IpAddr>() {
@@ -251,7 +284,7 @@ impl Controller {
                 tracing::warn!(endpoint = %self.name, job = id, host, "cannot resolve the replica's node address");
                 continue;
             };
-            match self.endpoint.add(address, None, !self.health_checked) {
+            match self.endpoint.add_with(address, transport, None, !self.health_checked) {
                 Ok(_) | Err(RegistryError::Duplicate { .. }) => {
                     tracing::info!(endpoint = %self.name, job = id, %address, "replica running; in the router");
                     // Warm headroom stays idle until the others are full:

@@ -2,6 +2,7 @@
 //! submits one.
 
 use super::*;
+use crate::config::ReplicaTransport;
 
 /// The job's port and kind when the job is one of this endpoint's replicas
 /// submitted by `uid`; `None` for every job onepoold must leave alone.
@@ -54,6 +55,10 @@ pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16, r
     // node's address as Slurm knows it, where onepoold routes (issue #36:
     // not every address of the node).
     let mut common = format!("--listen node:0 --slot {port} --drain-timeout {drain}");
+    // The router pins the certificate the launcher reports (issue #36).
+    if s.transport == ReplicaTransport::Tls {
+        common.push_str(" --tls");
+    }
     if s.immediate_classes.iter().any(|c| c == class) {
         common.push_str(" --reclaim immediate");
     }
