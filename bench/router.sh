@@ -22,6 +22,11 @@
 # Side by side with it, in the same run and under the same load:
 # - onepoold, prefix routing: the same onepoold binary, an endpoint routing
 #   by prompt prefix ([endpoint.routing] policy = "prefix");
+# - onepoold, TLS to the replica: the same onepoold binary, its replica a
+#   second backend serving TLS as `onepool replica --tls` does (a
+#   certificate made at start), pinned by its fingerprint (issue #36); its
+#   rows against onepoold's are what the encrypted hop adds (both ends:
+#   the backend's side of TLS runs on the load core);
 # - onepoold baseline: another onepoold binary, when BASELINE=PATH names one
 #   (e.g. built from an earlier commit), to show a change did not make the
 #   forward path slower.
@@ -45,6 +50,8 @@ NGINX_PORT=${NGINX_PORT:-18081}
 ONEPOOLD_PORT=${ONEPOOLD_PORT:-18082}
 PREFIX_PORT=${PREFIX_PORT:-18083}
 BASELINE_PORT=${BASELINE_PORT:-18084}
+TLS_BACKEND_PORT=${TLS_BACKEND_PORT:-18085}
+TLS_PORT=${TLS_PORT:-18086}
 BASELINE=${BASELINE:-}
 BODY_BYTES=${BODY_BYTES:-0}
 
@@ -86,6 +93,11 @@ wait_port() {
 taskset -c "$LOAD_CPU" "$BACKEND" "127.0.0.1:$BACKEND_PORT" 2>"$TMP/backend.log" &
 PIDS+=($!)
 wait_port "$BACKEND_PORT"
+# The TLS replica prints its certificate's fingerprint first.
+taskset -c "$LOAD_CPU" "$BACKEND" "127.0.0.1:$TLS_BACKEND_PORT" --tls >"$TMP/tls-backend.pin" 2>"$TMP/tls-backend.log" &
+PIDS+=($!)
+wait_port "$TLS_BACKEND_PORT"
+TLS_PIN=$(cat "$TMP/tls-backend.pin")
 
 # --- nginx: one worker, keep-alive to the backend, no access log
 mkdir -p "$TMP/nginx"
@@ -125,9 +137,10 @@ PIDS+=("$NGINX_PID")
 wait_port "$NGINX_PORT"
 
 # --- onepoold: an endpoint per variant, the backend added through the
-# control socket. NAME BINARY PORT [ROUTING TABLE]; sets PID_<NAME>.
+# control socket. NAME BINARY PORT [ROUTING TABLE [BACKEND PORT [PIN]]];
+# sets PID_<NAME>.
 start_onepoold() {
-    local name=$1 binary=$2 port=$3 routing=${4:-}
+    local name=$1 binary=$2 port=$3 routing=${4:-} backend=${5:-$BACKEND_PORT} pin=${6:-}
     printf 'control_socket = "%s"\nshutdown_grace = "1s"\n\n[[endpoint]]\nname = "bench"\nlisten = "127.0.0.1:%s"\nreplica_concurrency = 100000\nqueue_size = 100000\n%s\n' \
         "$TMP/$name.sock" "$port" "$routing" >"$TMP/$name.toml"
     ONEPOOLD_LOG=warn taskset -c "$PROXY_CPU" "$binary" --config "$TMP/$name.toml" 2>"$TMP/$name.log" &
@@ -135,19 +148,20 @@ start_onepoold() {
     printf -v "PID_$name" %s "$!"
     wait_port "$port"
     curl -sS --fail --unix-socket "$TMP/$name.sock" -H 'content-type: application/json' \
-        -d "{\"address\": \"127.0.0.1:$BACKEND_PORT\", \"ready\": true}" \
+        -d "{\"address\": \"127.0.0.1:$backend\", \"ready\": true${pin:+, \"pin\": \"$pin\"}}" \
         http://onepoold/v1/endpoints/bench/replicas >/dev/null
 }
 start_onepoold onepoold "$ONEPOOLD" "$ONEPOOLD_PORT"
 ONEPOOLD_PID=$PID_onepoold
 start_onepoold prefix "$ONEPOOLD" "$PREFIX_PORT" $'[endpoint.routing]\npolicy = "prefix"'
+start_onepoold tls "$ONEPOOLD" "$TLS_PORT" "" "$TLS_BACKEND_PORT" "$TLS_PIN"
 if [ -n "$BASELINE" ]; then
     start_onepoold baseline "$BASELINE" "$BASELINE_PORT"
 fi
 
 WORKERS=$(ls /proc/"$ONEPOOLD_PID"/task | while read -r t; do cat "/proc/$ONEPOOLD_PID/task/$t/comm"; done | grep -c '^tokio-r' || true)
 NGINX_WORKERS=$(pgrep -P "$NGINX_PID" | wc -l)
-ports=("$BACKEND_PORT" "$NGINX_PORT" "$ONEPOOLD_PORT" "$PREFIX_PORT")
+ports=("$BACKEND_PORT" "$NGINX_PORT" "$ONEPOOLD_PORT" "$PREFIX_PORT" "$TLS_PORT")
 [ -z "$BASELINE" ] || ports+=("$BASELINE_PORT")
 for port in "${ports[@]}"; do
     body=$(curl -sS --fail "http://127.0.0.1:$port/")
@@ -213,6 +227,7 @@ read -r D_RPS D_P50 D_P99 _ < <(run direct-max "http://127.0.0.1:$BACKEND_PORT/"
 read -r N_RPS N_P50 N_P99 N_CPU < <(run nginx-max "http://127.0.0.1:$NGINX_PORT/" "$CONNS" "" "$NGINX_PID")
 read -r O_RPS O_P50 O_P99 O_CPU < <(run onepoold-max "http://127.0.0.1:$ONEPOOLD_PORT/" "$CONNS" "" "$ONEPOOLD_PID")
 read -r P_RPS P_P50 P_P99 P_CPU < <(run prefix-max "http://127.0.0.1:$PREFIX_PORT/" "$CONNS" "" "$PID_prefix")
+read -r T_RPS T_P50 T_P99 T_CPU < <(run tls-max "http://127.0.0.1:$TLS_PORT/" "$CONNS" "" "$PID_tls")
 if [ -n "$BASELINE" ]; then
     read -r B_RPS B_P50 B_P99 B_CPU < <(run baseline-max "http://127.0.0.1:$BASELINE_PORT/" "$CONNS" "" "$PID_baseline")
 fi
@@ -227,6 +242,7 @@ read -r DH_RPS DH_P50 DH_P99 _ < <(run direct-half "http://127.0.0.1:$BACKEND_PO
 read -r NH_RPS NH_P50 NH_P99 NH_CPU < <(run nginx-half "http://127.0.0.1:$NGINX_PORT/" "$HALF_CONNS" pace "$NGINX_PID")
 read -r OH_RPS OH_P50 OH_P99 OH_CPU < <(run onepoold-half "http://127.0.0.1:$ONEPOOLD_PORT/" "$HALF_CONNS" pace "$ONEPOOLD_PID")
 read -r PH_RPS PH_P50 PH_P99 _ < <(run prefix-half "http://127.0.0.1:$PREFIX_PORT/" "$HALF_CONNS" pace "$PID_prefix")
+read -r TH_RPS TH_P50 TH_P99 TH_CPU < <(run tls-half "http://127.0.0.1:$TLS_PORT/" "$HALF_CONNS" pace "$PID_tls")
 if [ -n "$BASELINE" ]; then
     read -r BH_RPS BH_P50 BH_P99 _ < <(run baseline-half "http://127.0.0.1:$BASELINE_PORT/" "$HALF_CONNS" pace "$PID_baseline")
 fi
@@ -250,6 +266,8 @@ echo "| onepoold | $O_RPS | $(ratio "$O_RPS" "$D_RPS") | $(ratio "$O_RPS" "$N_RP
     "$(added "$OH_P50" "$DH_P50") | $(added "$OH_P99" "$DH_P99") |"
 echo "| onepoold, prefix routing | $P_RPS | $(ratio "$P_RPS" "$D_RPS") | $(ratio "$P_RPS" "$N_RPS") | $P_CPU | $PH_RPS | $PH_P50 | $PH_P99 |" \
     "$(added "$PH_P50" "$DH_P50") | $(added "$PH_P99" "$DH_P99") |"
+echo "| onepoold, TLS to the replica | $T_RPS | $(ratio "$T_RPS" "$D_RPS") | $(ratio "$T_RPS" "$N_RPS") | $T_CPU | $TH_RPS | $TH_P50 | $TH_P99 |" \
+    "$(added "$TH_P50" "$DH_P50") | $(added "$TH_P99" "$DH_P99") |"
 if [ -n "$BASELINE" ]; then
     echo "| onepoold baseline | $B_RPS | $(ratio "$B_RPS" "$D_RPS") | $(ratio "$B_RPS" "$N_RPS") | $B_CPU | $BH_RPS | $BH_P50 | $BH_P99 |" \
         "$(added "$BH_P50" "$DH_P50") | $(added "$BH_P99" "$DH_P99") |"
@@ -262,6 +280,10 @@ else
 fi
 echo
 echo "max-load latency (wrk -c$CONNS): direct p50/p99 $D_P50/$D_P99 µs, nginx $N_P50/$N_P99 µs, onepoold $O_P50/$O_P99 µs"
+echo "TLS hop (onepoold, TLS to the replica, against onepoold's clear hop in this run): time to first byte at half load" \
+    "+$(added "$TH_P50" "$OH_P50") µs p50, +$(added "$TH_P99" "$OH_P99") µs p99; onepoold CPU" \
+    "$(awk -v t="$TH_CPU" -v o="$OH_CPU" 'BEGIN { printf "%+.1f", t - o }') µs/req at half load ($OH_CPU -> $TH_CPU)," \
+    "$(awk -v t="$T_CPU" -v o="$O_CPU" 'BEGIN { printf "%+.1f", t - o }') µs/req at maximum; maximum $(ratio "$T_RPS" "$O_RPS") of clear"
 echo "goal (reported, not gated): onepoold throughput >= nginx: $(awk -v o="$O_RPS" -v n="$N_RPS" 'BEGIN { print (o >= n ? "met" : "not met") }');" \
     "added p99 at half load < 1000 µs: $(a=$(added "$OH_P99" "$DH_P99"); if ((a < 0)); then echo 'inconclusive (direct p99 above proxied: noise)'; elif ((a < 1000)); then echo met; else echo 'not met'; fi)"
 busy=$(ps -eo pcpu=,comm= --sort=-pcpu | awk -v me="$$" '$1 > 20 && $2 !~ /^(wrk|nginx|onepoold|bench_backend)$/ { printf "%s %s%%; ", $2, $1 }')
