@@ -32,6 +32,14 @@ fn text(seen: &Seen) -> String {
 /// A replica serving TLS with `identity`, answering "ok" to every request
 /// (its health path too); keeps every byte it was sent, decrypted.
 async fn tls_replica(identity: Identity) -> (SocketAddr, Seen) {
+    tls_replica_closing(identity, usize::MAX).await
+}
+
+/// [`tls_replica`] that drops a connection unanswered at its
+/// `close_at`-th request (counted from 1), its TCP closed without TLS's
+/// close_notify: a replica whose keep-alive timeout fired as the request
+/// arrived.
+async fn tls_replica_closing(identity: Identity, close_at: usize) -> (SocketAddr, Seen) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen: Seen = Arc::default();
@@ -44,7 +52,7 @@ async fn tls_replica(identity: Identity) -> (SocketAddr, Seen) {
             tokio::spawn(async move {
                 let Ok(mut tls) = acceptor.accept(tcp).await else { return };
                 let mut buf = Vec::new();
-                loop {
+                for n in 1.. {
                     let end = loop {
                         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                             break i + 4;
@@ -64,6 +72,10 @@ async fn tls_replica(identity: Identity) -> (SocketAddr, Seen) {
                         }
                     }
                     seen.lock().unwrap().extend(buf.drain(..end + len));
+                    if n == close_at {
+                        // Dropped, not shut down: no close_notify.
+                        return;
+                    }
                     if tls.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await.is_err() {
                         return;
                     }
@@ -176,5 +188,25 @@ async fn a_replica_whose_certificate_is_not_the_pinned_one_gets_no_request_and_n
     assert_eq!(text(&decrypted), "", "the impostor read nothing");
     let wire = text(&on_the_wire);
     assert!(!wire.contains(KEY) && !wire.contains(PROMPT), "{wire}");
+    h.daemon.shutdown().await;
+}
+
+/// A reused connection the replica closes unanswered as the request
+/// arrives (its keep-alive timeout), without TLS's close_notify, is the
+/// same race as on the clear hop: the request goes out once more on a new
+/// connection instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_tls_connection_closed_before_any_answer_is_retried_on_a_new_one() {
+    let identity = Identity::generate().unwrap();
+    let pin = identity.fingerprint;
+    let (replica, decrypted) = tls_replica_closing(identity, 2).await;
+    let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[]).await;
+    let ep = &h.daemon.endpoint("chat").unwrap().endpoint;
+    ep.add_with(replica, Transport::Pinned(pinned_client(pin).unwrap()), None, true).unwrap();
+    for _ in 0..4 {
+        assert_eq!(post_prompt(&h.url).await, (StatusCode::OK, "ok".to_string()));
+    }
+    let posts = text(&decrypted).matches("POST ").count();
+    assert_eq!(posts, 7, "each POST after the first went out twice");
     h.daemon.shutdown().await;
 }
