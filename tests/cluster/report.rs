@@ -15,7 +15,7 @@
 //! their own job named like one, and slurmctld log lines written through
 //! a job's comment, must change nothing in the report.
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -31,9 +31,10 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// A GET through a launcher with the test's replica key (the harness's client).
-fn get(port: u16, path: &str) -> Option<u16> {
-    onepool_tests::elastic::request_with(port, "GET", path, "", &[(onepool_tests::elastic::REPLICA_KEY_FIELD, KEY)])
+/// A GET through a launcher at `address` with the test's replica key (the
+/// harness's client).
+fn get(address: SocketAddr, path: &str) -> Option<u16> {
+    onepool_tests::elastic::request_at(address, "GET", path, "", &[(onepool_tests::elastic::REPLICA_KEY_FIELD, KEY)])
 }
 
 /// What the test saw of one reclaim.
@@ -115,9 +116,10 @@ fn graceful_reclaim(c: &TestCluster, onepool: &Path, server: &Path, endpoint: &s
     for slot in slots {
         let port = free_port();
         let script = format!(
-            "export ONEPOOL_REPLICA_KEY={KEY}; exec {} replica --listen 127.0.0.1:{port} --report comment --slot {slot} \
+            "export ONEPOOL_REPLICA_KEY={KEY}; exec {} replica --listen {}:{port} --report comment --slot {slot} \
              --drain-timeout 30s -- python3 {}",
             onepool.display(),
+            c.replica_listen_ip(),
             server.display()
         );
         let name = format!("--job-name=onepool-{endpoint}-{slot}");
@@ -129,18 +131,16 @@ fn graceful_reclaim(c: &TestCluster, onepool: &Path, server: &Path, endpoint: &s
         ));
         ports.push(port);
     }
+    // Where each launcher is reached: its node's address (the hosts mode).
+    let mut at = Vec::new();
     for (job, port) in replicas.iter().zip(&ports) {
         c.wait_state(*job, "RUNNING", Duration::from_secs(30));
-        c.wait_until("the replica to answer", Duration::from_secs(30), || get(*port, "/v1/x") == Some(200));
+        let address = SocketAddr::new(c.job_address(*job), *port);
+        c.wait_until("the replica to answer", Duration::from_secs(30), || get(address, "/v1/x") == Some(200));
+        at.push(address);
     }
     past_min_runtime();
-    let in_flight: Vec<_> = ports
-        .iter()
-        .map(|p| {
-            let p = *p;
-            std::thread::spawn(move || get(p, "/v1/x?sleep=3"))
-        })
-        .collect();
+    let in_flight: Vec<_> = at.iter().copied().map(|a| std::thread::spawn(move || get(a, "/v1/x?sleep=3"))).collect();
     std::thread::sleep(Duration::from_millis(300));
     let graceful = reclaim(c, &replicas, &["COMPLETING"]);
     for h in in_flight {
