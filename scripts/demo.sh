@@ -21,15 +21,33 @@ if [ -z "$bin" ]; then
     bin=./target/debug
 fi
 dc=$bin/onepool-devcluster
-dir=${ONEPOOL_DEVCLUSTER_DIR:-$PWD/.devcluster}
+# --hosts (or ONEPOOL_DEMO_HOSTS=1): the cluster's hosts in network
+# namespaces of their own (docs/dev-cluster.md), onepoold on the service
+# host, the load from the client host; in a folder of its own by default.
+hosts=${ONEPOOL_DEMO_HOSTS:-0}
+args=()
+for a in "$@"; do
+    if [ "$a" = --hosts ]; then hosts=1; else args+=("$a"); fi
+done
+up=()
+if [ "$hosts" = 1 ]; then
+    dir=${ONEPOOL_DEVCLUSTER_DIR:-$PWD/.devcluster-hosts}
+    up=(--hosts)
+else
+    dir=${ONEPOOL_DEVCLUSTER_DIR:-$PWD/.devcluster}
+fi
 # The shipped policy, with borrowers reclaimable after 10 s instead of 2
 # minutes so the demo does not wait.
 mkdir -p "$dir"
 sed 's/^min_runtime_before_reclaim = .*/min_runtime_before_reclaim = "10s"/' etc/onepool.toml > "$dir/demo-policy.toml"
-"$dc" --dir "$dir" up --policy "$dir/demo-policy.toml"
+"$dc" --dir "$dir" up --policy "$dir/demo-policy.toml" "${up[@]}"
 # The scenario itself (onepool-demo --help): onepoold runs as its child with
 # a generated config; on any failure or Ctrl-C it stops onepoold and cancels
 # the demo's jobs, and exits non-zero.
-# Arguments go to onepool-demo (e.g. --victim idle|busy).
-exec "$bin/onepool-demo" --dir "$dir" \
-    --trace data/azure-llm-inference-2023-conv.csv "$@"
+# Arguments go to onepool-demo (e.g. --victim idle|busy). In the hosts
+# mode it runs on the client host: its load crosses the bridge.
+demo=("$bin/onepool-demo" --dir "$dir" --trace data/azure-llm-inference-2023-conv.csv "${args[@]}")
+if [ "$hosts" = 1 ]; then
+    exec ip netns exec "$("$dc" --dir "$dir" netns client)" "${demo[@]}"
+fi
+exec "${demo[@]}"

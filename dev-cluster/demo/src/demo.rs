@@ -51,6 +51,9 @@ pub(crate) struct Paths {
     pub(crate) config: PathBuf,
     pub(crate) pid_file: PathBuf,
     pub(crate) onepoold_log: PathBuf,
+    /// The hosts mode's service host (`up --hosts`): onepoold runs in its
+    /// network namespace and listens on its address. `None`: one namespace.
+    pub(crate) service_host: Option<onepool_dev_cluster::hosts::Host>,
 }
 
 pub(crate) struct Demo {
@@ -200,9 +203,27 @@ impl Demo {
             .with_context(|| format!("creating {}", self.paths.onepoold_log.display()))?;
         // As its service user, as etc/systemd/onepoold.service runs it:
         // the replica jobs and their model servers then run as that user.
-        let child = Command::new(self.paths.bin.join("onepoold"))
-            .uid(self.service.0)
-            .gid(self.service.1)
+        let onepoold = self.paths.bin.join("onepoold");
+        let mut command = match &self.paths.service_host {
+            // setns needs root: `ip netns exec` enters the service host's
+            // namespace, then setpriv becomes the service user, both by
+            // exec, so the child's pid is onepoold's.
+            Some(host) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &host.namespace, "setpriv"])
+                    .arg(format!("--reuid={}", self.service.0))
+                    .arg(format!("--regid={}", self.service.1))
+                    .arg("--clear-groups")
+                    .arg(&onepoold);
+                c
+            }
+            None => {
+                let mut c = Command::new(&onepoold);
+                c.uid(self.service.0).gid(self.service.1);
+                c
+            }
+        };
+        let child = command
             .arg("--config")
             .arg(&self.paths.config)
             .env("ONEPOOLD_LOG", "info")

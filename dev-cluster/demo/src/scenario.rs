@@ -28,7 +28,10 @@ pub(crate) fn onepoold_starts(
     slurm_conf: &str,
     server: &ModelServer,
 ) -> anyhow::Result<SocketAddr> {
-    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+    // In the hosts mode the load comes from the client host, across the
+    // bridge, to the service host's address.
+    let ip = d.paths.service_host.as_ref().map_or(std::net::Ipv4Addr::LOCALHOST, |h| h.address);
+    let listen = SocketAddr::from((ip, free_port()?));
     config(&d.paths, listen, slurm_conf, server)
         .write(&d.paths.config)
         .with_context(|| format!("writing {}", d.paths.config.display()))?;

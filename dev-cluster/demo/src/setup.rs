@@ -72,6 +72,7 @@ pub(crate) fn setup(args: &Args) -> anyhow::Result<Setup> {
         config: demo_dir.join("onepoold.toml"),
         pid_file: demo_dir.join("onepoold.pid"),
         onepoold_log: cluster.layout.log().join("onepoold.log"),
+        service_host: spec.hosts.map(|net| net.service()),
         log: replica_logs,
         root: root.clone(),
         bin,
