@@ -20,6 +20,9 @@
 # report and records programs, records' slow test included, run on nodes
 # whose CPU is capped at ONEPOOL_THROTTLE_PERCENT of one core, 100 by
 # default, instead of with the others);
+# ONEPOOL_SKIP_HOSTS=1 skips 22.05's hosts mode (the hosts test, then the
+# serving, elastic, reclaim, side-door and report programs on a cluster
+# whose hosts are network namespaces: onepool-devcluster up --hosts);
 # ONEPOOL_SKIP_DEMO=1 skips the demo; ONEPOOL_SKIP_PACKAGES=1 skips the last
 # stage of each release, its package (scripts/package.sh RELEASE, then
 # scripts/package-test.sh RELEASE; for 22.05 scripts/deploy-test.sh, the
@@ -109,6 +112,8 @@ run_release() {
     # An empty list would pass silently.
     [ ${#exes[@]} -gt 0 ] || { echo "test.sh: cargo listed no integration-test programs" >&2; exit 1; }
     for exe in "${exes[@]}"; do
+        # The hosts mode's own test runs in its stage (hosts_mode).
+        case $(basename "$exe") in hosts-*) continue ;; esac
         # On 22.05 the reclaim programs run on the capped nodes instead
         # (throttled, below): CI's time.
         if variants "$rel" && capped_program "$exe"; then
@@ -139,6 +144,9 @@ run_release() {
     trap - EXIT
     if variants "$rel"; then
         throttled "$rel" "$target" "$dc"
+    fi
+    if [ "$rel" = 22.05 ] && [ "${ONEPOOL_SKIP_HOSTS:-0}" != 1 ]; then
+        hosts_mode "$rel" "$target" "$dc"
     fi
 
     # --- packages (issue #17) ---
@@ -206,6 +214,29 @@ throttled() {
     fi
     trap - EXIT
     echo "== Slurm $rel: timing variant passed in $((SECONDS - t0)) s"
+}
+
+# The hosts mode (issue #36): each node, the head, the service and the
+# client host in a network namespace of its own, so that every hop crosses
+# an interface. The hosts test, then the programs whose hops onepoold
+# makes (serving, elastic, reclaim, side doors, report) on a cluster of
+# their own (ONEPOOL_TEST_HOSTS=1). 22.05 only (CI's time).
+hosts_mode() {
+    local rel=$1 target=$2 dc=$3 t0=$SECONDS exe
+    local hdir=$PWD/$target/hosts-cluster
+    echo "== Slurm $rel: the hosts mode (network namespaces), on its own cluster in $hdir"
+    # shellcheck disable=SC2064 # the values of now
+    trap "'$dc' --dir '$hdir' down >/dev/null 2>&1" EXIT
+    for exe in $(test_executables); do
+        case $(basename "$exe") in
+            hosts-* | serving-* | elastic-* | reclaim-* | side_doors-* | report-*)
+                (cd tests && ONEPOOL_TEST_HOSTS=1 ONEPOOL_TEST_CLUSTER_DIR=$hdir "$exe" --test-threads=1)
+                ;;
+        esac
+    done
+    "$dc" --dir "$hdir" down
+    trap - EXIT
+    echo "== Slurm $rel: the hosts mode passed in $((SECONDS - t0)) s"
 }
 
 # What a passed release's stage no longer needs: the test programs and
