@@ -370,7 +370,9 @@ mod tests {
         let out = Command::new("sh")
             .args([
                 "-c",
-                &ENTER_HOST.replace("mount --bind \"$1\" /etc/hosts", "test -f \"$1\"").replace("/proc/sys/kernel/hostname", "/dev/null"),
+                &ENTER_HOST
+                    .replace("mount --bind \"$1\" /etc/hosts", "test -f \"$1\"")
+                    .replace("/proc/sys/kernel/hostname", "/dev/null"),
                 "node7",
                 "/etc/hostname",
                 "echo",
