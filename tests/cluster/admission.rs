@@ -507,7 +507,10 @@ fn doctor_passes_the_dev_cluster_and_the_fix_it_prints_repairs_what_it_finds() {
     let policy = c.cluster.layout.policy();
     let dir = onepool_tests::elastic::scratch("doctor");
     let good = dir.join("onepoold.toml");
-    let mut config = onepool_tests::elastic::daemon_config(c, &dir, "chat", |_| {});
+    // Replicas of 2 GPUs: renewing the baseline one before its time limit
+    // then fits the class's 4 reserved GPUs, and `onepoold --check` (whose
+    // warnings the doctor shows since the TLS hop) has nothing to warn of.
+    let mut config = onepool_tests::elastic::daemon_config(c, &dir, "chat", |r| r.gpus = Some(2));
     config.policy = Some(policy.clone());
     config.write(&good).unwrap();
     let doctor = |daemon: &std::path::Path| {
