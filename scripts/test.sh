@@ -21,8 +21,9 @@
 # whose CPU is capped at ONEPOOL_THROTTLE_PERCENT of one core, 100 by
 # default, instead of with the others);
 # ONEPOOL_SKIP_HOSTS=1 skips 22.05's hosts mode (the hosts test, then the
-# serving, elastic, reclaim, side-door and report programs on a cluster
-# whose hosts are network namespaces: onepool-devcluster up --hosts);
+# serving, elastic and side-door programs, instead of in the single-
+# namespace pass, and the reclaim and report programs, on a cluster whose
+# hosts are network namespaces: onepool-devcluster up --hosts);
 # ONEPOOL_SKIP_DEMO=1 skips the demo; ONEPOOL_SKIP_PACKAGES=1 skips the last
 # stage of each release, its package (scripts/package.sh RELEASE, then
 # scripts/package-test.sh RELEASE; for 22.05 scripts/deploy-test.sh, the
@@ -114,9 +115,13 @@ run_release() {
     for exe in "${exes[@]}"; do
         # The hosts mode's own test runs in its stage (hosts_mode).
         case $(basename "$exe") in hosts-*) continue ;; esac
-        # On 22.05 the reclaim programs run on the capped nodes instead
-        # (throttled, below): CI's time.
+        # On 22.05 the reclaim programs run on the capped nodes, and those
+        # whose hops onepoold makes on the hosts-mode cluster, instead of
+        # here (below): CI's time.
         if variants "$rel" && capped_program "$exe"; then
+            continue
+        fi
+        if hosts "$rel" && hosts_program "$exe"; then
             continue
         fi
         (cd tests && "${run[@]}" "$exe" --test-threads=1)
@@ -145,7 +150,7 @@ run_release() {
     if variants "$rel"; then
         throttled "$rel" "$target" "$dc"
     fi
-    if [ "$rel" = 22.05 ] && [ "${ONEPOOL_SKIP_HOSTS:-0}" != 1 ]; then
+    if hosts "$rel"; then
         hosts_mode "$rel" "$target" "$dc"
     fi
 
@@ -184,6 +189,22 @@ variants() {
 capped_program() {
     case $(basename "$1") in
         reclaim-* | report-* | records-*) return 0 ;;
+        *) return 1 ;;
+    esac
+}
+
+# Whether this release's stage runs the hosts mode: 22.05's, unless
+# ONEPOOL_SKIP_HOSTS=1.
+hosts() {
+    [ "$1" = 22.05 ] && [ "${ONEPOOL_SKIP_HOSTS:-0}" != 1 ]
+}
+
+# The programs whose hops onepoold makes, which the hosts-mode stage runs
+# instead of the single-namespace pass (reclaim and report run there too,
+# and on the capped nodes).
+hosts_program() {
+    case $(basename "$1") in
+        serving-* | elastic-* | side_doors-*) return 0 ;;
         *) return 1 ;;
     esac
 }
@@ -229,10 +250,10 @@ hosts_mode() {
     trap "'$dc' --dir '$hdir' down >/dev/null 2>&1" EXIT
     for exe in $(test_executables); do
         case $(basename "$exe") in
-            hosts-* | serving-* | elastic-* | reclaim-* | side_doors-* | report-*)
-                (cd tests && ONEPOOL_TEST_HOSTS=1 ONEPOOL_TEST_CLUSTER_DIR=$hdir "$exe" --test-threads=1)
-                ;;
+            hosts-* | reclaim-* | report-*) ;;
+            *) hosts_program "$exe" || continue ;;
         esac
+        (cd tests && ONEPOOL_TEST_HOSTS=1 ONEPOOL_TEST_CLUSTER_DIR=$hdir "$exe" --test-threads=1)
     done
     "$dc" --dir "$hdir" down
     trap - EXIT
