@@ -252,6 +252,9 @@ pub fn remove(net: &HostsNet, nodes: u32, progress: &mut dyn FnMut(&str)) -> Res
     if link_exists(&net.bridge()) {
         ip(&["link", "delete", &net.bridge()])?;
     }
+    // The folder too once no cluster has a hosts file there (it fails
+    // while another one has).
+    let _ = fs::remove_dir(NETNS_ETC);
     progress(&format!("removed the hosts' namespaces and bridge {}", net.bridge()));
     Ok(())
 }
