@@ -8,6 +8,16 @@ use super::*;
 /// as surely as one that never loads.
 pub(super) const FAILED_START_WINDOW: Duration = Duration::from_secs(120);
 
+/// Whether an end now is still within the job's start: before it served
+/// (`Some(false)`) or within [`FAILED_START_WINDOW`] of its first answer
+/// (`Some(true)`); `None` past it.
+fn start_window(t: &TrackedJob) -> Option<bool> {
+    match t.served_at {
+        None => Some(false),
+        Some(s) => (s.elapsed() < FAILED_START_WINDOW).then_some(true),
+    }
+}
+
 impl Controller {
     pub(super) fn start_failures_view(&self) -> StartFailures {
         let b = &self.backoff;
@@ -47,12 +57,11 @@ impl Controller {
     /// launcher's note in it (the server's signal or code, its last lines).
     pub(super) fn failed_start_cause(&self, id: u32, t: &TrackedJob, record: Option<&JobDetails>) -> Option<String> {
         let ours = t.failure_counted || t.members.values().any(|m| m.released || m.drain_started.is_some());
-        let short = t.served_at.is_none_or(|s| s.elapsed() < FAILED_START_WINDOW);
-        if ours || t.preempt_end.is_some() || !short {
+        if ours || t.preempt_end.is_some() {
             return None;
         }
         let when =
-            if t.served_at.is_some() { "ended within its first minutes of serving" } else { "ended before it served" };
+            if start_window(t)? { "ended within its first minutes of serving" } else { "ended before it served" };
         let Some(d) = record else {
             // No record left (MinJobAge): a job seen running that never
             // served is still a failed start; nothing more is known.
@@ -84,11 +93,9 @@ impl Controller {
     /// for onepoold's own drain or shrink, or with no note of its server's
     /// end (its node left the job), is not one.
     pub(super) async fn settle_step_ends(&mut self) -> Result<(), RoundError> {
-        let jobs: Vec<u32> = {
-            let mut j: Vec<u32> = self.step_ends.iter().map(|(j, _)| *j).collect();
-            j.dedup();
-            j
-        };
+        let mut jobs: Vec<u32> = self.step_ends.iter().map(|(j, _)| *j).collect();
+        jobs.sort_unstable();
+        jobs.dedup();
         for id in jobs {
             let slurm = self.slurm.clone();
             let d = blocking(&self.metrics, &self.name, "scontrol_show_job", move || slurm.job_details(id)).await?;
@@ -101,14 +108,9 @@ impl Controller {
                 let (Some(server), false) = (note.ended(slot), m.released || m.drain_started.is_some()) else {
                     continue;
                 };
-                if t.served_at.is_some_and(|s| s.elapsed() >= FAILED_START_WINDOW) {
-                    continue;
-                }
-                let when = if t.served_at.is_some() {
-                    "ended within its job's first minutes of serving"
-                } else {
-                    "ended before it served"
-                };
+                let Some(served) = start_window(t) else { continue };
+                let when =
+                    if served { "ended within its job's first minutes of serving" } else { "ended before it served" };
                 let node = m.node.clone().unwrap_or_default();
                 let cause = format!("job {id}'s replica on {node} (slot {slot}) {when}: the model server {server}");
                 self.failed_start(id, cause);
