@@ -106,6 +106,10 @@ pub struct DecisionEntry {
     pub serving: u32,
     /// In flight plus queued, as the autoscaler saw it.
     pub load: f64,
+    /// The onepoold instance that decided (`[ha] instance`, the host name
+    /// by default; absent in logs of onepoold before issue #37).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
 }
 
 pub fn kind_str(k: Kind) -> &'static str {
@@ -322,8 +326,10 @@ mod tests {
             desired: 3,
             serving: 2,
             load: 21.5,
+            instance: Some("svc-a".into()),
         };
         let line = serde_json::to_string(&e).unwrap();
+        assert!(line.contains(r#""instance":"svc-a""#), "the instance that decided: {line}");
         assert!(line.contains(r#""mode":"advisory""#) && line.contains(r#""action":"submit""#), "{line}");
         assert!(!line.contains("job"), "no replica for a submission: {line}");
         assert_eq!(serde_json::from_str::<DecisionEntry>(&line).unwrap(), e);

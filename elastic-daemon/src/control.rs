@@ -152,7 +152,7 @@ fn state(router: &Router) -> api::State {
             state
         })
         .collect();
-    api::State { endpoints }
+    api::State { endpoints, leadership: Some(router.leadership.view()) }
 }
 
 fn unknown_endpoint(router: &Router, name: &str) -> Response<Full<Bytes>> {

@@ -30,6 +30,8 @@ use crate::config::Config;
 use crate::control;
 use crate::controller::{Controller, ControllerView, SharedSlurm};
 use crate::inherited::{self, Inherited};
+use crate::leader::mariadb::MariaDbLock;
+use crate::leader::{Leadership, Pace};
 pub use crate::routed::{RoutedEndpoint, Router};
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +52,8 @@ pub enum StartError {
     AccessLog { path: PathBuf, source: std::io::Error },
     #[error("decision_log: cannot open {path}: {source}")]
     DecisionLog { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Ha(#[from] crate::leader::mariadb::SetupError),
 }
 
 pub struct Daemon {
@@ -61,6 +65,8 @@ pub struct Daemon {
     pub control_socket: PathBuf,
     /// The shared listeners' bound addresses, in configuration order.
     pub listeners: Vec<SocketAddr>,
+    /// Whether this instance acts on Slurm (`[ha]`).
+    pub leadership: Arc<Leadership>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -82,6 +88,7 @@ impl Daemon {
             false => None,
         };
         let metrics = Arc::new(Metrics::new());
+        let (leadership, lock) = leadership(&config, &metrics)?;
         let budget = BodyBudget::new(config.max_buffered_body_bytes, &metrics);
         let access = match &config.access_log {
             Some(a) => Some(
@@ -117,10 +124,13 @@ impl Daemon {
         };
         let metrics_address = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
         let control_listener = control::bind(&config.control_socket, config.control_socket_mode)?;
-        let runs = controllers(&config, replica_key.as_deref(), &mut endpoints, decision_log.as_ref());
-        let router = Arc::new(Router { endpoints });
+        let runs = controllers(&config, replica_key.as_deref(), &mut endpoints, decision_log.as_ref(), &leadership);
+        let router = Arc::new(Router { endpoints, leadership: leadership.clone() });
         let serving = Serving { listeners, control: control_listener, metrics: metrics_listener };
-        let tasks = spawn(&config, &router, runs, serving, &metrics, &rx);
+        let mut tasks = spawn(&config, &router, runs, serving, &metrics, &rx);
+        if let Some((lock, pace)) = lock {
+            tasks.push(tokio::spawn(crate::leader::run(leadership.clone(), lock, pace, rx.clone())));
+        }
         Ok(Daemon {
             router,
             metrics,
@@ -128,6 +138,7 @@ impl Daemon {
             metrics_address,
             control_socket: config.control_socket,
             listeners: shared,
+            leadership,
             shutdown: tx,
             tasks,
         })
@@ -154,6 +165,34 @@ impl Daemon {
         }
         let _ = std::fs::remove_file(&self.control_socket);
     }
+}
+
+/// The lock's task to run, with `[ha] lock`.
+type LockTask = Option<(MariaDbLock, Pace)>;
+
+/// This instance's leadership, and with `[ha] lock` the lock's task to
+/// run: a follower until it takes the lock.
+fn leadership(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+) -> Result<(Arc<Leadership>, LockTask), StartError> {
+    let instance = &config.ha.instance;
+    let Some(settings) = &config.ha.lock else {
+        return Ok((Leadership::single(instance, Some(metrics.clone())), None));
+    };
+    let name = match &settings.lock_name {
+        Some(n) => n.clone(),
+        None => crate::leader::mariadb::default_lock_name(config.slurm_conf.as_deref())
+            .map_err(crate::leader::mariadb::SetupError::LockName)?,
+    };
+    for w in crate::leader::warnings(config) {
+        tracing::warn!("{w}");
+    }
+    let lock = MariaDbLock::new(settings, &name)?;
+    tracing::info!(%instance, lock = %name, database = %format!("{}:{}", settings.host, settings.port),
+        "[ha]: following until this instance takes the lock");
+    let pace = Pace { every: settings.check_interval, answer_within: settings.fence() };
+    Ok((Leadership::shared(instance, settings.fence(), Some(metrics.clone())), Some((lock, pace))))
 }
 
 /// A listener with what it serves and how.
@@ -221,6 +260,7 @@ fn controllers(
     replica_key: Option<&str>,
     endpoints: &mut BTreeMap<String, RoutedEndpoint>,
     decision_log: Option<&Arc<LineLog>>,
+    leadership: &Arc<Leadership>,
 ) -> Vec<Controller> {
     let mut runs = Vec::new();
     if config.endpoints.iter().any(|e| e.replicas.is_some()) {
@@ -252,6 +292,7 @@ fn controllers(
             if let Some(log) = decision_log {
                 controller.set_decision_log(log.clone());
             }
+            controller.set_leadership(leadership.clone());
             routed.replica_jobs = Some(view);
             runs.push(controller);
         }

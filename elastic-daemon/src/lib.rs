@@ -8,7 +8,8 @@
 //! the config and starts [`daemon::Daemon`], which wires all of it together
 //! ([`routed`]: the endpoints it serves), on listening sockets handed over
 //! at start where there are ([`inherited`]: systemd's socket activation).
-//! [`trace`] reads the Azure trace the router is replayed with.
+//! [`trace`] reads the Azure trace the router is replayed with; [`leader`]
+//! decides which of several instances acts on Slurm (`[ha]`).
 
 // No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
 #![forbid(unsafe_code)]
@@ -18,6 +19,7 @@ pub mod control;
 pub mod controller;
 pub mod daemon;
 pub mod inherited;
+pub mod leader;
 pub mod policy_check;
 pub mod preflight;
 pub mod replica_key;

@@ -205,6 +205,7 @@ fn check_size(f: &mut Findings, at: &str, kind: &str, max: Option<u32>, s: &Repl
 /// not installed); a policy with errors, or a mismatch, is an error.
 pub fn check(config: &Config) -> Findings {
     let mut all = Findings::default();
+    all.warnings.extend(crate::leader::warnings(config));
     let with_replicas: Vec<_> =
         config.endpoints.iter().filter_map(|e| e.replicas.as_ref().map(|r| (e.name.as_str(), r))).collect();
     if with_replicas.is_empty() {

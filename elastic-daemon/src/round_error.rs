@@ -18,6 +18,10 @@ pub enum RoundError {
     Halted(String),
     #[error("no free port pair left in port_range")]
     NoFreePorts,
+    /// This instance stopped acting on Slurm between the decision and the
+    /// command (its lock was lost or not confirmed within the fence).
+    #[error("not carried out: this onepoold no longer acts on Slurm (another instance may)")]
+    NotActing,
     /// Several actions of one poll failed; each is kept.
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Several(Vec<RoundError>),
@@ -35,6 +39,8 @@ impl RoundError {
             RoundError::Slurm { source, .. } => source.is_retryable(),
             RoundError::Several(all) => all.iter().all(RoundError::is_retryable),
             RoundError::Call { .. } | RoundError::Halted(_) | RoundError::NoFreePorts => false,
+            // The acting instance carries it out.
+            RoundError::NotActing => true,
         }
     }
 

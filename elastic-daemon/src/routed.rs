@@ -24,4 +24,6 @@ pub struct RoutedEndpoint {
 
 pub struct Router {
     pub endpoints: BTreeMap<String, RoutedEndpoint>,
+    /// Whether this instance acts on Slurm ([`crate::leader`]).
+    pub leadership: Arc<crate::leader::Leadership>,
 }

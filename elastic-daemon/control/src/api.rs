@@ -11,6 +11,37 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct State {
     pub endpoints: Vec<EndpointState>,
+    /// Which onepoold instance acts on Slurm (absent from older daemons).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leadership: Option<Leadership>,
+}
+
+/// Which of several onepoold instances acts on Slurm (docs/ha.md): this
+/// one, or the one the lock's server names.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Leadership {
+    /// This instance's name (`[ha] instance`, the host name by default).
+    pub instance: String,
+    /// Several instances share the work through a lock (`[ha] lock`);
+    /// false: this one is alone and always acts.
+    pub shared: bool,
+    /// Whether this instance acts now.
+    pub acting: bool,
+    /// Since when it acts (Unix seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acting_since: Option<f64>,
+    /// The acting instance: this one's name, or another's as the lock's
+    /// server describes its connection; absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acting_instance: Option<String>,
+    /// Times this instance took the lock.
+    pub takeovers: u64,
+    /// When it last did (Unix seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_takeover: Option<f64>,
+    /// Why the lock cannot be reached, or why this instance last lost it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 impl State {
@@ -396,6 +427,7 @@ mod tests {
     fn a_state_without_replica_jobs_reads_back() {
         let s = State {
             endpoints: vec![EndpointState { name: "chat".into(), served_total: 3, ..EndpointState::default() }],
+            leadership: None,
         };
         let text = serde_json::to_string(&s).unwrap();
         assert!(!text.contains("replica_jobs"), "{text}");

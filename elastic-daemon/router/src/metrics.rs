@@ -112,6 +112,12 @@ pub struct ReclaimLabels {
     pub mode: String,
 }
 
+/// One onepoold instance (`[ha] instance`, the host name by default).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InstanceLabels {
+    pub instance: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
     pub endpoint: String,
@@ -204,6 +210,13 @@ pub struct Metrics {
     pub access_log_dropped: Counter,
     /// Requests routed by prompt prefix, by how ([`crate::prefix::Affine`]).
     pub prefix_routed: Family<PrefixLabels, Counter>,
+    /// Which of several onepoold instances acts on Slurm (issue #37):
+    /// 1 while this one does, since when (Unix seconds, 0 while it
+    /// follows), its last takeover (Unix seconds, 0: none) and how many.
+    pub ha_acting: Family<InstanceLabels, Gauge>,
+    pub ha_acting_since: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
+    pub ha_last_takeover: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
+    pub ha_takeovers: Family<InstanceLabels, Counter>,
     registry: Registry,
 }
 
@@ -244,10 +257,15 @@ impl Metrics {
             unavailable: Family::default(),
             access_log_dropped: Counter::default(),
             prefix_routed: Family::default(),
+            ha_acting: Family::default(),
+            ha_acting_since: Family::default(),
+            ha_last_takeover: Family::default(),
+            ha_takeovers: Family::default(),
             registry: Registry::with_prefix("onepool"),
         };
         m.register_router();
         m.register_controllers();
+        m.register_ha();
         m
     }
 
@@ -360,6 +378,27 @@ impl Metrics {
             self.backoff_seconds.clone(),
         );
         r.register("slurm_calls", "Slurm commands the replica controllers ran, by outcome", self.slurm_calls.clone());
+    }
+
+    /// `onepool_ha_*`: which instance acts (docs/ha.md).
+    fn register_ha(&mut self) {
+        let r = self.registry.sub_registry_with_prefix("ha");
+        r.register(
+            "acting",
+            "1 while this instance acts on Slurm (submits, drains, cancels), 0 while it follows",
+            self.ha_acting.clone(),
+        );
+        r.register(
+            "acting_since_seconds",
+            "Since when this instance acts (Unix seconds; 0 while it follows)",
+            self.ha_acting_since.clone(),
+        );
+        r.register(
+            "last_takeover_seconds",
+            "When this instance last took the lock and began to act (Unix seconds; 0: never)",
+            self.ha_last_takeover.clone(),
+        );
+        r.register("takeovers", "Times this instance took the lock and began to act", self.ha_takeovers.clone());
     }
 
     /// The Prometheus text exposition of every metric.

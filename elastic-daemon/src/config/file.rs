@@ -44,6 +44,27 @@ pub struct ConfigFile<F: Form = Typed> {
     pub endpoints: Vec<F::Table<EndpointFile<F>>>,
     #[serde(rename = "listener", default, skip_serializing_if = "Vec::is_empty")]
     pub listeners: Vec<F::Table<ListenerFile<F>>>,
+    /// `[ha]`: several instances, one acting ([`super::HaSettings`]).
+    pub ha: Option<F::Table<HaFile<F>>>,
+}
+
+/// `[ha]`: see [`super::HaSettings`] and [`super::LockSettings`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, bound = "")]
+pub struct HaFile<F: Form = Typed> {
+    pub instance: Option<F::Text>,
+    /// "none" (the default) or "mariadb".
+    pub lock: Option<F::Text>,
+    /// The accounting database server, "HOST:PORT".
+    pub database: Option<F::Text>,
+    pub user: Option<F::Text>,
+    pub password_file: Option<F::Path>,
+    pub ca_file: Option<F::Path>,
+    pub lock_name: Option<F::Text>,
+    #[serde(default, with = "as_text")]
+    pub check_interval: Option<F::Duration>,
+    #[serde(default, with = "as_text")]
+    pub lost_after: Option<F::Duration>,
 }
 
 /// `[access_log]`, and `[decision_log]` with the same keys.
@@ -267,6 +288,7 @@ impl Default for ConfigFile {
             decision_log: None,
             endpoints: Vec::new(),
             listeners: Vec::new(),
+            ha: None,
         }
     }
 }

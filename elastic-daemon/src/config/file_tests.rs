@@ -95,6 +95,17 @@ fn everything() -> ConfigFile {
             ],
             ..ListenerFile::new(local(8003), "path")
         }],
+        ha: Some(HaFile {
+            instance: Some("svc-a".into()),
+            lock: Some("mariadb".into()),
+            database: Some("db.example:3307".into()),
+            user: Some("onepool".into()),
+            password_file: Some("/etc/one pool/ha.password".into()),
+            ca_file: Some("/etc/one pool/ha-ca.pem".into()),
+            lock_name: Some("onepoold.site".into()),
+            check_interval: Some(ms(500)),
+            lost_after: Some(secs(4)),
+        }),
     }
 }
 
@@ -504,6 +515,7 @@ prop_compose! {
             }),
             endpoints: vec![endpoint],
             listeners: shared.into_iter().collect(),
+            ha: None,
         }
     }
 }

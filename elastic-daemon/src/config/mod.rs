@@ -10,6 +10,7 @@ mod conn;
 mod endpoint;
 mod file;
 mod form;
+mod ha;
 mod listener;
 mod replicas;
 mod tokens;
@@ -31,10 +32,11 @@ use listener::listeners;
 use tokens::bearer_tokens;
 
 pub use file::{
-    AccessLogFile, AuthFile, ConfigFile, EndpointFile, HealthFile, LatencyFile, ListenerFile, ReplicasFile, RetryFile,
-    RouteFile, RoutingFile, TlsFile, WarmFile,
+    AccessLogFile, AuthFile, ConfigFile, EndpointFile, HaFile, HealthFile, LatencyFile, ListenerFile, ReplicasFile,
+    RetryFile, RouteFile, RoutingFile, TlsFile, WarmFile,
 };
 pub use form::{AsText, Form, FormValue, Mode, Raw, Typed};
+pub use ha::{host_name, HaSettings, LockSettings};
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -74,6 +76,9 @@ pub struct Config {
     /// `[decision_log]`: one JSON line per replica decision, rotated by
     /// size ([`onepool_decisions::decision_log`]).
     pub decision_log: Option<onepool_router::line_log::LineLogSettings>,
+    /// `[ha]`: this instance's name, and the lock that decides which of
+    /// several acts (none: it always acts).
+    pub ha: HaSettings,
 }
 
 /// Where the replica key lives unless `replica_key_file` says otherwise
@@ -254,6 +259,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
         r.advisory |= advisory;
     }
     let listeners = listeners(&mut c, &raw.listeners, &names, &mut listens, max_buffered_body_bytes);
+    let ha = ha::ha(&mut c, raw.ha.as_ref());
     check_reachable(&mut c, &raw.endpoints, &listeners);
     if c.diags.iter().any(|d| d.is_error()) {
         return Err(ConfigError(c.diags.iter().map(|d| d.render(file, source)).collect()));
@@ -275,6 +281,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
         policy: raw.policy.map(|s| PathBuf::from(s.into_inner())),
         access_log,
         decision_log,
+        ha,
     })
 }
 
@@ -338,5 +345,7 @@ pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
 
 #[cfg(test)]
 mod file_tests;
+#[cfg(test)]
+mod ha_tests;
 #[cfg(test)]
 mod tests;

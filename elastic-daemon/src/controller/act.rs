@@ -285,6 +285,10 @@ impl Controller {
             return Ok(false);
         }
         let (port, replicas) = self.free_ports(replicas).ok_or(RoundError::NoFreePorts)?;
+        // The fence: never on a stale belief that this instance acts.
+        if !self.leadership.may_act() {
+            return Err(RoundError::NotActing);
+        }
         let args = sbatch_args(&self.name, &self.settings, kind, port, replicas);
         let slurm = self.slurm.clone();
         let r = blocking(&self.metrics, &self.name, "sbatch", move || {
@@ -316,7 +320,7 @@ impl Controller {
     /// flight (or the drain timeout passed). False: it was draining already.
     pub(super) fn drain(&mut self, job: u32, port: u16) -> bool {
         let Some(m) = self.tracked.get_mut(&job).and_then(|t| t.members.get_mut(&port)) else { return false };
-        if m.drain_started.is_some() || m.released {
+        if m.drain_started.is_some() || m.released || !self.leadership.may_act() {
             return false;
         }
         m.drain_started = Some(Instant::now());
@@ -383,6 +387,9 @@ impl Controller {
         released: &[u16],
         what: &str,
     ) -> Result<(), RoundError> {
+        if !self.leadership.may_act() {
+            return Err(RoundError::NotActing);
+        }
         let slurm = self.slurm.clone();
         let v = value.clone();
         let r =
@@ -412,6 +419,9 @@ impl Controller {
     }
 
     pub(super) async fn cancel(&mut self, job: u32) -> Result<(), RoundError> {
+        if !self.leadership.may_act() {
+            return Err(RoundError::NotActing);
+        }
         let Some(t) = self.tracked.get_mut(&job) else { return Ok(()) };
         for m in t.members.values_mut() {
             Self::unroute(&self.endpoint, m);

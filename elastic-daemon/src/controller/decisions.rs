@@ -41,8 +41,8 @@ impl Controller {
         match mode {
             DecisionMode::Advisory => tracing::info!(endpoint = %self.name, job, replica = replica.as_deref(),
                 "advisory: would {} {kind}: {why}", what.as_str()),
-            DecisionMode::Act => tracing::info!(endpoint = %self.name, job, replica = replica.as_deref(),
-                "decided to {} {kind}: {why}", what.as_str()),
+            DecisionMode::Act => tracing::info!(endpoint = %self.name, instance = self.leadership.instance(), job,
+                replica = replica.as_deref(), "decided to {} {kind}: {why}", what.as_str()),
         }
         let labels = DecisionLabels {
             endpoint: self.name.clone(),
@@ -64,6 +64,7 @@ impl Controller {
             desired: self.seen.desired,
             serving: self.seen.serving,
             load: self.seen.load,
+            instance: Some(self.leadership.instance().to_string()),
         };
         match serde_json::to_string(&entry) {
             Ok(line) => log.send(line),

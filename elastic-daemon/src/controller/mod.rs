@@ -184,6 +184,9 @@ pub struct Controller {
     /// Advisory mode: the router's replicas no job of ours holds, in the
     /// order [`Controller::untracked_replicas`] numbered them.
     untracked: Vec<SocketAddr>,
+    /// Whether this onepoold acts on Slurm, asked before each command
+    /// that changes a job ([`crate::leader`]; alone, it always does).
+    leadership: Arc<crate::leader::Leadership>,
 }
 
 /// Runs one Slurm call on a blocking thread (the commands wait for
@@ -334,9 +337,15 @@ impl Controller {
             seen: decisions::Seen::default(),
             untracked: Vec::new(),
             said_latency: None,
+            leadership: crate::leader::Leadership::single(name, None),
         };
         c.view.lock().unwrap_or_else(|e| e.into_inner()).advisory = c.settings.advisory;
         (c, view)
+    }
+
+    /// Acts on Slurm only while `leadership` says this instance may.
+    pub fn set_leadership(&mut self, leadership: Arc<crate::leader::Leadership>) {
+        self.leadership = leadership;
     }
 
     /// Writes every decision to `log` too.
@@ -443,6 +452,12 @@ impl Controller {
             replicas.extend(self.untracked_replicas(&snap));
         }
         let desired = self.decide(&snap, &replicas, now).await;
+        if !self.settings.advisory && !self.leadership.may_act() {
+            // A follower routes to what Slurm's records show and leaves
+            // Slurm to the acting instance; at a takeover it acts on the
+            // state it has kept up to date.
+            return Ok(());
+        }
         self.act(desired, &replicas).await
     }
 
@@ -467,3 +482,6 @@ impl Controller {
 #[cfg(test)]
 #[path = "../controller_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+mod leader_tests;

@@ -271,6 +271,7 @@ pub fn config(endpoint: EndpointConfig, max_buffered_body_bytes: usize) -> Confi
         metrics_auth: None,
         access_log: None,
         decision_log: None,
+        ha: onepool_elastic_daemon::config::HaSettings { instance: "test".into(), lock: None },
     }
 }
 
