@@ -62,6 +62,7 @@ fn sbatch_arguments() {
             "--gpus=2",
             "-N1",
             "--no-requeue",
+            "--dependency=singleton",
             "--signal=B:USR1@30",
             "--time=60",
             "-o",
@@ -497,7 +498,15 @@ fn a_per_node_job_asks_for_its_replicas_nodes_and_runs_one_step_each() {
     let s = ReplicaSettings { replicas_per_job: 4, transport: crate::config::ReplicaTransport::Tls, ..settings() };
     let a = sbatch_args("llm", &s, Kind::Supplemental, 18010, 3);
     let text = a.join(" ");
-    for want in ["-N3", "--ntasks-per-node=1", "--gpus-per-node=2", "--no-kill", "--no-requeue", "--signal=B:URG@30"] {
+    for want in [
+        "-N3",
+        "--ntasks-per-node=1",
+        "--gpus-per-node=2",
+        "--no-kill",
+        "--no-requeue",
+        "--dependency=singleton",
+        "--signal=B:URG@30",
+    ] {
         assert!(a.iter().any(|x| x == want), "{want} not in {text}");
     }
     assert!(!text.contains("--gpus=2"), "{text}");
@@ -676,7 +685,8 @@ fn warm_headroom_is_added_while_nobody_waits_and_withdrawn_when_a_job_does() {
         c.round().await.unwrap();
         let calls = slurm.calls.lock().unwrap().clone();
         assert_eq!(calls.len(), 3, "{calls:?}");
-        assert!(calls[2].starts_with("sbatch -J onepool-llm-18004 --workload=inference-warm "), "{calls:?}");
+        // In the lowest free slot again: the withdrawn job's.
+        assert!(calls[2].starts_with("sbatch -J onepool-llm-18002 --workload=inference-warm "), "{calls:?}");
     });
 }
 
@@ -1138,5 +1148,165 @@ fn a_missed_time_to_first_byte_target_adds_a_replica_the_in_flight_rule_would_no
         assert!(calls.len() == 1 && calls[0].starts_with("sbatch -J onepool-llm-"), "{calls:?}");
         let labels = onepool_router::metrics::LatencyLabels { endpoint: "llm".into(), what: "ttft".into() };
         assert_eq!(endpoint.metrics().latency_p99.get_or_create(&labels).get(), 2.0);
+    });
+}
+
+const BASELINE: &str = "onepool:class=inference-baseline;tier=protected;endpoint=llm";
+const SUPPLEMENTAL: &str = "onepool:class=inference;tier=flexible;reclaim=graceful;drain=1m;endpoint=llm";
+
+/// A replica job running in `slot` with `record`, serving once routed.
+fn running_in(id: u32, slot: u16, record: &str) -> JobInfo {
+    JobInfo { admin_comment: record.into(), ..running(id, &format!("onepool-llm-{slot}"), "node1", 1) }
+}
+
+/// A replica job of ours waiting in `slot`: for GPUs, or (`Dependency`)
+/// behind another job of its name.
+fn pending_in(id: u32, slot: u16, record: &str, reason: &str) -> JobInfo {
+    queued(id, &format!("onepool-llm-{slot}"), onepool_os::getuid(), record, "op-inference", reason)
+}
+
+fn scancels(slurm: &ScriptedSlurm) -> Vec<String> {
+    slurm.calls.lock().unwrap().iter().filter(|c| c.starts_with("scancel")).cloned().collect()
+}
+
+fn sbatches(slurm: &ScriptedSlurm) -> Vec<String> {
+    slurm.calls.lock().unwrap().iter().filter(|c| c.starts_with("sbatch")).cloned().collect()
+}
+
+/// Issue #37: a second onepoold acting at once (or one that lost its
+/// state) puts a second job in a slot. Slurm's singleton dependency holds
+/// it; the controller keeps the running job, else the oldest, cancels the
+/// other pending ones, and never cancels a running one for this alone.
+#[test]
+fn a_second_job_in_a_slot_is_cancelled_and_the_running_one_kept() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        // The other instance's job waits behind the running one.
+        let slurm = Arc::new(ScriptedSlurm::default());
+        *slurm.jobs.lock().unwrap() =
+            vec![running_in(7, 18000, BASELINE), pending_in(9, 18000, BASELINE, "Dependency")];
+        let s = ReplicaSettings { min: 1, max: 1, ..settings() };
+        // Advisory: said, never done.
+        let advisory = ReplicaSettings { advisory: true, ..s.clone() };
+        let (mut c, _) = Controller::new("llm", test_endpoint("llm"), false, advisory, slurm.clone());
+        c.round().await.unwrap();
+        assert!(slurm.calls.lock().unwrap().is_empty(), "{:?}", slurm.calls.lock().unwrap());
+        let (mut c, _) = Controller::new("llm", test_endpoint("llm"), false, s.clone(), slurm.clone());
+        c.round().await.unwrap();
+        assert_eq!(slurm.calls.lock().unwrap()[..], ["scancel 9"]);
+        // It left the queue, cancelled: no failed start, nothing submitted.
+        let gone = pending_in(9, 18000, BASELINE, "Dependency");
+        slurm.ended.lock().unwrap().insert(9, ended(&gone, "CANCELLED", unix_now()));
+        *slurm.jobs.lock().unwrap() = vec![running_in(7, 18000, BASELINE)];
+        for _ in 0..3 {
+            c.round().await.unwrap();
+        }
+        assert_eq!(slurm.calls.lock().unwrap()[..], ["scancel 9"]);
+        assert_eq!(c.start_failures_view().total, 0);
+        assert_eq!(c.jobs_view().iter().map(|j| j.job).collect::<Vec<_>>(), [7]);
+
+        // Two running in one slot (jobs submitted without the dependency)
+        // both stay; a third, pending, goes.
+        let slurm = Arc::new(ScriptedSlurm::default());
+        *slurm.jobs.lock().unwrap() = vec![
+            running_in(7, 18000, BASELINE),
+            running_in(8, 18000, BASELINE),
+            pending_in(12, 18000, BASELINE, "Dependency"),
+        ];
+        let (mut c, _) = Controller::new("llm", test_endpoint("llm"), false, s, slurm.clone());
+        c.round().await.unwrap();
+        assert_eq!(slurm.calls.lock().unwrap()[..], ["scancel 12"]);
+
+        // Two pending in one slot: the older is kept (Slurm starts it
+        // first), and the newer is neither counted nor kept as a replica to
+        // come: the restarted controller holds its two replicas (adopted),
+        // not three.
+        let slurm = Arc::new(ScriptedSlurm::default());
+        *slurm.jobs.lock().unwrap() = vec![
+            running_in(7, 18000, BASELINE),
+            pending_in(10, 18002, SUPPLEMENTAL, "Resources"),
+            pending_in(11, 18002, SUPPLEMENTAL, "Dependency"),
+        ];
+        let s = ReplicaSettings { min: 1, max: 3, scale_down_delay: Duration::from_secs(600), ..settings() };
+        let (mut c, view) = Controller::new("llm", test_endpoint("llm"), false, s, slurm.clone());
+        c.round().await.unwrap();
+        assert_eq!(slurm.calls.lock().unwrap()[..], ["scancel 11"]);
+        *slurm.jobs.lock().unwrap() =
+            vec![running_in(7, 18000, BASELINE), pending_in(10, 18002, SUPPLEMENTAL, "Resources")];
+        c.round().await.unwrap();
+        assert_eq!(slurm.calls.lock().unwrap()[..], ["scancel 11"]);
+        assert_eq!(view.lock().unwrap().desired, 2);
+    });
+}
+
+/// Issue #37: the slot is the lowest free one, so that two instances
+/// with the same view of Slurm name the same replica alike (and Slurm's
+/// singleton dependency serialises them), whatever each did before.
+#[test]
+fn two_controllers_with_the_same_view_submit_into_the_same_slot() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let slurm = Arc::new(ScriptedSlurm::default());
+        *slurm.next_id.lock().unwrap() = Some(100);
+        let s = ReplicaSettings { min: 2, max: 2, ..settings() };
+        let (mut a, _) = Controller::new("llm", test_endpoint("llm"), false, s.clone(), slurm.clone());
+        a.round().await.unwrap();
+        let first = sbatches(&slurm);
+        assert_eq!(first.len(), 2, "{first:?}");
+        assert!(
+            first[0].starts_with("sbatch -J onepool-llm-18000 ")
+                && first[1].starts_with("sbatch -J onepool-llm-18002 ")
+        );
+        // Job 101 was cancelled before it ran (by an admin): its slot is free.
+        let j101 = pending_in(101, 18002, BASELINE, "Resources");
+        slurm.ended.lock().unwrap().insert(101, ended(&j101, "CANCELLED", unix_now()));
+        *slurm.jobs.lock().unwrap() = vec![running_in(100, 18000, BASELINE)];
+        // `a` replaces it; `b`, started now, sees the same and does the same.
+        a.round().await.unwrap();
+        let (mut b, _) = Controller::new("llm", test_endpoint("llm"), false, s, slurm.clone());
+        b.round().await.unwrap();
+        let next: Vec<String> =
+            sbatches(&slurm)[2..].iter().map(|c| c.split(' ').take(3).collect::<Vec<_>>().join(" ")).collect();
+        assert_eq!(next, ["sbatch -J onepool-llm-18002", "sbatch -J onepool-llm-18002"]);
+    });
+}
+
+/// A replica job held by its slot's singleton dependency (Reason
+/// Dependency) is a replica to come like any pending one: never released
+/// for its start taking long (that counts from when it runs), nothing else
+/// submitted for it, and its cancellation by the instance that keeps the
+/// slot's other job is no failed start, with or without Slurm's record.
+#[test]
+fn a_job_held_by_its_singleton_dependency_is_no_failed_start_and_no_start_timeout() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let slurm = Arc::new(ScriptedSlurm::default());
+        *slurm.next_id.lock().unwrap() = Some(100);
+        let s = ReplicaSettings { min: 1, max: 1, startup_timeout: Duration::from_millis(100), ..settings() };
+        let (mut c, _) = Controller::new("llm", test_endpoint("llm"), true, s, slurm.clone());
+        c.round().await.unwrap();
+        assert_eq!(sbatches(&slurm).len(), 1);
+        *slurm.jobs.lock().unwrap() = vec![pending_in(100, 18000, BASELINE, "Dependency")];
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            c.round().await.unwrap();
+        }
+        assert_eq!(slurm.calls.lock().unwrap().len(), 1, "{:?}", slurm.calls.lock().unwrap());
+        assert_eq!(c.jobs_view().iter().map(|j| (j.job, j.phase.as_str())).collect::<Vec<_>>(), [(100, "pending")]);
+        // Cancelled by the other instance: submitted again at once.
+        slurm.jobs.lock().unwrap().clear();
+        let gone = pending_in(100, 18000, BASELINE, "Dependency");
+        slurm.ended.lock().unwrap().insert(100, ended(&gone, "CANCELLED", unix_now()));
+        c.round().await.unwrap();
+        assert_eq!(sbatches(&slurm).len(), 2, "{:?}", slurm.calls.lock().unwrap());
+        // Gone with no record left (MinJobAge): no failure either.
+        *slurm.jobs.lock().unwrap() = vec![pending_in(101, 18000, BASELINE, "Dependency")];
+        c.round().await.unwrap();
+        slurm.jobs.lock().unwrap().clear();
+        c.round().await.unwrap();
+        let f = c.start_failures_view();
+        assert_eq!((f.total, f.backing_off), (0, false), "{:?}", f.last);
+        assert_eq!(sbatches(&slurm).len(), 3);
+        assert!(scancels(&slurm).is_empty(), "{:?}", slurm.calls.lock().unwrap());
     });
 }

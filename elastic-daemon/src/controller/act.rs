@@ -15,8 +15,14 @@ impl Controller {
     ) -> Vec<Replica> {
         let unix = unix_now();
         let mut replicas = Vec::new();
+        // A job waiting on its slot's other job is no replica to come: it
+        // is cancelled before anything else is decided.
+        let surplus = self.surplus_in_slots();
         for (id, t) in &self.tracked {
             let Some((j, l)) = seen.get(id) else { continue };
+            if surplus.contains(id) {
+                continue;
+            }
             let running = *l == Live::Running && j.start_time > 0;
             let age = if running { Duration::from_secs(unix.saturating_sub(j.start_time)) } else { Duration::ZERO };
             // An adopted replica older than startup_timeout would otherwise
@@ -117,6 +123,9 @@ impl Controller {
         if self.settings.advisory {
             self.advise(&actions, replicas, &target);
             return RoundError::all(errors);
+        }
+        if let Err(e) = self.cancel_surplus().await {
+            errors.push(e);
         }
         let mut release = Vec::new();
         for action in &actions {
@@ -255,10 +264,17 @@ impl Controller {
         (load, Some((ok, serving.len())))
     }
 
-    /// A block of `want` port pairs (fewer if no block that large is free:
-    /// the job then hosts fewer replicas) that no tracked job uses, taken
-    /// in turn through the range so a port that failed is not retried at once.
-    pub(super) fn free_ports(&mut self, want: u32) -> Option<(u16, u32)> {
+    /// The lowest block of `want` port pairs (fewer if no block that large
+    /// is free: the job then hosts fewer replicas) that no tracked job
+    /// uses. The lowest, not the next in turn (issue #37): two onepoold
+    /// instances acting at once with the same view of Slurm then pick the
+    /// same slot for the same replica, their jobs share a name, and Slurm's
+    /// singleton dependency holds the second; slots taken in turn would
+    /// differ between them and both jobs would run. Reusing a slot costs
+    /// nothing since the slot became a name only (issue #25: the launcher
+    /// listens where the kernel says), and a job that still runs under
+    /// that name holds the new one back.
+    pub(super) fn free_ports(&self, want: u32) -> Option<(u16, u32)> {
         let (lo, hi) = self.settings.port_range;
         let ports = u32::from(hi) - u32::from(lo) + 1;
         let pairs = ports / 2;
@@ -267,15 +283,58 @@ impl Controller {
             !self.tracked.values().any(|t| t.uses(port) || t.uses(port + 1))
         };
         for n in (1..=want.max(1)).rev() {
-            for k in 0..pairs {
-                let i = (self.next_pair + k) % pairs;
-                if i + n <= pairs && (i..i + n).all(free) {
-                    self.next_pair = i + n;
-                    return Some((lo + (2 * i) as u16, n));
-                }
+            if let Some(i) = (0..pairs).find(|i| i + n <= pairs && (*i..*i + n).all(free)) {
+                return Some((lo + (2 * i) as u16, n));
             }
         }
         None
+    }
+
+    /// Jobs that must go because another job holds their slot (the same
+    /// name): two onepoold instances acting at once, or one that submitted
+    /// and lost its state before it saw the job. Slurm's singleton
+    /// dependency lets one job of a name run at a time, so of several jobs
+    /// in one slot the one to keep is the one running, else the lowest id
+    /// (the one Slurm starts first); every other pending one waits on it
+    /// for nothing and is cancelled. A running job is never cancelled for
+    /// this alone: it may serve, and two running in one slot (jobs
+    /// submitted without the dependency) are left to scale-down. Every
+    /// instance with the same view picks the same jobs, so they never
+    /// cancel each other's keeper. A job counted here may have started
+    /// since the poll only if its slot's keeper ended meanwhile: then it
+    /// is loading its model, not serving.
+    pub(super) fn surplus_in_slots(&self) -> Vec<u32> {
+        let mut by_slot: BTreeMap<u16, Vec<(u32, bool)>> = BTreeMap::new();
+        for (id, t) in &self.tracked {
+            // Released already (scancel went through): not a holder.
+            if !t.members.is_empty() && t.members.values().all(|m| m.released) {
+                continue;
+            }
+            by_slot.entry(t.base_port).or_default().push((*id, t.running));
+        }
+        let mut surplus = Vec::new();
+        for jobs in by_slot.values().filter(|j| j.len() > 1) {
+            // `tracked` is ordered by job id: the first pending one is the oldest.
+            let running = jobs.iter().any(|(_, r)| *r);
+            let keep = if running { None } else { jobs.first().map(|(id, _)| *id) };
+            surplus.extend(jobs.iter().filter(|(id, r)| !r && Some(*id) != keep).map(|(id, _)| *id));
+        }
+        surplus
+    }
+
+    /// Cancels the jobs [`Controller::surplus_in_slots`] finds.
+    async fn cancel_surplus(&mut self) -> Result<(), RoundError> {
+        let mut errors = Vec::new();
+        for job in self.surplus_in_slots() {
+            let port = self.tracked.get(&job).map(|t| t.base_port);
+            tracing::warn!(endpoint = %self.name, job, port,
+                "another replica job holds this one's slot: cancelling this pending one \
+                 (another onepoold acts on this endpoint, or one submitted it and lost its state)");
+            if let Err(e) = self.cancel(job).await {
+                errors.push(e);
+            }
+        }
+        RoundError::all(errors)
     }
 
     /// Submits a replica job hosting `replicas`; false: held back after

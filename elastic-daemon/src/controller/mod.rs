@@ -148,7 +148,6 @@ pub struct Controller {
     /// Live replicas found at the first poll: kept until the scale-down
     /// delay has passed, so a restart does not shrink the endpoint.
     adopted: Option<u32>,
-    next_pair: u32,
     submit_after: Option<Instant>,
     /// Requests served by all replicas at the last poll, and when.
     last_served: Option<(u64, Instant)>,
@@ -320,7 +319,6 @@ impl Controller {
             autoscaler,
             started: Instant::now(),
             adopted: None,
-            next_pair: 0,
             submit_after: None,
             last_served: None,
             scraper,
@@ -441,7 +439,10 @@ impl Controller {
         if self.adopted.is_none() {
             // Warm replicas are headroom, not load: counting them would
             // have a restart submit supplementals to match.
-            let load_bearing = self.tracked.values().filter(|t| t.kind != Kind::Warm);
+            // Nor do jobs about to be cancelled for another's slot.
+            let surplus = self.surplus_in_slots();
+            let load_bearing =
+                self.tracked.iter().filter(|(id, t)| t.kind != Kind::Warm && !surplus.contains(id)).map(|(_, t)| t);
             let n = load_bearing.flat_map(|t| t.members.values()).filter(|m| !m.released && !m.draining());
             self.adopted = Some(n.count() as u32);
         }

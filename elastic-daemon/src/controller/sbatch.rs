@@ -95,6 +95,16 @@ pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16, r
         // A replica lost with its node is replaced at once by a new job; a
         // requeued one would wait Slurm's BeginTime (~2 minutes) first.
         "--no-requeue".to_string(),
+        // Issue #37: one replica per slot, whoever submits. The name is the
+        // slot, and Slurm starts a singleton job only while no other job of
+        // this name and user runs or is suspended and none with a lower id
+        // is pending (slurmctld's _find_singleton_job, the same in 22.05,
+        // 24.11 and 26.05). Two onepoold instances acting at once, or one
+        // that lost its state, may still submit twice for one slot: the
+        // later job then waits (Reason=Dependency) instead of running
+        // beside the first, and the controller cancels it
+        // (`Controller::surplus_in_slots`).
+        "--dependency=singleton".to_string(),
         format!("--signal=B:{notice}@{drain_secs}"),
     ]);
     if let Some(t) = s.time_limit {
