@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use onepool_control::api::{ReclaimView, ReplicaJob, StartFailures, State};
+use onepool_control::api::{Leadership, ReclaimView, ReplicaJob, StartFailures, State};
 use onepool_decisions::policy::{self, Policy, Tier};
 use onepool_slurm_commands::adapter::{Commands, Slurm};
 use onepool_slurm_commands::state::JobInfo;
@@ -117,8 +117,37 @@ pub fn control_state(socket: &Path) -> anyhow::Result<State> {
         .with_context(|| format!("cannot reach onepoold at {} (is it running? --socket)", socket.display()))
 }
 
+/// Which onepoold instance acts on Slurm (docs/ha.md), since when and the
+/// last takeover (`now`: Unix seconds).
+pub fn leadership_line(l: &Leadership, now: f64) -> String {
+    let at = |t: f64| {
+        let ago = (now - t).max(0.0);
+        format!("{} ({:.0} s ago)", onepool_decisions::trace::format_time_ms(t), ago)
+    };
+    let name = &l.instance;
+    if !l.shared {
+        return format!("onepoold {name}: the only instance; acts on Slurm\n");
+    }
+    let mut out = match (l.acting, &l.acting_instance) {
+        (true, _) => format!("onepoold {name}: ACTS on Slurm since {}", l.acting_since.map_or("?".into(), at)),
+        (false, Some(holder)) => format!("onepoold {name}: follows (routes, acts on nothing); acting: {holder}"),
+        (false, None) => format!("onepoold {name}: follows; the acting instance is unknown"),
+    };
+    match l.last_takeover {
+        Some(t) => out.push_str(&format!("; last takeover here {}, {} in all", at(t), l.takeovers)),
+        None => out.push_str("; no takeover here yet"),
+    }
+    if let Some(e) = &l.last_error {
+        out.push_str(&format!("\n  lock: {e}"));
+    }
+    out.push('\n');
+    out
+}
+
 pub fn endpoints_table(state: &State) -> String {
-    let mut out = format!(
+    let now_f = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    let mut out = state.leadership.as_ref().map(|l| leadership_line(l, now_f)).unwrap_or_default();
+    out += &format!(
         "{:<16} {:>6} {:<22} {:<9} {:>10} {:>8}\n",
         "ENDPOINT", "QUEUED", "REPLICA", "STATE", "IN_FLIGHT", "SERVED"
     );
@@ -320,6 +349,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
         Ok(state) => {
             if args.json {
                 report["endpoints"] = serde_json::to_value(&state.endpoints)?;
+                report["leadership"] = serde_json::to_value(&state.leadership)?;
             } else {
                 println!();
                 print!("{}", endpoints_table(&state));
@@ -432,6 +462,48 @@ mod tests {
         let e = control_state(&dir.join("nope.sock")).unwrap_err();
         assert!(format!("{e:#}").contains("cannot reach onepoold at"), "{e:#}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_leadership_says_who_acts_since_when_and_the_last_takeover() {
+        let acting = Leadership {
+            instance: "svc-b".into(),
+            shared: true,
+            acting: true,
+            acting_since: Some(1_000.0),
+            acting_instance: Some("svc-b".into()),
+            takeovers: 2,
+            last_takeover: Some(1_000.0),
+            last_error: None,
+        };
+        let t = leadership_line(&acting, 1_030.0);
+        assert_eq!(
+            t,
+            "onepoold svc-b: ACTS on Slurm since 1970-01-01T00:16:40.000Z (30 s ago); \
+             last takeover here 1970-01-01T00:16:40.000Z (30 s ago), 2 in all\n"
+        );
+        let following = Leadership {
+            instance: "svc-a".into(),
+            acting: false,
+            acting_since: None,
+            acting_instance: Some("the instance connected from 10.0.0.2:4100 (database connection 7)".into()),
+            takeovers: 0,
+            last_takeover: None,
+            ..acting.clone()
+        };
+        let t = leadership_line(&following, 1_030.0);
+        assert!(
+            t.starts_with(
+                "onepoold svc-a: follows (routes, acts on nothing); acting: the instance connected from 10.0.0.2:4100"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("no takeover here yet"), "{t}");
+        let alone = Leadership { shared: false, ..acting };
+        assert_eq!(leadership_line(&alone, 0.0), "onepoold svc-b: the only instance; acts on Slurm\n");
+        // In the table, first.
+        let state = State { endpoints: Vec::new(), leadership: Some(following) };
+        assert!(endpoints_table(&state).starts_with("onepoold svc-a: follows"));
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod throttle;
 
 mod policy_conf;
 mod services;
+pub use services::HaLock;
 
 pub use error::{Error, Result};
 pub use layout::Layout;
@@ -122,6 +123,12 @@ impl Cluster {
     /// Runs a Slurm client tool against this cluster and returns its stdout.
     pub fn run(&self, program: &str, args: &[&str]) -> Result<String> {
         process::run(self.command(program).args(args), Duration::from_secs(60))
+    }
+
+    /// Where onepoold's `[ha]` lock is on this cluster: its MariaDB, over
+    /// TLS (docs/ha.md).
+    pub fn ha_lock(&self) -> Result<services::HaLock> {
+        Ok(services::ha_lock(&self.layout, &self.spec()?))
     }
 
     pub fn spec(&self) -> Result<Spec> {

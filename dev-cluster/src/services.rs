@@ -397,9 +397,93 @@ fn mariadb_client(l: &Layout, sql: &str) -> Result<String> {
     )
 }
 
+/// The dev cluster's lock for several onepoold instances (docs/ha.md):
+/// MariaDB's `GET_LOCK` on the accounting server, reached over TLS pinned
+/// to the certificate made at setup, as the user `onepool`.
+#[derive(Clone, Debug)]
+pub struct HaLock {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    /// Mode 0600, root's (the tests and the demo run onepoold as root or
+    /// give it a copy).
+    pub password_file: PathBuf,
+    /// The server's self-signed certificate: onepoold's `[ha] ca_file`.
+    pub ca_file: PathBuf,
+}
+
+pub(crate) fn ha_lock(l: &Layout, spec: &Spec) -> HaLock {
+    HaLock {
+        host: db_address(spec),
+        port: spec.db_port,
+        user: "onepool".into(),
+        password_file: l.etc().join("onepool-db.password"),
+        ca_file: l.etc().join("mariadb-tls").join("cert.pem"),
+    }
+}
+
+/// MariaDB's key and self-signed certificate (P-256, for the database's
+/// address), made once: onepoold pins the certificate (`[ha] ca_file`).
+/// Not a CA certificate: rustls takes a pinned end-entity certificate as
+/// its own trust anchor only if it is not one.
+fn db_tls(l: &Layout, spec: &Spec) -> Result<(PathBuf, PathBuf)> {
+    let dir = l.etc().join("mariadb-tls");
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let conf = dir.join("openssl.cnf");
+    let text = format!(
+        "[req]\ndistinguished_name = dn\nx509_extensions = ext\nprompt = no\n[dn]\nCN = onepool-devcluster-db\n\
+         [ext]\nsubjectAltName = IP:127.0.0.1,IP:{}\nbasicConstraints = critical,CA:FALSE\n\
+         keyUsage = critical,digitalSignature\nextendedKeyUsage = serverAuth\n",
+        db_address(spec)
+    );
+    fs::create_dir_all(&dir).ctx(|| format!("creating {}", dir.display()))?;
+    let changed = write_file(&conf, &text, 0o644)?;
+    if changed || !cert.exists() || !key.exists() {
+        process::run(
+            Command::new("openssl")
+                .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"])
+                .args(["-days", "3650", "-config"])
+                .arg(&conf)
+                .arg("-keyout")
+                .arg(&key)
+                .arg("-out")
+                .arg(&cert),
+            Duration::from_secs(60),
+        )?;
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).ctx(|| format!("chmod {}", key.display()))?;
+    }
+    Ok((cert, key))
+}
+
+/// The `onepool` database user's password: made once, in a file only
+/// root reads.
+fn ha_password(l: &Layout) -> Result<String> {
+    let path = l.etc().join("onepool-db.password");
+    if let Ok(text) = fs::read_to_string(&path) {
+        if let Some(pw) = text.lines().next().filter(|p| p.len() >= 16) {
+            return Ok(pw.to_string());
+        }
+    }
+    let mut buf = [0u8; 16];
+    use std::io::Read;
+    fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)).ctx(|| "reading /dev/urandom".into())?;
+    let pw: String = buf.iter().map(|b| format!("{b:02x}")).collect();
+    let _ = fs::remove_file(&path);
+    write_file(&path, &format!("{pw}\n"), 0o600)?;
+    Ok(pw)
+}
+
 fn start_mariadb(l: &Layout, spec: &Spec, progress: &mut dyn FnMut(&str)) -> Result<()> {
-    if running(l, "mariadbd").is_some() {
-        return Ok(());
+    let (cert, key) = db_tls(l, spec)?;
+    if let Some(t) = running(l, "mariadbd") {
+        // Started before the cluster had TLS (an older onepool): again, with it.
+        match mariadb_client(l, "SELECT @@have_ssl") {
+            Ok(v) if v.trim() != "YES" => {
+                t.stop(Duration::from_secs(60));
+                progress("stopped MariaDB to start it with TLS");
+            }
+            _ => return ha_user(l),
+        }
     }
     if !l.db_dir().join("mysql").exists() {
         progress("initialising MariaDB");
@@ -421,6 +505,8 @@ fn start_mariadb(l: &Layout, spec: &Spec, progress: &mut dyn FnMut(&str)) -> Res
         .arg("--user=root")
         .arg(format!("--pid-file={}", display(&l.run().join("mariadbd.pid"))))
         .arg(format!("--log-error={}", display(&l.log_file("mariadbd"))))
+        .arg(format!("--ssl-cert={}", display(&cert)))
+        .arg(format!("--ssl-key={}", display(&key)))
         .args([
             "--skip-name-resolve",
             "--skip-log-bin",
@@ -447,7 +533,22 @@ fn start_mariadb(l: &Layout, spec: &Spec, progress: &mut dyn FnMut(&str)) -> Res
              GRANT ALL ON slurm_acct_db.* TO 'slurm'@'{from}'; FLUSH PRIVILEGES;"
         ),
     )?;
+    ha_user(l)?;
     progress("started MariaDB");
+    Ok(())
+}
+
+/// The user onepoold's leadership lock connects as: no privileges
+/// (GET_LOCK needs none), from any host, over TLS only.
+fn ha_user(l: &Layout) -> Result<()> {
+    let pw = ha_password(l)?;
+    mariadb_client(
+        l,
+        &format!(
+            "CREATE USER IF NOT EXISTS 'onepool'@'%' IDENTIFIED BY '{pw}' REQUIRE SSL; \
+             ALTER USER 'onepool'@'%' IDENTIFIED BY '{pw}' REQUIRE SSL; FLUSH PRIVILEGES;"
+        ),
+    )?;
     Ok(())
 }
 

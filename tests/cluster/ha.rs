@@ -1,0 +1,200 @@
+//! Two onepoold instances with one configuration (issue #37, docs/ha.md):
+//! both route to the endpoint's replica, exactly one acts on Slurm, and
+//! when the acting one is killed with SIGKILL the other acts within 5 s,
+//! says so in its status and metrics, and restarts no replica; the killed
+//! one, started again, follows and takes nothing back. The lock is
+//! GET_LOCK on the cluster's own MariaDB (the accounting database), over
+//! TLS pinned to the certificate the dev cluster made for it.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use onepool_control::api::{Leadership, ReplicaState, State};
+use onepool_elastic_daemon::config::HaFile;
+use onepool_tests::elastic::{completion, control_state, daemon_config, metric, queue, scratch, wait};
+use onepool_tests::{build_dir, cluster, Cleanup, TestCluster};
+
+const ENDPOINT: &str = "ha";
+
+/// One onepoold process of the pair: its own state, socket, ports and log.
+struct Instance {
+    name: &'static str,
+    config: PathBuf,
+    socket: PathBuf,
+    port: u16,
+    metrics: u16,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Instance {
+    fn new(c: &TestCluster, shared: &Path, name: &'static str, lock_name: &str) -> Instance {
+        let dir = shared.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let lock = c.cluster.ha_lock().expect("the cluster's HA lock");
+        let (port, metrics) = (free_port(), free_port());
+        let mut file = daemon_config(c, shared, ENDPOINT, |_| {});
+        file.control_socket = dir.join("onepoold.sock");
+        file.endpoints[0].listen = Some(SocketAddr::from(([127, 0, 0, 1], port)));
+        file.metrics_address = Some(SocketAddr::from(([127, 0, 0, 1], metrics)));
+        file.decision_log = Some(onepool_elastic_daemon::config::AccessLogFile {
+            path: dir.join("decisions.jsonl"),
+            ..Default::default()
+        });
+        // Defaults for the pace: confirmed every 1 s, lost after 3 s.
+        file.ha = Some(HaFile {
+            instance: Some(name.into()),
+            lock: Some("mariadb".into()),
+            database: Some(format!("{}:{}", lock.host, lock.port)),
+            user: Some(lock.user.clone()),
+            password_file: Some(lock.password_file.clone()),
+            ca_file: Some(lock.ca_file.clone()),
+            lock_name: Some(lock_name.into()),
+            ..HaFile::default()
+        });
+        let config = dir.join("onepoold.toml");
+        file.write(&config).unwrap();
+        let log = dir.join("onepoold.log");
+        Instance { name, config, socket: dir.join("onepoold.sock"), port, metrics, log, child: None }
+    }
+
+    fn start(&mut self) {
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let child = Command::new(build_dir().join("onepoold"))
+            .args(["--allow-root", "--config"])
+            .arg(&self.config)
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("starting onepoold");
+        self.child = Some(child);
+        wait(&format!("{}'s control socket", self.name), Duration::from_secs(30), || self.state().is_some());
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child by pid.
+            unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+            let _ = c.wait();
+        }
+    }
+
+    fn state(&self) -> Option<State> {
+        control_state(&self.socket)
+    }
+
+    fn leadership(&self) -> Leadership {
+        self.state().and_then(|s| s.leadership).unwrap_or_default()
+    }
+
+    /// Replicas this instance's router sends requests to.
+    fn ready(&self) -> usize {
+        let s = self.state().unwrap_or_default();
+        s.endpoint(ENDPOINT).map_or(0, |e| e.replicas.iter().filter(|r| r.state == ReplicaState::Ready).count())
+    }
+
+    fn decisions(&self) -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(self.config.with_file_name("decisions.jsonl")).unwrap_or_default();
+        text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn replica_jobs(c: &TestCluster) -> BTreeSet<u32> {
+    queue(c).into_iter().filter(|q| q.name.starts_with(&format!("onepool-{ENDPOINT}-"))).map(|q| q.id).collect()
+}
+
+#[test]
+fn of_two_instances_one_acts_and_the_other_takes_over_within_5s_of_a_sigkill_without_restarting_replicas() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("ha");
+    let lock_name = format!("onepoold.test-ha-{}", std::process::id());
+    let mut a = Instance::new(c, &dir, "svc-a", &lock_name);
+    let mut b = Instance::new(c, &dir, "svc-b", &lock_name);
+
+    a.start();
+    wait("svc-a to act", Duration::from_secs(10), || a.leadership().acting);
+    b.start();
+    wait("svc-b to see the lock held", Duration::from_secs(10), || b.leadership().acting_instance.is_some());
+    let lb = b.leadership();
+    assert!(lb.shared && !lb.acting && lb.takeovers == 0, "svc-b follows: {lb:?}");
+    eprintln!("svc-b follows; acting: {:?}", lb.acting_instance);
+
+    // Both route to the baseline replica svc-a submitted.
+    wait("both routers to have the baseline replica ready", Duration::from_secs(90), || {
+        a.ready() == 1 && b.ready() == 1
+    });
+    assert_eq!(completion(a.port, 0.05), Some(200), "through svc-a");
+    assert_eq!(completion(b.port, 0.05), Some(200), "through svc-b, the follower");
+    let before = replica_jobs(c);
+    assert_eq!(before.len(), 1, "one baseline replica, submitted once: {before:?}");
+    let decided = a.decisions();
+    assert!(
+        decided.iter().any(|d| d["action"] == "submit" && d["instance"] == "svc-a"),
+        "svc-a's decision log names it: {decided:?}"
+    );
+    assert!(b.decisions().is_empty(), "the follower decided nothing: {:?}", b.decisions());
+    let la = a.leadership();
+    assert_eq!(la.acting_instance.as_deref(), Some("svc-a"));
+    assert!(la.acting_since.is_some() && la.takeovers == 1, "{la:?}");
+    assert_eq!(metric(a.metrics, "onepool_ha_acting"), Some(1.0));
+    assert_eq!(metric(b.metrics, "onepool_ha_acting"), Some(0.0));
+
+    // The acting host dies.
+    let t0 = Instant::now();
+    a.kill9();
+    wait("svc-b to act", Duration::from_secs(10), || b.leadership().acting);
+    let took = t0.elapsed();
+    eprintln!("svc-b acts {:.2} s after svc-a's SIGKILL", took.as_secs_f64());
+    assert!(took < Duration::from_secs(5), "takeover within 5 s: {took:?}");
+    let lb = b.leadership();
+    assert_eq!(lb.acting_instance.as_deref(), Some("svc-b"));
+    assert_eq!(lb.takeovers, 1);
+    let (since, last) = (lb.acting_since.unwrap(), lb.last_takeover.unwrap());
+    assert!((since - last).abs() < 0.01, "acting since its takeover: {lb:?}");
+    assert_eq!(metric(b.metrics, "onepool_ha_acting"), Some(1.0));
+    assert_eq!(metric(b.metrics, "onepool_ha_takeovers_total"), Some(1.0));
+    assert!(metric(b.metrics, "onepool_ha_last_takeover_seconds").is_some_and(|t| (t - last).abs() < 0.01));
+
+    // Nothing was restarted: the same job serves, through the survivor.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(replica_jobs(c), before, "the replica job survived the takeover, none was added");
+    assert_eq!(b.ready(), 1);
+    assert_eq!(completion(b.port, 0.05), Some(200));
+    assert!(b.decisions().is_empty(), "the new acting instance had nothing to change: {:?}", b.decisions());
+
+    // svc-a comes back: it follows; svc-b keeps acting throughout.
+    a.start();
+    wait("svc-a to see svc-b's lock", Duration::from_secs(10), || a.leadership().acting_instance.is_some());
+    let watch_until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < watch_until {
+        let (la, lb) = (a.leadership(), b.leadership());
+        assert!(!la.acting && lb.acting, "no flap: svc-a {la:?}, svc-b {lb:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(b.leadership().takeovers, 1);
+    assert_eq!(a.leadership().takeovers, 0, "a restarted instance counts afresh");
+    wait("svc-a routes to the replica again", Duration::from_secs(30), || a.ready() == 1);
+    assert_eq!(completion(a.port, 0.05), Some(200));
+    assert_eq!(replica_jobs(c), before);
+    assert!(!b.log_text().contains("panicked") && !a.log_text().contains("panicked"));
+    drop((a, b));
+    let _ = std::fs::remove_dir_all(&dir);
+}
