@@ -185,7 +185,7 @@ struct Instance {
 
 /// Both instances' configuration: the same endpoint and replica key file,
 /// each its own control socket and listening port. Replicas of 2 GPUs, up
-/// to 4, scaled down 10 s after the load falls.
+/// to 4, scaled down 10 s after the load falls, polled every 2 s.
 fn instances(c: &TestCluster, dir: &Path) -> Vec<Instance> {
     onepool_elastic_daemon::replica_key::load_or_create(&dir.join("replica.key")).expect("the replica key");
     ["a", "b"]
@@ -193,6 +193,10 @@ fn instances(c: &TestCluster, dir: &Path) -> Vec<Instance> {
         .map(|name| {
             let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
             let mut cfg = daemon_config(c, dir, ENDPOINT, |r| {
+                // A duplicate is seen (and cancelled) at the next poll;
+                // until then Slurm alone keeps it from running, which a
+                // 2 s poll leaves it long enough to show.
+                r.poll_interval = Some(onepool_dev_cluster::onepoold::poll_interval(Duration::from_secs(2)));
                 r.gpus = Some(2);
                 r.max = Some(4);
                 r.scale_down_delay = Some(Duration::from_secs(10));
