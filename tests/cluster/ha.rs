@@ -78,6 +78,13 @@ impl Instance {
         wait(&format!("{}'s control socket", self.name), Duration::from_secs(30), || self.state().is_some());
     }
 
+    fn signal(&self, sig: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: signalling our own child by pid.
+            unsafe { libc::kill(c.id() as i32, sig) };
+        }
+    }
+
     fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             // SAFETY: signalling our own child by pid.
@@ -195,6 +202,53 @@ fn of_two_instances_one_acts_and_the_other_takes_over_within_5s_of_a_sigkill_wit
     assert_eq!(completion(a.port, 0.05), Some(200));
     assert_eq!(replica_jobs(c), before);
     assert!(!b.log_text().contains("panicked") && !a.log_text().contains("panicked"));
+    drop((a, b));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A paused acting instance (SIGSTOP past `lost_after`): the server frees
+/// its lock, the other acts within 5 s; resumed, the paused one finds its
+/// last confirmation older than the fence and acts on nothing, then follows.
+#[test]
+fn a_paused_acting_instance_loses_the_lock_and_on_resume_acts_on_nothing() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("ha-pause");
+    let lock_name = format!("onepoold.test-ha-pause-{}", std::process::id());
+    let mut a = Instance::new(c, &dir, "svc-a", &lock_name);
+    let mut b = Instance::new(c, &dir, "svc-b", &lock_name);
+    a.start();
+    wait("svc-a to act", Duration::from_secs(10), || a.leadership().acting);
+    b.start();
+    wait("both routers to have the baseline replica ready", Duration::from_secs(90), || {
+        a.ready() == 1 && b.ready() == 1
+    });
+    let before = replica_jobs(c);
+    let decided = a.decisions().len();
+    assert!(!b.leadership().acting);
+
+    let t0 = Instant::now();
+    a.signal(libc::SIGSTOP);
+    wait("svc-b to act", Duration::from_secs(10), || b.leadership().acting);
+    let took = t0.elapsed();
+    eprintln!("svc-b acts {:.2} s after svc-a was paused", took.as_secs_f64());
+    assert!(took < Duration::from_secs(5), "takeover within 5 s of the pause: {took:?}");
+    std::thread::sleep(Duration::from_secs(8).saturating_sub(t0.elapsed()));
+    a.signal(libc::SIGCONT);
+    let resumed = Instant::now();
+    wait("svc-a to follow", Duration::from_secs(5), || !a.leadership().acting);
+    eprintln!("svc-a follows {:.2} s after it resumed", resumed.elapsed().as_secs_f64());
+    let la = a.leadership();
+    assert!(la.last_error.is_some(), "svc-a says why it stopped acting: {la:?}");
+    eprintln!("svc-a: {:?}", la.last_error);
+    for _ in 0..20 {
+        assert!(!a.leadership().acting && b.leadership().acting, "no flap");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(a.decisions().len(), decided, "svc-a decided nothing after its pause: {:?}", a.decisions());
+    assert_eq!(replica_jobs(c), before, "nothing submitted or cancelled");
+    assert_eq!(b.leadership().takeovers, 1);
+    assert_eq!(completion(a.port, 0.05), Some(200), "svc-a routes on as a follower");
     drop((a, b));
     let _ = std::fs::remove_dir_all(&dir);
 }

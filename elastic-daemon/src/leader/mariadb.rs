@@ -83,8 +83,10 @@ impl MariaDbLock {
             .prefer_socket(false)
             .ssl_opts(ssl)
             // The server ends the connection, and frees the lock, once the
-            // holder has been silent this long.
+            // holder has been silent this long. (The option alone only tells
+            // the client what the server's timeout is; the SET sets it.)
             .wait_timeout(Some(lost_after))
+            .setup(vec![format!("SET SESSION wait_timeout = {lost_after}")])
             .stmt_cache_size(0);
         Ok(MariaDbLock { opts: opts.into(), name: name.to_string(), connect_within: settings.lost_after, conn: None })
     }
