@@ -1253,3 +1253,50 @@ async fn models_are_listed_from_every_ready_replica_each_once() {
     assert!(text.contains("no replica is ready to list its models"), "{text}");
     h.daemon.shutdown().await;
 }
+
+/// A replica behind a cut link, as the router sees it: connections open
+/// (the kernel's), requests written, and no byte ever comes back, to
+/// health checks neither.
+async fn silent_backend() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            open.push(s);
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_on_a_replica_that_no_longer_answers_anything_goes_to_another_once_it_is_lost() {
+    let silent = silent_backend().await;
+    let a = backend(Mode::Normal).await;
+    let mut cfg = endpoint_config(4, 4, Duration::from_secs(5));
+    cfg.proxy.request_timeout = Duration::from_secs(20);
+    cfg.health = Some(onepool_router::settings::HealthCheck {
+        path: "/health".into(),
+        interval: Duration::from_millis(100),
+        timeout: Duration::from_millis(200),
+    });
+    // Both in rotation at first: the request goes to the silent one (ties
+    // go to the first).
+    let h = Harness::new(cfg, &[silent, a.addr]).await;
+    let c = client();
+    let t0 = std::time::Instant::now();
+    let (s, _, body) = send(&c, "POST", &format!("{}/ok", h.url)).await;
+    let took = t0.elapsed();
+    assert_eq!((s, body), (StatusCode::OK, a.addr.to_string()), "answered by the replica that still answers");
+    // Three checks in a row (unhealthy_after) of at most 300 ms each, not
+    // request_timeout.
+    assert!(took < Duration::from_secs(5), "the request waited {took:?} for a replica that cannot answer");
+    let text = h.daemon.metrics.encode();
+    assert!(
+        text.lines().any(|l| l.starts_with("onepool_router_retries_total{")
+            && l.contains("reason=\"replica_lost\"")
+            && l.ends_with(" 1")),
+        "{text}"
+    );
+    h.daemon.shutdown().await;
+}

@@ -469,6 +469,9 @@ pub enum SendError {
     Failed(String),
     /// No response head by the deadline.
     TimedOut,
+    /// No response head yet, and the replica was lost meanwhile
+    /// ([`crate::reach`]): none will come.
+    Lost,
 }
 
 impl std::fmt::Display for SendError {
@@ -477,6 +480,7 @@ impl std::fmt::Display for SendError {
             SendError::NotSent(reason) => write!(f, "not sent: {reason}"),
             SendError::Failed(reason) => write!(f, "{reason}"),
             SendError::TimedOut => write!(f, "no response in time"),
+            SendError::Lost => write!(f, "no response head, and its health checks no longer reach it"),
         }
     }
 }

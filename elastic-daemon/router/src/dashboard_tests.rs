@@ -27,7 +27,7 @@ const NOT_ON_DASHBOARD: [&str; 0] = [];
 const AGGREGATIONS: [&str; 12] =
     ["sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk", "quantile"];
 
-const FUNCTIONS: [&str; 40] = [
+const FUNCTIONS: [&str; 41] = [
     "abs",
     "absent",
     "absent_over_time",
@@ -67,6 +67,7 @@ const FUNCTIONS: [&str; 40] = [
     "sort",
     "sort_desc",
     "sum_over_time",
+    "time",
     "vector",
 ];
 
@@ -90,6 +91,12 @@ fn exercised() -> Metrics {
     r.latency.observe(0.2);
     r.response_idle_timeouts.inc();
     r.requests.count(503);
+    m.count_retry(endpoint, crate::metrics::Retry::Lost);
+    let instance = crate::metrics::InstanceLabels { instance: "svc-a".into() };
+    m.ha_acting.get_or_create(&instance).set(1);
+    m.ha_acting_since.get_or_create(&instance).set(1.0);
+    m.ha_last_takeover.get_or_create(&instance).set(1.0);
+    m.ha_takeovers.get_or_create(&instance).inc();
     m.queue_depth(endpoint).set(2);
     let outcome = "drained".to_string();
     m.drains.get_or_create(&DrainLabels { endpoint: endpoint.into(), replica: replica.into(), outcome }).inc();

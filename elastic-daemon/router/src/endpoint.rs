@@ -57,6 +57,8 @@ pub struct ReplicaShared {
     /// requests' (as when those calls had a client of their own): a check
     /// never hands a request a connection the replica may be closing.
     pub own_conns: Arc<IdleConns>,
+    /// Whether its health checks get any answer ([`crate::reach`]).
+    pub reach: crate::reach::Reach,
 }
 
 struct Inner {
@@ -288,6 +290,25 @@ impl Endpoint {
         t
     }
 
+    /// Records whether a health check got any answer from the replica:
+    /// `unhealthy_after` checks in a row without one make it lost, and
+    /// the requests waiting for its answer go elsewhere ([`crate::reach`]).
+    pub fn reach_result(&self, id: ReplicaId, answered: bool) {
+        let g = self.lock();
+        let after = g.pool.thresholds().unhealthy_after;
+        let Some(s) = g.shared(id).cloned() else { return };
+        drop(g);
+        if answered {
+            s.reach.answered();
+        } else if s.reach.missed(after) {
+            tracing::warn!(
+                endpoint = %self.name,
+                replica = %s.address,
+                "replica lost: {after} health checks in a row got no answer; requests waiting for its answer go to other replicas"
+            );
+        }
+    }
+
     /// The replica said it is draining (the launcher's 503 with
     /// `x-onepool-draining: 1`): no new requests go to it from now on.
     pub fn backend_draining(&self, id: ReplicaId) {
@@ -512,6 +533,7 @@ impl Endpoint {
             metrics: self.metrics.replica(&self.name, &address.to_string()),
             conns: Arc::new(IdleConns::new(transport.clone())),
             own_conns: Arc::new(IdleConns::new(transport)),
+            reach: crate::reach::Reach::default(),
         }
     }
 

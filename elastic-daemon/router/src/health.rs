@@ -42,11 +42,12 @@ pub async fn run(endpoint: Arc<Endpoint>, check: HealthCheck, mut shutdown: watc
                 )
                 .await;
                 let ok = matches!(answer, Ok((status, _)) if status.is_success());
-                (id, address, ok)
+                (id, address, ok, answer.is_ok())
             }
         });
         // Probed together so one slow replica does not delay the others.
-        for (id, address, ok) in futures_join_all(probes).await {
+        for (id, address, ok, answered) in futures_join_all(probes).await {
+            endpoint.reach_result(id, answered);
             if let Some(t) = endpoint.health_result(id, ok) {
                 tracing::info!(endpoint = %endpoint.name(), %address, from = ?t.from, to = ?t.to, "replica health changed");
             }

@@ -26,6 +26,7 @@ mod models;
 pub mod prefix;
 mod prompt_scan;
 pub mod proxy;
+pub mod reach;
 pub mod registry;
 pub mod replica_client;
 pub mod settings;

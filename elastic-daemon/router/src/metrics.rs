@@ -88,6 +88,32 @@ impl Unavailable {
     }
 }
 
+/// Why a request was sent to another replica after an attempt
+/// (`onepool_router_retries_total{endpoint,reason}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// It never reached the replica (no connection could be made).
+    NotSent,
+    /// The replica was lost before it answered ([`crate::reach`]).
+    Lost,
+    /// The replica answered that it drains.
+    Draining,
+    /// The exchange failed after the request was written, on an endpoint
+    /// whose requests may be sent twice (`retry.idempotent`).
+    Failed,
+}
+
+impl Retry {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Retry::NotSent => "not_sent",
+            Retry::Lost => "replica_lost",
+            Retry::Draining => "draining",
+            Retry::Failed => "failed",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DrainLabels {
     pub endpoint: String,
@@ -206,6 +232,8 @@ pub struct Metrics {
     pub body_budget_refused: Counter,
     pub response_idle_timeouts: Family<ReplicaLabels, Counter>,
     pub unavailable: Family<UnavailableLabels, Counter>,
+    /// By [`Retry::as_str`] (the same two labels as `unavailable`).
+    pub retries: Family<UnavailableLabels, Counter>,
     /// Access log lines dropped because its writer fell behind.
     pub access_log_dropped: Counter,
     /// Requests routed by prompt prefix, by how ([`crate::prefix::Affine`]).
@@ -255,6 +283,7 @@ impl Metrics {
             body_budget_refused: Counter::default(),
             response_idle_timeouts: Family::default(),
             unavailable: Family::default(),
+            retries: Family::default(),
             access_log_dropped: Counter::default(),
             prefix_routed: Family::default(),
             ha_acting: Family::default(),
@@ -300,6 +329,11 @@ impl Metrics {
             self.response_idle_timeouts.clone(),
         );
         r.register("unavailable", "Requests answered 503, by reason: queue_full, queue_timeout, draining (no other replica took it), replica (its own 503)", self.unavailable.clone());
+        r.register(
+            "retries",
+            "Requests sent to another replica after an attempt, by reason: not_sent (no connection), replica_lost (its health checks got no answer), draining, failed (retry.idempotent)",
+            self.retries.clone(),
+        );
         r.register(
             "access_log_dropped",
             "Access log lines dropped because the writer fell behind (requests never wait for the disk)",
@@ -443,6 +477,11 @@ impl Metrics {
             response_idle_timeouts: self.response_idle_timeouts.get_or_create(&labels).clone(),
             requests: self.request_counters(endpoint, replica),
         }
+    }
+
+    pub fn count_retry(&self, endpoint: &str, reason: Retry) {
+        let labels = UnavailableLabels { endpoint: endpoint.to_string(), reason: reason.as_str().to_string() };
+        self.retries.get_or_create(&labels).inc();
     }
 
     pub fn count_unavailable(&self, endpoint: &str, reason: Unavailable) {

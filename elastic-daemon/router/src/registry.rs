@@ -103,6 +103,10 @@ impl Pool {
         Pool { endpoint: endpoint.to_string(), replicas: Vec::new(), next_id: 1, thresholds, served_total: 0 }
     }
 
+    pub fn thresholds(&self) -> HealthThresholds {
+        self.thresholds
+    }
+
     pub fn served_total(&self) -> u64 {
         self.served_total
     }

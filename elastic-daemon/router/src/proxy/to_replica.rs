@@ -4,6 +4,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::metrics::Retry;
 
 /// The request as it goes to a replica: origin-form target, HTTP/1.1,
 /// hop-by-hop headers left out, `X-Forwarded-For` extended, the body whole
@@ -272,13 +273,46 @@ fn no_replica(ctx: &Target, last_failure: Option<Failure>, e: AcquireError) -> R
     r
 }
 
+/// One attempt's exchange up to the response head. A lost replica's
+/// answer will not come (a node cut off the network): the request goes
+/// elsewhere then rather than at request_timeout, its client none the
+/// wiser ([`crate::reach`]).
+async fn send_unless_lost(
+    replica: &crate::endpoint::ReplicaShared,
+    connect_timeout: Duration,
+    deadline: tokio::time::Instant,
+    request: backend_pool::Outgoing<'_>,
+) -> Result<Response<backend_pool::BackendBody>, SendError> {
+    let send = backend_pool::send(&replica.conns, replica.address, connect_timeout, deadline, request);
+    tokio::select! {
+        biased;
+        sent = send => sent,
+        () = replica.reach.lost() => Err(SendError::Lost),
+    }
+}
+
+impl Retry {
+    /// Why a failed attempt is tried again elsewhere.
+    fn after(e: &SendError) -> Retry {
+        match e {
+            SendError::Lost => Retry::Lost,
+            SendError::NotSent(_) => Retry::NotSent,
+            _ => Retry::Failed,
+        }
+    }
+}
+
 pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyBody> {
     let name = ctx.endpoint.name();
     let mut tried = Vec::new();
     let mut last_failure = None;
     // Read once: every attempt routes by the same prompt.
     let prefix = ctx.settings.prefix.map(|s| prefix_key(&p.body, s.block_bytes)).unwrap_or_default();
+    let mut retry: Option<Retry> = None;
     for attempt in 0..=ctx.settings.retries {
+        if let Some(why) = retry.take() {
+            ctx.endpoint.metrics().count_retry(name, why);
+        }
         let lease = match ctx.endpoint.acquire_for(&tried, &prefix).await {
             Ok(l) => l,
             Err(e) => return no_replica(ctx, last_failure, e),
@@ -304,8 +338,7 @@ pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyB
             headers: &mut p.spare,
             body_idle_timeout: ctx.settings.response_idle_timeout,
         };
-        let sent =
-            backend_pool::send(&replica.conns, replica.address, ctx.settings.connect_timeout, deadline, request).await;
+        let sent = send_unless_lost(replica, ctx.settings.connect_timeout, deadline, request).await;
         let counted = |status: u16| replica.metrics.requests.count(status);
         match sent {
             Err(SendError::TimedOut) => {
@@ -316,11 +349,12 @@ pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyB
             }
             Err(e) => {
                 let replica = replica.address;
-                let not_sent = matches!(e, SendError::NotSent(_));
+                let not_sent = matches!(e, SendError::NotSent(_) | SendError::Lost);
                 tracing::info!(endpoint = %name, %replica, not_sent, "replica request failed: {e}");
                 counted(502);
                 ctx.endpoint.exchange_failed(lease.id());
                 if not_sent || p.retry_any {
+                    retry = Some(Retry::after(&e));
                     tried.push(lease.id());
                     last_failure = Some(Failure::Replica);
                     continue;
@@ -332,6 +366,7 @@ pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyB
                     && resp.headers().get(DRAINING_HEADER).is_some_and(|v| v.as_bytes() == b"1")
                 {
                     ctx.endpoint.backend_draining(lease.id());
+                    retry = Some(Retry::Draining);
                     tried.push(lease.id());
                     counted(503);
                     last_failure = Some(Failure::Draining);
