@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::Context;
 use onepool_decisions::annotation::ReclaimMode;
 use onepool_launcher::access::Access;
-use onepool_launcher::conventions::REPLICA_KEY_ENV;
+use onepool_launcher::conventions::{REPLICA_KEY_DIGEST_ENV, REPLICA_KEY_ENV};
 use onepool_launcher::launcher::{parse_reclaim, run, Front, FrontBounds, LauncherConfig, Outcome};
 use onepool_launcher::node_address::{self, Listen};
 use onepool_launcher::replica_group::{self, GroupConfig};
@@ -104,16 +104,23 @@ fn job_id() -> Option<u32> {
     std::env::var("SLURM_JOB_ID").ok().and_then(|j| j.parse().ok())
 }
 
-/// onepoold's replica key, from the environment sbatch passed on. Without
-/// it the replica would answer anyone who finds its port (issue #25).
-fn replica_key() -> anyhow::Result<Vec<u8>> {
+/// What checks onepoold's replica key, from the environment sbatch passed
+/// on: its SHA-256 (what onepoold sends, so that the key never crosses the
+/// network in a Slurm RPC), else the key itself (a replica run by hand).
+/// Without either the replica would answer anyone who finds its port
+/// (issue #25).
+fn replica_key() -> anyhow::Result<[u8; 32]> {
+    if let Ok(hex) = std::env::var(REPLICA_KEY_DIGEST_ENV) {
+        return onepool_launcher::access::parse_digest(hex.trim())
+            .ok_or_else(|| anyhow::anyhow!("{REPLICA_KEY_DIGEST_ENV} is not 64 hex digits (a SHA-256)"));
+    }
     match std::env::var(REPLICA_KEY_ENV) {
-        Ok(k) if k.len() >= 16 => Ok(k.into_bytes()),
+        Ok(k) if k.len() >= 16 => Ok(onepool_launcher::access::digest(k.as_bytes())),
         Ok(_) => anyhow::bail!("{REPLICA_KEY_ENV} is shorter than 16 characters; onepoold makes a 64-character one"),
         Err(_) => anyhow::bail!(
-            "{REPLICA_KEY_ENV} is not set: a replica answers only requests that carry onepoold's replica key. \
-             onepoold passes it through sbatch's environment; to run a replica by hand, set it to the key in \
-             onepoold's replica_key_file"
+            "neither {REPLICA_KEY_DIGEST_ENV} nor {REPLICA_KEY_ENV} is set: a replica answers only requests that \
+             carry onepoold's replica key. onepoold passes the key's SHA-256 through sbatch's environment; to run \
+             a replica by hand, set {REPLICA_KEY_ENV} to the key in onepoold's replica_key_file"
         ),
     }
 }
@@ -145,7 +152,7 @@ pub fn run_replica(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {
         stop_grace: args.stop_grace,
         reclaim: args.reclaim,
         command: args.command.clone(),
-        access: Access::new(Some(key), args.allow_paths.clone()),
+        access: Access::with_digest(Some(key), args.allow_paths.clone()),
         bounds: FrontBounds {
             header_read_timeout: args.header_read_timeout,
             max_header_bytes: args.max_header_bytes,

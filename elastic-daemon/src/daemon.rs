@@ -172,10 +172,7 @@ type LockTask = Option<(MariaDbLock, Pace)>;
 
 /// This instance's leadership, and with `[ha] lock` the lock's task to
 /// run: a follower until it takes the lock.
-fn leadership(
-    config: &Config,
-    metrics: &Arc<Metrics>,
-) -> Result<(Arc<Leadership>, LockTask), StartError> {
+fn leadership(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<Leadership>, LockTask), StartError> {
     let instance = &config.ha.instance;
     let Some(settings) = &config.ha.lock else {
         return Ok((Leadership::single(instance, Some(metrics.clone())), None));
@@ -268,9 +265,11 @@ fn controllers(
             config.slurm_conf.iter().map(|p| ("SLURM_CONF".to_string(), p.display().to_string())).collect();
         // To the replica jobs through sbatch's environment (the job's
         // user and root alone can read a job's environment; a command
-        // line every user on this host can).
+        // line every user on this host can). Its digest only: the
+        // environment crosses the network in Slurm's RPCs, in clear.
         if let Some(key) = &replica_key {
-            env.push((onepool_launcher::conventions::REPLICA_KEY_ENV.to_string(), key.to_string()));
+            let digest = onepool_launcher::access::digest_hex(key.as_bytes());
+            env.push((onepool_launcher::conventions::REPLICA_KEY_DIGEST_ENV.to_string(), digest));
         }
         let runner = onepool_slurm_commands::SystemRunner { timeout: Duration::from_secs(30), env };
         // Controllers that poll within a quarter of the shortest poll

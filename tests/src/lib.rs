@@ -16,6 +16,7 @@
 //! joins as the "admin" host: Slurm commands and an in-process onepoold
 //! reach every host by its address.
 
+pub mod capture;
 pub mod elastic;
 pub mod libslurm;
 

@@ -17,9 +17,11 @@ pub const DEFAULT_PATHS: [&str; 3] = ["/v1/", "/health", "/metrics"];
 
 #[derive(Clone, Debug)]
 pub struct Access {
-    /// onepoold's replica key; `None` answers every caller (in-process
-    /// tests only: `onepool replica` refuses to start without a key).
-    key: Option<Vec<u8>>,
+    /// The SHA-256 of onepoold's replica key; `None` answers every caller
+    /// (in-process tests only: `onepool replica` refuses to start without
+    /// a key). A digest, so that the key need not reach the node
+    /// ([`crate::conventions::REPLICA_KEY_DIGEST_ENV`]).
+    key: Option<[u8; 32]>,
     /// Exact paths, or prefixes when they end with `/` (`/` itself is
     /// the root only); `None`: every path.
     paths: Option<Vec<String>>,
@@ -36,6 +38,11 @@ pub enum Refused {
 
 impl Access {
     pub fn new(key: Option<Vec<u8>>, paths: Vec<String>) -> Access {
+        Access::with_digest(key.map(|k| digest(&k)), paths)
+    }
+
+    /// [`Access::new`] from the key's SHA-256 alone.
+    pub fn with_digest(key: Option<[u8; 32]>, paths: Vec<String>) -> Access {
         let paths = if paths.is_empty() { DEFAULT_PATHS.iter().map(|p| p.to_string()).collect() } else { paths };
         Access { key, paths: Some(paths) }
     }
@@ -54,7 +61,8 @@ impl Access {
     pub fn check(&self, path: &str, headers: &HeaderMap) -> Result<(), Refused> {
         if let Some(key) = &self.key {
             let given = headers.get(REPLICA_KEY_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
-            if !constant_time_eq(given, key) {
+            // Compared as digests: the same length whatever was sent.
+            if !constant_time_eq(&digest(given), key) {
                 return Err(Refused::Key);
             }
         }
@@ -79,6 +87,32 @@ fn plain_path(path: &str) -> bool {
         && !path.contains(['\\', '%'])
         && !path[1..].split('/').any(|seg| seg == "." || seg == "..")
         && !path.contains("//")
+}
+
+/// The SHA-256 of a replica key, as [`Access`] keeps it.
+pub fn digest(key: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, key);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+/// The hex form of [`digest`] that onepoold hands its replica jobs.
+pub fn digest_hex(key: &[u8]) -> String {
+    digest(key).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A digest back from its hex form; `None` unless exactly 64 hex digits.
+pub fn parse_digest(hex: &str) -> Option<[u8; 32]> {
+    let b = hex.as_bytes();
+    if b.len() != 64 || !b.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
 }
 
 /// Compares in time that depends on the lengths only, so that the time of
@@ -109,6 +143,21 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(REPLICA_KEY_HEADER, k.parse().unwrap());
         h
+    }
+
+    #[test]
+    fn a_digest_admits_exactly_the_key_it_was_made_from() {
+        let key = "0123456789abcdef0123456789abcdef";
+        let hex = digest_hex(key.as_bytes());
+        assert_eq!(hex.len(), 64);
+        let a = Access::with_digest(parse_digest(&hex), vec![]);
+        assert_eq!(a.check("/v1/models", &with_key(key)), Ok(()));
+        // The digest itself is no key.
+        assert_eq!(a.check("/v1/models", &with_key(&hex)), Err(Refused::Key));
+        assert_eq!(a.check("/v1/models", &with_key("0123456789abcdef0123456789abcdeF")), Err(Refused::Key));
+        for bad in ["", "ab", &hex[1..], &format!("{}g", &hex[1..])] {
+            assert_eq!(parse_digest(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

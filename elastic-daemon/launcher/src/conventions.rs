@@ -24,6 +24,16 @@ pub const REPLICA_KEY_HEADER: &str = "x-onepool-replica-key";
 /// before it starts the model server.
 pub const REPLICA_KEY_ENV: &str = "ONEPOOL_REPLICA_KEY";
 
+/// What onepoold hands its replica jobs instead of the key itself: its
+/// SHA-256 (64 hex digits), enough for the launcher to check a request's
+/// key. A job's environment crosses the cluster network in clear, in
+/// sbatch's request to slurmctld and in slurmctld's launch of the batch
+/// script on the node (Slurm's RPCs are signed by munge, not encrypted:
+/// measured on the hosts-mode bridge, issue #36), so the key itself would
+/// reach anyone who can capture there. The digest does not give the key
+/// back, and over TLS the key travels encrypted only.
+pub const REPLICA_KEY_DIGEST_ENV: &str = "ONEPOOL_REPLICA_KEY_SHA256";
+
 /// The model server's own key, made by the launcher at each start: the
 /// launcher sends it as `Authorization: Bearer KEY`, so another process on
 /// the node that finds the server's loopback port gets nothing from it.

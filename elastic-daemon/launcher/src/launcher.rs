@@ -727,6 +727,7 @@ impl Server {
             .env(BACKEND_KEY_ENV, backend_key)
             // onepoold's key is for this process only.
             .env_remove(REPLICA_KEY_ENV)
+            .env_remove(crate::conventions::REPLICA_KEY_DIGEST_ENV)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
