@@ -1,6 +1,7 @@
 //! The hosts mode (`up --hosts`): each slurmd node, a head host
-//! (slurmctld, slurmdbd, MariaDB), a service host (onepoold) and a client
-//! host in a network namespace of its own, each with its own address on one
+//! (slurmctld, slurmdbd, MariaDB), two service hosts (onepoold, and a
+//! second onepoold for the HA scenario of docs/ha.md) and a client host in
+//! a network namespace of its own, each with its own address on one
 //! bridge, so that every hop the cluster makes crosses a network interface
 //! as it would between machines. Munge's socket, the file system and the
 //! fake GPUs stay shared: they are files.
@@ -93,6 +94,12 @@ impl HostsNet {
         self.host("service", 2, "s")
     }
 
+    /// A second onepoold host (docs/ha.md: two instances, one acting),
+    /// so that killing one instance's host leaves the other's network up.
+    pub fn service2(&self) -> Host {
+        self.host("service2", 4, "s2")
+    }
+
     /// The load: clients of onepoold's endpoints.
     pub fn client(&self) -> Host {
         self.host("client", 3, "c")
@@ -106,7 +113,7 @@ impl HostsNet {
 
     /// Every host of a cluster of `nodes` nodes.
     pub fn hosts(&self, nodes: u32) -> Vec<Host> {
-        let mut v = vec![self.head(), self.service(), self.client()];
+        let mut v = vec![self.head(), self.service(), self.client(), self.service2()];
         v.extend((1..=nodes).map(|i| self.node(i)));
         v
     }
@@ -348,12 +355,31 @@ mod tests {
     fn hosts_file_names_every_host() {
         let net = HostsNet { subnet: 7 };
         let f = net.hosts_file(2);
-        for line in
-            ["10.251.7.1 head", "10.251.7.2 service", "10.251.7.3 client", "10.251.7.12 node2", "10.251.7.254 admin"]
-        {
+        for line in [
+            "10.251.7.1 head",
+            "10.251.7.2 service",
+            "10.251.7.3 client",
+            "10.251.7.4 service2",
+            "10.251.7.12 node2",
+            "10.251.7.254 admin",
+        ] {
             assert!(f.lines().any(|l| l == line), "{line} missing from\n{f}");
         }
         assert!(!f.contains("node3"));
+    }
+
+    #[test]
+    fn the_second_service_host_has_its_own_namespace_veth_and_address_and_down_removes_it() {
+        let net = HostsNet { subnet: 12 };
+        let (s1, s2) = (net.service(), net.service2());
+        assert_eq!(s2.address, Ipv4Addr::new(10, 251, 12, 4));
+        assert_eq!(s2.namespace, "op12-service2");
+        assert_ne!(s2.veth, s1.veth);
+        assert_ne!(s2.namespace, s1.namespace);
+        // `remove` (down) and `ensure` (up) walk the same list.
+        assert!(net.hosts(0).contains(&s2), "service2 is not among the hosts up makes and down removes");
+        // Below the first node's address whatever the cluster's size.
+        assert!(s2.address < net.node(1).address);
     }
 
     #[test]

@@ -56,8 +56,8 @@ enum Cmd {
         /// as production nodes do; fails naming what this machine lacks.
         #[arg(long)]
         cgroup: bool,
-        /// Each node, a head host (slurmctld, slurmdbd, MariaDB), a service
-        /// host and a client host in network namespaces of their own, each
+        /// Each node, a head host (slurmctld, slurmdbd, MariaDB), two service
+        /// hosts and a client host in network namespaces of their own, each
         /// with its address on one bridge (docs/dev-cluster.md). Fixed at
         /// the folder's first `up`.
         #[arg(long)]
@@ -72,7 +72,7 @@ enum Cmd {
     /// Print `export` lines for a shell: eval "$(onepool-devcluster env)".
     Env,
     /// Print the network namespace of a host of a hosts-mode cluster
-    /// (`head`, `service`, `client`, `nodeN`), for `ip netns exec NAME ...`.
+    /// (`head`, `service`, `service2`, `client`, `nodeN`), for `ip netns exec NAME ...`.
     Netns { host: String },
     /// Print onepoold.toml for a simulator scenario's first endpoint, its
     /// replicas running the stand-in model server
