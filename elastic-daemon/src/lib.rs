@@ -22,6 +22,7 @@ pub mod inherited;
 pub mod leader;
 pub mod policy_check;
 pub mod preflight;
+pub mod private_file;
 pub mod replica_key;
 pub mod replica_metrics;
 pub mod round_error;

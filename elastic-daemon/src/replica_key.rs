@@ -12,7 +12,7 @@
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -57,24 +57,7 @@ pub fn load_or_create(path: &Path) -> Result<String, KeyError> {
 
 fn read(path: &Path, meta: &std::fs::Metadata) -> Result<String, KeyError> {
     let unsafe_file = |what: String| KeyError::Unsafe { path: path.to_path_buf(), what };
-    if !meta.file_type().is_file() {
-        return Err(unsafe_file("not a regular file (a symbolic link is not followed)".into()));
-    }
-    let me = onepool_os::geteuid();
-    if meta.uid() != me {
-        return Err(unsafe_file(format!(
-            "owned by uid {}, not by onepoold's user (uid {me}); fix: chown {me} {}",
-            meta.uid(),
-            path.display()
-        )));
-    }
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(unsafe_file(format!(
-            "mode {mode:04o} lets other users read or write the key; fix: chmod 600 {}",
-            path.display()
-        )));
-    }
+    crate::private_file::check(path, meta, "the key").map_err(unsafe_file)?;
     let text = std::fs::read_to_string(path).map_err(|source| KeyError::Io { path: path.to_path_buf(), source })?;
     let key = text.trim();
     if key.len() < MIN_LEN {
@@ -95,6 +78,7 @@ fn read(path: &Path, meta: &std::fs::Metadata) -> Result<String, KeyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn dir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("onepool-key-{name}-{}", std::process::id()));

@@ -1,7 +1,6 @@
 //! The lock's database password, from a file only onepoold's user may
 //! read (never in onepoold.toml, which admins copy around and show).
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -22,24 +21,7 @@ pub fn read_password(path: &Path) -> Result<String, PasswordError> {
     let unsafe_file = |what: String| PasswordError::Unsafe { path: path.to_path_buf(), what };
     let meta =
         std::fs::symlink_metadata(path).map_err(|source| PasswordError::Io { path: path.to_path_buf(), source })?;
-    if !meta.file_type().is_file() {
-        return Err(unsafe_file("not a regular file (a symbolic link is not followed)".into()));
-    }
-    let me = onepool_os::geteuid();
-    if meta.uid() != me {
-        return Err(unsafe_file(format!(
-            "owned by uid {}, not by onepoold's user (uid {me}); fix: chown {me} {}",
-            meta.uid(),
-            path.display()
-        )));
-    }
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(unsafe_file(format!(
-            "mode {mode:04o} lets other users read or write the password; fix: chmod 600 {}",
-            path.display()
-        )));
-    }
+    crate::private_file::check(path, &meta, "the password").map_err(unsafe_file)?;
     let text =
         std::fs::read_to_string(path).map_err(|source| PasswordError::Io { path: path.to_path_buf(), source })?;
     let password = text.lines().next().unwrap_or("").trim_end_matches('\r');
