@@ -8,8 +8,11 @@
 # then brings the dead instance back and checks it follows with no flap
 # (bench/src/bin/ha_takeover/, docs/ha.md). Detail lines first, then one
 #   ha: failed=N takeover_s=X duplicates=N restarted=N
-# and a non-zero exit when a goal is missed. Takes about 2 minutes once the
+# and a non-zero exit when a goal is missed. Takes about a minute once the
 # cluster is up (its first `up` adds a minute or two).
+#
+#   bash scripts/ha-test.sh        the host killed (ha: ...)
+#   bash scripts/ha-test.sh cut    its link cut instead, then put back (ha-cut: ...)
 #
 # The cluster lives in target/ha-cluster (ONEPOOL_HA_CLUSTER_DIR) and is
 # brought down at the end unless ONEPOOL_KEEP_CLUSTER=1. Needs root (network
@@ -25,4 +28,4 @@ dir=${ONEPOOL_HA_CLUSTER_DIR:-$PWD/target/ha-cluster}
 if [ "${ONEPOOL_KEEP_CLUSTER:-0}" != 1 ]; then
     trap '"$bin/onepool-devcluster" --dir "$dir" down >/dev/null 2>&1 || true' EXIT
 fi
-"$bin/ha_takeover" "$dir"
+"$bin/ha_takeover" "$dir" "$@"

@@ -94,6 +94,17 @@ impl Instance {
         pids.len()
     }
 
+    /// Cuts the host's link (`ip -n NS link set eth0 down`) or puts it back:
+    /// its processes run on, unreachable and unable to reach anything.
+    pub fn set_link(&self, up: bool) {
+        let state = if up { "up" } else { "down" };
+        let ok = Command::new("ip")
+            .args(["-n", &self.host.namespace, "link", "set", "eth0", state])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "ip -n {} link set eth0 {state}", self.host.namespace);
+    }
+
     /// SIGTERM and wait: the replica jobs stay (for the next start).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -140,6 +151,9 @@ impl Instance {
 
 impl Drop for Instance {
     fn drop(&mut self) {
+        // A link cut by a run that failed half-way is put back, or the
+        // cluster keeps a host off the network.
+        let _ = Command::new("ip").args(["-n", &self.host.namespace, "link", "set", "eth0", "up"]).status();
         self.stop();
     }
 }

@@ -13,7 +13,11 @@
 //! restarted=N` last; exits 1 when a goal is missed, 2 when the scenario
 //! itself did not hold (e.g. no request in flight on the killed instance).
 //!
-//! Usage: ha_takeover CLUSTER_DIR
+//! With `cut`, the acting host's link is cut instead
+//! (`ip -n NS link set eth0 down`, its processes running on), then put
+//! back; the summary line is then `ha-cut: ...`.
+//!
+//! Usage: ha_takeover CLUSTER_DIR [kill|cut]
 //!        ha_takeover client-load CLIENTS MAX_TOKENS ADDRESS...   (its own load, on the client host)
 
 // No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
@@ -62,8 +66,23 @@ fn main() {
         client::run(&args[1..]);
         return;
     }
-    let dir = PathBuf::from(args.first().expect("usage: ha_takeover CLUSTER_DIR"));
-    std::process::exit(scenario(&dir));
+    let usage = "usage: ha_takeover CLUSTER_DIR [kill|cut]";
+    let dir = PathBuf::from(args.first().expect(usage));
+    let fault = match args.get(1).map(String::as_str) {
+        None | Some("kill") => Fault::Kill,
+        Some("cut") => Fault::Cut,
+        Some(_) => panic!("{usage}"),
+    };
+    std::process::exit(scenario(&dir, fault));
+}
+
+/// How the acting instance's host fails.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// SIGKILL to every process of its namespace; back: onepoold started again.
+    Kill,
+    /// Its link down, its processes running on; back: the link up again.
+    Cut,
 }
 
 /// The hosts-mode cluster in `dir`, up (or reused) with the test policy
@@ -144,6 +163,9 @@ struct Seen {
     /// First attempts that failed otherwise.
     other: usize,
     served_after: BTreeMap<std::net::SocketAddr, usize>,
+    /// The longest request from its first attempt to its last one's end,
+    /// retries included (seconds).
+    slowest: f64,
 }
 
 fn seen(requests: &[Request], dead: std::net::SocketAddr, kill: f64) -> Seen {
@@ -152,6 +174,8 @@ fn seen(requests: &[Request], dead: std::net::SocketAddr, kill: f64) -> Seen {
     for r in requests {
         s.failed += usize::from(!r.ok());
         s.retried += usize::from(r.attempts.len() > 1);
+        let took = r.attempts.last().map_or(0.0, |l| l.end) - r.first().start;
+        s.slowest = s.slowest.max(took);
         let a = r.first();
         let on_dead_at_kill = a.to == dead && a.start < kill && a.end >= kill;
         s.in_flight += usize::from(on_dead_at_kill);
@@ -175,7 +199,11 @@ fn seen(requests: &[Request], dead: std::net::SocketAddr, kill: f64) -> Seen {
 }
 
 #[allow(clippy::too_many_lines, reason = "one scenario on a real cluster, read top to bottom")]
-fn scenario(dir: &Path) -> i32 {
+fn scenario(dir: &Path, fault: Fault) -> i32 {
+    let label = match fault {
+        Fault::Kill => "ha",
+        Fault::Cut => "ha-cut",
+    };
     let c = hosts_cluster(dir);
     let net = c.hosts().expect("the hosts mode");
     let shared = scratch("ha-takeover");
@@ -203,7 +231,7 @@ fn scenario(dir: &Path) -> i32 {
         pair.iter().all(|i| i.ready(ENDPOINT) == REPLICAS as usize)
     });
     println!(
-        "ha: onepoold on {} ({}) and {} ({}) as user {}, one configuration, [ha] lock GET_LOCK on {database} over TLS; endpoint {ENDPOINT}: {REPLICAS} replicas x 2 GPUs (stand-in server, {:.1} s a request); {CLIENTS} clients on the client host, retrying a failed connection on the other address (at most 2 retries)",
+        "{label}: onepoold on {} ({}) and {} ({}) as user {}, one configuration, [ha] lock GET_LOCK on {database} over TLS; endpoint {ENDPOINT}: {REPLICAS} replicas x 2 GPUs (stand-in server, {:.1} s a request); {CLIENTS} clients on the client host, retrying a failed connection on the other address (at most 2 retries)",
         pair[0].host.name,
         pair[0].address(),
         pair[1].host.name,
@@ -219,7 +247,7 @@ fn scenario(dir: &Path) -> i32 {
     let running: BTreeSet<u32> = before.iter().filter(|(_, s)| s.as_str() == "RUNNING").map(|(j, _)| *j).collect();
     if acting.len() != 1 || running.len() != REPLICAS as usize || before.len() != running.len() {
         let _ = load.finish();
-        eprintln!("ha: the scenario did not hold before the kill: acting {acting:?}, replica jobs {before:?}");
+        eprintln!("{label}: the scenario did not hold before the kill: acting {acting:?}, replica jobs {before:?}");
         return 2;
     }
     let (d, s) = (acting[0], 1 - acting[0]);
@@ -228,13 +256,37 @@ fn scenario(dir: &Path) -> i32 {
 
     let kill = client::now();
     let t0 = Instant::now();
-    let killed = pair[d].kill_host();
-    let took = wait("the survivor to act", Duration::from_secs(30), || pair[s].leadership().acting);
+    let what = match fault {
+        Fault::Kill => {
+            let n = pair[d].kill_host();
+            format!("killed {} ({n} process(es), SIGKILL)", pair[d].host.name)
+        }
+        Fault::Cut => {
+            pair[d].set_link(false);
+            format!("cut {}'s link", pair[d].host.name)
+        }
+    };
+    // When the cut instance stops acting by itself (its fence), as its
+    // control socket, a file, still says.
+    let mut demoted = None;
+    let took = wait("the survivor to act", Duration::from_secs(30), || {
+        if fault == Fault::Cut && demoted.is_none() && !pair[d].leadership().acting {
+            demoted = Some(t0.elapsed());
+        }
+        pair[s].leadership().acting
+    });
     let takeover_s = took.as_secs_f64();
     let acting_metric = pair[s].metric("onepool_ha_acting");
+    let fence = match (fault, demoted) {
+        (Fault::Kill, _) => String::new(),
+        (Fault::Cut, Some(t)) => {
+            format!("; {} stopped acting {:.2} s after the cut", pair[d].host.name, t.as_secs_f64())
+        }
+        (Fault::Cut, None) => format!("; {} still acted when {} took over", pair[d].host.name, pair[s].host.name),
+    };
     println!(
-        "ha: killed {} ({killed} process(es), SIGKILL); {} acts {takeover_s:.2} s later (its control socket; onepool_ha_acting {acting_metric:?})",
-        pair[d].host.name, pair[s].host.name
+        "{label}: {what}; {} acts {takeover_s:.2} s later (its control socket; onepool_ha_acting {acting_metric:?}){fence}",
+        pair[s].host.name
     );
     std::thread::sleep(AFTER_TAKEOVER);
     let decided_after = pair[s].decisions() - survivor_decided;
@@ -242,9 +294,14 @@ fn scenario(dir: &Path) -> i32 {
     // The host comes back: its onepoold must follow and take nothing back.
     let restart = Instant::now();
     let rejoin = t0.elapsed();
-    pair[d].start();
-    wait("the restarted instance to see the lock held", Duration::from_secs(15), || {
-        pair[d].leadership().acting_instance.is_some()
+    match fault {
+        Fault::Kill => pair[d].start(),
+        Fault::Cut => pair[d].set_link(true),
+    }
+    let me = pair[d].host.name.clone();
+    wait("the instance back to see the other's lock", Duration::from_secs(15), || {
+        let l = pair[d].leadership();
+        !l.acting && l.acting_instance.is_some_and(|a| a != me)
     });
     let follows = restart.elapsed();
     let watch_until = Instant::now() + WATCH;
@@ -275,7 +332,7 @@ fn scenario(dir: &Path) -> i32 {
 
     let seen = seen(&requests, dead_at, kill);
     println!(
-        "ha: requests {}: failed {} with retries ({} retried); without retries {} would have failed: {} in flight on {} at the kill (of {} there), {} refused connections after it (at most {} per client), {} other; served after the kill: {:?}",
+        "{label}: requests {}: failed {} with retries ({} retried); without retries {} would have failed: {} in flight on {} at the fault (of {} there), {} refused connections after it (at most {} per client), {} other; slowest request {:.1} s; served after the fault: {:?}",
         seen.total,
         seen.failed,
         seen.retried,
@@ -286,16 +343,17 @@ fn scenario(dir: &Path) -> i32 {
         seen.refused,
         seen.refused_per_client,
         seen.other,
+        seen.slowest,
         seen.served_after,
     );
     let names: Vec<String> = jobs.iter().map(|j| format!("{} {} {}", j.id, j.name, j.state)).collect();
     println!(
-        "ha: replica jobs running before the kill {running:?}; in Slurm's records since the start {names:?}; beyond those {extra:?}; slots with two running at once {overlapping:?}; restarted {restarted:?}; {} decided {decided_after} thing(s) in the {}s after its takeover",
+        "{label}: replica jobs running before the fault {running:?}; in Slurm's records since the start {names:?}; beyond those {extra:?}; slots with two running at once {overlapping:?}; restarted {restarted:?}; {} decided {decided_after} thing(s) in the {}s after its takeover",
         pair[s].host.name,
         AFTER_TAKEOVER.as_secs()
     );
     println!(
-        "rejoin: {} back {:.1} s after the kill, follows {:.2} s after its start (its control socket up, the lock seen held); acting: {} throughout, {flaps} flap(s) in {samples} samples over {} s; routes to {REPLICAS} replicas {} after its start; takeovers {}={} {}={}",
+        "rejoin: {} back {:.1} s after the fault, follows {:.2} s after (the other's lock seen held); acting: {} throughout, {flaps} flap(s) in {samples} samples over {} s; routes to {REPLICAS} replicas {} after; takeovers {}={} {}={}",
         pair[d].host.name,
         rejoin.as_secs_f64(),
         follows.as_secs_f64(),
@@ -308,7 +366,7 @@ fn scenario(dir: &Path) -> i32 {
         takeovers.1,
     );
     println!(
-        "ha: failed={} takeover_s={takeover_s:.2} duplicates={duplicates} restarted={}",
+        "{label}: failed={} takeover_s={takeover_s:.2} duplicates={duplicates} restarted={}",
         seen.failed,
         restarted.len()
     );
@@ -319,7 +377,7 @@ fn scenario(dir: &Path) -> i32 {
     }
     c.cancel_all();
     if seen.in_flight == 0 {
-        eprintln!("ha: no request was in flight on the killed instance: the kill proved nothing about them");
+        eprintln!("{label}: no request was in flight on the killed instance: the kill proved nothing about them");
         return 2;
     }
     let mut missed = Vec::new();
@@ -340,7 +398,8 @@ fn scenario(dir: &Path) -> i32 {
         ),
     );
     check(
-        flaps == 0 && takeovers == (1, 0) && routes.is_some(),
+        // A restarted instance counts afresh; a cut one took the lock once, at the start.
+        flaps == 0 && takeovers == (1, u64::from(fault == Fault::Cut)) && routes.is_some(),
         format!("rejoin: {flaps} flap(s), takeovers {takeovers:?}, routes {routes:?}"),
     );
     check(acting_metric == Some(1.0), format!("the survivor's onepool_ha_acting is {acting_metric:?}"));
@@ -349,7 +408,7 @@ fn scenario(dir: &Path) -> i32 {
         let _ = std::fs::remove_dir_all(&shared);
         0
     } else {
-        eprintln!("ha: goals missed: {}; logs in {}", missed.join("; "), shared.display());
+        eprintln!("{label}: goals missed: {}; logs in {}", missed.join("; "), shared.display());
         1
     }
 }
