@@ -310,7 +310,7 @@ impl TestCluster {
         self.spec.hosts
     }
 
-    /// `program` run on `host` (`head`, `service`, `client`, `nodeN`) with
+    /// `program` run on `host` (`head`, `service`, `service2`, `client`, `nodeN`) with
     /// the cluster's environment: in the host's network namespace in the
     /// hosts mode, as is on a single-namespace cluster (one host).
     pub fn on_host(&self, host: &str, program: &str) -> Command {
