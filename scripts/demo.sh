@@ -48,6 +48,10 @@ sed 's/^min_runtime_before_reclaim = .*/min_runtime_before_reclaim = "10s"/' etc
 # mode it runs on the client host: its load crosses the bridge.
 demo=("$bin/onepool-demo" --dir "$dir" --trace data/azure-llm-inference-2023-conv.csv "${args[@]}")
 if [ "$hosts" = 1 ]; then
+    # The demo captures the bridge, which is in this namespace, not the
+    # client host's: handed over as an open file.
+    exec 9</proc/self/ns/net
+    export ONEPOOL_BRIDGE_NETNS=/proc/self/fd/9
     exec ip netns exec "$("$dc" --dir "$dir" netns client)" "${demo[@]}"
 fi
 exec "${demo[@]}"

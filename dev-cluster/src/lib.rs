@@ -8,6 +8,7 @@
 // No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
 #![forbid(unsafe_code)]
 
+pub mod capture;
 pub mod cgroups;
 pub mod error;
 pub mod hosts;

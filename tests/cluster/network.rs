@@ -429,7 +429,7 @@ fn the_bridge_carries_neither_the_replica_key_nor_a_prompt_in_clear_and_launcher
     file.endpoints[0].tls =
         Some(onepool_elastic_daemon::config::TlsFile { cert_file: cert_file.clone(), key_file: key_file.clone() });
     file.write(&config).unwrap();
-    let capture = onepool_tests::capture::Capture::start(&net.bridge(), &dir.join("bridge.pcap"));
+    let capture = onepool_tests::capture::Capture::start(&net.bridge(), &dir.join("bridge.pcap")).unwrap();
     let rt = runtime();
     let d = start_daemon(&rt, &config);
     let router = d.endpoint(ENDPOINT).unwrap().listen.unwrap();
@@ -494,7 +494,7 @@ fn the_bridge_carries_neither_the_replica_key_nor_a_prompt_in_clear_and_launcher
     assert_eq!(launchers, 2, "one launcher per replica found listening");
 
     rt.block_on(d.shutdown());
-    let flows = capture.finish();
+    let flows = capture.finish().unwrap();
     let key = std::fs::read_to_string(dir.join("replica.key")).unwrap();
     let key = key.trim();
     assert!(key.len() >= 32, "the replica key file holds the key: {key:?}");

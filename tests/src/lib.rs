@@ -16,7 +16,8 @@
 //! joins as the "admin" host: Slurm commands and an in-process onepoold
 //! reach every host by its address.
 
-pub mod capture;
+/// The hosts mode's packet capture (moved to the dev cluster: the demo uses it too).
+pub use onepool_dev_cluster::capture;
 pub mod elastic;
 pub mod libslurm;
 

@@ -54,6 +54,9 @@ pub(crate) struct Paths {
     /// The hosts mode's service host (`up --hosts`): onepoold runs in its
     /// network namespace and listens on its address. `None`: one namespace.
     pub(crate) service_host: Option<onepool_dev_cluster::hosts::Host>,
+    /// The hosts mode's bridge, which the demo captures (`None`: one
+    /// namespace, no network between the hosts).
+    pub(crate) bridge: Option<String>,
 }
 
 pub(crate) struct Demo {

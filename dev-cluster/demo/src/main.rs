@@ -40,6 +40,7 @@ mod summary;
 mod tests;
 mod users;
 mod watch;
+mod wire;
 
 #[allow(unused_imports)]
 use {checks::*, config::*, demo::*, scenario::*, setup::*, summary::*, users::*};
@@ -139,6 +140,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
     d.watch = Some(watch);
 
     show_the_pool(&cluster, &spec)?;
+    // From before onepoold's first sbatch: its RPCs are the capture's
+    // proof that it sees clear text.
+    let capture = wire::start_capture(&d.paths, &root.join("demo"))?;
     let other = someone_elses_job(&mut d, &tl, &slurm_conf)?;
     let listen = onepoold_starts(&mut d, &tl, &slurm_conf, &server)?;
     let trace_name = trace_name(&args.trace);
@@ -164,19 +168,34 @@ fn run(args: &Args) -> anyhow::Result<()> {
     );
     let mut problems = std::mem::take(&mut d.untold);
     problems.extend(onepoold_saw.err());
+    if let (Some(capture), Some(bridge)) = (capture, &d.paths.bridge) {
+        if let Err(e) = wire::what_crossed(capture, bridge, &d.paths.socket.with_file_name("replica.key")) {
+            problems.push(format!("the bridge: {e:#}"));
+        }
+    }
     step("What Slurm's records say: onepool report over the demo's period");
     if let Err(e) = the_report_agrees(&cluster, &d.paths, &report_from, training, time_to_capacity, args.victim) {
         problems.push(format!("onepool report: {e:#}"));
     }
     println!("demo wall time {:.0} s", started.elapsed().as_secs_f64());
+    verdict(problems, (sent, served, failed), other, other_state.as_deref())
+}
 
+/// The demo passes when nothing above found a problem, every request was
+/// served and the other user's job still runs.
+fn verdict(
+    mut problems: Vec<String>,
+    (sent, served, failed): (u64, u64, u64),
+    other: u32,
+    other_state: Option<&str>,
+) -> anyhow::Result<()> {
     if failed > 0 {
         problems.push(format!("{failed} request(s) failed; under graceful reclaim none may"));
     }
     if sent == 0 || served + failed != sent {
         problems.push(format!("{sent} sent but {served} served and {failed} failed"));
     }
-    if other_state.as_deref() != Some("RUNNING") {
+    if other_state != Some("RUNNING") {
         problems.push(format!("{OTHER_USER}'s job {other} is {other_state:?}, not RUNNING: it must be left alone"));
     }
     if !problems.is_empty() {

@@ -32,11 +32,23 @@ pub(crate) fn onepoold_starts(
     // bridge, to the service host's address.
     let ip = d.paths.service_host.as_ref().map_or(std::net::Ipv4Addr::LOCALHOST, |h| h.address);
     let listen = SocketAddr::from((ip, free_port()?));
-    config(&d.paths, listen, slurm_conf, server)
-        .write(&d.paths.config)
-        .with_context(|| format!("writing {}", d.paths.config.display()))?;
+    let mut file = config(&d.paths, listen, slurm_conf, server);
+    // Across the bridge the front speaks TLS (issue #36): the load trusts
+    // the certificate made for this run, and no prompt crosses in clear.
+    let mut scheme = "http";
+    if let Some(host) = &d.paths.service_host {
+        let dir = d.paths.socket.parent().unwrap_or(&d.paths.root).to_path_buf();
+        let front = crate::wire::front_certificate(&dir, host.address, d.service)?;
+        file.endpoints[0].tls = Some(onepool_elastic_daemon::config::TlsFile {
+            cert_file: front.cert_file.clone(),
+            key_file: front.key_file.clone(),
+        });
+        onepool_loadgen::use_https(front.pem.as_bytes())?;
+        scheme = "https";
+    }
+    file.write(&d.paths.config).with_context(|| format!("writing {}", d.paths.config.display()))?;
     step(&format!(
-        "onepoold starts: endpoint {ENDPOINT:?} at http://{listen}, 1 baseline replica (protected, reserved GPUs), up to 2 supplemental (flexible, idle GPUs), {GPUS} GPUs each"
+        "onepoold starts: endpoint {ENDPOINT:?} at {scheme}://{listen}, 1 baseline replica (protected, reserved GPUs), up to 2 supplemental (flexible, idle GPUs), {GPUS} GPUs each"
     ));
     println!(
         "config {}; log {}; replicas' logs {}/replica-JOB.out",

@@ -73,6 +73,7 @@ pub(crate) fn setup(args: &Args) -> anyhow::Result<Setup> {
         pid_file: demo_dir.join("onepoold.pid"),
         onepoold_log: cluster.layout.log().join("onepoold.log"),
         service_host: spec.hosts.map(|net| net.service()),
+        bridge: spec.hosts.map(|net| net.bridge()),
         log: replica_logs,
         root: root.clone(),
         bin,

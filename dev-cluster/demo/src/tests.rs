@@ -53,6 +53,7 @@ fn the_demo_config_loads() {
         pid_file: demo.join("onepoold.pid"),
         onepoold_log: "/c/log/onepoold.log".into(),
         service_host: None,
+        bridge: None,
     };
     let listen: SocketAddr = "127.0.0.1:4000".parse().unwrap();
     let dir = std::env::temp_dir().join(format!("onepool-demo-config-{}", std::process::id()));

@@ -496,15 +496,38 @@ pub async fn chat_once(target: SocketAddr, body: &str, stream: bool) -> Result<O
     chat(target, body, stream).await.map(|a| a.first_token)
 }
 
+/// The HTTPS client, once [`use_https`] was called.
+static HTTPS: std::sync::OnceLock<onepool_client::Caller<onepool_client::tls::HttpsConnector>> =
+    std::sync::OnceLock::new();
+
+/// From now on every request of this process's loads goes over HTTPS to
+/// an endpoint whose certificate `ca_pem` vouches for (an endpoint with
+/// `[endpoint.tls]`: prompts and answers cross the network encrypted).
+pub fn use_https(ca_pem: &[u8]) -> anyhow::Result<()> {
+    let client =
+        onepool_client::pooled_tls(onepool_client::Settings::with_connect_timeout(Duration::from_secs(180)), ca_pem)?;
+    let caller = onepool_client::Caller::new(client, Duration::from_secs(180));
+    HTTPS.set(caller).map_err(|_| anyhow::anyhow!("the load generator's HTTPS client is set already"))
+}
+
 /// One chat completion over its own connection (`connection: close`, so
 /// the figures stay comparable with earlier runs and with clients that
 /// come and go); what went wrong unless it was answered whole with 2xx.
 async fn chat(target: SocketAddr, body: &str, stream: bool) -> Result<Answer, String> {
-    let uri = format!("http://{target}/v1/chat/completions");
+    match HTTPS.get() {
+        Some(c) => exchange(c, &format!("https://{target}/v1/chat/completions"), body, stream).await,
+        None => exchange(client(), &format!("http://{target}/v1/chat/completions"), body, stream).await,
+    }
+}
+
+async fn exchange<C>(caller: &onepool_client::Caller<C>, uri: &str, body: &str, stream: bool) -> Result<Answer, String>
+where
+    C: onepool_client::Connect + Clone + Send + Sync + 'static,
+{
     let req =
-        client().build(http::Method::POST, &uri, Some(body), &[("connection", "close")]).map_err(|e| e.to_string())?;
+        caller.build(http::Method::POST, uri, Some(body), &[("connection", "close")]).map_err(|e| e.to_string())?;
     let exchange = async {
-        let resp = client().open(req).await.map_err(|e| match e.connect_error() {
+        let resp = caller.open(req).await.map_err(|e| match e.connect_error() {
             Some(io) => format!("connect: {io}"),
             None => e.to_string(),
         })?;

@@ -23,12 +23,15 @@ pub mod blocking;
 mod caller;
 mod error;
 mod settings;
+pub mod tls;
 mod unix;
 
 pub use answer::{read_bounded, Answer};
 pub use caller::Caller;
 pub use error::ClientError;
-pub use settings::{pooled, Pooled, Settings};
+/// What a connector must be for a [`Caller`] over it.
+pub use hyper_util::client::legacy::connect::Connect;
+pub use settings::{pooled, pooled_tls, Pooled, PooledTls, Settings};
 pub use unix::{unix_client, UnixConnector};
 
 /// The body every simple request sends: whole, in memory.

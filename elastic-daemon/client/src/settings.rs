@@ -50,11 +50,33 @@ where
     B: http_body::Body + Send + 'static,
     B::Data: Send,
 {
+    builder(settings).build(tcp(settings))
+}
+
+fn tcp(settings: Settings) -> HttpConnector {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(settings.connect_timeout));
     connector.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(settings.idle_timeout)
-        .pool_max_idle_per_host(settings.max_idle_per_host)
-        .build(connector)
+    connector
+}
+
+fn builder(settings: Settings) -> hyper_util::client::legacy::Builder {
+    let mut b = Client::builder(TokioExecutor::new());
+    b.pool_idle_timeout(settings.idle_timeout).pool_max_idle_per_host(settings.max_idle_per_host);
+    b
+}
+
+/// hyper's pooled client over TLS (and plain TCP for `http://`).
+pub type PooledTls<B = crate::FullBody> = Client<crate::tls::HttpsConnector, B>;
+
+/// [`pooled`] over TLS to servers whose certificate `ca_pem` vouches for
+/// (a site's CA, or an endpoint's own self-signed certificate): what a
+/// client of onepoold's TLS front uses (`[endpoint.tls]`).
+pub fn pooled_tls<B>(settings: Settings, ca_pem: &[u8]) -> Result<PooledTls<B>, crate::tls::TlsSetupError>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+{
+    let connector = crate::tls::connector(tcp(settings), ca_pem)?;
+    Ok(builder(settings).build(connector))
 }

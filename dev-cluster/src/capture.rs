@@ -9,6 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// A network namespace file (e.g. `/proc/self/fd/9`, opened by the caller's
+/// parent) in which the interface to capture is, when it is not in the
+/// caller's own.
+pub const NETNS_ENV: &str = "ONEPOOL_BRIDGE_NETNS";
+
 /// `tcpdump` writing every packet on one interface to a file.
 pub struct Capture {
     child: Child,
@@ -18,35 +23,50 @@ pub struct Capture {
 impl Capture {
     /// Starts capturing on `interface` (whole packets, no name lookups)
     /// and returns once tcpdump listens.
-    pub fn start(interface: &str, file: &Path) -> Capture {
+    pub fn start(interface: &str, file: &Path) -> Result<Capture, String> {
         let _ = std::fs::remove_file(file);
         let stderr = file.with_extension("log");
-        let child = Command::new("tcpdump")
+        let log = std::fs::File::create(&stderr).map_err(|e| format!("{}: {e}", stderr.display()))?;
+        // The bridge lives in the machine's own namespace. A caller in a
+        // host's namespace (the demo runs on the client host; `ip netns
+        // exec` mounts that namespace's /sys) is handed the machine's as
+        // an open file, NETNS_ENV (scripts/demo.sh): init's is not
+        // readable in every container.
+        let mut tcpdump = if Path::new("/sys/class/net").join(interface).exists() {
+            Command::new("tcpdump")
+        } else if let Some(netns) = std::env::var_os(NETNS_ENV) {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net={}", netns.to_string_lossy())).arg("tcpdump");
+            c
+        } else {
+            return Err(format!("{interface} is not in this network namespace, and {NETNS_ENV} names none it is in"));
+        };
+        let child = tcpdump
             // Each packet handed over and written as it comes: by default
             // the kernel hands them over in blocks, and what a block held
             // when tcpdump stopped was lost (measured: 285 of 893).
             .args(["-i", interface, "-n", "-s", "0", "-U", "--immediate-mode", "-w"])
             .arg(file)
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr).expect("tcpdump's log"))
+            .stderr(log)
             .spawn()
-            .expect("tcpdump (scripts/install-deps.sh installs it)");
+            .map_err(|e| format!("tcpdump (scripts/install-deps.sh installs it): {e}"))?;
+        let mut capture = Capture { child, file: file.to_path_buf() };
         let t0 = Instant::now();
         // tcpdump says "listening on" once its socket is bound.
         while !std::fs::read_to_string(&stderr).unwrap_or_default().contains("listening on") {
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "tcpdump did not start: {:?}",
-                std::fs::read_to_string(&stderr)
-            );
+            if t0.elapsed() > Duration::from_secs(20) || capture.child.try_wait().ok().flatten().is_some() {
+                return Err(format!("tcpdump did not start: {}", std::fs::read_to_string(&stderr).unwrap_or_default()));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Capture { child, file: file.to_path_buf() }
+        Ok(capture)
     }
 
     /// Stops tcpdump (SIGINT: it flushes and closes the file) and reads
-    /// what it wrote.
-    pub fn finish(mut self) -> Flows {
+    /// what it wrote; an error when it did not write every packet it
+    /// received.
+    pub fn finish(mut self) -> Result<Flows, String> {
         // What is still on its way to the file gets there first: the file
         // stops growing for a second.
         let size = |f: &Path| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0);
@@ -59,19 +79,18 @@ impl Capture {
             }
             last = now;
         }
-        let _ = nix_kill(self.child.id(), libc::SIGINT);
+        let _ = onepool_os::signal(self.child.id(), libc::SIGINT);
         let _ = self.child.wait();
         let log = std::fs::read_to_string(self.file.with_extension("log")).unwrap_or_default();
         let count = |what: &str| {
             log.lines().find(|l| l.ends_with(what)).and_then(|l| l.split_whitespace().next()?.parse::<u64>().ok())
         };
         let (captured, received) = (count("packets captured"), count("packets received by filter"));
-        assert!(
-            captured.is_some() && captured == received,
-            "tcpdump wrote {captured:?} of the {received:?} packets it received: {log}"
-        );
-        let bytes = std::fs::read(&self.file).expect("the capture file");
-        Flows::from_pcap(&bytes).unwrap_or_else(|e| panic!("{}: {e}", self.file.display()))
+        if captured.is_none() || captured != received {
+            return Err(format!("tcpdump wrote {captured:?} of the {received:?} packets it received: {log}"));
+        }
+        let bytes = std::fs::read(&self.file).map_err(|e| format!("{}: {e}", self.file.display()))?;
+        Flows::from_pcap(&bytes).map_err(|e| format!("{}: {e}", self.file.display()))
     }
 }
 
@@ -79,14 +98,6 @@ impl Drop for Capture {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-fn nix_kill(pid: u32, sig: i32) -> std::io::Result<()> {
-    // SAFETY: kill(2) on our own child's pid; no memory is involved.
-    match unsafe { libc::kill(pid as i32, sig) } {
-        0 => Ok(()),
-        _ => Err(std::io::Error::last_os_error()),
     }
 }
 
@@ -143,10 +154,12 @@ impl Flows {
             }
         }
         for (flow, mut segs) in segments {
-            // Wrapping sequence numbers ordered from the first one seen;
-            // a retransmission (same start) is kept once.
-            let base = segs[0].0;
-            segs.sort_by_key(|(seq, _)| seq.wrapping_sub(base));
+            // Wrapping sequence numbers ordered by their signed distance
+            // from the first one seen (a segment sent before it but
+            // captured after is behind it, not 4 GiB ahead); a
+            // retransmission (same start) is kept once.
+            let first = segs[0].0;
+            segs.sort_by_key(|(seq, _)| seq.wrapping_sub(first) as i32);
             segs.dedup_by_key(|(seq, _)| *seq);
             flows.streams.insert(flow, segs.into_iter().flat_map(|(_, p)| p).collect());
         }
