@@ -1271,6 +1271,30 @@ fn two_controllers_with_the_same_view_submit_into_the_same_slot() {
     });
 }
 
+/// A job of onepoold's user that carries a slot's name without being one
+/// of this endpoint's replicas (submitted by hand, or by an older
+/// configuration) is left alone, and its slot is not free: Slurm's
+/// singleton dependency would hold a new replica of that name behind it
+/// for as long as it runs (seen on the real cluster: tests/cluster/
+/// controller.rs's job of our uid named like a replica).
+#[test]
+fn a_slot_named_by_another_job_of_our_user_is_not_free() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let slurm = Arc::new(ScriptedSlurm::default());
+        *slurm.next_id.lock().unwrap() = Some(100);
+        // Our uid, the slot's name, no onepool record for this endpoint.
+        *slurm.jobs.lock().unwrap() = vec![running_in(7, 18000, "")];
+        let s = ReplicaSettings { min: 1, max: 1, ..settings() };
+        let (mut c, _) = Controller::new("llm", test_endpoint("llm"), false, s, slurm.clone());
+        c.round().await.unwrap();
+        let submitted: Vec<String> =
+            sbatches(&slurm).iter().map(|c| c.split(' ').take(3).collect::<Vec<_>>().join(" ")).collect();
+        assert_eq!(submitted, ["sbatch -J onepool-llm-18002"]);
+        assert!(scancels(&slurm).is_empty(), "the other job is not ours to cancel");
+    });
+}
+
 /// A replica job held by its slot's singleton dependency (Reason
 /// Dependency) is a replica to come like any pending one: never released
 /// for its start taking long (that counts from when it runs), nothing else

@@ -280,7 +280,7 @@ impl Controller {
         let pairs = ports / 2;
         let free = |p: u32| {
             let port = lo + (2 * p) as u16;
-            !self.tracked.values().any(|t| t.uses(port) || t.uses(port + 1))
+            !self.tracked.values().any(|t| t.uses(port) || t.uses(port + 1)) && !self.named_slots.contains(&port)
         };
         for n in (1..=want.max(1)).rev() {
             if let Some(i) = (0..pairs).find(|i| i + n <= pairs && (*i..*i + n).all(free)) {

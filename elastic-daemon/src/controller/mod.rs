@@ -148,6 +148,11 @@ pub struct Controller {
     /// Live replicas found at the first poll: kept until the scale-down
     /// delay has passed, so a restart does not shrink the endpoint.
     adopted: Option<u32>,
+    /// Slots named by a job of onepoold's user in the last read of the
+    /// queue, this endpoint's replica or not (a job submitted by hand, one
+    /// of an older configuration): Slurm's singleton dependency would hold
+    /// a new replica of that name behind it, so such a slot is not free.
+    named_slots: std::collections::BTreeSet<u16>,
     submit_after: Option<Instant>,
     /// Requests served by all replicas at the last poll, and when.
     last_served: Option<(u64, Instant)>,
@@ -319,6 +324,7 @@ impl Controller {
             autoscaler,
             started: Instant::now(),
             adopted: None,
+            named_slots: std::collections::BTreeSet::new(),
             submit_after: None,
             last_served: None,
             scraper,
@@ -425,6 +431,8 @@ impl Controller {
             self.backoff.clear();
         }
         let jobs = self.read().await?;
+        self.named_slots =
+            jobs.iter().filter(|j| j.user_id == self.uid).filter_map(|j| port_from_name(&self.name, &j.name)).collect();
         // The poll's time: when Slurm's answer came.
         let now = Instant::now();
         let seen = self.adopt(jobs).await?;
