@@ -241,13 +241,16 @@ one_release_program() {
 
 # `--skip` arguments for the tests of a program that only 22.05's stage
 # runs: those that exercise onepool's own HTTP path (router, launcher,
-# client) and ask Slurm nothing another test does not ask too. Every
-# release's demo still serves a real model through onepoold.
+# client) or its own decisions (advisory mode, renewal before a time
+# limit) and ask Slurm nothing another test does not ask too. Every
+# release still runs the reclaims (graceful, immediate, per node, onepoold
+# killed mid-drain), and its demo serves a real model through onepoold.
 one_release_tests() {
     local t=()
     case $(basename "$1") in
         serving-*) t=(the_openai_client_lists_completes a_client_that_hangs_up_mid_stream) ;;
-        elastic-*) t=(prefix_affinity_survives restarts_and_an_upgrade_of_the_binary a_min_zero_endpoint_wakes) ;;
+        elastic-*) t=(prefix_affinity_survives restarts_and_an_upgrade_of_the_binary a_min_zero_endpoint_wakes
+            an_advisory_endpoint_submits_and_cancels_nothing replicas_are_renewed_before_their_time_limit) ;;
     esac
     local n
     for n in "${t[@]}"; do printf -- '--skip\n%s\n' "$n"; done
