@@ -245,8 +245,31 @@ mod tests {
         let live_at = live.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             let (mut s, _) = live.accept().unwrap();
+            // The whole request first (head, then the body its length
+            // says): closing with bytes unread would reset the connection
+            // and the client would see it dropped (it did, once in five).
+            let mut got = Vec::new();
             let mut buf = [0u8; 4096];
-            let _ = s.read(&mut buf);
+            loop {
+                let n = s.read(&mut buf).unwrap_or(0);
+                got.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&got).to_string();
+                if let Some(head) = text.find("\r\n\r\n") {
+                    let len = text[..head]
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string())
+                        })
+                        .and_then(|v| v.parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if got.len() >= head + 4 + len {
+                        break;
+                    }
+                }
+                if n == 0 {
+                    break;
+                }
+            }
             s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}").unwrap();
         });
         let mut prefer = 0;
