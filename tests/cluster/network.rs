@@ -18,7 +18,7 @@ use onepool_elastic_daemon::daemon::Daemon;
 use onepool_tests::elastic::{
     daemon_config, protected_training, replica_view, runtime, scratch, serving, stand_in_server, start_daemon, wait,
 };
-use onepool_tests::{hosts_cluster, Cleanup, TestCluster};
+use onepool_tests::{hosts_cluster, replica_records, Cleanup, TestCluster};
 
 const ENDPOINT: &str = "links";
 
@@ -193,29 +193,6 @@ fn sample(d: &Daemon, name: &str, labels: &str) -> f64 {
         .sum()
 }
 
-/// Replica jobs of the endpoint in Slurm's records since the test began:
-/// (job, name, start, end, state), from sacct.
-fn replica_records(c: &TestCluster, since: &str) -> Vec<(u32, String, i64, i64, String)> {
-    let out = c
-        .cmd("sacct")
-        .env("SLURM_TIME_FORMAT", "%s")
-        .args(["-X", "-n", "-P", "-a", "-S", since, "-o", "JobID,JobName,Start,End,State"])
-        .output()
-        .expect("sacct");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split('|').collect();
-            let name = f.get(1)?.to_string();
-            if !name.starts_with(&format!("onepool-{ENDPOINT}-")) {
-                return None;
-            }
-            let t = |s: &str| s.parse::<i64>().unwrap_or(i64::MAX);
-            Some((f[0].parse().ok()?, name, t(f[2]), t(f[3]), f[4].to_string()))
-        })
-        .collect()
-}
-
 #[test]
 #[allow(clippy::too_many_lines, reason = "one scenario on a real cluster, read top to bottom")]
 fn a_node_whose_link_goes_down_mid_stream_ends_its_streams_sends_the_rest_elsewhere_and_is_replaced_once() {
@@ -223,7 +200,7 @@ fn a_node_whose_link_goes_down_mid_stream_ends_its_streams_sends_the_rest_elsewh
     let _cleanup = Cleanup(c);
     let dir = scratch("network-link");
     let config = dir.join("onepoold.toml");
-    let since = c.ok("date", &["+%Y-%m-%dT%H:%M:%S"]).trim().to_string();
+    let since: i64 = c.ok("date", &["+%s"]).trim().parse().unwrap();
     // Two replicas of 4 GPUs (a node each): the baseline and, under the
     // load below, a supplemental one. Clients of 100 tokens at 0.05 s.
     let mut file: ConfigFile = daemon_config(c, &dir, ENDPOINT, |r| {
@@ -335,16 +312,9 @@ fn a_node_whose_link_goes_down_mid_stream_ends_its_streams_sends_the_rest_elsewh
 
     // Duplicates, from Slurm's records: each slot ran at most one job at a
     // time, and the endpoint had 3 jobs (two, then one replacement).
-    let records = replica_records(c, &since);
-    let mut by_slot: BTreeMap<&str, Vec<(i64, i64)>> = BTreeMap::new();
-    for (_, name, start, end, _) in &records {
-        by_slot.entry(name).or_default().push((*start, *end));
-    }
-    let overlapping = by_slot
-        .values()
-        .filter(|v| v.iter().enumerate().any(|(i, a)| v[i + 1..].iter().any(|b| a.0 < b.1 && b.0 < a.1)))
-        .count();
-    let started = records.iter().filter(|r| r.2 != i64::MAX).count();
+    let records = replica_records::submitted_since(c, ENDPOINT, since);
+    let overlapping = replica_records::overlapping_slots(&records).len();
+    let started = records.iter().filter(|r| r.start.is_some()).count();
     eprintln!(
         "link-down: replica jobs {} ({} started): {records:?}; slots with two at once {overlapping}; replacement serving {:.1} s after the cut",
         records.len(),

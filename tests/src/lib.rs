@@ -20,6 +20,7 @@
 pub use onepool_dev_cluster::capture;
 pub mod elastic;
 pub mod libslurm;
+pub mod replica_records;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
