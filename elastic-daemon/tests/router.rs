@@ -1300,3 +1300,62 @@ async fn a_request_waiting_on_a_replica_that_no_longer_answers_anything_goes_to_
     );
     h.daemon.shutdown().await;
 }
+
+/// A launcher whose drain is over before the router saw it draining (an
+/// idle replica reclaimed gracefully ends at once) closes its connections
+/// and its port while requests keep coming. None of them may fail: each
+/// the launcher never read is sent to the other replica. Many rounds, as
+/// the race is a matter of microseconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_racing_the_end_of_a_launcher_s_drain_are_all_answered() {
+    use onepool_launcher::access::Access;
+    use onepool_launcher::launcher::{serve_front, Front, FrontBounds, FrontConfig};
+    let (server, served_by_launcher) = counting_backend(false).await;
+    let (other, _) = counting_backend(false).await;
+    let c = client();
+    let mut failed = Vec::new();
+    let mut raced = 0;
+    for round in 0..30 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let front_addr = listener.local_addr().unwrap();
+        let state = Arc::new(Front::default());
+        let cfg = Arc::new(FrontConfig {
+            backend: server,
+            access: Access::open(),
+            backend_auth: None,
+            bounds: FrontBounds::default(),
+            tls: None,
+        });
+        let front = tokio::spawn(serve_front(listener, cfg, state.clone()));
+        let h = Harness::new(endpoint_config(4, 4, Duration::from_secs(5)), &[front_addr, other]).await;
+        // The router holds a kept-alive connection to the launcher.
+        let before = served_by_launcher.load(Ordering::SeqCst);
+        while served_by_launcher.load(Ordering::SeqCst) == before {
+            assert_eq!(send(&c, "POST", &format!("{}/ok", h.url)).await.0, StatusCode::OK);
+        }
+        let drain = {
+            let state = state.clone();
+            tokio::spawn(async move {
+                state.start_draining();
+                let _ = state.wait_idle(Duration::from_secs(5)).await;
+                state.close_connections(Duration::from_secs(2)).await;
+                // The launcher process ends a moment later.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                front.abort();
+            })
+        };
+        for n in 0..20 {
+            let (s, _, body) = send(&c, "POST", &format!("{}/ok", h.url)).await;
+            if s != StatusCode::OK {
+                failed.push((round, n, s, body));
+            }
+        }
+        drain.await.unwrap();
+        if state.turned_away.load(Ordering::SeqCst) == 0 {
+            raced += 1;
+        }
+        h.daemon.shutdown().await;
+    }
+    eprintln!("{raced} of 30 drains ended before the router was told");
+    assert!(failed.is_empty(), "{} requests failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
+}

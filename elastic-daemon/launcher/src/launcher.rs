@@ -487,39 +487,71 @@ pub async fn serve_front(listener: TcpListener, cfg: Arc<FrontConfig>, state: Ar
     let client: onepool_client::Pooled<Limited<Incoming>> =
         onepool_client::pooled(onepool_client::Settings { max_idle_per_host: 0, ..Default::default() });
     let slots = Arc::new(Semaphore::new(cfg.bounds.max_connections.max(1)));
+    let closing = state.closing.clone();
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = closing.cancelled() => {
+                // The drain is over: the port closes, so that the router's
+                // next connection is refused (it sends the request to
+                // another replica) rather than accepted and closed unread.
+                // The connections the kernel already completed are served
+                // first (they are answered "draining"): dropping them with
+                // the listener would reset requests already written.
+                // Asked of the kernel itself: the runtime may not have
+                // seen them yet.
+                let Ok(listener) = listener.into_std() else { return };
+                while let Ok((stream, _)) = listener.accept() {
+                    let Ok(stream) = stream.set_nonblocking(true).and_then(|()| tokio::net::TcpStream::from_std(stream))
+                    else {
+                        continue;
+                    };
+                    state.connections.fetch_add(1, Ordering::SeqCst);
+                    tokio::spawn(serve_accepted(stream, state.clone(), client.clone(), cfg.clone(), None));
+                }
+                return;
+            }
+        };
+        let Ok((stream, _)) = accepted else { continue };
         // Over the cap: closed at once, before a byte is read.
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             state.refused.fetch_add(1, Ordering::Relaxed);
             drop(stream);
             continue;
         };
-        let (state, client, cfg) = (state.clone(), client.clone(), cfg.clone());
         state.connections.fetch_add(1, Ordering::SeqCst);
-        tokio::spawn(async move {
-            let _slot = slot;
-            let _open = OpenConnection(state.clone());
-            match &cfg.tls {
-                None => serve_connection(stream, state, client, cfg).await,
-                Some(tls) => {
-                    // The handshake is part of the head: a peer that stalls
-                    // in it holds a connection no longer than one that
-                    // stalls in its head.
-                    let accept = tokio_rustls::TlsAcceptor::from(tls.clone()).accept(stream);
-                    match tokio::time::timeout(cfg.bounds.header_read_timeout, accept).await {
-                        Ok(Ok(tls)) => serve_connection(tls, state, client, cfg).await,
-                        Ok(Err(e)) => {
-                            state.refused.fetch_add(1, Ordering::Relaxed);
-                            tracing::debug!("TLS handshake refused: {e}");
-                        }
-                        Err(_) => {
-                            state.refused.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
+        tokio::spawn(serve_accepted(stream, state.clone(), client.clone(), cfg.clone(), Some(slot)));
+    }
+}
+
+/// One accepted connection (counted in `state.connections` by the caller)
+/// until it closes: the TLS handshake, if any, then HTTP.
+async fn serve_accepted(
+    stream: tokio::net::TcpStream,
+    state: Arc<Front>,
+    client: onepool_client::Pooled<Limited<Incoming>>,
+    cfg: Arc<FrontConfig>,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+) {
+    let _slot = slot;
+    let _open = OpenConnection(state.clone());
+    match &cfg.tls {
+        None => serve_connection(stream, state, client, cfg).await,
+        Some(tls) => {
+            // The handshake is part of the head: a peer that stalls in it
+            // holds a connection no longer than one that stalls in its head.
+            let accept = tokio_rustls::TlsAcceptor::from(tls.clone()).accept(stream);
+            match tokio::time::timeout(cfg.bounds.header_read_timeout, accept).await {
+                Ok(Ok(tls)) => serve_connection(tls, state, client, cfg).await,
+                Ok(Err(e)) => {
+                    state.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!("TLS handshake refused: {e}");
+                }
+                Err(_) => {
+                    state.refused.fetch_add(1, Ordering::Relaxed);
                 }
             }
-        });
+        }
     }
 }
 
@@ -536,6 +568,11 @@ async fn serve_connection<S>(
     // hyper's smallest read buffer; the head must fit in it.
     let max_buf = cfg.bounds.max_header_bytes.max(8192);
     let closing = state.closing.clone();
+    // A connection that began after the drain ended still has its request
+    // read and answered ("draining"), once: shut at once, it would be
+    // closed with the request unread, which the router cannot tell from a
+    // replica that failed on it.
+    let late = closing.is_cancelled();
     let svc = service_fn(move |req| {
         let (state, client, cfg) = (state.clone(), client.clone(), cfg.clone());
         async move { Ok::<_, std::convert::Infallible>(front(req, state, client, cfg).await) }
@@ -544,8 +581,13 @@ async fn serve_connection<S>(
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout)
         .max_buf_size(max_buf)
+        .keep_alive(!late)
         .serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
+    if late {
+        let _ = conn.await;
+        return;
+    }
     tokio::select! {
         _ = conn.as_mut() => {}
         _ = closing.cancelled() => {

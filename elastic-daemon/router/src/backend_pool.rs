@@ -529,8 +529,12 @@ pub async fn send(
             // Boxed: rare, and large.
             None => match (Box::pin(connect(address, &idle.transport, connect_timeout, deadline)).await, &sent_once) {
                 (Ok(c), _) => (c, false),
+                // The first attempt was taken as unread (the keep-alive
+                // race below) and this one never left: another replica may
+                // have it. A launcher whose drain ended closes its port
+                // right after its connections.
                 (Err(SendError::NotSent(e)), Some(first)) => {
-                    return Err(SendError::Failed(format!("{first}; sent again: {e}")))
+                    return Err(SendError::NotSent(format!("{first}; then {e}")))
                 }
                 (Err(e), _) => return Err(e),
             },
