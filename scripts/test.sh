@@ -25,8 +25,9 @@
 # the single-namespace pass, on a cluster whose hosts are network
 # namespaces: onepool-devcluster up --hosts);
 # slow variants run on one release: 24.11 and 26.05 leave out the hosts
-# mode's programs, two_actors and the tests of onepool's own HTTP path
-# (one_release_program, one_release_tests);
+# mode's programs, the two-instance ones (ha, two_actors) and the tests of
+# onepool's own HTTP path (one_release_program, one_release_tests), and
+# the demo runs on 22.05 and 26.05 (demo);
 # ONEPOOL_SKIP_DEMO=1 skips the demo; ONEPOOL_SKIP_PACKAGES=1 skips the last
 # stage of each release, its package (scripts/package.sh RELEASE, then
 # scripts/package-test.sh RELEASE; for 22.05 scripts/deploy-test.sh, the
@@ -141,16 +142,18 @@ run_release() {
         fi
         local skip=()
         [ "$rel" = 22.05 ] || mapfile -t skip < <(one_release_tests "$exe")
+        local t0=$SECONDS
         (cd tests && "${run[@]}" "$exe" --test-threads=1 "${skip[@]}")
+        echo "== Slurm $rel: $(basename "${exe%-*}") passed in $((SECONDS - t0)) s"
     done
 
-    if [ "${ONEPOOL_SKIP_DEMO:-0}" != 1 ]; then
+    if demo "$rel"; then
         echo "== Slurm $rel: the demo (bash scripts/demo.sh), on its own cluster in $demo_dir"
         # Two clusters on a small machine would slow both: the test cluster goes first.
         if [ "${ONEPOOL_KEEP_CLUSTER:-0}" != 1 ]; then
             "${run[@]}" "$dc" --dir "$ONEPOOL_TEST_CLUSTER_DIR" down
         fi
-        # Each release's demo shapes its victim another way, and 22.05's
+        # The two demos shape their victim two ways, and 22.05's
         # polls at 5 s (issue #35: what onepoold counts must not depend on
         # the victim's load or on the poll catching a moment).
         # With the timing variants, 22.05's nodes are capped too
@@ -158,7 +161,7 @@ run_release() {
         local demo_env=()
         case $rel in
             22.05) demo_env=(ONEPOOL_POLL_INTERVAL=5s ONEPOOL_DEMO_VICTIM=idle) ;;
-            24.11) demo_env=(ONEPOOL_DEMO_VICTIM=busy) ;;
+            26.05) demo_env=(ONEPOOL_DEMO_VICTIM=busy) ;;
         esac
         if variants "$rel"; then
             demo_env+=(ONEPOOL_NODE_CPU_PERCENT="${ONEPOOL_THROTTLE_PERCENT:-100}")
@@ -171,8 +174,10 @@ run_release() {
             demo_env+=(ONEPOOL_DEMO_HOSTS=1)
         fi
         echo "== Slurm $rel: demo settings: ${demo_env[*]:-as shipped}"
+        local t0=$SECONDS
         "${run[@]}" env ONEPOOL_DEVCLUSTER_DIR="$demo_dir" ONEPOOL_BIN_DIR="$PWD/$target/debug" "${demo_env[@]}" \
             bash scripts/demo.sh
+        echo "== Slurm $rel: the demo passed in $((SECONDS - t0)) s"
     fi
     cleanup "$dc" "$demo_dir" "${run[@]}"
     trap - EXIT
@@ -228,15 +233,26 @@ capped_program() {
 }
 
 # The programs only 22.05's stage runs (CI's time: slow variants on one
-# release): the hosts mode's own (hosts, network: a namespace per host),
-# and two_actors (two onepoold acting at once for two minutes; Slurm's
-# singleton rule it rests on reads the same in 22.05, 24.11 and 26.05's
-# sbatch manual).
+# release): the hosts mode's own (hosts, network: a namespace per host);
+# two_actors and ha (two onepoold instances and their lock in MariaDB;
+# Slurm's singleton rule they rest on reads the same in 22.05, 24.11 and
+# 26.05's sbatch manual); serving (onepool's own HTTP path with a real
+# model server: the Slurm side of a graceful reclaim, GraceTime's notice
+# and the GPUs handed over when the launcher ends, is reclaim.rs's and the
+# elastic reclaims', which every release runs).
 one_release_program() {
     case $(basename "$1") in
-        hosts-* | network-* | two_actors-*) return 0 ;;
+        hosts-* | network-* | two_actors-* | ha-* | serving-*) return 0 ;;
         *) return 1 ;;
     esac
+}
+
+# Whether this release's stage runs the demo: 22.05's (idle victim, 5 s
+# poll, capped nodes, the hosts mode) and the newest release's (busy
+# victim). 24.11's plugins, reclaims and records are its integration
+# tests' (CI's time).
+demo() {
+    [ "${ONEPOOL_SKIP_DEMO:-0}" != 1 ] && [ "$1" != 24.11 ]
 }
 
 # `--skip` arguments for the tests of a program that only 22.05's stage
@@ -248,7 +264,7 @@ one_release_program() {
 one_release_tests() {
     local t=()
     case $(basename "$1") in
-        serving-*) t=(the_openai_client_lists_completes a_client_that_hangs_up_mid_stream) ;;
+        side_doors-*) t=(squatted_ports_and_keyless_or_administrative_requests) ;;
         elastic-*) t=(prefix_affinity_survives restarts_and_an_upgrade_of_the_binary a_min_zero_endpoint_wakes
             an_advisory_endpoint_submits_and_cancels_nothing replicas_are_renewed_before_their_time_limit) ;;
     esac
@@ -308,7 +324,9 @@ hosts_mode() {
     trap "'$dc' --dir '$hdir' down >/dev/null 2>&1" EXIT
     for exe in $(test_executables); do
         hosts_program "$exe" || continue
+        local t1=$SECONDS
         (cd tests && ONEPOOL_TEST_HOSTS=1 ONEPOOL_TEST_CLUSTER_DIR=$hdir "$exe" --test-threads=1)
+        echo "== Slurm $rel: $(basename "${exe%-*}") (hosts mode) passed in $((SECONDS - t1)) s"
     done
     "$dc" --dir "$hdir" down
     trap - EXIT
