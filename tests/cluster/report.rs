@@ -173,6 +173,8 @@ fn report(c: &TestCluster, onepool: &Path, args: &[&str]) -> Value {
         .output()
         .unwrap();
     assert!(out.status.success(), "onepool report: {}", String::from_utf8_lossy(&out.stderr));
+    // What it set aside and why (shown when an assertion fails).
+    eprintln!("onepool report's messages:\n{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 

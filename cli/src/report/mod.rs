@@ -162,6 +162,9 @@ pub fn gather(
     if let Some(n) = facts.as_ref().map(|f| f.out_of_order).filter(|n| *n > 0) {
         eprintln!("onepool report: left out {n} line(s) of slurmctld's log stamped out of order");
     }
+    if let Some(f) = &facts {
+        tell_set_aside(f, &runs, policy, from, to);
+    }
     let replicas = replica_jobs::ReplicaJobs::read(&args.daemon_config);
     let mut report = usage::compute(&runs, policy, from, to, facts.as_ref(), &replicas);
     if let Some(text) = text {
@@ -171,6 +174,39 @@ pub fn gather(
         }
     }
     Ok((report, runs))
+}
+
+/// Says which of the log's preemption lines the report did not use, and
+/// why: a reclaim whose source is not slurmctld's line then has its reason.
+fn tell_set_aside(
+    f: &slurmctld_log::LogFacts,
+    runs: &[usage::Run],
+    policy: &onepool_decisions::policy::Policy,
+    from: f64,
+    to: f64,
+) {
+    let name = |p: &slurmctld_log::Preemption| {
+        format!("JobId={} at {}", p.victim, onepool_decisions::trace::format_time_ms(p.at))
+    };
+    let said = |what: &str, lines: Vec<String>| {
+        if !lines.is_empty() {
+            eprintln!(
+                "onepool report: {} preemption line(s) of slurmctld's log {what}: {}; their reclaims are \
+                 found from accounting and the log's times",
+                lines.len(),
+                lines.join(", ")
+            );
+        }
+    };
+    let in_period = |p: &&slurmctld_log::Preemption| p.at >= from && p.at <= to;
+    said(
+        "may be a job's user's text (an entry that quotes one comes before them, within Slurm's bound on it)",
+        f.unsure_preemptions.iter().filter(in_period).map(name).collect(),
+    );
+    said(
+        "are not borne out by accounting (victim, taker, nodes or times)",
+        reclaims::unconfirmed(runs, policy, f, from, to).into_iter().map(name).collect(),
+    );
 }
 
 /// Reads what the figure needs beside the runs (onepoold's endpoints and

@@ -158,6 +158,13 @@ pub fn find(runs: &[Run], policy: &Policy, log: Option<&LogFacts>, from: f64, to
     out
 }
 
+/// The log's preemption lines in `from..=to` that accounting does not bear
+/// out ([`checked`]): not used, only told, so that an admin sees why a
+/// reclaim's source is not slurmctld's line.
+pub fn unconfirmed<'a>(runs: &[Run], policy: &Policy, log: &'a LogFacts, from: f64, to: f64) -> Vec<&'a Preemption> {
+    log.preemptions.iter().filter(|p| p.at >= from && p.at <= to && checked(runs, policy, p).is_none()).collect()
+}
+
 /// A preemption line's victim and taker runs when accounting bears it
 /// out; `None`: the line is ignored (a user's text may have written it,
 /// [`super::log_trust`]), and the victim is found as one Slurm did not

@@ -69,6 +69,9 @@ pub struct LogFacts {
     pub starts: Vec<(f64, String, Vec<String>)>,
     /// Only from lines no user's text can have written ([`Zone::Clear`]).
     pub preemptions: Vec<Preemption>,
+    /// Preemption lines a user's text may have written ([`Zone::Unsure`]):
+    /// not used, only told (their reclaims are found from accounting).
+    pub unsure_preemptions: Vec<Preemption>,
     /// Lines left out because their stamps go backwards.
     pub out_of_order: usize,
 }
@@ -151,40 +154,44 @@ fn line(facts: &mut LogFacts, at: f64, rest: &str, clear: bool) {
         if let Some(id) = job_id(r) {
             facts.jobs.entry(id).or_default().ends.push(at);
         }
-    } else if clear {
-        preemption_line(facts, at, rest);
+    } else if let Some(p) = preemption_line(at, rest) {
+        match clear {
+            true => facts.preemptions.push(p),
+            false => facts.unsure_preemptions.push(p),
+        }
     }
 }
 
 /// Who Slurm preempted for whom.
-fn preemption_line(facts: &mut LogFacts, at: f64, rest: &str) {
+fn preemption_line(at: f64, rest: &str) -> Option<Preemption> {
     let rest = rest.strip_prefix("debug:  ").unwrap_or(rest);
     if let Some(r) = rest.strip_prefix("setting ") {
         // debug: "setting 60 sec preemption grace time for JobId=V to reclaim resources for JobId=T"
-        let Some((secs, r)) = r.split_once(" sec preemption grace time for ") else { return };
-        let Some((victim, taker)) = r.split_once(" to reclaim resources for ") else { return };
+        let (secs, r) = r.split_once(" sec preemption grace time for ")?;
+        let (victim, taker) = r.split_once(" to reclaim resources for ")?;
         if !secs.is_empty() && secs.bytes().all(|b| b.is_ascii_digit()) {
-            preemption(facts, at, victim, taker, "grace");
+            return preemption(at, victim, taker, "grace");
         }
     } else if let Some(r) = rest.strip_prefix("preempted ") {
         // "JobId=V has been killed to reclaim resources for JobId=T"
-        let Some((victim, r)) = r.split_once(" has been ") else { return };
-        let Some((verb, taker)) = r.split_once(" to reclaim resources for ") else { return };
+        let (victim, r) = r.split_once(" has been ")?;
+        let (verb, taker) = r.split_once(" to reclaim resources for ")?;
         if verb == "killed" || verb == "requeued" {
-            preemption(facts, at, victim, taker, verb);
+            return preemption(at, victim, taker, verb);
         }
     }
+    None
 }
 
 /// A preemption line's victim and taker, each exactly one job id (a line
 /// with more after the taker is not Slurm's: `%pJ` ends it).
-fn preemption(facts: &mut LogFacts, at: f64, victim: &str, taker: &str, verb: &str) {
-    let (Some(victim), Some(taker)) = (exact_job_id(victim), exact_job_id(taker.trim_end())) else { return };
+fn preemption(at: f64, victim: &str, taker: &str, verb: &str) -> Option<Preemption> {
+    let (Some(victim), Some(taker)) = (exact_job_id(victim), exact_job_id(taker.trim_end())) else { return None };
     if victim == "Invalid" {
-        return;
+        return None;
     }
     let taker = (taker != "Invalid").then_some(taker);
-    facts.preemptions.push(Preemption { at, victim, taker, verb: verb.into() });
+    Some(Preemption { at, victim, taker, verb: verb.into() })
 }
 
 /// `JobId=N` (or an array's or hetjob's form, or `JobId=Invalid`) and
@@ -325,6 +332,24 @@ z for JobId=9
         // be slurmctld's: a time, which accounting must confirm.
         assert_eq!(f.times("9").starts, [t("2026-12-05T10:00:02.002")]);
         assert_eq!(f.last, Some(t("2026-12-05T10:00:06")));
+    }
+
+    /// A preemption line an ordinary user's comment may have written is
+    /// set aside, to be told; the same line is used when every job whose
+    /// comment it could end is trusted (9, and 6 that it names last).
+    #[test]
+    fn a_preemption_line_a_user_s_text_may_have_written_is_set_aside() {
+        let log = "\
+[2026-12-05T10:00:00.000] _update_job: setting comment to x for JobId=9
+[2026-12-05T10:00:00.001] preempted JobId=5 has been killed to reclaim resources for JobId=6
+y for JobId=9
+[2026-12-05T10:00:00.003] sched: Allocate JobId=6 NodeList=n1 #CPUs=1 Partition=gpu
+";
+        let victims = |ps: &[Preemption]| ps.iter().map(|p| p.victim.clone()).collect::<Vec<_>>();
+        let f = read(log, &|_| false);
+        assert_eq!((victims(&f.preemptions), victims(&f.unsure_preemptions)), (vec![], vec!["5".to_string()]));
+        let f = read(log, &|id| id == "9" || id == "6");
+        assert_eq!((victims(&f.preemptions), victims(&f.unsure_preemptions)), (vec!["5".to_string()], vec![]));
     }
 
     /// A line stamped ahead is left out, not the real lines after it.

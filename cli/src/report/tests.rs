@@ -441,6 +441,18 @@ fn a_preemption_accounting_does_not_bear_out_is_ignored() {
     }
     let attacked = report(&lines.join("\n"));
     assert_eq!(attacked.reclaims, clean.reclaims);
+    // Each forged line is told as not borne out; the clean log has none.
+    let unconfirmed = |log: &str| {
+        let facts = slurmctld_log::read(log, &|_| false);
+        let told = reclaims::unconfirmed(&runs, &policy(), &facts, from, from + 3600.0);
+        told.iter().map(|p| (p.victim.clone(), p.taker.clone().unwrap_or_default())).collect::<Vec<_>>()
+    };
+    assert_eq!(unconfirmed(&real.join("\n")), []);
+    let pair = |v: &str, t: &str| (v.to_string(), t.to_string());
+    assert_eq!(
+        unconfirmed(&lines.join("\n")),
+        [pair("11", "60"), pair("61", "20"), pair("62", "63"), pair("11", "20")]
+    );
 }
 
 /// A victim whose grace time ran out is requeued "for JobId=Invalid"
