@@ -50,9 +50,98 @@ for r in "${asked[@]}"; do
     esac
 done
 bash scripts/install-deps.sh
-# The real model server and model the serving tests and the demo run
-# (built once per machine; every release root sees the same files).
-bash scripts/model-server.sh >/dev/null
+
+# CI's time: what later steps need is made in the background ("ahead"),
+# at nice 19, while 22.05's integration tests wait on Slurm and leave the
+# CPU mostly idle: the real model server and model (scripts/model-server.sh:
+# about 7 minutes on 2 cores, once per machine; every release root sees the
+# same files), the release programs and plugins the packages take, and the
+# later releases' builds. A step that needs one waits for it (`need`), and
+# a failed one stops the run with its log. ONEPOOL_AHEAD=0, or a run that
+# does not begin with 22.05, makes each where it is needed instead.
+ahead_dir=$PWD/target/ahead
+ahead_pid=
+
+# Whether this run makes packages.
+packages() {
+    [ "${ONEPOOL_SKIP_PACKAGES:-0}" != 1 ]
+}
+
+# ahead_start: the background chain, once, for the releases after 22.05.
+ahead_start() {
+    [ "${ONEPOOL_AHEAD:-1}" != 0 ] && [ -z "$ahead_pid" ] || return 0
+    rm -rf "$ahead_dir"
+    mkdir -p "$ahead_dir"
+    local later=("${releases[@]:1}") parent=$$
+    (
+        # step NAME CMD...: CMD's output in NAME.log, its status in NAME.done.
+        step() {
+            local name=$1 t0=$SECONDS rc=0
+            shift
+            # Nothing more once the run is over.
+            kill -0 "$parent" 2>/dev/null || exit 0
+            nice -n 19 "$@" >"$ahead_dir/$name.log" 2>&1 || rc=$?
+            echo "$rc $((SECONDS - t0))" >"$ahead_dir/$name.done"
+        }
+        step model-server bash scripts/model-server.sh
+        if packages; then
+            # As scripts/package.sh builds them, so that its builds find
+            # nothing left to do.
+            step release-programs env -u SLURM_INCLUDE_DIR -u CARGO_TARGET_DIR cargo build --release -q \
+                -p onepool-cli -p onepool-elastic-daemon --bin onepool --bin onepoold
+            step release-plugins-22.05 env -u SLURM_INCLUDE_DIR -u CARGO_TARGET_DIR cargo build --release -q \
+                -p onepool-priority-plugin -p onepool-spank-plugin
+        fi
+        for rel in "${later[@]}"; do
+            # Its path, the script's last line on stdout, in a file of its own.
+            step "root-$rel" bash -c 'bash scripts/release-root.sh "$1" >"$2"' _ "$rel" "$ahead_dir/root-$rel.path"
+            root=$(tail -n 1 "$ahead_dir/root-$rel.path" 2>/dev/null || true)
+            # As run_release builds and tests them.
+            step "build-$rel" env SLURM_INCLUDE_DIR="$root/usr/include" CARGO_TARGET_DIR="$PWD/target/slurm-$rel" \
+                bash -c 'cargo build --workspace --bins --lib &&
+                    cargo test --no-run -p onepool-slurm-sys -p onepool-priority-plugin -p onepool-spank-plugin &&
+                    cargo test --no-run -p onepool-tests'
+            if packages; then
+                step "release-plugins-$rel" env SLURM_INCLUDE_DIR="$root/usr/include" \
+                    CARGO_TARGET_DIR="$PWD/target/slurm-$rel" cargo build --release -q \
+                    -p onepool-priority-plugin -p onepool-spank-plugin
+            fi
+        done
+    ) &
+    ahead_pid=$!
+    echo "== ahead: the model server, the packages' release builds and the builds of ${later[*]:-no later release}, in the background (logs: $ahead_dir)"
+}
+
+# need NAME: waits for a step of the chain, if it runs one; says how long.
+need() {
+    local name=$1 t0=$SECONDS
+    [ -n "$ahead_pid" ] || return 0
+    while [ ! -f "$ahead_dir/$name.done" ]; do
+        if ! kill -0 "$ahead_pid" 2>/dev/null && [ ! -f "$ahead_dir/$name.done" ]; then
+            echo "test.sh: the background chain ended without $name (log: $ahead_dir)" >&2
+            exit 1
+        fi
+        sleep 2
+    done
+    local rc took
+    read -r rc took <"$ahead_dir/$name.done"
+    if [ "$rc" != 0 ]; then
+        echo "test.sh: $name, made in the background, failed (exit $rc):" >&2
+        tail -n 50 "$ahead_dir/$name.log" >&2
+        exit 1
+    fi
+    echo "== ahead: $name ready (made in $took s; waited $((SECONDS - t0)) s)"
+}
+
+# The model server before anything that runs it, made here unless the
+# chain makes it.
+model_server() {
+    if [ -n "$ahead_pid" ]; then
+        need model-server
+    else
+        bash scripts/model-server.sh >/dev/null
+    fi
+}
 
 # Every integration test, as the executables cargo built for onepool-tests.
 test_executables() {
@@ -83,6 +172,7 @@ run_release() {
             cp "$root/.onepool-root-stamp" "$target/root-stamp"
         fi
     fi
+    [ "$rel" = 22.05 ] || need "build-$rel"
     echo "== Slurm $rel: build (headers: ${SLURM_INCLUDE_DIR:-/usr/include})"
     if [ "$rel" = 22.05 ]; then
         cargo build --workspace --all-targets
@@ -113,6 +203,11 @@ run_release() {
         fi
     fi
 
+    if [ "$rel" = 22.05 ] && [ "${releases[0]}" = 22.05 ]; then
+        ahead_start
+    fi
+    # 22.05's single-namespace programs do not run the real model server.
+    [ "$rel" = 22.05 ] || model_server
     echo "== Slurm $rel: integration tests (real Slurm)"
     export ONEPOOL_TEST_CLUSTER_DIR=$PWD/$target/test-cluster
     local demo_dir=$PWD/$target/demo-cluster dc=$PWD/$target/debug/onepool-devcluster
@@ -142,12 +237,15 @@ run_release() {
         fi
         local skip=()
         [ "$rel" = 22.05 ] || mapfile -t skip < <(one_release_tests "$exe")
+        # Serving runs the real model server (here when the hosts mode does not run it).
+        case $(basename "$exe") in serving-*) model_server ;; esac
         local t0=$SECONDS
         (cd tests && "${run[@]}" "$exe" --test-threads=1 "${skip[@]}")
         echo "== Slurm $rel: $(basename "${exe%-*}") passed in $((SECONDS - t0)) s"
     done
 
     if demo "$rel"; then
+        model_server
         echo "== Slurm $rel: the demo (bash scripts/demo.sh), on its own cluster in $demo_dir"
         # Two clusters on a small machine would slow both: the test cluster goes first.
         if [ "${ONEPOOL_KEEP_CLUSTER:-0}" != 1 ]; then
@@ -185,11 +283,16 @@ run_release() {
         throttled "$rel" "$target" "$dc"
     fi
     if hosts "$rel"; then
+        model_server
         hosts_mode "$rel" "$target" "$dc"
     fi
 
     # --- packages (issue #17) ---
-    if [ "${ONEPOOL_SKIP_PACKAGES:-0}" != 1 ]; then
+    if packages; then
+        if [ "$rel" = 22.05 ]; then
+            need release-programs
+        fi
+        need "release-plugins-$rel"
         echo "== Slurm $rel: packages (scripts/package.sh, then scripts/package-test.sh: dpkg -i into a throwaway copy, a cluster on the installed plugins)"
         local t0=$SECONDS
         bash scripts/package.sh "$rel"
