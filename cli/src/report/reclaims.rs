@@ -175,14 +175,18 @@ pub fn unconfirmed<'a>(runs: &[Run], policy: &Policy, log: &'a LogFacts, from: f
 /// class reclaim the victim's.
 fn checked<'a>(runs: &'a [Run], policy: &Policy, p: &Preemption) -> Option<(&'a Run, Option<&'a Run>)> {
     let reach = |r: &Run| grace_s(policy, &r.qos) + END_SLACK_S;
+    // Accounting's times lie up to AGREE_S before the line's: 26.05 kept
+    // a victim's end (and its taker's start) a whole second before the
+    // line it logged at 15:38:29.001 (end 15:38:28).
+    let (before, after) = (-AGREE_S.0, AGREE_S.1);
     let victim = runs
         .iter()
         .filter(|r| r.id == p.victim)
-        .find(|r| r.start <= p.at + 1.0 && r.end >= p.at - 1.0 && r.end <= p.at + reach(r))?;
+        .find(|r| r.start <= p.at + before && r.end >= p.at - after && r.end <= p.at + reach(r))?;
     let Some(taker) = &p.taker else { return Some((victim, None)) };
     let taker = runs
         .iter()
-        .filter(|r| r.id == *taker && r.submit <= p.at + 1.0 && r.start >= p.at - 1.0)
+        .filter(|r| r.id == *taker && r.submit <= p.at + before && r.start >= p.at - after)
         .filter(|r| r.start <= p.at + reach(victim) + LINK_S && shares_a_node(r, victim))
         .min_by(|a, b| a.start.total_cmp(&b.start))?;
     may_reclaim(policy, &taker.qos, &victim.qos).then_some((victim, Some(taker)))

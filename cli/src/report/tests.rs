@@ -455,6 +455,32 @@ fn a_preemption_accounting_does_not_bear_out_is_ignored() {
     );
 }
 
+/// 26.05 kept a victim's end and its taker's start a whole second before
+/// the preemption line slurmctld logged (the victim ended 15:38:28, the
+/// line 15:38:29.001, in the report test on 26.05): the line is Slurm's
+/// all the same.
+#[test]
+fn a_line_logged_a_second_after_accounting_s_times_is_slurm_s() {
+    let t = |s: &str| onepool_decisions::trace::parse_time(&format!("2026-12-05T10:{s}")).unwrap();
+    let from = t("00:00");
+    let log = "\
+[2026-12-05T09:59:00.000] slurmctld version 26.05.0 started
+[2026-12-05T10:00:28.107] _slurm_rpc_submit_batch_job: JobId=59 InitPrio=10000 usec=435
+[2026-12-05T10:00:29.001] preempted JobId=56 has been killed to reclaim resources for JobId=59
+[2026-12-05T10:00:29.061] sched: Allocate JobId=59 NodeList=n1 #CPUs=2 Partition=gpu
+";
+    let runs = vec![
+        run("56", "op-b", "PREEMPTED", (t("00:16"), t("00:16"), t("00:28")), 4, &["n1"]),
+        run("59", "op-p", "CANCELLED", (t("00:28"), t("00:29"), t("00:29")), 4, &["n1"]),
+    ];
+    let facts = slurmctld_log::read(log, &|_| false);
+    let r = usage::compute(&runs, &policy(), from, from + 3600.0, Some(&facts), &any_replica());
+    let got: Vec<(&str, &str, Option<&str>, &str)> =
+        r.reclaims.iter().map(|x| (x.job.as_str(), x.mode.as_str(), x.for_job.as_deref(), x.source.as_str())).collect();
+    assert_eq!(got, [("56", "immediate", Some("59"), "slurmctld log")]);
+    assert!(reclaims::unconfirmed(&runs, &policy(), &facts, from, from + 3600.0).is_empty());
+}
+
 /// A victim whose grace time ran out is requeued "for JobId=Invalid"
 /// (issue #35, item 3): a reclaim without a taker, not one guessed by node
 /// and time.
