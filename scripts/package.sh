@@ -30,7 +30,9 @@
 # the package (leaving it unconfigured), which would put a wrong release's
 # plugins into PluginDir; an unmet Pre-Depends refuses before unpacking.
 #
-# ONEPOOL_PACKAGE_NO_BUILD=1 packs what is already built (no cargo).
+# ONEPOOL_PACKAGE_NO_BUILD=1 packs what is already built (no cargo);
+# ONEPOOL_PACKAGE_BUILD_ONLY=1 builds what the packages take and packs
+# nothing (scripts/test.sh builds them ahead, in the background).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 here=$PWD
@@ -162,6 +164,7 @@ for rel in "${releases[@]}"; do
         fi
     fi
     say "Slurm $rel: plugins built in $(since "$t")"
+    [ "${ONEPOOL_PACKAGE_BUILD_ONLY:-0}" != 1 ] || continue
     t=$(now)
     build_deb "$rel" "$pbuild"
     build_rpm "$rel" "$pbuild"

@@ -84,27 +84,20 @@ ahead_start() {
             echo "$rc $((SECONDS - t0))" >"$ahead_dir/$name.done"
         }
         step model-server bash scripts/model-server.sh
+        # What scripts/package.sh builds, by its own commands, so that its
+        # builds later find nothing left to do.
         if packages; then
-            # As scripts/package.sh builds them, so that its builds find
-            # nothing left to do.
-            step release-programs env -u SLURM_INCLUDE_DIR -u CARGO_TARGET_DIR cargo build --release -q \
-                -p onepool-cli -p onepool-elastic-daemon --bin onepool --bin onepoold
-            step release-plugins-22.05 env -u SLURM_INCLUDE_DIR -u CARGO_TARGET_DIR cargo build --release -q \
-                -p onepool-priority-plugin -p onepool-spank-plugin
+            step release-22.05 env ONEPOOL_PACKAGE_BUILD_ONLY=1 bash scripts/package.sh 22.05
         fi
         for rel in "${later[@]}"; do
             # Its path, the script's last line on stdout, in a file of its own.
             step "root-$rel" bash -c 'bash scripts/release-root.sh "$1" >"$2"' _ "$rel" "$ahead_dir/root-$rel.path"
             root=$(tail -n 1 "$ahead_dir/root-$rel.path" 2>/dev/null || true)
-            # As run_release builds and tests them.
+            # What run_release builds, by the same functions.
             step "build-$rel" env SLURM_INCLUDE_DIR="$root/usr/include" CARGO_TARGET_DIR="$PWD/target/slurm-$rel" \
-                bash -c 'cargo build --workspace --bins --lib &&
-                    cargo test --no-run -p onepool-slurm-sys -p onepool-priority-plugin -p onepool-spank-plugin &&
-                    cargo test --no-run -p onepool-tests'
+                bash -c "set -o pipefail; $(declare -f later_build test_executables); later_build && test_executables >/dev/null"
             if packages; then
-                step "release-plugins-$rel" env SLURM_INCLUDE_DIR="$root/usr/include" \
-                    CARGO_TARGET_DIR="$PWD/target/slurm-$rel" cargo build --release -q \
-                    -p onepool-priority-plugin -p onepool-spank-plugin
+                step "release-$rel" env ONEPOOL_PACKAGE_BUILD_ONLY=1 bash scripts/package.sh "$rel"
             fi
         done
     ) &
@@ -153,6 +146,21 @@ for line in sys.stdin:
         print(m["executable"])'
 }
 
+# A later release's build, or with `--run` its unit tests: the
+# programs, plugins and libraries, and the unit tests of what depends on
+# the release's headers (the rest is the same code). Every crate's unit
+# tests and benchmarks (22.05's stage runs them) would be built and linked
+# for nothing (CI's time); the test programs are built by the commands
+# that run them (test_executables).
+later_build() {
+    if [ "${1:-}" = --run ]; then
+        cargo test -p onepool-slurm-sys -p onepool-priority-plugin -p onepool-spank-plugin
+    else
+        cargo build --workspace --bins --lib &&
+            cargo test --no-run -p onepool-slurm-sys -p onepool-priority-plugin -p onepool-spank-plugin
+    fi
+}
+
 run_release() {
     local rel=$1 root run target
     if [ "$rel" = 22.05 ]; then
@@ -177,11 +185,7 @@ run_release() {
     if [ "$rel" = 22.05 ]; then
         cargo build --workspace --all-targets
     else
-        # The programs, plugins and libraries; the test programs this stage
-        # runs are built by the commands that run them. Every crate's unit
-        # tests and benchmarks (22.05's stage runs them) would be built and
-        # linked for nothing: CI's time.
-        cargo build --workspace --bins --lib
+        later_build
     fi
 
     echo "== Slurm $rel: unit tests"
@@ -190,8 +194,7 @@ run_release() {
         # The harness's own unit tests (no cluster).
         cargo test -p onepool-tests --lib
     else
-        # What depends on the release's headers; the rest is the same code.
-        cargo test -p onepool-slurm-sys -p onepool-priority-plugin -p onepool-spank-plugin
+        later_build --run
         # The host's build is a plugin for another release here: loaded as
         # Slurm loads it, it must say so and what to do.
         local foreign=(target/debug/libjob_submit_onepool.so target/debug/libspank_onepool.so)
@@ -289,10 +292,7 @@ run_release() {
 
     # --- packages (issue #17) ---
     if packages; then
-        if [ "$rel" = 22.05 ]; then
-            need release-programs
-        fi
-        need "release-plugins-$rel"
+        need "release-$rel"
         echo "== Slurm $rel: packages (scripts/package.sh, then scripts/package-test.sh: dpkg -i into a throwaway copy, a cluster on the installed plugins)"
         local t0=$SECONDS
         bash scripts/package.sh "$rel"
