@@ -79,6 +79,25 @@ pub enum Rule {
     PartitionChange,
 }
 
+impl Rule {
+    /// A stable name for records and reports (never the message, which
+    /// quotes what the user asked for).
+    pub fn name(self) -> &'static str {
+        match self {
+            Rule::UnknownClass => "unknown-class",
+            Rule::Conflict => "conflict",
+            Rule::NotEntitled => "not-entitled",
+            Rule::GpuCap => "gpu-cap",
+            Rule::TimeLimitRequired => "time-limit-required",
+            Rule::TimeLimitTooLong => "time-limit-too-long",
+            Rule::ReclaimNotAllowed => "reclaim-not-allowed",
+            Rule::BadAnnotation => "bad-annotation",
+            Rule::ClassChange => "class-change",
+            Rule::PartitionChange => "partition-change",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     pub rule: Rule,

@@ -62,9 +62,63 @@ impl JobRecord {
     }
 }
 
+/// What job_submit/onepool records in audit mode (`[pool] audit = true`),
+/// where it changes nothing else: the placement or refusal it would have
+/// made, in the job's `admin_comment`, so that `onepool report` counts the
+/// trial from records no user can write (issue #42), not from log lines.
+/// Its own prefix: no reader of [`JobRecord`] takes it for a class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditRecord {
+    /// Would have placed the job in this class.
+    Place { class: String },
+    /// Would have refused it by this rule ([`crate::classify::Rule::name`]).
+    Refuse { rule: String },
+}
+
+pub const AUDIT_PREFIX: &str = "onepool-audit:";
+
+impl AuditRecord {
+    pub fn encode(&self) -> String {
+        match self {
+            AuditRecord::Place { class } => format!("{AUDIT_PREFIX}would=place;class={class}"),
+            AuditRecord::Refuse { rule } => format!("{AUDIT_PREFIX}would=refuse;rule={rule}"),
+        }
+    }
+
+    /// `None` for anything else, a [`JobRecord`] included.
+    pub fn decode(s: &str) -> Option<AuditRecord> {
+        let body = s.trim().strip_prefix(AUDIT_PREFIX)?;
+        let (mut would, mut class, mut rule) = (None, None, None);
+        for field in body.split(';') {
+            match field.split_once('=')? {
+                ("would", v) => would = Some(v),
+                ("class", v) => class = Some(v.to_string()),
+                ("rule", v) => rule = Some(v.to_string()),
+                _ => {}
+            }
+        }
+        match would? {
+            "place" => Some(AuditRecord::Place { class: class.filter(|c| !c.is_empty())? }),
+            "refuse" => Some(AuditRecord::Refuse { rule: rule.filter(|r| !r.is_empty())? }),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_audit_record_round_trips_and_is_never_a_class_record() {
+        for a in [AuditRecord::Place { class: "training".into() }, AuditRecord::Refuse { rule: "not-entitled".into() }]
+        {
+            assert_eq!(AuditRecord::decode(&a.encode()), Some(a.clone()));
+            assert_eq!(JobRecord::decode(&a.encode()), None, "{a:?}");
+        }
+        assert_eq!(AuditRecord::decode("onepool-audit:would=place;class="), None);
+        assert_eq!(AuditRecord::decode("onepool:class=x;tier=flexible"), None);
+    }
 
     #[test]
     fn round_trip() {

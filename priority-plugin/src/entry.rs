@@ -4,6 +4,7 @@ use std::ffi::{c_char, c_int, c_void};
 
 use onepool_decisions::annotation::Annotation;
 use onepool_decisions::classify::{self, Placement, Refusal, Rule, Submitter, Verdict};
+use onepool_decisions::record::AuditRecord;
 use onepool_decisions::tres;
 use slurm_sys::bindings::{job_desc_msg_t, slurm_err_t, SLURM_ERROR, SLURM_SUCCESS};
 use slurm_sys::job_desc::{JobDesc, StrField};
@@ -119,6 +120,15 @@ fn apply(
     Ok(())
 }
 
+/// Audit mode's decision on the job itself (its AdminComment, which no
+/// user can write), for `onepool report` to count: the log line above is
+/// for admins to read, and a user's text can imitate it in the log.
+fn audit_record(d: &mut JobDesc, a: &AuditRecord) {
+    if let Err(e) = d.set(StrField::AdminComment, &a.encode()) {
+        log::error(&format!("{PLUGIN}: audit: cannot record the decision on the job: {e}"));
+    }
+}
+
 fn describe(p: &Placement) -> String {
     format!(
         "class {} qos {}{}{} [{}]",
@@ -158,10 +168,12 @@ slurm_sys::entry_point! {
             Verdict::Outside => OK,
             Verdict::Accept(p) if audit => {
                 log::info(&format!("{PLUGIN}: audit: uid {submit_uid}: would place: {}", describe(&p)));
+                audit_record(job_desc, &AuditRecord::Place { class: p.class.clone() });
                 OK
             }
             Verdict::Refuse(r) if audit => {
                 log::info(&format!("{PLUGIN}: audit: uid {submit_uid}: would refuse: {}", r.message));
+                audit_record(job_desc, &AuditRecord::Refuse { rule: r.rule.name().to_string() });
                 OK
             }
             Verdict::Accept(p) => {

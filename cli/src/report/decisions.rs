@@ -34,7 +34,7 @@ pub fn read(
     utc_offset_s: f64,
 ) -> Result<Decisions, String> {
     let mut entries = Vec::new();
-    for (f, text) in super::rotated_texts(files, path, "decision log")? {
+    for (f, text) in super::rotated::texts(files, path, "decision log")? {
         entries.extend(within(&text, from, to, utc_offset_s, &f.display().to_string()));
     }
     Ok(Decisions { file: path.display().to_string(), counts: counts(&entries), entries })

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::replica_jobs::ReplicaJobs;
-use super::usage::Run;
+use super::records::Run;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ReplicaFailures {

@@ -1,5 +1,7 @@
 //! `onepool report`: what sharing did on a live cluster over a period,
-//! measured from Slurm's accounting (`sacct`) and slurmctld's log:
+//! measured from Slurm's accounting (`sacct`), which only slurmctld and
+//! administrators write ([`records`]; never slurmctld's log, which quotes
+//! users' text raw):
 //! GPU-hours per class, those run on borrowed protected capacity, idle
 //! GPU-hours, each reclaim (victim, taker, mode, what a drained replica
 //! finished and cut, the taker's time to capacity, the GPUs that changed
@@ -11,11 +13,11 @@
 
 pub mod decisions;
 pub mod failures;
-pub mod log_trust;
 pub mod reclaims;
+pub mod records;
 pub mod replica_jobs;
+mod rotated;
 pub mod saved;
-pub mod slurmctld_log;
 mod svg;
 pub mod usage;
 
@@ -41,8 +43,8 @@ pub struct ReportArgs {
     /// End of the period [default: now]
     #[arg(long)]
     pub to: Option<String>,
-    /// slurmctld's log: who preempted whom, times to the millisecond, audit mode's lines [default: SlurmctldLogFile]
-    #[arg(long)]
+    /// Ignored: the report no longer reads slurmctld's log, which quotes users' text as its own lines (issue #42)
+    #[arg(long, hide = true)]
     pub log: Option<PathBuf>,
     /// Write a chart of the figures (SVG, a manager's one page) to this file
     #[arg(long)]
@@ -94,13 +96,13 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Reads the period's allocations (and the audit lines) and computes the
+/// Reads the period's records (allocations, audit decisions) and computes the
 /// report; returns the runs too, for what the pool saved.
 pub fn gather(
     args: &ReportArgs,
     policy: &onepool_decisions::policy::Policy,
     runner: &dyn Runner,
-) -> anyhow::Result<(usage::Report, Vec<usage::Run>)> {
+) -> anyhow::Result<(usage::Report, Vec<records::Run>)> {
     let cmd = |argv: &[&str]| runner.run(argv).with_context(|| format!("the report needs `{}`", argv.join(" ")));
     // The period in the cluster's own clock and format, as sacct reads it.
     let now = cmd(&["date", "+%Y-%m-%dT%H:%M:%S"])?.trim().to_string();
@@ -109,7 +111,7 @@ pub fn gather(
     let from_text = args.from.clone().unwrap_or_else(|| format_time(to - 86_400.0));
     let from = time(&from_text, Some(to))?;
     anyhow::ensure!(from < to, "--from {from_text} is not before --to {to_text}");
-    let delim = usage::delimiter().context("reading /dev/urandom for sacct's delimiter")?;
+    let delim = records::delimiter().context("reading /dev/urandom for sacct's delimiter")?;
     let out = cmd(&[
         "sacct",
         "-a",
@@ -124,89 +126,29 @@ pub fn gather(
         // the period's last second would be missed (compute clips to `to`).
         "--endtime",
         &format_time(to + 1.0),
-        &format!("--format={}", usage::SACCT_FORMAT),
+        &format!("--format={}", records::SACCT_FORMAT),
     ])?;
-    let (runs, malformed) = usage::parse_sacct(&out, &delim).map_err(|e| anyhow::anyhow!(e))?;
-    if !malformed.is_empty() {
-        eprintln!(
-            "onepool report: skipped {} sacct record(s) with too few fields (lines {malformed:?})",
-            malformed.len()
-        );
+    let records = records::parse_sacct(&out, &delim).map_err(|e| anyhow::anyhow!(e))?;
+    for u in &records.unreadable {
+        eprintln!("onepool report: sacct's record of job {:?} cannot be read ({}): no figure counts it", u.id, u.why);
     }
     let config = parse_scontrol_config(&cmd(live::SHOW_CONFIG)?);
     if !config.get("AccountingStoreFlags").is_some_and(|f| f.to_ascii_lowercase().contains("job_comment")) {
         eprintln!(
             "onepool report: AccountingStoreFlags has no job_comment: slurmdbd keeps no job comments, so drained \
-             replicas' records (requests finished and cut) and failed starts' causes are missing (onepool policy render)"
+             replicas' records (requests finished and cut, graceful reclaims that drained in time) and failed \
+             starts' causes are missing (onepool policy render)"
         );
     }
-    let log = match &args.log {
-        Some(p) => Some(p.clone()),
-        None => config.get("SlurmctldLogFile").map(PathBuf::from),
-    };
-    let text = match &log {
-        Some(p) => match std::fs::read_to_string(p) {
-            Ok(t) => Some(t),
-            Err(e) => {
-                eprintln!(
-                    "onepool report: cannot read slurmctld's log {}: {e}; reclaims from accounting only",
-                    p.display()
-                );
-                None
-            }
-        },
-        None => None,
-    };
-    let trusted = log_trust::trusted_jobs(&runs);
-    let facts = text.as_deref().map(|t| slurmctld_log::read(t, &|id| trusted.contains(id)));
-    if let Some(n) = facts.as_ref().map(|f| f.out_of_order).filter(|n| *n > 0) {
-        eprintln!("onepool report: left out {n} line(s) of slurmctld's log stamped out of order");
-    }
-    if let Some(f) = &facts {
-        tell_set_aside(f, &runs, policy, from, to);
+    if let Some(p) = &args.log {
+        eprintln!(
+            "onepool report: --log {} is ignored: the report reads no log, only Slurm's records (docs/report.md)",
+            p.display()
+        );
     }
     let replicas = replica_jobs::ReplicaJobs::read(&args.daemon_config);
-    let mut report = usage::compute(&runs, policy, from, to, facts.as_ref(), &replicas);
-    if let Some(text) = text {
-        let a = usage::audit(&text, from, to, &|id| trusted.contains(id));
-        if policy.pool.audit || !a.would_place.is_empty() || !a.would_refuse.is_empty() {
-            report.audit = Some(a);
-        }
-    }
-    Ok((report, runs))
-}
-
-/// Says which of the log's preemption lines the report did not use, and
-/// why: a reclaim whose source is not slurmctld's line then has its reason.
-fn tell_set_aside(
-    f: &slurmctld_log::LogFacts,
-    runs: &[usage::Run],
-    policy: &onepool_decisions::policy::Policy,
-    from: f64,
-    to: f64,
-) {
-    let name = |p: &slurmctld_log::Preemption| {
-        format!("JobId={} at {}", p.victim, onepool_decisions::trace::format_time_ms(p.at))
-    };
-    let said = |what: &str, lines: Vec<String>| {
-        if !lines.is_empty() {
-            eprintln!(
-                "onepool report: {} preemption line(s) of slurmctld's log {what}: {}; their reclaims are \
-                 found from accounting and the log's times",
-                lines.len(),
-                lines.join(", ")
-            );
-        }
-    };
-    let in_period = |p: &&slurmctld_log::Preemption| p.at >= from && p.at <= to;
-    said(
-        "may be a job's user's text (an entry that quotes one comes before them, within Slurm's bound on it)",
-        f.unsure_preemptions.iter().filter(in_period).map(name).collect(),
-    );
-    said(
-        "are not borne out by accounting (victim, taker, nodes or times)",
-        reclaims::unconfirmed(runs, policy, f, from, to).into_iter().map(name).collect(),
-    );
+    let report = usage::compute(&records, policy, from, to, &replicas);
+    Ok((report, records.runs))
 }
 
 /// Reads what the figure needs beside the runs (onepoold's endpoints and
@@ -216,7 +158,7 @@ fn saved_figure(
     policy: &onepool_decisions::policy::Policy,
     policy_text: &str,
     report: &usage::Report,
-    runs: &[usage::Run],
+    runs: &[records::Run],
     runner: &dyn Runner,
 ) -> anyhow::Result<saved::Saved> {
     let dur = |s: &str, flag: &str| {
@@ -339,35 +281,13 @@ fn read_access_log(
     path: &std::path::Path,
 ) -> Result<Vec<onepool_decisions::trace::AccessEntry>, String> {
     let mut out = Vec::new();
-    for (f, text) in rotated_texts(files, path, "access log")? {
+    for (f, text) in rotated::texts(files, path, "access log")? {
         for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
             match serde_json::from_str(line) {
                 Ok(e) => out.push(e),
                 Err(e) => eprintln!("onepool report: {}:{}: not an access log line: {e}", f.display(), i + 1),
             }
         }
-    }
-    Ok(out)
-}
-
-/// The texts of a rotated log's files that exist, oldest first (`files`,
-/// from `files_oldest_first`); an error when none does, or one that
-/// exists cannot be read.
-pub(crate) fn rotated_texts(
-    files: &[PathBuf],
-    path: &std::path::Path,
-    what: &str,
-) -> Result<Vec<(PathBuf, String)>, String> {
-    let mut out = Vec::new();
-    for f in files {
-        match std::fs::read_to_string(f) {
-            Ok(t) => out.push((f.clone(), t)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(format!("cannot read the {what} {}: {e}", f.display())),
-        }
-    }
-    if out.is_empty() {
-        return Err(format!("the {what} {} does not exist (yet)", path.display()));
     }
     Ok(out)
 }
@@ -392,6 +312,14 @@ fn time(s: &str, to: Option<f64>) -> anyhow::Result<f64> {
 
 pub fn text(r: &usage::Report) -> String {
     let mut out = usage_text(r);
+    if r.unreadable.count > 0 {
+        let named: Vec<String> = r.unreadable.records.iter().map(|u| format!("job {}: {}", u.id, u.why)).collect();
+        out.push_str(&format!(
+            "{} sacct record(s) could not be read ({}): no figure counts them\n",
+            r.unreadable.count,
+            named.join("; ")
+        ));
+    }
     out.push_str(&reclaims_text(r));
     out.push_str(&failures_text(&r.replica_failures));
     if let Some(d) = &r.decisions {
@@ -501,15 +429,12 @@ fn failures_text(failed: &[failures::ReplicaFailures]) -> String {
 
 /// What the plugin would have placed and refused in audit mode.
 fn audit_text(a: &usage::Audit) -> String {
-    let mut out = String::from("\naudit mode (slurmctld's log): the plugin would have\n");
+    let mut out = String::from("\naudit mode (the plugin's record on each job): the plugin would have\n");
     for (class, n) in &a.would_place {
         out.push_str(&format!("  placed {n} job(s) in {class}\n"));
     }
-    for (why, n) in &a.would_refuse {
-        out.push_str(&format!("  refused {n} job(s): {why}\n"));
-    }
-    if a.would_refuse_updates > 0 {
-        out.push_str(&format!("  refused {} update(s)\n", a.would_refuse_updates));
+    for (rule, n) in &a.would_refuse {
+        out.push_str(&format!("  refused {n} job(s): rule {rule}\n"));
     }
     out
 }

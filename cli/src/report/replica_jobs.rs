@@ -18,7 +18,7 @@ use onepool_decisions::policy::SERVICE_USER;
 use onepool_elastic_daemon::config::Config;
 use onepool_launcher::conventions::port_from_name;
 
-use super::usage::Run;
+use super::records::Run;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReplicaJobs {

@@ -20,7 +20,7 @@ use onepool_simulator::report::Options;
 use serde::Serialize;
 
 use super::replica_jobs::ReplicaJobs;
-use super::usage::Run;
+use super::records::Run;
 
 /// An endpoint whose replicas onepoold runs (`[endpoint.replicas]` in
 /// onepoold.toml), as the simulator models it.

@@ -1,49 +1,17 @@
 //! What the pool did over a period, from Slurm's accounting: the measured
-//! counterpart of `onepool simulate`. Pure: it takes the allocations
-//! `sacct` reports and the policy, and returns the figures.
+//! counterpart of `onepool simulate`. Pure: it takes the records `sacct`
+//! printed ([`super::records`]) and the policy, and returns the figures.
 
 use std::collections::BTreeMap;
 
 use onepool_decisions::policy::{Policy, Tier};
-use onepool_decisions::record::JobRecord;
-use onepool_launcher::conventions::{DrainNote, ReplicaNote};
+use onepool_decisions::record::AuditRecord;
 use serde::Serialize;
 
 use super::failures::{self, ReplicaFailures};
 use super::reclaims::{self, Reclaim};
+use super::records::{Records, Run, Unreadable};
 use super::replica_jobs::ReplicaJobs;
-use super::slurmctld_log::LogFacts;
-
-/// One run of a job as `sacct -X -D` lists it (a requeued job has one
-/// per run).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Run {
-    pub id: String,
-    pub name: String,
-    pub qos: String,
-    /// Slurm's state word (`COMPLETED`, `PREEMPTED`, `REQUEUED`, ...).
-    pub state: String,
-    pub submit: f64,
-    pub start: f64,
-    pub end: f64,
-    pub gpus: u32,
-    pub nodes: Vec<String>,
-    pub user: String,
-    /// job_submit/onepool's record in the job's AdminComment (its class,
-    /// the endpoint it serves), which no user can set.
-    pub record: Option<JobRecord>,
-    /// A replica launcher's note in the job's comment (issue #26): why its
-    /// server ended, what its drain did. The job's user writes the comment:
-    /// the report reads it only on a replica job ([`ReplicaJobs`]).
-    pub note: Option<ReplicaNote>,
-}
-
-impl Run {
-    /// The first drain its launcher(s) noted.
-    pub fn drain(&self) -> Option<DrainNote> {
-        self.note.as_ref().and_then(|n| n.drained.first()).map(|(_, d)| *d)
-    }
-}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ClassUsage {
@@ -56,13 +24,23 @@ pub struct ClassUsage {
     pub jobs: usize,
 }
 
+/// Audit mode's decisions, as job_submit/onepool recorded them on the
+/// jobs (their AdminComment).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Audit {
-    /// "would place" lines per class.
+    /// Jobs it would have placed, per class.
     pub would_place: BTreeMap<String, usize>,
-    /// "would refuse" lines per message.
+    /// Jobs it would have refused, per rule (`unknown-class`,
+    /// `not-entitled`, ...).
     pub would_refuse: BTreeMap<String, usize>,
-    pub would_refuse_updates: usize,
+}
+
+/// sacct records the report could not read: none of its figures counts
+/// them, and it says which.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct UnreadableRecords {
+    pub count: usize,
+    pub records: Vec<Unreadable>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -75,8 +53,7 @@ pub struct Report {
     pub outside_gpu_hours: f64,
     pub idle_gpu_hours: f64,
     pub reclaims: Vec<Reclaim>,
-    /// Where the reclaims come from: slurmctld's log for the span it
-    /// covers, accounting alone before it (or without it), and why.
+    /// Where the reclaims come from, in words.
     pub reclaim_source: String,
     /// Which jobs count as onepoold's replicas, whose drain and end notes
     /// the reclaims and failures read ([`ReplicaJobs`]).
@@ -84,6 +61,8 @@ pub struct Report {
     /// Replica jobs that ended as failures, per endpoint.
     pub replica_failures: Vec<ReplicaFailures>,
     pub audit: Option<Audit>,
+    /// Records sacct printed that the report could not read.
+    pub unreadable: UnreadableRecords,
     /// What the pool saved: the simulator on the period's records.
     pub saved: Option<super::saved::Saved>,
     /// onepoold's replica decisions in the period (acted and advisory),
@@ -96,16 +75,9 @@ fn inside(start: f64, end: f64, from: f64, to: f64) -> f64 {
     (end.min(to) - start.max(from)).max(0.0)
 }
 
-/// `log`: what slurmctld's log says (`None`: it was not read);
 /// `replicas`: which runs' notes count.
-pub fn compute(
-    runs: &[Run],
-    policy: &Policy,
-    from: f64,
-    to: f64,
-    log: Option<&LogFacts>,
-    replicas: &ReplicaJobs,
-) -> Report {
+pub fn compute(records: &Records, policy: &Policy, from: f64, to: f64, replicas: &ReplicaJobs) -> Report {
+    let runs = &records.runs;
     let pool_gpus = policy.pool.total_gpus;
     let protected_gpus: u32 = policy
         .classes
@@ -166,132 +138,33 @@ pub fn compute(
         classes,
         outside_gpu_hours: outside,
         idle_gpu_hours: idle,
-        reclaims: reclaims::find(&trusted, policy, log, from, to),
-        reclaim_source: reclaim_source(log, from),
+        reclaims: reclaims::find(&trusted, policy, from, to),
+        reclaim_source: RECLAIM_SOURCE.to_string(),
         replica_jobs: replicas.said.clone(),
         replica_failures: failures::find(&trusted, replicas, from, to),
-        audit: None,
+        audit: audit(records, policy),
+        unreadable: UnreadableRecords { count: records.unreadable.len(), records: records.unreadable.clone() },
         saved: None,
         decisions: None,
     }
 }
 
-fn reclaim_source(log: Option<&LogFacts>, from: f64) -> String {
-    match log.and_then(|l| l.first) {
-        None => "accounting only (slurmctld's log was not read): times in whole seconds, takers guessed by node and \
-                 time, graceful reclaims found by their replica's drain note"
-            .to_string(),
-        Some(_) if log.is_some_and(|l| l.covers_from(from)) => "slurmctld's log".to_string(),
-        Some(first) => format!(
-            "slurmctld's log from {} (rotated or started later), accounting only before it",
-            onepool_decisions::trace::format_time(first)
-        ),
-    }
-}
+/// What every reclaim rests on (docs/report.md, "What each figure trusts").
+pub const RECLAIM_SOURCE: &str = "accounting (Slurm's states, times and nodes; whole seconds) and the drain notes of \
+     onepoold's replica jobs; the taker is the first job of a class that may reclaim the victim's to start on its \
+     nodes within 10 s of its end";
 
-/// job_submit/onepool's audit lines in slurmctld's log, within the period.
-/// Lines a user's text may have written (a comment with a line break in
-/// slurmctld's log: [`super::log_trust::zones`]) are not counted.
-pub fn audit(log: &str, from: f64, to: f64, trusted: &dyn Fn(&str) -> bool) -> Audit {
+/// Audit mode's decisions on the period's jobs; `None` outside audit mode
+/// when the plugin recorded none.
+fn audit(records: &Records, policy: &Policy) -> Option<Audit> {
     let mut a = Audit::default();
-    let lines: Vec<&str> = log.lines().collect();
-    let zones = super::log_trust::zones(&lines, trusted);
-    for (line, _) in lines.iter().zip(&zones).filter(|(_, z)| **z == super::log_trust::Zone::Clear) {
-        let Some(rest) = line.split_once("job_submit/onepool: audit: ").map(|x| x.1) else { continue };
-        // "[2026-12-04T14:44:36.123] ..." (the log's own time stamp).
-        let at = line
-            .strip_prefix('[')
-            .and_then(|l| l.split_once(']'))
-            .and_then(|(t, _)| onepool_decisions::trace::parse_time(t));
-        if at.is_some_and(|t| t < from || t > to) {
-            continue;
-        }
-        let what = rest.split_once(": ").map_or(rest, |x| x.1);
-        if let Some(p) = what.strip_prefix("would place: ") {
-            // "class NAME qos QOS ..." (the plugin's description of a placement).
-            let class = p.strip_prefix("class ").and_then(|x| x.split_whitespace().next()).unwrap_or(p);
-            *a.would_place.entry(class.to_string()).or_default() += 1;
-        } else if let Some(r) = what.strip_prefix("would refuse: ") {
-            *a.would_refuse.entry(r.to_string()).or_default() += 1;
-        } else if what.starts_with("would refuse update") {
-            a.would_refuse_updates += 1;
+    // One decision per job, however many runs a requeued job had.
+    let jobs: BTreeMap<&str, &AuditRecord> = records.audit.iter().map(|(id, r)| (id.as_str(), r)).collect();
+    for r in jobs.values() {
+        match r {
+            AuditRecord::Place { class } => *a.would_place.entry(class.clone()).or_default() += 1,
+            AuditRecord::Refuse { rule } => *a.would_refuse.entry(rule.clone()).or_default() += 1,
         }
     }
-    a
-}
-
-/// The fields the report asks sacct for. The comment is last: it is the
-/// one field a job's user writes freely, and whatever it holds (the
-/// delimiter, line breaks) is then the last field's. The admin comment
-/// (job_submit/onepool's record) is an administrator's, before it.
-pub const SACCT_FORMAT: &str =
-    "JobIDRaw,JobName,QOS,State,Submit,Start,End,AllocTRES,NodeList,User,AdminComment,Comment";
-const FIELDS: usize = 12;
-
-/// `sacct -P -n --delimiter=DELIM` output in [`SACCT_FORMAT`] order. The
-/// caller picks a delimiter no user can know in advance ([`delimiter`]):
-/// with sacct's `|`, a job named `a|b` broke the report for everyone, and
-/// a comment with a line break could have added a made-up run. A line
-/// without the delimiter continues the previous line's comment. Lines that
-/// are not allocations with GPUs, or never started, are skipped; so are
-/// records with too few fields (a job name with a line break), whose line
-/// numbers come back beside the runs so the caller can say so.
-pub fn parse_sacct(text: &str, delim: &str) -> Result<(Vec<Run>, Vec<usize>), String> {
-    let mut records: Vec<(usize, String)> = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        match records.last_mut() {
-            Some((_, r)) if !line.contains(delim) => {
-                r.push('\n');
-                r.push_str(line);
-            }
-            _ if line.trim().is_empty() => {}
-            _ => records.push((n + 1, line.to_string())),
-        }
-    }
-    let (mut runs, mut malformed) = (Vec::new(), Vec::new());
-    for (n, line) in &records {
-        let f: Vec<&str> = line.splitn(FIELDS, delim).collect();
-        if f.len() < FIELDS {
-            malformed.push(*n);
-            continue;
-        }
-        let t = |s: &str| onepool_decisions::trace::parse_time(s);
-        let (Some(submit), Some(start)) = (t(f[4]), t(f[5])) else { continue };
-        // Still running: it holds its GPUs up to now (the caller clips).
-        let end = t(f[6]).unwrap_or(f64::INFINITY);
-        let (gpus, _) =
-            onepool_simulator::input::jobs::gpus_from_tres(f[7]).map_err(|e| format!("sacct line {n}: {e}"))?;
-        if gpus == 0 {
-            continue;
-        }
-        let nodes = match f[8] {
-            "None assigned" | "" => Vec::new(),
-            list => onepool_decisions::hostlist::expand(list)
-                .map_err(|e| format!("sacct line {n}: NodeList {list}: {e}"))?,
-        };
-        let state = f[3].split_whitespace().next().unwrap_or("").to_string();
-        runs.push(Run {
-            id: f[0].into(),
-            name: f[1].into(),
-            qos: f[2].into(),
-            state,
-            submit,
-            start,
-            end,
-            gpus,
-            nodes,
-            user: f[9].into(),
-            record: JobRecord::decode(f[10]),
-            note: ReplicaNote::decode(f[11]),
-        });
-    }
-    Ok((runs, malformed))
-}
-
-/// A delimiter for [`parse_sacct`] that no job's name or comment holds but
-/// by chance: random, made at each run.
-pub fn delimiter() -> std::io::Result<String> {
-    let mut b = [0u8; 8];
-    std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))?;
-    Ok(format!("~{}~", b.iter().map(|x| format!("{x:02x}")).collect::<String>()))
+    (policy.pool.audit || !records.audit.is_empty()).then_some(a)
 }
