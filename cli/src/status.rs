@@ -128,10 +128,14 @@ pub fn leadership_line(l: &Leadership, now: f64) -> String {
     if !l.shared {
         return format!("onepoold {name}: the only instance; acts on Slurm\n");
     }
-    let mut out = match (l.acting, &l.acting_instance) {
-        (true, _) => format!("onepoold {name}: ACTS on Slurm since {}", l.acting_since.map_or("?".into(), at)),
-        (false, Some(holder)) => format!("onepoold {name}: follows (routes, acts on nothing); acting: {holder}"),
-        (false, None) => format!("onepoold {name}: follows; the acting instance is unknown"),
+    let mut out = match (l.acting, &l.acting_instance, &l.foreign_holder) {
+        (true, _, _) => format!("onepoold {name}: ACTS on Slurm since {}", l.acting_since.map_or("?".into(), at)),
+        (false, _, Some(stranger)) => format!(
+            "onepoold {name}: follows; NO INSTANCE ACTS: the lock is held by {stranger}, which is not an onepoold \
+             instance of this configuration (no proof made with the replica key); end that connection (docs/ha.md)"
+        ),
+        (false, Some(holder), None) => format!("onepoold {name}: follows (routes, acts on nothing); acting: {holder}"),
+        (false, None, None) => format!("onepoold {name}: follows; the acting instance is unknown"),
     };
     match l.last_takeover {
         Some(t) => out.push_str(&format!("; last takeover here {}, {} in all", at(t), l.takeovers)),
@@ -475,6 +479,7 @@ mod tests {
             takeovers: 2,
             last_takeover: Some(1_000.0),
             last_error: None,
+            foreign_holder: None,
         };
         let t = leadership_line(&acting, 1_030.0);
         assert_eq!(
@@ -499,6 +504,16 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("no takeover here yet"), "{t}");
+        let squatted = Leadership {
+            acting_instance: Some("database connection 9".into()),
+            foreign_holder: Some("database connection 9".into()),
+            ..following.clone()
+        };
+        let t = leadership_line(&squatted, 1_030.0);
+        assert!(
+            t.starts_with("onepoold svc-a: follows; NO INSTANCE ACTS: the lock is held by database connection 9"),
+            "{t}"
+        );
         let alone = Leadership { shared: false, ..acting };
         assert_eq!(leadership_line(&alone, 0.0), "onepoold svc-b: the only instance; acts on Slurm\n");
         // In the table, first.

@@ -88,7 +88,7 @@ impl Daemon {
             false => None,
         };
         let metrics = Arc::new(Metrics::new());
-        let (leadership, lock) = leadership(&config, &metrics)?;
+        let (leadership, lock) = leadership(&config, replica_key.as_deref(), &metrics)?;
         let budget = BodyBudget::new(config.max_buffered_body_bytes, &metrics);
         let access = match &config.access_log {
             Some(a) => Some(
@@ -171,25 +171,47 @@ impl Daemon {
 type LockTask = Option<(MariaDbLock, Pace)>;
 
 /// This instance's leadership, and with `[ha] lock` the lock's task to
-/// run: a follower until it takes the lock.
-fn leadership(config: &Config, metrics: &Arc<Metrics>) -> Result<(Arc<Leadership>, LockTask), StartError> {
+/// run: a follower until it takes the lock. The lock's names are made
+/// with `replica_key`, which every instance shares and nobody else may
+/// read ([`crate::leader::names`]).
+fn leadership(
+    config: &Config,
+    replica_key: Option<&str>,
+    metrics: &Arc<Metrics>,
+) -> Result<(Arc<Leadership>, LockTask), StartError> {
     let instance = &config.ha.instance;
     let Some(settings) = &config.ha.lock else {
         return Ok((Leadership::single(instance, Some(metrics.clone())), None));
     };
-    let name = match &settings.lock_name {
+    for w in crate::leader::warnings(config) {
+        tracing::warn!("{w}");
+    }
+    let names = lock_names(config, settings, replica_key)?;
+    let site = names.site().to_string();
+    let lock = MariaDbLock::new(settings, names)?;
+    tracing::info!(%instance, lock = %site, database = %format!("{}:{}", settings.host, settings.port),
+        "[ha]: following until this instance takes the lock (its name on the server is made with the replica key)");
+    let pace = Pace { every: settings.check_interval, answer_within: settings.fence() };
+    Ok((Leadership::shared(instance, settings.fence(), Some(metrics.clone())), Some((lock, pace))))
+}
+
+/// The lock's names: `[ha] lock_name` (else `onepoold.<ClusterName>`)
+/// under the replica key; the key is read here when nothing else needed it.
+pub fn lock_names(
+    config: &Config,
+    settings: &crate::config::LockSettings,
+    replica_key: Option<&str>,
+) -> Result<crate::leader::names::LockNames, StartError> {
+    let site = match &settings.lock_name {
         Some(n) => n.clone(),
         None => crate::leader::mariadb::default_lock_name(config.slurm_conf.as_deref())
             .map_err(crate::leader::mariadb::SetupError::LockName)?,
     };
-    for w in crate::leader::warnings(config) {
-        tracing::warn!("{w}");
-    }
-    let lock = MariaDbLock::new(settings, &name)?;
-    tracing::info!(%instance, lock = %name, database = %format!("{}:{}", settings.host, settings.port),
-        "[ha]: following until this instance takes the lock");
-    let pace = Pace { every: settings.check_interval, answer_within: settings.fence() };
-    Ok((Leadership::shared(instance, settings.fence(), Some(metrics.clone())), Some((lock, pace))))
+    let key = match replica_key {
+        Some(k) => k.to_string(),
+        None => crate::replica_key::load_or_create(&config.replica_key_file)?,
+    };
+    Ok(crate::leader::names::LockNames::new(&key, &site))
 }
 
 /// A listener with what it serves and how.

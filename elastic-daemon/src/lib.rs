@@ -27,6 +27,7 @@ pub mod replica_key;
 pub mod replica_metrics;
 pub mod round_error;
 pub mod routed;
+pub mod start_files;
 pub mod trace;
 
 /// The async runtime the daemon runs on and the HTTP types of its control

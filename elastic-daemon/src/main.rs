@@ -44,6 +44,9 @@ struct Args {
     /// Check the configuration (and its replica settings against the policy) and exit: 0 fit, 1 not
     #[arg(long, conflicts_with = "preflight")]
     check: bool,
+    /// With --check: check the secret files as onepoold's user USER would find them [default: the user running it; as root, the service user onepool]
+    #[arg(long, value_name = "USER", requires = "check")]
+    user: Option<String>,
     /// Submit one replica of ENDPOINT as onepoold would, wait until it answers a chat completion, cancel it; 0 served, 1 not
     #[arg(long, value_name = "ENDPOINT")]
     preflight: Option<String>,
@@ -89,7 +92,7 @@ fn main() -> ExitCode {
         )
         .init();
     // clap answers --help and --version itself, and exits 2 on a bad argument.
-    let Args { config: path, allow_root, check, preflight, man } = <Args as clap::Parser>::parse();
+    let Args { config: path, allow_root, check, user, preflight, man } = <Args as clap::Parser>::parse();
     if let Some(dir) = man {
         return match man_pages(&dir) {
             Ok(()) => ExitCode::SUCCESS,
@@ -108,7 +111,7 @@ fn main() -> ExitCode {
         }
     };
     if check {
-        return check_only(&path, &mut config);
+        return check_only(&path, &mut config, user.as_deref());
     }
     let root = onepool_os::geteuid() == 0;
     if let Some(endpoint) = preflight {
@@ -229,12 +232,21 @@ fn preflight_only(config: &config::Config, endpoint: &str) -> ExitCode {
 }
 
 /// `--check`: what a start would refuse or warn about, without starting
-/// (`onepool doctor` runs it).
-fn check_only(path: &std::path::Path, config: &mut config::Config) -> ExitCode {
+/// (`onepool doctor` runs it); `user`: whose the secret files must be.
+fn check_only(path: &std::path::Path, config: &mut config::Config, user: Option<&str>) -> ExitCode {
     let findings = onepool_elastic_daemon::policy_check::check(config);
     let mut errors = findings.errors;
     if let Err(e) = onepool_elastic_daemon::policy_check::resolve_from_policy(config) {
         errors.push(e);
+    }
+    // The start's rules on the files it reads (issue #42): "fits" means
+    // onepoold will start.
+    match onepool_elastic_daemon::start_files::owner(user) {
+        Ok((uid, who)) => {
+            println!("secret files checked as onepoold's user {who}");
+            errors.extend(onepool_elastic_daemon::start_files::problems(config, uid));
+        }
+        Err(e) => errors.push(e),
     }
     for w in &findings.warnings {
         println!("warning: {w}");

@@ -7,12 +7,18 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 /// Why `path` (whose metadata is `meta`, read without following a link)
-/// may not hold `secret` ("the key", "the password"), or `Ok`.
+/// may not hold `secret` ("the key", "the password") for this process's
+/// user, or `Ok`.
 pub fn check(path: &Path, meta: &std::fs::Metadata, secret: &str) -> Result<(), String> {
+    check_as(path, meta, secret, onepool_os::geteuid())
+}
+
+/// [`check`] for onepoold's user `me` (`onepoold --check`, run by root for
+/// the service user, applies the rule the start will).
+pub fn check_as(path: &Path, meta: &std::fs::Metadata, secret: &str, me: u32) -> Result<(), String> {
     if !meta.file_type().is_file() {
         return Err("not a regular file (a symbolic link is not followed)".into());
     }
-    let me = onepool_os::geteuid();
     if meta.uid() != me {
         return Err(format!(
             "owned by uid {}, not by onepoold's user (uid {me}); fix: chown {me} {}",

@@ -56,8 +56,23 @@ pub fn load_or_create(path: &Path) -> Result<String, KeyError> {
 }
 
 fn read(path: &Path, meta: &std::fs::Metadata) -> Result<String, KeyError> {
+    read_as(path, meta, onepool_os::geteuid())
+}
+
+/// The key at `path` as onepoold's user `owner` would read it at start:
+/// `Ok(None)` when there is no file yet (the start makes one). Makes
+/// nothing (`onepoold --check`).
+pub fn check_as(path: &Path, owner: u32) -> Result<Option<String>, KeyError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) => read_as(path, &meta, owner).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(KeyError::Io { path: path.to_path_buf(), source }),
+    }
+}
+
+fn read_as(path: &Path, meta: &std::fs::Metadata, owner: u32) -> Result<String, KeyError> {
     let unsafe_file = |what: String| KeyError::Unsafe { path: path.to_path_buf(), what };
-    crate::private_file::check(path, meta, "the key").map_err(unsafe_file)?;
+    crate::private_file::check_as(path, meta, "the key", owner).map_err(unsafe_file)?;
     let text = std::fs::read_to_string(path).map_err(|source| KeyError::Io { path: path.to_path_buf(), source })?;
     let key = text.trim();
     if key.len() < MIN_LEN {

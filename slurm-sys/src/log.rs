@@ -48,7 +48,7 @@ pub fn debug(msg: &str) {
 /// character in it (a job's name, an option's value: user text) is
 /// written escaped (`\n`, `\x1b`), so that nothing a user wrote can start
 /// a line of its own in slurmctld's log, where it would read as
-/// slurmctld's (`onepool report` reads that log; issue #35), or move a
+/// slurmctld's (where admins read it; issue #35), or move a
 /// terminal's cursor. Tabs stay.
 pub fn one_line(msg: &str) -> std::borrow::Cow<'_, str> {
     if !msg.chars().any(|c| c.is_control() && c != '\t') {

@@ -365,7 +365,13 @@ fn audit_mode_decides_and_logs_but_changes_nothing() {
     let j = submit(c, &bob, &["--hold", "--workload=critical-training", "--time=1:00:00", "--wrap", "true"]);
     let f = c.job_fields(j);
     assert_eq!(f["QOS"], "normal", "audit mode must not rewrite");
-    assert_eq!(f.get("AdminComment"), None, "audit mode must not record a class");
+    // Only the decision, for `onepool report` to count (issue #42): no
+    // class record that onepoold or the hand-off check would act on.
+    assert_eq!(
+        f.get("AdminComment").map(String::as_str),
+        Some("onepool-audit:would=refuse;rule=not-entitled"),
+        "audit mode records its decision, nothing else"
+    );
     let log = c.log("slurmctld");
     assert!(
         log[before..].contains(&format!(

@@ -252,3 +252,135 @@ fn a_paused_acting_instance_loses_the_lock_and_on_resume_acts_on_nothing() {
     drop((a, b));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A database account of its own, with no privileges at all, that waits
+/// for a named lock (`SELECT GET_LOCK(name, 100000)`) until killed: what
+/// any of a site's other tools with an account on the server can do.
+struct Squatter(Child);
+
+impl Squatter {
+    fn wait_for(c: &TestCluster, lock: &str) -> Squatter {
+        let socket = c.cluster.layout.db_socket();
+        let root = |sql: &str| {
+            let out = Command::new("mariadb")
+                .args(["--no-defaults", &format!("--socket={}", socket.display()), "-u", "root", "-N", "-e", sql])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{sql}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        root("CREATE USER IF NOT EXISTS 'op-squatter'@'localhost' IDENTIFIED BY 'squat'; FLUSH PRIVILEGES;");
+        let child = Command::new("mariadb")
+            .args(["--no-defaults", &format!("--socket={}", socket.display()), "-u", "op-squatter", "-psquat", "-N"])
+            .args(["-e", &format!("SELECT GET_LOCK('{lock}', 100000)")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        Squatter(child)
+    }
+}
+
+impl Drop for Squatter {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Stops MariaDB (SIGTERM, as `systemctl restart` does) and starts it
+/// again through the cluster's `up`, which starts what is not running.
+fn restart_mariadb(c: &TestCluster) {
+    let pid_file = c.cluster.layout.run().join("mariadbd.pid");
+    let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    // SAFETY: signalling the cluster's own MariaDB by its recorded pid.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    // SAFETY: signal 0 only asks whether the process is there.
+    wait("MariaDB to stop", Duration::from_secs(60), || unsafe { libc::kill(pid, 0) } != 0);
+    c.cluster.up(&onepool_tests::up_options(), &mut |m| eprintln!("test-cluster: {m}")).unwrap();
+}
+
+/// Lock squatting (issue #42), by a database account with no privileges:
+/// - waiting on the lock's old public name (`onepoold.<name>`) gets it
+///   nothing: the follower acts within 5 s of the holder's SIGKILL, and
+///   within seconds of a MariaDB restart;
+/// - holding the real name (a leak: it is made with the replica key) when
+///   no instance does, it cannot prove itself: status and metrics name it
+///   and say no instance acts; an instance acts within 5 s of its going.
+#[test]
+#[allow(clippy::too_many_lines, reason = "one attack on a real cluster, read top to bottom")]
+fn a_squatter_without_the_replica_key_cannot_silently_hold_the_lock() {
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("ha-squat");
+    let lock_name = format!("onepoold.test-squat-{}", std::process::id());
+    let mut a = Instance::new(c, &dir, "svc-a", &lock_name);
+    let mut b = Instance::new(c, &dir, "svc-b", &lock_name);
+    a.start();
+    wait("svc-a to act", Duration::from_secs(10), || a.leadership().acting);
+    b.start();
+    wait("svc-b to see the lock held", Duration::from_secs(10), || b.leadership().acting_instance.is_some());
+
+    // The old, public name: the squatter waits on it (and holds it) in vain.
+    let public = Squatter::wait_for(c, &lock_name);
+    std::thread::sleep(Duration::from_secs(1));
+    let t0 = Instant::now();
+    a.kill9();
+    wait("svc-b to act", Duration::from_secs(10), || b.leadership().acting);
+    eprintln!("svc-b acts {:.2} s after svc-a's SIGKILL, a squatter on the public name", t0.elapsed().as_secs_f64());
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert_eq!(b.leadership().foreign_holder, None);
+    // MariaDB restarts (every connection ends): the squatter's client is
+    // gone with it, and an instance acts again within seconds.
+    a.start();
+    let t0 = Instant::now();
+    restart_mariadb(c);
+    let back = t0.elapsed();
+    wait("an instance to act after MariaDB's restart", Duration::from_secs(15), || {
+        a.leadership().acting || b.leadership().acting
+    });
+    eprintln!(
+        "MariaDB restarted in {:.2} s; an instance acts {:.2} s after it was back",
+        back.as_secs_f64(),
+        (t0.elapsed() - back).as_secs_f64()
+    );
+    assert!(t0.elapsed() - back < Duration::from_secs(5), "{:?}", t0.elapsed() - back);
+    drop(public);
+
+    // The real name, leaked, taken while no instance holds it.
+    let key = std::fs::read_to_string(dir.join("replica.key")).unwrap();
+    let real = onepool_elastic_daemon::leader::names::LockNames::new(key.trim(), &lock_name).main;
+    a.kill9();
+    b.kill9();
+    let squatter = Squatter::wait_for(c, &real);
+    std::thread::sleep(Duration::from_secs(1));
+    a.start();
+    wait("svc-a to name the stranger", Duration::from_secs(10), || a.leadership().foreign_holder.is_some());
+    let l = a.leadership();
+    eprintln!("svc-a: {:?}", l.foreign_holder);
+    assert!(!l.acting);
+    assert_eq!(metric(a.metrics, "onepool_ha_lock_foreign"), Some(1.0));
+    assert_eq!(metric(a.metrics, "onepool_ha_acting"), Some(0.0));
+    let out = c
+        .cmd(build_dir().join("onepool").to_str().unwrap())
+        .arg("status")
+        .arg("--socket")
+        .arg(&a.socket)
+        .arg("--policy")
+        .arg(onepool_tests::test_policy())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("onepool status:\n{text}");
+    assert!(text.contains("NO INSTANCE ACTS: the lock is held by"), "onepool status:\n{text}");
+    assert!(a.log_text().contains("which is not an onepoold instance of this configuration"), "{}", a.log_text());
+    let t0 = Instant::now();
+    drop(squatter);
+    wait("svc-a to act once the squatter is gone", Duration::from_secs(10), || a.leadership().acting);
+    eprintln!("svc-a acts {:.2} s after the squatter's connection ended", t0.elapsed().as_secs_f64());
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert_eq!(a.leadership().foreign_holder, None);
+    assert_eq!(metric(a.metrics, "onepool_ha_lock_foreign"), Some(0.0));
+    assert!(!a.log_text().contains("panicked"));
+    drop((a, b));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -419,10 +419,6 @@ fn the_report_counts_only_what_users_cannot_write() {
     };
     let early = stamp(-30);
 
-    // A running GPU job of op-ana's, to be cancelled by op-ana under a
-    // forged preemption line (the first attack).
-    let cancelled = sbatch_as(c, &ana, &["--workload=agents", "--gpus=1", "--wrap", "sleep 300"]);
-    c.wait_state(cancelled, "RUNNING", Duration::from_secs(30));
     // (a) A drain on Slurm's notice and a server's end, noted on op-ana's
     // own job named like a replica and recorded for the endpoint.
     let named = sbatch_as(c, &ana, &["-J", "onepool-chat-18500", "--endpoint=chat", "--gpus=1", "--wrap", "sleep 5"]);
@@ -443,6 +439,11 @@ fn the_report_counts_only_what_users_cannot_write() {
     // A real graceful reclaim of onepoold's replicas.
     let graceful = graceful_reclaim(c, &onepool, &server, "chat", [18501, 18502, 18503]);
     c.cancel_all();
+
+    // A running GPU job of op-ana's, to be cancelled by op-ana under a
+    // forged preemption line (the first attack).
+    let cancelled = sbatch_as(c, &ana, &["--workload=agents", "--gpus=1", "--wrap", "sleep 300"]);
+    c.wait_state(cancelled, "RUNNING", Duration::from_secs(30));
 
     // The forged lines: made-up reclaims of op-ana's jobs and of the real
     // victim, for op-ana's job, for nothing; each behind a line break.
@@ -550,7 +551,8 @@ fn the_report_counts_only_what_users_cannot_write() {
     assert!(replica_jobs.contains("onepoold's endpoints in") && replica_jobs.ends_with("(chat)"), "{replica_jobs}");
 
     // And protected work still gets its GPUs.
-    let protected = c.sbatch(&["--workload=critical-training", "--time=10:00", "--gpus=8", "-N2", "--wrap", "sleep 30"]);
+    let protected =
+        c.sbatch(&["--workload=critical-training", "--time=10:00", "--gpus=8", "-N2", "--wrap", "sleep 30"]);
     c.wait_state(protected, "RUNNING", Duration::from_secs(60));
     let _ = std::fs::remove_dir_all(&dir);
 }

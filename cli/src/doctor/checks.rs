@@ -413,6 +413,38 @@ pub fn daemon(config: Option<&str>, result: Option<Result<String, String>>) -> C
     }
 }
 
+/// Who holds onepoold's leadership lock (`[ha]`, docs/ha.md), as the
+/// instance on this host sees it: FAIL when a connection that is not an
+/// onepoold instance of this configuration holds it (then none acts).
+pub fn leadership(state: Result<Option<onepool_control::api::Leadership>, String>) -> Check {
+    let what = "onepoold lock";
+    match state {
+        Err(e) => Check::warn(what, format!("not checked: {e}"), "run the doctor on a host where onepoold runs"),
+        Ok(None) => Check::warn(what, "onepoold says nothing of its leadership", "upgrade onepoold"),
+        Ok(Some(l)) => match (&l.foreign_holder, l.acting, &l.acting_instance) {
+            (Some(stranger), _, _) => Check::fail(
+                what,
+                format!(
+                    "held by {stranger}, which is not an onepoold instance of this configuration (no proof made with \
+                     the replica key): no instance acts on Slurm"
+                ),
+                "end that database connection (KILL on the server), and keep the replica key private (docs/ha.md)",
+            ),
+            (None, true, _) => Check::pass(what, format!("{} acts on Slurm", l.instance)),
+            (None, false, Some(holder)) => Check::pass(what, format!("{} follows; acting: {holder}", l.instance)),
+            (None, false, None) => Check::warn(
+                what,
+                format!(
+                    "{} follows and no instance is seen acting{}",
+                    l.instance,
+                    l.last_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default()
+                ),
+                "onepool status on each instance; the lock's database must be reachable (docs/ha.md)",
+            ),
+        },
+    }
+}
+
 /// A serving preflight (`onepoold --preflight`): PASS with the time to the
 /// first answer, FAIL with why the replica did not serve.
 pub fn preflight(endpoint: &str, config: Option<&str>, result: Result<String, String>) -> Check {

@@ -214,6 +214,13 @@ pub fn examine(
             }
         });
         out.push(checks::daemon(daemon_config.map(|p| p.display().to_string()).as_deref(), result));
+        // With several instances, whether one of them holds the lock.
+        let ha =
+            daemon_config.and_then(|p| onepool_elastic_daemon::config::load(p).ok()).filter(|c| c.ha.lock.is_some());
+        if let Some(c) = ha {
+            let state = crate::status::control_state(&c.control_socket).map_err(|e| format!("{e:#}"));
+            out.push(checks::leadership(state.map(|s| s.leadership)));
+        }
     }
     Ok(out)
 }

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::replica_jobs::ReplicaJobs;
 use super::records::Run;
+use super::replica_jobs::ReplicaJobs;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ReplicaFailures {

@@ -119,14 +119,7 @@ fn shares_a_node(a: &Run, b: &Run) -> bool {
     a.nodes.iter().any(|n| b.nodes.contains(n))
 }
 
-fn reclaim(
-    policy: &Policy,
-    v: &Run,
-    taker: Option<&Run>,
-    mode: ReclaimMode,
-    at_s: f64,
-    source: &str,
-) -> Reclaim {
+fn reclaim(policy: &Policy, v: &Run, taker: Option<&Run>, mode: ReclaimMode, at_s: f64, source: &str) -> Reclaim {
     let class = policy.class_by_qos(&v.qos);
     let drain = v.drain();
     let gpus_changed_hands = taker.map(|t| {

@@ -109,10 +109,7 @@ pub fn parse_sacct(text: &str, delim: &str) -> Result<Records, String> {
                     comment.to_string()
                 }
                 None => {
-                    return Err(format!(
-                        "sacct's record {} does not end with a line break before the next one",
-                        i + 1
-                    ))
+                    return Err(format!("sacct's record {} does not end with a line break before the next one", i + 1))
                 }
             }
         };

@@ -6,11 +6,7 @@ use std::path::PathBuf;
 /// The texts of a rotated log's files that exist, oldest first (`files`,
 /// from `files_oldest_first`); an error when none does, or one that
 /// exists cannot be read.
-pub(crate) fn texts(
-    files: &[PathBuf],
-    path: &std::path::Path,
-    what: &str,
-) -> Result<Vec<(PathBuf, String)>, String> {
+pub(crate) fn texts(files: &[PathBuf], path: &std::path::Path, what: &str) -> Result<Vec<(PathBuf, String)>, String> {
     let mut out = Vec::new();
     for f in files {
         match std::fs::read_to_string(f) {

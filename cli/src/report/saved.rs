@@ -19,8 +19,8 @@ use onepool_simulator::compare::{NoSaving, Unmet};
 use onepool_simulator::report::Options;
 use serde::Serialize;
 
-use super::replica_jobs::ReplicaJobs;
 use super::records::Run;
+use super::replica_jobs::ReplicaJobs;
 
 /// An endpoint whose replicas onepoold runs (`[endpoint.replicas]` in
 /// onepoold.toml), as the simulator models it.

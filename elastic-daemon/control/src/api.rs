@@ -42,6 +42,11 @@ pub struct Leadership {
     /// Why the lock cannot be reached, or why this instance last lost it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The lock's holder when it is not an onepoold instance of this
+    /// configuration (it holds no proof made with the replica key): while
+    /// it holds the lock, no instance acts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub foreign_holder: Option<String>,
 }
 
 impl State {

@@ -94,6 +94,7 @@ fn exercised() -> Metrics {
     m.count_retry(endpoint, crate::metrics::Retry::Lost);
     let instance = crate::metrics::InstanceLabels { instance: "svc-a".into() };
     m.ha_acting.get_or_create(&instance).set(1);
+    m.ha_lock_foreign.get_or_create(&instance).set(0);
     m.ha_acting_since.get_or_create(&instance).set(1.0);
     m.ha_last_takeover.get_or_create(&instance).set(1.0);
     m.ha_takeovers.get_or_create(&instance).inc();

@@ -242,6 +242,7 @@ pub struct Metrics {
     /// 1 while this one does, since when (Unix seconds, 0 while it
     /// follows), its last takeover (Unix seconds, 0: none) and how many.
     pub ha_acting: Family<InstanceLabels, Gauge>,
+    pub ha_lock_foreign: Family<InstanceLabels, Gauge>,
     pub ha_acting_since: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
     pub ha_last_takeover: Family<InstanceLabels, Gauge<f64, AtomicU64>>,
     pub ha_takeovers: Family<InstanceLabels, Counter>,
@@ -287,6 +288,7 @@ impl Metrics {
             access_log_dropped: Counter::default(),
             prefix_routed: Family::default(),
             ha_acting: Family::default(),
+            ha_lock_foreign: Family::default(),
             ha_acting_since: Family::default(),
             ha_last_takeover: Family::default(),
             ha_takeovers: Family::default(),
@@ -433,6 +435,12 @@ impl Metrics {
             self.ha_last_takeover.clone(),
         );
         r.register("takeovers", "Times this instance took the lock and began to act", self.ha_takeovers.clone());
+        r.register(
+            "lock_foreign",
+            "1 while the lock is held by a connection that is not an onepoold instance of this configuration (no \
+             proof made with the replica key): then no instance acts",
+            self.ha_lock_foreign.clone(),
+        );
     }
 
     /// The Prometheus text exposition of every metric.

@@ -15,13 +15,14 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, SslOpts};
 
-use super::lock::{Lock, LockError};
+use super::lock::{Holder, Lock, LockError};
+use super::names::LockNames;
 use crate::config::LockSettings;
 
 /// `GET_LOCK(name)` on one connection of its own.
 pub struct MariaDbLock {
     opts: Opts,
-    name: String,
+    names: LockNames,
     connect_within: Duration,
     conn: Option<Conn>,
 }
@@ -36,8 +37,10 @@ pub enum SetupError {
     LockName(String),
 }
 
-/// The lock's name when `lock_name` is not set: `onepoold.<ClusterName>`,
-/// from `slurm_conf` (else `$SLURM_CONF`, else /etc/slurm/slurm.conf).
+/// The site's name for the lock when `lock_name` is not set:
+/// `onepoold.<ClusterName>`, from `slurm_conf` (else `$SLURM_CONF`, else
+/// /etc/slurm/slurm.conf). The lock's name on the server is made from it
+/// and the replica key ([`LockNames`]).
 pub fn default_lock_name(slurm_conf: Option<&std::path::Path>) -> Result<String, String> {
     let path = slurm_conf
         .map(PathBuf::from)
@@ -54,22 +57,26 @@ pub fn default_lock_name(slurm_conf: Option<&std::path::Path>) -> Result<String,
     }
 }
 
+/// The CA file's certificates, refused when it holds none.
+pub fn ca_pem(path: &std::path::Path) -> Result<Vec<u8>, SetupError> {
+    let pem = std::fs::read(path).map_err(|e| SetupError::CaFile { path: path.to_path_buf(), what: e.to_string() })?;
+    if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+        return Err(SetupError::CaFile { path: path.to_path_buf(), what: "holds no PEM certificate".into() });
+    }
+    Ok(pem)
+}
+
 impl MariaDbLock {
-    /// The lock `settings` describe, named `name`; reads the password and
+    /// The lock `settings` describe, under `names`; reads the password and
     /// checks the CA file, but connects only when first used.
-    pub fn new(settings: &LockSettings, name: &str) -> Result<MariaDbLock, SetupError> {
+    pub fn new(settings: &LockSettings, names: LockNames) -> Result<MariaDbLock, SetupError> {
         let password = super::read_password(&settings.password_file)?;
         let ssl = match &settings.ca_file {
             None => None,
+            // Only the named CA: a public one proves nothing about the
+            // site's database server.
             Some(path) => {
-                let pem =
-                    std::fs::read(path).map_err(|e| SetupError::CaFile { path: path.clone(), what: e.to_string() })?;
-                if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-                    return Err(SetupError::CaFile { path: path.clone(), what: "holds no PEM certificate".into() });
-                }
-                // Only the named CA: a public one proves nothing about the
-                // site's database server.
-                Some(SslOpts::default().with_root_certs(vec![pem.into()]).with_disable_built_in_roots(true))
+                Some(SslOpts::default().with_root_certs(vec![ca_pem(path)?.into()]).with_disable_built_in_roots(true))
             }
         };
         let lost_after = settings.lost_after.as_secs().max(1) as usize;
@@ -88,7 +95,7 @@ impl MariaDbLock {
             .wait_timeout(Some(lost_after))
             .setup(vec![format!("SET SESSION wait_timeout = {lost_after}")])
             .stmt_cache_size(0);
-        Ok(MariaDbLock { opts: opts.into(), name: name.to_string(), connect_within: settings.lost_after, conn: None })
+        Ok(MariaDbLock { opts: opts.into(), names, connect_within: settings.lost_after, conn: None })
     }
 
     async fn conn(&mut self) -> Result<&mut Conn, LockError> {
@@ -102,15 +109,15 @@ impl MariaDbLock {
         self.conn.as_mut().ok_or_else(|| LockError::Answer("no connection".into()))
     }
 
-    async fn one<T: mysql_async::prelude::FromValue + Send + 'static>(
+    async fn one<T: mysql_async::prelude::FromValue + Send + 'static, P: Into<mysql_async::Params> + Send>(
         &mut self,
         what: &str,
         sql: &str,
+        params: P,
     ) -> Result<Option<T>, LockError> {
-        let name = self.name.clone();
         let conn = self.conn().await?;
         let row: Option<Option<T>> = conn
-            .exec_first(sql, (name,))
+            .exec_first(sql, params)
             .await
             .map_err(|source| LockError::Database { what: what.to_string(), source })?;
         Ok(row.flatten())
@@ -118,40 +125,60 @@ impl MariaDbLock {
 }
 
 impl Lock for MariaDbLock {
-    async fn try_acquire(&mut self) -> Result<bool, LockError> {
-        // 1: taken; 0: another connection holds it; NULL: an error.
-        match self.one::<i64>("GET_LOCK", "SELECT GET_LOCK(?, 0)").await? {
+    async fn acquire(&mut self, wait: Duration) -> Result<bool, LockError> {
+        // 1: taken; 0: still held by another after `wait`; NULL: an error.
+        // Waiting queues this connection behind the holder: it is served
+        // the moment the holder lets go, before anyone who asks later.
+        let main = self.names.main.clone();
+        let conn = self.conn().await?;
+        let row: Option<(Option<i64>, u64)> = conn
+            .exec_first("SELECT GET_LOCK(?, ?), CONNECTION_ID()", (main, wait.as_secs_f64()))
+            .await
+            .map_err(|source| LockError::Database { what: "GET_LOCK".into(), source })?;
+        let id = match row {
+            Some((Some(1), id)) => id,
+            Some((Some(_), _)) => return Ok(false),
+            _ => return Err(LockError::Answer("GET_LOCK answered NULL".into())),
+        };
+        let proof = self.names.proof(id);
+        match self.one::<i64, _>("GET_LOCK (proof)", "SELECT GET_LOCK(?, 0)", (proof,)).await? {
             Some(1) => Ok(true),
-            Some(_) => Ok(false),
-            None => Err(LockError::Answer("GET_LOCK answered NULL".into())),
+            _ => Err(LockError::Answer(format!(
+                "took the lock as database connection {id} but not its proof: another connection holds a name only \
+                 the replica key makes"
+            ))),
         }
     }
 
     async fn still_held(&mut self) -> Result<bool, LockError> {
-        let held = self.one::<i64>("IS_USED_LOCK", "SELECT IS_USED_LOCK(?) = CONNECTION_ID()").await?;
+        let main = self.names.main.clone();
+        let held = self.one::<i64, _>("IS_USED_LOCK", "SELECT IS_USED_LOCK(?) = CONNECTION_ID()", (main,)).await?;
         Ok(held == Some(1))
     }
 
-    async fn holder(&mut self) -> Result<Option<String>, LockError> {
-        let name = self.name.clone();
+    async fn holder(&mut self) -> Result<Option<Holder>, LockError> {
+        let main = self.names.main.clone();
+        let Some(id) = self.one::<u64, _>("IS_USED_LOCK", "SELECT IS_USED_LOCK(?)", (main,)).await? else {
+            return Ok(None);
+        };
+        let proof = self.names.proof(id);
         let conn = self.conn().await?;
         // The holder's client address: the lock's user sees its own
-        // connections in the process list without the PROCESS privilege.
-        let row: Option<(Option<u64>, Option<String>)> = conn
+        // connections in the process list without the PROCESS privilege
+        // (another account's, such as a squatter's, it does not).
+        let row: Option<(Option<i64>, Option<String>)> = conn
             .exec_first(
-                "SELECT IS_USED_LOCK(?) AS id, \
-                 (SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(?)) AS host",
-                (name.clone(), name),
+                "SELECT IS_USED_LOCK(?) = ?, (SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = ?)",
+                (proof, id, id),
             )
             .await
-            .map_err(|source| LockError::Database { what: "IS_USED_LOCK".into(), source })?;
-        Ok(match row {
-            Some((Some(id), Some(host))) => {
-                Some(format!("the instance connected from {host} (database connection {id})"))
-            }
-            Some((Some(id), None)) => Some(format!("database connection {id}")),
-            _ => None,
-        })
+            .map_err(|source| LockError::Database { what: "IS_USED_LOCK (proof)".into(), source })?;
+        let (proven, host) = row.map_or((false, None), |(p, h)| (p == Some(1), h));
+        let description = match host {
+            Some(host) => format!("the connection from {host} (database connection {id})"),
+            None => format!("database connection {id}"),
+        };
+        Ok(Some(Holder { description, proven }))
     }
 
     async fn close(&mut self) {

@@ -20,6 +20,7 @@
 
 mod lock;
 pub mod mariadb;
+pub mod names;
 mod password;
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,8 +30,8 @@ use onepool_control::api;
 use onepool_router::metrics::Metrics;
 use tokio::sync::watch;
 
-pub use lock::{Lock, LockError};
-pub use password::{read_password, PasswordError};
+pub use lock::{Holder, Lock, LockError};
+pub use password::{read_password, read_password_as, PasswordError};
 
 /// Whether this instance acts, and what it knows of the one that does.
 pub struct Leadership {
@@ -47,6 +48,13 @@ struct State {
     /// The acting instance as the lock's server describes it, while
     /// another one acts.
     holder: Option<String>,
+    /// Checks in a row that found the lock held without the proof only an
+    /// instance with the replica key can make.
+    unproven: u32,
+    /// The holder that is no onepoold instance of this configuration, once
+    /// seen on two checks in a row (a holder takes the lock and then its
+    /// proof: one check may fall between the two).
+    foreign: Option<String>,
     takeovers: u64,
     last_takeover_unix: Option<f64>,
     /// Why this instance cannot reach the lock, or why it last lost it.
@@ -136,6 +144,8 @@ impl Leadership {
         let now = unix_now();
         s.acting = Some(Acting { since_unix: now, confirmed: sent });
         s.holder = None;
+        s.unproven = 0;
+        s.foreign = None;
         s.takeovers += 1;
         s.last_takeover_unix = Some(now);
         s.last_error = None;
@@ -169,11 +179,35 @@ impl Leadership {
         s.last_error = Some(why);
     }
 
-    /// Another instance holds the lock (`holder`: as the server describes it).
-    pub(crate) fn following(&self, holder: Option<String>) {
+    /// Another connection holds the lock (`None`: the server named none).
+    pub(crate) fn following(&self, holder: Option<Holder>) {
         let mut s = self.lock();
-        s.holder = holder;
         s.last_error = None;
+        match holder {
+            Some(h) if !h.proven => {
+                s.unproven += 1;
+                if s.unproven >= 2 && s.foreign.as_deref() != Some(h.description.as_str()) {
+                    tracing::error!(
+                        instance = %self.instance,
+                        "the leadership lock is held by {}, which is not an onepoold instance of this configuration \
+                         (it holds no proof made with the replica key): no instance acts on Slurm while it holds the \
+                         lock; find and end that connection (docs/ha.md)",
+                        h.description
+                    );
+                    s.foreign = Some(h.description.clone());
+                    self.export(&s);
+                }
+                s.holder = Some(h.description);
+            }
+            other => {
+                s.unproven = 0;
+                if s.foreign.take().is_some() {
+                    tracing::info!(instance = %self.instance, "the leadership lock is no longer held by a stranger");
+                    self.export(&s);
+                }
+                s.holder = other.map(|h| h.description);
+            }
+        }
     }
 
     /// The lock could not be reached (a follower stays one).
@@ -203,6 +237,7 @@ impl Leadership {
             takeovers: s.takeovers,
             last_takeover: s.last_takeover_unix,
             last_error: s.last_error.clone(),
+            foreign_holder: s.foreign.clone(),
         }
     }
 
@@ -210,6 +245,7 @@ impl Leadership {
         let Some(m) = &self.metrics else { return };
         let labels = onepool_router::metrics::InstanceLabels { instance: self.instance.clone() };
         m.ha_acting.get_or_create(&labels).set(i64::from(s.acting.is_some()));
+        m.ha_lock_foreign.get_or_create(&labels).set(i64::from(s.foreign.is_some()));
         m.ha_acting_since.get_or_create(&labels).set(s.acting.as_ref().map_or(0.0, |a| a.since_unix));
         m.ha_last_takeover.get_or_create(&labels).set(s.last_takeover_unix.unwrap_or(0.0));
         let takeovers = m.ha_takeovers.get_or_create(&labels);
@@ -262,7 +298,7 @@ pub async fn run<L: Lock>(leadership: Arc<Leadership>, mut lock: L, pace: Pace, 
     lock.close().await;
 }
 
-/// One beat: confirm the lock if this instance acts, else try to take it.
+/// One beat: confirm the lock if this instance acts, else wait for it.
 /// `held`: whether the connection held the lock after the last beat.
 /// Returns whether it holds it now.
 pub async fn step<L: Lock>(leadership: &Leadership, lock: &mut L, pace: Pace, held: bool) -> bool {
@@ -290,7 +326,8 @@ pub async fn step<L: Lock>(leadership: &Leadership, lock: &mut L, pace: Pace, he
         lock.close().await;
         return false;
     }
-    match tokio::time::timeout(pace.answer_within, lock.try_acquire()).await {
+    // Queued behind the holder for half the time an answer may take.
+    match tokio::time::timeout(pace.answer_within, lock.acquire(pace.answer_within / 2)).await {
         Ok(Ok(true)) => {
             leadership.acquired(sent);
             return true;

@@ -18,10 +18,15 @@ pub enum PasswordError {
 /// The first line of `path`, refused when another user could read or
 /// write the file (the replica key's rule, [`crate::replica_key`]).
 pub fn read_password(path: &Path) -> Result<String, PasswordError> {
+    read_password_as(path, onepool_os::geteuid())
+}
+
+/// [`read_password`] as onepoold's user `owner` would at start.
+pub fn read_password_as(path: &Path, owner: u32) -> Result<String, PasswordError> {
     let unsafe_file = |what: String| PasswordError::Unsafe { path: path.to_path_buf(), what };
     let meta =
         std::fs::symlink_metadata(path).map_err(|source| PasswordError::Io { path: path.to_path_buf(), source })?;
-    crate::private_file::check(path, &meta, "the password").map_err(unsafe_file)?;
+    crate::private_file::check_as(path, &meta, "the password", owner).map_err(unsafe_file)?;
     let text =
         std::fs::read_to_string(path).map_err(|source| PasswordError::Io { path: path.to_path_buf(), source })?;
     let password = text.lines().next().unwrap_or("").trim_end_matches('\r');

@@ -11,6 +11,9 @@ use super::*;
 #[derive(Default)]
 struct Server {
     holder: Option<u32>,
+    /// The holder took the lock without its proof: a connection that knows
+    /// the lock's name but not the replica key.
+    stranger: bool,
     next_id: u32,
     /// Every request fails (the link is cut).
     down: bool,
@@ -48,10 +51,11 @@ impl FakeLock {
 }
 
 impl Lock for FakeLock {
-    async fn try_acquire(&mut self) -> Result<bool, LockError> {
+    async fn acquire(&mut self, _wait: Duration) -> Result<bool, LockError> {
         self.ask(|s, id| match s.holder {
             None => {
                 s.holder = Some(id);
+                s.stranger = false;
                 true
             }
             Some(h) => h == id,
@@ -63,8 +67,8 @@ impl Lock for FakeLock {
         self.ask(|s, id| s.holder == Some(id)).await
     }
 
-    async fn holder(&mut self) -> Result<Option<String>, LockError> {
-        self.ask(|s, _| s.holder.map(|h| format!("connection {h}"))).await
+    async fn holder(&mut self) -> Result<Option<Holder>, LockError> {
+        self.ask(|s, _| s.holder.map(|h| Holder { description: format!("connection {h}"), proven: !s.stranger })).await
     }
 
     async fn close(&mut self) {
@@ -222,6 +226,45 @@ fn a_late_answer_never_moves_the_confirmation_back() {
     a.confirmed(t0 + Duration::from_secs(1));
     a.confirmed(t0);
     assert!(a.may_act_at(t0 + FENCE + Duration::from_millis(500)));
+}
+
+/// A connection that is no onepoold instance of this configuration holds
+/// the lock (it learned the name, but has no proof): the followers say so
+/// in status and metrics once two checks in a row found it, then take the
+/// lock the moment it lets go.
+#[test]
+fn a_stranger_holding_the_lock_is_named_and_the_followers_take_it_when_it_lets_go() {
+    rt().block_on(async {
+        let server = Arc::new(Mutex::new(Server::default()));
+        let m = Arc::new(Metrics::new());
+        let a = Leadership::shared("a", FENCE, Some(m.clone()));
+        let mut la = FakeLock::on(&server);
+        {
+            let mut s = server.lock().unwrap();
+            s.holder = Some(77);
+            s.stranger = true;
+        }
+        let held = step(&a, &mut la, PACE, false).await;
+        assert!(!held && a.view().foreign_holder.is_none(), "one check may fall between a lock and its proof");
+        let held = step(&a, &mut la, PACE, held).await;
+        let v = a.view();
+        assert!(!held && !a.may_act());
+        assert_eq!(v.foreign_holder.as_deref(), Some("connection 77"), "{v:?}");
+        assert!(m.encode().contains("onepool_ha_lock_foreign{instance=\"a\"} 1"), "{}", m.encode());
+        // The stranger lets go: taken at once, and the alarm ends.
+        server.lock().unwrap().holder = None;
+        let held = step(&a, &mut la, PACE, held).await;
+        assert!(held && a.may_act());
+        assert_eq!(a.view().foreign_holder, None);
+        assert!(m.encode().contains("onepool_ha_lock_foreign{instance=\"a\"} 0"), "{}", m.encode());
+        // An instance of ours holding it is no stranger.
+        let b = Leadership::shared("b", FENCE, None);
+        let mut lb = FakeLock::on(&server);
+        for _ in 0..3 {
+            let _ = step(&b, &mut lb, PACE, false).await;
+        }
+        assert_eq!(b.view().foreign_holder, None);
+    });
 }
 
 #[test]
