@@ -26,7 +26,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
 use crate::process;
-use crate::spec::Spec;
 
 /// The /16 every hosts-mode cluster takes its /24 from.
 const NET: [u8; 2] = [10, 251];
@@ -118,9 +117,9 @@ impl HostsNet {
         v
     }
 
-    /// The node named `name` (`nodeN`), if the cluster has it.
-    pub fn node_named(&self, spec: &Spec, name: &str) -> Option<Host> {
-        (1..=spec.nodes).map(|i| self.node(i)).find(|h| h.name == name)
+    /// The node named `name` (`nodeN`), if a cluster of `nodes` nodes has it.
+    pub fn node_named(&self, nodes: u32, name: &str) -> Option<Host> {
+        (1..=nodes).map(|i| self.node(i)).find(|h| h.name == name)
     }
 
     /// What every namespace's /etc/hosts says.

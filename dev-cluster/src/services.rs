@@ -97,7 +97,7 @@ pub(crate) fn write_configs(
         .map(|(n, port)| {
             // The hosts mode: the node's name resolves (every namespace's
             // hosts file) and its address is its namespace's own.
-            let (host, addr) = match spec.hosts.as_ref().and_then(|net| net.node_named(spec, n)) {
+            let (host, addr) = match spec.hosts.as_ref().and_then(|net| net.node_named(spec.nodes, n)) {
                 Some(h) => (h.name, h.address.to_string()),
                 None => ("localhost".to_string(), "127.0.0.1".to_string()),
             };
@@ -347,7 +347,7 @@ pub(crate) fn start_all(
             let mut c = Command::new("slurmd");
             c.args(["-D", "-N", node, "-f"]).arg(l.slurm_conf());
             slurm_env(&mut c, l);
-            let host = spec.hosts.as_ref().and_then(|net| net.node_named(spec, node));
+            let host = spec.hosts.as_ref().and_then(|net| net.node_named(spec.nodes, node));
             let slurmd = spawn_on(spec, host, c, l, &name)?;
             match &throttled {
                 Some((p, cgroup)) => {

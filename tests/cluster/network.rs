@@ -27,7 +27,7 @@ fn net(c: &TestCluster) -> HostsNet {
 }
 
 fn host_of(c: &TestCluster, node: &str) -> Host {
-    net(c).node_named(&c.spec, node).unwrap_or_else(|| panic!("no host for node {node}"))
+    net(c).node_named(c.spec.nodes, node).unwrap_or_else(|| panic!("no host for node {node}"))
 }
 
 /// Puts a cut node back as its admin would, also when the test fails: the

@@ -358,3 +358,37 @@ fn nodes_that_do_not_track_processes_by_cgroup_fail_while_the_hand_off_check_is_
     assert_eq!(no_devices.status, Status::Warn);
     assert_eq!(checks::process_tracking(&stack(""), conf("proctrack/cgroup", "task/cgroup")).status, Status::Pass);
 }
+
+/// The lock's holder as onepoold's control API tells it (issue #42): a
+/// stranger holding it is a FAIL with the fix; an instance of ours acting
+/// or followed is a PASS; nobody seen acting is a warning.
+#[test]
+fn a_stranger_holding_onepoold_s_lock_fails_the_doctor() {
+    use onepool_control::api::Leadership;
+    let base = Leadership {
+        instance: "svc-a".into(),
+        shared: true,
+        acting: false,
+        acting_since: None,
+        acting_instance: Some("database connection 15".into()),
+        takeovers: 0,
+        last_takeover: None,
+        last_error: None,
+        foreign_holder: Some("database connection 15".into()),
+    };
+    let c = checks::leadership(Ok(Some(base.clone())));
+    assert_eq!(c.status, Status::Fail, "{c:?}");
+    assert!(c.detail.contains("database connection 15") && c.detail.contains("no instance acts"), "{c:?}");
+    assert!(c.fix.as_deref().is_some_and(|f| f.contains("KILL")), "{c:?}");
+    let ours = Leadership {
+        foreign_holder: None,
+        acting_instance: Some("the connection from 10.0.0.2".into()),
+        ..base.clone()
+    };
+    assert_eq!(checks::leadership(Ok(Some(ours))).status, Status::Pass);
+    let acting = Leadership { foreign_holder: None, acting: true, ..base.clone() };
+    assert_eq!(checks::leadership(Ok(Some(acting))).status, Status::Pass);
+    let nobody = Leadership { foreign_holder: None, acting_instance: None, ..base };
+    assert_eq!(checks::leadership(Ok(Some(nobody))).status, Status::Warn);
+    assert_eq!(checks::leadership(Err("cannot reach onepoold".into())).status, Status::Warn);
+}

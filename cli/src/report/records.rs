@@ -86,7 +86,7 @@ pub fn parse_sacct(text: &str, delim: &str) -> Result<Records, String> {
     }
     let pieces: Vec<&str> = text.split(delim).collect();
     let per = FIELDS - 1;
-    if (pieces.len() - 1) % per != 0 {
+    if !(pieces.len() - 1).is_multiple_of(per) {
         return Err(format!(
             "sacct's output does not split into records of {FIELDS} fields ({} pieces by the delimiter): \
              run the report again (it makes a new delimiter each time)",

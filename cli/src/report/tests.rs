@@ -315,7 +315,9 @@ fn reclaims_from_accounting_with_the_drain_record_and_failures_apart() {
     runs.append(&mut crashes);
     let r = compute(&runs, from, from + 3600.0, &any_replica());
     assert!(r.reclaim_source.starts_with("accounting"), "{}", r.reclaim_source);
-    let got: Vec<(&str, &str, Option<&str>, Option<u32>, &str)> = r
+    /// Victim, mode, taker, GPUs that changed hands, source.
+    type Row<'a> = (&'a str, &'a str, Option<&'a str>, Option<u32>, &'a str);
+    let got: Vec<Row> = r
         .reclaims
         .iter()
         .map(|x| (x.job.as_str(), x.mode.as_str(), x.for_job.as_deref(), x.gpus_changed_hands, x.source.as_str()))

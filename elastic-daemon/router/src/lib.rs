@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod access_log;
+mod affine_choice;
 pub mod backend_pool;
 pub mod endpoint;
 pub mod health;
