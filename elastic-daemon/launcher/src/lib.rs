@@ -13,10 +13,15 @@
 #![forbid(unsafe_code)]
 
 pub mod access;
+pub mod config;
 pub mod conventions;
+mod drain;
 pub mod exit_cause;
+pub mod front;
 pub mod hop_tls;
 pub mod launcher;
 pub mod node_address;
+pub mod outcome;
 pub mod replica_group;
 pub mod report;
+mod server;
