@@ -70,6 +70,9 @@ pub struct ReportArgs {
     /// What the pool saved: a replica's startup, instead of the estimate from the records
     #[arg(long, value_name = "DURATION")]
     pub replica_startup: Option<String>,
+    /// What the pool saved: targets from what this pool achieved in the simulation (10 % looser), instead of --slo-p99 and --max-p95-wait: what separate islands need for the same service
+    #[arg(long)]
+    pub targets_from_pool: bool,
 }
 
 pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
@@ -185,8 +188,11 @@ fn saved_figure(
         startup_s,
         utc_offset_s: utc_offset(runner)?,
     };
-    let written = saved::scenario(&inputs);
-    saved::evaluate(&written, args.scenario.as_deref(), u64::from(policy.pool.total_gpus))
+    let pool = u64::from(policy.pool.total_gpus);
+    match args.targets_from_pool {
+        true => saved::for_the_pool_s_service(inputs, args.scenario.as_deref(), pool),
+        false => saved::evaluate(&saved::scenario(&inputs), args.scenario.as_deref(), pool),
+    }
 }
 
 /// The period's entries of onepoold's decision log, when its configuration

@@ -603,3 +603,77 @@ fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
     assert!(text.contains("what the pool saved") && text.contains("scenario kept"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A period whose requests queue on a slow replica (one slot, at most one
+/// replica, each answer 4 s, a request every 3 s): no pool size meets the
+/// default 2 s p99 queueing target, so the figure says "unmet" (the demo
+/// on a 2-core machine, issue #45). With `--targets-from-pool` the targets
+/// come from what this pool achieved, and both figures are numbers.
+#[test]
+fn targets_from_the_pool_s_own_service_give_a_number_where_the_default_target_is_unmet() {
+    use onepool_decisions::trace::AccessEntry;
+    let p = policy();
+    let t0 = 1_800_000_000.0;
+    let mut replica = run("5", "op-p", "COMPLETED", (t0 + 1.0, t0 + 2.0, t0 + 3600.0), 1, &["n4"]);
+    replica.name = "onepool-chat-18000".into();
+    replica.user = onepool_decisions::policy::SERVICE_USER.into();
+    replica.record = onepool_decisions::record::JobRecord::decode("onepool:class=p;tier=protected;endpoint=chat");
+    let runs = vec![run("1", "op-a", "COMPLETED", (t0 + 5.0, t0 + 5.0, t0 + 1805.0), 4, &["n1"]), replica];
+    let access: Vec<AccessEntry> = (0..300u64)
+        .map(|i| AccessEntry {
+            time: onepool_decisions::trace::format_time_ms(t0 + 10.0 + 3.0 * i as f64),
+            endpoint: "chat".into(),
+            model: None,
+            status: 200,
+            stream: true,
+            prompt_tokens: Some(40),
+            completion_tokens: Some(40),
+            ttfb_s: Some(0.1),
+            latency_s: 4.0,
+            replica: Some("127.0.0.1:40001".into()),
+            complete: true,
+        })
+        .collect();
+    let chat = saved::EndpointSettings {
+        name: "chat".into(),
+        class: "b".into(),
+        baseline_class: "p".into(),
+        min: 1,
+        max: 1,
+        gpus: 1,
+        concurrency: 1,
+        target_per_replica: 1.0,
+        stable_window_s: 60.0,
+        panic_window_s: 6.0,
+        panic_threshold: 2.0,
+        scale_down_delay_s: 120.0,
+        trend_horizon_s: 0.0,
+        warm: None,
+        latency: None,
+    };
+    let replicas = super::replica_jobs::ReplicaJobs::unconfigured("no onepoold.toml in this test");
+    let inputs = || saved::Inputs {
+        runs: &runs,
+        replicas: &replicas,
+        policy: &p,
+        policy_text: POLICY_TEXT,
+        from: t0,
+        to: t0 + 3600.0,
+        endpoints: Ok(vec![chat.clone()]),
+        access: Ok(access.clone()),
+        slo_p99_s: 2.0,
+        max_p95_wait_s: 3600.0,
+        startup_s: Some(10.0),
+        utc_offset_s: 0.0,
+    };
+    let default = saved::evaluate(&saved::scenario(&inputs()), None, 8).unwrap();
+    assert_eq!(default.shared_pool_gpus, None, "the default target is unmet: {:?}", default.reading);
+    let p99 = default.pool_p99_queue_delay_s.unwrap();
+    assert!(p99 > 2.0, "the pool's own p99 queueing delay {p99}");
+    let ours = saved::for_the_pool_s_service(inputs(), None, 8).unwrap();
+    assert!(ours.separate_islands_gpus.is_some() && ours.shared_pool_gpus.is_some(), "{:?}", ours.reading);
+    let said = ours.assumptions.join("\n");
+    assert!(said.contains("targets from this pool's own service"), "{said}");
+    let (target, _) = saved::targets_from_pool(&default).unwrap();
+    assert!(target >= p99 * 1.1 && target < p99 * 1.1 + 0.1 + 1e-9, "{target} for {p99}");
+}
