@@ -266,15 +266,16 @@ fn the_report_lists_each_reclaim_as_it_happened_and_failed_replicas_as_failures(
             .map(|(s, m)| (s.victim.to_string(), m.to_string(), s.taker.to_string()))
             .collect();
     assert_eq!(got, want, "exactly the test's reclaims, in order");
-    // A graceful victim that drained in time ends COMPLETED: its replica's
-    // note says it was a reclaim; Slurm's state says so for the others.
-    let sources = ["replica drain note", "accounting", "accounting"];
+    // A graceful victim that drained in time ends COMPLETED on 22.05 (its
+    // replica's note says it was a reclaim) and PREEMPTED on 24.11 (Slurm's
+    // state says so, as for the others).
+    let sources = [&["replica drain note", "accounting"][..], &["accounting"], &["accounting"]];
     for ((r, seen), source) in reclaims.iter().zip([&graceful, &immediate, &requeue]).zip(sources) {
         let ttc = r["time_to_capacity_s"].as_f64().unwrap();
         eprintln!("job {}: report {ttc:.3} s, test {:.3} s", seen.victim, seen.ttc);
         within_accounting_s_second(ttc, seen);
         assert_eq!(r["gpus_changed_hands"], 4, "{r}");
-        assert_eq!(r["source"], source, "{r}");
+        assert!(source.contains(&r["source"].as_str().unwrap_or("")), "{r}");
     }
     let g = &reclaims[0];
     assert_eq!((g["drained"].as_u64(), g["cut"].as_u64()), (Some(1), Some(0)), "the drained replica's note: {g}");
