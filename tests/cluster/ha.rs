@@ -123,6 +123,18 @@ impl Drop for Instance {
     }
 }
 
+/// Two instances of one configuration in `dir` (lock `lock_name`): svc-a
+/// started first and acting, svc-b started after it and seeing the lock held.
+fn acting_and_following(c: &TestCluster, dir: &Path, lock_name: &str) -> (Instance, Instance) {
+    let mut a = Instance::new(c, dir, "svc-a", lock_name);
+    let mut b = Instance::new(c, dir, "svc-b", lock_name);
+    a.start();
+    wait("svc-a to act", Duration::from_secs(10), || a.leadership().acting);
+    b.start();
+    wait("svc-b to see the lock held", Duration::from_secs(10), || b.leadership().acting_instance.is_some());
+    (a, b)
+}
+
 fn replica_jobs(c: &TestCluster) -> BTreeSet<u32> {
     queue(c).into_iter().filter(|q| q.name.starts_with(&format!("onepool-{ENDPOINT}-"))).map(|q| q.id).collect()
 }
@@ -133,13 +145,7 @@ fn of_two_instances_one_acts_and_the_other_takes_over_within_5s_of_a_sigkill_wit
     let _cleanup = Cleanup(c);
     let dir = scratch("ha");
     let lock_name = format!("onepoold.test-ha-{}", std::process::id());
-    let mut a = Instance::new(c, &dir, "svc-a", &lock_name);
-    let mut b = Instance::new(c, &dir, "svc-b", &lock_name);
-
-    a.start();
-    wait("svc-a to act", Duration::from_secs(10), || a.leadership().acting);
-    b.start();
-    wait("svc-b to see the lock held", Duration::from_secs(10), || b.leadership().acting_instance.is_some());
+    let (mut a, b) = acting_and_following(c, &dir, &lock_name);
     let lb = b.leadership();
     assert!(lb.shared && !lb.acting && lb.takeovers == 0, "svc-b follows: {lb:?}");
     eprintln!("svc-b follows; acting: {:?}", lb.acting_instance);
@@ -321,12 +327,7 @@ fn a_squatter_without_the_replica_key_cannot_silently_hold_the_lock() {
     let _cleanup = Cleanup(c);
     let dir = scratch("ha-squat");
     let lock_name = format!("onepoold.test-squat-{}", std::process::id());
-    let mut a = Instance::new(c, &dir, "svc-a", &lock_name);
-    let mut b = Instance::new(c, &dir, "svc-b", &lock_name);
-    a.start();
-    wait("svc-a to act", Duration::from_secs(10), || a.leadership().acting);
-    b.start();
-    wait("svc-b to see the lock held", Duration::from_secs(10), || b.leadership().acting_instance.is_some());
+    let (mut a, mut b) = acting_and_following(c, &dir, &lock_name);
 
     // The old, public name: the squatter waits on it (and holds it) in vain.
     let public = Squatter::wait_for(c, &lock_name);

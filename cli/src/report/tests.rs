@@ -85,6 +85,28 @@ fn compute(runs: &[Run], from: f64, to: f64, replicas: &replica_jobs::ReplicaJob
     usage::compute(&records, &policy(), from, to, replicas)
 }
 
+/// onepoold's endpoint `chat` (class b, baseline p, one GPU a replica) as
+/// the saved figure reads it.
+fn chat_endpoint(max: u32, concurrency: u32, target_per_replica: f64) -> saved::EndpointSettings {
+    saved::EndpointSettings {
+        name: "chat".into(),
+        class: "b".into(),
+        baseline_class: "p".into(),
+        min: 1,
+        max,
+        gpus: 1,
+        concurrency,
+        target_per_replica,
+        stable_window_s: 60.0,
+        panic_window_s: 6.0,
+        panic_threshold: 2.0,
+        scale_down_delay_s: 120.0,
+        trend_horizon_s: 0.0,
+        warm: None,
+        latency: None,
+    }
+}
+
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-9
 }
@@ -493,23 +515,7 @@ fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
     });
     access.push(AccessEntry { endpoint: "code".into(), ..access[4].clone() });
     access.push(AccessEntry { time: time(t0 + 4000.0), ..access[5].clone() });
-    let chat = saved::EndpointSettings {
-        name: "chat".into(),
-        class: "b".into(),
-        baseline_class: "p".into(),
-        min: 1,
-        max: 3,
-        gpus: 1,
-        concurrency: 4,
-        target_per_replica: 3.0,
-        stable_window_s: 60.0,
-        panic_window_s: 6.0,
-        panic_threshold: 2.0,
-        scale_down_delay_s: 120.0,
-        trend_horizon_s: 0.0,
-        warm: None,
-        latency: None,
-    };
+    let chat = chat_endpoint(3, 4, 3.0);
     let replicas = super::replica_jobs::ReplicaJobs::unconfigured("no onepoold.toml in this test");
     let inputs = saved::Inputs {
         runs: &runs,
@@ -634,23 +640,7 @@ fn targets_from_the_pool_s_own_service_give_a_number_where_the_default_target_is
             complete: true,
         })
         .collect();
-    let chat = saved::EndpointSettings {
-        name: "chat".into(),
-        class: "b".into(),
-        baseline_class: "p".into(),
-        min: 1,
-        max: 1,
-        gpus: 1,
-        concurrency: 1,
-        target_per_replica: 1.0,
-        stable_window_s: 60.0,
-        panic_window_s: 6.0,
-        panic_threshold: 2.0,
-        scale_down_delay_s: 120.0,
-        trend_horizon_s: 0.0,
-        warm: None,
-        latency: None,
-    };
+    let chat = chat_endpoint(1, 1, 1.0);
     let replicas = super::replica_jobs::ReplicaJobs::unconfigured("no onepoold.toml in this test");
     let inputs = || saved::Inputs {
         runs: &runs,
