@@ -138,10 +138,18 @@ sh_root "onepool doctor /etc/slurm/onepool.toml --local" 2>&1 | indent
 say "3. doctor passes, on the controller and --local"
 
 # 4. Trial in audit mode: the site's usual work, and what the plugin would do.
-as_user 'sbatch --parsable -o /dev/null --gpus=1 --wrap "sleep 1"' >/dev/null
-as_user 'sbatch --parsable -o /dev/null --workload=gaming --gpus=1 --wrap "sleep 1"' >/dev/null ||
+placed=$(as_user 'sbatch --parsable -o /dev/null --gpus=1 --wrap "sleep 1"')
+refused=$(as_user 'sbatch --parsable -o /dev/null --workload=gaming --gpus=1 --wrap "sleep 1"') ||
     fail "in audit mode a job of an unknown class was refused"
-sleep 1
+# The report counts the plugin's record on each job (its AdminComment),
+# which slurmdbd has once the job started: "a few days" of the runbook
+# are a few seconds here.
+for _ in $(seq 60); do
+    recorded=$(sh_root "sacct -j $placed,$refused -X -n -P --format=AdminComment" | grep -c onepool-audit || true)
+    [ "$recorded" = 2 ] && break
+    sleep 0.5
+done
+[ "$recorded" = 2 ] || fail "accounting has the plugin's audit record of $recorded of the 2 jobs after 30 s"
 sh_root 'grep "job_submit/onepool: audit: " '"$cdir"'/log/slurmctld.log' >"$work/audit.txt" || true
 indent <"$work/audit.txt"
 grep -q "would place: class" "$work/audit.txt" || fail "no 'would place' audit line in slurmctld.log"
