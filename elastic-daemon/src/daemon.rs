@@ -197,7 +197,7 @@ fn leadership(
 
 /// The lock's names: `[ha] lock_name` (else `onepoold.<ClusterName>`)
 /// under the replica key; the key is read here when nothing else needed it.
-pub fn lock_names(
+fn lock_names(
     config: &Config,
     settings: &crate::config::LockSettings,
     replica_key: Option<&str>,

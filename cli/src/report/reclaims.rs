@@ -70,19 +70,22 @@ pub fn find(runs: &[Run], policy: &Policy, from: f64, to: f64) -> Vec<Reclaim> {
     let mut out = Vec::new();
     for v in runs.iter().filter(|r| r.end >= from && r.end <= to) {
         let class = policy.class_by_qos(&v.qos).and_then(|c| c.reclaim());
-        let taker = taker(runs, policy, v);
         let (mode, source) = match v.state.as_str() {
-            // A run requeued by its user (`scontrol requeue`) is no reclaim:
-            // only one a reclaiming job was waiting for.
-            "REQUEUED" if class == Some(ReclaimMode::Requeue) && taker.is_some() => {
-                (ReclaimMode::Requeue, "accounting")
-            }
+            "REQUEUED" if class == Some(ReclaimMode::Requeue) => (ReclaimMode::Requeue, "accounting"),
             "PREEMPTED" if v.drain().is_some() => (ReclaimMode::Graceful, "accounting"),
             "PREEMPTED" => (class.unwrap_or(ReclaimMode::Immediate), "accounting"),
             "TIMEOUT" => continue,
             _ if v.drain().is_some_and(|d| d.on_slurm_notice()) => (ReclaimMode::Graceful, "replica drain note"),
             _ => continue,
         };
+        // Looked for only for a candidate: every run of a long period
+        // ends in it, and the look goes over all of them.
+        let taker = taker(runs, policy, v);
+        // A run requeued by its user (`scontrol requeue`) is no reclaim:
+        // only one a reclaiming job was waiting for.
+        if v.state == "REQUEUED" && taker.is_none() {
+            continue;
+        }
         out.push(reclaim(policy, v, taker, mode, v.end - from, source));
     }
     out.sort_by(|a, b| a.at_s.total_cmp(&b.at_s).then_with(|| a.job.cmp(&b.job)));
