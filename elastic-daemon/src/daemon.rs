@@ -83,7 +83,7 @@ impl Daemon {
     pub async fn start_with(mut config: Config, mut inherited: Inherited) -> Result<Daemon, StartError> {
         crate::policy_check::resolve_from_policy(&mut config).map_err(StartError::Policy)?;
         // Read before anything listens: a key nobody else may read, or no start.
-        let replica_key = match config.replica_key_named || config.endpoints.iter().any(|e| e.replicas.is_some()) {
+        let replica_key = match config.needs_replica_key() {
             true => Some(crate::replica_key::load_or_create(&config.replica_key_file)?),
             false => None,
         };
@@ -186,7 +186,10 @@ fn leadership(
     for w in crate::leader::warnings(config) {
         tracing::warn!("{w}");
     }
-    let names = lock_names(config, settings, replica_key)?;
+    let Some(key) = replica_key else {
+        unreachable!("Config::needs_replica_key holds with [ha] lock, and the key is read before")
+    };
+    let names = lock_names(config, settings, key)?;
     let site = names.site().to_string();
     let lock = MariaDbLock::new(settings, names)?;
     tracing::info!(%instance, lock = %site, database = %format!("{}:{}", settings.host, settings.port),
@@ -196,22 +199,18 @@ fn leadership(
 }
 
 /// The lock's names: `[ha] lock_name` (else `onepoold.<ClusterName>`)
-/// under the replica key; the key is read here when nothing else needed it.
+/// under the replica key.
 fn lock_names(
     config: &Config,
     settings: &crate::config::LockSettings,
-    replica_key: Option<&str>,
+    replica_key: &str,
 ) -> Result<crate::leader::names::LockNames, StartError> {
     let site = match &settings.lock_name {
         Some(n) => n.clone(),
         None => crate::leader::mariadb::default_lock_name(config.slurm_conf.as_deref())
             .map_err(crate::leader::mariadb::SetupError::LockName)?,
     };
-    let key = match replica_key {
-        Some(k) => k.to_string(),
-        None => crate::replica_key::load_or_create(&config.replica_key_file)?,
-    };
-    Ok(crate::leader::names::LockNames::new(&key, &site))
+    Ok(crate::leader::names::LockNames::new(replica_key, &site))
 }
 
 /// A listener with what it serves and how.

@@ -26,9 +26,7 @@ pub fn owner(named: Option<&str>) -> Result<(u32, String), String> {
 /// Every start rule a file breaks, each naming the file and the fix.
 pub fn problems(config: &Config, owner: u32) -> Vec<String> {
     let mut out = Vec::new();
-    let needs_key =
-        config.replica_key_named || config.ha.lock.is_some() || config.endpoints.iter().any(|e| e.replicas.is_some());
-    if needs_key {
+    if config.needs_replica_key() {
         if let Err(e) = crate::replica_key::check_as(&config.replica_key_file, owner) {
             out.push(e.to_string());
         }

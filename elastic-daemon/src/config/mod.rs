@@ -81,6 +81,16 @@ pub struct Config {
     pub ha: HaSettings,
 }
 
+impl Config {
+    /// Whether onepoold reads (or makes) the replica key at start: for its
+    /// replicas, for launchers added by hand (`replica_key_file` named),
+    /// and for the `[ha]` lock's names ([`crate::leader::names`]).
+    /// `onepoold --check` checks the key's file on the same condition.
+    pub fn needs_replica_key(&self) -> bool {
+        self.replica_key_named || self.ha.lock.is_some() || self.endpoints.iter().any(|e| e.replicas.is_some())
+    }
+}
+
 /// Where the replica key lives unless `replica_key_file` says otherwise
 /// (the unit's `StateDirectory=onepool`).
 pub const DEFAULT_REPLICA_KEY_FILE: &str = "/var/lib/onepool/replica.key";
