@@ -142,6 +142,14 @@ pub struct AccessEntry {
     pub replica: Option<String>,
     /// False when the client went away or the response was cut off.
     pub complete: bool,
+    /// Times the answer moved to another replica mid-stream (issue #43);
+    /// `replica` is the one it began on.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub moved: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl AccessEntry {

@@ -502,6 +502,7 @@ fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
                 latency_s: ttfb + ct as f64 / 20.0,
                 replica: Some("127.0.0.1:40001".into()),
                 complete: true,
+                moved: 0,
             }
         })
         .collect();
@@ -638,6 +639,7 @@ fn targets_from_the_pool_s_own_service_give_a_number_where_the_default_target_is
             latency_s: 4.0,
             replica: Some("127.0.0.1:40001".into()),
             complete: true,
+            moved: 0,
         })
         .collect();
     let chat = chat_endpoint(1, 1, 1.0);

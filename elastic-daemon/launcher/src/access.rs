@@ -9,11 +9,18 @@
 
 use http::HeaderMap;
 
-use crate::conventions::REPLICA_KEY_HEADER;
+use crate::conventions::{MOVABLE_HEADER, REPLICA_KEY_HEADER};
 
 /// The paths a replica serves when nothing else is said: the
 /// OpenAI-compatible API and what onepoold reads (health, metrics).
 pub const DEFAULT_PATHS: [&str; 3] = ["/v1/", "/health", "/metrics"];
+
+/// llama-server's paths that continue an answer on this replica by its
+/// token ids (issue #43): its chat template, its tokenizer and its native
+/// completion. Passed only for the router's own continuations (the
+/// replica key and [`MOVABLE_HEADER`]; the router never passes a client's
+/// `x-onepool-*` field), whatever the endpoint serves.
+pub const CONTINUATION_PATHS: [&str; 3] = ["/apply-template", "/tokenize", "/completion"];
 
 #[derive(Clone, Debug)]
 pub struct Access {
@@ -70,6 +77,10 @@ impl Access {
             return Err(Refused::Path);
         }
         let Some(paths) = &self.paths else { return Ok(()) };
+        let continuation = self.key.is_some() && headers.get(MOVABLE_HEADER).is_some_and(|v| v.as_bytes() == b"1");
+        if continuation && CONTINUATION_PATHS.contains(&path) {
+            return Ok(());
+        }
         let allowed = paths.iter().any(|p| match p.strip_suffix('/') {
             Some(dir) if !dir.is_empty() => path.starts_with(p.as_str()) || path == dir,
             _ => path == p,
@@ -201,6 +212,23 @@ mod tests {
         assert_eq!(root.check("/", &k), Ok(()));
         assert_eq!(root.check("/slots", &k), Err(Refused::Path));
         assert_eq!(Access::open().check("/slots", &HeaderMap::new()), Ok(()));
+    }
+
+    #[test]
+    fn continuation_paths_pass_for_the_router_s_movable_requests_only() {
+        let a = Access::new(Some(b"k".to_vec()), vec!["/v1/".into()]);
+        let mut moving = with_key("k");
+        moving.insert(MOVABLE_HEADER, http::HeaderValue::from_static("1"));
+        for p in CONTINUATION_PATHS {
+            assert_eq!(a.check(p, &with_key("k")), Err(Refused::Path), "{p} without the mark");
+            assert_eq!(a.check(p, &moving), Ok(()), "{p}");
+        }
+        for bad in ["/slots", "/props", "/completion/../slots", "/tokenize/x"] {
+            assert_eq!(a.check(bad, &moving), Err(Refused::Path), "{bad}");
+        }
+        // The mark without the key opens nothing.
+        moving.remove(REPLICA_KEY_HEADER);
+        assert_eq!(a.check("/completion", &moving), Err(Refused::Key));
     }
 
     #[test]

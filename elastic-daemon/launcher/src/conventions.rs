@@ -16,6 +16,15 @@ pub const DRAINING_HEADER: &str = "x-onepool-draining";
 /// anyone who found it).
 pub const REPLICA_KEY_HEADER: &str = "x-onepool-replica-key";
 
+/// Set to "1" by the router on a request whose answer it can continue on
+/// another replica (issue #43): a graceful drain ends such a stream at
+/// once (with the reclaim event the router reads as "move it") instead of
+/// waiting for it, and such a request may use the model server's
+/// continuation paths ([`crate::access::CONTINUATION_PATHS`]). The router
+/// never passes a client's own `x-onepool-*` fields, and the launcher
+/// reads this one only on a request that carries the replica key.
+pub const MOVABLE_HEADER: &str = "x-onepool-movable";
+
 /// The environment variable that hands the replica key from onepoold to
 /// the launcher, through sbatch and the job's environment: a job's
 /// environment is readable by its own user and root only (`scontrol show
@@ -107,6 +116,9 @@ pub struct DrainNote {
     pub in_flight: u64,
     /// Of those, the ones the drain timeout cut off.
     pub cut: u64,
+    /// Of those, the streams ended at once for the router to continue on
+    /// another replica (issue #43; 0 in notes written before it).
+    pub moved: u64,
     /// New requests answered "draining" (the router sent them elsewhere).
     pub turned_away: u64,
     /// From the notice to the end of the drain, in milliseconds.
@@ -121,24 +133,29 @@ impl DrainNote {
         self.signal == libc::SIGUSR1
     }
 
-    /// The requests in flight at the notice that finished.
+    /// The requests in flight at the notice that finished here.
     pub fn finished(&self) -> u64 {
-        self.in_flight.saturating_sub(self.cut)
+        self.in_flight.saturating_sub(self.cut).saturating_sub(self.moved)
     }
 
-    /// `notice_ms,signal,in_flight,cut,turned_away,took_ms`.
+    /// `notice_ms,signal,in_flight,cut,turned_away,took_ms,moved`.
     pub fn encode(&self) -> String {
         format!(
-            "{},{},{},{},{},{}",
-            self.notice_ms, self.signal, self.in_flight, self.cut, self.turned_away, self.took_ms
+            "{},{},{},{},{},{},{}",
+            self.notice_ms, self.signal, self.in_flight, self.cut, self.turned_away, self.took_ms, self.moved
         )
     }
 
+    /// A note of either form (six fields before issue #43, seven since).
     pub fn decode(text: &str) -> Option<DrainNote> {
         let f: Vec<u64> = text.split(',').map(|x| x.parse().ok()).collect::<Option<_>>()?;
-        let [notice_ms, signal, in_flight, cut, turned_away, took_ms] = f[..] else { return None };
-        let d = DrainNote { notice_ms, signal: i32::try_from(signal).ok()?, in_flight, cut, turned_away, took_ms };
-        (d.cut <= d.in_flight).then_some(d)
+        let (notice_ms, signal, in_flight, cut, turned_away, took_ms, moved) = match f[..] {
+            [a, b, c, d, e, g] => (a, b, c, d, e, g, 0),
+            [a, b, c, d, e, g, h] => (a, b, c, d, e, g, h),
+            _ => return None,
+        };
+        let d = DrainNote { notice_ms, signal: i32::try_from(signal).ok()?, in_flight, cut, moved, turned_away, took_ms };
+        (d.cut.saturating_add(d.moved) <= d.in_flight).then_some(d)
     }
 }
 
@@ -322,18 +339,34 @@ mod tests {
     fn a_drain_round_trips_before_the_causes_and_survives_their_cut() {
         let mut n = ReplicaNote::default();
         n.set_port(7, 40000);
-        let d =
-            DrainNote { notice_ms: 1_796_000_000_123, signal: 10, in_flight: 5, cut: 1, turned_away: 9, took_ms: 2500 };
+        let d = DrainNote {
+            notice_ms: 1_796_000_000_123,
+            signal: 10,
+            in_flight: 5,
+            cut: 1,
+            moved: 2,
+            turned_away: 9,
+            took_ms: 2500,
+        };
         n.set_drained(7, d);
         n.set_ended(7, &"x".repeat(3 * NOTE_MAX));
         let text = n.encode();
         assert!(text.len() <= NOTE_MAX, "{}", text.len());
-        assert!(text.starts_with("op1;L7=40000;D7=1796000000123,10,5,1,9,2500;E7="), "{text}");
+        assert!(text.starts_with("op1;L7=40000;D7=1796000000123,10,5,1,9,2500,2;E7="), "{text}");
         let back = ReplicaNote::decode(&text).unwrap();
         assert_eq!(back.drained, [(7, d)]);
-        assert_eq!(d.finished(), 4);
-        // Cut cannot pass what was in flight; every field is needed.
-        for bad in ["op1;D1=1,10,2,3,0,5", "op1;D1=1,10,2", "op1;D1=a,10,2,1,0,5", "op1;D1=1,10,2,1,0,5,6"] {
+        assert_eq!(d.finished(), 2);
+        // A note from before streams moved reads with none moved.
+        let old = ReplicaNote::decode("op1;D7=1796000000123,10,5,1,9,2500").unwrap();
+        assert_eq!(old.drained, [(7, DrainNote { moved: 0, ..d })]);
+        // Cut and moved cannot pass what was in flight; every field is needed.
+        for bad in [
+            "op1;D1=1,10,2,3,0,5",
+            "op1;D1=1,10,2",
+            "op1;D1=a,10,2,1,0,5",
+            "op1;D1=1,10,2,1,0,5,6",
+            "op1;D1=1,10,2,1,0,5,0,0",
+        ] {
             let parsed = ReplicaNote::decode(bad);
             assert!(parsed.is_none() || parsed.unwrap().drained.is_empty(), "{bad}");
         }

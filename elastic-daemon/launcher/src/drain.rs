@@ -93,6 +93,9 @@ pub(crate) async fn drain(
         cut_now(state).await
     } else {
         tracing::info!(signal = which.0, in_flight = in_flight_at_notice, "notice received: draining");
+        // What the router can continue elsewhere goes now; the drain waits
+        // only for the rest.
+        state.move_off();
         // An immediate class drains a time-limit notice, but Slurm's
         // SIGTERM during that drain is a preemption all the same.
         let killed = async {
@@ -139,14 +142,16 @@ pub(crate) async fn drain(
     state.close_connections(close).await;
     // The record of the drain goes into the job's comment while the server
     // stops (one scontrol call; the GPUs wait for the server, not for it).
+    let cut = match outcome {
+        Outcome::TimedOut { .. } | Outcome::Cut { .. } => state.cut_short.load(Ordering::SeqCst).min(in_flight_at_notice),
+        _ => 0,
+    };
     let drain = DrainNote {
         notice_ms: notice.0.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
         signal: which.1,
         in_flight: in_flight_at_notice,
-        cut: match outcome {
-            Outcome::TimedOut { in_flight } | Outcome::Cut { in_flight } => in_flight.min(in_flight_at_notice),
-            _ => 0,
-        },
+        cut,
+        moved: state.moved.load(Ordering::SeqCst).min(in_flight_at_notice - cut),
         turned_away: state.turned_away.load(Ordering::SeqCst),
         took_ms: notice.1.elapsed().as_millis() as u64,
     };

@@ -23,7 +23,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::access::{Access, Refused};
-use crate::conventions::{DRAINING_HEADER, REPLICA_KEY_HEADER};
+use crate::conventions::{DRAINING_HEADER, MOVABLE_HEADER, REPLICA_KEY_HEADER};
 
 /// The front's limits, the router's defaults (onepoold.toml's
 /// `header_read_timeout`, `max_header_bytes`, `max_request_body`,
@@ -70,6 +70,12 @@ pub struct Front {
     /// Set when the drain timeout passed: what is still in flight is cut
     /// off with an answer that says so (see [`Front::cut_off`]).
     cut: CancellationToken,
+    /// Set when the drain began (or with `cut`): the streams the router
+    /// can continue elsewhere end at once ([`Front::move_off`]).
+    moving: CancellationToken,
+    /// Streams ended for the router to continue elsewhere (for the drain's
+    /// note, logs and tests).
+    pub moved: AtomicU64,
     /// Requests answered "draining" (for logs and tests).
     pub turned_away: AtomicU64,
     /// Requests cut off at the drain timeout (for logs and tests).
@@ -102,7 +108,18 @@ impl Front {
     /// cut the client cannot tell from a network fault. Any other response
     /// body in flight is aborted.
     pub fn cut_off(&self) {
+        self.moving.cancel();
         self.cut.cancel();
+    }
+
+    /// The drain began: the streams the router marked movable
+    /// ([`MOVABLE_HEADER`]) end now with the reclaim event, which the
+    /// router reads as "continue it on another replica", so the drain
+    /// waits only for what cannot move (issue #43). A movable request
+    /// still waiting for the server's answer is answered "draining" (the
+    /// router sends it elsewhere whole).
+    pub fn move_off(&self) {
+        self.moving.cancel();
     }
 
     /// After the drain: every client connection writes out what it holds
@@ -167,6 +184,8 @@ struct GuardedBody {
     cut: Pin<Box<WaitForCancellationFutureOwned>>,
     /// Server-sent events: cut off with [`CUT_EVENT`].
     events: bool,
+    /// Ended for the router to continue elsewhere (counted as moved).
+    movable: bool,
     ended: bool,
     state: Arc<Front>,
 }
@@ -180,7 +199,10 @@ impl Body for GuardedBody {
         }
         if self.cut.as_mut().poll(cx).is_ready() {
             self.ended = true;
-            self.state.cut_short.fetch_add(1, Ordering::SeqCst);
+            match self.movable {
+                true => self.state.moved.fetch_add(1, Ordering::SeqCst),
+                false => self.state.cut_short.fetch_add(1, Ordering::SeqCst),
+            };
             return Poll::Ready(Some(if self.events {
                 Ok(Frame::data(Bytes::from_static(CUT_EVENT.as_bytes())))
             } else {
@@ -242,7 +264,10 @@ async fn front(
     }
     state.in_flight.fetch_add(1, Ordering::SeqCst);
     let guard = Guard(state.clone());
+    // Checked with the key above: only onepoold's router sets it.
+    let movable = req.headers().get(MOVABLE_HEADER).is_some_and(|v| v.as_bytes() == b"1");
     let (mut parts, body) = req.into_parts();
+    parts.headers.remove(MOVABLE_HEADER);
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     parts.uri = match format!("http://{}{path}", cfg.backend).parse() {
         Ok(u) => u,
@@ -259,10 +284,17 @@ async fn front(
         }
     }
     let body = Limited::new(body, cfg.bounds.max_body_bytes);
+    let until = match movable {
+        true => &state.moving,
+        false => &state.cut,
+    };
     let answer = tokio::select! {
         r = client.request(Request::from_parts(parts, body)) => r,
-        _ = state.cut.cancelled() => {
-            state.cut_short.fetch_add(1, Ordering::SeqCst);
+        _ = until.cancelled() => {
+            match movable {
+                true => state.moved.fetch_add(1, Ordering::SeqCst),
+                false => state.cut_short.fetch_add(1, Ordering::SeqCst),
+            };
             return plain(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the replica was reclaimed before the model server answered; retry elsewhere\n",
@@ -278,8 +310,14 @@ async fn front(
                 .get(http::header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-            let cut = Box::pin(state.cut.clone().cancelled_owned());
-            let body = GuardedBody { inner, _guard: guard, cut, events, ended: false, state: state.clone() };
+            // Only a stream moves: a whole answer already on its way is
+            // let finish (the router could not continue it half-read).
+            let movable = movable && events;
+            let cut = Box::pin(match movable {
+                true => state.moving.clone().cancelled_owned(),
+                false => state.cut.clone().cancelled_owned(),
+            });
+            let body = GuardedBody { inner, _guard: guard, cut, events, movable, ended: false, state: state.clone() };
             Response::from_parts(parts, body.boxed_unsync())
         }
         // Nothing listens: the server died (the router only sends here

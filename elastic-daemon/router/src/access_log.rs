@@ -98,6 +98,8 @@ pub struct Tap {
     first_byte: Option<Instant>,
     tail: Vec<u8>,
     written: bool,
+    /// Times the answer moved to another replica.
+    pub moved: u32,
 }
 
 impl Tap {
@@ -121,6 +123,7 @@ impl Tap {
             first_byte: None,
             tail: Vec::new(),
             written: false,
+            moved: 0,
         }
     }
 
@@ -156,6 +159,7 @@ impl Tap {
             latency_s: since(now),
             replica: self.replica.map(|r| r.to_string()),
             complete,
+            moved: self.moved,
         };
         if let Ok(line) = serde_json::to_string(&entry) {
             self.log.send(line);

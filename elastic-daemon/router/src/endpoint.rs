@@ -42,6 +42,8 @@ struct Waiter {
     /// Its prompt's prefix, when the endpoint routes by prefix.
     prefix: crate::prefix::PrefixKey,
     tx: oneshot::Sender<(ReplicaId, Arc<ReplicaShared>)>,
+    /// An answer that moved here from another replica (served first).
+    ahead: bool,
 }
 
 /// What the requests to one replica share beside its counters in the
@@ -426,19 +428,44 @@ impl Endpoint {
     /// ([`crate::prefix::prefix_key`]): with prefix routing on, the
     /// replica that holds the longest part of it, within the load bound.
     pub async fn acquire_for(self: &Arc<Self>, exclude: &[ReplicaId], prefix: &[u64]) -> Result<Lease, AcquireError> {
+        self.acquire_with(exclude, prefix, false).await
+    }
+
+    /// [`Endpoint::acquire`] for an answer that moves from the replica
+    /// in `exclude` (issue #43): it waits ahead of new requests, and the
+    /// queue's bound does not turn it away (it was accepted once already;
+    /// the queue timeout still bounds its wait).
+    pub async fn acquire_ahead(self: &Arc<Self>, exclude: &[ReplicaId]) -> Result<Lease, AcquireError> {
+        self.acquire_with(exclude, &[], true).await
+    }
+
+    async fn acquire_with(
+        self: &Arc<Self>,
+        exclude: &[ReplicaId],
+        prefix: &[u64],
+        ahead: bool,
+    ) -> Result<Lease, AcquireError> {
         let (waiter_id, rx) = {
             let mut g = self.lock();
             if let Some(id) = Self::choose(&mut g, exclude, prefix) {
                 return Ok(self.lease_chosen(&mut g, id));
             }
-            if g.waiters.len() >= self.queue.size {
+            if g.waiters.len() >= self.queue.size && !ahead {
                 return Err(AcquireError::QueueFull);
             }
             let (tx, rx) = oneshot::channel();
             let wid = g.next_waiter;
             g.next_waiter += 1;
             let prefix = if g.affinity.is_some() { prefix.to_vec() } else { Vec::new() };
-            g.waiters.push_back(Waiter { id: wid, exclude: exclude.to_vec(), prefix, tx });
+            let w = Waiter { id: wid, exclude: exclude.to_vec(), prefix, tx, ahead: false };
+            match ahead {
+                // Behind the answers that moved before it, ahead of the rest.
+                true => {
+                    let at = g.waiters.iter().position(|w| !w.ahead).unwrap_or(g.waiters.len());
+                    g.waiters.insert(at, Waiter { ahead: true, ..w });
+                }
+                false => g.waiters.push_back(w),
+            }
             if !g.pool.replicas().iter().any(|r| r.state == ReplicaState::Ready) {
                 self.cold.notify_one();
             }

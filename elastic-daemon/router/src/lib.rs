@@ -30,6 +30,7 @@ pub mod proxy;
 pub mod reach;
 pub mod registry;
 pub mod replica_client;
+pub mod resume;
 pub mod settings;
 pub mod shutdown;
 pub mod tls;

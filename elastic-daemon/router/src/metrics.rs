@@ -234,6 +234,13 @@ pub struct Metrics {
     pub unavailable: Family<UnavailableLabels, Counter>,
     /// By [`Retry::as_str`] (the same two labels as `unavailable`).
     pub retries: Family<UnavailableLabels, Counter>,
+    /// Answers moved to another replica (issue #43), by
+    /// [`crate::resume::Why::as_str`]; those that could not be, by why;
+    /// the pause their clients saw; what the router keeps to move them.
+    pub streams_moved: Family<UnavailableLabels, Counter>,
+    pub stream_moves_failed: Family<UnavailableLabels, Counter>,
+    pub stream_move_pause_seconds: HistogramFamily<EndpointLabels>,
+    pub resume_kept_bytes: Gauge,
     /// Access log lines dropped because its writer fell behind.
     pub access_log_dropped: Counter,
     /// Requests routed by prompt prefix, by how ([`crate::prefix::Affine`]).
@@ -285,6 +292,10 @@ impl Metrics {
             response_idle_timeouts: Family::default(),
             unavailable: Family::default(),
             retries: Family::default(),
+            streams_moved: Family::default(),
+            stream_moves_failed: Family::default(),
+            stream_move_pause_seconds: Family::new_with_constructor(latency_histogram),
+            resume_kept_bytes: Gauge::default(),
             access_log_dropped: Counter::default(),
             prefix_routed: Family::default(),
             ha_acting: Family::default(),
@@ -335,6 +346,26 @@ impl Metrics {
             "retries",
             "Requests sent to another replica after an attempt, by reason: not_sent (no connection), replica_lost (its health checks got no answer), draining, failed (retry.idempotent)",
             self.retries.clone(),
+        );
+        r.register(
+            "streams_moved",
+            "Answers continued on another replica mid-stream, by reason: reclaimed (its launcher ended it for a reclaim), replica_lost, failed (the connection failed), ended_early (the body ended before the answer: a model server that died), silent (nothing for response_idle_timeout)",
+            self.streams_moved.clone(),
+        );
+        r.register(
+            "stream_moves_failed",
+            "Answers that could not be continued and ended with an error event, by reason: max_moves, too_long (past what the router keeps), queue_full, queue_timeout, replica_failed (the replicas tried refused the continuation)",
+            self.stream_moves_failed.clone(),
+        );
+        r.register(
+            "stream_move_pause_seconds",
+            "The pause a client saw when its answer moved: from the cut to the continuation's first byte on its way",
+            self.stream_move_pause_seconds.clone(),
+        );
+        r.register(
+            "resume_kept_bytes",
+            "Heap bytes the router keeps for the answers it follows (token ids, text, partial events)",
+            self.resume_kept_bytes.clone(),
         );
         r.register(
             "access_log_dropped",

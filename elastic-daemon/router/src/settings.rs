@@ -37,6 +37,9 @@ pub struct ProxySettings {
     /// Route by prompt prefix ([`crate::prefix`]); `None`: least
     /// outstanding alone.
     pub prefix: Option<crate::prefix::PrefixSettings>,
+    /// Continue answers on another replica when theirs cannot finish them
+    /// ([`crate::resume`]); `None`: off.
+    pub resume: Option<crate::resume::ResumeSettings>,
 }
 
 /// The tokens an endpoint accepts in `Authorization: Bearer TOKEN`.

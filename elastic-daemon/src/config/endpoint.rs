@@ -9,12 +9,13 @@ use std::time::Duration;
 use onepool_decisions::policy::Diagnostic;
 use onepool_router::prefix::PrefixSettings;
 use onepool_router::registry::HealthThresholds;
+use onepool_router::resume::{Method, ResumeSettings};
 use onepool_router::settings::{HealthCheck, ProxySettings};
 
 use super::check::positive;
 use super::check::Checker;
 use super::conn::conn_settings;
-use super::file::{EndpointFile, HealthFile, RawFile, RoutingFile};
+use super::file::{EndpointFile, HealthFile, RawFile, ResumeFile, RoutingFile};
 use super::form::Raw;
 use super::replicas::{replica_settings, serve_paths};
 use super::tokens::bearer_tokens;
@@ -100,6 +101,36 @@ fn proxy_settings(
         idempotent: retry.and_then(|r| r.idempotent.as_ref()).is_some_and(|i| *i.get_ref()),
         conn,
         auth: e.auth.as_ref().and_then(|a| bearer_tokens(c, &a.bearer_tokens_file, "auth.bearer_tokens_file")),
+        resume: resume(c, e.resume.as_ref(), e.replicas.as_ref().map(|r| r.get_ref().command.get_ref().as_str())),
+    }
+}
+
+/// `[endpoint.resume]`: on unless turned off; by tokens where the
+/// endpoint's replicas run llama-server ("auto"), by text otherwise.
+fn resume(c: &mut Checker, r: Option<&ResumeFile<Raw>>, command: Option<&str>) -> Option<ResumeSettings> {
+    let max_moves = r.map(|r| c.number(&r.max_moves, "resume.max_moves", 1, 100, 3)).unwrap_or(3) as u32;
+    let method = match r.and_then(|r| r.method.as_ref()).map(|m| (m.get_ref().as_str(), m.span())) {
+        None | Some(("auto", _)) => auto_method(command),
+        Some(("tokens", _)) => Method::Tokens,
+        Some(("text", _)) => Method::Text,
+        Some(("off", _)) => return None,
+        Some((other, span)) => {
+            c.error(span, format!("resume.method = {other:?} is not a way to continue answers; use \"auto\", \"tokens\" (llama-server), \"text\" or \"off\""));
+            return None;
+        }
+    };
+    Some(ResumeSettings { method, max_moves })
+}
+
+/// By tokens when the replicas' command runs llama-server (its native API
+/// takes and gives token ids), by text for any other server.
+pub fn auto_method(command: Option<&str>) -> Method {
+    let runs_llama_server = command.is_some_and(|c| {
+        c.split_whitespace().map(|w| w.trim_matches(['\'', '"'])).any(|w| std::path::Path::new(w).file_name().is_some_and(|f| f == "llama-server"))
+    });
+    match runs_llama_server {
+        true => Method::Tokens,
+        false => Method::Text,
     }
 }
 

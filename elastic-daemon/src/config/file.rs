@@ -108,7 +108,18 @@ pub struct EndpointFile<F: Form = Typed> {
     pub health: Option<HealthFile<F>>,
     pub auth: Option<AuthFile<F>>,
     pub tls: Option<TlsFile<F>>,
+    pub resume: Option<ResumeFile<F>>,
     pub replicas: Option<F::Table<ReplicasFile<F>>>,
+}
+
+/// `[endpoint.resume]`: answers continued on another replica when theirs
+/// cannot finish them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, bound = "")]
+pub struct ResumeFile<F: Form = Typed> {
+    /// "auto" (the default), "tokens", "text" or "off".
+    pub method: Option<F::Text>,
+    pub max_moves: Option<F::U32>,
 }
 
 /// `[endpoint.retry]`.
@@ -317,6 +328,7 @@ impl Default for EndpointFile {
             health: None,
             auth: None,
             tls: None,
+            resume: None,
             replicas: None,
         }
     }

@@ -222,6 +222,7 @@ pub fn proxy_settings() -> ProxySettings {
             tls: None,
         },
         auth: None,
+        resume: None,
     }
 }
 

@@ -21,10 +21,13 @@ impl ProxyBody {
     /// ends its latency also ends its request's hold (instead of a reading
     /// of the hold's own).
     fn finish(kind: &mut BodyKind, hold: &mut Option<RequestHold>) {
-        if let (BodyKind::Replica(b), Some(hold)) = (kind, hold) {
-            if let Some(ended) = b.finish() {
-                hold.ended = Some(ended);
-            }
+        let ended = match kind {
+            BodyKind::Replica(b) => b.finish(),
+            BodyKind::Resumable(b) => b.finish(),
+            BodyKind::Own(_) => None,
+        };
+        if let (Some(ended), Some(hold)) = (ended, hold) {
+            hold.ended = Some(ended);
         }
     }
 }
@@ -38,6 +41,8 @@ impl Drop for ProxyBody {
 pub(super) enum BodyKind {
     Own(Full<Bytes>),
     Replica(LeasedBody),
+    /// A stream the router can continue elsewhere ([`ResumableBody`]).
+    Resumable(Box<ResumableBody>),
 }
 
 impl Body for ProxyBody {
@@ -49,11 +54,15 @@ impl Body for ProxyBody {
         let r = match &mut me.kind {
             BodyKind::Own(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
             BodyKind::Replica(b) => Pin::new(b).poll_frame(cx),
+            BodyKind::Resumable(b) => Pin::new(b.as_mut()).poll_frame(cx),
         };
         if matches!(r, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
             ProxyBody::finish(&mut me.kind, &mut me.hold);
         }
         if let Some(tap) = &mut me.tap {
+            if let BodyKind::Resumable(b) = &me.kind {
+                tap.moved = b.moves();
+            }
             match &r {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Some(data) = frame.data_ref() {
@@ -64,6 +73,7 @@ impl Body for ProxyBody {
                     let ended = match &me.kind {
                         BodyKind::Own(b) => b.is_end_stream(),
                         BodyKind::Replica(b) => b.is_end_stream(),
+                        BodyKind::Resumable(b) => b.is_end_stream(),
                     };
                     if ended {
                         tap.end(true);
@@ -81,6 +91,7 @@ impl Body for ProxyBody {
         match &self.kind {
             BodyKind::Own(b) => b.is_end_stream(),
             BodyKind::Replica(b) => b.is_end_stream(),
+            BodyKind::Resumable(b) => b.is_end_stream(),
         }
     }
 
@@ -88,6 +99,7 @@ impl Body for ProxyBody {
         match &self.kind {
             BodyKind::Own(b) => b.size_hint(),
             BodyKind::Replica(b) => b.size_hint(),
+            BodyKind::Resumable(_) => SizeHint::default(),
         }
     }
 }

@@ -197,6 +197,11 @@ fn parse(buf: &[u8], t: &Target, client: &ClientConn, max_head: usize, head: &mu
     if method == "GET" && target.split('?').next() == Some("/v1/models") {
         return Parsed::Decline;
     }
+    // A generation the router may continue elsewhere is read on the full
+    // path, which looks at its body (crate::resume).
+    if method == "POST" && t.settings.resume.is_some() {
+        return Parsed::Decline;
+    }
     let (mut hosts, mut length, mut forwarded, mut authorization) = (0, None, None, None);
     for f in req.headers.iter() {
         let name = f.name.as_bytes();
@@ -232,7 +237,7 @@ fn parse(buf: &[u8], t: &Target, client: &ClientConn, max_head: usize, head: &mu
         let name = f.name.as_bytes();
         let kept_back = name.eq_ignore_ascii_case(b"content-length")
             || name.eq_ignore_ascii_case(b"x-forwarded-for")
-            || name.eq_ignore_ascii_case(crate::REPLICA_KEY_HEADER.as_str().as_bytes())
+            || is_onepool_field(name)
             || (drop_authorization && name.eq_ignore_ascii_case(b"authorization"));
         if !kept_back {
             w.field(name, f.value);

@@ -12,6 +12,7 @@ mod connections;
 mod dispatch;
 mod graceful;
 mod lean;
+mod resumable;
 mod serve;
 mod to_replica;
 
@@ -20,7 +21,9 @@ pub use body_budget::BodyBudget;
 pub use dispatch::{Dispatch, Routed};
 pub use serve::serve;
 #[allow(unused_imports)]
-use {answers::*, body::*, body_budget::*, connections::*, dispatch::*, graceful::*, serve::*, to_replica::*};
+use {
+    answers::*, body::*, body_budget::*, connections::*, dispatch::*, graceful::*, resumable::*, serve::*, to_replica::*,
+};
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -42,7 +45,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use onepool_launcher::conventions::DRAINING_HEADER;
+use onepool_launcher::conventions::{DRAINING_HEADER, MOVABLE_HEADER};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
@@ -66,6 +69,8 @@ pub struct Target {
     metrics: Arc<Metrics>,
     budget: Arc<BodyBudget>,
     access: Option<Arc<AccessLog>>,
+    /// With `[endpoint.resume]` on: what its answers need to move.
+    moves: Option<Arc<MoveContext>>,
 }
 
 impl Target {
@@ -95,6 +100,9 @@ impl Target {
         if let Some(prefix) = settings.prefix {
             endpoint.set_prefix_routing(prefix);
         }
-        Arc::new(Target { endpoint, settings, metrics, budget, access })
+        let moves = settings.resume.map(|r| {
+            Arc::new(MoveContext { endpoint: endpoint.clone(), settings: settings.clone(), max_moves: r.max_moves })
+        });
+        Arc::new(Target { endpoint, settings, metrics, budget, access, moves })
     }
 }

@@ -33,6 +33,9 @@ pub(super) struct Forwarded {
     /// The client's `Authorization` stays with the router
     /// ([`ProxySettings::client_authorization_passes`]).
     pub(super) drop_authorization: bool,
+    /// The router can continue the answer elsewhere: the launcher may move
+    /// it rather than wait for it ([`onepool_launcher::conventions::MOVABLE_HEADER`]).
+    pub(super) movable: bool,
 }
 
 impl Forwarded {
@@ -78,6 +81,7 @@ impl Forwarded {
             hop_by_hop,
             replica_key: None,
             drop_authorization: false,
+            movable: false,
         }
     }
 
@@ -85,7 +89,7 @@ impl Forwarded {
     pub(super) fn passes(&self, name: &HeaderName) -> bool {
         name != header::CONTENT_LENGTH
             && name != X_FORWARDED_FOR
-            && name != crate::REPLICA_KEY_HEADER
+            && !is_onepool_field(name.as_str().as_bytes())
             && !(self.drop_authorization && name == header::AUTHORIZATION)
             && !(self.hop_by_hop && (is_hop_by_hop(name) || self.connection_names.contains(name)))
     }
@@ -114,12 +118,21 @@ impl Forwarded {
         if let Some(k) = &self.replica_key {
             w.field(crate::REPLICA_KEY_HEADER.as_str().as_bytes(), k.as_bytes());
         }
+        if self.movable {
+            w.field(MOVABLE_HEADER.as_bytes(), b"1");
+        }
         if body_len > 0 || self.had_length {
             w.field(b"content-length", body_len.to_string().as_bytes());
         }
         w.end();
         b
     }
+}
+
+/// A field of onepool's own (`x-onepool-*`: the replica key, the movable
+/// mark): only the router sets them, a client's never pass.
+pub(super) fn is_onepool_field(name: &[u8]) -> bool {
+    name.len() >= 10 && name[..10].eq_ignore_ascii_case(b"x-onepool-")
 }
 
 /// Writes an HTTP/1.1 head into a buffer (a replica's request head, or
@@ -193,6 +206,9 @@ pub(super) struct Prepared {
     /// `start` is as good as now for the first attempt's deadline (one
     /// clock reading less).
     pub(super) start_is_now: bool,
+    /// A generation the router can continue elsewhere (boxed: most
+    /// requests have none).
+    pub(super) resumable: Option<Box<Resumable>>,
 }
 
 impl Prepared {
@@ -203,10 +219,16 @@ impl Prepared {
         client: &ClientConn,
         start: Instant,
     ) -> Prepared {
-        let retry_any = ctx.settings.idempotent || is_safe(&parts.method);
+        let mut retry_any = ctx.settings.idempotent || is_safe(&parts.method);
         let mut out = Forwarded::new(parts, body, client);
         out.replica_key = ctx.endpoint.replica_key().cloned();
         out.drop_authorization = !ctx.settings.client_authorization_passes();
+        let resumable = resumable(ctx, &mut out);
+        if resumable.is_some() {
+            // A generation that never reached its client goes to another
+            // replica whatever failed: nothing of it was seen.
+            retry_any = true;
+        }
         let head_request = out.method == Method::HEAD;
         let head = if out.host_from_replica { Vec::new() } else { out.head(None, out.body.len()) };
         // Serialized, the client's header map takes the response's fields:
@@ -215,7 +237,35 @@ impl Prepared {
         let spare = if out.host_from_replica { HeaderMap::new() } else { std::mem::take(&mut out.headers) };
         let body = std::mem::take(&mut out.body);
         let per_replica = out.host_from_replica.then(|| Box::new(out));
-        Prepared { head, body, spare, per_replica, head_request, retry_any, start, start_is_now: false }
+        Prepared { head, body, spare, per_replica, head_request, retry_any, start, start_is_now: false, resumable }
+    }
+}
+
+/// Whether the router can continue the request's answer elsewhere
+/// ([`crate::resume`]); if so, its first attempt asks for what that takes.
+fn resumable(ctx: &Target, out: &mut Forwarded) -> Option<Box<Resumable>> {
+    let settings = ctx.settings.resume?;
+    if out.method != Method::POST {
+        return None;
+    }
+    match crate::resume::plan::Plan::of(out.uri.path(), &out.body, settings.method) {
+        Ok(Some((plan, first))) => {
+            let client = out.body.clone();
+            if let Some(first) = first {
+                out.body = Bytes::from(first);
+            }
+            out.movable = true;
+            let authorization = match out.drop_authorization {
+                true => None,
+                false => out.headers.get(header::AUTHORIZATION).cloned(),
+            };
+            Some(Box::new(Resumable { plan, client, authorization }))
+        }
+        Ok(None) => None,
+        Err(why) => {
+            tracing::debug!(endpoint = %ctx.endpoint.name(), ?why, "this answer cannot be continued elsewhere");
+            None
+        }
     }
 }
 
@@ -224,7 +274,8 @@ impl Prepared {
     /// already written; its clock starts now (its head was just parsed).
     pub(super) fn lean(head: Vec<u8>, body: Bytes, spare: HeaderMap, head_request: bool, retry_any: bool) -> Prepared {
         let start = Instant::now();
-        Prepared { head, body, spare, per_replica: None, head_request, retry_any, start, start_is_now: true }
+        let resumable = None;
+        Prepared { head, body, spare, per_replica: None, head_request, retry_any, start, start_is_now: true, resumable }
     }
 }
 
@@ -376,6 +427,11 @@ pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyB
                     ctx.endpoint.count_unavailable(Unavailable::Replica);
                 }
                 counted(resp.status().as_u16());
+                if let (Some(r), Some(moves)) = (p.resumable.take(), &ctx.moves) {
+                    if r.plan.stream && resp.status() == StatusCode::OK && is_event_stream(resp.headers()) {
+                        return resumable_response(resp, lease, p.start, ctx.access.is_some(), moves.clone(), *r);
+                    }
+                }
                 return client_response(resp, lease, p.start, ctx.access.is_some());
             }
         }
@@ -413,6 +469,36 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for n in &HOP_BY_HOP {
         headers.remove(n);
     }
+}
+
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
+}
+
+/// [`client_response`] for a stream the router can continue elsewhere:
+/// its length is the router's to say now (chunked).
+fn resumable_response(
+    resp: Response<BackendBody>,
+    lease: Lease,
+    start: Instant,
+    served_by: bool,
+    moves: Arc<MoveContext>,
+    r: Resumable,
+) -> Response<ProxyBody> {
+    let (mut parts, body) = resp.into_parts();
+    if body.hop_by_hop() {
+        strip_hop_by_hop(&mut parts.headers);
+    }
+    parts.headers.remove(header::CONTENT_LENGTH);
+    if served_by {
+        parts.extensions.insert(ServedBy(lease.replica().address));
+    }
+    let leased = LeasedBody { inner: body, lease: Some(lease), start, first_byte: false };
+    let body = Box::new(ResumableBody::new(leased, moves, r));
+    Response::from_parts(parts, ProxyBody { kind: BodyKind::Resumable(body), hold: None, tap: None })
 }
 
 /// `served_by`: name the replica in the response's extensions (for the

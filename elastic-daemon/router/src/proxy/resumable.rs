@@ -1,0 +1,445 @@
+//! A stream the router can continue elsewhere (issue #43): its events
+//! pass whole (token ids read, and taken out where the router asked for
+//! them), and when its replica cannot finish it the answer moves to
+//! another one, the client none the wiser but for a pause.
+
+#[allow(unused_imports)]
+use super::*;
+use crate::resume::events::{data_of, without_key, Data, Splitter};
+use crate::resume::moving::{continue_elsewhere, Ask, Continuation, Failed, Source};
+use crate::resume::plan::Plan;
+use crate::resume::progress::{Event, Meta, Progress, Usage, RECLAIMED};
+use crate::resume::splice::{error_event, DONE};
+use crate::resume::{Method, Why};
+use crate::registry::ReplicaId;
+
+/// Bytes of one event at most; a longer one is passed on as it is and the
+/// stream no longer followed.
+const MAX_EVENT: usize = 1 << 20;
+
+type Pending<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// What a resumable stream shares with the endpoint it belongs to.
+pub(super) struct MoveContext {
+    pub(super) endpoint: Arc<Endpoint>,
+    pub(super) settings: ProxySettings,
+    pub(super) max_moves: u32,
+}
+
+/// What a request that can be continued carries to its response.
+pub(super) struct Resumable {
+    pub(super) plan: Plan,
+    pub(super) client: Bytes,
+    pub(super) authorization: Option<HeaderValue>,
+}
+
+enum State {
+    /// Following the replica's events.
+    Reading,
+    /// Passing bytes as they come (the router cannot follow them).
+    Passing,
+    /// Waiting for another replica to take the answer over.
+    Moving(Pending<Result<Continuation, Failed>>),
+    Done,
+}
+
+pub(super) struct ResumableBody {
+    current: LeasedBody,
+    source: Source,
+    state: State,
+    /// Resolves when the current replica is lost.
+    lost: Option<Pending<()>>,
+    ctx: Arc<MoveContext>,
+    plan: Plan,
+    /// The client's request body, as it came.
+    client: Bytes,
+    /// The client's `Authorization`, where the endpoint passes it on.
+    authorization: Option<HeaderValue>,
+    progress: Progress,
+    splitter: Splitter,
+    out: BytesMut,
+    moves: u32,
+    tried: Vec<ReplicaId>,
+    /// Bytes of the continuation's first text the client already has.
+    skip: usize,
+    /// The prompt's tokens as a continuation by tokens counted them.
+    prompt_tokens: Option<u64>,
+    /// A continuation by text: its usage, and the tokens before it.
+    continued_usage: Option<Usage>,
+    tokens_before: u64,
+    moving_since: Instant,
+    /// Heap bytes counted in `onepool_router_resume_kept_bytes`.
+    counted: usize,
+}
+
+impl ResumableBody {
+    pub(super) fn new(current: LeasedBody, ctx: Arc<MoveContext>, r: Resumable) -> ResumableBody {
+        let Resumable { plan, client, authorization } = r;
+        let lost = current.lease.as_ref().map(lost_of);
+        let tried = current.lease.iter().map(|l| l.id()).collect();
+        let progress = Progress::new(plan.method);
+        ResumableBody {
+            current,
+            source: Source::First,
+            state: State::Reading,
+            lost,
+            ctx,
+            plan,
+            client,
+            authorization,
+            progress,
+            splitter: Splitter::default(),
+            out: BytesMut::new(),
+            moves: 0,
+            tried,
+            skip: 0,
+            prompt_tokens: None,
+            continued_usage: None,
+            tokens_before: 0,
+            moving_since: Instant::now(),
+            counted: 0,
+        }
+    }
+
+    /// Times the answer moved to another replica.
+    pub(super) fn moves(&self) -> u32 {
+        self.moves
+    }
+
+    pub(super) fn finish(&mut self) -> Option<Instant> {
+        self.current.finish()
+    }
+
+    fn metrics(&self) -> &Metrics {
+        self.ctx.endpoint.metrics()
+    }
+
+    fn read(&mut self, data: Bytes) {
+        if matches!(self.state, State::Passing) {
+            self.out.extend_from_slice(&data);
+            return;
+        }
+        self.splitter.push(&data);
+        while matches!(self.state, State::Reading) {
+            let Some(event) = self.splitter.next_event() else { break };
+            self.event(event);
+        }
+        if matches!(self.state, State::Reading) && self.splitter.held() > MAX_EVENT {
+            let rest = self.splitter.take_rest();
+            self.unfollow(&rest);
+        }
+        self.count_kept();
+    }
+
+    /// The router stops following: what it holds goes as it is.
+    fn unfollow(&mut self, event: &[u8]) {
+        self.out.extend_from_slice(event);
+        if self.source == Source::First {
+            self.state = State::Passing;
+            let rest = self.splitter.take_rest();
+            self.out.extend_from_slice(&rest);
+        } else {
+            // A continuation's own form is never passed raw.
+            self.fail("the replica that continued it sent an event the router cannot read");
+        }
+    }
+
+    fn event(&mut self, event: Bytes) {
+        let data = match data_of(&event) {
+            Data::One(d) => d,
+            Data::None => {
+                if self.source == Source::First {
+                    self.out.extend_from_slice(&event);
+                }
+                return;
+            }
+            Data::Other => return self.unfollow(&event),
+        };
+        if data == b"[DONE]" {
+            self.progress.done = true;
+            match self.source {
+                Source::First => self.out.extend_from_slice(&event),
+                _ => self.complete(),
+            }
+            return;
+        }
+        let Some(e) = Event::parse(data) else { return self.unfollow(&event) };
+        if let Some(err) = &e.error {
+            if err.code.as_deref() == Some(RECLAIMED) {
+                return self.cut(Why::Reclaimed);
+            }
+            return self.unfollow(&event);
+        }
+        if e.unfollowable() {
+            return self.unfollow(&event);
+        }
+        if self.progress.meta.is_none() {
+            self.progress.meta = Meta::of(&e);
+        }
+        self.progress.note_tokens(e.tokens());
+        let said = e.text();
+        let text = said.unwrap_or_default();
+        let finish = e.finish_reason();
+        if e.usage.is_some() {
+            self.progress.usage_seen = true;
+        }
+        match self.source {
+            Source::First => {
+                if said.is_some() {
+                    self.progress.note_text(text);
+                }
+                match self.plan.ids_asked.then(|| without_key(&event, "logprobs")).flatten() {
+                    Some(stripped) => self.out.extend_from_slice(&stripped),
+                    None => self.out.extend_from_slice(&event),
+                }
+                if let Some(f) = finish {
+                    self.progress.finish = Some(f.into_owned());
+                }
+            }
+            Source::Native | Source::OpenAi => {
+                let skipped = self.skip.min(text.len());
+                self.skip -= skipped;
+                let visible = text.get(skipped..).unwrap_or_default();
+                match (self.source, said) {
+                    (_, None) => {}
+                    (Source::Native, _) => self.progress.note_text(text),
+                    _ => self.progress.note_text(visible),
+                }
+                if !visible.is_empty() {
+                    let meta = self.progress.meta.as_ref().expect("set before a move");
+                    self.out.extend_from_slice(&meta.text_event(self.plan.api, visible));
+                }
+                if let Some(u) = e.usage {
+                    self.continued_usage = Some(u);
+                }
+                if let Some(f) = finish {
+                    let meta = self.progress.meta.as_ref().expect("set before a move");
+                    self.out.extend_from_slice(&meta.finish_event(self.plan.api, &f));
+                    self.progress.finish = Some(f.into_owned());
+                    // llama.cpp's stream ends with its last event; an OpenAI
+                    // one still sends usage and [DONE].
+                    if self.source == Source::Native {
+                        self.complete();
+                    }
+                }
+            }
+        }
+    }
+
+    /// The answer is over: what the client still lacks of its end (usage
+    /// it asked for, `[DONE]`), then nothing more.
+    fn complete(&mut self) {
+        if self.source != Source::First || !self.progress.usage_seen {
+            if let (true, Some(usage)) = (self.plan.include_usage, self.usage()) {
+                let meta = self.progress.meta.as_ref().expect("set before a move");
+                self.out.extend_from_slice(&meta.usage_event(self.plan.api, usage.prompt_tokens, usage.completion_tokens));
+            }
+        }
+        if self.source != Source::First || !self.progress.done {
+            self.out.extend_from_slice(DONE);
+        }
+        self.end();
+    }
+
+    /// The answer's usage as if it had not moved: the prompt once, the
+    /// tokens the client got.
+    fn usage(&self) -> Option<Usage> {
+        let completion_tokens = self.progress.completion_tokens();
+        match (self.plan.method, self.continued_usage) {
+            (Method::Tokens, _) => Some(Usage { prompt_tokens: self.prompt_tokens?, completion_tokens }),
+            (Method::Text, Some(u)) => Some(Usage {
+                prompt_tokens: u.prompt_tokens.saturating_sub(self.tokens_before),
+                completion_tokens: self.tokens_before + u.completion_tokens,
+            }),
+            (Method::Text, None) => None,
+        }
+    }
+
+    fn end(&mut self) {
+        self.state = State::Done;
+        self.lost = None;
+        let _ = self.current.finish();
+    }
+
+    /// Ends the answer with the error event: it could not be continued.
+    fn fail(&mut self, why: &str) {
+        self.out.extend_from_slice(&error_event(&format!(
+            "the replica serving this answer could not finish it and onepool could not continue it elsewhere ({why}); retry the request"
+        )));
+        self.end();
+    }
+
+    fn count_failed(&self, label: &str) {
+        let labels = crate::metrics::UnavailableLabels { endpoint: self.ctx.endpoint.name().to_string(), reason: label.to_string() };
+        self.metrics().stream_moves_failed.get_or_create(&labels).inc();
+    }
+
+    /// The replica cannot finish the answer: it moves, if it may.
+    fn cut(&mut self, why: Why) {
+        if self.progress.finish.is_some() {
+            // Only the answer's end was lost.
+            return self.complete();
+        }
+        let name = self.ctx.endpoint.name().to_string();
+        if self.progress.overflow {
+            self.count_failed("too_long");
+            return self.fail("the answer is longer than the router keeps to continue one");
+        }
+        if self.moves >= self.ctx.max_moves {
+            self.count_failed("max_moves");
+            return self.fail("it moved as many times as the endpoint allows");
+        }
+        if let Some(lease) = &self.current.lease {
+            match why {
+                Why::Reclaimed => self.ctx.endpoint.backend_draining(lease.id()),
+                _ => self.ctx.endpoint.exchange_failed(lease.id()),
+            }
+            tracing::info!(endpoint = %name, replica = %lease.address(), why = why.as_str(), "moving a stream to another replica");
+        }
+        let _ = self.current.finish();
+        self.lost = None;
+        self.moves += 1;
+        let labels = crate::metrics::UnavailableLabels { endpoint: name, reason: why.as_str().to_string() };
+        self.metrics().streams_moved.get_or_create(&labels).inc();
+        if self.progress.meta.is_none() {
+            self.progress.meta = Some(Meta::made_up(&self.plan));
+        }
+        let (ids, skip) = self.progress.resume_point();
+        let ids = ids.to_vec();
+        self.skip = skip;
+        self.tokens_before = self.progress.completion_tokens();
+        let left = self.plan.max_tokens.map(|m| m.saturating_sub(self.tokens_before));
+        if left == Some(0) {
+            // The budget is spent: the answer ends here, as it would have.
+            let meta = self.progress.meta.as_ref().expect("set above");
+            self.out.extend_from_slice(&meta.finish_event(self.plan.api, "length"));
+            self.progress.finish = Some("length".into());
+            return self.complete_moved();
+        }
+        let s = &self.ctx.settings;
+        let ask = Ask {
+            endpoint: self.ctx.endpoint.clone(),
+            connect_timeout: s.connect_timeout,
+            request_timeout: s.request_timeout,
+            idle_timeout: s.response_idle_timeout,
+            authorization: self.authorization.clone(),
+            exclude: self.tried.clone(),
+            plan: self.plan.clone(),
+            client: self.client.clone(),
+            ids,
+            text: self.progress.text().to_string(),
+            left,
+            attempts: s.retries + 1,
+        };
+        self.moving_since = Instant::now();
+        self.state = State::Moving(Box::pin(continue_elsewhere(ask)));
+    }
+
+    /// Ends an answer the router finishes itself after a move.
+    fn complete_moved(&mut self) {
+        self.source = Source::Native;
+        self.complete();
+    }
+
+    fn moved(&mut self, r: Result<Continuation, Failed>) {
+        let pause = self.moving_since.elapsed().as_secs_f64();
+        let endpoint = crate::metrics::EndpointLabels { endpoint: self.ctx.endpoint.name().to_string() };
+        self.metrics().stream_move_pause_seconds.get_or_create(&endpoint).observe(pause);
+        match r {
+            Ok(c) => {
+                self.tried.push(c.lease.id());
+                self.lost = Some(lost_of(&c.lease));
+                self.current = LeasedBody { inner: c.body, lease: Some(c.lease), start: Instant::now(), first_byte: true };
+                self.source = c.source;
+                if c.prompt_tokens.is_some() {
+                    self.prompt_tokens = c.prompt_tokens;
+                }
+                self.continued_usage = None;
+                self.splitter = Splitter::default();
+                self.state = State::Reading;
+            }
+            Err(e) => {
+                tracing::info!(endpoint = %self.ctx.endpoint.name(), "a stream could not be continued: {e}");
+                self.count_failed(e.label());
+                self.fail(&e.to_string());
+            }
+        }
+    }
+
+    /// Keeps `onepool_router_resume_kept_bytes` up to date (only when an
+    /// allocation grew: rarely).
+    fn count_kept(&mut self) {
+        let now = self.progress.kept_bytes() + self.splitter.held();
+        if now != self.counted {
+            let g = &self.metrics().resume_kept_bytes;
+            g.inc_by(now as i64 - self.counted as i64);
+            self.counted = now;
+        }
+    }
+}
+
+impl Drop for ResumableBody {
+    fn drop(&mut self) {
+        if self.counted > 0 {
+            self.metrics().resume_kept_bytes.dec_by(self.counted as i64);
+        }
+    }
+}
+
+/// Resolves once the replica of `lease` is lost.
+fn lost_of(lease: &Lease) -> Pending<()> {
+    let replica = lease.replica().clone();
+    Box::pin(async move { replica.reach.lost().await })
+}
+
+impl Body for ResumableBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        let this = self.get_mut();
+        loop {
+            if !this.out.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(this.out.split().freeze()))));
+            }
+            match &mut this.state {
+                State::Done => return Poll::Ready(None),
+                State::Moving(continuation) => {
+                    let r = ready!(continuation.as_mut().poll(cx));
+                    this.moved(r);
+                }
+                State::Reading | State::Passing => {
+                    let following = matches!(this.state, State::Reading);
+                    if let (true, Some(lost)) = (following, &mut this.lost) {
+                        if lost.as_mut().poll(cx).is_ready() {
+                            this.cut(Why::Lost);
+                            continue;
+                        }
+                    }
+                    match ready!(Pin::new(&mut this.current).poll_frame(cx)) {
+                        Some(Ok(frame)) => {
+                            if let Ok(data) = frame.into_data() {
+                                this.read(data);
+                            }
+                        }
+                        Some(Err(e)) if !following => {
+                            this.end();
+                            return Poll::Ready(Some(Err(e)));
+                        }
+                        Some(Err(e)) => this.cut(match e.kind() {
+                            std::io::ErrorKind::TimedOut => Why::Silent,
+                            _ => Why::Failed,
+                        }),
+                        None if !following => this.end(),
+                        None if this.progress.done && this.source == Source::First => this.end(),
+                        None => this.cut(Why::Ended),
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.state, State::Done) && self.out.is_empty()
+    }
+}

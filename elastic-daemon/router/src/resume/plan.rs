@@ -1,0 +1,201 @@
+//! Which requests can continue on another replica, and what their first
+//! attempt must ask of the engine so that they can.
+
+use serde_json::{Map, Value};
+
+use super::Method;
+
+/// The OpenAI API a request uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// `/v1/chat/completions`
+    Chat,
+    /// `/v1/completions`
+    Completion,
+}
+
+impl Api {
+    pub fn of_path(path: &str) -> Option<Api> {
+        match path.split('?').next()? {
+            "/v1/chat/completions" => Some(Api::Chat),
+            "/v1/completions" => Some(Api::Completion),
+            _ => None,
+        }
+    }
+}
+
+/// A request the router can continue elsewhere, and what it asked for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub api: Api,
+    pub method: Method,
+    pub stream: bool,
+    /// The client asked for a last event with `usage`.
+    pub include_usage: bool,
+    /// The client's token budget (`max_completion_tokens`, `max_tokens` or
+    /// llama.cpp's `n_predict`); `None`: the engine's own.
+    pub max_tokens: Option<u64>,
+    /// The router asked for log-probabilities to learn the token ids; they
+    /// are taken out of what the client gets.
+    pub ids_asked: bool,
+    /// The model the client named (for events the router writes itself
+    /// before the engine named one).
+    pub model: String,
+}
+
+/// Why a request is not continued (for the debug log; such requests pass
+/// as they did before resumption existed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotResumable {
+    NotJson,
+    /// `n` or `best_of` above 1: several answers in one stream.
+    SeveralChoices,
+    /// Tools or functions: a call cut half-way cannot be continued as text.
+    Tools,
+    /// A grammar, JSON schema or structured response format: its state
+    /// would start over at the junction.
+    Constrained,
+    /// The client asked for log-probabilities (the continuation's would
+    /// differ in form).
+    Logprobs,
+    /// `echo`, `suffix` or a prompt that is not one string.
+    CompletionShape,
+}
+
+impl Plan {
+    /// The plan for a `POST` to `path` with `body`, and the body its
+    /// first attempt sends when that differs from the client's. `Err` when
+    /// the request cannot be continued; `Ok(None)` when it is no generation
+    /// request at all.
+    pub fn of(path: &str, body: &[u8], method: Method) -> Result<Option<(Plan, Option<Vec<u8>>)>, NotResumable> {
+        let Some(api) = Api::of_path(path) else { return Ok(None) };
+        let Ok(Value::Object(req)) = serde_json::from_slice::<Value>(body) else { return Err(NotResumable::NotJson) };
+        check(api, &req)?;
+        let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        let include_usage = stream
+            && req.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
+        let max_tokens = ["max_completion_tokens", "max_tokens", "n_predict"]
+            .iter()
+            .find_map(|k| req.get(*k).and_then(Value::as_i64))
+            .and_then(|n| u64::try_from(n).ok());
+        let model = req.get("model").and_then(Value::as_str).unwrap_or_default().to_string();
+        // Token ids come only with log-probabilities; only streams need them
+        // (an answer read whole is sent again whole).
+        let ids_asked = stream && method == Method::Tokens;
+        let first = ids_asked.then(|| with_logprobs(api, body));
+        Ok(Some((Plan { api, method, stream, include_usage, max_tokens, ids_asked, model }, first)))
+    }
+}
+
+fn check(api: Api, req: &Map<String, Value>) -> Result<(), NotResumable> {
+    let above_one = |k: &str| req.get(k).and_then(Value::as_u64).is_some_and(|n| n > 1);
+    if above_one("n") || above_one("best_of") {
+        return Err(NotResumable::SeveralChoices);
+    }
+    let present = |k: &str| req.get(k).is_some_and(|v| !v.is_null());
+    let tool_choice_none = req.get("tool_choice").and_then(Value::as_str) == Some("none");
+    let tools = req.get("tools").or(req.get("functions")).is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty()));
+    if tools && !tool_choice_none {
+        return Err(NotResumable::Tools);
+    }
+    let format_is_text = req.get("response_format").is_none_or(|f| {
+        f.is_null() || f.get("type").and_then(Value::as_str).is_some_and(|t| t == "text")
+    });
+    if !format_is_text || present("grammar") || present("json_schema") || present("guided_json") {
+        return Err(NotResumable::Constrained);
+    }
+    let asks_logprobs = match req.get("logprobs") {
+        Some(Value::Bool(b)) => *b,
+        Some(Value::Number(n)) => n.as_u64().is_some_and(|n| n > 0),
+        _ => false,
+    };
+    if asks_logprobs || present("top_logprobs") || present("n_probs") {
+        return Err(NotResumable::Logprobs);
+    }
+    if api == Api::Completion {
+        let echo = req.get("echo").and_then(Value::as_bool).unwrap_or(false);
+        if echo || present("suffix") || !req.get("prompt").is_some_and(Value::is_string) {
+            return Err(NotResumable::CompletionShape);
+        }
+    }
+    if api == Api::Chat && !req.get("messages").is_some_and(Value::is_array) {
+        return Err(NotResumable::NotJson);
+    }
+    Ok(())
+}
+
+/// The client's body with the log-probability fields that bring token ids
+/// (the top one only, the least the engines send), added right after its
+/// opening brace: the rest of the client's bytes go as they came.
+fn with_logprobs(api: Api, body: &[u8]) -> Vec<u8> {
+    let fields: &[u8] = match api {
+        Api::Chat => b"\"logprobs\":true,\"top_logprobs\":1",
+        Api::Completion => b"\"logprobs\":1",
+    };
+    let open = body.iter().position(|&b| b == b'{').unwrap_or(0);
+    let rest = &body[open + 1..];
+    let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+    let mut out = Vec::with_capacity(body.len() + fields.len() + 1);
+    out.extend_from_slice(&body[..=open]);
+    out.extend_from_slice(fields);
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(path: &str, body: &str, method: Method) -> Result<Option<(Plan, Option<Vec<u8>>)>, NotResumable> {
+        Plan::of(path, body.as_bytes(), method)
+    }
+
+    #[test]
+    fn a_streamed_chat_asks_for_token_ids_and_keeps_the_rest_of_its_bytes() {
+        let body = r#"{"messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":7,"stream_options":{"include_usage":true},"model":"m"}"#;
+        let (p, first) = plan("/v1/chat/completions", body, Method::Tokens).unwrap().unwrap();
+        assert_eq!((p.api, p.stream, p.include_usage, p.max_tokens, p.ids_asked), (Api::Chat, true, true, Some(7), true));
+        let first = String::from_utf8(first.unwrap()).unwrap();
+        assert_eq!(first, format!("{{\"logprobs\":true,\"top_logprobs\":1,{}", &body[1..]));
+        let v: Value = serde_json::from_str(&first).unwrap();
+        assert_eq!(v["messages"][0]["content"], "hi");
+        // By text: the body goes as it came.
+        let (p, first) = plan("/v1/chat/completions", body, Method::Text).unwrap().unwrap();
+        assert!(!p.ids_asked && first.is_none());
+    }
+
+    #[test]
+    fn completions_ask_for_logprobs_their_way_and_an_empty_object_stays_valid() {
+        let (_, first) = plan("/v1/completions", r#" {"prompt":"a","stream":true}"#, Method::Tokens).unwrap().unwrap();
+        assert_eq!(String::from_utf8(first.unwrap()).unwrap(), r#" {"logprobs":1,"prompt":"a","stream":true}"#);
+        assert_eq!(with_logprobs(Api::Chat, b"{ }"), b"{\"logprobs\":true,\"top_logprobs\":1 }".to_vec());
+    }
+
+    #[test]
+    fn what_cannot_be_continued_is_said_and_other_paths_are_no_generation() {
+        let chat = "/v1/chat/completions";
+        let m = r#""messages":[]"#;
+        let cases = [
+            (format!(r#"{{{m},"n":2}}"#), NotResumable::SeveralChoices),
+            (format!(r#"{{{m},"tools":[{{"type":"function"}}]}}"#), NotResumable::Tools),
+            (format!(r#"{{{m},"response_format":{{"type":"json_object"}}}}"#), NotResumable::Constrained),
+            (format!(r#"{{{m},"grammar":"root ::= x"}}"#), NotResumable::Constrained),
+            (format!(r#"{{{m},"logprobs":true}}"#), NotResumable::Logprobs),
+            ("[1]".to_string(), NotResumable::NotJson),
+            ("{\"stream\":true}".to_string(), NotResumable::NotJson),
+        ];
+        for (body, why) in cases {
+            assert_eq!(plan(chat, &body, Method::Tokens), Err(why), "{body}");
+        }
+        assert!(plan(chat, &format!(r#"{{{m},"tools":[],"n":1}}"#), Method::Tokens).unwrap().is_some());
+        assert!(plan(chat, &format!(r#"{{{m},"tools":[{{}}],"tool_choice":"none"}}"#), Method::Text).unwrap().is_some());
+        let c = "/v1/completions";
+        assert_eq!(plan(c, r#"{"prompt":["a","b"]}"#, Method::Tokens), Err(NotResumable::CompletionShape));
+        assert_eq!(plan(c, r#"{"prompt":"a","echo":true}"#, Method::Tokens), Err(NotResumable::CompletionShape));
+        assert_eq!(plan("/v1/embeddings", "{}", Method::Tokens), Ok(None));
+        assert_eq!(plan("/health", "", Method::Tokens), Ok(None));
+    }
+}
