@@ -241,7 +241,7 @@ run_release() {
         local skip=()
         [ "$rel" = 22.05 ] || mapfile -t skip < <(one_release_tests "$exe")
         # Serving runs the real model server (here when the hosts mode does not run it).
-        case $(basename "$exe") in serving-*) model_server ;; esac
+        case $(basename "$exe") in serving-* | reclaim-*) model_server ;; esac
         local t0=$SECONDS
         (cd tests && "${run[@]}" "$exe" --test-threads=1 "${skip[@]}")
         echo "== Slurm $rel: $(basename "${exe%-*}") passed in $((SECONDS - t0)) s"

@@ -162,19 +162,21 @@ pub fn run_replica(args: &ReplicaArgs) -> anyhow::Result<ExitCode> {
         report,
         tls: args.tls,
     };
-    let outcome = rt.block_on(run(cfg, Arc::new(Front::default()))).context("onepool replica")?;
+    let front = Arc::new(Front::default());
+    let outcome = rt.block_on(run(cfg, front.clone())).context("onepool replica")?;
+    // Streams the router continues on other replicas (issue #43).
+    let moved = front.moved.load(std::sync::atomic::Ordering::SeqCst);
     match &outcome {
-        Outcome::Drained { waited } => {
-            eprintln!("onepool replica: drained in {:.1}s; server stopped", waited.as_secs_f64())
-        }
-        Outcome::TimedOut { in_flight } => {
-            eprintln!("onepool replica: drain timed out with {in_flight} request(s) in flight; server stopped")
-        }
-        Outcome::Cut { in_flight } => {
-            eprintln!(
-                "onepool replica: reclaimed at once (immediate class); {in_flight} request(s) cut; server stopped"
-            )
-        }
+        Outcome::Drained { waited } => eprintln!(
+            "onepool replica: drained in {:.1}s, {moved} stream(s) moved to other replicas; server stopped",
+            waited.as_secs_f64()
+        ),
+        Outcome::TimedOut { in_flight } => eprintln!(
+            "onepool replica: drain timed out with {in_flight} request(s) in flight, {moved} stream(s) moved; server stopped"
+        ),
+        Outcome::Cut { in_flight } => eprintln!(
+            "onepool replica: reclaimed at once (immediate class); {in_flight} request(s) in flight, {moved} of them moved to other replicas; server stopped"
+        ),
         Outcome::ServerExited(ended) => eprintln!("onepool replica: the model server {}", ended.report()),
     }
     Ok(ExitCode::from(u8::try_from(outcome.exit_code()).unwrap_or(1)))

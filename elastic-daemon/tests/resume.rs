@@ -151,11 +151,15 @@ async fn serve(req: Request<Incoming>, cut: Cut, served: Arc<AtomicU64>) -> Resp
             let tx = tx.clone();
             async move { tx.send(Ok(Frame::data(Bytes::from(format!("data: {s}\n\n"))))).await.is_ok() }
         };
-        let event = |choice: Value| {
-            json!({"id": id, "object": "chat.completion.chunk", "created": 7, "model": "fake", "choices": [choice]})
-        };
+        let object = if chat { "chat.completion.chunk" } else { "text_completion" };
+        let event =
+            |choice: Value| json!({"id": id, "object": object, "created": 7, "model": "fake", "choices": [choice]});
         if !native && chat {
-            send(event(json!({"index": 0, "delta": {"role": "assistant", "content": null}, "finish_reason": null})).to_string()).await;
+            send(
+                event(json!({"index": 0, "delta": {"role": "assistant", "content": null}, "finish_reason": null}))
+                    .to_string(),
+            )
+            .await;
         }
         let mut held: Vec<u8> = Vec::new();
         for k in 0..n {
@@ -167,12 +171,20 @@ async fn serve(req: Request<Incoming>, cut: Cut, served: Arc<AtomicU64>) -> Resp
             if stop_here {
                 match cut {
                     Cut::Reclaim(_) => {
-                        send(r#"{"error":{"message":"reclaimed","type":"server_error","code":"replica_reclaimed"}}"#.into()).await;
+                        send(
+                            r#"{"error":{"message":"reclaimed","type":"server_error","code":"replica_reclaimed"}}"#
+                                .into(),
+                        )
+                        .await;
                         return;
                     }
                     Cut::ToolThenReclaim(_) => {
                         send(event(json!({"index": 0, "delta": {"tool_calls": [{"index": 0}]}})).to_string()).await;
-                        send(r#"{"error":{"message":"reclaimed","type":"server_error","code":"replica_reclaimed"}}"#.into()).await;
+                        send(
+                            r#"{"error":{"message":"reclaimed","type":"server_error","code":"replica_reclaimed"}}"#
+                                .into(),
+                        )
+                        .await;
                         return;
                     }
                     Cut::Close(_) => {
@@ -213,7 +225,11 @@ async fn serve(req: Request<Incoming>, cut: Cut, served: Arc<AtomicU64>) -> Resp
             }
         }
         if native {
-            send(json!({"index": 0, "content": "", "stop": true, "stop_type": "limit", "tokens_predicted": n}).to_string()).await;
+            send(
+                json!({"index": 0, "content": "", "stop": true, "stop_type": "limit", "tokens_predicted": n})
+                    .to_string(),
+            )
+            .await;
             return;
         }
         let finish = match chat {
@@ -224,7 +240,8 @@ async fn serve(req: Request<Incoming>, cut: Cut, served: Arc<AtomicU64>) -> Resp
         if include_usage {
             let mut u = event(json!(null));
             u["choices"] = json!([]);
-            u["usage"] = json!({"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n});
+            u["usage"] =
+                json!({"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n});
             send(u.to_string()).await;
         }
         send("[DONE]".into()).await;
@@ -374,7 +391,10 @@ async fn a_reclaimed_stream_continues_on_another_replica_by_its_token_ids_exactl
         let got = s.stream("/v1/chat/completions", chat(40, true)).await;
         got.assert_whole(&answer(0, 40), "length");
         assert_eq!(got.usage(), Some((prompt_len(), 40)), "cut at {at}: {}", got.raw);
-        assert_eq!((s.engines[0].generations.load(Ordering::SeqCst), s.engines[1].generations.load(Ordering::SeqCst)), (1, 1));
+        assert_eq!(
+            (s.engines[0].generations.load(Ordering::SeqCst), s.engines[1].generations.load(Ordering::SeqCst)),
+            (1, 1)
+        );
         assert_eq!(s.metric("onepool_router_streams_moved_total", "reclaimed"), 1);
     }
 }
@@ -386,7 +406,12 @@ async fn a_killed_or_silent_server_s_stream_continues_and_the_budget_holds_acros
         let got = s.stream("/v1/chat/completions", chat(30, false)).await;
         got.assert_whole(&answer(0, 30), "length");
         assert_eq!(got.usage(), None, "usage only when asked");
-        let moved: u64 = why.iter().collect::<std::collections::BTreeSet<_>>().iter().map(|r| s.metric("onepool_router_streams_moved_total", r)).sum();
+        let moved: u64 = why
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .iter()
+            .map(|r| s.metric("onepool_router_streams_moved_total", r))
+            .sum();
         assert_eq!(moved, 1, "{cut:?}");
     }
 }
@@ -402,7 +427,8 @@ async fn by_text_the_answer_continues_as_the_assistant_s_message() {
 #[tokio::test]
 async fn a_completion_continues_too() {
     let s = setup(Method::Tokens, 3, &[Cut::Reclaim(6), Cut::Never]).await;
-    let body = json!({"prompt": "Once upon", "stream": true, "max_tokens": 20, "stream_options": {"include_usage": true}});
+    let body =
+        json!({"prompt": "Once upon", "stream": true, "max_tokens": 20, "stream_options": {"include_usage": true}});
     let got = s.stream("/v1/completions", body).await;
     got.assert_whole(&answer(0, 20), "length");
     assert_eq!(got.usage(), Some((tokenize("Once upon").len() as u64, 20)));

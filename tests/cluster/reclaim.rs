@@ -152,3 +152,82 @@ fn reclaimed_flexible_training_checkpoints_on_the_notice_is_requeued_and_resumes
     eprintln!("requeue: victim {victim} checkpointed at step {step}, requeued, resumed from it");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Streams outlive their replica's graceful reclaim (issue #43): the
+/// victim's launcher ends its streams at once (the router continues them
+/// on the other replicas) instead of waiting for them, and the protected
+/// job gets the GPUs within 2 s of its submission though the victim's
+/// streams had 20 s or more left. Every answer ends whole.
+#[test]
+fn a_graceful_reclaim_moves_long_streams_and_the_protected_job_runs_within_two_seconds() {
+    use onepool_tests::elastic::{
+        daemon_config, foreign_job, llama_replicas, long_chat, moved_streams, moves_failed, protected_training,
+        runtime, scratch, serving, start_daemon, wait, Load,
+    };
+    const LONG_TOKENS: u64 = 600;
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("reclaim-moves");
+    let config = dir.join("onepoold.toml");
+    daemon_config(c, &dir, "chat", |r| {
+        llama_replicas(r, 4);
+        let server = onepool_dev_cluster::model_server::ModelServer::locate().unwrap();
+        r.command = server.replica_command(onepool_dev_cluster::model_server::Slots {
+            parallel: 4,
+            context: 1024,
+            threads: 1,
+        });
+        // Longer than any stream here: waiting for them would show.
+        r.drain_timeout = Some(Duration::from_secs(120));
+    })
+    .write(&config)
+    .unwrap();
+    let foreign = foreign_job(c);
+    let rt = runtime();
+    let d = start_daemon(&rt, &config);
+    let port = d.endpoint("chat").unwrap().listen.unwrap().port();
+    wait("the baseline replica to serve", Duration::from_secs(150), || serving(&d, "chat", "baseline").len() == 1);
+    let load = Load::streams(port, 16, 48);
+    wait("two supplemental replicas to serve", Duration::from_secs(180), || {
+        serving(&d, "chat", "supplemental").len() == 2
+    });
+    let (_, statuses) = load.finish();
+    assert_eq!(statuses.keys().copied().collect::<Vec<_>>(), vec![200], "{statuses:?}");
+    let supplemental = serving(&d, "chat", "supplemental");
+    std::thread::sleep(Duration::from_secs(onepool_tests::TEST_MIN_RUNTIME_SECS + 1));
+
+    let answers: Vec<_> = (0..8)
+        .map(|i| {
+            std::thread::spawn(move || long_chat(port, &format!("Tell a long story, part {i}."), LONG_TOKENS, i != 3))
+        })
+        .collect();
+    wait("every replica serving answers", Duration::from_secs(60), || {
+        let snap = d.endpoint("chat").unwrap().endpoint.snapshot();
+        snap.replicas.len() == 3 && snap.replicas.iter().all(|r| r.in_flight >= 2)
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let submitted = Instant::now();
+    let (training, took) = protected_training(c);
+    eprintln!("graceful: protected training RUNNING {took:?} after submission");
+    let victims: Vec<u32> =
+        supplemental.iter().copied().filter(|j| c.state(*j).as_deref() != Some("RUNNING")).collect();
+    assert_eq!(victims.len(), 1, "{victims:?}");
+    let mut least_left = Duration::MAX;
+    for (i, a) in answers.into_iter().map(|h| h.join().unwrap()).enumerate() {
+        let left = a.ended.saturating_duration_since(submitted);
+        least_left = least_left.min(left);
+        eprintln!("answer {i}: {} bytes, ended {left:.1?} after the protected job's submission", a.text.len());
+        assert_eq!(a.flaw(LONG_TOKENS), None, "answer {i}");
+    }
+    let moved = moved_streams(&d);
+    eprintln!("graceful: streams moved {moved:?}; the shortest answer ended {least_left:.1?} after the submission");
+    assert!(moved.get("reclaimed").copied().unwrap_or(0) >= 1, "the victim's streams moved: {moved:?}");
+    assert_eq!(moves_failed(&d), 0);
+    assert!(least_left >= Duration::from_secs(20), "the streams in flight had 20 s or more left");
+    assert!(took <= Duration::from_secs(2), "time to capacity {took:?}");
+    assert_eq!(c.state(training).as_deref(), Some("RUNNING"));
+    onepool_tests::elastic::assert_untouched(c, foreign);
+    c.ok("scancel", &[&training.to_string(), &foreign.to_string()]);
+    rt.block_on(d.shutdown());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -2,10 +2,11 @@
 //! llama.cpp's llama-server with SmolLM2-135M (scripts/model-server.sh)
 //! under `onepool replica`, as Slurm jobs onepoold submits. The official
 //! OpenAI Python client talks to the endpoint; a client that hangs up in
-//! the middle of a stream frees the server's slot; a graceful reclaim with
-//! streams in flight completes every one of them, and one whose drain
-//! timeout passes first tells the cut-off clients why (and sends their
-//! unanswered requests elsewhere).
+//! the middle of a stream frees the server's slot; streams outlive an
+//! immediate reclaim and a killed model server (issue #43: the router
+//! continues them on another replica, and a continued answer is the
+//! uninterrupted one). The graceful reclaim of long streams is
+//! tests/cluster/reclaim.rs's (every release runs it).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -15,8 +16,8 @@ use std::time::{Duration, Instant};
 use onepool_dev_cluster::model_server::MODEL_NAME;
 use onepool_elastic_daemon::config::EndpointFile;
 use onepool_tests::elastic::{
-    assert_untouched, chat, daemon_config, foreign_job, llama_replicas, protected_training, replica_metric, runtime,
-    scratch, serving, start_daemon, wait, Chat, Load,
+    assert_untouched, daemon_config, foreign_job, llama_replicas, long_chat, moved_streams, moves_failed,
+    protected_training, replica_metric, runtime, scratch, serving, start_daemon, wait, Load,
 };
 use onepool_tests::{cluster, workspace_root, Cleanup, TEST_MIN_RUNTIME_SECS};
 
@@ -178,13 +179,27 @@ fn a_client_that_hangs_up_mid_stream_frees_the_servers_slot_at_once() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Streams outlive their replica (issue #43): an immediate reclaim, then
+/// a model server killed mid-stream. Every answer ends whole (200,
+/// `[DONE]`, one `finish_reason`, `usage` = its `max_tokens`); one stream
+/// alone equals, byte for byte, its uninterrupted answer.
 #[test]
-fn a_graceful_reclaim_completes_every_stream_in_flight_and_the_training_starts_when_they_end() {
+fn streams_outlive_an_immediate_reclaim_and_a_killed_model_server_and_one_alone_equals_its_uninterrupted_answer() {
     let c = cluster();
     let _cleanup = Cleanup(c);
-    let dir = scratch("serving-reclaim");
+    let dir = scratch("serving-moves");
     let config = dir.join("onepoold.toml");
-    daemon_config(c, &dir, ENDPOINT, |r| llama_replicas(r, 4)).write(&config).unwrap();
+    daemon_config(c, &dir, ENDPOINT, |r| {
+        llama_replicas(r, 4);
+        // Room for long answers in each of the 4 slots.
+        let server = onepool_dev_cluster::model_server::ModelServer::locate().unwrap();
+        r.command =
+            server.replica_command(onepool_dev_cluster::model_server::Slots { parallel: 4, context: 1024, threads: 1 });
+        // The agents class: reclaimed at once (GraceTime 0).
+        r.supplemental_workload = Some("agents".into());
+    })
+    .write(&config)
+    .unwrap();
     let foreign = foreign_job(c);
     let rt = runtime();
     let d = start_daemon(&rt, &config);
@@ -192,33 +207,60 @@ fn a_graceful_reclaim_completes_every_stream_in_flight_and_the_training_starts_w
     let t0 = Instant::now();
     let secs = || t0.elapsed().as_secs_f64();
     wait("the baseline replica to serve", Duration::from_secs(150), || serving(&d, ENDPOINT, "baseline").len() == 1);
-    eprintln!("{:>5.1}s baseline replica serving", secs());
+    const PROMPT: &str = "Write a long story about a cluster of GPUs shared by many teams.";
+    let reference = long_chat(port, PROMPT, ALONE_TOKENS, true);
+    assert_eq!(reference.flaw(ALONE_TOKENS), None);
+    eprintln!("{:>5.1}s the uninterrupted answer: {} bytes", secs(), reference.text.len());
 
-    // 16 clients streaming 48-token answers back to back: 4 replicas'
-    // worth at 4 per replica, max is 3.
     let load = Load::streams(port, 16, 48);
     wait("two supplemental replicas to serve", Duration::from_secs(180), || {
         serving(&d, ENDPOINT, "supplemental").len() == 2
     });
-    eprintln!("{:>5.1}s two supplemental replicas serving", secs());
-    std::thread::sleep(Duration::from_secs(TEST_MIN_RUNTIME_SECS + 1));
-    assert_eq!(load.failed(), 0, "{:?}", load.statuses);
-
+    let (_, statuses) = load.finish();
+    assert_eq!(statuses.keys().copied().collect::<Vec<_>>(), vec![200], "{statuses:?}");
+    eprintln!("{:>5.1}s three replicas serving", secs());
     let supplemental = serving(&d, ENDPOINT, "supplemental");
+    std::thread::sleep(Duration::from_secs(TEST_MIN_RUNTIME_SECS + 1));
+
+    // Nine long answers, three on each replica, one of them not streamed.
+    let answers: Vec<_> = (0..9)
+        .map(|i| std::thread::spawn(move || long_chat(port, &format!("{PROMPT} Part {i}."), LONG_TOKENS, i != 4)))
+        .collect();
+    wait("every replica serving answers", Duration::from_secs(60), || {
+        let snap = d.endpoint(ENDPOINT).unwrap().endpoint.snapshot();
+        snap.replicas.len() == 3 && snap.replicas.iter().all(|r| r.in_flight >= 2)
+    });
+    std::thread::sleep(Duration::from_secs(3));
     let (training, took) = protected_training(c);
-    eprintln!("{:>5.1}s protected training RUNNING {took:?} after submission", secs());
+    let reclaimed_at = Instant::now();
+    eprintln!("{:>5.1}s immediate: protected training RUNNING {took:?} after submission", secs());
     let victims: Vec<u32> =
         supplemental.iter().copied().filter(|j| c.state(*j).as_deref() != Some("RUNNING")).collect();
-    assert_eq!(victims.len(), 1, "one supplemental replica yields its GPUs: {victims:?}");
-    // The victim stops taking new streams and finishes the ones it has (a
-    // few seconds each here), far sooner than the drain timeout (20 s).
-    assert!(took < Duration::from_secs(15), "time to capacity {took:?}");
+    assert_eq!(victims.len(), 1, "{victims:?}");
+    for (i, a) in answers.into_iter().map(|h| h.join().unwrap()).enumerate() {
+        let left = a.ended.saturating_duration_since(reclaimed_at);
+        eprintln!("answer {i}: {} bytes, ended {left:.1?} after the reclaim", a.text.len());
+        assert_eq!(a.flaw(LONG_TOKENS), None, "answer {i}");
+    }
+    let moved = moved_streams(&d);
+    eprintln!("{:>5.1}s streams moved: {moved:?}", secs());
+    assert!(moved.values().sum::<u64>() >= 1, "the victim had streams to move: {moved:?}");
+    assert_eq!(moves_failed(&d), 0);
 
-    // Streams go on through the rest while the training runs.
-    std::thread::sleep(Duration::from_secs(5));
-    let (sent, statuses) = load.finish();
-    eprintln!("streams: {sent} sent, {statuses:?}");
-    assert_eq!(statuses.keys().copied().collect::<Vec<_>>(), vec![200], "every stream completed: {statuses:?}");
+    // A model server killed mid-stream: its answer goes on elsewhere.
+    let alone = std::thread::spawn(move || long_chat(port, PROMPT, ALONE_TOKENS, true));
+    let serving_it = wait_for_one_in_flight(&d);
+    std::thread::sleep(Duration::from_secs(2));
+    let server_port = serving_it.port() + 1;
+    let killed = Command::new("pkill").args(["-KILL", "-f", &format!("--port {server_port} ")]).status().unwrap();
+    assert!(killed.success(), "the model server on port {server_port} was killed");
+    let alone = alone.join().unwrap();
+    assert_eq!(alone.flaw(ALONE_TOKENS), None);
+    assert_eq!(alone.text, reference.text, "a moved answer at temperature 0 is the uninterrupted one");
+    let after = moved_streams(&d);
+    eprintln!("{:>5.1}s after the kill, streams moved: {after:?}", secs());
+    assert!(after.values().sum::<u64>() > moved.values().sum::<u64>());
+    assert_eq!(moves_failed(&d), 0);
     assert_eq!(c.state(training).as_deref(), Some("RUNNING"));
     assert_untouched(c, foreign);
 
@@ -227,84 +269,18 @@ fn a_graceful_reclaim_completes_every_stream_in_flight_and_the_training_starts_w
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-#[test]
-fn a_drain_timeout_shorter_than_the_streams_ends_them_with_an_error_event_and_retries_unanswered_requests() {
-    let c = cluster();
-    let _cleanup = Cleanup(c);
-    let dir = scratch("serving-cutoff");
-    let config = dir.join("onepoold.toml");
-    const DRAIN: Duration = Duration::from_secs(2);
-    daemon_config(c, &dir, ENDPOINT, |r| {
-        llama_replicas(r, 4);
-        // Room for 400-token answers in each of the 4 slots: tens of
-        // seconds each at a thread per server, far past the drain timeout.
-        let server = onepool_dev_cluster::model_server::ModelServer::locate().unwrap();
-        r.command = server.replica_command(onepool_dev_cluster::model_server::Slots {
-            parallel: 4,
-            context: 4 * 512,
-            threads: 1,
-        });
-        r.drain_timeout = Some(DRAIN);
-    })
-    .write(&config)
-    .unwrap();
-    let foreign = foreign_job(c);
-    let rt = runtime();
-    let d = start_daemon(&rt, &config);
-    let port = d.endpoint(ENDPOINT).unwrap().listen.unwrap().port();
-    wait("the baseline replica to serve", Duration::from_secs(150), || serving(&d, ENDPOINT, "baseline").len() == 1);
+/// Tokens of the answer compared with its uninterrupted one.
+const ALONE_TOKENS: u64 = 200;
+/// Tokens of the answers in flight at a reclaim: far longer than it.
+const LONG_TOKENS: u64 = 400;
 
-    // Long answers from 16 clients, 14 streaming and 2 not: the 3
-    // replicas' 12 slots are full, so the victim holds at least 2 streams.
-    let outcomes = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(bool, Chat)>::new()));
-    let load = {
-        let outcomes = outcomes.clone();
-        let clients = std::sync::atomic::AtomicU64::new(0);
-        thread_local!(static STREAMS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) });
-        Load::with(16, move || {
-            let stream = STREAMS.with(|s| {
-                let b = s.get().unwrap_or_else(|| clients.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 2);
-                s.set(Some(b));
-                b
-            });
-            let out = chat(port, "Write a long story about a cluster of GPUs shared by many teams.", 400, stream);
-            let status = match &out {
-                Chat::Done(_) => 200,
-                Chat::Status(s, _) => *s,
-                Chat::Cut(_) => 0,
-            };
-            outcomes.lock().unwrap().push((stream, out));
-            Some(status).filter(|s| *s != 0)
-        })
-    };
-    wait("two supplemental replicas to serve", Duration::from_secs(180), || {
-        serving(&d, ENDPOINT, "supplemental").len() == 2
+/// The replica serving the one request in flight.
+fn wait_for_one_in_flight(d: &onepool_elastic_daemon::daemon::Daemon) -> std::net::SocketAddr {
+    let mut at = None;
+    wait("the request on a replica", Duration::from_secs(60), || {
+        let snap = d.endpoint(ENDPOINT).unwrap().endpoint.snapshot();
+        at = snap.replicas.iter().find(|r| r.in_flight == 1).map(|r| r.address);
+        at.is_some()
     });
-    std::thread::sleep(Duration::from_secs(TEST_MIN_RUNTIME_SECS + 1));
-    let before = outcomes.lock().unwrap().len();
-    let (training, took) = protected_training(c);
-    eprintln!("protected training RUNNING {took:?} after submission (drain timeout {DRAIN:?})");
-    // The victim's longest stream would take far longer: the drain timeout
-    // bounds the wait.
-    assert!(took < DRAIN + Duration::from_secs(8), "time to capacity {took:?}");
-    std::thread::sleep(Duration::from_secs(3));
-    let (sent, statuses) = load.finish();
-    let outcomes = outcomes.lock().unwrap();
-    eprintln!("{sent} requests, {} answered before the reclaim; statuses {statuses:?}", before);
-    let told = outcomes.iter().filter(|(_, o)| matches!(o, Chat::Cut(t) if t.contains("replica_reclaimed"))).count();
-    for (stream, o) in outcomes.iter() {
-        match o {
-            Chat::Done(_) => {}
-            // A stream cut at the drain timeout ends with the error event.
-            Chat::Cut(t) if *stream && t.contains(r#""code":"replica_reclaimed""#) => {}
-            other => panic!("{} request: {other:?}", if *stream { "streamed" } else { "plain" }),
-        }
-    }
-    assert!(told >= 1, "the victim had streams in flight past its drain timeout: {told} told");
-    assert_eq!(c.state(training).as_deref(), Some("RUNNING"));
-    assert_untouched(c, foreign);
-
-    c.ok("scancel", &[&training.to_string(), &foreign.to_string()]);
-    rt.block_on(d.shutdown());
-    std::fs::remove_dir_all(&dir).unwrap();
+    at.unwrap()
 }

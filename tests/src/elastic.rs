@@ -266,6 +266,135 @@ pub fn chat(port: u16, prompt: &str, max_tokens: u32, stream: bool) -> Chat {
     }
 }
 
+/// An answer of the real model as its client read it (issue #43): its
+/// text, its ends and its usage, streamed or not.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub stream: bool,
+    pub text: String,
+    pub finish_reasons: Vec<String>,
+    /// (prompt, completion) tokens of the last usage seen.
+    pub usage: Option<(u64, u64)>,
+    /// `data: [DONE]` lines.
+    pub done: usize,
+    /// Error events (or the connection's error).
+    pub errors: Vec<String>,
+    /// The answer's ids (one for one answer).
+    pub ids: BTreeSet<String>,
+    /// When it ended.
+    pub ended: Instant,
+}
+
+impl Answer {
+    /// Why it is not one whole answer of `max_tokens` (as with
+    /// `ignore_eos`): `None` when it is.
+    pub fn flaw(&self, max_tokens: u64) -> Option<String> {
+        let want_done = usize::from(self.stream);
+        let ok = self.status == 200
+            && self.errors.is_empty()
+            && self.done == want_done
+            && self.finish_reasons == ["length"]
+            && self.usage.is_some_and(|(_, c)| c == max_tokens)
+            && self.ids.len() == 1;
+        (!ok).then(|| format!("{self:?}"))
+    }
+}
+
+/// A chat completion of the real model at temperature 0 that generates
+/// exactly `max_tokens` (`ignore_eos`), read whole by [`Answer`].
+pub fn long_chat(port: u16, prompt: &str, max_tokens: u64, stream: bool) -> Answer {
+    let body = serde_json::json!({
+        "model": onepool_dev_cluster::model_server::MODEL_NAME,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": true,
+        "stream": stream,
+        "stream_options": if stream { serde_json::json!({"include_usage": true}) } else { serde_json::Value::Null },
+    })
+    .to_string();
+    let mut a = Answer {
+        status: 0,
+        stream,
+        text: String::new(),
+        finish_reasons: Vec::new(),
+        usage: None,
+        done: 0,
+        errors: Vec::new(),
+        ids: BTreeSet::new(),
+        ended: Instant::now(),
+    };
+    let answer = match send(local(port), "POST", "/v1/chat/completions", Some(&body), &[]) {
+        Ok(answer) => answer,
+        Err(e) => {
+            a.errors.push(e.to_string());
+            a.ended = Instant::now();
+            return a;
+        }
+    };
+    a.status = answer.status.as_u16();
+    let text = answer.text();
+    let read = |a: &mut Answer, v: &serde_json::Value| {
+        if let Some(e) = v.get("error") {
+            a.errors.push(e.to_string());
+            return;
+        }
+        if let Some(id) = v["id"].as_str() {
+            a.ids.insert(id.to_string());
+        }
+        let choice = &v["choices"][0];
+        if let Some(t) = choice["delta"]["content"].as_str().or(choice["message"]["content"].as_str()) {
+            a.text.push_str(t);
+        }
+        if let Some(f) = choice["finish_reason"].as_str() {
+            a.finish_reasons.push(f.to_string());
+        }
+        if let (Some(p), Some(c)) = (v["usage"]["prompt_tokens"].as_u64(), v["usage"]["completion_tokens"].as_u64()) {
+            a.usage = Some((p, c));
+        }
+    };
+    if stream {
+        for event in text.split("\n\n").filter(|e| !e.trim().is_empty()) {
+            match event.strip_prefix("data: ") {
+                Some("[DONE]") => a.done += 1,
+                Some(data) => match serde_json::from_str::<serde_json::Value>(data) {
+                    Ok(v) => read(&mut a, &v),
+                    Err(_) => a.errors.push(format!("unreadable event {data:?}")),
+                },
+                None => a.errors.push(format!("not an event: {event:?}")),
+            }
+        }
+    } else {
+        match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(v) => read(&mut a, &v),
+            Err(_) => a.errors.push(format!("unreadable answer {text:?}")),
+        }
+    }
+    a.ended = Instant::now();
+    a
+}
+
+/// `onepool_router_streams_moved_total` by reason (issue #43).
+pub fn moved_streams(d: &Daemon) -> std::collections::BTreeMap<String, u64> {
+    let mut by = std::collections::BTreeMap::new();
+    for l in d.metrics.encode().lines().filter(|l| l.starts_with("onepool_router_streams_moved_total{")) {
+        let reason = l.split("reason=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or_default();
+        let n: f64 = l.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        *by.entry(reason.to_string()).or_insert(0) += n as u64;
+    }
+    by
+}
+
+pub fn moves_failed(d: &Daemon) -> u64 {
+    d.metrics
+        .encode()
+        .lines()
+        .filter(|l| l.starts_with("onepool_router_stream_moves_failed_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
 /// The value of a Prometheus metric (its samples summed) on `port`'s /metrics
 /// (a replica's llama-server: the launcher's port + 1).
 pub fn metric(port: u16, name: &str) -> Option<f64> {

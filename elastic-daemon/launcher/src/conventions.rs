@@ -154,7 +154,8 @@ impl DrainNote {
             [a, b, c, d, e, g, h] => (a, b, c, d, e, g, h),
             _ => return None,
         };
-        let d = DrainNote { notice_ms, signal: i32::try_from(signal).ok()?, in_flight, cut, moved, turned_away, took_ms };
+        let d =
+            DrainNote { notice_ms, signal: i32::try_from(signal).ok()?, in_flight, cut, moved, turned_away, took_ms };
         (d.cut.saturating_add(d.moved) <= d.in_flight).then_some(d)
     }
 }

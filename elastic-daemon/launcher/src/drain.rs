@@ -132,9 +132,13 @@ pub(crate) async fn drain(
     // not exit at once is killed. (llama-server stopped with its slots
     // still generating hung until the 10 s SIGKILL on 24.11, and the
     // protected job waited for it.)
+    // Streams moved to other replicas leave their slots generating for
+    // no one: the server is stopped as after a cut.
+    let moved = state.moved.load(Ordering::SeqCst) > 0;
     let (grace, close, patience) = match outcome {
         Outcome::Cut { .. } => (cfg.stop_grace.min(CUT_STOP_GRACE), CUT_FLUSH, Patience::AtKill),
         Outcome::TimedOut { .. } => (cfg.stop_grace.min(CUT_STOP_GRACE), CONNECTIONS_CLOSE, Patience::Retry),
+        _ if moved => (cfg.stop_grace.min(CUT_STOP_GRACE), CUT_FLUSH, Patience::Retry),
         _ => (cfg.stop_grace, CONNECTIONS_CLOSE, Patience::Retry),
     };
     // What the front still writes to the router leaves before the server
@@ -143,7 +147,9 @@ pub(crate) async fn drain(
     // The record of the drain goes into the job's comment while the server
     // stops (one scontrol call; the GPUs wait for the server, not for it).
     let cut = match outcome {
-        Outcome::TimedOut { .. } | Outcome::Cut { .. } => state.cut_short.load(Ordering::SeqCst).min(in_flight_at_notice),
+        Outcome::TimedOut { .. } | Outcome::Cut { .. } => {
+            state.cut_short.load(Ordering::SeqCst).min(in_flight_at_notice)
+        }
         _ => 0,
     };
     let drain = DrainNote {

@@ -92,6 +92,10 @@ fn exercised() -> Metrics {
     r.response_idle_timeouts.inc();
     r.requests.count(503);
     m.count_retry(endpoint, crate::metrics::Retry::Lost);
+    m.count_moved(endpoint, crate::resume::Why::Reclaimed);
+    m.count_move_failed(endpoint, "max_moves");
+    m.observe_move_pause(endpoint, 0.2);
+    m.resume_kept_bytes.set(4096);
     let instance = crate::metrics::InstanceLabels { instance: "svc-a".into() };
     m.ha_acting.get_or_create(&instance).set(1);
     m.ha_lock_foreign.get_or_create(&instance).set(0);

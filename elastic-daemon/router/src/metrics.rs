@@ -523,6 +523,24 @@ impl Metrics {
         self.retries.get_or_create(&labels).inc();
     }
 
+    /// An answer moved to another replica (issue #43).
+    pub fn count_moved(&self, endpoint: &str, why: crate::resume::Why) {
+        let labels = UnavailableLabels { endpoint: endpoint.to_string(), reason: why.as_str().to_string() };
+        self.streams_moved.get_or_create(&labels).inc();
+    }
+
+    /// An answer that could not move, by
+    /// [`crate::resume::moving::Failed::label`] or the body's own reason.
+    pub fn count_move_failed(&self, endpoint: &str, why: &str) {
+        let labels = UnavailableLabels { endpoint: endpoint.to_string(), reason: why.to_string() };
+        self.stream_moves_failed.get_or_create(&labels).inc();
+    }
+
+    pub fn observe_move_pause(&self, endpoint: &str, seconds: f64) {
+        let labels = EndpointLabels { endpoint: endpoint.to_string() };
+        self.stream_move_pause_seconds.get_or_create(&labels).observe(seconds);
+    }
+
     pub fn count_unavailable(&self, endpoint: &str, reason: Unavailable) {
         let labels = UnavailableLabels { endpoint: endpoint.to_string(), reason: reason.as_str().to_string() };
         self.unavailable.get_or_create(&labels).inc();

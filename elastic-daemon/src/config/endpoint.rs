@@ -126,7 +126,9 @@ fn resume(c: &mut Checker, r: Option<&ResumeFile<Raw>>, command: Option<&str>) -
 /// takes and gives token ids), by text for any other server.
 pub fn auto_method(command: Option<&str>) -> Method {
     let runs_llama_server = command.is_some_and(|c| {
-        c.split_whitespace().map(|w| w.trim_matches(['\'', '"'])).any(|w| std::path::Path::new(w).file_name().is_some_and(|f| f == "llama-server"))
+        c.split_whitespace()
+            .map(|w| w.trim_matches(['\'', '"']))
+            .any(|w| std::path::Path::new(w).file_name().is_some_and(|f| f == "llama-server"))
     });
     match runs_llama_server {
         true => Method::Tokens,

@@ -22,7 +22,8 @@ pub use dispatch::{Dispatch, Routed};
 pub use serve::serve;
 #[allow(unused_imports)]
 use {
-    answers::*, body::*, body_budget::*, connections::*, dispatch::*, graceful::*, resumable::*, serve::*, to_replica::*,
+    answers::*, body::*, body_budget::*, connections::*, dispatch::*, graceful::*, resumable::*, serve::*,
+    to_replica::*,
 };
 
 use std::collections::{BTreeMap, HashMap};

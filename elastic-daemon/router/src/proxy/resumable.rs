@@ -5,13 +5,13 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::registry::ReplicaId;
 use crate::resume::events::{data_of, without_key, Data, Splitter};
 use crate::resume::moving::{continue_elsewhere, Ask, Continuation, Failed, Source};
 use crate::resume::plan::Plan;
 use crate::resume::progress::{Event, Meta, Progress, Usage, RECLAIMED};
 use crate::resume::splice::{error_event, DONE};
 use crate::resume::{Method, Why};
-use crate::registry::ReplicaId;
 
 /// Bytes of one event at most; a longer one is passed on as it is and the
 /// stream no longer followed.
@@ -232,7 +232,11 @@ impl ResumableBody {
         if self.source != Source::First || !self.progress.usage_seen {
             if let (true, Some(usage)) = (self.plan.include_usage, self.usage()) {
                 let meta = self.progress.meta.as_ref().expect("set before a move");
-                self.out.extend_from_slice(&meta.usage_event(self.plan.api, usage.prompt_tokens, usage.completion_tokens));
+                self.out.extend_from_slice(&meta.usage_event(
+                    self.plan.api,
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                ));
             }
         }
         if self.source != Source::First || !self.progress.done {
@@ -270,8 +274,7 @@ impl ResumableBody {
     }
 
     fn count_failed(&self, label: &str) {
-        let labels = crate::metrics::UnavailableLabels { endpoint: self.ctx.endpoint.name().to_string(), reason: label.to_string() };
-        self.metrics().stream_moves_failed.get_or_create(&labels).inc();
+        self.metrics().count_move_failed(self.ctx.endpoint.name(), label);
     }
 
     /// The replica cannot finish the answer: it moves, if it may.
@@ -299,8 +302,7 @@ impl ResumableBody {
         let _ = self.current.finish();
         self.lost = None;
         self.moves += 1;
-        let labels = crate::metrics::UnavailableLabels { endpoint: name, reason: why.as_str().to_string() };
-        self.metrics().streams_moved.get_or_create(&labels).inc();
+        self.metrics().count_moved(&name, why);
         if self.progress.meta.is_none() {
             self.progress.meta = Some(Meta::made_up(&self.plan));
         }
@@ -343,13 +345,13 @@ impl ResumableBody {
 
     fn moved(&mut self, r: Result<Continuation, Failed>) {
         let pause = self.moving_since.elapsed().as_secs_f64();
-        let endpoint = crate::metrics::EndpointLabels { endpoint: self.ctx.endpoint.name().to_string() };
-        self.metrics().stream_move_pause_seconds.get_or_create(&endpoint).observe(pause);
+        self.metrics().observe_move_pause(self.ctx.endpoint.name(), pause);
         match r {
             Ok(c) => {
                 self.tried.push(c.lease.id());
                 self.lost = Some(lost_of(&c.lease));
-                self.current = LeasedBody { inner: c.body, lease: Some(c.lease), start: Instant::now(), first_byte: true };
+                self.current =
+                    LeasedBody { inner: c.body, lease: Some(c.lease), start: Instant::now(), first_byte: true };
                 self.source = c.source;
                 if c.prompt_tokens.is_some() {
                     self.prompt_tokens = c.prompt_tokens;

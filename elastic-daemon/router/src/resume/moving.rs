@@ -12,8 +12,8 @@ use onepool_launcher::conventions::{DRAINING_HEADER, MOVABLE_HEADER};
 
 use super::plan::{Api, Plan};
 use super::splice::{
-    native_request, prompt_of, template_request, text_request, tokenize_request, tokens_of, NATIVE_PATH,
-    TEMPLATE_PATH, TOKENIZE_PATH,
+    native_request, prompt_of, template_request, text_request, tokenize_request, tokens_of, NATIVE_PATH, TEMPLATE_PATH,
+    TOKENIZE_PATH,
 };
 use super::Method;
 use crate::backend_pool::{self, BackendBody};

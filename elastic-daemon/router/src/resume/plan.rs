@@ -98,9 +98,9 @@ fn check(api: Api, req: &Map<String, Value>) -> Result<(), NotResumable> {
     if tools && !tool_choice_none {
         return Err(NotResumable::Tools);
     }
-    let format_is_text = req.get("response_format").is_none_or(|f| {
-        f.is_null() || f.get("type").and_then(Value::as_str).is_some_and(|t| t == "text")
-    });
+    let format_is_text = req
+        .get("response_format")
+        .is_none_or(|f| f.is_null() || f.get("type").and_then(Value::as_str).is_some_and(|t| t == "text"));
     if !format_is_text || present("grammar") || present("json_schema") || present("guided_json") {
         return Err(NotResumable::Constrained);
     }
@@ -157,7 +157,10 @@ mod tests {
     fn a_streamed_chat_asks_for_token_ids_and_keeps_the_rest_of_its_bytes() {
         let body = r#"{"messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":7,"stream_options":{"include_usage":true},"model":"m"}"#;
         let (p, first) = plan("/v1/chat/completions", body, Method::Tokens).unwrap().unwrap();
-        assert_eq!((p.api, p.stream, p.include_usage, p.max_tokens, p.ids_asked), (Api::Chat, true, true, Some(7), true));
+        assert_eq!(
+            (p.api, p.stream, p.include_usage, p.max_tokens, p.ids_asked),
+            (Api::Chat, true, true, Some(7), true)
+        );
         let first = String::from_utf8(first.unwrap()).unwrap();
         assert_eq!(first, format!("{{\"logprobs\":true,\"top_logprobs\":1,{}", &body[1..]));
         let v: Value = serde_json::from_str(&first).unwrap();
@@ -191,7 +194,9 @@ mod tests {
             assert_eq!(plan(chat, &body, Method::Tokens), Err(why), "{body}");
         }
         assert!(plan(chat, &format!(r#"{{{m},"tools":[],"n":1}}"#), Method::Tokens).unwrap().is_some());
-        assert!(plan(chat, &format!(r#"{{{m},"tools":[{{}}],"tool_choice":"none"}}"#), Method::Text).unwrap().is_some());
+        assert!(plan(chat, &format!(r#"{{{m},"tools":[{{}}],"tool_choice":"none"}}"#), Method::Text)
+            .unwrap()
+            .is_some());
         let c = "/v1/completions";
         assert_eq!(plan(c, r#"{"prompt":["a","b"]}"#, Method::Tokens), Err(NotResumable::CompletionShape));
         assert_eq!(plan(c, r#"{"prompt":"a","echo":true}"#, Method::Tokens), Err(NotResumable::CompletionShape));

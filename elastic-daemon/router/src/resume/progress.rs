@@ -217,7 +217,12 @@ impl Meta {
             super::plan::Api::Chat => "chatcmpl",
             super::plan::Api::Completion => "cmpl",
         };
-        Meta { id: format!("{prefix}-onepool{nanos:x}{n:x}"), created: now(), model: plan.model.clone(), fingerprint: None }
+        Meta {
+            id: format!("{prefix}-onepool{nanos:x}{n:x}"),
+            created: now(),
+            model: plan.model.clone(),
+            fingerprint: None,
+        }
     }
 }
 

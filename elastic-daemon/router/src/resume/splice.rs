@@ -73,12 +73,7 @@ pub fn prompt_of(body: &[u8]) -> Option<String> {
 
 /// The token ids in `/tokenize`'s answer.
 pub fn tokens_of(body: &[u8]) -> Option<Vec<u32>> {
-    object(body)?
-        .get("tokens")?
-        .as_array()?
-        .iter()
-        .map(|t| t.as_u64().and_then(|n| u32::try_from(n).ok()))
-        .collect()
+    object(body)?.get("tokens")?.as_array()?.iter().map(|t| t.as_u64().and_then(|n| u32::try_from(n).ok())).collect()
 }
 
 /// llama.cpp's native `/completion` request that continues the answer:
@@ -173,7 +168,8 @@ impl Meta {
 
     /// The last event before `[DONE]` when the client asked for usage.
     pub fn usage_event(&self, api: Api, prompt: u64, completion: u64) -> Bytes {
-        let usage = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
+        let usage =
+            json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
         self.event(api, json!([]), Some(usage))
     }
 }
@@ -229,13 +225,18 @@ mod tests {
     #[test]
     fn a_continuation_by_text_prefills_the_answer() {
         let client = br#"{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":9,"stream":true}"#;
-        let c: Value = serde_json::from_slice(&text_request(&plan(Api::Chat), client, "Bon", Some(8)).unwrap()).unwrap();
+        let c: Value =
+            serde_json::from_slice(&text_request(&plan(Api::Chat), client, "Bon", Some(8)).unwrap()).unwrap();
         assert_eq!(c["messages"][1], json!({"role": "assistant", "content": "Bon"}));
-        assert_eq!((c["continue_final_message"].clone(), c["add_generation_prompt"].clone()), (json!(true), json!(false)));
+        assert_eq!(
+            (c["continue_final_message"].clone(), c["add_generation_prompt"].clone()),
+            (json!(true), json!(false))
+        );
         assert_eq!((c["max_tokens"].clone(), c.get("max_completion_tokens")), (json!(8), None));
         assert_eq!(c["stream_options"], json!({"include_usage": true}));
         let client = br#"{"prompt":"Once","max_tokens":5}"#;
-        let c: Value = serde_json::from_slice(&text_request(&plan(Api::Completion), client, " upon", None).unwrap()).unwrap();
+        let c: Value =
+            serde_json::from_slice(&text_request(&plan(Api::Completion), client, " upon", None).unwrap()).unwrap();
         assert_eq!((c["prompt"].clone(), c.get("max_tokens")), (json!("Once upon"), None));
     }
 
@@ -247,9 +248,15 @@ mod tests {
         assert!(text.starts_with("data: {") && text.ends_with("}\n\n"));
         let v: Value = serde_json::from_str(&text[6..]).unwrap();
         assert_eq!(v["choices"][0]["delta"]["content"], "a\"é");
-        assert_eq!((v["id"].clone(), v["object"].clone(), v["system_fingerprint"].clone()), (json!("chatcmpl-1"), json!("chat.completion.chunk"), json!("b1")));
+        assert_eq!(
+            (v["id"].clone(), v["object"].clone(), v["system_fingerprint"].clone()),
+            (json!("chatcmpl-1"), json!("chat.completion.chunk"), json!("b1"))
+        );
         let v: Value = serde_json::from_slice(&m.finish_event(Api::Completion, "length")[6..]).unwrap();
-        assert_eq!((v["choices"][0]["finish_reason"].clone(), v["object"].clone()), (json!("length"), json!("text_completion")));
+        assert_eq!(
+            (v["choices"][0]["finish_reason"].clone(), v["object"].clone()),
+            (json!("length"), json!("text_completion"))
+        );
         let v: Value = serde_json::from_slice(&m.usage_event(Api::Chat, 34, 5)[6..]).unwrap();
         assert_eq!(v["usage"], json!({"prompt_tokens": 34, "completion_tokens": 5, "total_tokens": 39}));
         assert_eq!(v["choices"], json!([]));
