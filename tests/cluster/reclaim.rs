@@ -172,11 +172,8 @@ fn a_graceful_reclaim_moves_long_streams_and_the_protected_job_runs_within_two_s
     daemon_config(c, &dir, "chat", |r| {
         llama_replicas(r, 4);
         let server = onepool_dev_cluster::model_server::ModelServer::locate().unwrap();
-        r.command = server.replica_command(onepool_dev_cluster::model_server::Slots {
-            parallel: 4,
-            context: 1024,
-            threads: 1,
-        });
+        r.command =
+            server.replica_command(onepool_dev_cluster::model_server::Slots { parallel: 4, context: 1024, threads: 1 });
         // Longer than any stream here: waiting for them would show.
         r.drain_timeout = Some(Duration::from_secs(120));
     })

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use onepool_dev_cluster::model_server::MODEL_NAME;
 use onepool_elastic_daemon::config::EndpointFile;
 use onepool_tests::elastic::{
-    assert_untouched, daemon_config, foreign_job, llama_replicas, long_chat, moved_streams, moves_failed,
-    protected_training, replica_metric, runtime, scratch, serving, start_daemon, wait, Load,
+    assert_untouched, daemon_config, foreign_job, kill_model_server, llama_replicas, long_chat, moved_streams,
+    moves_failed, protected_training, replica_metric, runtime, scratch, serving, start_daemon, wait, Load,
 };
 use onepool_tests::{cluster, workspace_root, Cleanup, TEST_MIN_RUNTIME_SECS};
 
@@ -251,9 +251,8 @@ fn streams_outlive_an_immediate_reclaim_and_a_killed_model_server_and_one_alone_
     let alone = std::thread::spawn(move || long_chat(port, PROMPT, ALONE_TOKENS, true));
     let serving_it = wait_for_one_in_flight(&d);
     std::thread::sleep(Duration::from_secs(2));
-    let server_port = serving_it.port() + 1;
-    let killed = Command::new("pkill").args(["-KILL", "-f", &format!("--port {server_port} ")]).status().unwrap();
-    assert!(killed.success(), "the model server on port {server_port} was killed");
+    let pid = kill_model_server(&d, ENDPOINT, serving_it);
+    eprintln!("{:>5.1}s killed the model server (pid {pid}) of {serving_it}, mid-stream", secs());
     let alone = alone.join().unwrap();
     assert_eq!(alone.flaw(ALONE_TOKENS), None);
     assert_eq!(alone.text, reference.text, "a moved answer at temperature 0 is the uninterrupted one");

@@ -375,6 +375,29 @@ pub fn long_chat(port: u16, prompt: &str, max_tokens: u64, stream: bool) -> Answ
     a
 }
 
+/// SIGKILLs the model server of the replica the router reaches at
+/// `address` (found by its job's id in the process's environment, as
+/// every process of a job has it); its pid.
+pub fn kill_model_server(d: &Daemon, endpoint: &str, address: SocketAddr) -> u32 {
+    let job = replica_view(d, endpoint).jobs.iter().find(|j| j.address == Some(address)).expect("a replica job").job;
+    let mark = format!("SLURM_JOB_ID={job}\0");
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let program = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+        if !program.ends_with(b"llama-server") {
+            continue;
+        }
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        if environ.windows(mark.len()).any(|w| w == mark.as_bytes()) {
+            // SAFETY: kill(2) on a pid read just above; no memory is involved.
+            assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0, "kill {pid}");
+            return pid;
+        }
+    }
+    panic!("no llama-server of job {job} found");
+}
+
 /// `onepool_router_streams_moved_total` by reason (issue #43).
 pub fn moved_streams(d: &Daemon) -> std::collections::BTreeMap<String, u64> {
     let mut by = std::collections::BTreeMap::new();
