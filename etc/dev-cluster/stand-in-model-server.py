@@ -10,18 +10,23 @@
 #   - answers POST (OpenAI-style JSON with "max_tokens") after
 #     max_tokens * $ONEPOOL_SECONDS_PER_TOKEN (default 0.001) seconds, so
 #     latency follows the requests' generated tokens; with "stream": true,
-#     as server-sent events, one chunk per token at that pace, then
-#     "data: [DONE]";
+#     as server-sent events in OpenAI's shape (an id, a role chunk for a
+#     chat, one chunk of "x" per token at that pace, the finish_reason,
+#     usage when stream_options.include_usage asks, then "data: [DONE]");
+#     a chat whose last message is the assistant's is continued (its
+#     tokens count as prompt), as onepoold's router continues an answer on
+#     another replica by text (issue #43);
 #   - on SIGTERM, per $ONEPOOL_STANDIN_ON_SIGTERM: "exit" (default: at once,
 #     requests in flight are lost), "finish" (stop accepting, finish what is
 #     in flight, then exit) or "ignore" (keep serving until killed). The
 #     reclaim benchmark compares Slurm's native grace time with these.
-import http.server, json, os, signal, sys, threading, time, urllib.parse
+import http.server, itertools, json, os, signal, sys, threading, time, urllib.parse
 
 loaded = threading.Event()
 threading.Timer(float(os.environ.get("ONEPOOL_MODEL_LOAD_SECONDS", "0")), loaded.set).start()
 per_token = float(os.environ.get("ONEPOOL_SECONDS_PER_TOKEN", "0.001"))
 api_key = os.environ.get("ONEPOOL_BACKEND_API_KEY")
+ids = itertools.count()
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -55,28 +60,53 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         loaded.wait()
         try:
-            tokens = int(json.loads(body or b"{}").get("max_tokens", 16))
+            req = json.loads(body or b"{}")
+            tokens = int(req.get("max_tokens", 16))
         except (ValueError, AttributeError):
             return self.answer(400, b"bad JSON\n")
-        if json.loads(body or b"{}").get("stream"):
-            return self.stream(tokens)
+        chat = self.path.split("?")[0].endswith("/chat/completions")
+        messages = req.get("messages") if chat and isinstance(req.get("messages"), list) else []
+        # One prompt token per word; a last assistant message is continued.
+        prompt = sum(len(str(m.get("content", "")).split()) for m in messages if isinstance(m, dict))
+        prompt += len(str(req.get("prompt", "")).split())
+        answer_id = f"{'chatcmpl' if chat else 'cmpl'}-standin-{os.getpid()}-{next(ids)}"
+        if req.get("stream"):
+            usage = isinstance(req.get("stream_options"), dict) and req["stream_options"].get("include_usage")
+            return self.stream(tokens, chat, answer_id, prompt, usage)
         time.sleep(tokens * per_token)
-        self.answer(200, json.dumps({"choices": [{"text": "x" * min(tokens, 64)}], "usage": {"completion_tokens": tokens}}).encode())
+        choice = {"index": 0, "finish_reason": "length"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": "x" * min(tokens, 64)}
+        else:
+            choice["text"] = "x" * min(tokens, 64)
+        usage = {"prompt_tokens": prompt, "completion_tokens": tokens, "total_tokens": prompt + tokens}
+        self.answer(200, json.dumps({"id": answer_id, "choices": [choice], "usage": usage}).encode())
 
-    def stream(self, tokens):
+    def stream(self, tokens, chat, answer_id, prompt, usage):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        head = {"id": answer_id, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()), "model": "stand-in"}
 
         def chunk(data):
             event = f"data: {data}\n\n".encode()
             self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
             self.wfile.flush()
 
+        def choice(text, finish=None):
+            c = {"index": 0, "delta": {"content": text} if text is not None else {}} if chat else {"index": 0, "text": text or ""}
+            c["finish_reason"] = finish
+            return json.dumps(dict(head, choices=[c]))
+
+        if chat:
+            chunk(json.dumps(dict(head, choices=[{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}])))
         for _ in range(tokens):
             time.sleep(per_token)
-            chunk(json.dumps({"choices": [{"index": 0, "delta": {"content": "x"}}]}))
+            chunk(choice("x"))
+        chunk(choice(None, "length"))
+        if usage:
+            chunk(json.dumps(dict(head, choices=[], usage={"prompt_tokens": prompt, "completion_tokens": tokens, "total_tokens": prompt + tokens})))
         chunk("[DONE]")
         self.wfile.write(b"0\r\n\r\n")
 
