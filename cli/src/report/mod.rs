@@ -403,7 +403,10 @@ fn reclaim_line(x: &reclaims::Reclaim) -> String {
         _ => "no job started on its nodes right after".to_string(),
     };
     let drain = match (x.drained, x.cut, x.drain_s) {
-        (Some(d), Some(c), Some(s)) => format!("; drained {d} request(s) in {s:.1} s, cut {c}"),
+        (Some(d), Some(c), Some(s)) => {
+            let moved = x.moved.unwrap_or(0);
+            format!("; drained {d} request(s) in {s:.1} s, moved {moved} to other replicas, cut {c}")
+        }
         _ => String::new(),
     };
     format!("  job {} ({}, {}) at +{:.0} s: {taker}{drain}\n", x.job, x.class, x.mode, x.at_s)

@@ -52,10 +52,12 @@ pub struct Reclaim {
     /// seconds (within a second of the truth).
     pub time_to_capacity_s: Option<f64>,
     /// A drained replica's record (its launcher's note): requests in
-    /// flight at the notice that finished, those the drain timeout cut, new
-    /// ones sent elsewhere, and the drain's length.
+    /// flight at the notice that finished, those the drain timeout cut,
+    /// those the router moved to other replicas (issue #43), new ones sent
+    /// elsewhere, and the drain's length.
     pub drained: Option<u64>,
     pub cut: Option<u64>,
+    pub moved: Option<u64>,
     pub turned_away: Option<u64>,
     pub drain_s: Option<f64>,
     /// What says it was a reclaim: `accounting` (Slurm's state) or
@@ -143,6 +145,7 @@ fn reclaim(policy: &Policy, v: &Run, taker: Option<&Run>, mode: ReclaimMode, at_
         time_to_capacity_s: taker.map(|t| (t.start - t.submit).max(0.0)),
         drained: drain.map(|d| d.finished()),
         cut: drain.map(|d| d.cut),
+        moved: drain.map(|d| d.moved),
         turned_away: drain.map(|d| d.turned_away),
         drain_s: drain.map(|d| d.took_ms as f64 / 1000.0),
         source: source.into(),

@@ -314,7 +314,7 @@ fn reclaims_from_accounting_with_the_drain_record_and_failures_apart() {
         as_replica(run("11", "op-b", "COMPLETED", (at("00:10"), at("00:11"), at("01:02")), 2, &["n1"]), "chat", 7);
     let mut note = ReplicaNote::default();
     note.set_port(7, 40000);
-    note.set_drained(7, DrainNote { notice_ms: 1, signal: 10, in_flight: 4, cut: 1, turned_away: 6, took_ms: 2100 });
+    note.set_drained(7, DrainNote { notice_ms: 1, signal: 10, in_flight: 4, cut: 1, moved: 0, turned_away: 6, took_ms: 2100 });
     replica.note = Some(note);
     let mut crashes: Vec<Run> = (0..3)
         .map(|i| {
@@ -371,7 +371,7 @@ fn reclaims_from_accounting_with_the_drain_record_and_failures_apart() {
     assert!(text.contains("reclaims: 3 (source: accounting"), "{text}");
     assert!(text.contains("  graceful: 1 (runs ended: 0.03 GPU-hours, median time to capacity 2.0 s)\n"), "{text}");
     assert!(
-        text.contains("  job 11 (b, graceful) at +62 s: for job 20 (p), which ran 2.0 s after submission, 2 GPU(s) changed hands; drained 3 request(s) in 2.1 s, cut 1\n"),
+        text.contains("  job 11 (b, graceful) at +62 s: for job 20 (p), which ran 2.0 s after submission, 2 GPU(s) changed hands; drained 3 request(s) in 2.1 s, moved 0 to other replicas, cut 1\n"),
         "{text}"
     );
     assert!(text.contains("  endpoint broken (user onepool): 3 of 3 job(s), 0.00 GPU-hours (2 FAILED, 1 server ended); last: job 32 at +242 s: killed by SIGSEGV"), "{text}");
@@ -403,7 +403,7 @@ fn a_note_counts_only_on_a_replica_job() {
     forged.name = "onepool-chat-0".into();
     let mut note = ReplicaNote::default();
     note.set_port(0, 40000);
-    note.set_drained(0, DrainNote { notice_ms: 1, signal: 10, in_flight: 7, cut: 0, turned_away: 3, took_ms: 1500 });
+    note.set_drained(0, DrainNote { notice_ms: 1, signal: 10, in_flight: 7, cut: 0, moved: 2, turned_away: 3, took_ms: 1500 });
     note.set_ended(0, "exit code 3");
     forged.note = Some(note);
     // A job that started on its node right after: a taker by node and time.
@@ -417,9 +417,13 @@ fn a_note_counts_only_on_a_replica_job() {
     assert_eq!((r.reclaims.len(), r.replica_failures.len()), (0, 0));
     let replica = as_replica(forged, "chat", 0);
     let r = compute(&[replica, next], from, 3600.0, &any_replica());
-    let got: Vec<(&str, &str, Option<&str>, Option<u64>)> =
-        r.reclaims.iter().map(|x| (x.job.as_str(), x.mode.as_str(), x.for_job.as_deref(), x.drained)).collect();
-    assert_eq!(got, [("50", "graceful", Some("51"), Some(7))]);
+    let got: Vec<(&str, &str, Option<&str>, Option<u64>, Option<u64>)> = r
+        .reclaims
+        .iter()
+        .map(|x| (x.job.as_str(), x.mode.as_str(), x.for_job.as_deref(), x.drained, x.moved))
+        .collect();
+    // Of 7 in flight, 2 moved to other replicas (issue #43) and 5 finished.
+    assert_eq!(got, [("50", "graceful", Some("51"), Some(5), Some(2))]);
     assert_eq!(r.replica_failures.len(), 1);
     assert!(r.replica_jobs.starts_with("jobs of user onepool"), "{}", r.replica_jobs);
 }

@@ -64,7 +64,10 @@ pub(crate) fn the_report_agrees(
         if let Some(r) = found {
             let ttc = r["time_to_capacity_s"].as_f64().unwrap_or(f64::NAN);
             let drained = match (r["drained"].as_u64(), r["cut"].as_u64()) {
-                (Some(d), Some(c)) => format!(", {d} request(s) drained and {c} cut"),
+                (Some(d), Some(c)) => format!(
+                    ", {d} request(s) drained, {} moved to other replicas and {c} cut",
+                    r["moved"].as_u64().unwrap_or(0)
+                ),
                 _ => String::new(),
             };
             println!(
@@ -82,6 +85,13 @@ pub(crate) fn the_report_agrees(
                 "the report's time to capacity {ttc:.2} s is not the demo's {time_to_capacity:.2} s within accounting's second"
             );
             victim_as_asked(victim, r)?;
+            if victim == crate::scenario::Victim::Busy {
+                // Its streams moved: the GPUs did not wait for them.
+                anyhow::ensure!(
+                    time_to_capacity < 2.0 && ttc <= 2.0,
+                    "--victim busy: time to capacity {time_to_capacity:.2} s (the report's {ttc:.0} s), not under 2 s"
+                );
+            }
             return the_saved_figure_is_the_simulators(cluster, &onepool, &report["saved"], &saved_dir);
         }
         if Instant::now() > deadline {
@@ -95,14 +105,20 @@ pub(crate) fn the_report_agrees(
 /// `cut`) must be what `--victim` asked for: nothing in flight, or some.
 fn victim_as_asked(victim: crate::scenario::Victim, r: &serde_json::Value) -> anyhow::Result<()> {
     use crate::scenario::Victim;
+    let moved = r["moved"].as_u64().unwrap_or(0);
     let in_flight = match (r["drained"].as_u64(), r["cut"].as_u64()) {
-        (Some(d), Some(c)) => d + c,
+        (Some(d), Some(c)) => d + c + moved,
         _ if victim == Victim::Any => return Ok(()),
         _ => anyhow::bail!("the report has no drain record of the victim (--victim {victim:?}): {r}"),
     };
     match victim {
         Victim::Idle => anyhow::ensure!(in_flight == 0, "--victim idle, but it had {in_flight} request(s) in flight"),
-        Victim::Busy => anyhow::ensure!(in_flight > 0, "--victim busy, but it had nothing in flight at Slurm's pick"),
+        Victim::Busy => {
+            anyhow::ensure!(in_flight > 0, "--victim busy, but it had nothing in flight at Slurm's pick");
+            // Issue #43: what the busy victim served moved to the other
+            // replicas instead of holding the GPUs, whatever its length.
+            anyhow::ensure!(moved > 0, "--victim busy, but none of its {in_flight} request(s) moved: {r}");
+        }
         Victim::Any => {}
     }
     Ok(())
