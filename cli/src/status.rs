@@ -172,8 +172,38 @@ pub fn endpoints_table(state: &State) -> String {
             ));
         }
     }
+    out.push_str(&resume_lines(state));
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     out.push_str(&replica_jobs_table(state, now));
+    out
+}
+
+/// How each endpoint's answers continue on another replica (issue #43).
+pub fn resume_lines(state: &State) -> String {
+    let mut out = String::new();
+    for ep in &state.endpoints {
+        let line = match &ep.resume {
+            Some(r) => {
+                let how = match r.method.as_str() {
+                    "tokens" => "by token ids (llama-server: exact)",
+                    "text" => "by text (may differ at the junction)",
+                    other => other,
+                };
+                format!(
+                    "{}: answers continue on another replica {how}, at most {} move(s) each; {} moved, {} could not be\n",
+                    ep.name, r.max_moves, r.moved, r.not_moved
+                )
+            }
+            None => format!(
+                "{}: answers are not continued on another replica ([endpoint.resume] method = \"off\")\n",
+                ep.name
+            ),
+        };
+        out.push_str(&line);
+    }
+    if !out.is_empty() {
+        out.insert(0, '\n');
+    }
     out
 }
 

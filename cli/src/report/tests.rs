@@ -314,7 +314,10 @@ fn reclaims_from_accounting_with_the_drain_record_and_failures_apart() {
         as_replica(run("11", "op-b", "COMPLETED", (at("00:10"), at("00:11"), at("01:02")), 2, &["n1"]), "chat", 7);
     let mut note = ReplicaNote::default();
     note.set_port(7, 40000);
-    note.set_drained(7, DrainNote { notice_ms: 1, signal: 10, in_flight: 4, cut: 1, moved: 0, turned_away: 6, took_ms: 2100 });
+    note.set_drained(
+        7,
+        DrainNote { notice_ms: 1, signal: 10, in_flight: 4, cut: 1, moved: 0, turned_away: 6, took_ms: 2100 },
+    );
     replica.note = Some(note);
     let mut crashes: Vec<Run> = (0..3)
         .map(|i| {
@@ -403,7 +406,10 @@ fn a_note_counts_only_on_a_replica_job() {
     forged.name = "onepool-chat-0".into();
     let mut note = ReplicaNote::default();
     note.set_port(0, 40000);
-    note.set_drained(0, DrainNote { notice_ms: 1, signal: 10, in_flight: 7, cut: 0, moved: 2, turned_away: 3, took_ms: 1500 });
+    note.set_drained(
+        0,
+        DrainNote { notice_ms: 1, signal: 10, in_flight: 7, cut: 0, moved: 2, turned_away: 3, took_ms: 1500 },
+    );
     note.set_ended(0, "exit code 3");
     forged.note = Some(note);
     // A job that started on its node right after: a taker by node and time.

@@ -69,6 +69,22 @@ pub struct EndpointState {
     /// Absent when onepoold submits no replica job for the endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica_jobs: Option<ControllerView>,
+    /// How answers continue on another replica (issue #43); absent when
+    /// they do not (`[endpoint.resume] method = "off"`, or an older onepoold).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<ResumeState>,
+}
+
+/// An endpoint's continued answers (issue #43).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResumeState {
+    /// "tokens" or "text".
+    pub method: String,
+    pub max_moves: u32,
+    /// Moves of answers to another replica so far.
+    pub moved: u64,
+    /// Answers that could not be continued and ended with an error event.
+    pub not_moved: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

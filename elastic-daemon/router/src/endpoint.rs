@@ -108,6 +108,10 @@ pub struct Endpoint {
     /// atomic load a request) unless an endpoint sets them.
     sampling: std::sync::atomic::AtomicBool,
     latencies: Mutex<VecDeque<LatencySample>>,
+    /// How its answers continue elsewhere, and how often they did.
+    resume: std::sync::OnceLock<crate::resume::ResumeSettings>,
+    moved: std::sync::atomic::AtomicU64,
+    not_moved: std::sync::atomic::AtomicU64,
 }
 
 /// One answered request: when its first byte came, after how long, and
@@ -160,6 +164,9 @@ impl Endpoint {
             replica_key: std::sync::OnceLock::new(),
             sampling: std::sync::atomic::AtomicBool::new(false),
             latencies: Mutex::new(VecDeque::new()),
+            resume: std::sync::OnceLock::new(),
+            moved: std::sync::atomic::AtomicU64::new(0),
+            not_moved: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -215,7 +222,25 @@ impl Endpoint {
             replicas: g.pool.replicas().iter().map(Replica::view).collect(),
             served_total: g.pool.served_total(),
             replica_jobs: None,
+            resume: self.resume.get().map(|r| onepool_control::api::ResumeState {
+                method: r.method.as_str().to_string(),
+                max_moves: r.max_moves,
+                moved: self.moved.load(std::sync::atomic::Ordering::Relaxed),
+                not_moved: self.not_moved.load(std::sync::atomic::Ordering::Relaxed),
+            }),
         }
+    }
+
+    /// How the endpoint's answers continue on another replica (once, from
+    /// its settings).
+    pub fn set_resume(&self, r: crate::resume::ResumeSettings) {
+        let _ = self.resume.set(r);
+    }
+
+    /// An answer moved to another replica (`moved`), or could not.
+    pub fn note_move(&self, moved: bool) {
+        let n = if moved { &self.moved } else { &self.not_moved };
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Adds a replica reached in clear HTTP.

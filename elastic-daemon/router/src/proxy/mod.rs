@@ -101,6 +101,9 @@ impl Target {
         if let Some(prefix) = settings.prefix {
             endpoint.set_prefix_routing(prefix);
         }
+        if let Some(r) = settings.resume {
+            endpoint.set_resume(r);
+        }
         let moves = settings.resume.map(|r| {
             Arc::new(MoveContext { endpoint: endpoint.clone(), settings: settings.clone(), max_moves: r.max_moves })
         });

@@ -275,6 +275,7 @@ impl ResumableBody {
 
     fn count_failed(&self, label: &str) {
         self.metrics().count_move_failed(self.ctx.endpoint.name(), label);
+        self.ctx.endpoint.note_move(false);
     }
 
     /// The replica cannot finish the answer: it moves, if it may.
@@ -303,6 +304,7 @@ impl ResumableBody {
         self.lost = None;
         self.moves += 1;
         self.metrics().count_moved(&name, why);
+        self.ctx.endpoint.note_move(true);
         if self.progress.meta.is_none() {
             self.progress.meta = Some(Meta::made_up(&self.plan));
         }
