@@ -18,6 +18,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Default)]
 struct Counts {
+    /// No connection, or the request could not be written.
+    unsent: AtomicU64,
+    /// A status other than 200.
+    refused: AtomicU64,
+    /// 200, then an end before `[DONE]` or with tokens missing.
+    short: AtomicU64,
     whole: AtomicU64,
     tokens: AtomicU64,
     open: AtomicU64,
@@ -25,7 +31,10 @@ struct Counts {
 }
 
 async fn one(address: SocketAddr, tokens: u64, counts: Arc<Counts>) {
-    let Ok(mut s) = tokio::net::TcpStream::connect(address).await else { return };
+    let Ok(mut s) = tokio::net::TcpStream::connect(address).await else {
+        counts.unsent.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
     let body = format!(
         r#"{{"model":"bench","messages":[{{"role":"user","content":"Tell me a story."}}],"max_tokens":{tokens},"stream":true,"temperature":0}}"#
     );
@@ -34,6 +43,7 @@ async fn one(address: SocketAddr, tokens: u64, counts: Arc<Counts>) {
         body.len()
     );
     if s.write_all(head.as_bytes()).await.is_err() || s.write_all(body.as_bytes()).await.is_err() {
+        counts.unsent.fetch_add(1, Ordering::Relaxed);
         return;
     }
     let now = counts.open.fetch_add(1, Ordering::Relaxed) + 1;
@@ -41,12 +51,16 @@ async fn one(address: SocketAddr, tokens: u64, counts: Arc<Counts>) {
     let mut buf = vec![0u8; 16 * 1024];
     const TOKEN: &[u8] = b"\"content\":\"";
     let (mut seen, mut tail, mut last) = (0u64, Vec::<u8>::new(), Vec::<u8>::new());
+    let mut first = Vec::<u8>::new();
     while let Ok(n) = s.read(&mut buf).await {
         if n == 0 {
             break;
         }
         // Token events across reads: a pattern cut by a read is found with
         // the bytes kept, none counted twice (fewer kept than its length).
+        if first.len() < 400 {
+            first.extend_from_slice(&buf[..n.min(400)]);
+        }
         tail.extend_from_slice(&buf[..n]);
         seen += memchr::memmem::find_iter(&tail, TOKEN).count() as u64;
         tail.drain(..tail.len() - tail.len().min(TOKEN.len() - 1));
@@ -56,8 +70,14 @@ async fn one(address: SocketAddr, tokens: u64, counts: Arc<Counts>) {
     let done = memchr::memmem::find(&last, b"data: [DONE]").is_some();
     counts.open.fetch_sub(1, Ordering::Relaxed);
     counts.tokens.fetch_add(seen, Ordering::Relaxed);
-    if done && seen == tokens {
+    if !first.starts_with(b"HTTP/1.1 200") {
+        if counts.refused.fetch_add(1, Ordering::Relaxed) == 0 {
+            eprintln!("stream_clients: first refusal: {:?}", String::from_utf8_lossy(&first));
+        }
+    } else if done && seen == tokens {
         counts.whole.fetch_add(1, Ordering::Relaxed);
+    } else {
+        counts.short.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -87,7 +107,10 @@ fn main() {
         }
     });
     println!(
-        "{{\"streams\":{streams},\"whole\":{},\"tokens\":{},\"seconds\":{:.2},\"most_open\":{}}}",
+        "{{\"streams\":{streams},\"unsent\":{},\"refused\":{},\"short\":{},\"whole\":{},\"tokens\":{},\"seconds\":{:.2},\"most_open\":{}}}",
+        counts.unsent.load(Ordering::Relaxed),
+        counts.refused.load(Ordering::Relaxed),
+        counts.short.load(Ordering::Relaxed),
         counts.whole.load(Ordering::Relaxed),
         counts.tokens.load(Ordering::Relaxed),
         t0.elapsed().as_secs_f64(),

@@ -6,7 +6,7 @@
 #[allow(unused_imports)]
 use super::*;
 use crate::registry::ReplicaId;
-use crate::resume::events::{data_of, without_key, Data, Splitter};
+use crate::resume::events::{data_of, without_key, Data, Splitter, LOGPROBS};
 use crate::resume::moving::{continue_elsewhere, Ask, Continuation, Failed, Source};
 use crate::resume::plan::Plan;
 use crate::resume::progress::{Event, Meta, Progress, Usage, RECLAIMED};
@@ -57,7 +57,8 @@ pub(super) struct ResumableBody {
     authorization: Option<HeaderValue>,
     progress: Progress,
     splitter: Splitter,
-    out: BytesMut,
+    /// Frames for the client, in order.
+    out: std::collections::VecDeque<Bytes>,
     moves: u32,
     tried: Vec<ReplicaId>,
     /// Bytes of the continuation's first text the client already has.
@@ -89,7 +90,7 @@ impl ResumableBody {
             authorization,
             progress,
             splitter: Splitter::default(),
-            out: BytesMut::new(),
+            out: std::collections::VecDeque::new(),
             moves: 0,
             tried,
             skip: 0,
@@ -116,28 +117,30 @@ impl ResumableBody {
 
     fn read(&mut self, data: Bytes) {
         if matches!(self.state, State::Passing) {
-            self.out.extend_from_slice(&data);
+            self.out.push_back(data);
             return;
         }
-        self.splitter.push(&data);
+        self.splitter.push(data);
         while matches!(self.state, State::Reading) {
             let Some(event) = self.splitter.next_event() else { break };
             self.event(event);
         }
         if matches!(self.state, State::Reading) && self.splitter.held() > MAX_EVENT {
             let rest = self.splitter.take_rest();
-            self.unfollow(&rest);
+            self.unfollow(rest);
         }
         self.count_kept();
     }
 
     /// The router stops following: what it holds goes as it is.
-    fn unfollow(&mut self, event: &[u8]) {
-        self.out.extend_from_slice(event);
+    fn unfollow(&mut self, event: Bytes) {
         if self.source == Source::First {
+            self.out.push_back(event);
             self.state = State::Passing;
             let rest = self.splitter.take_rest();
-            self.out.extend_from_slice(&rest);
+            if !rest.is_empty() {
+                self.out.push_back(rest);
+            }
         } else {
             // A continuation's own form is never passed raw.
             self.fail("the replica that continued it sent an event the router cannot read");
@@ -149,29 +152,29 @@ impl ResumableBody {
             Data::One(d) => d,
             Data::None => {
                 if self.source == Source::First {
-                    self.out.extend_from_slice(&event);
+                    self.out.push_back(event);
                 }
                 return;
             }
-            Data::Other => return self.unfollow(&event),
+            Data::Other => return self.unfollow(event),
         };
         if data == b"[DONE]" {
             self.progress.done = true;
             match self.source {
-                Source::First => self.out.extend_from_slice(&event),
+                Source::First => self.out.push_back(event),
                 _ => self.complete(),
             }
             return;
         }
-        let Some(e) = Event::parse(data) else { return self.unfollow(&event) };
+        let Some(e) = Event::parse(data) else { return self.unfollow(event) };
         if let Some(err) = &e.error {
             if err.code.as_deref() == Some(RECLAIMED) {
                 return self.cut(Why::Reclaimed);
             }
-            return self.unfollow(&event);
+            return self.unfollow(event.clone());
         }
         if e.unfollowable() {
-            return self.unfollow(&event);
+            return self.unfollow(event.clone());
         }
         if self.progress.meta.is_none() {
             self.progress.meta = Meta::of(&e);
@@ -188,10 +191,8 @@ impl ResumableBody {
                 if said.is_some() {
                     self.progress.note_text(text);
                 }
-                match self.plan.ids_asked.then(|| without_key(&event, "logprobs")).flatten() {
-                    Some(stripped) => self.out.extend_from_slice(&stripped),
-                    None => self.out.extend_from_slice(&event),
-                }
+                let stripped = self.plan.ids_asked.then(|| without_key(&event, &LOGPROBS)).flatten();
+                self.out.push_back(stripped.unwrap_or_else(|| event.clone()));
                 if let Some(f) = finish {
                     self.progress.finish = Some(f.into_owned());
                 }
@@ -207,14 +208,14 @@ impl ResumableBody {
                 }
                 if !visible.is_empty() {
                     let meta = self.progress.meta.as_ref().expect("set before a move");
-                    self.out.extend_from_slice(&meta.text_event(self.plan.api, visible));
+                    self.out.push_back(meta.text_event(self.plan.api, visible));
                 }
                 if let Some(u) = e.usage {
                     self.continued_usage = Some(u);
                 }
                 if let Some(f) = finish {
                     let meta = self.progress.meta.as_ref().expect("set before a move");
-                    self.out.extend_from_slice(&meta.finish_event(self.plan.api, &f));
+                    self.out.push_back(meta.finish_event(self.plan.api, &f));
                     self.progress.finish = Some(f.into_owned());
                     // llama.cpp's stream ends with its last event; an OpenAI
                     // one still sends usage and [DONE].
@@ -232,15 +233,11 @@ impl ResumableBody {
         if self.source != Source::First || !self.progress.usage_seen {
             if let (true, Some(usage)) = (self.plan.include_usage, self.usage()) {
                 let meta = self.progress.meta.as_ref().expect("set before a move");
-                self.out.extend_from_slice(&meta.usage_event(
-                    self.plan.api,
-                    usage.prompt_tokens,
-                    usage.completion_tokens,
-                ));
+                self.out.push_back(meta.usage_event(self.plan.api, usage.prompt_tokens, usage.completion_tokens));
             }
         }
         if self.source != Source::First || !self.progress.done {
-            self.out.extend_from_slice(DONE);
+            self.out.push_back(Bytes::from_static(DONE));
         }
         self.end();
     }
@@ -267,7 +264,7 @@ impl ResumableBody {
 
     /// Ends the answer with the error event: it could not be continued.
     fn fail(&mut self, why: &str) {
-        self.out.extend_from_slice(&error_event(&format!(
+        self.out.push_back(error_event(&format!(
             "the replica serving this answer could not finish it and onepool could not continue it elsewhere ({why}); retry the request"
         )));
         self.end();
@@ -316,7 +313,7 @@ impl ResumableBody {
         if left == Some(0) {
             // The budget is spent: the answer ends here, as it would have.
             let meta = self.progress.meta.as_ref().expect("set above");
-            self.out.extend_from_slice(&meta.finish_event(self.plan.api, "length"));
+            self.out.push_back(meta.finish_event(self.plan.api, "length"));
             self.progress.finish = Some("length".into());
             return self.complete_moved();
         }
@@ -403,8 +400,8 @@ impl Body for ResumableBody {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         let this = self.get_mut();
         loop {
-            if !this.out.is_empty() {
-                return Poll::Ready(Some(Ok(Frame::data(this.out.split().freeze()))));
+            if let Some(frame) = this.out.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(frame))));
             }
             match &mut this.state {
                 State::Done => return Poll::Ready(None),
@@ -414,13 +411,16 @@ impl Body for ResumableBody {
                 }
                 State::Reading | State::Passing => {
                     let following = matches!(this.state, State::Reading);
-                    if let (true, Some(lost)) = (following, &mut this.lost) {
+                    let polled = Pin::new(&mut this.current).poll_frame(cx);
+                    // Looked at only while the replica sends nothing: one
+                    // that sends is not lost (and a frame costs no poll).
+                    if let (Poll::Pending, true, Some(lost)) = (&polled, following, &mut this.lost) {
                         if lost.as_mut().poll(cx).is_ready() {
                             this.cut(Why::Lost);
                             continue;
                         }
                     }
-                    match ready!(Pin::new(&mut this.current).poll_frame(cx)) {
+                    match ready!(polled) {
                         Some(Ok(frame)) => {
                             if let Ok(data) = frame.into_data() {
                                 this.read(data);

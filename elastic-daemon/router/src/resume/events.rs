@@ -4,31 +4,51 @@
 
 use bytes::{Bytes, BytesMut};
 
-/// Whole events out of a body read in arbitrary pieces.
+/// Whole events out of a body read in arbitrary pieces. An event inside
+/// one read is handed out as a slice of it (no copy); only an event cut by
+/// a read is put together in a buffer of its own.
 #[derive(Default)]
 pub struct Splitter {
-    buf: BytesMut,
+    /// The start of an event cut by the last read.
+    held: BytesMut,
+    /// What is left of the last read.
+    current: Bytes,
 }
 
 impl Splitter {
     /// Bytes read and not yet part of a whole event.
     pub fn held(&self) -> usize {
-        self.buf.len()
+        self.held.len() + self.current.len()
     }
 
-    pub fn push(&mut self, data: &[u8]) {
-        self.buf.extend_from_slice(data);
+    pub fn push(&mut self, data: Bytes) {
+        if !self.current.is_empty() {
+            // The last read's rest had no event end: it joins what is held.
+            self.held.extend_from_slice(&self.current);
+        }
+        self.current = data;
     }
 
     /// The next whole event, its blank line included.
     pub fn next_event(&mut self) -> Option<Bytes> {
-        let end = event_end(&self.buf)?;
-        Some(self.buf.split_to(end).freeze())
+        if self.held.is_empty() {
+            let end = event_end(&self.current)?;
+            return Some(self.current.split_to(end));
+        }
+        // An event cut by a read: its end may straddle the two.
+        self.held.extend_from_slice(&self.current);
+        self.current = Bytes::new();
+        let end = event_end(&self.held)?;
+        let event = self.held.split_to(end).freeze();
+        self.current = self.held.split().freeze();
+        Some(event)
     }
 
     /// What is held, as it is (for a stream the router stops following).
     pub fn take_rest(&mut self) -> Bytes {
-        self.buf.split().freeze()
+        self.held.extend_from_slice(&self.current);
+        self.current = Bytes::new();
+        self.held.split().freeze()
     }
 }
 
@@ -49,6 +69,18 @@ fn event_end(b: &[u8]) -> Option<usize> {
     }
     None
 }
+
+/// A JSON key to take out of events, `"KEY":` (searched for once made).
+pub struct Key(memchr::memmem::Finder<'static>);
+
+impl Key {
+    pub fn new(key: &str) -> Key {
+        Key(memchr::memmem::Finder::new(format!("\"{key}\":").as_bytes()).into_owned())
+    }
+}
+
+/// The key that carries the token ids the router asked for.
+pub static LOGPROBS: std::sync::LazyLock<Key> = std::sync::LazyLock::new(|| Key::new("logprobs"));
 
 /// What one event holds.
 #[derive(Debug, PartialEq, Eq)]
@@ -81,9 +113,9 @@ pub fn data_of(event: &[u8]) -> Data<'_> {
 /// that joined it), or `None` when the key is not there. A quote inside a
 /// JSON string is always escaped, so `,"KEY":` or `{"KEY":` unescaped is
 /// the key itself, never text a model wrote.
-pub fn without_key(event: &[u8], key: &str) -> Option<Bytes> {
-    let pattern = format!("\"{key}\":");
-    let at = memchr::memmem::find(event, pattern.as_bytes())?;
+pub fn without_key(event: &[u8], key: &Key) -> Option<Bytes> {
+    let pattern = key.0.needle();
+    let at = key.0.find(event)?;
     let before = event[..at].iter().rposition(|b| !b.is_ascii_whitespace())?;
     let value_start = at + pattern.len();
     let value_end = value_start + value_len(&event[value_start..])?;
@@ -157,7 +189,7 @@ mod tests {
         let stream = "data: {\"c\":\"é—ü\"}\n\ndata: {\"c\":\"x\"}\r\n\r\n: ping\n\ndata: [DONE]\n\n".as_bytes();
         let whole: Vec<Bytes> = {
             let mut s = Splitter::default();
-            s.push(stream);
+            s.push(Bytes::from_static(stream));
             std::iter::from_fn(|| s.next_event()).collect()
         };
         assert_eq!(whole.len(), 4);
@@ -166,7 +198,7 @@ mod tests {
                 let mut s = Splitter::default();
                 let mut got = Vec::new();
                 for piece in [&stream[..cut], &stream[cut..second], &stream[second..]] {
-                    s.push(piece);
+                    s.push(Bytes::copy_from_slice(piece));
                     got.extend(std::iter::from_fn(|| s.next_event()));
                 }
                 assert_eq!(got, whole, "cut at {cut} and {second}");
@@ -184,14 +216,14 @@ mod tests {
     #[test]
     fn a_key_is_taken_out_with_its_value_wherever_it_sits() {
         let e = br#"data: {"choices":[{"delta":{"content":"a,\"logprobs\":{"},"logprobs":{"content":[{"id":1,"bytes":[97]}]},"finish_reason":null}]}"#;
-        let out = without_key(e, "logprobs").unwrap();
+        let out = without_key(e, &LOGPROBS).unwrap();
         assert_eq!(&out[..], br#"data: {"choices":[{"delta":{"content":"a,\"logprobs\":{"},"finish_reason":null}]}"#);
-        assert_eq!(&without_key(br#"{"logprobs":null,"a":1}"#, "logprobs").unwrap()[..], br#"{"a":1}"#);
-        assert_eq!(&without_key(br#"{"logprobs":"x}"}"#, "logprobs").unwrap()[..], br#"{}"#);
-        assert_eq!(&without_key(br#"{"a":1, "logprobs" :1}"#, "logprobs"), &None);
-        assert_eq!(&without_key(br#"{"a":1, "logprobs":[1,[2]] }"#, "logprobs").unwrap()[..], br#"{"a":1 }"#);
-        assert_eq!(without_key(br#"{"a":"no key"}"#, "logprobs"), None);
+        assert_eq!(&without_key(br#"{"logprobs":null,"a":1}"#, &LOGPROBS).unwrap()[..], br#"{"a":1}"#);
+        assert_eq!(&without_key(br#"{"logprobs":"x}"}"#, &LOGPROBS).unwrap()[..], br#"{}"#);
+        assert_eq!(&without_key(br#"{"a":1, "logprobs" :1}"#, &LOGPROBS), &None);
+        assert_eq!(&without_key(br#"{"a":1, "logprobs":[1,[2]] }"#, &LOGPROBS).unwrap()[..], br#"{"a":1 }"#);
+        assert_eq!(without_key(br#"{"a":"no key"}"#, &LOGPROBS), None);
         // Cut short: left alone rather than guessed.
-        assert_eq!(without_key(br#"{"a":1,"logprobs":{"content":["#, "logprobs"), None);
+        assert_eq!(without_key(br#"{"a":1,"logprobs":{"content":["#, &LOGPROBS), None);
     }
 }
