@@ -24,6 +24,12 @@ const CUT_FLUSH: Duration = Duration::from_secs(1);
 const CONNECTIONS_CLOSE: Duration = Duration::from_secs(2);
 /// How long a server stopped after a timed-out drain gets before SIGKILL.
 const CUT_STOP_GRACE: Duration = Duration::from_secs(1);
+/// How long a server whose streams all moved to other replicas gets
+/// before SIGKILL: its slots generate for no one, and llama-server with
+/// slots busy took the whole second above to exit on 24.11 and 26.05
+/// (the protected job waited for it: 1.4 and 1.7 s to capacity, 0.55 s on
+/// 22.05, whose llama-server exited at once).
+const MOVED_STOP_GRACE: Duration = Duration::from_millis(250);
 
 /// What Slurm's SIGTERM means to a replica whose class is reclaimed
 /// `mode` (onepoold passes `--reclaim immediate` for an immediate class).
@@ -135,10 +141,12 @@ pub(crate) async fn drain(
     // Streams moved to other replicas leave their slots generating for
     // no one: the server is stopped as after a cut.
     let moved = state.moved.load(Ordering::SeqCst) > 0;
+    let all_moved = moved && state.cut_short.load(Ordering::SeqCst) == 0;
     let (grace, close, patience) = match outcome {
+        Outcome::Cut { .. } if all_moved => (cfg.stop_grace.min(MOVED_STOP_GRACE), CUT_FLUSH, Patience::AtKill),
         Outcome::Cut { .. } => (cfg.stop_grace.min(CUT_STOP_GRACE), CUT_FLUSH, Patience::AtKill),
         Outcome::TimedOut { .. } => (cfg.stop_grace.min(CUT_STOP_GRACE), CONNECTIONS_CLOSE, Patience::Retry),
-        _ if moved => (cfg.stop_grace.min(CUT_STOP_GRACE), CUT_FLUSH, Patience::Retry),
+        _ if moved => (cfg.stop_grace.min(MOVED_STOP_GRACE), CUT_FLUSH, Patience::Retry),
         _ => (cfg.stop_grace, CONNECTIONS_CLOSE, Patience::Retry),
     };
     // What the front still writes to the router leaves before the server
