@@ -118,11 +118,31 @@ async fn serve(req: Request<Incoming>, cut: Cut, served: Arc<AtomicU64>) -> Resp
         _ => {}
     }
     let nth = served.fetch_add(1, Ordering::SeqCst);
-    let cut = if nth == 0 { cut } else { Cut::Never };
     let native = path == "/completion";
     let chat = path == "/v1/chat/completions";
-    // Where the answer starts: after the ids or the text it continues.
-    let (from, prompt_tokens) = if native {
+    let (from, prompt_tokens) = start_of(&body, native, chat);
+    let gen = Generation {
+        cut: if nth == 0 { cut } else { Cut::Never },
+        native,
+        chat,
+        from,
+        prompt_tokens,
+        n: body.get("n_predict").or(body.get("max_tokens")).and_then(Value::as_u64).unwrap_or(40),
+        ids_asked: body.get("logprobs").is_some_and(|v| v != &json!(false)) || native,
+        include_usage: body["stream_options"]["include_usage"] == json!(true),
+        id: format!("chatcmpl-{}", nth + 1),
+    };
+    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(64);
+    tokio::spawn(gen.run(tx));
+    let mut r = Response::new(Frames(rx).boxed_unsync());
+    r.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
+    r
+}
+
+/// Where an answer starts (after the ids or the text it continues), and
+/// its prompt's tokens.
+fn start_of(body: &Value, native: bool, chat: bool) -> (u64, u64) {
+    if native {
         let ids: Vec<u32> = body["prompt"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
         let answered: Vec<u32> = ids.iter().copied().filter(|&i| i >= FIRST_ID).collect();
         assert!(answered.iter().enumerate().all(|(k, &id)| id == FIRST_ID + k as u32), "ids out of order");
@@ -137,118 +157,124 @@ async fn serve(req: Request<Incoming>, cut: Cut, served: Arc<AtomicU64>) -> Resp
     } else if chat {
         (0, tokenize(&templated(&body["messages"])).len() as u64)
     } else {
-        let prompt = body["prompt"].as_str().unwrap().to_string();
-        let original = prompt.split("\u{1}").next().unwrap().to_string();
-        (0, tokenize(&original).len() as u64)
-    };
-    let n = body.get("n_predict").or(body.get("max_tokens")).and_then(Value::as_u64).unwrap_or(40);
-    let ids_asked = body.get("logprobs").is_some_and(|v| v != &json!(false)) || native;
-    let include_usage = body["stream_options"]["include_usage"] == json!(true);
-    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(64);
-    let id = format!("chatcmpl-{}", served.load(Ordering::SeqCst));
-    tokio::spawn(async move {
-        let send = |s: String| {
-            let tx = tx.clone();
-            async move { tx.send(Ok(Frame::data(Bytes::from(format!("data: {s}\n\n"))))).await.is_ok() }
+        (0, tokenize(body["prompt"].as_str().unwrap()).len() as u64)
+    }
+}
+
+/// One answer as the engine streams it.
+struct Generation {
+    cut: Cut,
+    native: bool,
+    chat: bool,
+    from: u64,
+    prompt_tokens: u64,
+    n: u64,
+    ids_asked: bool,
+    include_usage: bool,
+    id: String,
+}
+
+type Sender = mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
+
+async fn send(tx: &Sender, s: String) -> bool {
+    tx.send(Ok(Frame::data(Bytes::from(format!("data: {s}\n\n"))))).await.is_ok()
+}
+
+const RECLAIM_EVENT: &str = r#"{"error":{"message":"reclaimed","type":"server_error","code":"replica_reclaimed"}}"#;
+
+impl Generation {
+    fn event(&self, choice: Value) -> Value {
+        let object = if self.chat { "chat.completion.chunk" } else { "text_completion" };
+        json!({"id": self.id, "object": object, "created": 7, "model": "fake", "choices": [choice]})
+    }
+
+    /// How the stream ends at token `k` when it is cut there; false: it
+    /// goes on.
+    async fn cut_at(&self, k: u64, tx: &Sender) -> bool {
+        let at = match self.cut {
+            Cut::Reclaim(at) | Cut::Close(at) | Cut::Silent(at) | Cut::ToolThenReclaim(at) => at as u64,
+            Cut::Never => return false,
         };
-        let object = if chat { "chat.completion.chunk" } else { "text_completion" };
-        let event =
-            |choice: Value| json!({"id": id, "object": object, "created": 7, "model": "fake", "choices": [choice]});
-        if !native && chat {
-            send(
-                event(json!({"index": 0, "delta": {"role": "assistant", "content": null}, "finish_reason": null}))
-                    .to_string(),
-            )
-            .await;
+        if k != at {
+            return false;
         }
-        let mut held: Vec<u8> = Vec::new();
-        for k in 0..n {
-            let i = from + k;
-            let stop_here = match cut {
-                Cut::Reclaim(at) | Cut::Close(at) | Cut::Silent(at) | Cut::ToolThenReclaim(at) => k == at as u64,
-                Cut::Never => false,
-            };
-            if stop_here {
-                match cut {
-                    Cut::Reclaim(_) => {
-                        send(
-                            r#"{"error":{"message":"reclaimed","type":"server_error","code":"replica_reclaimed"}}"#
-                                .into(),
-                        )
-                        .await;
-                        return;
-                    }
-                    Cut::ToolThenReclaim(_) => {
-                        send(event(json!({"index": 0, "delta": {"tool_calls": [{"index": 0}]}})).to_string()).await;
-                        send(
-                            r#"{"error":{"message":"reclaimed","type":"server_error","code":"replica_reclaimed"}}"#
-                                .into(),
-                        )
-                        .await;
-                        return;
-                    }
-                    Cut::Close(_) => {
-                        let _ = tx.send(Err(std::io::Error::other("killed"))).await;
-                        return;
-                    }
-                    Cut::Silent(_) => {
-                        tokio::time::sleep(Duration::from_secs(3600)).await;
-                        return;
-                    }
-                    Cut::Never => unreachable!(),
-                }
+        match self.cut {
+            Cut::Reclaim(_) => {
+                send(tx, RECLAIM_EVENT.into()).await;
+            }
+            Cut::ToolThenReclaim(_) => {
+                send(tx, self.event(json!({"index": 0, "delta": {"tool_calls": [{"index": 0}]}})).to_string()).await;
+                send(tx, RECLAIM_EVENT.into()).await;
+            }
+            Cut::Close(_) => {
+                let _ = tx.send(Err(std::io::Error::other("killed"))).await;
+            }
+            Cut::Silent(_) => tokio::time::sleep(Duration::from_secs(3600)).await,
+            Cut::Never => unreachable!(),
+        }
+        true
+    }
+
+    /// Token `i`'s event: its whole characters only (llama-server holds a
+    /// character's first bytes back until it is whole).
+    fn token_event(&self, i: u64, held: &mut Vec<u8>) -> Value {
+        let bytes = token(i);
+        held.extend_from_slice(&bytes);
+        let valid = match std::str::from_utf8(held) {
+            Ok(_) => held.len(),
+            Err(e) => e.valid_up_to(),
+        };
+        let text = String::from_utf8(held.drain(..valid).collect()).unwrap();
+        let id = FIRST_ID + i as u32;
+        let tok = json!([{"id": id, "token": "", "bytes": bytes, "logprob": 0.0}]);
+        if self.native {
+            return json!({"index": 0, "content": text, "tokens": [id], "stop": false, "completion_probabilities": tok});
+        }
+        let mut choice = match self.chat {
+            true => json!({"index": 0, "delta": {"content": text}, "finish_reason": null}),
+            false => json!({"index": 0, "text": text, "finish_reason": null}),
+        };
+        if self.ids_asked {
+            choice["logprobs"] = json!({"content": tok});
+        }
+        self.event(choice)
+    }
+
+    async fn run(self, tx: Sender) {
+        if !self.native && self.chat {
+            let role = json!({"index": 0, "delta": {"role": "assistant", "content": null}, "finish_reason": null});
+            send(&tx, self.event(role).to_string()).await;
+        }
+        let mut held = Vec::new();
+        for k in 0..self.n {
+            if self.cut_at(k, &tx).await {
+                return;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
-            let bytes = token(i);
-            held.extend_from_slice(&bytes);
-            // Only whole characters are sent, as llama-server does.
-            let valid = match std::str::from_utf8(&held) {
-                Ok(_) => held.len(),
-                Err(e) => e.valid_up_to(),
-            };
-            let text = String::from_utf8(held.drain(..valid).collect()).unwrap();
-            let tok = json!([{"id": FIRST_ID + i as u32, "token": "", "bytes": bytes, "logprob": 0.0}]);
-            let e = if native {
-                json!({"index": 0, "content": text, "tokens": [FIRST_ID + i as u32], "stop": false, "completion_probabilities": tok})
-            } else {
-                let mut choice = match chat {
-                    true => json!({"index": 0, "delta": {"content": text}, "finish_reason": null}),
-                    false => json!({"index": 0, "text": text, "finish_reason": null}),
-                };
-                if ids_asked {
-                    choice["logprobs"] = json!({"content": tok});
-                }
-                event(choice)
-            };
-            if !send(e.to_string()).await {
+            if !send(&tx, self.token_event(self.from + k, &mut held).to_string()).await {
                 return;
             }
         }
-        if native {
-            send(
-                json!({"index": 0, "content": "", "stop": true, "stop_type": "limit", "tokens_predicted": n})
-                    .to_string(),
-            )
-            .await;
+        if self.native {
+            let end =
+                json!({"index": 0, "content": "", "stop": true, "stop_type": "limit", "tokens_predicted": self.n});
+            send(&tx, end.to_string()).await;
             return;
         }
-        let finish = match chat {
+        let finish = match self.chat {
             true => json!({"index": 0, "delta": {}, "finish_reason": "length"}),
             false => json!({"index": 0, "text": "", "finish_reason": "length"}),
         };
-        send(event(finish).to_string()).await;
-        if include_usage {
-            let mut u = event(json!(null));
+        send(&tx, self.event(finish).to_string()).await;
+        if self.include_usage {
+            let mut u = self.event(json!(null));
             u["choices"] = json!([]);
-            u["usage"] =
-                json!({"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n});
-            send(u.to_string()).await;
+            let (p, n) = (self.prompt_tokens, self.n);
+            u["usage"] = json!({"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n});
+            send(&tx, u.to_string()).await;
         }
-        send("[DONE]".into()).await;
-    });
-    let mut r = Response::new(Frames(rx).boxed_unsync());
-    r.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
-    r
+        send(&tx, "[DONE]".into()).await;
+    }
 }
 
 /// A body of the frames a channel brings (an error aborts it).

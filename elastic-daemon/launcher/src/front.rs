@@ -303,23 +303,7 @@ async fn front(
         }
     };
     match answer {
-        Ok(resp) => {
-            let (parts, inner) = resp.into_parts();
-            let events = parts
-                .headers
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-            // Only a stream moves: a whole answer already on its way is
-            // let finish (the router could not continue it half-read).
-            let movable = movable && events;
-            let cut = Box::pin(match movable {
-                true => state.moving.clone().cancelled_owned(),
-                false => state.cut.clone().cancelled_owned(),
-            });
-            let body = GuardedBody { inner, _guard: guard, cut, events, movable, ended: false, state: state.clone() };
-            Response::from_parts(parts, body.boxed_unsync())
-        }
+        Ok(resp) => guarded(resp, guard, &state, movable),
         // Nothing listens: the server died (the router only sends here
         // after a health check passed through it). The request never reached
         // it, so the router may retry it anywhere: answer "draining".
@@ -345,6 +329,26 @@ async fn front(
             plain(StatusCode::BAD_GATEWAY, &format!("model server failed: {e}\n"), false)
         }
     }
+}
+
+/// The server's answer on its way to the router, counted in flight until
+/// it ends, and ended early when the replica is cut (or, `movable`, moved).
+fn guarded(resp: Response<Incoming>, guard: Guard, state: &Arc<Front>, movable: bool) -> Response<FrontBody> {
+    let (parts, inner) = resp.into_parts();
+    let events = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    // Only a stream moves: a whole answer already on its way is let
+    // finish (the router could not continue it half-read).
+    let movable = movable && events;
+    let cut = Box::pin(match movable {
+        true => state.moving.clone().cancelled_owned(),
+        false => state.cut.clone().cancelled_owned(),
+    });
+    let body = GuardedBody { inner, _guard: guard, cut, events, movable, ended: false, state: state.clone() };
+    Response::from_parts(parts, body.boxed_unsync())
 }
 
 /// Serves the front proxy until the process ends.

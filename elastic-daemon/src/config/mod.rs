@@ -33,7 +33,7 @@ use tokens::bearer_tokens;
 
 pub use file::{
     AccessLogFile, AuthFile, ConfigFile, EndpointFile, HaFile, HealthFile, LatencyFile, ListenerFile, ReplicasFile,
-    RetryFile, RouteFile, RoutingFile, TlsFile, WarmFile,
+    ResumeFile, RetryFile, RouteFile, RoutingFile, TlsFile, WarmFile,
 };
 pub use form::{AsText, Form, FormValue, Mode, Raw, Typed};
 pub use ha::{host_name, HaSettings, LockSettings};

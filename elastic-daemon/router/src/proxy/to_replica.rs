@@ -249,7 +249,7 @@ fn resumable(ctx: &Target, out: &mut Forwarded) -> Option<Box<Resumable>> {
         return None;
     }
     match crate::resume::plan::Plan::of(out.uri.path(), &out.body, settings.method) {
-        Ok(Some((plan, first))) => {
+        Ok(Some(crate::resume::plan::Planned { plan, first })) => {
             let client = out.body.clone();
             if let Some(first) = first {
                 out.body = Bytes::from(first);
@@ -427,12 +427,7 @@ pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyB
                     ctx.endpoint.count_unavailable(Unavailable::Replica);
                 }
                 counted(resp.status().as_u16());
-                if let (Some(r), Some(moves)) = (p.resumable.take(), &ctx.moves) {
-                    if r.plan.stream && resp.status() == StatusCode::OK && is_event_stream(resp.headers()) {
-                        return resumable_response(resp, lease, p.start, ctx.access.is_some(), moves.clone(), *r);
-                    }
-                }
-                return client_response(resp, lease, p.start, ctx.access.is_some());
+                return answer(resp, lease, &mut p, ctx);
             }
         }
     }
@@ -469,6 +464,17 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for n in &HOP_BY_HOP {
         headers.remove(n);
     }
+}
+
+/// The replica's answer on its way to the client: followed, when the
+/// router can continue it elsewhere, else passed as it comes.
+fn answer(resp: Response<BackendBody>, lease: Lease, p: &mut Prepared, ctx: &Target) -> Response<ProxyBody> {
+    if let (Some(r), Some(moves)) = (p.resumable.take(), &ctx.moves) {
+        if r.plan.stream && resp.status() == StatusCode::OK && is_event_stream(resp.headers()) {
+            return resumable_response(resp, lease, p.start, ctx.access.is_some(), moves.clone(), *r);
+        }
+    }
+    client_response(resp, lease, p.start, ctx.access.is_some())
 }
 
 fn is_event_stream(headers: &HeaderMap) -> bool {

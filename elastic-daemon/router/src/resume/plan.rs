@@ -62,12 +62,19 @@ pub enum NotResumable {
     CompletionShape,
 }
 
+/// A plan, and the body its first attempt sends when that differs from
+/// the client's.
+#[derive(Debug, PartialEq)]
+pub struct Planned {
+    pub plan: Plan,
+    pub first: Option<Vec<u8>>,
+}
+
 impl Plan {
-    /// The plan for a `POST` to `path` with `body`, and the body its
-    /// first attempt sends when that differs from the client's. `Err` when
-    /// the request cannot be continued; `Ok(None)` when it is no generation
-    /// request at all.
-    pub fn of(path: &str, body: &[u8], method: Method) -> Result<Option<(Plan, Option<Vec<u8>>)>, NotResumable> {
+    /// The plan for a `POST` to `path` with `body`. `Err` when the request
+    /// cannot be continued; `Ok(None)` when it is no generation request at
+    /// all.
+    pub fn of(path: &str, body: &[u8], method: Method) -> Result<Option<Planned>, NotResumable> {
         let Some(api) = Api::of_path(path) else { return Ok(None) };
         let Ok(Value::Object(req)) = serde_json::from_slice::<Value>(body) else { return Err(NotResumable::NotJson) };
         check(api, &req)?;
@@ -83,7 +90,7 @@ impl Plan {
         // (an answer read whole is sent again whole).
         let ids_asked = stream && method == Method::Tokens;
         let first = ids_asked.then(|| with_logprobs(api, body));
-        Ok(Some((Plan { api, method, stream, include_usage, max_tokens, ids_asked, model }, first)))
+        Ok(Some(Planned { plan: Plan { api, method, stream, include_usage, max_tokens, ids_asked, model }, first }))
     }
 }
 
@@ -149,8 +156,10 @@ fn with_logprobs(api: Api, body: &[u8]) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    fn plan(path: &str, body: &str, method: Method) -> Result<Option<(Plan, Option<Vec<u8>>)>, NotResumable> {
-        Plan::of(path, body.as_bytes(), method)
+    type Got = Result<Option<(Plan, Option<Vec<u8>>)>, NotResumable>;
+
+    fn plan(path: &str, body: &str, method: Method) -> Got {
+        Plan::of(path, body.as_bytes(), method).map(|p| p.map(|p| (p.plan, p.first)))
     }
 
     #[test]
