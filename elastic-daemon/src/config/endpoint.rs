@@ -101,7 +101,7 @@ fn proxy_settings(
         idempotent: retry.and_then(|r| r.idempotent.as_ref()).is_some_and(|i| *i.get_ref()),
         conn,
         auth: e.auth.as_ref().and_then(|a| bearer_tokens(c, &a.bearer_tokens_file, "auth.bearer_tokens_file")),
-        resume: resume(c, e.resume.as_ref(), e.replicas.as_ref().map(|r| r.get_ref().command.get_ref().as_str())),
+        resume: resume(c, e.resume.as_deref(), e.replicas.as_ref().map(|r| r.get_ref().command.get_ref().as_str())),
     }
 }
 

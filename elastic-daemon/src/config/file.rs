@@ -108,7 +108,7 @@ pub struct EndpointFile<F: Form = Typed> {
     pub health: Option<HealthFile<F>>,
     pub auth: Option<AuthFile<F>>,
     pub tls: Option<TlsFile<F>>,
-    pub resume: Option<ResumeFile<F>>,
+    pub resume: Option<Box<ResumeFile<F>>>,
     pub replicas: Option<F::Table<ReplicasFile<F>>>,
 }
 

@@ -82,7 +82,7 @@ fn everything() -> ConfigFile {
                     unhealthy_after: Some(4),
                     ..HealthFile::new("/health")
                 }),
-                resume: Some(ResumeFile { method: Some("text".into()), max_moves: Some(5) }),
+                resume: Some(Box::new(ResumeFile { method: Some("text".into()), max_moves: Some(5) })),
                 replicas: Some(every_replicas_key()),
                 ..EndpointFile::new("chat")
             },
@@ -406,8 +406,8 @@ prop_compose! {
         health in some(("/[^\u{0}]*", some(a_duration()), some(a_duration()), some(1u32..=100), some(1u32..=100))),
         replicas in some(replicas()),
         routing in some((some(prop_oneof![Just("prefix"), Just("least_outstanding")]), some(16usize..=1 << 20), some(1.0f64..100.0), some(1024usize..=1 << 26))),
-        resume in some((some(prop_oneof![Just("auto"), Just("tokens"), Just("text"), Just("off")]), some(1u32..=100))),
     ) -> EndpointFile {
+        let chosen = name.len();
         EndpointFile {
             name,
             listen: Some(local(port.unwrap_or(0))),
@@ -440,7 +440,13 @@ prop_compose! {
             }),
             auth: None,
             tls: None,
-            resume: resume.map(|(method, max_moves)| ResumeFile { method: method.map(str::to_string), max_moves }),
+            // From the name rather than a strategy of its own: one more
+            // overflowed the test thread's stack (debug build) in proptest's
+            // tree of strategies.
+            resume: (chosen % 5 != 0).then(|| {
+                let method = ["auto", "tokens", "text", "off"][chosen % 4];
+                Box::new(ResumeFile { method: Some(method.to_string()), max_moves: Some(chosen as u32 % 100 + 1) })
+            }),
             replicas,
         }
     }
