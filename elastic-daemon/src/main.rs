@@ -248,6 +248,10 @@ fn check_only(path: &std::path::Path, config: &mut config::Config, user: Option<
         }
         Err(e) => errors.push(e),
     }
+    // How each endpoint's answers continue elsewhere (issue #43).
+    for e in &config.endpoints {
+        println!("resume: {}", onepool_elastic_daemon::config::resume_summary(&e.name, e.proxy.resume));
+    }
     for w in &findings.warnings {
         println!("warning: {w}");
     }

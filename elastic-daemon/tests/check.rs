@@ -59,6 +59,8 @@ fn check_refuses_the_secret_files_the_start_would_refuse() {
     let (code, out) = check(&d, &me);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("fits"), "{out}");
+    // An endpoint with no replicas' command: its answers continue by text.
+    assert!(out.contains("resume: endpoint chat: answers continue on another replica by text"), "{out}");
 
     // A key others may read, then a short one.
     file(&d.join("replica.key"), &format!("{}\n", "k".repeat(64)), 0o640);

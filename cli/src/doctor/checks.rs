@@ -388,6 +388,12 @@ pub fn daemon(config: Option<&str>, result: Option<Result<String, String>>) -> C
         ),
         (Some(path), Some(Ok(out))) => {
             let verdict = format!("{path}: {}", out.lines().last().unwrap_or("fits").trim());
+            // How each endpoint's answers continue elsewhere (issue #43).
+            let resume: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("resume: ")).collect();
+            let verdict = match resume.is_empty() {
+                true => verdict,
+                false => format!("{verdict}; {}", resume.join("; ")),
+            };
             // What onepoold would start with but warns about (a plain
             // replica transport among them) is the doctor's warning too.
             let warnings: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("warning: ")).collect();

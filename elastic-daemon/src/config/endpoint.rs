@@ -122,6 +122,20 @@ fn resume(c: &mut Checker, r: Option<&ResumeFile<Raw>>, command: Option<&str>) -
     Some(ResumeSettings { method, max_moves })
 }
 
+/// How an endpoint's answers continue on another replica, in a line for
+/// `onepoold --check` and `onepool doctor`.
+pub fn resume_summary(endpoint: &str, r: Option<ResumeSettings>) -> String {
+    match r {
+        Some(ResumeSettings { method: Method::Tokens, max_moves }) => format!(
+            "endpoint {endpoint}: answers continue on another replica by token ids (llama-server's /completion: exact), at most {max_moves} move(s) each"
+        ),
+        Some(ResumeSettings { method: Method::Text, max_moves }) => format!(
+            "endpoint {endpoint}: answers continue on another replica by text (the assistant's message continued: may differ at the junction), at most {max_moves} move(s) each"
+        ),
+        None => format!("endpoint {endpoint}: answers are not continued on another replica ([endpoint.resume] method = \"off\")"),
+    }
+}
+
 /// By tokens when the replicas' command runs llama-server (its native API
 /// takes and gives token ids), by text for any other server.
 pub fn auto_method(command: Option<&str>) -> Method {

@@ -27,6 +27,7 @@ use onepool_router::settings::{HealthCheck, ProxySettings};
 
 use check::Checker;
 use endpoint::{check_reachable, endpoint};
+pub use endpoint::{auto_method, resume_summary};
 use file::RawFile;
 use listener::listeners;
 use tokens::bearer_tokens;
