@@ -161,9 +161,10 @@ impl DrainNote {
 }
 
 /// The longest note written; causes are shortened (their last lines kept)
-/// to fit. Slurm takes longer comments, but the note travels in every
-/// `scontrol show job` onepoold reads.
-pub const NOTE_MAX: usize = 1500;
+/// to fit. slurmctld refuses a longer comment whole (`_test_strlen`:
+/// "strlen(comment) too big (1500 > 1024)" in 22.05's log, where a note of
+/// 1500 bytes, a server's end with its output, was lost with its cause).
+pub const NOTE_MAX: usize = 1024;
 
 const NOTE_TAG: &str = "op1";
 

@@ -113,6 +113,14 @@ pub async fn write_comment(scontrol: &str, job: u32, note: &ReplicaNote, patienc
         let out = Command::new(scontrol).args(["update", &id, &comment]).kill_on_drop(true).output();
         let why = match tokio::time::timeout(timeout, out).await {
             Ok(Ok(o)) if o.status.success() => return,
+            Ok(Ok(o)) if job_is_over(&o.stderr) => {
+                // No retry can write it: slurmctld ended the job (an
+                // immediate reclaim's kill), and the launcher must not hold
+                // the node retrying (3.5 s of retries held a protected job's
+                // GPUs before this).
+                tracing::warn!("job {job} has already ended: its comment cannot take the replica's note");
+                return;
+            }
             Ok(Ok(o)) => format!("{}: {}", o.status, String::from_utf8_lossy(&o.stderr).trim()),
             Ok(Err(e)) => format!("cannot run {scontrol}: {e}"),
             Err(_) => format!("no answer in {} s", timeout.as_secs()),
@@ -126,6 +134,14 @@ pub async fn write_comment(scontrol: &str, job: u32, note: &ReplicaNote, patienc
     tracing::error!("job {job}'s comment could not be written: onepoold will not find this replica's address");
 }
 
+/// Whether scontrol's error says the job is over (Slurm's
+/// ESLURM_ALREADY_DONE, "Job has already finished", or a job slurmctld no
+/// longer knows).
+fn job_is_over(stderr: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(stderr);
+    text.contains("already finished") || text.contains("Invalid job id")
+}
+
 async fn print_line(entry: &str) {
     let mut out = tokio::io::stdout();
     let _ = out.write_all(format!("{STEP_LINE}{entry}\n").as_bytes()).await;
@@ -135,4 +151,40 @@ async fn print_line(entry: &str) {
 /// The entry of a step's line, if `line` is one.
 pub fn step_entry(line: &str) -> Option<&str> {
     line.strip_prefix(STEP_LINE).map(str::trim)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in scontrol that counts its calls and fails as `stderr`.
+    fn scontrol(dir: &std::path::Path, stderr: &str) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join("scontrol");
+        let calls = dir.join("calls");
+        std::fs::write(&path, format!("#!/bin/sh\necho x >> {}\necho '{stderr}' >&2\nexit 1\n", calls.display()))
+            .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path.display().to_string()
+    }
+
+    fn calls(dir: &std::path::Path) -> usize {
+        std::fs::read_to_string(dir.join("calls")).unwrap_or_default().lines().count()
+    }
+
+    #[tokio::test]
+    async fn a_job_slurmctld_ended_is_not_retried_a_busy_slurmctld_is() {
+        let dir = std::env::temp_dir().join(format!("onepool-report-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let note = ReplicaNote::default();
+        let over = scontrol(&dir, "slurm_update error: Job has already finished");
+        write_comment(&over, 7, &note, Patience::Retry).await;
+        assert_eq!(calls(&dir), 1, "an ended job's comment is tried once");
+        std::fs::remove_file(dir.join("calls")).unwrap();
+        let busy = scontrol(&dir, "slurm_update error: Socket timed out on send/recv operation");
+        write_comment(&busy, 7, &note, Patience::Retry).await;
+        assert_eq!(calls(&dir), ATTEMPTS as usize, "a busy slurmctld is tried again");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

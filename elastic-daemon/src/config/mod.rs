@@ -26,8 +26,8 @@ use onepool_router::registry::HealthThresholds;
 use onepool_router::settings::{HealthCheck, ProxySettings};
 
 use check::Checker;
-use endpoint::{check_reachable, endpoint};
 pub use endpoint::{auto_method, resume_summary};
+use endpoint::{check_reachable, endpoint};
 use file::RawFile;
 use listener::listeners;
 use tokens::bearer_tokens;
