@@ -146,6 +146,9 @@ pub struct AccessEntry {
     /// `replica` is the one it began on.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub moved: u32,
+    /// The request's class (issue #44), on an endpoint with classes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {

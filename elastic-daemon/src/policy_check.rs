@@ -147,7 +147,8 @@ pub fn pool_scope(config: &Config, policy: &Policy) -> PoolScope {
 /// replicas drain at every SIGTERM (what `check` warns of), but warm
 /// headroom cannot start.
 pub fn resolve_from_policy(config: &mut Config) -> Result<(), String> {
-    if !config.endpoints.iter().any(|e| e.replicas.is_some()) {
+    let classes = config.endpoints.iter().any(wants_classes);
+    if !config.endpoints.iter().any(|e| e.replicas.is_some()) && !classes {
         return Ok(());
     }
     let warm = config.endpoints.iter().any(|e| e.replicas.as_ref().is_some_and(|r| r.warm.is_some()));
@@ -158,15 +159,19 @@ pub fn resolve_from_policy(config: &mut Config) -> Result<(), String> {
             .ok_or_else(|| format!("{} has errors (run `onepool policy check {}`)", path.display(), path.display())),
         Err(e) => Err(format!("cannot read {}: {e}; set `policy` in onepoold's config", path.display())),
     };
-    let policy = match (policy, warm) {
-        (Ok(p), _) => p,
-        (Err(why), true) => {
+    let policy = match (policy, warm, classes) {
+        (Ok(p), _, _) => p,
+        (Err(why), true, _) => {
             return Err(format!(
                 "warm headroom needs the policy (the pool's partitions and the warm class's QOS): {why}"
             ))
         }
-        (Err(_), false) => return Ok(()),
+        (Err(why), false, true) => {
+            return Err(format!("request classes (API keys that name a class, request_class) need the policy: {why}"))
+        }
+        (Err(_), false, false) => return Ok(()),
     };
+    resolve_classes(config, &policy, &path)?;
     let immediate: Vec<String> = policy
         .classes
         .iter()
@@ -179,6 +184,59 @@ pub fn resolve_from_policy(config: &mut Config) -> Result<(), String> {
         if let Some(w) = r.warm.as_mut() {
             w.scope = scope.clone();
         }
+    }
+    Ok(())
+}
+
+/// Whether an endpoint serves requests by class (issue #44): its keys name
+/// classes, or it names its own.
+fn wants_classes(e: &crate::config::EndpointConfig) -> bool {
+    !e.keyed_classes.is_empty() || e.request_class.is_some()
+}
+
+/// Each endpoint's request classes from the policy: protected classes
+/// first (rank 0), then flexible ones by rank. A class a key names that the
+/// policy lacks is an error at the key's line.
+fn resolve_classes(config: &mut Config, policy: &onepool_decisions::policy::Policy, path: &std::path::Path) -> Result<(), String> {
+    let ranks: Vec<(String, u32)> = policy
+        .classes
+        .iter()
+        .map(|c| {
+            let rank = match c.tier {
+                Tier::Protected { .. } => 0,
+                Tier::Flexible { rank, .. } => rank,
+            };
+            (c.name.clone(), rank)
+        })
+        .collect();
+    let known = |name: &str| ranks.iter().any(|(n, _)| n == name);
+    let names = || ranks.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ");
+    for e in config.endpoints.iter_mut().filter(|e| wants_classes(e)) {
+        for (class, at) in &e.keyed_classes {
+            if !known(class) {
+                return Err(format!(
+                    "{at}: request class {class:?} is not a class of the policy {} (its classes: {})",
+                    path.display(),
+                    names()
+                ));
+            }
+        }
+        let own = e.request_class.clone().or_else(|| e.replicas.as_ref().map(|r| r.supplemental_workload.clone()));
+        let Some(own) = own else {
+            return Err(format!(
+                "endpoint {:?}: its API keys name request classes; say the class of requests whose key names none (request_class = \"...\")",
+                e.name
+            ));
+        };
+        let Some(classes) = onepool_router::classes::RequestClasses::new(&own, ranks.clone()) else {
+            return Err(format!(
+                "endpoint {:?}: request_class {own:?} is not a class of the policy {} (its classes: {})",
+                e.name,
+                path.display(),
+                names()
+            ));
+        };
+        e.proxy.classes = Some(std::sync::Arc::new(classes));
     }
     Ok(())
 }

@@ -513,6 +513,7 @@ fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
                 replica: Some("127.0.0.1:40001".into()),
                 complete: true,
                 moved: 0,
+                class: None,
             }
         })
         .collect();
@@ -650,6 +651,7 @@ fn targets_from_the_pool_s_own_service_give_a_number_where_the_default_target_is
             replica: Some("127.0.0.1:40001".into()),
             complete: true,
             moved: 0,
+            class: None,
         })
         .collect();
     let chat = chat_endpoint(1, 1, 1.0);

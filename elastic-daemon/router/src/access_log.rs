@@ -100,6 +100,8 @@ pub struct Tap {
     written: bool,
     /// Times the answer moved to another replica.
     pub moved: u32,
+    /// The request's class (issue #44), on an endpoint with classes.
+    pub class: Option<String>,
 }
 
 impl Tap {
@@ -124,6 +126,7 @@ impl Tap {
             tail: Vec::new(),
             written: false,
             moved: 0,
+            class: None,
         }
     }
 
@@ -160,6 +163,7 @@ impl Tap {
             replica: self.replica.map(|r| r.to_string()),
             complete,
             moved: self.moved,
+            class: self.class.take(),
         };
         if let Ok(line) = serde_json::to_string(&entry) {
             self.log.send(line);

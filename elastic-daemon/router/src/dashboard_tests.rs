@@ -96,6 +96,10 @@ fn exercised() -> Metrics {
     m.count_move_failed(endpoint, "max_moves");
     m.observe_move_pause(endpoint, 0.2);
     m.resume_kept_bytes.set(4096);
+    for what in [crate::metrics::ClassEvent::Request, crate::metrics::ClassEvent::Shed, crate::metrics::ClassEvent::Yielded] {
+        m.count_class(endpoint, "agents", what);
+    }
+    m.observe_class_wait(endpoint, "agents", 0.1);
     let instance = crate::metrics::InstanceLabels { instance: "svc-a".into() };
     m.ha_acting.get_or_create(&instance).set(1);
     m.ha_lock_foreign.get_or_create(&instance).set(0);

@@ -3,7 +3,7 @@
 //! oneshot channels and `Notify`, never polling: a released slot is handed
 //! straight to the oldest waiter that can use it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -32,6 +32,33 @@ pub enum AcquireError {
     QueueFull,
     #[error("no replica became free within the queue timeout")]
     TimedOut,
+    /// A class below the endpoint's own is past its own bound (429).
+    #[error("this request class's share of the queue is full")]
+    ClassFull,
+}
+
+/// A request's place in the queue (issue #44): lower ranks are served
+/// first; requests without a class all have the default, first come first
+/// served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Rank(pub u32);
+
+/// What a request asks of the endpoint for a slot.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Want<'a> {
+    /// Replicas it failed on.
+    pub exclude: &'a [ReplicaId],
+    /// Its prompt's prefix, when the endpoint routes by prefix.
+    pub prefix: &'a [u64],
+    pub rank: Rank,
+    /// A class below the endpoint's own: past its bound it gets
+    /// [`AcquireError::ClassFull`] rather than [`AcquireError::QueueFull`].
+    pub lower: bool,
+    /// An answer that moved or yielded: ahead of new requests of its rank,
+    /// and past the bound (it was accepted once already).
+    pub ahead: bool,
+    /// Its longest wait; the queue timeout when none.
+    pub wait: Option<Duration>,
 }
 
 pub use onepool_control::api::DrainOutcome;
@@ -42,8 +69,18 @@ struct Waiter {
     /// Its prompt's prefix, when the endpoint routes by prefix.
     prefix: crate::prefix::PrefixKey,
     tx: oneshot::Sender<(ReplicaId, Arc<ReplicaShared>)>,
-    /// An answer that moved here from another replica (served first).
+    rank: Rank,
+    /// An answer that moved here from another replica (served first within
+    /// its rank).
     ahead: bool,
+}
+
+impl Waiter {
+    /// Its place: by rank, moved answers first within a rank, then by
+    /// arrival (the queue keeps this order).
+    fn key(&self) -> (Rank, bool) {
+        (self.rank, !self.ahead)
+    }
 }
 
 /// What the requests to one replica share beside its counters in the
@@ -77,6 +114,55 @@ struct Inner {
     /// `onepool_router_prefix_routed_total` of this endpoint, in
     /// [`Affine::SLOTS`]'s order (looked up once, not per request).
     affine_counts: Option<[Counter; 4]>,
+    /// Streams that may yield their slot to a higher class (issue #44),
+    /// by registration number.
+    yieldable: BTreeMap<u64, Yieldable>,
+    next_yieldable: u64,
+}
+
+/// A stream in flight that may give its slot to a higher class's request.
+struct Yieldable {
+    replica: ReplicaId,
+    rank: Rank,
+    signal: Arc<YieldSignal>,
+}
+
+/// Set when a stream is asked to yield its slot; its body wakes on it.
+#[derive(Default)]
+pub struct YieldSignal {
+    asked: std::sync::atomic::AtomicBool,
+    notify: Notify,
+}
+
+impl YieldSignal {
+    pub fn asked(&self) -> bool {
+        self.asked.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Resolves once the stream is asked to yield.
+    pub async fn wait(&self) {
+        while !self.asked() {
+            self.notify.notified().await;
+        }
+    }
+
+    fn ask(&self) {
+        self.asked.store(true, std::sync::atomic::Ordering::Release);
+        self.notify.notify_one();
+    }
+}
+
+/// A stream's registration as yieldable; dropped with the stream's lease.
+pub struct YieldTicket {
+    endpoint: Arc<Endpoint>,
+    id: u64,
+    pub signal: Arc<YieldSignal>,
+}
+
+impl Drop for YieldTicket {
+    fn drop(&mut self) {
+        self.endpoint.lock().yieldable.remove(&self.id);
+    }
 }
 
 impl Inner {
@@ -154,6 +240,8 @@ impl Endpoint {
                 shared: Vec::new(),
                 affinity: None,
                 affine_counts: None,
+                yieldable: BTreeMap::new(),
+                next_yieldable: 0,
             }),
             queue_depth: metrics.queue_depth(name),
             requests: metrics.request_counters(name, ""),
@@ -453,7 +541,7 @@ impl Endpoint {
     /// ([`crate::prefix::prefix_key`]): with prefix routing on, the
     /// replica that holds the longest part of it, within the load bound.
     pub async fn acquire_for(self: &Arc<Self>, exclude: &[ReplicaId], prefix: &[u64]) -> Result<Lease, AcquireError> {
-        self.acquire_with(exclude, prefix, false).await
+        self.acquire_want(Want { exclude, prefix, ..Want::default() }).await
     }
 
     /// [`Endpoint::acquire`] for an answer that moves from the replica
@@ -461,36 +549,33 @@ impl Endpoint {
     /// queue's bound does not turn it away (it was accepted once already;
     /// the queue timeout still bounds its wait).
     pub async fn acquire_ahead(self: &Arc<Self>, exclude: &[ReplicaId]) -> Result<Lease, AcquireError> {
-        self.acquire_with(exclude, &[], true).await
+        self.acquire_want(Want { exclude, ahead: true, ..Want::default() }).await
     }
 
-    async fn acquire_with(
-        self: &Arc<Self>,
-        exclude: &[ReplicaId],
-        prefix: &[u64],
-        ahead: bool,
-    ) -> Result<Lease, AcquireError> {
+    /// A slot for a request as `want` says: at once if a replica has room,
+    /// else in the queue at its rank's place (issue #44), past which a
+    /// stream of a lower class is asked to yield its slot.
+    pub async fn acquire_want(self: &Arc<Self>, want: Want<'_>) -> Result<Lease, AcquireError> {
         let (waiter_id, rx) = {
             let mut g = self.lock();
-            if let Some(id) = Self::choose(&mut g, exclude, prefix) {
+            if let Some(id) = Self::choose(&mut g, want.exclude, want.prefix) {
                 return Ok(self.lease_chosen(&mut g, id));
             }
-            if g.waiters.len() >= self.queue.size && !ahead {
-                return Err(AcquireError::QueueFull);
+            if !want.ahead {
+                let of_rank = g.waiters.iter().filter(|w| w.rank == want.rank && !w.ahead).count();
+                if of_rank >= self.queue.size {
+                    return Err(if want.lower { AcquireError::ClassFull } else { AcquireError::QueueFull });
+                }
             }
             let (tx, rx) = oneshot::channel();
             let wid = g.next_waiter;
             g.next_waiter += 1;
-            let prefix = if g.affinity.is_some() { prefix.to_vec() } else { Vec::new() };
-            let w = Waiter { id: wid, exclude: exclude.to_vec(), prefix, tx, ahead: false };
-            match ahead {
-                // Behind the answers that moved before it, ahead of the rest.
-                true => {
-                    let at = g.waiters.iter().position(|w| !w.ahead).unwrap_or(g.waiters.len());
-                    g.waiters.insert(at, Waiter { ahead: true, ..w });
-                }
-                false => g.waiters.push_back(w),
-            }
+            let prefix = if g.affinity.is_some() { want.prefix.to_vec() } else { Vec::new() };
+            let w = Waiter { id: wid, exclude: want.exclude.to_vec(), prefix, tx, rank: want.rank, ahead: want.ahead };
+            let key = w.key();
+            let at = g.waiters.iter().position(|o| o.key() > key).unwrap_or(g.waiters.len());
+            g.waiters.insert(at, w);
+            Self::ask_to_yield(&mut g, want.rank, want.exclude);
             if !g.pool.replicas().iter().any(|r| r.state == ReplicaState::Ready) {
                 self.cold.notify_one();
             }
@@ -501,7 +586,8 @@ impl Endpoint {
         // Boxed: most requests find a replica free above and so never carry
         // the waiting's state along.
         let since = Instant::now();
-        let mut lease = Box::pin(self.wait_in_queue(waiter_id, rx)).await?;
+        let wait = want.wait.unwrap_or(self.queue.timeout);
+        let mut lease = Box::pin(self.wait_in_queue(waiter_id, rx, wait)).await?;
         lease.queued_us = u32::try_from(since.elapsed().as_micros()).unwrap_or(u32::MAX);
         Ok(lease)
     }
@@ -510,13 +596,14 @@ impl Endpoint {
         self: &Arc<Self>,
         waiter_id: u64,
         rx: oneshot::Receiver<(ReplicaId, Arc<ReplicaShared>)>,
+        wait: Duration,
     ) -> Result<Lease, AcquireError> {
         // The guard owns the receiver so that a request dropped mid-wait
         // (client gone) leaves the queue, or gives back a slot it was handed.
         let mut guard = WaiterGuard { endpoint: self, id: waiter_id, rx: Some(rx) };
         let granted = {
             let rx = guard.rx.as_mut().expect("set above");
-            tokio::time::timeout(self.queue.timeout, rx).await
+            tokio::time::timeout(wait, rx).await
         };
         match granted {
             Ok(Ok((id, shared))) => {
@@ -545,6 +632,38 @@ impl Endpoint {
                 }
             }
         }
+    }
+
+    /// A request of `rank` waits: the newest stream of the lowest class
+    /// below it, on a replica the request may use, is asked to give its
+    /// slot up (issue #44); the router continues that stream later, from
+    /// where its client has it. One stream per waiting request.
+    fn ask_to_yield(g: &mut Inner, rank: Rank, exclude: &[ReplicaId]) {
+        let chosen = g
+            .yieldable
+            .iter()
+            .filter(|(_, y)| y.rank > rank && !y.signal.asked() && !exclude.contains(&y.replica))
+            .max_by_key(|(id, y)| (y.rank, **id))
+            .map(|(id, _)| *id);
+        if let Some(y) = chosen.and_then(|id| g.yieldable.remove(&id)) {
+            y.signal.ask();
+        }
+    }
+
+    /// Registers the stream on `lease` as one that may yield its slot to a
+    /// request of a class above `rank`.
+    pub fn yieldable(self: &Arc<Self>, lease: &Lease, rank: Rank) -> YieldTicket {
+        let signal = Arc::new(YieldSignal::default());
+        let mut g = self.lock();
+        let id = g.next_yieldable;
+        g.next_yieldable += 1;
+        g.yieldable.insert(id, Yieldable { replica: lease.id(), rank, signal: signal.clone() });
+        // A request of a higher class may be waiting already.
+        let waiting = g.waiters.iter().find(|w| w.rank < rank).map(|w| (w.rank, w.exclude.clone()));
+        if let Some((r, exclude)) = waiting {
+            Self::ask_to_yield(&mut g, r, &exclude);
+        }
+        YieldTicket { endpoint: self.clone(), id, signal }
     }
 
     /// The replica for a request: by prefix when the endpoint routes so,

@@ -19,6 +19,7 @@
 pub mod access_log;
 mod affine_choice;
 pub mod backend_pool;
+pub mod classes;
 pub mod endpoint;
 pub mod health;
 pub mod line_log;

@@ -88,6 +88,25 @@ impl Unavailable {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabels {
+    pub endpoint: String,
+    /// The request's class (issue #44).
+    pub class: String,
+}
+
+/// What happened to a request of a class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClassEvent {
+    /// It arrived.
+    Request,
+    /// Its class's share of the queue was full: 429 (a class below the
+    /// endpoint's) or 503.
+    Shed,
+    /// Its stream gave its slot to a higher class's request.
+    Yielded,
+}
+
 /// Why a request was sent to another replica after an attempt
 /// (`onepool_router_retries_total{endpoint,reason}`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -241,6 +260,12 @@ pub struct Metrics {
     pub stream_moves_failed: Family<UnavailableLabels, Counter>,
     pub stream_move_pause_seconds: HistogramFamily<EndpointLabels>,
     pub resume_kept_bytes: Gauge,
+    /// Requests by class (issue #44): arrived, shed, yielded; and their
+    /// wait in the queue.
+    pub class_requests: Family<ClassLabels, Counter>,
+    pub class_shed: Family<ClassLabels, Counter>,
+    pub class_yielded: Family<ClassLabels, Counter>,
+    pub class_queue_seconds: HistogramFamily<ClassLabels>,
     /// Access log lines dropped because its writer fell behind.
     pub access_log_dropped: Counter,
     /// Requests routed by prompt prefix, by how ([`crate::prefix::Affine`]).
@@ -296,6 +321,10 @@ impl Metrics {
             stream_moves_failed: Family::default(),
             stream_move_pause_seconds: Family::new_with_constructor(latency_histogram),
             resume_kept_bytes: Gauge::default(),
+            class_requests: Family::default(),
+            class_shed: Family::default(),
+            class_yielded: Family::default(),
+            class_queue_seconds: Family::new_with_constructor(latency_histogram),
             access_log_dropped: Counter::default(),
             prefix_routed: Family::default(),
             ha_acting: Family::default(),
@@ -366,6 +395,22 @@ impl Metrics {
             "resume_kept_bytes",
             "Heap bytes the router keeps for the answers it follows (token ids, text, partial events)",
             self.resume_kept_bytes.clone(),
+        );
+        r.register("class_requests", "Requests by request class (issue #44)", self.class_requests.clone());
+        r.register(
+            "class_shed",
+            "Requests refused because their class's share of the queue was full: 429 for a class below the endpoint's own, 503 otherwise",
+            self.class_shed.clone(),
+        );
+        r.register(
+            "class_yielded",
+            "Streams that gave their replica slot to a request of a higher class and continued later",
+            self.class_yielded.clone(),
+        );
+        r.register(
+            "class_queue_seconds",
+            "How long requests of each class waited in the queue for a replica",
+            self.class_queue_seconds.clone(),
         );
         r.register(
             "access_log_dropped",
@@ -521,6 +566,22 @@ impl Metrics {
     pub fn count_retry(&self, endpoint: &str, reason: Retry) {
         let labels = UnavailableLabels { endpoint: endpoint.to_string(), reason: reason.as_str().to_string() };
         self.retries.get_or_create(&labels).inc();
+    }
+
+    /// A request of `class` (issue #44).
+    pub fn count_class(&self, endpoint: &str, class: &str, what: ClassEvent) {
+        let labels = ClassLabels { endpoint: endpoint.to_string(), class: class.to_string() };
+        let family = match what {
+            ClassEvent::Request => &self.class_requests,
+            ClassEvent::Shed => &self.class_shed,
+            ClassEvent::Yielded => &self.class_yielded,
+        };
+        family.get_or_create(&labels).inc();
+    }
+
+    pub fn observe_class_wait(&self, endpoint: &str, class: &str, seconds: f64) {
+        let labels = ClassLabels { endpoint: endpoint.to_string(), class: class.to_string() };
+        self.class_queue_seconds.get_or_create(&labels).observe(seconds);
     }
 
     /// An answer moved to another replica (issue #43).

@@ -37,18 +37,27 @@ pub struct ProxySettings {
     /// Route by prompt prefix ([`crate::prefix`]); `None`: least
     /// outstanding alone.
     pub prefix: Option<crate::prefix::PrefixSettings>,
+    /// Requests served by class ([`crate::classes`]); `None`: one queue,
+    /// first come first served.
+    pub classes: Option<Arc<crate::classes::RequestClasses>>,
     /// Continue answers on another replica when theirs cannot finish them
     /// ([`crate::resume`]); `None`: off.
     pub resume: Option<crate::resume::ResumeSettings>,
 }
 
-/// The tokens an endpoint accepts in `Authorization: Bearer TOKEN`.
+/// The tokens an endpoint accepts in `Authorization: Bearer TOKEN`, each
+/// with the request class it names (issue #44), if any.
 #[derive(Clone)]
-pub struct BearerTokens(Arc<Vec<Vec<u8>>>);
+pub struct BearerTokens(Arc<Vec<(Vec<u8>, Option<Arc<str>>)>>);
 
 impl BearerTokens {
     pub fn new(tokens: impl IntoIterator<Item = String>) -> BearerTokens {
-        BearerTokens(Arc::new(tokens.into_iter().map(String::into_bytes).collect()))
+        BearerTokens::with_classes(tokens.into_iter().map(|t| (t, None)))
+    }
+
+    /// Tokens, each with the class its line names.
+    pub fn with_classes(tokens: impl IntoIterator<Item = (String, Option<String>)>) -> BearerTokens {
+        BearerTokens(Arc::new(tokens.into_iter().map(|(t, c)| (t.into_bytes(), c.map(Arc::from))).collect()))
     }
 
     pub fn len(&self) -> usize {
@@ -59,10 +68,12 @@ impl BearerTokens {
         self.0.is_empty()
     }
 
+    /// The classes the tokens name.
+    pub fn classes(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().filter_map(|(_, c)| c.as_deref())
+    }
+
     /// Whether the request's Authorization field names one of the tokens.
-    /// Every token is compared in full, without stopping at the first
-    /// difference, so the time taken does not tell how much of a guess
-    /// was right.
     pub fn allows(&self, headers: &HeaderMap) -> bool {
         self.allows_value(headers.get(AUTHORIZATION).map(|v| v.as_bytes()))
     }
@@ -70,20 +81,33 @@ impl BearerTokens {
     /// [`allows`](Self::allows), given the first `Authorization` field's
     /// value as it came (the lean HTTP/1.1 path has no header map).
     pub fn allows_value(&self, given: Option<&[u8]>) -> bool {
-        let Some(given) = given else { return false };
-        let Some(given) = given.get(..7).filter(|s| s.eq_ignore_ascii_case(b"bearer ")).map(|_| &given[7..]) else {
-            return false;
-        };
+        self.find(given).is_some()
+    }
+
+    /// The class the request's token names: `None` when no token matches,
+    /// `Some(None)` for a token without a class.
+    pub fn class_of(&self, headers: &HeaderMap) -> Option<Option<&Arc<str>>> {
+        self.find(headers.get(AUTHORIZATION).map(|v| v.as_bytes())).map(|i| self.0[i].1.as_ref())
+    }
+
+    /// The index of the token `given` names. Every token is compared in
+    /// full, without stopping at the first difference, so the time taken
+    /// does not tell how much of a guess was right.
+    fn find(&self, given: Option<&[u8]>) -> Option<usize> {
+        let given = given?;
+        let given = given.get(..7).filter(|s| s.eq_ignore_ascii_case(b"bearer ")).map(|_| &given[7..])?;
         let given = given.trim_ascii();
-        let mut found = 0u8;
-        for t in self.0.iter() {
+        let mut found = usize::MAX;
+        for (i, (t, _)) in self.0.iter().enumerate() {
             let mut diff = u8::from(t.len() != given.len());
-            for (i, b) in t.iter().enumerate() {
-                diff |= b ^ given.get(i).copied().unwrap_or(0);
+            for (k, b) in t.iter().enumerate() {
+                diff |= b ^ given.get(k).copied().unwrap_or(0);
             }
-            found |= u8::from(diff == 0);
+            // No branch on the comparison: the index is kept by a mask.
+            let same = usize::from(diff == 0).wrapping_neg();
+            found = (found & !same) | (i & same);
         }
-        found == 1
+        (found != usize::MAX).then_some(found)
     }
 }
 

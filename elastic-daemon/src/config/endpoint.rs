@@ -46,7 +46,14 @@ pub(super) fn endpoint(
             c.error(raw.span(), format!("listen {l} is also used by {other}; give each its own address"));
         }
     }
-    let proxy = proxy_settings(c, e, raw, &name, max_buffered_body_bytes);
+    let (auth, keyed_classes) = match &e.auth {
+        Some(a) => match bearer_tokens(c, &a.bearer_tokens_file, "auth.bearer_tokens_file", true) {
+            Some((tokens, named)) => (Some(tokens), named),
+            None => (None, Vec::new()),
+        },
+        None => (None, Vec::new()),
+    };
+    let proxy = proxy_settings(c, e, raw, &name, max_buffered_body_bytes, auth);
     let (health, thresholds) = health(c, e.health.as_ref());
     let mut replicas = e.replicas.as_ref().map(|r| replica_settings(c, r));
     if let Some(r) = &mut replicas {
@@ -55,6 +62,8 @@ pub(super) fn endpoint(
     EndpointConfig {
         name,
         listen,
+        request_class: e.request_class.as_ref().map(|r| r.get_ref().clone()),
+        keyed_classes,
         replica_concurrency: c.number(&e.replica_concurrency, "replica_concurrency", 1, 100_000, 8) as u32,
         queue_size: c.number(&e.queue_size, "queue_size", 0, 1_000_000, 256) as usize,
         queue_timeout: c.duration(&e.queue_timeout, "queue_timeout", Duration::from_secs(10)),
@@ -73,6 +82,7 @@ fn proxy_settings(
     raw: &RawFile,
     name: &str,
     max_buffered_body_bytes: usize,
+    auth: Option<onepool_router::settings::BearerTokens>,
 ) -> ProxySettings {
     let retry = e.retry.as_ref();
     let attempts = retry.map(|r| c.number(&r.attempts, "retry.attempts", 0, 10, 2)).unwrap_or(2);
@@ -100,7 +110,8 @@ fn proxy_settings(
         retries: attempts as u32,
         idempotent: retry.and_then(|r| r.idempotent.as_ref()).is_some_and(|i| *i.get_ref()),
         conn,
-        auth: e.auth.as_ref().and_then(|a| bearer_tokens(c, &a.bearer_tokens_file, "auth.bearer_tokens_file")),
+        auth,
+        classes: None,
         resume: resume(c, e.resume.as_deref(), e.replicas.as_ref().map(|r| r.get_ref().command.get_ref().as_str())),
     }
 }

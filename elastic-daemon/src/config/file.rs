@@ -109,6 +109,8 @@ pub struct EndpointFile<F: Form = Typed> {
     pub auth: Option<AuthFile<F>>,
     pub tls: Option<TlsFile<F>>,
     pub resume: Option<Box<ResumeFile<F>>>,
+    /// The class of requests whose API key names none (issue #44).
+    pub request_class: Option<F::Text>,
     pub replicas: Option<F::Table<ReplicasFile<F>>>,
 }
 
@@ -329,6 +331,7 @@ impl Default for EndpointFile {
             auth: None,
             tls: None,
             resume: None,
+            request_class: None,
             replicas: None,
         }
     }

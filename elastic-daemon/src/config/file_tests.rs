@@ -83,6 +83,7 @@ fn everything() -> ConfigFile {
                     ..HealthFile::new("/health")
                 }),
                 resume: Some(Box::new(ResumeFile { method: Some("text".into()), max_moves: Some(5) })),
+                request_class: Some("inference".into()),
                 replicas: Some(every_replicas_key()),
                 ..EndpointFile::new("chat")
             },
@@ -447,6 +448,7 @@ prop_compose! {
                 let method = ["auto", "tokens", "text", "off"][chosen % 4];
                 Box::new(ResumeFile { method: Some(method.to_string()), max_moves: Some(chosen as u32 % 100 + 1) })
             }),
+            request_class: None,
             replicas,
         }
     }

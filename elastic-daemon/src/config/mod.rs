@@ -111,6 +111,13 @@ pub struct EndpointConfig {
     /// Replicas onepoold runs itself as Slurm jobs (`[endpoint.replicas]`);
     /// `None`: replicas come only through the control socket.
     pub replicas: Option<ReplicaSettings>,
+    /// Request classes (issue #44): the class of requests whose key names
+    /// none (`request_class`; default: the replicas' supplemental
+    /// workload), and the classes the keys name, each with where (the
+    /// tokens file and line). Resolved against the policy into
+    /// `proxy.classes` ([`crate::policy_check::resolve_from_policy`]).
+    pub request_class: Option<String>,
+    pub keyed_classes: Vec<(String, String)>,
 }
 
 /// `[endpoint.replicas]`: how onepoold submits, scales and drains the
@@ -248,7 +255,7 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
     let control_socket_mode = control_socket_mode(&mut c, &raw);
     let metrics_address = metrics_address(&mut c, &raw);
     let metrics_auth =
-        raw.metrics_bearer_tokens_file.as_ref().and_then(|f| bearer_tokens(&mut c, f, "metrics_bearer_tokens_file"));
+        raw.metrics_bearer_tokens_file.as_ref().and_then(|f| bearer_tokens(&mut c, f, "metrics_bearer_tokens_file", false)).map(|(t, _)| t);
     let shutdown_grace = c.duration(&raw.shutdown_grace, "shutdown_grace", Duration::from_secs(30));
     let access_log = raw.access_log.as_ref().map(|a| line_log(&mut c, a.get_ref(), "access_log"));
     let decision_log = raw.decision_log.as_ref().map(|a| line_log(&mut c, a.get_ref(), "decision_log"));

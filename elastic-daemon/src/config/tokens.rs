@@ -8,12 +8,15 @@ const MIN_TOKEN_LEN: usize = 16;
 
 /// The tokens of `[endpoint.auth] bearer_tokens_file`, or an error at the
 /// key: the file is unreadable, open to anyone but its owner, empty, or
-/// holds a short token.
+/// holds a short token. A line may name a request class after its token
+/// (`TOKEN agents`, issue #44) where `classes` says so; each class named is
+/// returned with where (file and line), for the policy to check.
 pub(super) fn bearer_tokens(
     c: &mut Checker,
     path: &Spanned<String>,
     key: &str,
-) -> Option<onepool_router::settings::BearerTokens> {
+    classes: bool,
+) -> Option<(onepool_router::settings::BearerTokens, Vec<(String, String)>)> {
     use std::os::unix::fs::PermissionsExt;
     let (file, span) = (path.get_ref(), path.span());
     let text = match std::fs::metadata(file).and_then(|m| Ok((m, std::fs::read_to_string(file)?))) {
@@ -28,21 +31,44 @@ pub(super) fn bearer_tokens(
             return None;
         }
     };
-    let mut tokens = Vec::new();
+    let (mut tokens, mut named) = (Vec::new(), Vec::new());
     for (i, line) in text.lines().enumerate() {
-        let t = line.split('#').next().unwrap_or("").trim();
-        if t.is_empty() {
-            continue;
-        }
-        if t.len() < MIN_TOKEN_LEN || t.contains(char::is_whitespace) || !t.is_ascii() {
-            c.error(span.clone(), format!("{key} {file:?} line {}: a token is one word of at least {MIN_TOKEN_LEN} ASCII characters (e.g. `openssl rand -hex 32`)", i + 1));
+        let mut words = line.split('#').next().unwrap_or("").split_whitespace();
+        let Some(t) = words.next() else { continue };
+        let class = words.next();
+        let at = format!("{file}:{}", i + 1);
+        if t.len() < MIN_TOKEN_LEN || !t.is_ascii() {
+            c.error(span.clone(), format!("{key} {at}: a token is one word of at least {MIN_TOKEN_LEN} ASCII characters (e.g. `openssl rand -hex 32`)"));
             return None;
         }
-        tokens.push(t.to_string());
+        let class = match (class, words.next(), classes) {
+            (None, _, _) => None,
+            (Some(_), None, false) => {
+                c.error(span.clone(), format!("{key} {at}: these tokens name no request class; give the token alone"));
+                return None;
+            }
+            (Some(name), None, true) if valid_class(name) => Some(name.to_string()),
+            (Some(name), None, true) => {
+                c.error(span.clone(), format!("{key} {at}: {name:?} is not a class name (letters, digits, '-', '_')"));
+                return None;
+            }
+            (Some(_), Some(extra), _) => {
+                c.error(span.clone(), format!("{key} {at}: {extra:?} after the token and its class: a line is `TOKEN [CLASS]`"));
+                return None;
+            }
+        };
+        if let Some(class) = &class {
+            named.push((class.clone(), at));
+        }
+        tokens.push((t.to_string(), class));
     }
     if tokens.is_empty() {
         c.error(span, format!("{key} {file:?} holds no token: every request would be refused"));
         return None;
     }
-    Some(onepool_router::settings::BearerTokens::new(tokens))
+    Some((onepool_router::settings::BearerTokens::with_classes(tokens), named))
+}
+
+fn valid_class(name: &str) -> bool {
+    name.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '-' || ch == '_')
 }

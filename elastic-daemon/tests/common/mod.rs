@@ -2,6 +2,8 @@
 //! in-process from a config, and a plain HTTP client.
 #![allow(dead_code)]
 
+pub mod engine;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -223,6 +225,7 @@ pub fn proxy_settings() -> ProxySettings {
         },
         auth: None,
         resume: None,
+        classes: None,
     }
 }
 
@@ -237,6 +240,8 @@ pub fn endpoint_config(limit: u32, queue: usize, queue_timeout: Duration) -> End
         health: None,
         thresholds: HealthThresholds::default(),
         replicas: None,
+        request_class: None,
+        keyed_classes: Vec::new(),
     }
 }
 

@@ -202,6 +202,10 @@ fn parse(buf: &[u8], t: &Target, client: &ClientConn, max_head: usize, head: &mu
     if method == "POST" && t.settings.resume.is_some() {
         return Parsed::Decline;
     }
+    // A request's class is read on the full path too (crate::classes).
+    if t.settings.classes.is_some() {
+        return Parsed::Decline;
+    }
     let (mut hosts, mut length, mut forwarded, mut authorization) = (0, None, None, None);
     for f in req.headers.iter() {
         let name = f.name.as_bytes();

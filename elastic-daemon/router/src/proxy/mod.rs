@@ -54,8 +54,8 @@ use tokio::sync::watch;
 
 use crate::access_log::{AccessLog, RequestFacts, ServedBy, Tap};
 use crate::backend_pool::{self, BackendBody, SendError, HOP_BY_HOP, IDLE_TIMEOUT};
-use crate::endpoint::{AcquireError, Endpoint, Lease};
-use crate::metrics::{ListenerLabels, Metrics, RefusedLabels, RequestCounters, Unavailable};
+use crate::endpoint::{AcquireError, Endpoint, Lease, Rank, Want};
+use crate::metrics::{ClassEvent, ListenerLabels, Metrics, RefusedLabels, RequestCounters, Unavailable};
 use crate::prefix::prefix_key;
 use crate::settings::{ConnSettings, ProxySettings, Routes, MODEL_PATHS};
 

@@ -31,6 +31,9 @@ pub(super) struct Resumable {
     pub(super) plan: Plan,
     pub(super) client: Bytes,
     pub(super) authorization: Option<HeaderValue>,
+    /// Its request class (issue #44): a stream of a lower class yields its
+    /// slot to a higher one's request and continues later.
+    pub(super) class: Option<crate::classes::Class>,
 }
 
 enum State {
@@ -49,6 +52,11 @@ pub(super) struct ResumableBody {
     state: State,
     /// Resolves when the current replica is lost.
     lost: Option<Pending<()>>,
+    /// Its class, its registration as a stream that may yield its slot, and
+    /// what resolves when it is asked to.
+    class: Option<crate::classes::Class>,
+    ticket: Option<crate::endpoint::YieldTicket>,
+    asked_to_yield: Option<Pending<()>>,
     ctx: Arc<MoveContext>,
     plan: Plan,
     /// The client's request body, as it came.
@@ -75,15 +83,17 @@ pub(super) struct ResumableBody {
 
 impl ResumableBody {
     pub(super) fn new(current: LeasedBody, ctx: Arc<MoveContext>, r: Resumable) -> ResumableBody {
-        let Resumable { plan, client, authorization } = r;
+        let Resumable { plan, client, authorization, class } = r;
         let lost = current.lease.as_ref().map(lost_of);
-        let tried = current.lease.iter().map(|l| l.id()).collect();
         let progress = Progress::new(plan.method);
-        ResumableBody {
+        let mut body = ResumableBody {
             current,
             source: Source::First,
             state: State::Reading,
             lost,
+            class,
+            ticket: None,
+            asked_to_yield: None,
             ctx,
             plan,
             client,
@@ -92,14 +102,26 @@ impl ResumableBody {
             splitter: Splitter::default(),
             out: std::collections::VecDeque::new(),
             moves: 0,
-            tried,
+            tried: Vec::new(),
             skip: 0,
             prompt_tokens: None,
             continued_usage: None,
             tokens_before: 0,
             moving_since: Instant::now(),
             counted: 0,
-        }
+        };
+        body.register_yieldable();
+        body
+    }
+
+    /// On an endpoint with classes, the stream on its current replica may
+    /// give its slot to a higher class's request.
+    fn register_yieldable(&mut self) {
+        let (Some(class), Some(lease)) = (&self.class, &self.current.lease) else { return };
+        let ticket = self.ctx.endpoint.yieldable(lease, class.rank);
+        let signal = ticket.signal.clone();
+        self.asked_to_yield = Some(Box::pin(async move { signal.wait().await }));
+        self.ticket = Some(ticket);
     }
 
     /// Times the answer moved to another replica.
@@ -259,6 +281,7 @@ impl ResumableBody {
     fn end(&mut self) {
         self.state = State::Done;
         self.lost = None;
+        (self.ticket, self.asked_to_yield) = (None, None);
         let _ = self.current.finish();
     }
 
@@ -275,7 +298,8 @@ impl ResumableBody {
         self.ctx.endpoint.note_move(false);
     }
 
-    /// The replica cannot finish the answer: it moves, if it may.
+    /// The replica cannot finish the answer (or, `Yielded`, gives its slot
+    /// to a higher class): it moves, if it may.
     fn cut(&mut self, why: Why) {
         if self.progress.finish.is_some() {
             // Only the answer's end was lost.
@@ -286,22 +310,35 @@ impl ResumableBody {
             self.count_failed("too_long");
             return self.fail("the answer is longer than the router keeps to continue one");
         }
-        if self.moves >= self.ctx.max_moves {
+        let yielded = why == Why::Yielded;
+        // A yield is no failure: it is bounded by the classes above it, not
+        // by max_moves, and the replica may take the answer back later.
+        if !yielded && self.moves >= self.ctx.max_moves {
             self.count_failed("max_moves");
             return self.fail("it moved as many times as the endpoint allows");
         }
         if let Some(lease) = &self.current.lease {
             match why {
+                Why::Yielded => {}
                 Why::Reclaimed => self.ctx.endpoint.backend_draining(lease.id()),
                 _ => self.ctx.endpoint.exchange_failed(lease.id()),
             }
-            tracing::info!(endpoint = %name, replica = %lease.address(), why = why.as_str(), "moving a stream to another replica");
+            if !yielded {
+                self.tried.push(lease.id());
+            }
+            let (replica, why) = (lease.address(), why.as_str());
+            tracing::info!(endpoint = %name, %replica, why, "moving a stream to another replica");
         }
         let _ = self.current.finish();
-        self.lost = None;
-        self.moves += 1;
+        (self.lost, self.ticket, self.asked_to_yield) = (None, None, None);
+        if !yielded {
+            self.moves += 1;
+        }
         self.metrics().count_moved(&name, why);
         self.ctx.endpoint.note_move(true);
+        if let (true, Some(c)) = (yielded, &self.class) {
+            self.metrics().count_class(&name, &c.name, crate::metrics::ClassEvent::Yielded);
+        }
         if self.progress.meta.is_none() {
             self.progress.meta = Some(Meta::made_up(&self.plan));
         }
@@ -331,6 +368,10 @@ impl ResumableBody {
             text: self.progress.text().to_string(),
             left,
             attempts: s.retries + 1,
+            rank: self.class.as_ref().map(|c| c.rank).unwrap_or_default(),
+            // A yielded stream waits behind the classes above it as long as
+            // a request may wait for its answer, not the queue timeout.
+            wait: yielded.then_some(s.request_timeout),
         };
         self.moving_since = Instant::now();
         self.state = State::Moving(Box::pin(continue_elsewhere(ask)));
@@ -347,10 +388,10 @@ impl ResumableBody {
         self.metrics().observe_move_pause(self.ctx.endpoint.name(), pause);
         match r {
             Ok(c) => {
-                self.tried.push(c.lease.id());
                 self.lost = Some(lost_of(&c.lease));
                 self.current =
                     LeasedBody { inner: c.body, lease: Some(c.lease), start: Instant::now(), first_byte: true };
+                self.register_yieldable();
                 self.source = c.source;
                 if c.prompt_tokens.is_some() {
                     self.prompt_tokens = c.prompt_tokens;
@@ -417,6 +458,12 @@ impl Body for ResumableBody {
                     if let (Poll::Pending, true, Some(lost)) = (&polled, following, &mut this.lost) {
                         if lost.as_mut().poll(cx).is_ready() {
                             this.cut(Why::Lost);
+                            continue;
+                        }
+                    }
+                    if let (Poll::Pending, true, Some(asked)) = (&polled, following, &mut this.asked_to_yield) {
+                        if asked.as_mut().poll(cx).is_ready() {
+                            this.cut(Why::Yielded);
                             continue;
                         }
                     }

@@ -209,6 +209,9 @@ pub(super) struct Prepared {
     /// A generation the router can continue elsewhere (boxed: most
     /// requests have none).
     pub(super) resumable: Option<Box<Resumable>>,
+    /// Its request class (issue #44), on an endpoint that has classes; or
+    /// why the class it asked for was refused.
+    pub(super) class: Option<Result<crate::classes::Class, String>>,
 }
 
 impl Prepared {
@@ -223,7 +226,14 @@ impl Prepared {
         let mut out = Forwarded::new(parts, body, client);
         out.replica_key = ctx.endpoint.replica_key().cloned();
         out.drop_authorization = !ctx.settings.client_authorization_passes();
-        let resumable = resumable(ctx, &mut out);
+        let class = ctx.settings.classes.as_ref().map(|c| {
+            let keyed = ctx.settings.auth.as_ref().and_then(|a| a.class_of(&out.headers)).flatten();
+            c.of(keyed, &out.headers)
+        });
+        let mut resumable = resumable(ctx, &mut out);
+        if let (Some(r), Some(Ok(c))) = (resumable.as_mut(), &class) {
+            r.class = Some(c.clone());
+        }
         if resumable.is_some() {
             // A generation that never reached its client goes to another
             // replica whatever failed: nothing of it was seen.
@@ -237,7 +247,7 @@ impl Prepared {
         let spare = if out.host_from_replica { HeaderMap::new() } else { std::mem::take(&mut out.headers) };
         let body = std::mem::take(&mut out.body);
         let per_replica = out.host_from_replica.then(|| Box::new(out));
-        Prepared { head, body, spare, per_replica, head_request, retry_any, start, start_is_now: false, resumable }
+        Prepared { head, body, spare, per_replica, head_request, retry_any, start, start_is_now: false, resumable, class }
     }
 }
 
@@ -259,7 +269,7 @@ fn resumable(ctx: &Target, out: &mut Forwarded) -> Option<Box<Resumable>> {
                 true => None,
                 false => out.headers.get(header::AUTHORIZATION).cloned(),
             };
-            Some(Box::new(Resumable { plan, client, authorization }))
+            Some(Box::new(Resumable { plan, client, authorization, class: None }))
         }
         Ok(None) => None,
         Err(why) => {
@@ -274,19 +284,42 @@ impl Prepared {
     /// already written; its clock starts now (its head was just parsed).
     pub(super) fn lean(head: Vec<u8>, body: Bytes, spare: HeaderMap, head_request: bool, retry_any: bool) -> Prepared {
         let start = Instant::now();
-        let resumable = None;
-        Prepared { head, body, spare, per_replica: None, head_request, retry_any, start, start_is_now: true, resumable }
+        let (resumable, class) = (None, None);
+        Prepared {
+            head,
+            body,
+            spare,
+            per_replica: None,
+            head_request,
+            retry_any,
+            start,
+            start_is_now: true,
+            resumable,
+            class,
+        }
     }
 }
 
 /// [`forward_to`] a replica, and with the access log on, its line.
 pub(super) async fn forward(p: Prepared, ctx: &Target) -> Response<ProxyBody> {
+    let class = match &p.class {
+        Some(Err(why)) => {
+            ctx.endpoint.count_answer(400);
+            return openai_error(StatusCode::BAD_REQUEST, why);
+        }
+        Some(Ok(c)) => Some(c.name.clone()),
+        None => None,
+    };
+    if let Some(c) = &class {
+        ctx.metrics.count_class(ctx.endpoint.name(), c, ClassEvent::Request);
+    }
     let Some(log) = &ctx.access else { return forward_to(p, ctx).await };
     let (facts, start) = (RequestFacts::of(&p.body), p.start);
     // Boxed: the log's state would otherwise grow every request's future.
     let mut r = Box::pin(forward_to(p, ctx)).await;
     let replica = r.extensions().get::<ServedBy>().map(|s| s.0);
     let mut tap = Tap::new(log.clone(), ctx.endpoint.name(), facts, start, r.status().as_u16(), replica);
+    tap.class = class.map(|c| c.to_string());
     if r.body().is_end_stream() {
         // No frame will pass (an empty answer): whole as it is.
         tap.end(true);
@@ -308,7 +341,10 @@ fn failed(ctx: &Target, f: Failure) -> Response<ProxyBody> {
 
 /// The answer when no replica could be had: why the last attempt failed,
 /// else why none was free.
-fn no_replica(ctx: &Target, last_failure: Option<Failure>, e: AcquireError) -> Response<ProxyBody> {
+fn no_replica(ctx: &Target, last_failure: Option<Failure>, e: AcquireError, p: &Prepared) -> Response<ProxyBody> {
+    if let (AcquireError::ClassFull | AcquireError::QueueFull, Some(Ok(c))) = (e, &p.class) {
+        ctx.metrics.count_class(ctx.endpoint.name(), &c.name, ClassEvent::Shed);
+    }
     let r = match (last_failure, e) {
         (Some(f), _) => failed(ctx, f),
         (None, AcquireError::QueueFull) => {
@@ -318,6 +354,15 @@ fn no_replica(ctx: &Target, last_failure: Option<Failure>, e: AcquireError) -> R
         (None, AcquireError::TimedOut) => {
             ctx.endpoint.count_unavailable(Unavailable::QueueTimeout);
             unavailable(ctx, "no replica became free in time; retry later")
+        }
+        (None, AcquireError::ClassFull) => {
+            let mut r = openai_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "this request class's share of the endpoint's queue is full; requests of higher classes go first, retry later",
+            );
+            let secs = ctx.endpoint.queue_settings().timeout.as_secs().max(1);
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            r
         }
     };
     ctx.endpoint.count_answer(r.status().as_u16());
@@ -364,10 +409,18 @@ pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyB
         if let Some(why) = retry.take() {
             ctx.endpoint.metrics().count_retry(name, why);
         }
-        let lease = match ctx.endpoint.acquire_for(&tried, &prefix).await {
-            Ok(l) => l,
-            Err(e) => return no_replica(ctx, last_failure, e),
+        let (rank, lower) = match &p.class {
+            Some(Ok(c)) => (c.rank, c.lower),
+            _ => (Rank::default(), false),
         };
+        let want = Want { exclude: &tried, prefix: &prefix, rank, lower, ..Want::default() };
+        let lease = match ctx.endpoint.acquire_want(want).await {
+            Ok(l) => l,
+            Err(e) => return no_replica(ctx, last_failure, e, &p),
+        };
+        if let Some(Ok(c)) = &p.class {
+            ctx.metrics.observe_class_wait(name, &c.name, lease.queued().as_secs_f64());
+        }
         let replica = lease.replica();
         let own_head;
         let head = match &p.per_replica {

@@ -60,6 +60,8 @@ pub enum Why {
     Ended,
     /// Nothing came for `response_idle_timeout`.
     Silent,
+    /// It gave its slot to a request of a higher class (issue #44).
+    Yielded,
 }
 
 impl Why {
@@ -70,6 +72,7 @@ impl Why {
             Why::Failed => "failed",
             Why::Ended => "ended_early",
             Why::Silent => "silent",
+            Why::Yielded => "yielded",
         }
     }
 }

@@ -56,6 +56,9 @@ pub struct Ask {
     pub left: Option<u64>,
     /// Replicas to try at most.
     pub attempts: u32,
+    /// Its place in the queue (issue #44), and its longest wait for a slot.
+    pub rank: crate::endpoint::Rank,
+    pub wait: Option<Duration>,
 }
 
 /// A replica that goes on with the answer.
@@ -89,6 +92,7 @@ impl Failed {
         match self {
             Failed::NoReplica(AcquireError::QueueFull) => "queue_full",
             Failed::NoReplica(AcquireError::TimedOut) => "queue_timeout",
+            Failed::NoReplica(AcquireError::ClassFull) => "class_full",
             Failed::Replica(_) => "replica_failed",
         }
     }
@@ -98,7 +102,14 @@ impl Failed {
 pub async fn continue_elsewhere(mut ask: Ask) -> Result<Continuation, Failed> {
     let mut last = String::new();
     for _ in 0..ask.attempts.max(1) {
-        let lease = ask.endpoint.acquire_ahead(&ask.exclude).await.map_err(Failed::NoReplica)?;
+        let want = crate::endpoint::Want {
+            exclude: &ask.exclude,
+            rank: ask.rank,
+            ahead: true,
+            wait: ask.wait,
+            ..Default::default()
+        };
+        let lease = ask.endpoint.acquire_want(want).await.map_err(Failed::NoReplica)?;
         match on(&ask, &lease).await {
             Ok((body, source, prompt_tokens)) => return Ok(Continuation { lease, body, source, prompt_tokens }),
             Err(Refusal { why, draining }) => {

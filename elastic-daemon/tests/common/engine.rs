@@ -1,0 +1,295 @@
+//! An in-process model engine for the router's tests of continued answers
+//! (issue #43) and request classes (issue #44): it speaks llama-server's
+//! forms (OpenAI streams with token ids in their log-probabilities,
+//! `/apply-template`, `/tokenize`, the native `/completion`) and an OpenAI
+//! server's assistant prefill, and its answer is the same whatever replica
+//! generates it (as llama-server's at temperature 0).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+/// How an engine ends its first stream.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Cut {
+    Never,
+    /// After N tokens: the launcher's reclaim event, then the body's end.
+    Reclaim(u32),
+    /// After N tokens: the connection dropped (a model server killed).
+    Close(u32),
+    /// After N tokens: nothing more, the connection left open.
+    Silent(u32),
+    /// After N tokens: a tool call the router cannot continue, then the
+    /// reclaim event.
+    ToolThenReclaim(u32),
+}
+
+/// The answer's token `i`: its bytes. Every seventh token pair is one
+/// two-byte character split across two tokens, as byte-level tokenizers
+/// do with accents.
+pub fn token(i: u64) -> Vec<u8> {
+    match i % 7 {
+        3 => vec![0xC3],
+        4 => [&[0xA9][..], format!("x{i} ").as_bytes()].concat(),
+        _ => format!("w{i} ").into_bytes(),
+    }
+}
+
+pub fn answer_bytes(from: u64, n: u64) -> Vec<u8> {
+    (from..from + n).flat_map(token).collect()
+}
+
+pub fn answer(from: u64, n: u64) -> String {
+    String::from_utf8(answer_bytes(from, n)).unwrap()
+}
+
+pub const FIRST_ID: u32 = 1000;
+
+pub struct Engine {
+    pub addr: SocketAddr,
+    /// Generation requests served (the stream's or a continuation's).
+    pub generations: Arc<AtomicU64>,
+}
+
+pub async fn engine(cut: Cut) -> Engine {
+    engine_paced(cut, Duration::from_millis(2)).await
+}
+
+/// [`engine`], a token every `pace`.
+pub async fn engine_paced(cut: Cut, pace: Duration) -> Engine {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let generations = Arc::new(AtomicU64::new(0));
+    let served = generations.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            let served = served.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let served = served.clone();
+                    async move { Ok::<_, Infallible>(serve(req, cut, served, pace).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+            });
+        }
+    });
+    Engine { addr, generations }
+}
+
+type EngineBody = UnsyncBoxBody<Bytes, std::io::Error>;
+
+fn json_answer(v: Value) -> Response<EngineBody> {
+    Response::new(Full::new(Bytes::from(v.to_string())).map_err(|n| match n {}).boxed_unsync())
+}
+
+pub fn templated(messages: &Value) -> String {
+    let mut p = String::from("<chat>");
+    for m in messages.as_array().unwrap() {
+        p.push_str(m["content"].as_str().unwrap_or_default());
+        p.push('|');
+    }
+    p
+}
+
+pub fn tokenize(text: &str) -> Vec<u32> {
+    text.chars().map(|c| c as u32 % 900 + 1).collect()
+}
+
+async fn serve(req: Request<Incoming>, cut: Cut, served: Arc<AtomicU64>, pace: Duration) -> Response<EngineBody> {
+    let path = req.uri().path().to_string();
+    let body: Value = serde_json::from_slice(&req.into_body().collect().await.unwrap().to_bytes()).unwrap_or(json!({}));
+    match path.as_str() {
+        "/apply-template" => return json_answer(json!({"prompt": templated(&body["messages"])})),
+        "/tokenize" => return json_answer(json!({"tokens": tokenize(body["content"].as_str().unwrap())})),
+        _ => {}
+    }
+    let nth = served.fetch_add(1, Ordering::SeqCst);
+    let native = path == "/completion";
+    let chat = path == "/v1/chat/completions";
+    let (from, prompt_tokens) = start_of(&body, native, chat);
+    let gen = Generation {
+        cut: if nth == 0 { cut } else { Cut::Never },
+        native,
+        chat,
+        from,
+        prompt_tokens,
+        n: body.get("n_predict").or(body.get("max_tokens")).and_then(Value::as_u64).unwrap_or(40),
+        ids_asked: body.get("logprobs").is_some_and(|v| v != &json!(false)) || native,
+        include_usage: body["stream_options"]["include_usage"] == json!(true),
+        id: format!("chatcmpl-{}", nth + 1),
+        pace,
+    };
+    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(64);
+    tokio::spawn(gen.run(tx));
+    let mut r = Response::new(Frames(rx).boxed_unsync());
+    r.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
+    r
+}
+
+/// Where an answer starts (after the ids or the text it continues), and
+/// its prompt's tokens.
+fn start_of(body: &Value, native: bool, chat: bool) -> (u64, u64) {
+    if native {
+        let ids: Vec<u32> = body["prompt"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let answered: Vec<u32> = ids.iter().copied().filter(|&i| i >= FIRST_ID).collect();
+        assert!(answered.iter().enumerate().all(|(k, &id)| id == FIRST_ID + k as u32), "ids out of order");
+        (answered.len() as u64, (ids.len() - answered.len()) as u64)
+    } else if chat && body["continue_final_message"] == json!(true) {
+        let messages = body["messages"].as_array().unwrap();
+        let prefill = messages.last().unwrap()["content"].as_str().unwrap().to_string();
+        let from = (0..10_000u64).find(|&i| answer_bytes(0, i).len() >= prefill.len()).unwrap();
+        assert_eq!(answer_bytes(0, from), prefill.as_bytes(), "the prefill is not the answer's start");
+        let original = json!(messages[..messages.len() - 1].to_vec());
+        (from, tokenize(&templated(&original)).len() as u64 + from)
+    } else if chat {
+        (0, tokenize(&templated(&body["messages"])).len() as u64)
+    } else {
+        (0, tokenize(body["prompt"].as_str().unwrap()).len() as u64)
+    }
+}
+
+/// One answer as the engine streams it.
+struct Generation {
+    cut: Cut,
+    native: bool,
+    chat: bool,
+    from: u64,
+    prompt_tokens: u64,
+    n: u64,
+    ids_asked: bool,
+    include_usage: bool,
+    id: String,
+    pace: Duration,
+}
+
+type Sender = mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
+
+async fn send(tx: &Sender, s: String) -> bool {
+    tx.send(Ok(Frame::data(Bytes::from(format!("data: {s}\n\n"))))).await.is_ok()
+}
+
+const RECLAIM_EVENT: &str = r#"{"error":{"message":"reclaimed","type":"server_error","code":"replica_reclaimed"}}"#;
+
+impl Generation {
+    fn event(&self, choice: Value) -> Value {
+        let object = if self.chat { "chat.completion.chunk" } else { "text_completion" };
+        json!({"id": self.id, "object": object, "created": 7, "model": "fake", "choices": [choice]})
+    }
+
+    /// How the stream ends at token `k` when it is cut there; false: it
+    /// goes on.
+    async fn cut_at(&self, k: u64, tx: &Sender) -> bool {
+        let at = match self.cut {
+            Cut::Reclaim(at) | Cut::Close(at) | Cut::Silent(at) | Cut::ToolThenReclaim(at) => at as u64,
+            Cut::Never => return false,
+        };
+        if k != at {
+            return false;
+        }
+        match self.cut {
+            Cut::Reclaim(_) => {
+                send(tx, RECLAIM_EVENT.into()).await;
+            }
+            Cut::ToolThenReclaim(_) => {
+                send(tx, self.event(json!({"index": 0, "delta": {"tool_calls": [{"index": 0}]}})).to_string()).await;
+                send(tx, RECLAIM_EVENT.into()).await;
+            }
+            Cut::Close(_) => {
+                let _ = tx.send(Err(std::io::Error::other("killed"))).await;
+            }
+            Cut::Silent(_) => tokio::time::sleep(Duration::from_secs(3600)).await,
+            Cut::Never => unreachable!(),
+        }
+        true
+    }
+
+    /// Token `i`'s event: its whole characters only (llama-server holds a
+    /// character's first bytes back until it is whole).
+    fn token_event(&self, i: u64, held: &mut Vec<u8>) -> Value {
+        let bytes = token(i);
+        held.extend_from_slice(&bytes);
+        let valid = match std::str::from_utf8(held) {
+            Ok(_) => held.len(),
+            Err(e) => e.valid_up_to(),
+        };
+        let text = String::from_utf8(held.drain(..valid).collect()).unwrap();
+        let id = FIRST_ID + i as u32;
+        let tok = json!([{"id": id, "token": "", "bytes": bytes, "logprob": 0.0}]);
+        if self.native {
+            return json!({"index": 0, "content": text, "tokens": [id], "stop": false, "completion_probabilities": tok});
+        }
+        let mut choice = match self.chat {
+            true => json!({"index": 0, "delta": {"content": text}, "finish_reason": null}),
+            false => json!({"index": 0, "text": text, "finish_reason": null}),
+        };
+        if self.ids_asked {
+            choice["logprobs"] = json!({"content": tok});
+        }
+        self.event(choice)
+    }
+
+    async fn run(self, tx: Sender) {
+        if !self.native && self.chat {
+            let role = json!({"index": 0, "delta": {"role": "assistant", "content": null}, "finish_reason": null});
+            send(&tx, self.event(role).to_string()).await;
+        }
+        let mut held = Vec::new();
+        for k in 0..self.n {
+            if self.cut_at(k, &tx).await {
+                return;
+            }
+            tokio::time::sleep(self.pace).await;
+            if !send(&tx, self.token_event(self.from + k, &mut held).to_string()).await {
+                return;
+            }
+        }
+        if self.native {
+            let end =
+                json!({"index": 0, "content": "", "stop": true, "stop_type": "limit", "tokens_predicted": self.n});
+            send(&tx, end.to_string()).await;
+            return;
+        }
+        let finish = match self.chat {
+            true => json!({"index": 0, "delta": {}, "finish_reason": "length"}),
+            false => json!({"index": 0, "text": "", "finish_reason": "length"}),
+        };
+        send(&tx, self.event(finish).to_string()).await;
+        if self.include_usage {
+            let mut u = self.event(json!(null));
+            u["choices"] = json!([]);
+            let (p, n) = (self.prompt_tokens, self.n);
+            u["usage"] = json!({"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n});
+            send(&tx, u.to_string()).await;
+        }
+        send(&tx, "[DONE]".into()).await;
+    }
+}
+
+/// A body of the frames a channel brings (an error aborts it).
+struct Frames(mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>);
+
+impl http_body::Body for Frames {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        self.0.poll_recv(cx)
+    }
+}
+
