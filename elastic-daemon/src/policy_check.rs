@@ -197,7 +197,11 @@ fn wants_classes(e: &crate::config::EndpointConfig) -> bool {
 /// Each endpoint's request classes from the policy: protected classes
 /// first (rank 0), then flexible ones by rank. A class a key names that the
 /// policy lacks is an error at the key's line.
-fn resolve_classes(config: &mut Config, policy: &onepool_decisions::policy::Policy, path: &std::path::Path) -> Result<(), String> {
+fn resolve_classes(
+    config: &mut Config,
+    policy: &onepool_decisions::policy::Policy,
+    path: &std::path::Path,
+) -> Result<(), String> {
     let ranks: Vec<(String, u32)> = policy
         .classes
         .iter()

@@ -96,7 +96,9 @@ fn exercised() -> Metrics {
     m.count_move_failed(endpoint, "max_moves");
     m.observe_move_pause(endpoint, 0.2);
     m.resume_kept_bytes.set(4096);
-    for what in [crate::metrics::ClassEvent::Request, crate::metrics::ClassEvent::Shed, crate::metrics::ClassEvent::Yielded] {
+    for what in
+        [crate::metrics::ClassEvent::Request, crate::metrics::ClassEvent::Shed, crate::metrics::ClassEvent::Yielded]
+    {
         m.count_class(endpoint, "agents", what);
     }
     m.observe_class_wait(endpoint, "agents", 0.1);

@@ -216,3 +216,51 @@ async fn latency_samples_are_kept_only_when_asked_and_carry_the_queue_wait() {
     assert_eq!(s.len(), 1);
     assert!(s[0].queued >= 0.05 && s[0].queued < 1.0, "{s:?}");
 }
+
+/// Issue #44: the queue serves by rank (moved answers first within one),
+/// each rank has its own bound, and a waiting request asks the newest
+/// stream of the lowest class below it to yield its slot.
+#[tokio::test]
+async fn the_queue_serves_by_rank_with_a_bound_per_rank_and_asks_a_lower_stream_to_yield() {
+    let e = endpoint(1, 2, 5_000);
+    e.add(addr(1), None, true).unwrap();
+    let held = e.acquire(&[]).await.unwrap();
+    let low = Want { rank: Rank(3), lower: true, ..Want::default() };
+    let ticket = e.yieldable(&held, Rank(3));
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let wait = |want: Want<'static>, name: &'static str| {
+        let (e, order) = (e.clone(), order.clone());
+        tokio::spawn(async move {
+            let lease = e.acquire_want(want).await;
+            order.lock().unwrap().push(name);
+            // Each holds its slot a moment, then hands it on.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            lease.map(|_| ())
+        })
+    };
+    let queued = |n: usize| {
+        let e = e.clone();
+        async move {
+            while e.snapshot().queued < n {
+                tokio::task::yield_now().await;
+            }
+        }
+    };
+    let a1 = wait(low, "agents 1");
+    queued(1).await;
+    let a2 = wait(low, "agents 2");
+    queued(2).await;
+    // The agents' bound is full; theirs alone.
+    assert_eq!(e.acquire_want(low).await.err(), Some(AcquireError::ClassFull));
+    assert!(!ticket.signal.asked(), "no higher class waits yet");
+    let live = wait(Want { rank: Rank(2), ..Want::default() }, "live");
+    queued(3).await;
+    assert!(ticket.signal.asked(), "the agents' stream is asked to give its slot to the live request");
+    let moved = wait(Want { rank: Rank(3), ahead: true, ..Want::default() }, "agents moved");
+    queued(4).await;
+    drop((held, ticket));
+    for t in [a1, a2, live, moved] {
+        assert_eq!(t.await.unwrap(), Ok(()));
+    }
+    assert_eq!(*order.lock().unwrap(), ["live", "agents moved", "agents 1", "agents 2"]);
+}

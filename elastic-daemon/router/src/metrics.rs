@@ -335,9 +335,52 @@ impl Metrics {
             registry: Registry::with_prefix("onepool"),
         };
         m.register_router();
+        m.register_moves_and_classes();
         m.register_controllers();
         m.register_ha();
         m
+    }
+
+    /// `onepool_router_*` of answers that move (issue #43) and of request
+    /// classes (issue #44).
+    fn register_moves_and_classes(&mut self) {
+        let r = self.registry.sub_registry_with_prefix("router");
+        r.register(
+            "streams_moved",
+            "Answers continued on another replica mid-stream, by reason: reclaimed (its launcher ended it for a reclaim), replica_lost, failed (the connection failed), ended_early (the body ended before the answer: a model server that died), silent (nothing for response_idle_timeout)",
+            self.streams_moved.clone(),
+        );
+        r.register(
+            "stream_moves_failed",
+            "Answers that could not be continued and ended with an error event, by reason: max_moves, too_long (past what the router keeps), queue_full, queue_timeout, replica_failed (the replicas tried refused the continuation)",
+            self.stream_moves_failed.clone(),
+        );
+        r.register(
+            "stream_move_pause_seconds",
+            "The pause a client saw when its answer moved: from the cut to the continuation's first byte on its way",
+            self.stream_move_pause_seconds.clone(),
+        );
+        r.register(
+            "resume_kept_bytes",
+            "Heap bytes the router keeps for the answers it follows (token ids, text, partial events)",
+            self.resume_kept_bytes.clone(),
+        );
+        r.register("class_requests", "Requests by request class (issue #44)", self.class_requests.clone());
+        r.register(
+            "class_shed",
+            "Requests refused because their class's share of the queue was full: 429 for a class below the endpoint's own, 503 otherwise",
+            self.class_shed.clone(),
+        );
+        r.register(
+            "class_yielded",
+            "Streams that gave their replica slot to a request of a higher class and continued later",
+            self.class_yielded.clone(),
+        );
+        r.register(
+            "class_queue_seconds",
+            "How long requests of each class waited in the queue for a replica",
+            self.class_queue_seconds.clone(),
+        );
     }
 
     /// `onepool_router_*`: what the proxy and the endpoints count.
@@ -375,42 +418,6 @@ impl Metrics {
             "retries",
             "Requests sent to another replica after an attempt, by reason: not_sent (no connection), replica_lost (its health checks got no answer), draining, failed (retry.idempotent)",
             self.retries.clone(),
-        );
-        r.register(
-            "streams_moved",
-            "Answers continued on another replica mid-stream, by reason: reclaimed (its launcher ended it for a reclaim), replica_lost, failed (the connection failed), ended_early (the body ended before the answer: a model server that died), silent (nothing for response_idle_timeout)",
-            self.streams_moved.clone(),
-        );
-        r.register(
-            "stream_moves_failed",
-            "Answers that could not be continued and ended with an error event, by reason: max_moves, too_long (past what the router keeps), queue_full, queue_timeout, replica_failed (the replicas tried refused the continuation)",
-            self.stream_moves_failed.clone(),
-        );
-        r.register(
-            "stream_move_pause_seconds",
-            "The pause a client saw when its answer moved: from the cut to the continuation's first byte on its way",
-            self.stream_move_pause_seconds.clone(),
-        );
-        r.register(
-            "resume_kept_bytes",
-            "Heap bytes the router keeps for the answers it follows (token ids, text, partial events)",
-            self.resume_kept_bytes.clone(),
-        );
-        r.register("class_requests", "Requests by request class (issue #44)", self.class_requests.clone());
-        r.register(
-            "class_shed",
-            "Requests refused because their class's share of the queue was full: 429 for a class below the endpoint's own, 503 otherwise",
-            self.class_shed.clone(),
-        );
-        r.register(
-            "class_yielded",
-            "Streams that gave their replica slot to a request of a higher class and continued later",
-            self.class_yielded.clone(),
-        );
-        r.register(
-            "class_queue_seconds",
-            "How long requests of each class waited in the queue for a replica",
-            self.class_queue_seconds.clone(),
         );
         r.register(
             "access_log_dropped",

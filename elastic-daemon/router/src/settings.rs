@@ -48,7 +48,10 @@ pub struct ProxySettings {
 /// The tokens an endpoint accepts in `Authorization: Bearer TOKEN`, each
 /// with the request class it names (issue #44), if any.
 #[derive(Clone)]
-pub struct BearerTokens(Arc<Vec<(Vec<u8>, Option<Arc<str>>)>>);
+pub struct BearerTokens(Arc<Vec<Token>>);
+
+/// A token's bytes and the class its line names.
+type Token = (Vec<u8>, Option<Arc<str>>);
 
 impl BearerTokens {
     pub fn new(tokens: impl IntoIterator<Item = String>) -> BearerTokens {

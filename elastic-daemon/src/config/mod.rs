@@ -254,8 +254,11 @@ pub fn parse(file: &str, source: &str) -> Result<Config, ConfigError> {
     let mut c = Checker { diags: Vec::new() };
     let control_socket_mode = control_socket_mode(&mut c, &raw);
     let metrics_address = metrics_address(&mut c, &raw);
-    let metrics_auth =
-        raw.metrics_bearer_tokens_file.as_ref().and_then(|f| bearer_tokens(&mut c, f, "metrics_bearer_tokens_file", false)).map(|(t, _)| t);
+    let metrics_auth = raw
+        .metrics_bearer_tokens_file
+        .as_ref()
+        .and_then(|f| bearer_tokens(&mut c, f, "metrics_bearer_tokens_file", false))
+        .map(|(t, _)| t);
     let shutdown_grace = c.duration(&raw.shutdown_grace, "shutdown_grace", Duration::from_secs(30));
     let access_log = raw.access_log.as_ref().map(|a| line_log(&mut c, a.get_ref(), "access_log"));
     let decision_log = raw.decision_log.as_ref().map(|a| line_log(&mut c, a.get_ref(), "decision_log"));

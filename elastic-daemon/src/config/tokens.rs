@@ -53,7 +53,10 @@ pub(super) fn bearer_tokens(
                 return None;
             }
             (Some(_), Some(extra), _) => {
-                c.error(span.clone(), format!("{key} {at}: {extra:?} after the token and its class: a line is `TOKEN [CLASS]`"));
+                c.error(
+                    span.clone(),
+                    format!("{key} {at}: {extra:?} after the token and its class: a line is `TOKEN [CLASS]`"),
+                );
                 return None;
             }
         };

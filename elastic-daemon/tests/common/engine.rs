@@ -292,4 +292,3 @@ impl http_body::Body for Frames {
         self.0.poll_recv(cx)
     }
 }
-

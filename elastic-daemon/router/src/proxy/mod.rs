@@ -57,6 +57,7 @@ use crate::backend_pool::{self, BackendBody, SendError, HOP_BY_HOP, IDLE_TIMEOUT
 use crate::endpoint::{AcquireError, Endpoint, Lease, Rank, Want};
 use crate::metrics::{ClassEvent, ListenerLabels, Metrics, RefusedLabels, RequestCounters, Unavailable};
 use crate::prefix::prefix_key;
+use crate::registry::ReplicaId;
 use crate::settings::{ConnSettings, ProxySettings, Routes, MODEL_PATHS};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

@@ -211,7 +211,14 @@ pub(super) struct Prepared {
     pub(super) resumable: Option<Box<Resumable>>,
     /// Its request class (issue #44), on an endpoint that has classes; or
     /// why the class it asked for was refused.
-    pub(super) class: Option<Result<crate::classes::Class, String>>,
+    pub(super) class: Option<Box<Result<crate::classes::Class, String>>>,
+}
+
+impl Prepared {
+    /// Its request class, when the endpoint has classes and took it.
+    fn class(&self) -> Option<&crate::classes::Class> {
+        self.class.as_deref().and_then(|c| c.as_ref().ok())
+    }
 }
 
 impl Prepared {
@@ -228,10 +235,10 @@ impl Prepared {
         out.drop_authorization = !ctx.settings.client_authorization_passes();
         let class = ctx.settings.classes.as_ref().map(|c| {
             let keyed = ctx.settings.auth.as_ref().and_then(|a| a.class_of(&out.headers)).flatten();
-            c.of(keyed, &out.headers)
+            Box::new(c.of(keyed, &out.headers))
         });
         let mut resumable = resumable(ctx, &mut out);
-        if let (Some(r), Some(Ok(c))) = (resumable.as_mut(), &class) {
+        if let (Some(r), Some(Ok(c))) = (resumable.as_mut(), class.as_deref()) {
             r.class = Some(c.clone());
         }
         if resumable.is_some() {
@@ -247,7 +254,18 @@ impl Prepared {
         let spare = if out.host_from_replica { HeaderMap::new() } else { std::mem::take(&mut out.headers) };
         let body = std::mem::take(&mut out.body);
         let per_replica = out.host_from_replica.then(|| Box::new(out));
-        Prepared { head, body, spare, per_replica, head_request, retry_any, start, start_is_now: false, resumable, class }
+        Prepared {
+            head,
+            body,
+            spare,
+            per_replica,
+            head_request,
+            retry_any,
+            start,
+            start_is_now: false,
+            resumable,
+            class,
+        }
     }
 }
 
@@ -302,7 +320,7 @@ impl Prepared {
 
 /// [`forward_to`] a replica, and with the access log on, its line.
 pub(super) async fn forward(p: Prepared, ctx: &Target) -> Response<ProxyBody> {
-    let class = match &p.class {
+    let class = match p.class.as_deref() {
         Some(Err(why)) => {
             ctx.endpoint.count_answer(400);
             return openai_error(StatusCode::BAD_REQUEST, why);
@@ -341,8 +359,18 @@ fn failed(ctx: &Target, f: Failure) -> Response<ProxyBody> {
 
 /// The answer when no replica could be had: why the last attempt failed,
 /// else why none was free.
+/// A slot for the request, at its class's place in the queue (issue #44).
+async fn acquire(ctx: &Target, p: &Prepared, tried: &[ReplicaId], prefix: &[u64]) -> Result<Lease, AcquireError> {
+    let (rank, lower) = p.class().map_or((Rank::default(), false), |c| (c.rank, c.lower));
+    let lease = ctx.endpoint.acquire_want(Want { exclude: tried, prefix, rank, lower, ..Want::default() }).await?;
+    if let Some(c) = p.class() {
+        ctx.metrics.observe_class_wait(ctx.endpoint.name(), &c.name, lease.queued().as_secs_f64());
+    }
+    Ok(lease)
+}
+
 fn no_replica(ctx: &Target, last_failure: Option<Failure>, e: AcquireError, p: &Prepared) -> Response<ProxyBody> {
-    if let (AcquireError::ClassFull | AcquireError::QueueFull, Some(Ok(c))) = (e, &p.class) {
+    if let (AcquireError::ClassFull | AcquireError::QueueFull, Some(c)) = (e, p.class()) {
         ctx.metrics.count_class(ctx.endpoint.name(), &c.name, ClassEvent::Shed);
     }
     let r = match (last_failure, e) {
@@ -409,18 +437,10 @@ pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyB
         if let Some(why) = retry.take() {
             ctx.endpoint.metrics().count_retry(name, why);
         }
-        let (rank, lower) = match &p.class {
-            Some(Ok(c)) => (c.rank, c.lower),
-            _ => (Rank::default(), false),
-        };
-        let want = Want { exclude: &tried, prefix: &prefix, rank, lower, ..Want::default() };
-        let lease = match ctx.endpoint.acquire_want(want).await {
+        let lease = match acquire(ctx, &p, &tried, &prefix).await {
             Ok(l) => l,
             Err(e) => return no_replica(ctx, last_failure, e, &p),
         };
-        if let Some(Ok(c)) = &p.class {
-            ctx.metrics.observe_class_wait(name, &c.name, lease.queued().as_secs_f64());
-        }
         let replica = lease.replica();
         let own_head;
         let head = match &p.per_replica {

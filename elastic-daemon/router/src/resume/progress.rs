@@ -245,8 +245,12 @@ pub struct Progress {
     text_bytes: usize,
     /// The client's text (continuing by text).
     text: String,
-    /// Text events counted (continuing by text, where ids are unknown).
+    /// Text events counted (continuing by text, where ids are unknown),
+    /// and how many of the last ones were empty: tokens whose character
+    /// the engine holds back until it is whole, which a continuation by
+    /// text generates again.
     text_events: u64,
+    trailing_empty: u64,
     pub finish: Option<String>,
     pub usage_seen: bool,
     pub done: bool,
@@ -265,6 +269,7 @@ impl Progress {
             text_bytes: 0,
             text: String::new(),
             text_events: 0,
+            trailing_empty: 0,
             finish: None,
             usage_seen: false,
             done: false,
@@ -315,6 +320,7 @@ impl Progress {
             }
             Method::Text => {
                 self.text_events += 1;
+                self.trailing_empty = if text.is_empty() { self.trailing_empty + 1 } else { 0 };
                 if self.text.len() + text.len() > MAX_TEXT {
                     self.overflow = true;
                 } else {
@@ -329,6 +335,8 @@ impl Progress {
     /// continuation's first text the client already has (a character cut
     /// across tokens, sent in part).
     pub fn resume_point(&mut self) -> (&[u32], usize) {
+        // By text, tokens whose character is not whole are generated again.
+        self.text_events -= std::mem::take(&mut self.trailing_empty);
         self.ids.truncate(self.settled);
         self.token_bytes = 0;
         // The continuation's text is counted from the settled ids again.
@@ -407,6 +415,10 @@ mod tests {
         p.note_text("jour");
         p.note_text("");
         assert_eq!((p.text(), p.completion_tokens()), ("Bonjour", 3));
+        // The empty event was a token whose character is not whole yet: a
+        // continuation by text generates it again.
+        assert_eq!(p.resume_point(), (&[][..], 0));
+        assert_eq!(p.completion_tokens(), 2);
         let big = "x".repeat(MAX_TEXT);
         p.note_text(&big);
         assert!(p.overflow);

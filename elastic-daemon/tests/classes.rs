@@ -1,0 +1,251 @@
+//! One prioritized pool down to the request (issue #44): live requests
+//! (the endpoint's own class) beside an agents' flood (a key of the agents
+//! class) on one replica, against the in-process engine. With classes, live
+//! requests go first in the queue and agents' streams yield their slots to
+//! them, continuing later; without, live requests wait behind the flood.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::engine::{engine_paced, Cut};
+use common::*;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use onepool_router::classes::RequestClasses;
+use onepool_router::resume::{Method, ResumeSettings};
+use onepool_router::settings::BearerTokens;
+
+const LIVE_KEY: &str = "live-key-0123456789abcdef";
+const AGENTS_KEY: &str = "agents-key-0123456789abcdef";
+/// One replica of 4 slots; answers of 26 tokens (whole characters: see
+/// the engine), a token every 20 ms:
+/// 0.5 s each, 8 answers a second at most.
+const SLOTS: u32 = 4;
+const TOKENS: u64 = 26;
+const PACE: Duration = Duration::from_millis(20);
+/// Live requests at half the replica's capacity.
+const LIVE_EVERY: Duration = Duration::from_millis(250);
+const LIVE_FOR: Duration = Duration::from_secs(6);
+/// The agents' flood: ten times the slots, back to back.
+const AGENTS: usize = 40;
+
+async fn router(classes: bool) -> Harness {
+    let e = engine_paced(Cut::Never, PACE).await;
+    let mut cfg = endpoint_config(SLOTS, 1000, Duration::from_secs(60));
+    cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3 });
+    cfg.proxy.request_timeout = Duration::from_secs(60);
+    let agents_class = classes.then(|| "agents".to_string());
+    cfg.proxy.auth =
+        Some(BearerTokens::with_classes([(LIVE_KEY.to_string(), None), (AGENTS_KEY.to_string(), agents_class)]));
+    if classes {
+        let ranks = [("inference-baseline", 0), ("training", 1), ("inference", 2), ("agents", 3)];
+        cfg.proxy.classes = RequestClasses::new("inference", ranks.map(|(n, r)| (n.to_string(), r))).map(Arc::new);
+    }
+    Harness::new(cfg, &[e.addr]).await
+}
+
+/// What a stream's client saw: its status, the time to its first body
+/// byte, and whether it ended whole.
+struct Seen {
+    status: u16,
+    ttfb: Duration,
+    whole: bool,
+}
+
+/// One streamed chat of `TOKENS` tokens with `key`; `tokens` counts its
+/// text events as they arrive while `counting` is set.
+async fn stream(url: &str, key: &str, tokens: Option<(&AtomicU64, &AtomicBool)>) -> Seen {
+    let body = serde_json::json!({"model": "fake", "messages": [{"role": "user", "content": "go"}],
+        "max_tokens": TOKENS, "stream": true});
+    let req = Request::post(format!("{url}/v1/chat/completions"))
+        .header("authorization", format!("Bearer {key}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let t0 = Instant::now();
+    let Ok(resp) = client().request(req).await else {
+        return Seen { status: 0, ttfb: t0.elapsed(), whole: false };
+    };
+    let status = resp.status().as_u16();
+    let mut body = resp.into_body();
+    let (mut ttfb, mut raw) = (None, Vec::new());
+    while let Some(Ok(frame)) = body.frame().await {
+        let Ok(data) = frame.into_data() else { continue };
+        ttfb.get_or_insert_with(|| t0.elapsed());
+        if let Some((count, on)) = tokens {
+            if on.load(Ordering::Relaxed) {
+                let n = data.windows(11).filter(|w| w == b"\"content\":\"").count() as u64;
+                count.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        raw.extend_from_slice(&data);
+    }
+    // Whole: the engine's answer exactly, then [DONE].
+    let raw = String::from_utf8_lossy(&raw);
+    let mut text = String::new();
+    let mut done = false;
+    for event in raw.split("\n\n").filter_map(|e| e.strip_prefix("data: ")) {
+        match serde_json::from_str::<serde_json::Value>(event) {
+            Ok(v) => text.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or_default()),
+            Err(_) => done |= event == "[DONE]",
+        }
+    }
+    let whole = done && text == common::engine::answer(0, TOKENS);
+    if status == 200 && !whole {
+        eprintln!("not whole: {raw}");
+    }
+    if status != 200 {
+        eprintln!("status {status}: {raw}");
+    }
+    Seen { status, ttfb: ttfb.unwrap_or_else(|| t0.elapsed()), whole }
+}
+
+/// Live requests every `LIVE_EVERY` for `LIVE_FOR`, each on its own.
+async fn live(url: &str) -> Vec<Seen> {
+    let mut tasks = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < LIVE_FOR {
+        let url = url.to_string();
+        tasks.push(tokio::spawn(async move { stream(&url, LIVE_KEY, None).await }));
+        tokio::time::sleep(LIVE_EVERY).await;
+    }
+    let mut seen = Vec::new();
+    for t in tasks {
+        seen.push(t.await.unwrap());
+    }
+    seen
+}
+
+fn p99(seen: &[Seen]) -> Duration {
+    let mut t: Vec<Duration> = seen.iter().map(|s| s.ttfb).collect();
+    t.sort();
+    t[(t.len() * 99).div_ceil(100).saturating_sub(1)]
+}
+
+/// The live requests beside the flood, and the agents' tokens while they ran.
+async fn beside_the_flood(url: &str) -> (Vec<Seen>, u64, Duration) {
+    let (stop, counting) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let (tokens, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(Vec::new())));
+    let mut flood = Vec::new();
+    for _ in 0..AGENTS {
+        let (url, stop, counting, tokens, failed) =
+            (url.to_string(), stop.clone(), counting.clone(), tokens.clone(), failed.clone());
+        flood.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let s = stream(&url, AGENTS_KEY, Some((&tokens, &counting))).await;
+                if !s.whole {
+                    failed.lock().unwrap().push(s.status);
+                }
+            }
+        }));
+    }
+    // The flood fills the slots and the queue first.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    counting.store(true, Ordering::Relaxed);
+    let t0 = Instant::now();
+    let seen = live(url).await;
+    let window = t0.elapsed();
+    counting.store(false, Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    for f in flood {
+        let _ = tokio::time::timeout(Duration::from_secs(60), f).await;
+    }
+    let failed = failed.lock().unwrap().clone();
+    assert!(failed.is_empty(), "agents' streams that did not end whole (statuses): {failed:?}");
+    (seen, tokens.load(Ordering::Relaxed), window)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_requests_wait_for_nothing_agents_hold_and_agents_get_what_live_leaves() {
+    let h = router(true).await;
+    let alone = live(&h.url).await;
+    assert!(alone.iter().all(|s| s.status == 200 && s.whole));
+    let (beside, agent_tokens, window) = beside_the_flood(&h.url).await;
+    let (p_alone, p_beside) = (p99(&alone), p99(&beside));
+    // What live leaves of the replica's capacity: its slots' tokens a
+    // second, less live's (each live answer holds a slot for its tokens).
+    let capacity = f64::from(SLOTS) / PACE.as_secs_f64();
+    let live_rate = TOKENS as f64 / LIVE_EVERY.as_secs_f64();
+    let left = (capacity - live_rate) * window.as_secs_f64();
+    let share = agent_tokens as f64 / left;
+    let text = h.daemon.metrics.encode();
+    let yielded: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("onepool_router_class_yielded_total{") && l.contains("class=\"agents\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    eprintln!(
+        "classes: live p99 time to first byte {p_alone:.3?} alone, {p_beside:.3?} beside {AGENTS} agents; \
+         agents got {agent_tokens} tokens, {:.0}% of the {left:.0} live left; {yielded} agents' streams yielded",
+        share * 100.0
+    );
+    let failed: Vec<u16> = beside.iter().filter(|s| !(s.status == 200 && s.whole)).map(|s| s.status).collect();
+    assert!(failed.is_empty(), "live requests shed or failed beside the flood: {failed:?}");
+    assert!(p_beside <= p_alone + Duration::from_millis(150), "live p99 {p_beside:?} against {p_alone:?} alone");
+    assert!(share >= 0.7, "agents served {:.0}% of what live leaves", share * 100.0);
+    assert!(yielded >= 1.0, "agents' streams yielded their slots to live requests");
+
+    // The same flood on one queue: live requests wait behind it.
+    let off = router(false).await;
+    let (beside_off, _, _) = beside_the_flood(&off.url).await;
+    let p_off = p99(&beside_off);
+    eprintln!("classes off: live p99 time to first byte {p_off:.3?} beside the same flood");
+    assert!(p_off > p_alone + Duration::from_millis(150), "without classes the flood delays live requests");
+}
+
+#[tokio::test]
+async fn a_lower_class_past_its_bound_is_shed_with_429_and_a_higher_one_is_not() {
+    let e = engine_paced(Cut::Never, Duration::from_millis(50)).await;
+    let mut cfg = endpoint_config(1, 2, Duration::from_secs(10));
+    cfg.proxy.auth = Some(BearerTokens::with_classes([
+        (LIVE_KEY.to_string(), None),
+        (AGENTS_KEY.to_string(), Some("agents".to_string())),
+    ]));
+    let ranks = [("inference", 2), ("agents", 3)];
+    cfg.proxy.classes = RequestClasses::new("inference", ranks.map(|(n, r)| (n.to_string(), r))).map(Arc::new);
+    let h = Harness::new(cfg, &[e.addr]).await;
+    // One slot, held; two agents wait (their class's bound); the next is shed.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let url = h.url.clone();
+        held.push(tokio::spawn(async move { (stream(&url, AGENTS_KEY, None).await.status, Instant::now()) }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let shed = stream(&h.url, AGENTS_KEY, None).await;
+    assert_eq!(shed.status, 429);
+    // Live requests have a bound of their own: not shed by the agents'.
+    let url = h.url.clone();
+    let live = tokio::spawn(async move { (stream(&url, LIVE_KEY, None).await, Instant::now()) });
+    // A request may lower its class, never raise it.
+    let req = |class: &str| {
+        Request::post(format!("{}/v1/chat/completions", h.url))
+            .header("authorization", format!("Bearer {AGENTS_KEY}"))
+            .header("x-request-class", class)
+            .body(Full::new(Bytes::from(r#"{"messages":[],"stream":true,"max_tokens":1}"#)))
+            .unwrap()
+    };
+    let raised = client().request(req("inference")).await.unwrap();
+    assert_eq!(raised.status(), 400);
+    let text = String::from_utf8(raised.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(text.contains("never raise"), "{text}");
+    let (live, live_done) = live.await.unwrap();
+    assert_eq!(live.status, 200);
+    let mut done = Vec::new();
+    for t in held {
+        let (status, at) = t.await.unwrap();
+        assert_eq!(status, 200);
+        done.push(at);
+    }
+    // The live request came after the waiting agents and went before them.
+    assert!(done[0] < live_done && live_done < done[1] && live_done < done[2]);
+    let metrics = h.daemon.metrics.encode();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("onepool_router_class_shed_total{") && l.contains("agents") && l.ends_with(" 1")),
+        "{metrics}"
+    );
+}
