@@ -329,6 +329,38 @@ mod tests {
         c.endpoints[0].replicas.clone().unwrap()
     }
 
+    /// Issue #44: the classes an endpoint's keys name come from the policy,
+    /// protected first, then flexible by rank; one the policy lacks is an
+    /// error at its key's line.
+    #[test]
+    fn request_classes_resolve_from_the_policy_and_an_unknown_one_is_refused_at_its_line() {
+        let policy = std::env::current_dir().unwrap().join("../etc/onepool.toml");
+        let mut c = crate::config::parse(
+            "t.toml",
+            &format!(
+                "control_socket = \"/tmp/x.sock\"\npolicy = \"{}\"\n[[endpoint]]\nname = \"llm\"\nlisten = \"127.0.0.1:0\"\nrequest_class = \"inference\"\n",
+                policy.display()
+            ),
+        )
+        .unwrap();
+        c.endpoints[0].keyed_classes = vec![("agents".into(), "keys:3".into())];
+        resolve_from_policy(&mut c).unwrap();
+        let classes = c.endpoints[0].proxy.classes.clone().unwrap();
+        assert_eq!(classes.own(), "inference");
+        let ranks = ["inference-baseline", "training", "inference", "agents"].map(|n| classes.rank(n).unwrap().0);
+        assert_eq!(ranks, [0, 1, 2, 3]);
+        c.endpoints[0].keyed_classes.push(("gold".into(), "keys:7".into()));
+        let e = resolve_from_policy(&mut c).unwrap_err();
+        assert!(
+            e.starts_with("keys:7: request class \"gold\" is not a class of the policy") && e.contains("agents"),
+            "{e}"
+        );
+        c.endpoints[0].keyed_classes.pop();
+        c.endpoints[0].request_class = None;
+        let e = resolve_from_policy(&mut c).unwrap_err();
+        assert!(e.contains("say the class of requests whose key names none"), "{e}");
+    }
+
     fn shipped() -> Policy {
         policy::load(include_str!("../../etc/onepool.toml")).policy.unwrap()
     }

@@ -191,6 +191,16 @@ fn bearer_tokens_come_from_a_private_file_and_bad_ones_are_refused_with_where() 
     assert!(err().contains("line 1: a token is one word of at least 16 ASCII characters"), "{}", err());
     write("# nothing\n", 0o600);
     assert!(err().contains("holds no token"), "{}", err());
+    // A line may name the requests' class (issue #44), one word after the token.
+    write("0123456789abcdef0123 agents\nfedcba9876543210fedc\n", 0o600);
+    let c = parse("t.toml", &src).unwrap();
+    let classes: Vec<&str> = c.endpoints[0].proxy.auth.as_ref().unwrap().classes().collect();
+    assert_eq!(classes, ["agents"]);
+    assert_eq!(c.endpoints[0].keyed_classes, [("agents".to_string(), format!("{}:1", file.display()))]);
+    write("0123456789abcdef0123 agents extra\n", 0o600);
+    assert!(err().contains("line 1: \"extra\" after the token and its class"), "{}", err());
+    write("0123456789abcdef0123 ag/ents\n", 0o600);
+    assert!(err().contains("line 1: \"ag/ents\" is not a class name"), "{}", err());
     std::fs::remove_file(&file).unwrap();
     assert!(err().contains("cannot read it"), "{}", err());
     std::fs::remove_dir_all(&dir).unwrap();

@@ -36,26 +36,33 @@ pub(super) fn bearer_tokens(
         let mut words = line.split('#').next().unwrap_or("").split_whitespace();
         let Some(t) = words.next() else { continue };
         let class = words.next();
-        let at = format!("{file}:{}", i + 1);
+        let (at, line_no) = (format!("{file}:{}", i + 1), i + 1);
+        let at_line = format!("{file:?} line {line_no}");
         if t.len() < MIN_TOKEN_LEN || !t.is_ascii() {
-            c.error(span.clone(), format!("{key} {at}: a token is one word of at least {MIN_TOKEN_LEN} ASCII characters (e.g. `openssl rand -hex 32`)"));
+            c.error(span.clone(), format!("{key} {at_line}: a token is one word of at least {MIN_TOKEN_LEN} ASCII characters (e.g. `openssl rand -hex 32`)"));
             return None;
         }
         let class = match (class, words.next(), classes) {
             (None, _, _) => None,
             (Some(_), None, false) => {
-                c.error(span.clone(), format!("{key} {at}: these tokens name no request class; give the token alone"));
+                c.error(
+                    span.clone(),
+                    format!("{key} {at_line}: these tokens name no request class; give the token alone"),
+                );
                 return None;
             }
             (Some(name), None, true) if valid_class(name) => Some(name.to_string()),
             (Some(name), None, true) => {
-                c.error(span.clone(), format!("{key} {at}: {name:?} is not a class name (letters, digits, '-', '_')"));
+                c.error(
+                    span.clone(),
+                    format!("{key} {at_line}: {name:?} is not a class name (letters, digits, '-', '_')"),
+                );
                 return None;
             }
             (Some(_), Some(extra), _) => {
                 c.error(
                     span.clone(),
-                    format!("{key} {at}: {extra:?} after the token and its class: a line is `TOKEN [CLASS]`"),
+                    format!("{key} {at_line}: {extra:?} after the token and its class: a line is `TOKEN [CLASS]`"),
                 );
                 return None;
             }
