@@ -20,6 +20,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+source bench/proxy-lib.sh
 STREAMS=${STREAMS:-10000}
 TOKENS=${TOKENS:-100}
 INTERVAL_MS=${INTERVAL_MS:-200}
@@ -49,20 +50,11 @@ CLIENTS=$TARGET_DIR/release/stream_clients
 TMP=$(mktemp -d /tmp/onepool-bench-resume.XXXXXX)
 PIDS=()
 cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    stop_all "${PIDS[@]}"
     [ -n "${KEEP_TMP:-}" ] || rm -rf "$TMP"
 }
 trap cleanup EXIT
 
-wait_port() {
-    for _ in $(seq 100); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-        sleep 0.05
-    done
-    echo "nothing listens on 127.0.0.1:$1" >&2
-    return 1
-}
 
 # CPU seconds (utime + stime) of a process.
 cpu_seconds() {

@@ -38,6 +38,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+source bench/proxy-lib.sh
 ROOT=$PWD
 DURATION=${DURATION:-10}
 CONNS=${CONNS:-64}
@@ -74,20 +75,11 @@ BACKEND=$TARGET_DIR/release/examples/bench_backend
 TMP=$(mktemp -d /tmp/onepool-bench.XXXXXX)
 PIDS=()
 cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    stop_all "${PIDS[@]}"
     rm -rf "$TMP"
 }
 trap cleanup EXIT
 
-wait_port() {
-    for _ in $(seq 100); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-        sleep 0.05
-    done
-    echo "nothing listens on 127.0.0.1:$1" >&2
-    return 1
-}
 
 # --- backend
 taskset -c "$LOAD_CPU" "$BACKEND" "127.0.0.1:$BACKEND_PORT" 2>"$TMP/backend.log" &
