@@ -93,14 +93,14 @@ struct Sent {
 /// it comes, on a connection of its own.
 fn request_once(router: SocketAddr, max_tokens: u32, stream: bool) -> Sent {
     let start = Instant::now();
-    let mut tokens = 0;
+    let (mut tokens, mut finishes, mut usage) = (0, 0, None);
     let done = |answered, ending, tokens| Sent { start, answered, end: Instant::now(), ending, tokens };
     let Ok(mut s) = TcpStream::connect_timeout(&router, Duration::from_secs(5)) else {
         return done(None, Ending::NoAnswer, 0);
     };
     s.set_read_timeout(Some(HUNG)).unwrap();
     let body = format!(
-        r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"max_tokens":{max_tokens},"stream":{stream}}}"#
+        r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"max_tokens":{max_tokens},"stream":{stream},"stream_options":{{"include_usage":{stream}}}}}"#
     );
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: {router}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
@@ -134,11 +134,21 @@ fn request_once(router: SocketAddr, max_tokens: u32, stream: bool) -> Sent {
         line.clear();
         match r.read_line(&mut line) {
             Ok(0) => return done(answered, Ending::CutMidStream, tokens),
-            Ok(_) if line.starts_with("data: [DONE]") => return done(answered, Ending::Done, tokens),
+            Ok(_) if line.starts_with("data: [DONE]") => {
+                // Whole: its tokens, one finish and a usage that says so.
+                let whole = finishes == 1 && usage == Some(tokens as u64);
+                return done(answered, if whole { Ending::Done } else { Ending::CutMidStream }, tokens);
+            }
             Ok(_) => {
                 let event = line.strip_prefix("data: ").and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok());
-                if let Some(text) = event.as_ref().and_then(|e| e["choices"][0]["delta"]["content"].as_str()) {
-                    tokens += text.len();
+                let Some(e) = event else { continue };
+                tokens += e["choices"][0]["delta"]["content"].as_str().map_or(0, str::len);
+                // One answer: one finish, its usage that of the tokens sent.
+                if e["choices"][0]["finish_reason"].as_str() == Some("length") {
+                    finishes += 1;
+                }
+                if let Some(n) = e["usage"]["completion_tokens"].as_u64() {
+                    usage = Some(n);
                 }
             }
             Err(e) if is_timeout(&e) => return done(answered, Ending::Hung, tokens),
