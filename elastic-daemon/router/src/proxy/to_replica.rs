@@ -598,3 +598,21 @@ pub(super) fn client_response(
     let body = LeasedBody { inner: body, lease: Some(lease), start, first_byte: false };
     Response::from_parts(parts, ProxyBody { kind: BodyKind::Replica(body), hold: None, tap: None })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client's own `x-onepool-*` fields never reach a replica: the
+    /// launcher trusts the movable mark (and opens llama-server's
+    /// continuation paths) only as the router's (issue #43).
+    #[test]
+    fn a_client_s_onepool_fields_are_kept_back_in_any_case() {
+        for name in ["x-onepool-movable", "X-OnePool-Movable", "x-onepool-replica-key", "X-ONEPOOL-anything"] {
+            assert!(is_onepool_field(name.as_bytes()), "{name}");
+        }
+        for name in ["x-onepool", "x-forwarded-for", "x-request-class", "authorization"] {
+            assert!(!is_onepool_field(name.as_bytes()), "{name}");
+        }
+    }
+}
