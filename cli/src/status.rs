@@ -200,6 +200,13 @@ pub fn resume_lines(state: &State) -> String {
             ),
         };
         out.push_str(&line);
+        // Its request classes (issue #44), highest first.
+        for c in &ep.classes {
+            out.push_str(&format!(
+                "{}: class {} (rank {}): {} waiting, {} requests, {} shed, {} yielded their slot\n",
+                ep.name, c.name, c.rank, c.queued, c.requests, c.shed, c.yielded
+            ));
+        }
     }
     if !out.is_empty() {
         out.insert(0, '\n');
@@ -434,6 +441,29 @@ mod tests {
             "node_count": 1, "preempt_time": preempt,
         }))
         .unwrap()
+    }
+
+    /// Issues #43 and #44: each endpoint's continued answers and its
+    /// request classes, highest first.
+    #[test]
+    fn continued_answers_and_request_classes_are_shown_per_endpoint() {
+        let state: State = serde_json::from_value(json!({"endpoints": [
+            {"name": "chat", "queued": 3, "peak_queued": 5, "replicas": [], "served_total": 9,
+             "resume": {"method": "tokens", "max_moves": 3, "moved": 4, "not_moved": 1},
+             "classes": [
+                {"name": "inference", "rank": 2, "queued": 0, "requests": 40, "shed": 0, "yielded": 0},
+                {"name": "agents", "rank": 3, "queued": 3, "requests": 900, "shed": 12, "yielded": 17}]},
+            {"name": "embed", "queued": 0, "peak_queued": 0, "replicas": [], "served_total": 0}
+        ]}))
+        .unwrap();
+        let lines = resume_lines(&state);
+        assert_eq!(
+            lines,
+            "\nchat: answers continue on another replica by token ids (llama-server: exact), at most 3 move(s) each; 4 moved, 1 could not be\n\
+             chat: class inference (rank 2): 0 waiting, 40 requests, 0 shed, 0 yielded their slot\n\
+             chat: class agents (rank 3): 3 waiting, 900 requests, 12 shed, 17 yielded their slot\n\
+             embed: answers are not continued on another replica ([endpoint.resume] method = \"off\")\n"
+        );
     }
 
     #[test]

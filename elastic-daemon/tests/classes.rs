@@ -187,6 +187,12 @@ async fn live_requests_wait_for_nothing_agents_hold_and_agents_get_what_live_lea
     assert!(p_beside <= p_alone + Duration::from_millis(150), "live p99 {p_beside:?} against {p_alone:?} alone");
     assert!(share >= 0.7, "agents served {:.0}% of what live leaves", share * 100.0);
     assert!(yielded >= 1.0, "agents' streams yielded their slots to live requests");
+    // What `onepool status` shows: each class, highest first.
+    let classes = h.snapshot().classes;
+    let names: Vec<&str> = classes.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["inference-baseline", "training", "inference", "agents"]);
+    assert_eq!(classes[3].yielded as f64, yielded);
+    assert!(classes[2].requests >= 2 * (LIVE_FOR.as_millis() / LIVE_EVERY.as_millis()) as u64 - 2);
 
     // The same flood on one queue: live requests wait behind it.
     let off = router(false).await;

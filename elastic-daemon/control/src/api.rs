@@ -73,6 +73,24 @@ pub struct EndpointState {
     /// they do not (`[endpoint.resume] method = "off"`, or an older onepoold).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume: Option<ResumeState>,
+    /// Its request classes (issue #44), highest first; empty without.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<ClassState>,
+}
+
+/// One request class of an endpoint (issue #44).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassState {
+    pub name: String,
+    /// 0 for protected classes, else the policy's rank (lower goes first).
+    pub rank: u32,
+    /// Requests of the class waiting for a replica now.
+    pub queued: usize,
+    pub requests: u64,
+    /// Refused because the class's share of the queue was full.
+    pub shed: u64,
+    /// Streams that gave their slot to a higher class.
+    pub yielded: u64,
 }
 
 /// An endpoint's continued answers (issue #43).

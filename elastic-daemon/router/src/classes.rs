@@ -48,6 +48,11 @@ impl RequestClasses {
         &self.own
     }
 
+    /// Every class and its rank.
+    pub fn all(&self) -> impl Iterator<Item = (&str, Rank)> {
+        self.ranks.iter().map(|(n, r)| (&**n, *r))
+    }
+
     pub fn rank(&self, class: &str) -> Option<Rank> {
         self.ranks.get(class).copied()
     }

@@ -198,6 +198,9 @@ pub struct Endpoint {
     resume: std::sync::OnceLock<crate::resume::ResumeSettings>,
     moved: std::sync::atomic::AtomicU64,
     not_moved: std::sync::atomic::AtomicU64,
+    /// Its request classes, and per class: requests, shed, yielded.
+    classes: std::sync::OnceLock<Arc<crate::classes::RequestClasses>>,
+    class_counts: Mutex<BTreeMap<String, [u64; 3]>>,
 }
 
 /// One answered request: when its first byte came, after how long, and
@@ -255,6 +258,8 @@ impl Endpoint {
             resume: std::sync::OnceLock::new(),
             moved: std::sync::atomic::AtomicU64::new(0),
             not_moved: std::sync::atomic::AtomicU64::new(0),
+            classes: std::sync::OnceLock::new(),
+            class_counts: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -316,7 +321,55 @@ impl Endpoint {
                 moved: self.moved.load(std::sync::atomic::Ordering::Relaxed),
                 not_moved: self.not_moved.load(std::sync::atomic::Ordering::Relaxed),
             }),
+            classes: self.class_states(&g),
         }
+    }
+
+    /// The endpoint's request classes (once, from its settings).
+    pub fn set_classes(&self, c: Arc<crate::classes::RequestClasses>) {
+        let _ = self.classes.set(c);
+    }
+
+    /// A request of `class`: in the metrics and the endpoint's own counts.
+    pub fn count_class(&self, class: &str, what: crate::metrics::ClassEvent) {
+        self.metrics.count_class(&self.name, class, what);
+        let mut counts = self.class_counts.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = match what {
+            crate::metrics::ClassEvent::Request => 0,
+            crate::metrics::ClassEvent::Shed => 1,
+            crate::metrics::ClassEvent::Yielded => 2,
+        };
+        match counts.get_mut(class) {
+            Some(c) => c[slot] += 1,
+            None => {
+                let mut c = [0; 3];
+                c[slot] = 1;
+                counts.insert(class.to_string(), c);
+            }
+        }
+    }
+
+    /// Each request class with what it waits for and did, highest first.
+    fn class_states(&self, g: &Inner) -> Vec<onepool_control::api::ClassState> {
+        let Some(classes) = self.classes.get() else { return Vec::new() };
+        let counts = self.class_counts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<onepool_control::api::ClassState> = classes
+            .all()
+            .map(|(name, rank)| {
+                let [requests, shed, yielded] = counts.get(name).copied().unwrap_or_default();
+                let queued = g.waiters.iter().filter(|w| w.rank == rank).count();
+                onepool_control::api::ClassState {
+                    name: name.to_string(),
+                    rank: rank.0,
+                    queued,
+                    requests,
+                    shed,
+                    yielded,
+                }
+            })
+            .collect();
+        out.sort_by_key(|c| c.rank);
+        out
     }
 
     /// How the endpoint's answers continue on another replica (once, from

@@ -105,6 +105,9 @@ impl Target {
         if let Some(r) = settings.resume {
             endpoint.set_resume(r);
         }
+        if let Some(c) = &settings.classes {
+            endpoint.set_classes(c.clone());
+        }
         let moves = settings.resume.map(|r| {
             Arc::new(MoveContext { endpoint: endpoint.clone(), settings: settings.clone(), max_moves: r.max_moves })
         });

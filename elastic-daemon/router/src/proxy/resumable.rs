@@ -337,7 +337,7 @@ impl ResumableBody {
         self.metrics().count_moved(&name, why);
         self.ctx.endpoint.note_move(true);
         if let (true, Some(c)) = (yielded, &self.class) {
-            self.metrics().count_class(&name, &c.name, crate::metrics::ClassEvent::Yielded);
+            self.ctx.endpoint.count_class(&c.name, crate::metrics::ClassEvent::Yielded);
         }
         if self.progress.meta.is_none() {
             self.progress.meta = Some(Meta::made_up(&self.plan));
