@@ -37,11 +37,7 @@ pub enum AcquireError {
     ClassFull,
 }
 
-/// A request's place in the queue (issue #44): lower ranks are served
-/// first; requests without a class all have the default, first come first
-/// served.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Rank(pub u32);
+pub use crate::classes::Rank;
 
 /// What a request asks of the endpoint for a slot.
 #[derive(Clone, Copy, Debug, Default)]
