@@ -194,9 +194,8 @@ pub struct Endpoint {
     resume: std::sync::OnceLock<crate::resume::ResumeSettings>,
     moved: std::sync::atomic::AtomicU64,
     not_moved: std::sync::atomic::AtomicU64,
-    /// Its request classes, and per class: requests, shed, yielded.
+    /// Its request classes (their counts are the metrics').
     classes: std::sync::OnceLock<Arc<crate::classes::RequestClasses>>,
-    class_counts: Mutex<BTreeMap<String, [u64; 3]>>,
 }
 
 /// One answered request: when its first byte came, after how long, and
@@ -255,7 +254,6 @@ impl Endpoint {
             moved: std::sync::atomic::AtomicU64::new(0),
             not_moved: std::sync::atomic::AtomicU64::new(0),
             classes: std::sync::OnceLock::new(),
-            class_counts: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -326,33 +324,13 @@ impl Endpoint {
         let _ = self.classes.set(c);
     }
 
-    /// A request of `class`: in the metrics and the endpoint's own counts.
-    pub fn count_class(&self, class: &str, what: crate::metrics::ClassEvent) {
-        self.metrics.count_class(&self.name, class, what);
-        let mut counts = self.class_counts.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = match what {
-            crate::metrics::ClassEvent::Request => 0,
-            crate::metrics::ClassEvent::Shed => 1,
-            crate::metrics::ClassEvent::Yielded => 2,
-        };
-        match counts.get_mut(class) {
-            Some(c) => c[slot] += 1,
-            None => {
-                let mut c = [0; 3];
-                c[slot] = 1;
-                counts.insert(class.to_string(), c);
-            }
-        }
-    }
-
     /// Each request class with what it waits for and did, highest first.
     fn class_states(&self, g: &Inner) -> Vec<onepool_control::api::ClassState> {
         let Some(classes) = self.classes.get() else { return Vec::new() };
-        let counts = self.class_counts.lock().unwrap_or_else(|e| e.into_inner());
         let mut out: Vec<onepool_control::api::ClassState> = classes
             .all()
             .map(|(name, rank)| {
-                let [requests, shed, yielded] = counts.get(name).copied().unwrap_or_default();
+                let [requests, shed, yielded] = self.metrics.class_counts(&self.name, name);
                 let queued = g.waiters.iter().filter(|w| w.rank == rank).count();
                 onepool_control::api::ClassState {
                     name: name.to_string(),
@@ -374,9 +352,19 @@ impl Endpoint {
         let _ = self.resume.set(r);
     }
 
-    /// An answer moved to another replica (`moved`), or could not.
-    pub fn note_move(&self, moved: bool) {
-        let n = if moved { &self.moved } else { &self.not_moved };
+    /// An answer moved to another replica (`Ok(why)`), or could not
+    /// (`Err(why)`): in the metrics and the endpoint's totals for status.
+    pub fn note_move(&self, moved: Result<crate::resume::Why, &str>) {
+        let n = match moved {
+            Ok(why) => {
+                self.metrics.count_moved(&self.name, why);
+                &self.moved
+            }
+            Err(why) => {
+                self.metrics.count_move_failed(&self.name, why);
+                &self.not_moved
+            }
+        };
         n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -591,14 +579,6 @@ impl Endpoint {
     /// replica that holds the longest part of it, within the load bound.
     pub async fn acquire_for(self: &Arc<Self>, exclude: &[ReplicaId], prefix: &[u64]) -> Result<Lease, AcquireError> {
         self.acquire_want(Want { exclude, prefix, ..Want::default() }).await
-    }
-
-    /// [`Endpoint::acquire`] for an answer that moves from the replica
-    /// in `exclude` (issue #43): it waits ahead of new requests, and the
-    /// queue's bound does not turn it away (it was accepted once already;
-    /// the queue timeout still bounds its wait).
-    pub async fn acquire_ahead(self: &Arc<Self>, exclude: &[ReplicaId]) -> Result<Lease, AcquireError> {
-        self.acquire_want(Want { exclude, ahead: true, ..Want::default() }).await
     }
 
     /// A slot for a request as `want` says: at once if a replica has room,

@@ -586,6 +586,12 @@ impl Metrics {
         family.get_or_create(&labels).inc();
     }
 
+    /// A class's requests, shed and yielded so far (for `onepool status`).
+    pub fn class_counts(&self, endpoint: &str, class: &str) -> [u64; 3] {
+        let labels = ClassLabels { endpoint: endpoint.to_string(), class: class.to_string() };
+        [&self.class_requests, &self.class_shed, &self.class_yielded].map(|f| f.get_or_create(&labels).get())
+    }
+
     pub fn observe_class_wait(&self, endpoint: &str, class: &str, seconds: f64) {
         let labels = ClassLabels { endpoint: endpoint.to_string(), class: class.to_string() };
         self.class_queue_seconds.get_or_create(&labels).observe(seconds);

@@ -43,6 +43,28 @@ pub struct Call<'a> {
     pub body: &'a [u8],
 }
 
+/// The request head of `call` to the replica at `address`.
+pub fn head(call: &Call<'_>, address: SocketAddr) -> Result<Vec<u8>, String> {
+    let Call { method, path, fields, body } = call;
+    // The path goes into the request line as it is: nothing that could
+    // end the line or add a field.
+    if !path.starts_with('/') || !path.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!("{path:?} is not a path to ask a replica for"));
+    }
+    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: {address}\r\n").into_bytes();
+    if !body.is_empty() || *method != "GET" {
+        head.extend_from_slice(format!("content-length: {}\r\n", body.len()).as_bytes());
+    }
+    for (name, value) in *fields {
+        head.extend_from_slice(name.as_str().as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"\r\n");
+    Ok(head)
+}
+
 /// [`get`] for any method and body.
 pub async fn request(
     conns: &Arc<IdleConns>,
@@ -52,23 +74,8 @@ pub async fn request(
     timeout: Duration,
     max_bytes: usize,
 ) -> Result<(StatusCode, Bytes), String> {
-    let Call { method, path, fields, body } = call;
-    // The path goes into the request line as it is: nothing that could
-    // end the line or add a field.
-    if !path.starts_with('/') || !path.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(format!("{path:?} is not a path to ask a replica for"));
-    }
-    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: {address}\r\n").into_bytes();
-    if !body.is_empty() || method != "GET" {
-        head.extend_from_slice(format!("content-length: {}\r\n", body.len()).as_bytes());
-    }
-    for (name, value) in fields {
-        head.extend_from_slice(name.as_str().as_bytes());
-        head.extend_from_slice(b": ");
-        head.extend_from_slice(value.as_bytes());
-        head.extend_from_slice(b"\r\n");
-    }
-    head.extend_from_slice(b"\r\n");
+    let head = head(&call, address)?;
+    let Call { method, path, body, .. } = call;
     let deadline = Instant::now() + timeout;
     let exchange = async {
         let mut headers = HeaderMap::new();

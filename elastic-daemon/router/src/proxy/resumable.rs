@@ -293,11 +293,6 @@ impl ResumableBody {
         self.end();
     }
 
-    fn count_failed(&self, label: &str) {
-        self.metrics().count_move_failed(self.ctx.endpoint.name(), label);
-        self.ctx.endpoint.note_move(false);
-    }
-
     /// The replica cannot finish the answer (or, `Yielded`, gives its slot
     /// to a higher class): it moves, if it may.
     fn cut(&mut self, why: Why) {
@@ -307,14 +302,14 @@ impl ResumableBody {
         }
         let name = self.ctx.endpoint.name().to_string();
         if self.progress.overflow {
-            self.count_failed("too_long");
+            self.ctx.endpoint.note_move(Err("too_long"));
             return self.fail("the answer is longer than the router keeps to continue one");
         }
         let yielded = why == Why::Yielded;
         // A yield is no failure: it is bounded by the classes above it, not
         // by max_moves, and the replica may take the answer back later.
         if !yielded && self.moves >= self.ctx.max_moves {
-            self.count_failed("max_moves");
+            self.ctx.endpoint.note_move(Err("max_moves"));
             return self.fail("it moved as many times as the endpoint allows");
         }
         if let Some(lease) = &self.current.lease {
@@ -334,10 +329,9 @@ impl ResumableBody {
         if !yielded {
             self.moves += 1;
         }
-        self.metrics().count_moved(&name, why);
-        self.ctx.endpoint.note_move(true);
+        self.ctx.endpoint.note_move(Ok(why));
         if let (true, Some(c)) = (yielded, &self.class) {
-            self.ctx.endpoint.count_class(&c.name, crate::metrics::ClassEvent::Yielded);
+            self.metrics().count_class(&name, &c.name, crate::metrics::ClassEvent::Yielded);
         }
         if self.progress.meta.is_none() {
             self.progress.meta = Some(Meta::made_up(&self.plan));
@@ -352,7 +346,8 @@ impl ResumableBody {
             let meta = self.progress.meta.as_ref().expect("set above");
             self.out.push_back(meta.finish_event(self.plan.api, "length"));
             self.progress.finish = Some("length".into());
-            return self.complete_moved();
+            // Cut before any usage or `[DONE]` came: both are the router's.
+            return self.complete();
         }
         let s = &self.ctx.settings;
         let ask = Ask {
@@ -377,12 +372,6 @@ impl ResumableBody {
         self.state = State::Moving(Box::pin(continue_elsewhere(ask)));
     }
 
-    /// Ends an answer the router finishes itself after a move.
-    fn complete_moved(&mut self) {
-        self.source = Source::Native;
-        self.complete();
-    }
-
     fn moved(&mut self, r: Result<Continuation, Failed>) {
         let pause = self.moving_since.elapsed().as_secs_f64();
         self.metrics().observe_move_pause(self.ctx.endpoint.name(), pause);
@@ -402,7 +391,7 @@ impl ResumableBody {
             }
             Err(e) => {
                 tracing::info!(endpoint = %self.ctx.endpoint.name(), "a stream could not be continued: {e}");
-                self.count_failed(e.label());
+                self.ctx.endpoint.note_move(Err(e.label()));
                 self.fail(&e.to_string());
             }
         }

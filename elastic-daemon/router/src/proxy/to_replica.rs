@@ -329,7 +329,7 @@ pub(super) async fn forward(p: Prepared, ctx: &Target) -> Response<ProxyBody> {
         None => None,
     };
     if let Some(c) = &class {
-        ctx.endpoint.count_class(c, ClassEvent::Request);
+        ctx.metrics.count_class(ctx.endpoint.name(), c, ClassEvent::Request);
     }
     let Some(log) = &ctx.access else { return forward_to(p, ctx).await };
     let (facts, start) = (RequestFacts::of(&p.body), p.start);
@@ -371,7 +371,7 @@ async fn acquire(ctx: &Target, p: &Prepared, tried: &[ReplicaId], prefix: &[u64]
 
 fn no_replica(ctx: &Target, last_failure: Option<Failure>, e: AcquireError, p: &Prepared) -> Response<ProxyBody> {
     if let (AcquireError::ClassFull | AcquireError::QueueFull, Some(c)) = (e, p.class()) {
-        ctx.endpoint.count_class(&c.name, ClassEvent::Shed);
+        ctx.metrics.count_class(ctx.endpoint.name(), &c.name, ClassEvent::Shed);
     }
     let r = match (last_failure, e) {
         (Some(f), _) => failed(ctx, f),

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderValue, Response, StatusCode};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use onepool_launcher::conventions::{DRAINING_HEADER, MOVABLE_HEADER};
 
@@ -19,6 +19,7 @@ use super::Method;
 use crate::backend_pool::{self, BackendBody};
 use crate::endpoint::{AcquireError, Endpoint, Lease};
 use crate::registry::ReplicaId;
+use crate::replica_client;
 
 /// Largest answer of `/apply-template` or `/tokenize` read (a prompt's
 /// template or its ids: a few times the request body at most).
@@ -173,17 +174,20 @@ async fn on(ask: &Ask, lease: &Lease) -> Result<(BackendBody, Source, Option<u64
 /// One request of the router's own to the replica; a 200 or a refusal.
 async fn send(ask: &Ask, lease: &Lease, path: &str, body: Vec<u8>) -> Result<Response<BackendBody>, Refusal> {
     let replica = lease.replica();
-    let mut head = Vec::with_capacity(256);
-    head.extend_from_slice(format!("POST {path} HTTP/1.1\r\nhost: {}\r\n", replica.address).as_bytes());
-    head.extend_from_slice(b"content-type: application/json\r\naccept: text/event-stream, application/json\r\n");
-    head.extend_from_slice(format!("content-length: {}\r\n{MOVABLE_HEADER}: 1\r\n", body.len()).as_bytes());
+    let value = |v: &'static str| HeaderValue::from_static(v);
+    let mut fields = vec![
+        (http::header::CONTENT_TYPE, value("application/json")),
+        (http::header::ACCEPT, value("text/event-stream, application/json")),
+        (HeaderName::from_static(MOVABLE_HEADER), value("1")),
+    ];
     if let Some(key) = ask.endpoint.replica_key() {
-        field(&mut head, crate::REPLICA_KEY_HEADER.as_str(), key);
+        fields.push((crate::REPLICA_KEY_HEADER, key.clone()));
     }
     if let Some(auth) = &ask.authorization {
-        field(&mut head, "authorization", auth);
+        fields.push((http::header::AUTHORIZATION, auth.clone()));
     }
-    head.extend_from_slice(b"\r\n");
+    let call = replica_client::Call { method: "POST", path, fields: &fields, body: &body };
+    let head = replica_client::head(&call, replica.address).map_err(Refusal::from)?;
     let mut headers = HeaderMap::new();
     let request = backend_pool::Outgoing {
         head: &head,
@@ -207,24 +211,9 @@ async fn send(ask: &Ask, lease: &Lease, path: &str, body: Vec<u8>) -> Result<Res
     Err(Refusal { why: format!("{path} answered {}", resp.status()), draining })
 }
 
-fn field(head: &mut Vec<u8>, name: &str, value: &HeaderValue) {
-    head.extend_from_slice(name.as_bytes());
-    head.extend_from_slice(b": ");
-    head.extend_from_slice(value.as_bytes());
-    head.extend_from_slice(b"\r\n");
-}
-
+/// A helper's whole answer (a template, token ids), bounded.
 async fn read_whole(resp: Response<BackendBody>) -> Result<Bytes, Refusal> {
-    let mut body = resp.into_body();
-    let mut out = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| Refusal::from(format!("its answer was cut: {e}")))?;
-        if let Ok(data) = frame.into_data() {
-            if out.len() + data.len() > MAX_HELPER_ANSWER {
-                return Err(Refusal::from("its answer is too large".to_string()));
-            }
-            out.extend_from_slice(&data);
-        }
-    }
-    Ok(out.freeze())
+    let body = http_body_util::Limited::new(resp.into_body(), MAX_HELPER_ANSWER);
+    let whole = body.collect().await.map_err(|e| Refusal::from(format!("its answer could not be read whole: {e}")))?;
+    Ok(whole.to_bytes())
 }
