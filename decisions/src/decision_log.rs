@@ -117,6 +117,7 @@ pub fn kind_str(k: Kind) -> &'static str {
         Kind::Baseline => "baseline",
         Kind::Supplemental => "supplemental",
         Kind::Warm => "warm",
+        Kind::Lower => "lower-class",
     }
 }
 
@@ -133,6 +134,12 @@ pub fn explain(action: &Action, replicas: &[Replica], target: &EndpointTarget) -
             target.desired.clamp(target.min, target.max.max(target.min)),
             live(Kind::Baseline) + live(Kind::Supplemental),
             serving
+        ),
+        Action::Submit(Kind::Lower) => format!(
+            "the load wants {} replicas, {} of them only for request classes below the endpoint's own; {} lower-class live",
+            target.desired.clamp(target.min, target.max.max(target.min)),
+            target.lower,
+            live(Kind::Lower)
         ),
         Action::Submit(Kind::Warm) => match target.headroom {
             Some(h) => {
@@ -171,8 +178,15 @@ fn replica_reason(action: &Action, r: &Replica, replicas: &[Replica], target: &E
     if r.kind == Kind::Warm && target.headroom.is_some_and(|h| h.gpus_wanted) {
         return "warm headroom yields: a job waits for the pool's GPUs".to_string();
     }
-    let live = replicas.iter().filter(|x| x.phase != Phase::Draining && x.kind != Kind::Warm).count();
     let pending = if r.phase == Phase::Pending { " (pending)" } else { "" };
+    if r.kind == Kind::Lower {
+        let live = replicas.iter().filter(|x| x.phase != Phase::Draining && x.kind == Kind::Lower).count();
+        return format!(
+            "scale-down{pending}: request classes below the endpoint's own want {} of its replicas, {live} lower-class live",
+            target.lower
+        );
+    }
+    let live = replicas.iter().filter(|x| x.phase != Phase::Draining && x.kind != Kind::Warm).count();
     format!(
         "scale-down{pending}: the load wants {} replicas, {live} live",
         target.desired.clamp(target.min, target.max.max(target.min))
@@ -255,6 +269,7 @@ mod tests {
             renew_before: Duration::from_secs(120),
             startup_timeout: Duration::from_secs(60),
             headroom: None,
+            lower: 0,
         }
     }
 

@@ -43,6 +43,11 @@ pub enum Kind {
     /// Headroom above the load's need; lowest-ranked flexible class, taken
     /// by Slurm for any other work.
     Warm,
+    /// Above `min`, for the demand only request classes below the
+    /// endpoint's own bring (issue #44): in such a class (agents, say), so
+    /// that the capacity their requests ask for is reclaimed as theirs,
+    /// first, and never borrows the endpoint's own class's place.
+    Lower,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +101,10 @@ pub struct EndpointTarget {
     /// Warm headroom; `None`: surplus replicas are drained as soon as the
     /// autoscaler no longer wants them.
     pub headroom: Option<Headroom>,
+    /// Of `desired`, the replicas only lower request classes' demand asks
+    /// for ([`Kind::Lower`]; 0 without such classes). The endpoint's own
+    /// class's replicas come first: at most `desired - min` are lower.
+    pub lower: u32,
 }
 
 /// An endpoint's warm headroom this round.
@@ -188,10 +197,15 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
     let is_expiring = |r: &Replica| expiring.iter().any(|e| (e.job, e.slot) == (r.job, r.slot));
     let lasting =
         |kind: Kind| -> Vec<&Replica> { alive.iter().copied().filter(|r| r.kind == kind && !is_expiring(r)).collect() };
-    let (base_lasting, supp, warm) =
-        (lasting(Kind::Baseline).len() as u32, lasting(Kind::Supplemental), lasting(Kind::Warm));
-    let (supp_lasting, warm_lasting) = (supp.len() as u32, warm.len() as u32);
-    let want_supp = desired - target.min;
+    let (base_lasting, supp, lower, warm) = (
+        lasting(Kind::Baseline).len() as u32,
+        lasting(Kind::Supplemental),
+        lasting(Kind::Lower),
+        lasting(Kind::Warm),
+    );
+    let (supp_lasting, lower_lasting, warm_lasting) = (supp.len() as u32, lower.len() as u32, warm.len() as u32);
+    let want_lower = target.lower.min(desired - target.min);
+    let want_supp = desired - target.min - want_lower;
     let max = target.max.max(target.min);
     // Without headroom, GPUs count as wanted: surplus goes as it always did.
     let (want_warm, keep_idle, gpus_wanted) = match target.headroom {
@@ -200,9 +214,11 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
     };
     actions.extend((base_lasting..target.min).map(|_| Action::Submit(Kind::Baseline)));
     // Warm replicas hold their places within `max` (see the module's notes).
-    let room = max.saturating_sub(target.min + supp_lasting + warm_lasting);
+    let room = max.saturating_sub(target.min + supp_lasting + lower_lasting + warm_lasting);
     let supp_to_add = want_supp.saturating_sub(supp_lasting).min(room);
     actions.extend((0..supp_to_add).map(|_| Action::Submit(Kind::Supplemental)));
+    let lower_to_add = want_lower.saturating_sub(lower_lasting).min(room - supp_to_add);
+    actions.extend((0..lower_to_add).map(|_| Action::Submit(Kind::Lower)));
     // Expiring replicas whose successors already serve can go.
     let serving_lasting = |kind: Kind| {
         alive.iter().filter(|r| r.kind == kind && r.phase == Phase::Serving && !is_expiring(r)).count() as u32
@@ -211,6 +227,7 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
         let enough = match e.kind {
             Kind::Baseline => serving_lasting(Kind::Baseline) >= target.min,
             Kind::Supplemental => serving_lasting(Kind::Supplemental) >= want_supp,
+            Kind::Lower => serving_lasting(Kind::Lower) >= want_lower,
             Kind::Warm => serving_lasting(Kind::Warm) >= want_warm,
         };
         if enough {
@@ -221,8 +238,25 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
     // A pinned replica's GPUs come back only with its whole job: last.
     // Surplus that already holds GPUs nobody waits for stays, as headroom.
     let (mut kept_supp, mut supp_leaving) = (0, 0);
-    let idle_room = max.saturating_sub(base_lasting.max(target.min) + want_supp);
-    for r in cheapest_first(supp).into_iter().take(supp_lasting.saturating_sub(want_supp) as usize) {
+    let idle_room = max.saturating_sub(base_lasting.max(target.min) + want_supp + want_lower);
+    // Handover between the two kinds above min: one the load no longer
+    // wants serves on until the other kind's new ones do, unless its place
+    // is needed within max.
+    let short = |want: u32, lasting: u32, adding: u32| adding < want.saturating_sub(lasting);
+    let keep_supp = if short(want_lower, lower_lasting, lower_to_add) {
+        0
+    } else {
+        want_lower.saturating_sub(serving_lasting(Kind::Lower))
+    };
+    let keep_lower = if short(want_supp, supp_lasting, supp_to_add) {
+        0
+    } else {
+        want_supp.saturating_sub(serving_lasting(Kind::Supplemental))
+    };
+    // Lower-class replicas beyond their demand go first: the endpoint's
+    // own class keeps what it asked for.
+    let leaving = surplus(lower, want_lower + keep_lower).into_iter().chain(surplus(supp, want_supp + keep_supp));
+    for r in leaving {
         if r.phase != Phase::Pending && keep_idle && !gpus_wanted && kept_supp < idle_room {
             kept_supp += 1;
             continue;
@@ -233,12 +267,14 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
     // Warm replicas: within max with the rest; while a job waits for GPUs,
     // only those the headroom or the load (at max) asks for, and none
     // pending (Slurm takes the running ones when it needs them).
-    let others = base_lasting.max(target.min) + supp_lasting + supp_to_add - supp_leaving;
+    let others =
+        base_lasting.max(target.min) + supp_lasting + lower_lasting + supp_to_add + lower_to_add - supp_leaving;
     let mut keep_warm = warm_lasting.min(max.saturating_sub(others));
     let warm = cheapest_first(warm);
     let mut leaving = warm_lasting - keep_warm;
     if gpus_wanted {
-        keep_warm = keep_warm.min(want_warm + want_supp.saturating_sub(supp_lasting));
+        let short = want_supp.saturating_sub(supp_lasting) + want_lower.saturating_sub(lower_lasting);
+        keep_warm = keep_warm.min(want_warm + short);
         let pending = warm.iter().filter(|r| r.phase == Phase::Pending).count() as u32;
         leaving = pending.max(warm_lasting - keep_warm);
     }
@@ -260,6 +296,12 @@ fn let_go(r: &Replica) -> Action {
         Phase::Pending | Phase::Starting => Action::Release { job: r.job, slot: r.slot },
         _ => Action::Drain { job: r.job, slot: r.slot },
     }
+}
+
+/// The `len - want` cheapest of `rs` (none when `want` covers them).
+fn surplus(rs: Vec<&Replica>, want: u32) -> Vec<&Replica> {
+    let n = (rs.len() as u32).saturating_sub(want) as usize;
+    cheapest_first(rs).into_iter().take(n).collect()
 }
 
 /// Scale-down order: pending, then starting, then serving; a pinned one
@@ -360,7 +402,7 @@ mod tests {
     const S: Duration = Duration::from_secs(1);
 
     fn t(min: u32, max: u32, desired: u32) -> EndpointTarget {
-        EndpointTarget { min, max, desired, renew_before: 600 * S, startup_timeout: 300 * S, headroom: None }
+        EndpointTarget { min, max, desired, renew_before: 600 * S, startup_timeout: 300 * S, headroom: None, lower: 0 }
     }
 
     fn r(job: u32, kind: Kind, phase: Phase, in_flight: u32, age: u64) -> Replica {
@@ -565,6 +607,51 @@ mod tests {
     }
 
     #[test]
+    fn demand_only_lower_classes_bring_gets_lower_class_replicas_which_go_first() {
+        let lower = |min, max, desired, lower| EndpointTarget { lower, ..t(min, max, desired) };
+        // Wanted 4 with min 1: of the 3 above min, 2 only for lower classes.
+        let a = reconcile(&lower(1, 6, 4, 2), &[r(1, Kind::Baseline, Phase::Serving, 0, 900)]);
+        assert_eq!(a, [Action::Submit(Kind::Supplemental), Action::Submit(Kind::Lower), Action::Submit(Kind::Lower)]);
+        // The endpoint's own class first: never more lower than above min.
+        let a = reconcile(&lower(1, 6, 2, 5), &[r(1, Kind::Baseline, Phase::Serving, 0, 900)]);
+        assert_eq!(a, [Action::Submit(Kind::Lower)]);
+        // The endpoint's own class wants min only: its supplemental replica
+        // serves on until the lower-class ones do...
+        let rs = [r(1, Kind::Baseline, Phase::Serving, 0, 900), r(2, Kind::Supplemental, Phase::Serving, 3, 300)];
+        assert_eq!(reconcile(&lower(1, 6, 3, 2), &rs), [Action::Submit(Kind::Lower), Action::Submit(Kind::Lower)]);
+        let mut now = rs.to_vec();
+        now.extend([r(3, Kind::Lower, Phase::Starting, 0, 10), r(4, Kind::Lower, Phase::Serving, 0, 10)]);
+        assert!(reconcile(&lower(1, 6, 3, 2), &now).is_empty(), "one lower-class replica still loads");
+        now[2].phase = Phase::Serving;
+        assert_eq!(reconcile(&lower(1, 6, 3, 2), &now), [Action::Drain { job: 2, slot: 0 }]);
+        // ...unless max needs its place.
+        assert_eq!(reconcile(&lower(1, 3, 3, 2), &rs), [Action::Submit(Kind::Lower), Action::Drain { job: 2, slot: 0 }]);
+        // The lower classes' demand gone: their replicas drain, the
+        // endpoint's own stay.
+        let rs = [
+            r(1, Kind::Baseline, Phase::Serving, 0, 900),
+            r(2, Kind::Supplemental, Phase::Serving, 3, 300),
+            r(3, Kind::Lower, Phase::Serving, 1, 200),
+            r(4, Kind::Lower, Phase::Pending, 0, 0),
+        ];
+        let a = reconcile(&lower(1, 6, 2, 0), &rs);
+        assert_eq!(a, [Action::Release { job: 4, slot: 0 }, Action::Drain { job: 3, slot: 0 }]);
+        // Own demand rises at max while lower demand holds its place: the
+        // lower-class replica is the one that leaves.
+        let rs = [
+            r(1, Kind::Baseline, Phase::Serving, 0, 900),
+            r(2, Kind::Supplemental, Phase::Serving, 3, 300),
+            r(3, Kind::Lower, Phase::Serving, 1, 200),
+        ];
+        assert_eq!(reconcile(&lower(1, 3, 3, 0), &rs), [Action::Drain { job: 3, slot: 0 }]);
+        assert!(reconcile(&lower(1, 3, 3, 1), &rs).is_empty(), "steady");
+        // With headroom and no job waiting, idle lower-class replicas stay
+        // as headroom like supplemental ones.
+        let warm = EndpointTarget { lower: 0, ..warm_t(1, 6, 2, 0, false) };
+        assert_eq!(reconcile(&warm, &rs), []);
+    }
+
+    #[test]
     fn warm_spec_asks_for_the_larger_of_its_count_and_fraction() {
         let w = WarmSpec { replicas: 1, fraction: 0.5 };
         assert_eq!([0, 1, 2, 3, 8].map(|d| w.replicas_above(d)), [1, 1, 1, 2, 4]);
@@ -676,7 +763,7 @@ mod tests {
     fn arb_replica() -> impl Strategy<Value = Replica> {
         (
             (1u32..6, 0u16..4, any::<bool>()),
-            0usize..3,
+            0usize..4,
             0usize..4,
             0u32..10,
             0u64..1000,
@@ -687,7 +774,7 @@ mod tests {
                 job,
                 slot,
                 pinned,
-                kind: [Kind::Baseline, Kind::Supplemental, Kind::Warm][kind],
+                kind: [Kind::Baseline, Kind::Supplemental, Kind::Warm, Kind::Lower][kind],
                 phase: [Phase::Pending, Phase::Starting, Phase::Serving, Phase::Draining][phase],
                 in_flight,
                 age: Duration::from_secs(age),
@@ -723,10 +810,11 @@ mod tests {
         #[test]
         fn actions_touch_only_given_jobs_and_spare_healthy_baselines(
             rs in proptest::collection::vec(arb_replica(), 0..8), min in 0u32..4, extra in 0u32..4, desired in 0u32..10,
+            lower in 0u32..6,
         ) {
             let mut seen = std::collections::HashSet::new();
             let rs: Vec<Replica> = rs.into_iter().filter(|r| seen.insert((r.job, r.slot))).collect();
-            let target = t(min, min + extra, desired);
+            let target = EndpointTarget { lower, ..t(min, min + extra, desired) };
             for a in reconcile(&target, &rs) {
                 if let Action::Drain { job, slot } | Action::Release { job, slot } = a {
                     let r = rs.iter().find(|r| (r.job, r.slot) == (job, slot));
@@ -744,11 +832,11 @@ mod tests {
         #[test]
         fn headroom_stays_within_max(
             rs in proptest::collection::vec(arb_replica(), 0..8), min in 0u32..4, extra in 0u32..4,
-            desired in 0u32..10, warm in 0u32..6, wanted in any::<bool>(),
+            desired in 0u32..10, warm in 0u32..6, wanted in any::<bool>(), lower in 0u32..6,
         ) {
             let mut seen = std::collections::HashSet::new();
             let rs: Vec<Replica> = rs.into_iter().filter(|r| seen.insert((r.job, r.slot))).collect();
-            let target = warm_t(min, min + extra, desired, warm, wanted);
+            let target = EndpointTarget { lower, ..warm_t(min, min + extra, desired, warm, wanted) };
             let a = reconcile(&target, &rs);
             let leaving = |r: &Replica| a.iter().any(|a| matches!(a, Action::Drain { job, slot } | Action::Release { job, slot } if (*job, *slot) == (r.job, r.slot)));
             let kept = rs.iter().filter(|r| live(r) && !leaving(r)).count() as u32;

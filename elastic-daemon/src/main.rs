@@ -236,17 +236,21 @@ fn preflight_only(config: &config::Config, endpoint: &str) -> ExitCode {
 fn check_only(path: &std::path::Path, config: &mut config::Config, user: Option<&str>) -> ExitCode {
     let findings = onepool_elastic_daemon::policy_check::check(config);
     let mut errors = findings.errors;
-    if let Err(e) = onepool_elastic_daemon::policy_check::resolve_from_policy(config) {
-        errors.push(e);
-    }
     // The start's rules on the files it reads (issue #42): "fits" means
     // onepoold will start.
-    match onepool_elastic_daemon::start_files::owner(user) {
+    let uid = match onepool_elastic_daemon::start_files::owner(user) {
         Ok((uid, who)) => {
-            println!("secret files checked as onepoold's user {who}");
+            println!("secret files and class entitlements checked as onepoold's user {who}");
             errors.extend(onepool_elastic_daemon::start_files::problems(config, uid));
+            uid
         }
-        Err(e) => errors.push(e),
+        Err(e) => {
+            errors.push(e);
+            onepool_os::getuid()
+        }
+    };
+    if let Err(e) = onepool_elastic_daemon::policy_check::resolve_from_policy_as(config, uid) {
+        errors.push(e);
     }
     // How each endpoint's answers continue elsewhere (issue #43).
     for e in &config.endpoints {

@@ -147,6 +147,26 @@ pub fn pool_scope(config: &Config, policy: &Policy) -> PoolScope {
 /// replicas drain at every SIGTERM (what `check` warns of), but warm
 /// headroom cannot start.
 pub fn resolve_from_policy(config: &mut Config) -> Result<(), String> {
+    resolve_from_policy_as(config, onepool_os::getuid())
+}
+
+/// [`resolve_from_policy`] for onepoold running as `uid` (`--check` may
+/// check for another user than the one running it).
+pub fn resolve_from_policy_as(config: &mut Config, uid: u32) -> Result<(), String> {
+    for e in &mut config.endpoints {
+        let classes = wants_classes(e);
+        let Some(r) = e.replicas.as_mut() else { continue };
+        match r.lower_workload.as_deref() {
+            Some("off") if !classes => r.lower_workload = None,
+            Some(w) if !classes => {
+                return Err(format!(
+                    "endpoint {:?} [endpoint.replicas]: lower_workload = {w:?} is for request classes below the endpoint's own, and its requests have none (no API key names a class, no request_class)",
+                    e.name
+                ))
+            }
+            _ => {}
+        }
+    }
     let classes = config.endpoints.iter().any(wants_classes);
     if !config.endpoints.iter().any(|e| e.replicas.is_some()) && !classes {
         return Ok(());
@@ -171,7 +191,7 @@ pub fn resolve_from_policy(config: &mut Config) -> Result<(), String> {
         }
         (Err(_), false, false) => return Ok(()),
     };
-    resolve_classes(config, &policy, &path)?;
+    resolve_classes(config, &policy, &path, uid)?;
     let immediate: Vec<String> = policy
         .classes
         .iter()
@@ -201,6 +221,7 @@ fn resolve_classes(
     config: &mut Config,
     policy: &onepool_decisions::policy::Policy,
     path: &std::path::Path,
+    uid: u32,
 ) -> Result<(), String> {
     let ranks: Vec<(String, u32)> = policy
         .classes
@@ -213,17 +234,17 @@ fn resolve_classes(
             (c.name.clone(), rank)
         })
         .collect();
-    let known = |name: &str| ranks.iter().any(|(n, _)| n == name);
     let names = || ranks.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ");
     for e in config.endpoints.iter_mut().filter(|e| wants_classes(e)) {
         for (class, at) in &e.keyed_classes {
-            if !known(class) {
+            let Some(c) = policy.class(class) else {
                 return Err(format!(
                     "{at}: request class {class:?} is not a class of the policy {} (its classes: {})",
                     path.display(),
                     names()
                 ));
-            }
+            };
+            entitled(c, uid, &format!("{at}: request class {class:?}"))?;
         }
         let own = e.request_class.clone().or_else(|| e.replicas.as_ref().map(|r| r.supplemental_workload.clone()));
         let Some(own) = own else {
@@ -240,9 +261,90 @@ fn resolve_classes(
                 names()
             ));
         };
+        if let Some(c) = policy.class(&own) {
+            entitled(c, uid, &format!("endpoint {:?}: its own request class {own:?}", e.name))?;
+        }
+        let own_rank = classes.rank(&own).unwrap_or_default().0;
         e.proxy.classes = Some(std::sync::Arc::new(classes));
+        if let Some(r) = e.replicas.as_mut() {
+            r.lower_workload = lower_workload(&e.name, r, policy, own_rank, uid)?;
+        }
     }
     Ok(())
+}
+
+/// The class of the replicas for demand only request classes below the
+/// endpoint's own bring (issue #44): the one named, else the flexible class
+/// ranked next below the endpoint's own (its warm class aside). It must
+/// rank below the endpoint's own, be one onepoold's user may submit in,
+/// and let a replica drain within its GraceTime.
+fn lower_workload(endpoint: &str, r: &ReplicaSettings, policy: &Policy, own: u32, uid: u32) -> Result<Option<String>, String> {
+    let at = format!("endpoint {endpoint:?} [endpoint.replicas]");
+    let warm = r.warm.as_ref().map(|w| w.workload.as_str());
+    let class = match r.lower_workload.as_deref() {
+        Some("off") => return Ok(None),
+        Some(name) => {
+            let Some(c) = policy.class(name) else {
+                return Err(format!(
+                    "{at}: lower_workload = {name:?} is not a class of the policy (classes: {})",
+                    policy.class_names().join(", ")
+                ));
+            };
+            if c.rank().is_none_or(|rank| rank <= own) {
+                return Err(format!(
+                    "{at}: lower_workload = {name:?} does not rank below the endpoint's own request class: replicas for the lower classes' demand must be reclaimed before the endpoint's own"
+                ));
+            }
+            c
+        }
+        None => {
+            let below = policy.classes.iter().filter(|c| c.rank().is_some_and(|rank| rank > own));
+            match below.filter(|c| Some(c.name.as_str()) != warm).min_by_key(|c| c.rank()) {
+                Some(c) => c,
+                None => return Ok(None),
+            }
+        }
+    };
+    entitled(class, uid, &format!("{at}: lower_workload {:?}", class.name))?;
+    if let Tier::Flexible { grace_time, reclaim, .. } = class.tier {
+        if reclaim != ReclaimMode::Immediate && grace_time < r.drain_timeout {
+            return Err(format!(
+                "{at}: drain_timeout = {} is longer than lower_workload class {}'s GraceTime ({}): Slurm would kill a preempted replica before its drain ends",
+                duration::format(r.drain_timeout),
+                class.name,
+                duration::format(grace_time)
+            ));
+        }
+    }
+    Ok(Some(class.name.clone()))
+}
+
+/// Whether onepoold's user (`uid`) may have work in `class`, as
+/// job_submit/onepool decides it: root always; else a user or group the
+/// class entitles. An entitlement by account alone cannot be told here
+/// (the account is the job's, in Slurm's records): said in the log.
+fn entitled(class: &onepool_decisions::policy::Class, uid: u32, what: &str) -> Result<(), String> {
+    let Some(e) = &class.entitled else { return Ok(()) };
+    if uid == 0 {
+        return Ok(());
+    }
+    let (user, gids) = onepool_os::user_groups(uid).unwrap_or_else(|| (format!("uid {uid}"), Vec::new()));
+    if e.users.contains(&user) || e.groups.iter().any(|g| onepool_os::group(g).is_some_and(|g| gids.contains(&g.gid))) {
+        return Ok(());
+    }
+    if !e.accounts.is_empty() {
+        tracing::warn!(
+            "{what}: class {} entitles onepoold's user {user} only through its accounts ({}): onepoold's jobs must run under one of them",
+            class.name,
+            e.accounts.join(", ")
+        );
+        return Ok(());
+    }
+    Err(format!(
+        "{what}: class {} does not entitle onepoold's user {user} (entitled: {}); entitle it in the policy or name another class",
+        class.name,
+        e.describe()
+    ))
 }
 
 fn check_size(f: &mut Findings, at: &str, kind: &str, max: Option<u32>, s: &ReplicaSettings, class: &str) {
@@ -359,6 +461,57 @@ mod tests {
         c.endpoints[0].request_class = None;
         let e = resolve_from_policy(&mut c).unwrap_err();
         assert!(e.contains("say the class of requests whose key names none"), "{e}");
+    }
+
+    /// Issue #44: replicas for the lower classes' demand go in the class
+    /// ranked next below the endpoint's own, or the one named; a class
+    /// that does not rank below, or one onepoold's user is not entitled
+    /// to, is refused at start and by --check.
+    #[test]
+    fn the_lower_classes_replicas_class_resolves_and_entitlements_are_checked() {
+        let policy = std::env::current_dir().unwrap().join("../etc/onepool.toml");
+        let config = |replicas: &str| {
+            let mut c = crate::config::parse(
+                "t.toml",
+                &format!(
+                    "control_socket = \"/tmp/x.sock\"\npolicy = \"{}\"\n[[endpoint]]\nname = \"llm\"\nlisten = \"127.0.0.1:0\"\n[endpoint.replicas]\ncommand = \"x\"\n{replicas}",
+                    policy.display()
+                ),
+            )
+            .unwrap();
+            c.endpoints[0].keyed_classes = vec![("agents".into(), "keys:3".into())];
+            c
+        };
+        let lower = |c: &Config| c.endpoints[0].replicas.as_ref().unwrap().lower_workload.clone();
+        let mut c = config("");
+        resolve_from_policy_as(&mut c, 0).unwrap();
+        assert_eq!(lower(&c).as_deref(), Some("agents"), "next below inference");
+        let mut c = config("lower_workload = \"off\"");
+        resolve_from_policy_as(&mut c, 0).unwrap();
+        assert_eq!(lower(&c), None);
+        let mut c = config("lower_workload = \"training\"");
+        let e = resolve_from_policy_as(&mut c, 0).unwrap_err();
+        assert!(e.contains("lower_workload = \"training\" does not rank below"), "{e}");
+        let mut c = config("lower_workload = \"gold\"");
+        let e = resolve_from_policy_as(&mut c, 0).unwrap_err();
+        assert!(e.contains("lower_workload = \"gold\" is not a class of the policy"), "{e}");
+        // Without request classes there is no lower class to serve.
+        let mut c = config("lower_workload = \"agents\"");
+        c.endpoints[0].keyed_classes.clear();
+        let e = resolve_from_policy_as(&mut c, 0).unwrap_err();
+        assert!(e.contains("its requests have none"), "{e}");
+        // A key naming a class entitled to another user: refused for an
+        // ordinary user (nobody), accepted for root.
+        let mut c = config("");
+        c.endpoints[0].keyed_classes.push(("inference-baseline".into(), "keys:9".into()));
+        resolve_from_policy_as(&mut c, 0).unwrap();
+        let nobody = onepool_os::user_id("nobody").unwrap_or(65534);
+        let e = resolve_from_policy_as(&mut c, nobody).unwrap_err();
+        assert!(
+            e.starts_with("keys:9: request class \"inference-baseline\": class inference-baseline does not entitle onepoold's user")
+                && e.contains("users onepool"),
+            "{e}"
+        );
     }
 
     fn shipped() -> Policy {

@@ -86,6 +86,12 @@ pub struct ClassState {
     pub rank: u32,
     /// Requests of the class waiting for a replica now.
     pub queued: usize,
+    /// Requests of the class on replicas now (absent from older daemons).
+    #[serde(default)]
+    pub in_flight: u32,
+    /// Ranked below the endpoint's own class (absent from older daemons).
+    #[serde(default)]
+    pub lower: bool,
     pub requests: u64,
     /// Refused because the class's share of the queue was full.
     pub shed: u64,
@@ -145,6 +151,10 @@ pub struct Replica {
     /// Warm headroom: takes requests only when every other ready replica
     /// is at its limit.
     pub spill: bool,
+    /// Lent to the classes below the endpoint's own (issue #44): their
+    /// requests go there first (absent from older daemons).
+    #[serde(default)]
+    pub lent: bool,
 }
 
 /// How a drain ended (`POST .../replicas/drain`).
@@ -222,10 +232,15 @@ pub enum ReplicaKind {
     Supplemental,
     /// Headroom above what the load asks (`warm`).
     Warm,
+    /// Above `min`, for demand only request classes below the endpoint's
+    /// own bring (`lower_workload`, issue #44).
+    #[serde(rename = "lower-class")]
+    Lower,
 }
 
 impl ReplicaKind {
-    pub const ALL: [ReplicaKind; 3] = [ReplicaKind::Baseline, ReplicaKind::Supplemental, ReplicaKind::Warm];
+    pub const ALL: [ReplicaKind; 4] =
+        [ReplicaKind::Baseline, ReplicaKind::Supplemental, ReplicaKind::Warm, ReplicaKind::Lower];
 
     /// The name in metrics labels, job names and status.
     pub fn as_str(self) -> &'static str {
@@ -233,6 +248,7 @@ impl ReplicaKind {
             ReplicaKind::Baseline => "baseline",
             ReplicaKind::Supplemental => "supplemental",
             ReplicaKind::Warm => "warm",
+            ReplicaKind::Lower => "lower-class",
         }
     }
 }
@@ -306,6 +322,10 @@ pub struct ControllerView {
     pub max: u32,
     /// Replicas the autoscaler wants now (baseline included).
     pub desired: u32,
+    /// Of those, the replicas only request classes below the endpoint's
+    /// own ask for, submitted in its `lower_workload` class (issue #44).
+    #[serde(default)]
+    pub lower: u32,
     /// With warm headroom: the warm replicas wanted above `desired`, and
     /// whether a job waited for the pool's GPUs at the last poll (then no
     /// warm replica is added and surplus ones go).

@@ -60,10 +60,14 @@ impl RequestClasses {
         self.ranks.get(class).copied()
     }
 
+    /// Whether `rank` is below the endpoint's own class.
+    pub fn lower(&self, rank: Rank) -> bool {
+        rank > self.ranks.get(&self.own).copied().unwrap_or_default()
+    }
+
     fn class(&self, name: &Arc<str>) -> Class {
         let rank = self.ranks.get(name).copied().unwrap_or_default();
-        let own = self.ranks.get(&self.own).copied().unwrap_or_default();
-        Class { name: name.clone(), rank, lower: rank > own }
+        Class { name: name.clone(), rank, lower: self.lower(rank) }
     }
 
     /// The class of a request whose key names `keyed` (or none): the key's,

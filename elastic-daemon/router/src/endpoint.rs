@@ -66,6 +66,8 @@ struct Waiter {
     prefix: crate::prefix::PrefixKey,
     tx: oneshot::Sender<(ReplicaId, Arc<ReplicaShared>)>,
     rank: Rank,
+    /// Of a class below the endpoint's own: lent replicas first.
+    lower: bool,
     /// An answer that moved here from another replica (served first within
     /// its rank).
     ahead: bool,
@@ -114,6 +116,9 @@ struct Inner {
     /// by registration number.
     yieldable: BTreeMap<u64, Yieldable>,
     next_yieldable: u64,
+    /// Requests on replicas now, by rank (what each class's demand is
+    /// beside its queue, for the replica controller: issue #44).
+    in_flight_by_rank: BTreeMap<Rank, u32>,
 }
 
 /// A stream in flight that may give its slot to a higher class's request.
@@ -240,6 +245,7 @@ impl Endpoint {
                 affine_counts: None,
                 yieldable: BTreeMap::new(),
                 next_yieldable: 0,
+                in_flight_by_rank: BTreeMap::new(),
             }),
             queue_depth: metrics.queue_depth(name),
             requests: metrics.request_counters(name, ""),
@@ -336,6 +342,8 @@ impl Endpoint {
                     name: name.to_string(),
                     rank: rank.0,
                     queued,
+                    in_flight: g.in_flight_by_rank.get(&rank).copied().unwrap_or(0),
+                    lower: classes.lower(rank),
                     requests,
                     shed,
                     yielded,
@@ -396,6 +404,13 @@ impl Endpoint {
     /// other ready replica is at its limit.
     pub fn set_spill(&self, address: SocketAddr, spill: bool) -> Result<(), RegistryError> {
         self.lock().pool.set_spill(address, spill)
+    }
+
+    /// Marks a replica as lent to the classes below the endpoint's own:
+    /// their requests take it first, the others only when no other replica
+    /// has room.
+    pub fn set_lent(&self, address: SocketAddr, lent: bool) -> Result<(), RegistryError> {
+        self.lock().pool.set_lent(address, lent)
     }
 
     /// Routes by prompt prefix from now on ([`crate::prefix`]), with an
@@ -587,8 +602,8 @@ impl Endpoint {
     pub async fn acquire_want(self: &Arc<Self>, want: Want<'_>) -> Result<Lease, AcquireError> {
         let (waiter_id, rx) = {
             let mut g = self.lock();
-            if let Some(id) = Self::choose(&mut g, want.exclude, want.prefix) {
-                return Ok(self.lease_chosen(&mut g, id));
+            if let Some(id) = Self::choose(&mut g, want.exclude, want.prefix, want.lower) {
+                return Ok(self.lease_chosen(&mut g, id, want.rank));
             }
             if !want.ahead {
                 let of_rank = g.waiters.iter().filter(|w| w.rank == want.rank && !w.ahead).count();
@@ -600,7 +615,15 @@ impl Endpoint {
             let wid = g.next_waiter;
             g.next_waiter += 1;
             let prefix = if g.affinity.is_some() { want.prefix.to_vec() } else { Vec::new() };
-            let w = Waiter { id: wid, exclude: want.exclude.to_vec(), prefix, tx, rank: want.rank, ahead: want.ahead };
+            let w = Waiter {
+                id: wid,
+                exclude: want.exclude.to_vec(),
+                prefix,
+                tx,
+                rank: want.rank,
+                lower: want.lower,
+                ahead: want.ahead,
+            };
             let key = w.key();
             let at = g.waiters.iter().position(|o| o.key() > key).unwrap_or(g.waiters.len());
             g.waiters.insert(at, w);
@@ -616,7 +639,7 @@ impl Endpoint {
         // the waiting's state along.
         let since = Instant::now();
         let wait = want.wait.unwrap_or(self.queue.timeout);
-        let mut lease = Box::pin(self.wait_in_queue(waiter_id, rx, wait)).await?;
+        let mut lease = Box::pin(self.wait_in_queue(waiter_id, rx, wait, want.rank)).await?;
         lease.queued_us = u32::try_from(since.elapsed().as_micros()).unwrap_or(u32::MAX);
         Ok(lease)
     }
@@ -626,6 +649,7 @@ impl Endpoint {
         waiter_id: u64,
         rx: oneshot::Receiver<(ReplicaId, Arc<ReplicaShared>)>,
         wait: Duration,
+        rank: Rank,
     ) -> Result<Lease, AcquireError> {
         // The guard owns the receiver so that a request dropped mid-wait
         // (client gone) leaves the queue, or gives back a slot it was handed.
@@ -637,8 +661,8 @@ impl Endpoint {
         match granted {
             Ok(Ok((id, shared))) => {
                 guard.rx = None;
-                let g = self.lock();
-                Ok(self.lease(&g, id, shared))
+                let mut g = self.lock();
+                Ok(self.lease(&mut g, id, shared, rank))
             }
             // The sender is dropped only after a send or with its queue
             // entry; neither leaves a slot behind.
@@ -656,7 +680,7 @@ impl Endpoint {
                 }
                 // Handed a slot just as the timeout fired: use it.
                 match rx.try_recv() {
-                    Ok((id, shared)) => Ok(self.lease(&g, id, shared)),
+                    Ok((id, shared)) => Ok(self.lease(&mut g, id, shared, rank)),
                     Err(_) => Err(AcquireError::TimedOut),
                 }
             }
@@ -697,9 +721,14 @@ impl Endpoint {
 
     /// The replica for a request: by prefix when the endpoint routes so,
     /// counted by how it was routed.
-    fn choose(g: &mut Inner, exclude: &[ReplicaId], prefix: &[u64]) -> Option<ReplicaId> {
+    /// The replica for a request: by prefix when the endpoint routes so,
+    /// counted by how it was routed; else on the request's side of the
+    /// lent replicas first (`lower`: of a class below the endpoint's own).
+    /// Prefix routing keeps its own choice: the replica holding a prompt's
+    /// prefix saves more than the side it is on.
+    fn choose(g: &mut Inner, exclude: &[ReplicaId], prefix: &[u64], lower: bool) -> Option<ReplicaId> {
         let Inner { pool, affinity, affine_counts, .. } = g;
-        let Some(affinity) = affinity.as_mut() else { return pool.choose(exclude) };
+        let Some(affinity) = affinity.as_mut() else { return pool.choose_as(exclude, lower) };
         let (id, how) = pool.choose_for(exclude, prefix, affinity)?;
         if let Some(c) = affine_counts {
             c[how.slot()].inc();
@@ -708,9 +737,9 @@ impl Endpoint {
     }
 
     /// The lease of a replica `choose` just picked.
-    fn lease_chosen(self: &Arc<Self>, g: &mut Inner, id: ReplicaId) -> Lease {
+    fn lease_chosen(self: &Arc<Self>, g: &mut Inner, id: ReplicaId, rank: Rank) -> Lease {
         let shared = self.shared_of(g, id);
-        self.lease(g, id, shared)
+        self.lease(g, id, shared, rank)
     }
 
     /// The shared part of a replica in the pool (made with the replica in
@@ -737,11 +766,12 @@ impl Endpoint {
         }
     }
 
-    fn lease(self: &Arc<Self>, g: &Inner, id: ReplicaId, shared: Arc<ReplicaShared>) -> Lease {
+    fn lease(self: &Arc<Self>, g: &mut Inner, id: ReplicaId, shared: Arc<ReplicaShared>, rank: Rank) -> Lease {
         if let Some(r) = g.pool.get(id) {
             shared.metrics.in_flight.set(r.in_flight as i64);
         }
-        Lease { endpoint: self.clone(), id, shared, released: false, queued_us: 0 }
+        *g.in_flight_by_rank.entry(rank).or_default() += 1;
+        Lease { endpoint: self.clone(), id, shared, released: false, queued_us: 0, rank }
     }
 
     fn set_queue_gauge(&self, g: &Inner) {
@@ -756,7 +786,7 @@ impl Endpoint {
             let Some(id) = ({
                 let exclude = std::mem::take(&mut g.waiters[i].exclude);
                 let prefix = std::mem::take(&mut g.waiters[i].prefix);
-                let id = Self::choose(g, &exclude, &prefix);
+                let id = Self::choose(g, &exclude, &prefix, g.waiters[i].lower);
                 (g.waiters[i].exclude, g.waiters[i].prefix) = (exclude, prefix);
                 id
             }) else {
@@ -774,8 +804,15 @@ impl Endpoint {
         self.set_queue_gauge(g);
     }
 
-    fn release(&self, id: ReplicaId, shared: &ReplicaShared) {
+    /// A lease ended: its slot and its class's count go back.
+    fn release_lease(&self, id: ReplicaId, shared: &ReplicaShared, rank: Rank) {
         let mut g = self.lock();
+        if let std::collections::btree_map::Entry::Occupied(mut n) = g.in_flight_by_rank.entry(rank) {
+            *n.get_mut() -= 1;
+            if *n.get() == 0 {
+                n.remove();
+            }
+        }
         self.release_locked(&mut g, id, shared);
     }
 
@@ -883,6 +920,8 @@ pub struct Lease {
     /// timeout): a u32 fits beside `released`, and every response body
     /// holds a lease.
     queued_us: u32,
+    /// Its request's class rank (counted in the class's in-flight).
+    rank: Rank,
 }
 
 impl Lease {
@@ -914,7 +953,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         if !self.released {
             self.released = true;
-            self.endpoint.release(self.id, &self.shared);
+            self.endpoint.release_lease(self.id, &self.shared, self.rank);
         }
     }
 }

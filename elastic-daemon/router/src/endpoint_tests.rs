@@ -264,3 +264,29 @@ async fn the_queue_serves_by_rank_with_a_bound_per_rank_and_asks_a_lower_stream_
     }
     assert_eq!(*order.lock().unwrap(), ["live", "agents moved", "agents 1", "agents 2"]);
 }
+
+/// Issue #44: each class's requests on replicas are counted while their
+/// leases live (what the replica controller splits demand by), and a
+/// lower class's request goes to a lent replica first.
+#[tokio::test]
+async fn in_flight_is_counted_by_class_and_lower_requests_take_lent_replicas() {
+    let e = endpoint(2, 4, 1_000);
+    let ranks = [("inference".to_string(), 2), ("agents".to_string(), 3)];
+    e.set_classes(Arc::new(crate::classes::RequestClasses::new("inference", ranks).unwrap()));
+    e.add(addr(1), None, true).unwrap();
+    e.add(addr(2), None, true).unwrap();
+    e.set_lent(addr(2), true).unwrap();
+    let low = Want { rank: Rank(3), lower: true, ..Want::default() };
+    let a = e.acquire_want(low).await.unwrap();
+    let b = e.acquire_want(low).await.unwrap();
+    assert_eq!((a.address(), b.address()), (addr(2), addr(2)));
+    let own = e.acquire_want(Want { rank: Rank(2), ..Want::default() }).await.unwrap();
+    assert_eq!(own.address(), addr(1));
+    let counts = |e: &Arc<Endpoint>| e.snapshot().classes.iter().map(|c| (c.in_flight, c.lower)).collect::<Vec<_>>();
+    assert_eq!(counts(&e), [(1, false), (2, true)]);
+    drop(a);
+    assert_eq!(counts(&e), [(1, false), (1, true)]);
+    drop((b, own));
+    assert_eq!(counts(&e), [(0, false), (0, true)]);
+    assert!(e.snapshot().replicas.iter().any(|r| r.lent && r.address == addr(2)));
+}

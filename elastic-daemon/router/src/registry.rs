@@ -41,6 +41,11 @@ pub struct Replica {
     /// ready replica is at its limit, so that it stays idle, and quick to
     /// give back, until a burst needs it.
     pub spill: bool,
+    /// Lent to the classes below the endpoint's own (issue #44: a replica
+    /// onepoold submitted in such a class for their demand): their requests
+    /// go there first, the endpoint's own class only when no other replica
+    /// has room, so that reclaiming it moves little live traffic.
+    pub lent: bool,
     passes: u32,
     failures: u32,
     /// Out because a request to it failed (not its health checks): one
@@ -61,6 +66,7 @@ impl Replica {
             served: self.served,
             peak_in_flight: self.peak_in_flight,
             spill: self.spill,
+            lent: self.lent,
         }
     }
 
@@ -150,6 +156,7 @@ impl Pool {
             served: 0,
             peak_in_flight: 0,
             spill: false,
+            lent: false,
             passes: 0,
             failures: 0,
             ejected: false,
@@ -179,18 +186,37 @@ impl Pool {
         Ok(())
     }
 
+    /// Marks a replica as lent to lower classes ([`Replica::lent`]) or not.
+    pub fn set_lent(&mut self, address: SocketAddr, lent: bool) -> Result<(), RegistryError> {
+        let endpoint = self.endpoint.clone();
+        let r = self
+            .replicas
+            .iter_mut()
+            .find(|r| r.address == address)
+            .ok_or(RegistryError::UnknownReplica { endpoint, address })?;
+        r.lent = lent;
+        Ok(())
+    }
+
     /// Picks the ready replica with room and the fewest requests in flight,
     /// skipping `exclude` (replicas a retried request already failed on),
     /// and counts the request on it; headroom replicas only when no other
     /// has room. Ties go to the replica that has served fewer requests, so
     /// equal replicas share the load evenly.
     pub fn choose(&mut self, exclude: &[ReplicaId]) -> Option<ReplicaId> {
+        self.choose_as(exclude, false)
+    }
+
+    /// [`Pool::choose`] for a request of a class below the endpoint's own
+    /// (`lower`) or not: each side takes its own replicas ([`Replica::lent`]
+    /// or not) before the other's.
+    pub fn choose_as(&mut self, exclude: &[ReplicaId], lower: bool) -> Option<ReplicaId> {
         let (i, _) = self
             .replicas
             .iter()
             .enumerate()
             .filter(|(_, r)| r.has_room() && !exclude.contains(&r.id))
-            .min_by_key(|(_, r)| (r.spill, r.in_flight, r.served))?;
+            .min_by_key(|(_, r)| (r.spill, r.lent != lower, r.in_flight, r.served))?;
         Some(self.take_at(i))
     }
 

@@ -278,3 +278,22 @@ mod prefix_routing {
         assert_eq!(p.choose_for(&[first], &[5], &mut aff), Some((other, Affine::Miss)));
     }
 }
+
+/// Issue #44: a replica lent to the lower classes takes their requests
+/// first and the endpoint's own class's only when no other has room, and
+/// the other way round.
+#[test]
+fn lent_replicas_take_lower_classes_first_and_the_own_class_last() {
+    let mut p = pool();
+    let own = p.add(addr(1), 2, true).unwrap();
+    let lent = p.add(addr(2), 2, true).unwrap();
+    p.set_lent(addr(2), true).unwrap();
+    assert_eq!(p.choose_as(&[], true), Some(lent));
+    assert_eq!(p.choose_as(&[], true), Some(lent), "even with more in flight than the other");
+    assert_eq!(p.choose_as(&[], true), Some(own), "full: the lower class spills onto the others");
+    assert_eq!(p.choose(&[]), Some(own));
+    p.release(lent);
+    assert_eq!(p.choose(&[]), Some(lent), "the others full: the own class may use a lent one");
+    assert!(p.set_lent(addr(9), true).is_err());
+    assert!(p.get(lent).unwrap().view().lent);
+}

@@ -191,6 +191,9 @@ pub struct ReplicasFile<F: Form = Typed> {
     pub startup_timeout: Option<F::Duration>,
     pub baseline_workload: Option<F::Text>,
     pub supplemental_workload: Option<F::Text>,
+    /// The class of replicas for demand only lower request classes bring
+    /// (issue #44): a class name, or "off".
+    pub lower_workload: Option<F::Text>,
     #[serde(default, with = "as_text")]
     pub port_range: Option<F::Ports>,
     pub launcher: Option<F::Text>,

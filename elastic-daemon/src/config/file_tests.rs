@@ -122,6 +122,7 @@ fn every_replicas_key() -> ReplicasFile {
         startup_timeout: Some(secs(60)),
         baseline_workload: Some("base".into()),
         supplemental_workload: Some("agents".into()),
+        lower_workload: Some("eval".into()),
         port_range: Some((19400, 19499)),
         launcher: Some("/opt/onepool/bin/onepool".into()),
         poll_interval: Some(ms(500)),
@@ -215,6 +216,7 @@ fn every_key_is_read_back_as_written() {
             startup_timeout: secs(60),
             baseline_workload: "base".into(),
             supplemental_workload: "agents".into(),
+            lower_workload: Some("eval".into()),
             port_range: (19400, 19499),
             launcher: "/opt/onepool/bin/onepool".into(),
             poll_interval: ms(500),
@@ -370,6 +372,7 @@ prop_compose! {
             startup_timeout: times[1],
             baseline_workload: workloads.clone().map(|w| w.0),
             supplemental_workload: workloads.map(|w| w.1),
+            lower_workload: None,
             // Two ports a replica.
             port_range: Some((first, first + 2 * max as u16)),
             launcher,

@@ -146,6 +146,13 @@ pub struct ReplicaSettings {
     pub startup_timeout: Duration,
     pub baseline_workload: String,
     pub supplemental_workload: String,
+    /// The class of replicas submitted for demand that only request classes
+    /// below the endpoint's own bring (issue #44). As written, `None` means
+    /// automatic and "off" none; once resolved from the policy
+    /// ([`crate::policy_check::resolve_from_policy`]) it is the class, or
+    /// `None` for none: the flexible class ranked next below the endpoint's
+    /// own request class (its warm class aside), when its requests have classes.
+    pub lower_workload: Option<String>,
     /// Ports for the replicas' listeners (each replica takes a pair: the
     /// launcher's port and, one above, its server's).
     pub port_range: (u16, u16),

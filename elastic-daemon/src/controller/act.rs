@@ -93,17 +93,45 @@ impl Controller {
         let rec = self.autoscaler.recommend(secs, ready);
         let latency = rec.latency.map(|v| self.latency_verdict(&v));
         let mut desired = rec.replicas;
-        if now.duration_since(self.started) < self.settings.scale_down_delay {
+        let restarted = now.duration_since(self.started) < self.settings.scale_down_delay;
+        if restarted {
             desired = desired.max(self.adopted.unwrap_or(0));
         }
-        self.seen = decisions::Seen { desired, serving: ready, load };
+        let mut lower = self.lower_share(snap, load, secs, ready, desired);
+        if restarted {
+            // The adopted lower-class replicas keep their kind while the
+            // restart holds the count: else each would be drained for an
+            // own-class one to replace it.
+            let (min, max) = (self.settings.min, self.settings.max.max(self.settings.min));
+            let live = replicas.iter().filter(|r| r.kind == Kind::Lower && r.phase != Phase::Draining).count() as u32;
+            lower = lower.max(live).min(desired.clamp(min, max) - min);
+        }
+        self.seen = decisions::Seen { desired, lower, serving: ready, load };
         let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
         v.desired = desired.clamp(self.settings.min, self.settings.max.max(self.settings.min));
+        v.lower = lower;
         v.load = load;
         v.rate = rate;
         v.latency = latency;
         v.scraped = scraped;
         desired
+    }
+
+    /// Of `desired`, the replicas only the request classes below the
+    /// endpoint's own ask for (issue #44): what the whole load wants beyond
+    /// what the load of the endpoint's own class and those above it wants,
+    /// each by the same rule and windows. 0 without a `lower_workload`.
+    fn lower_share(&mut self, snap: &EndpointSnapshot, load: f64, secs: f64, ready: u32, desired: u32) -> u32 {
+        let Some(own) = self.own_autoscaler.as_mut() else { return 0 };
+        // The router's counts of the lower classes (a replica's own load
+        // metrics, when scraped, count every class alike).
+        let lower_load: f64 =
+            snap.classes.iter().filter(|c| c.lower).map(|c| c.queued as f64 + f64::from(c.in_flight)).sum();
+        own.record(secs, (load - lower_load).max(0.0));
+        let own_desired = own.recommend(secs, ready).replicas;
+        let (min, max) = (self.settings.min, self.settings.max.max(self.settings.min));
+        let desired = desired.clamp(min, max);
+        desired - own_desired.clamp(min, desired)
     }
 
     /// Drains, releases and submits what reconcile asks for `desired`.
@@ -118,6 +146,7 @@ impl Controller {
             renew_before: s.startup_timeout + s.drain_timeout + Duration::from_secs(60),
             startup_timeout: s.startup_timeout,
             headroom,
+            lower: self.seen.lower,
         };
         let actions = reconcile(&target, replicas);
         if self.settings.advisory {

@@ -15,6 +15,8 @@ use super::*;
 #[derive(Clone, Copy, Default)]
 pub(super) struct Seen {
     pub desired: u32,
+    /// Of `desired`, for request classes below the endpoint's own only.
+    pub lower: u32,
     pub serving: u32,
     pub load: f64,
 }

@@ -144,6 +144,10 @@ pub struct Controller {
     uid: u32,
     tracked: BTreeMap<u32, TrackedJob>,
     autoscaler: Autoscaler,
+    /// With a `lower_workload`: the same rule fed the load of the
+    /// endpoint's own class and those above it only, so that the replicas
+    /// the lower classes' load alone asks for are theirs (issue #44).
+    own_autoscaler: Option<Autoscaler>,
     started: Instant,
     /// Live replicas found at the first poll: kept until the scale-down
     /// delay has passed, so a restart does not shrink the endpoint.
@@ -228,6 +232,7 @@ fn kind_name(k: Kind) -> ReplicaKind {
         Kind::Baseline => ReplicaKind::Baseline,
         Kind::Supplemental => ReplicaKind::Supplemental,
         Kind::Warm => ReplicaKind::Warm,
+        Kind::Lower => ReplicaKind::Lower,
     }
 }
 
@@ -303,6 +308,7 @@ impl Controller {
             scale_down_delay: settings.scale_down_delay,
             trend_horizon: settings.trend_horizon,
         };
+        let own_autoscaler = settings.lower_workload.is_some().then(|| Autoscaler::new(policy.clone()));
         let autoscaler = match &settings.latency {
             Some(targets) => {
                 endpoint.sample_latencies();
@@ -322,6 +328,7 @@ impl Controller {
             uid: onepool_os::getuid(),
             tracked: BTreeMap::new(),
             autoscaler,
+            own_autoscaler,
             started: Instant::now(),
             adopted: None,
             named_slots: std::collections::BTreeSet::new(),

@@ -292,6 +292,11 @@ impl Controller {
                     if self.tracked.get(&id).is_some_and(|t| t.kind == Kind::Warm) {
                         let _ = self.endpoint.set_spill(address, true);
                     }
+                    // Lower classes' replicas take their requests first
+                    // (issue #44): reclaiming them moves little live traffic.
+                    if self.tracked.get(&id).is_some_and(|t| t.kind == Kind::Lower) {
+                        let _ = self.endpoint.set_lent(address, true);
+                    }
                     if let Some(m) = self.tracked.get_mut(&id).and_then(|t| t.members.get_mut(&slot)) {
                         m.address = Some(address);
                     }

@@ -24,6 +24,8 @@ pub fn owned(job: &JobInfo, endpoint: &str, uid: u32, s: &ReplicaSettings) -> Op
         Some((port, Kind::Supplemental))
     } else if s.warm.as_ref().is_some_and(|w| record.class == w.workload) {
         Some((port, Kind::Warm))
+    } else if s.lower_workload.as_ref().is_some_and(|w| record.class == *w) {
+        Some((port, Kind::Lower))
     } else {
         None
     }
@@ -46,6 +48,7 @@ pub fn sbatch_args(endpoint: &str, s: &ReplicaSettings, kind: Kind, port: u16, r
         Kind::Baseline => &s.baseline_workload,
         Kind::Supplemental => &s.supplemental_workload,
         Kind::Warm => s.warm.as_ref().map_or(&s.supplemental_workload, |w| &w.workload),
+        Kind::Lower => s.lower_workload.as_ref().unwrap_or(&s.supplemental_workload),
     };
     let drain_secs = s.drain_timeout.as_secs_f64().ceil().max(1.0) as u64;
     let drain = onepool_decisions::duration::format(Duration::from_secs(drain_secs));

@@ -87,6 +87,7 @@ impl Sim<'_> {
             renew_before: std::time::Duration::ZERO,
             startup_timeout: std::time::Duration::MAX,
             headroom,
+            lower: 0,
         };
         let spec = &self.w.endpoints[ep];
         let (island, gpr, ty) = (spec.island, spec.gpus_per_replica.max(1), spec.gpu_type.clone());
@@ -157,6 +158,8 @@ impl Sim<'_> {
             replicas::Kind::Baseline => self.baseline(ep).map_or(spec.class, |b| b.0),
             replicas::Kind::Supplemental => spec.class,
             replicas::Kind::Warm => self.warm(ep).map_or(spec.class, |w| w.0),
+            // Its targets never ask for lower-class replicas (`lower: 0`).
+            replicas::Kind::Lower => spec.class,
         }
     }
 

@@ -364,6 +364,7 @@ impl ResumableBody {
             left,
             attempts: s.retries + 1,
             rank: self.class.as_ref().map(|c| c.rank).unwrap_or_default(),
+            lower: self.class.as_ref().is_some_and(|c| c.lower),
             // A yielded stream waits behind the classes above it as long as
             // a request may wait for its answer, not the queue timeout.
             wait: yielded.then_some(s.request_timeout),

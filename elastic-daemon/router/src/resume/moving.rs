@@ -59,6 +59,8 @@ pub struct Ask {
     pub attempts: u32,
     /// Its place in the queue (issue #44), and its longest wait for a slot.
     pub rank: crate::endpoint::Rank,
+    /// Of a class below the endpoint's own: lent replicas first.
+    pub lower: bool,
     pub wait: Option<Duration>,
 }
 
@@ -106,6 +108,7 @@ pub async fn continue_elsewhere(mut ask: Ask) -> Result<Continuation, Failed> {
         let want = crate::endpoint::Want {
             exclude: &ask.exclude,
             rank: ask.rank,
+            lower: ask.lower,
             ahead: true,
             wait: ask.wait,
             ..Default::default()
