@@ -203,8 +203,16 @@ pub fn resume_lines(state: &State) -> String {
         // Its request classes (issue #44), highest first.
         for c in &ep.classes {
             out.push_str(&format!(
-                "{}: class {} (rank {}): {} waiting, {} requests, {} shed, {} yielded their slot\n",
-                ep.name, c.name, c.rank, c.queued, c.requests, c.shed, c.yielded
+                "{}: class {} (rank {}{}): {} waiting, {} in flight, {} requests, {} shed, {} yielded their slot\n",
+                ep.name,
+                c.name,
+                c.rank,
+                if c.lower { ", below the endpoint's own" } else { "" },
+                c.queued,
+                c.in_flight,
+                c.requests,
+                c.shed,
+                c.yielded
             ));
         }
     }
@@ -225,6 +233,12 @@ pub fn replica_jobs_table(state: &State, now: u64) -> String {
             "\n{name}: {} replicas wanted (min {}, max {}); load {:.1} in flight + queued; {:.1} requests/s\n",
             v.desired, v.min, v.max, v.load, v.rate,
         ));
+        if v.lower > 0 {
+            out.push_str(&format!(
+                "  {} of them only for request classes below the endpoint's own, in their class (lower-class replicas)\n",
+                v.lower
+            ));
+        }
         if let Some((read, serving)) = v.scraped {
             out.push_str(&format!(
                 "  load from the replicas' own metrics: {read} of {serving} read (the rest: the router's count)\n"
@@ -452,7 +466,7 @@ mod tests {
              "resume": {"method": "tokens", "max_moves": 3, "moved": 4, "not_moved": 1},
              "classes": [
                 {"name": "inference", "rank": 2, "queued": 0, "requests": 40, "shed": 0, "yielded": 0},
-                {"name": "agents", "rank": 3, "queued": 3, "requests": 900, "shed": 12, "yielded": 17}]},
+                {"name": "agents", "rank": 3, "queued": 3, "in_flight": 8, "lower": true, "requests": 900, "shed": 12, "yielded": 17}]},
             {"name": "embed", "queued": 0, "peak_queued": 0, "replicas": [], "served_total": 0}
         ]}))
         .unwrap();
@@ -460,8 +474,8 @@ mod tests {
         assert_eq!(
             lines,
             "\nchat: answers continue on another replica by token ids (llama-server: exact), at most 3 move(s) each; 4 moved, 1 could not be\n\
-             chat: class inference (rank 2): 0 waiting, 40 requests, 0 shed, 0 yielded their slot\n\
-             chat: class agents (rank 3): 3 waiting, 900 requests, 12 shed, 17 yielded their slot\n\
+             chat: class inference (rank 2): 0 waiting, 0 in flight, 40 requests, 0 shed, 0 yielded their slot\n\
+             chat: class agents (rank 3, below the endpoint's own): 3 waiting, 8 in flight, 900 requests, 12 shed, 17 yielded their slot\n\
              embed: answers are not continued on another replica ([endpoint.resume] method = \"off\")\n"
         );
     }

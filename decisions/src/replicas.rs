@@ -197,12 +197,8 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
     let is_expiring = |r: &Replica| expiring.iter().any(|e| (e.job, e.slot) == (r.job, r.slot));
     let lasting =
         |kind: Kind| -> Vec<&Replica> { alive.iter().copied().filter(|r| r.kind == kind && !is_expiring(r)).collect() };
-    let (base_lasting, supp, lower, warm) = (
-        lasting(Kind::Baseline).len() as u32,
-        lasting(Kind::Supplemental),
-        lasting(Kind::Lower),
-        lasting(Kind::Warm),
-    );
+    let (base_lasting, supp, lower, warm) =
+        (lasting(Kind::Baseline).len() as u32, lasting(Kind::Supplemental), lasting(Kind::Lower), lasting(Kind::Warm));
     let (supp_lasting, lower_lasting, warm_lasting) = (supp.len() as u32, lower.len() as u32, warm.len() as u32);
     let want_lower = target.lower.min(desired - target.min);
     let want_supp = desired - target.min - want_lower;
@@ -625,7 +621,10 @@ mod tests {
         now[2].phase = Phase::Serving;
         assert_eq!(reconcile(&lower(1, 6, 3, 2), &now), [Action::Drain { job: 2, slot: 0 }]);
         // ...unless max needs its place.
-        assert_eq!(reconcile(&lower(1, 3, 3, 2), &rs), [Action::Submit(Kind::Lower), Action::Drain { job: 2, slot: 0 }]);
+        assert_eq!(
+            reconcile(&lower(1, 3, 3, 2), &rs),
+            [Action::Submit(Kind::Lower), Action::Drain { job: 2, slot: 0 }]
+        );
         // The lower classes' demand gone: their replicas drain, the
         // endpoint's own stay.
         let rs = [

@@ -278,7 +278,13 @@ fn resolve_classes(
 /// ranked next below the endpoint's own (its warm class aside). It must
 /// rank below the endpoint's own, be one onepoold's user may submit in,
 /// and let a replica drain within its GraceTime.
-fn lower_workload(endpoint: &str, r: &ReplicaSettings, policy: &Policy, own: u32, uid: u32) -> Result<Option<String>, String> {
+fn lower_workload(
+    endpoint: &str,
+    r: &ReplicaSettings,
+    policy: &Policy,
+    own: u32,
+    uid: u32,
+) -> Result<Option<String>, String> {
     let at = format!("endpoint {endpoint:?} [endpoint.replicas]");
     let warm = r.warm.as_ref().map(|w| w.workload.as_str());
     let class = match r.lower_workload.as_deref() {

@@ -6,7 +6,10 @@
 //! immediate reclaim and a killed model server (issue #43: the router
 //! continues them on another replica, and a continued answer is the
 //! uninterrupted one). The graceful reclaim of long streams is
-//! tests/cluster/reclaim.rs's (every release runs it).
+//! tests/cluster/reclaim.rs's (every release runs it). And capacity follows
+//! the request class that asks for it (issue #44, on the stand-in server,
+//! whose streams are counted token by token): an agents' key flood gets
+//! agents-class replicas, which protected training takes first.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -19,6 +22,7 @@ use onepool_tests::elastic::{
     assert_untouched, daemon_config, foreign_job, kill_model_server, llama_replicas, long_chat, moved_streams,
     moves_failed, protected_training, replica_metric, runtime, scratch, serving, start_daemon, wait, Load,
 };
+use onepool_tests::streams::{Clients, Ending};
 use onepool_tests::{cluster, workspace_root, Cleanup, TEST_MIN_RUNTIME_SECS};
 
 const ENDPOINT: &str = "chat";
@@ -282,4 +286,98 @@ fn wait_for_one_in_flight(d: &onepool_elastic_daemon::daemon::Daemon) -> std::ne
         at.is_some()
     });
     at.unwrap()
+}
+
+/// Issue #44 on the real cluster: live requests (a key without a class)
+/// scale the endpoint in its own class; an agents' key flood beside them
+/// gets a replica in the agents class (its jobs' records say so), which
+/// takes the agents' requests first. Protected training then takes that
+/// replica's GPUs, not the live traffic's, and every stream of both
+/// classes ends whole.
+#[test]
+fn an_agents_key_flood_scales_in_the_agents_class_and_protected_training_takes_those_replicas_first() {
+    const LIVE_KEY: &str = "live-key-0123456789abcdef";
+    const AGENTS_KEY: &str = "agents-key-0123456789abcdef";
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("serving-classes");
+    let config = dir.join("onepoold.toml");
+    let keys = dir.join("keys");
+    std::fs::write(&keys, format!("{LIVE_KEY}\n{AGENTS_KEY} agents\n")).unwrap();
+    std::fs::set_permissions(&keys, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let mut file = daemon_config(c, &dir, ENDPOINT, |r| {
+        r.command = format!(
+            "env ONEPOOL_SECONDS_PER_TOKEN=0.05 python3 {}",
+            onepool_tests::elastic::stand_in_server().display()
+        );
+        r.max = Some(3);
+        r.target_per_replica = Some(2.0);
+        r.startup_timeout = Some(Duration::from_secs(30));
+        // What a flood asked for stays while the test looks at it.
+        r.scale_down_delay = Some(Duration::from_secs(600));
+    });
+    let e = &mut file.endpoints[0];
+    e.auth = Some(onepool_elastic_daemon::config::AuthFile { bearer_tokens_file: keys.clone() });
+    e.request_class = Some("inference".into());
+    e.request_timeout = Some(Duration::from_secs(90));
+    file.write(&config).unwrap();
+    let foreign = foreign_job(c);
+    let rt = runtime();
+    let d = start_daemon(&rt, &config);
+    let router = d.endpoint(ENDPOINT).unwrap().listen.unwrap();
+    let t0 = Instant::now();
+    let secs = || t0.elapsed().as_secs_f64();
+    wait("the baseline replica to serve", Duration::from_secs(60), || serving(&d, ENDPOINT, "baseline").len() == 1);
+
+    // Live requests for two replicas' worth: one supplemental in the
+    // endpoint's own class.
+    let live = Clients::start(router, 4, 100, true, Some(LIVE_KEY));
+    wait("a supplemental replica to serve", Duration::from_secs(90), || {
+        serving(&d, ENDPOINT, "supplemental").len() == 1
+    });
+    eprintln!("{:>5.1}s live requests: baseline and one supplemental replica", secs());
+    // The agents' flood: what it adds is theirs, in the agents class.
+    let agents = Clients::start(router, 8, 100, true, Some(AGENTS_KEY));
+    wait("an agents-class replica to serve", Duration::from_secs(90), || {
+        serving(&d, ENDPOINT, "lower-class").len() == 1
+    });
+    let lower = serving(&d, ENDPOINT, "lower-class")[0];
+    let supplemental = serving(&d, ENDPOINT, "supplemental");
+    eprintln!("{:>5.1}s the agents' flood: lower-class replica {lower}; supplemental {supplemental:?}", secs());
+    assert_eq!(supplemental.len(), 1, "the agents' demand borrowed no place of the endpoint's own class");
+    // Their QOS, as job_submit/onepool set it from the class onepoold asked for.
+    let qos = |job: u32| c.ok("squeue", &["-h", "-j", &job.to_string(), "-o", "%q"]).trim().to_string();
+    assert_eq!((qos(lower).as_str(), qos(supplemental[0]).as_str()), ("op-agents", "op-inference"));
+    let view = onepool_tests::elastic::replica_view(&d, ENDPOINT);
+    assert_eq!(view.lower, view.desired - 2, "{view:?}");
+    // The lent replica carries agents' requests, not live ones.
+    let snap = d.endpoint(ENDPOINT).unwrap().endpoint.snapshot();
+    let lent: Vec<_> = snap.replicas.iter().filter(|r| r.lent).collect();
+    assert_eq!(lent.len(), 1, "{:?}", snap.replicas);
+    let classes: Vec<(String, u32)> = snap.classes.iter().map(|c| (c.name.clone(), c.in_flight)).collect();
+    eprintln!("{:>5.1}s in flight by class: {classes:?}", secs());
+    std::thread::sleep(Duration::from_secs(TEST_MIN_RUNTIME_SECS + 1));
+
+    let (training, took) = protected_training(c);
+    eprintln!("{:>5.1}s protected training RUNNING {took:?} after submission", secs());
+    assert_ne!(c.state(lower).as_deref(), Some("RUNNING"), "the agents-class replica was reclaimed");
+    assert_eq!(c.state(supplemental[0]).as_deref(), Some("RUNNING"), "the live class's replica was not");
+    // Streams in flight there go on elsewhere; the clients go on a while.
+    std::thread::sleep(Duration::from_secs(8));
+    let (live, agents) = (live.finish(), agents.finish());
+    for (who, sent) in [("live", &live), ("agents", &agents)] {
+        let not_whole: Vec<_> = sent.iter().filter(|s| s.ending != Ending::Done).collect();
+        eprintln!("{who}: {} requests, {} not whole", sent.len(), not_whole.len());
+        assert!(not_whole.is_empty(), "{who}: every stream whole: {not_whole:?}");
+        assert!(sent.iter().all(|s| s.tokens == 100), "{who}: every stream has its 100 tokens");
+    }
+    let moved = moved_streams(&d);
+    eprintln!("{:>5.1}s streams moved: {moved:?}", secs());
+    assert!(moved.values().sum::<u64>() >= 1, "the reclaimed replica's agents' streams moved: {moved:?}");
+    assert_eq!(moves_failed(&d), 0);
+    assert_eq!(c.state(training).as_deref(), Some("RUNNING"));
+    assert_untouched(c, foreign);
+    c.ok("scancel", &[&training.to_string(), &foreign.to_string()]);
+    rt.block_on(d.shutdown());
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -21,6 +21,7 @@ pub use onepool_dev_cluster::capture;
 pub mod elastic;
 pub mod libslurm;
 pub mod replica_records;
+pub mod streams;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

@@ -64,7 +64,10 @@ pub(super) fn replica_settings(c: &mut Checker, r: &Spanned<ReplicasFile<Raw>>) 
         startup_timeout: c.duration(&r.startup_timeout, "replicas.startup_timeout", Duration::from_secs(300)),
         baseline_workload: workload(c, &r.baseline_workload, "replicas.baseline_workload", "inference-baseline"),
         supplemental_workload: workload(c, &r.supplemental_workload, "replicas.supplemental_workload", "inference"),
-        lower_workload: r.lower_workload.as_ref().map(|_| workload(c, &r.lower_workload, "replicas.lower_workload", "")),
+        lower_workload: r
+            .lower_workload
+            .as_ref()
+            .map(|_| workload(c, &r.lower_workload, "replicas.lower_workload", "")),
         port_range,
         launcher,
         poll_interval: c.duration(&r.poll_interval, "replicas.poll_interval", Duration::from_secs(2)),
