@@ -18,6 +18,7 @@ pub mod records;
 pub mod replica_jobs;
 mod rotated;
 pub mod saved;
+pub mod serving;
 mod svg;
 pub mod usage;
 
@@ -85,8 +86,13 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     let runner = SystemRunner::new(COMMAND_TIMEOUT);
     let (mut report, runs) = gather(args, policy, &runner)?;
     report.decisions = decision_log(args, &report, &runner)?;
+    let daemon = daemon_inputs(&args.daemon_config);
+    let utc_offset_s = utc_offset(&runner)?;
+    if let Ok(access) = &daemon.1 {
+        report.serving = serving::compute(access, report.from, report.to, utc_offset_s);
+    }
     if !args.no_saved {
-        report.saved = Some(saved_figure(args, policy, &src.text, &report, &runs, &runner)?);
+        report.saved = Some(saved_figure(args, policy, &src.text, &report, &runs, daemon, utc_offset_s)?);
     }
     if let Some(path) = &args.svg {
         std::fs::write(path, svg::chart(&report)).with_context(|| format!("writing {}", path.display()))?;
@@ -162,7 +168,8 @@ fn saved_figure(
     policy_text: &str,
     report: &usage::Report,
     runs: &[records::Run],
-    runner: &dyn Runner,
+    daemon: DaemonInputs,
+    utc_offset_s: f64,
 ) -> anyhow::Result<saved::Saved> {
     let dur = |s: &str, flag: &str| {
         onepool_decisions::duration::parse_seconds(s)
@@ -172,7 +179,6 @@ fn saved_figure(
     let slo_p99_s = dur(&args.slo_p99, "--slo-p99")?;
     let max_p95_wait_s = dur(&args.max_p95_wait, "--max-p95-wait")?;
     let startup_s = args.replica_startup.as_deref().map(|s| dur(s, "--replica-startup")).transpose()?;
-    let daemon = daemon_inputs(&args.daemon_config);
     let replicas = replica_jobs::ReplicaJobs::read(&args.daemon_config);
     let inputs = saved::Inputs {
         runs,
@@ -186,7 +192,7 @@ fn saved_figure(
         slo_p99_s,
         max_p95_wait_s,
         startup_s,
-        utc_offset_s: utc_offset(runner)?,
+        utc_offset_s,
     };
     let pool = u64::from(policy.pool.total_gpus);
     match args.targets_from_pool {
@@ -328,6 +334,7 @@ pub fn text(r: &usage::Report) -> String {
     }
     out.push_str(&reclaims_text(r));
     out.push_str(&failures_text(&r.replica_failures));
+    out.push_str(&serving::text(&r.serving));
     if let Some(d) = &r.decisions {
         out.push_str(&decisions::text(d));
     }

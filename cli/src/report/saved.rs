@@ -352,10 +352,53 @@ fn modelled(inp: &Inputs, assumptions: &mut Vec<String>) -> (Vec<EndpointSetting
                 s
             }
         };
+        let (requests, lower) = split_lower_classes(inp.policy, &e, requests);
+        let parent = e.clone();
         out.0.push(e);
         out.1.push(Model { requests, prefill, decode, startup_s });
+        let e = parent;
+        for (class, reqs) in lower {
+            let name = format!("{}:{class}", e.name);
+            assumptions.push(format!(
+                "endpoint {}: its {} request(s) of class {class} (below its own, {}) as an endpoint of their own, {name}: \
+                 replicas in class {class}, none of them baseline, as onepoold's lower_workload submits them \
+                 (the router's serving by class on shared replicas is not modelled)",
+                e.name,
+                reqs.len(),
+                e.class
+            ));
+            let split = EndpointSettings { name, class, min: 0, warm: None, latency: None, ..e.clone() };
+            out.0.push(split);
+            out.1.push(Model { requests: reqs, prefill, decode, startup_s });
+        }
     }
     out
+}
+
+/// Issue #44: an endpoint's requests of request classes ranked below its
+/// own class, by class (each renamed to its own endpoint, `NAME:CLASS`),
+/// apart from the rest. Capacity follows the class that asks for it, so
+/// in the pool their replicas are that class's work, and separate islands
+/// serve them on that class's island.
+fn split_lower_classes(
+    policy: &Policy,
+    e: &EndpointSettings,
+    requests: Vec<AccessEntry>,
+) -> (Vec<AccessEntry>, BTreeMap<String, Vec<AccessEntry>>) {
+    let rank = |class: &str| policy.class(class).and_then(|c| c.rank());
+    let own = rank(&e.class);
+    let mut lower: BTreeMap<String, Vec<AccessEntry>> = BTreeMap::new();
+    let mut rest = Vec::new();
+    for a in requests {
+        match a.class.as_deref() {
+            Some(c) if own.is_some_and(|own| rank(c).is_some_and(|r| r > own)) => {
+                let name = format!("{}:{c}", e.name);
+                lower.entry(c.to_string()).or_default().push(AccessEntry { endpoint: name, ..a });
+            }
+            _ => rest.push(a),
+        }
+    }
+    (rest, lower)
 }
 
 /// Tokens per second of prompt and of answer, fitted by least squares on

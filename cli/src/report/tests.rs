@@ -622,6 +622,71 @@ fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Issue #44: an endpoint's requests of a class below its own become an
+/// endpoint of their own in that class (`NAME:CLASS`), which the islands
+/// serve on that class's island and the pool on its spare GPUs.
+#[test]
+fn requests_of_a_lower_class_are_served_as_that_class_s_work() {
+    use onepool_decisions::trace::AccessEntry;
+    let p = policy();
+    let t0 = 1_800_000_000.0;
+    let time = onepool_decisions::trace::format_time_ms;
+    let access: Vec<AccessEntry> = (0..60u64)
+        .map(|i| AccessEntry {
+            time: time(t0 + 10.0 + 20.0 * i as f64),
+            endpoint: "chat".into(),
+            model: None,
+            status: 200,
+            stream: true,
+            prompt_tokens: Some(100),
+            completion_tokens: Some(20),
+            ttfb_s: Some(0.1),
+            latency_s: 1.1,
+            replica: None,
+            complete: true,
+            moved: 0,
+            // Every third a sweep's (class b, below the endpoint's a), the
+            // rest live (the endpoint's own, or no class at all).
+            class: match i % 3 {
+                0 => Some("b".into()),
+                1 => Some("a".into()),
+                _ => None,
+            },
+        })
+        .collect();
+    let chat = saved::EndpointSettings { class: "a".into(), ..chat_endpoint(3, 4, 3.0) };
+    let replicas = any_replica();
+    let inputs = saved::Inputs {
+        runs: &[],
+        replicas: &replicas,
+        policy: &p,
+        policy_text: POLICY_TEXT,
+        from: t0,
+        to: t0 + 3600.0,
+        endpoints: Ok(vec![chat]),
+        access: Ok(access),
+        slo_p99_s: 2.0,
+        max_p95_wait_s: 3600.0,
+        startup_s: Some(5.0),
+        utc_offset_s: 0.0,
+    };
+    let w = saved::scenario(&inputs);
+    assert_eq!(w.endpoints, ["chat", "chat:b"]);
+    assert_eq!(w.requests, 60);
+    let scen: toml::Table = toml::from_str(&w.files[0].1).unwrap();
+    let eps = scen["endpoints"].as_array().unwrap();
+    assert_eq!((eps[1]["name"].as_str(), eps[1]["class"].as_str()), (Some("chat:b"), Some("b")));
+    assert!(eps[1].get("baseline_replicas").is_none(), "a lower class's replicas are none of them baseline");
+    let access = &w.files.iter().find(|(n, _)| n == "access.jsonl").unwrap().1;
+    assert_eq!(access.lines().filter(|l| l.contains("\"endpoint\":\"chat:b\"")).count(), 20);
+    assert!(w.assumptions.iter().any(|a| a.contains("its 20 request(s) of class b")), "{:?}", w.assumptions);
+    let dir = std::env::temp_dir().join(format!("onepool-saved-classes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let s = saved::evaluate(&w, Some(&dir), 8).unwrap();
+    assert!(s.islands.get("b").is_some_and(|g| g.is_some_and(|g| g >= 1)), "class b's island serves the sweep: {s:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A period whose requests queue on a slow replica (one slot, at most one
 /// replica, each answer 4 s, a request every 3 s): no pool size meets the
 /// default 2 s p99 queueing target, so the figure says "unmet" (the demo

@@ -68,6 +68,10 @@ pub struct Report {
     /// onepoold's replica decisions in the period (acted and advisory),
     /// when its configuration names a decision log.
     pub decisions: Option<super::decisions::Decisions>,
+    /// Serving per endpoint and request class, from onepoold's access log
+    /// (empty without one).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub serving: Vec<super::serving::ServingClass>,
 }
 
 /// Seconds of `[start, end]` inside `[from, to]`.
@@ -146,6 +150,7 @@ pub fn compute(records: &Records, policy: &Policy, from: f64, to: f64, replicas:
         unreadable: UnreadableRecords { count: records.unreadable.len(), records: records.unreadable.clone() },
         saved: None,
         decisions: None,
+        serving: Vec::new(),
     }
 }
 
