@@ -219,39 +219,26 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
     let serving_lasting = |kind: Kind| {
         alive.iter().filter(|r| r.kind == kind && r.phase == Phase::Serving && !is_expiring(r)).count() as u32
     };
-    for e in &expiring {
-        let enough = match e.kind {
-            Kind::Baseline => serving_lasting(Kind::Baseline) >= target.min,
-            Kind::Supplemental => serving_lasting(Kind::Supplemental) >= want_supp,
-            Kind::Lower => serving_lasting(Kind::Lower) >= want_lower,
-            Kind::Warm => serving_lasting(Kind::Warm) >= want_warm,
-        };
-        if enough {
-            actions.push(Action::Drain { job: e.job, slot: e.slot });
-        }
-    }
+    let wanted = |kind: Kind| match kind {
+        Kind::Baseline => target.min,
+        Kind::Supplemental => want_supp,
+        Kind::Lower => want_lower,
+        Kind::Warm => want_warm,
+    };
+    let renewed = expiring.iter().filter(|e| serving_lasting(e.kind) >= wanted(e.kind));
+    actions.extend(renewed.map(|e| Action::Drain { job: e.job, slot: e.slot }));
     // Scale down: release pending surplus first, then drain the cheapest.
     // A pinned replica's GPUs come back only with its whole job: last.
     // Surplus that already holds GPUs nobody waits for stays, as headroom.
     let (mut kept_supp, mut supp_leaving) = (0, 0);
     let idle_room = max.saturating_sub(base_lasting.max(target.min) + want_supp + want_lower);
-    // Handover between the two kinds above min: one the load no longer
-    // wants serves on until the other kind's new ones do, unless its place
-    // is needed within max.
-    let short = |want: u32, lasting: u32, adding: u32| adding < want.saturating_sub(lasting);
-    let keep_supp = if short(want_lower, lower_lasting, lower_to_add) {
-        0
-    } else {
-        want_lower.saturating_sub(serving_lasting(Kind::Lower))
-    };
-    let keep_lower = if short(want_supp, supp_lasting, supp_to_add) {
-        0
-    } else {
-        want_supp.saturating_sub(serving_lasting(Kind::Supplemental))
-    };
-    // Lower-class replicas beyond their demand go first: the endpoint's
-    // own class keeps what it asked for.
-    let leaving = surplus(lower, want_lower + keep_lower).into_iter().chain(surplus(supp, want_supp + keep_supp));
+    let above = |lasting, want, adding, kind| AboveMin { lasting, want, adding, serving: serving_lasting(kind) };
+    let all = base_lasting.max(target.min) + supp_lasting + lower_lasting + supp_to_add + lower_to_add;
+    let leaving = above_min_surplus(
+        above(supp, want_supp, supp_to_add, Kind::Supplemental),
+        above(lower, want_lower, lower_to_add, Kind::Lower),
+        all > max,
+    );
     for r in leaving {
         if r.phase != Phase::Pending && keep_idle && !gpus_wanted && kept_supp < idle_room {
             kept_supp += 1;
@@ -283,6 +270,36 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
         actions.extend((0..n).map(|_| Action::Submit(Kind::Warm)));
     }
     actions
+}
+
+/// One of the two kinds above min (supplemental, lower-class) this round.
+struct AboveMin<'a> {
+    lasting: Vec<&'a Replica>,
+    want: u32,
+    /// Submitted this round.
+    adding: u32,
+    /// Of `lasting`, those serving.
+    serving: u32,
+}
+
+impl AboveMin<'_> {
+    /// `max` left no room for all it wants.
+    fn short_of_room(&self) -> bool {
+        self.adding < self.want.saturating_sub(self.lasting.len() as u32)
+    }
+}
+
+/// The replicas above min the load no longer wants, cheapest first: the
+/// lower-class ones first (the endpoint's own class keeps what it asked
+/// for). Handover: a replica of one kind serves on until the other kind's
+/// new ones do, unless its place is needed within max (`over_max`: the
+/// replicas kept and added pass it).
+fn above_min_surplus<'a>(supp: AboveMin<'a>, lower: AboveMin<'a>, over_max: bool) -> Vec<&'a Replica> {
+    let loading = |k: &AboveMin| if over_max || k.short_of_room() { 0 } else { k.want.saturating_sub(k.serving) };
+    let (keep_supp, keep_lower) = (loading(&lower), loading(&supp));
+    let mut out = surplus(lower.lasting, lower.want + keep_lower);
+    out.extend(surplus(supp.lasting, supp.want + keep_supp));
+    out
 }
 
 /// How a surplus replica leaves: one not yet serving has nothing in flight

@@ -771,7 +771,7 @@ impl Endpoint {
             shared.metrics.in_flight.set(r.in_flight as i64);
         }
         *g.in_flight_by_rank.entry(rank).or_default() += 1;
-        Lease { endpoint: self.clone(), id, shared, released: false, queued_us: 0, rank }
+        Lease { endpoint: self.clone(), id, shared, queued_us: 0, rank }
     }
 
     fn set_queue_gauge(&self, g: &Inner) {
@@ -914,11 +914,10 @@ pub struct Lease {
     endpoint: Arc<Endpoint>,
     id: ReplicaId,
     shared: Arc<ReplicaShared>,
-    released: bool,
     /// How long the request waited in the queue for this replica, in
     /// microseconds (saturating at 71 minutes, far past any queue
-    /// timeout): a u32 fits beside `released`, and every response body
-    /// holds a lease.
+    /// timeout): a u32 fits beside the rank in 8 bytes, and every response
+    /// body holds a lease.
     queued_us: u32,
     /// Its request's class rank (counted in the class's in-flight).
     rank: Rank,
@@ -951,10 +950,7 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if !self.released {
-            self.released = true;
-            self.endpoint.release_lease(self.id, &self.shared, self.rank);
-        }
+        self.endpoint.release_lease(self.id, &self.shared, self.rank);
     }
 }
 
