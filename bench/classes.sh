@@ -41,10 +41,7 @@ trap cleanup EXIT
 export ONEPOOL_REPLICA_KEY=classes-bench-replica-key-0123456789 ONEPOOL_BACKEND_API_KEY=classes-bench-server-key-0123456789
 printf '%s\n' "$ONEPOOL_REPLICA_KEY" >"$TMP/replica.key"
 chmod 600 "$TMP/replica.key"
-"$TARGET_DIR/release/onepool" replica --report none --listen "127.0.0.1:$LAUNCHER_PORT" --backend "127.0.0.1:$((LAUNCHER_PORT + 1))" --drain-timeout 10s -- \
-    sh -c "exec $models/bin/llama-server -m $models/models/SmolLM2-135M-Instruct.Q4_1.gguf --alias SmolLM2-135M-Instruct \
-        --host 127.0.0.1 --port \$ONEPOOL_BACKEND_PORT -t 1 --parallel $SLOTS -c $((SLOTS * 512)) --metrics" >"$TMP/replica.log" 2>&1 &
-PIDS+=($!)
+start_llama_replica "$LAUNCHER_PORT" "$SLOTS" "$TMP/replica.log"
 for _ in $(seq 300); do
     [ "$(curl -s -o /dev/null -w '%{http_code}' -H "x-onepool-replica-key: $ONEPOOL_REPLICA_KEY" "http://127.0.0.1:$LAUNCHER_PORT/health")" = 200 ] && break
     sleep 0.1

@@ -13,6 +13,7 @@
 #   ROUNDS=100 MAX_TOKENS=32 bash bench/serving.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/proxy-lib.sh
 ROUNDS=${ROUNDS:-60}
 MAX_TOKENS=${MAX_TOKENS:-16}
 LAUNCHER_PORT=${LAUNCHER_PORT:-18090}
@@ -26,8 +27,7 @@ TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_d
 TMP=$(mktemp -d /tmp/onepool-bench-serving.XXXXXX)
 PIDS=()
 cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    stop_all "${PIDS[@]}"
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -37,10 +37,7 @@ trap cleanup EXIT
 export ONEPOOL_REPLICA_KEY=serving-bench-replica-key-0123456789 ONEPOOL_BACKEND_API_KEY=serving-bench-server-key-0123456789
 printf '%s\n' "$ONEPOOL_REPLICA_KEY" >"$TMP/replica.key"
 chmod 600 "$TMP/replica.key"
-"$TARGET_DIR/release/onepool" replica --report none --listen "127.0.0.1:$LAUNCHER_PORT" --backend "127.0.0.1:$((LAUNCHER_PORT + 1))" --drain-timeout 10s -- \
-    sh -c "exec $models/bin/llama-server -m $models/models/SmolLM2-135M-Instruct.Q4_1.gguf --alias SmolLM2-135M-Instruct \
-        --host 127.0.0.1 --port \$ONEPOOL_BACKEND_PORT -t 1 --parallel 4 -c 2048 --metrics" >"$TMP/replica.log" 2>&1 &
-PIDS+=($!)
+start_llama_replica "$LAUNCHER_PORT" 4 "$TMP/replica.log"
 cat >"$TMP/onepoold.toml" <<CONF
 control_socket = "$TMP/onepoold.sock"
 shutdown_grace = "1s"

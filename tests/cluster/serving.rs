@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 use onepool_dev_cluster::model_server::MODEL_NAME;
 use onepool_elastic_daemon::config::EndpointFile;
 use onepool_tests::elastic::{
-    assert_untouched, daemon_config, foreign_job, kill_model_server, llama_replicas, long_chat, moved_streams,
-    moves_failed, protected_training, replica_metric, runtime, scratch, serving, start_daemon, wait, Load,
+    daemon_config, foreign_job, kill_model_server, llama_replicas, long_chat, moved_streams, moves_failed,
+    protected_ran_then_clean_up, protected_training, replica_metric, runtime, scratch, serving, start_daemon, wait,
+    Load,
 };
 use onepool_tests::streams::{Clients, Ending};
 use onepool_tests::{cluster, workspace_root, Cleanup, TEST_MIN_RUNTIME_SECS};
@@ -264,12 +265,7 @@ fn streams_outlive_an_immediate_reclaim_and_a_killed_model_server_and_one_alone_
     eprintln!("{:>5.1}s after the kill, streams moved: {after:?}", secs());
     assert!(after.values().sum::<u64>() > moved.values().sum::<u64>());
     assert_eq!(moves_failed(&d), 0);
-    assert_eq!(c.state(training).as_deref(), Some("RUNNING"));
-    assert_untouched(c, foreign);
-
-    c.ok("scancel", &[&training.to_string(), &foreign.to_string()]);
-    rt.block_on(d.shutdown());
-    std::fs::remove_dir_all(&dir).unwrap();
+    protected_ran_then_clean_up(c, training, foreign, &rt, d, &dir);
 }
 
 /// Tokens of the answer compared with its uninterrupted one.
@@ -375,9 +371,5 @@ fn an_agents_key_flood_scales_in_the_agents_class_and_protected_training_takes_t
     eprintln!("{:>5.1}s streams moved: {moved:?}", secs());
     assert!(moved.values().sum::<u64>() >= 1, "the reclaimed replica's agents' streams moved: {moved:?}");
     assert_eq!(moves_failed(&d), 0);
-    assert_eq!(c.state(training).as_deref(), Some("RUNNING"));
-    assert_untouched(c, foreign);
-    c.ok("scancel", &[&training.to_string(), &foreign.to_string()]);
-    rt.block_on(d.shutdown());
-    std::fs::remove_dir_all(&dir).unwrap();
+    protected_ran_then_clean_up(c, training, foreign, &rt, d, &dir);
 }

@@ -108,6 +108,17 @@ pub fn assert_untouched(c: &TestCluster, id: u32) {
     assert_eq!(c.state(id).as_deref(), Some("RUNNING"), "job {id} is not onepoold's and must keep running");
 }
 
+/// How a reclaim test ends: the protected job still runs and the other
+/// user's job was left alone; then both are cancelled, onepoold stops and
+/// the test's scratch folder goes.
+pub fn protected_ran_then_clean_up(c: &TestCluster, training: u32, foreign: u32, rt: &Runtime, d: Daemon, dir: &Path) {
+    assert_eq!(c.state(training).as_deref(), Some("RUNNING"));
+    assert_untouched(c, foreign);
+    c.ok("scancel", &[&training.to_string(), &foreign.to_string()]);
+    rt.block_on(d.shutdown());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// Submits protected training for 4 GPUs; returns its id and how long it
 /// took to run.
 pub fn protected_training(c: &TestCluster) -> (u32, Duration) {

@@ -107,6 +107,32 @@ fn chat_endpoint(max: u32, concurrency: u32, target_per_replica: f64) -> saved::
     }
 }
 
+/// The figure's inputs for the hour from `t0`: a 2 s p99 target, a 1 h
+/// p95 wait, the startup from the records.
+fn hour_from<'a>(
+    t0: f64,
+    runs: &'a [Run],
+    replicas: &'a replica_jobs::ReplicaJobs,
+    policy: &'a Policy,
+    chat: saved::EndpointSettings,
+    access: Vec<onepool_decisions::trace::AccessEntry>,
+) -> saved::Inputs<'a> {
+    saved::Inputs {
+        runs,
+        replicas,
+        policy,
+        policy_text: "(the policy's text)",
+        from: t0,
+        to: t0 + 3600.0,
+        endpoints: Ok(vec![chat]),
+        access: Ok(access),
+        slo_p99_s: 2.0,
+        max_p95_wait_s: 3600.0,
+        startup_s: None,
+        utc_offset_s: 0.0,
+    }
+}
+
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-9
 }
@@ -529,20 +555,7 @@ fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
     access.push(AccessEntry { time: time(t0 + 4000.0), ..access[5].clone() });
     let chat = chat_endpoint(3, 4, 3.0);
     let replicas = super::replica_jobs::ReplicaJobs::unconfigured("no onepoold.toml in this test");
-    let inputs = saved::Inputs {
-        runs: &runs,
-        replicas: &replicas,
-        policy: &p,
-        policy_text: "(the policy's text)",
-        from: t0,
-        to: t0 + 3600.0,
-        endpoints: Ok(vec![chat]),
-        access: Ok(access),
-        slo_p99_s: 2.0,
-        max_p95_wait_s: 3600.0,
-        startup_s: None,
-        utc_offset_s: 0.0,
-    };
+    let inputs = hour_from(t0, &runs, &replicas, &p, chat, access);
     let w = saved::scenario(&inputs);
     assert_eq!((w.jobs, w.requests, w.endpoints.clone()), (5, 40, vec!["chat".to_string()]));
     let file = |name: &str| w.files.iter().find(|(n, _)| n == name).map(|(_, t)| t.clone()).unwrap();
@@ -657,18 +670,9 @@ fn requests_of_a_lower_class_are_served_as_that_class_s_work() {
     let chat = saved::EndpointSettings { class: "a".into(), ..chat_endpoint(3, 4, 3.0) };
     let replicas = any_replica();
     let inputs = saved::Inputs {
-        runs: &[],
-        replicas: &replicas,
-        policy: &p,
         policy_text: POLICY_TEXT,
-        from: t0,
-        to: t0 + 3600.0,
-        endpoints: Ok(vec![chat]),
-        access: Ok(access),
-        slo_p99_s: 2.0,
-        max_p95_wait_s: 3600.0,
         startup_s: Some(5.0),
-        utc_offset_s: 0.0,
+        ..hour_from(t0, &[], &replicas, &p, chat, access)
     };
     let w = saved::scenario(&inputs);
     assert_eq!(w.endpoints, ["chat", "chat:b"]);

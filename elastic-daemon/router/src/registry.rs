@@ -174,27 +174,23 @@ impl Pool {
         Ok(self.replicas.remove(i))
     }
 
-    /// Marks a replica as headroom ([`Replica::spill`]) or not.
-    pub fn set_spill(&mut self, address: SocketAddr, spill: bool) -> Result<(), RegistryError> {
+    fn at_mut(&mut self, address: SocketAddr) -> Result<&mut Replica, RegistryError> {
         let endpoint = self.endpoint.clone();
-        let r = self
-            .replicas
+        self.replicas
             .iter_mut()
             .find(|r| r.address == address)
-            .ok_or(RegistryError::UnknownReplica { endpoint, address })?;
-        r.spill = spill;
+            .ok_or(RegistryError::UnknownReplica { endpoint, address })
+    }
+
+    /// Marks a replica as headroom ([`Replica::spill`]) or not.
+    pub fn set_spill(&mut self, address: SocketAddr, spill: bool) -> Result<(), RegistryError> {
+        self.at_mut(address)?.spill = spill;
         Ok(())
     }
 
     /// Marks a replica as lent to lower classes ([`Replica::lent`]) or not.
     pub fn set_lent(&mut self, address: SocketAddr, lent: bool) -> Result<(), RegistryError> {
-        let endpoint = self.endpoint.clone();
-        let r = self
-            .replicas
-            .iter_mut()
-            .find(|r| r.address == address)
-            .ok_or(RegistryError::UnknownReplica { endpoint, address })?;
-        r.lent = lent;
+        self.at_mut(address)?.lent = lent;
         Ok(())
     }
 
