@@ -255,3 +255,51 @@ async fn a_lower_class_past_its_bound_is_shed_with_429_and_a_higher_one_is_not()
         "{metrics}"
     );
 }
+
+/// A whole answer (not streamed) of the agents' key on the endpoint's one
+/// slot: a live request arriving meanwhile takes the slot at once, and the
+/// agents' answer, streamed from the engine by the router, yields, goes on
+/// once the live one is done, and reaches its client whole and exact, in
+/// the API's shape of a whole answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_whole_answer_yields_its_slot_and_still_comes_whole() {
+    const LONG: u64 = 100;
+    let e = engine_paced(Cut::Never, PACE).await;
+    let mut cfg = endpoint_config(1, 100, Duration::from_secs(30));
+    cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3 });
+    cfg.proxy.request_timeout = Duration::from_secs(60);
+    cfg.proxy.auth = Some(BearerTokens::with_classes([
+        (LIVE_KEY.to_string(), None),
+        (AGENTS_KEY.to_string(), Some("agents".to_string())),
+    ]));
+    let ranks = [("inference", 2), ("agents", 3)];
+    cfg.proxy.classes = RequestClasses::new("inference", ranks.map(|(n, r)| (n.to_string(), r))).map(Arc::new);
+    let h = Harness::new(cfg, &[e.addr]).await;
+    let url = h.url.clone();
+    let agents = tokio::spawn(async move {
+        let body = serde_json::json!({"model": "fake", "messages": [{"role": "user", "content": "go"}],
+            "max_tokens": LONG});
+        let req = Request::post(format!("{url}/v1/chat/completions"))
+            .header("authorization", format!("Bearer {AGENTS_KEY}"))
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let resp = client().request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let kind = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, kind, serde_json::from_slice::<serde_json::Value>(&bytes).unwrap())
+    });
+    // The agents' answer holds the slot (100 tokens: 2 s of it).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let live = stream(&h.url, LIVE_KEY, None).await;
+    assert!(live.status == 200 && live.whole);
+    assert!(live.ttfb < Duration::from_millis(300), "the live request waited {:?} for the agents' slot", live.ttfb);
+    let (status, kind, v) = agents.await.unwrap();
+    assert_eq!((status, kind.as_deref()), (200, Some("application/json")), "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["content"], common::engine::answer(0, LONG), "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], LONG, "{v}");
+    let classes = h.snapshot().classes;
+    assert_eq!(classes.iter().find(|c| c.name == "agents").map(|c| c.yielded), Some(1));
+}

@@ -15,6 +15,7 @@ mod lean;
 mod resumable;
 mod serve;
 mod to_replica;
+mod whole;
 
 pub use body::ProxyBody;
 pub use body_budget::BodyBudget;

@@ -237,7 +237,10 @@ impl Prepared {
             let keyed = ctx.settings.auth.as_ref().and_then(|a| a.class_of(&out.headers)).flatten();
             Box::new(c.of(keyed, &out.headers))
         });
-        let mut resumable = resumable(ctx, &mut out);
+        // A lower class's whole answers are streamed from the engine, so
+        // that they too can yield their slot (issue #44).
+        let lower = class.as_deref().is_some_and(|c| c.as_ref().is_ok_and(|c| c.lower));
+        let mut resumable = resumable(ctx, &mut out, lower);
         if let (Some(r), Some(Ok(c))) = (resumable.as_mut(), class.as_deref()) {
             r.class = Some(c.clone());
         }
@@ -271,12 +274,12 @@ impl Prepared {
 
 /// Whether the router can continue the request's answer elsewhere
 /// ([`crate::resume`]); if so, its first attempt asks for what that takes.
-fn resumable(ctx: &Target, out: &mut Forwarded) -> Option<Box<Resumable>> {
+fn resumable(ctx: &Target, out: &mut Forwarded, whole_as_stream: bool) -> Option<Box<Resumable>> {
     let settings = ctx.settings.resume?;
     if out.method != Method::POST {
         return None;
     }
-    match crate::resume::plan::Plan::of(out.uri.path(), &out.body, settings.method) {
+    match crate::resume::plan::Plan::of(out.uri.path(), &out.body, settings.method, whole_as_stream) {
         Ok(Some(crate::resume::plan::Planned { plan, first })) => {
             let client = out.body.clone();
             if let Some(first) = first {
@@ -332,7 +335,13 @@ pub(super) async fn forward(p: Prepared, ctx: &Target) -> Response<ProxyBody> {
         ctx.metrics.count_class(ctx.endpoint.name(), c, ClassEvent::Request);
     }
     let Some(log) = &ctx.access else { return forward_to(p, ctx).await };
-    let (facts, start) = (RequestFacts::of(&p.body), p.start);
+    let mut facts = RequestFacts::of(&p.body);
+    if p.resumable.as_ref().is_some_and(|r| r.plan.whole) {
+        // Its client asked for the answer whole (it is streamed from the
+        // engine only).
+        facts.whole();
+    }
+    let start = p.start;
     // Boxed: the log's state would otherwise grow every request's future.
     let mut r = Box::pin(forward_to(p, ctx)).await;
     let replica = r.extensions().get::<ServedBy>().map(|s| s.0);
@@ -500,7 +509,7 @@ pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyB
                     ctx.endpoint.count_unavailable(Unavailable::Replica);
                 }
                 counted(resp.status().as_u16());
-                return answer(resp, lease, &mut p, ctx);
+                return answered(resp, lease, &mut p, ctx).await;
             }
         }
     }
@@ -536,6 +545,17 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
     for n in &HOP_BY_HOP {
         headers.remove(n);
+    }
+}
+
+/// [`answer`], read to its end first when its client asked for it whole
+/// and the router streams it ([`super::whole`]).
+async fn answered(resp: Response<BackendBody>, lease: Lease, p: &mut Prepared, ctx: &Target) -> Response<ProxyBody> {
+    let whole = p.resumable.as_ref().filter(|r| r.plan.whole).map(|r| r.plan.api);
+    let r = answer(resp, lease, p, ctx);
+    match whole {
+        Some(api) => super::whole::whole_answer(r, api).await,
+        None => r,
     }
 }
 

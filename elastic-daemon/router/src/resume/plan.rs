@@ -41,6 +41,11 @@ pub struct Plan {
     /// The model the client named (for events the router writes itself
     /// before the engine named one).
     pub model: String,
+    /// The client asked for its answer whole; the router streams it from
+    /// the engine (so that it can yield its slot and continue, issue #44)
+    /// and sends the client the whole answer at its end
+    /// ([`crate::proxy`]'s whole answers). `stream` is then true.
+    pub whole: bool,
 }
 
 /// Why a request is not continued (for the debug log; such requests pass
@@ -73,14 +78,25 @@ pub struct Planned {
 impl Plan {
     /// The plan for a `POST` to `path` with `body`. `Err` when the request
     /// cannot be continued; `Ok(None)` when it is no generation request at
-    /// all.
-    pub fn of(path: &str, body: &[u8], method: Method) -> Result<Option<Planned>, NotResumable> {
+    /// all. `whole_as_stream`: a request for a whole answer is streamed
+    /// from the engine ([`Plan::whole`]), else it is followed as it is.
+    pub fn of(path: &str, body: &[u8], method: Method, whole_as_stream: bool) -> Result<Option<Planned>, NotResumable> {
         let Some(api) = Api::of_path(path) else { return Ok(None) };
-        let Ok(Value::Object(req)) = serde_json::from_slice::<Value>(body) else { return Err(NotResumable::NotJson) };
+        let Ok(Value::Object(mut req)) = serde_json::from_slice::<Value>(body) else {
+            return Err(NotResumable::NotJson);
+        };
         check(api, &req)?;
-        let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
-        let include_usage = stream
-            && req.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
+        let asked_stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        let whole = whole_as_stream && !asked_stream;
+        let stream = asked_stream || whole;
+        // A whole answer has its usage, so the stream it is read from must.
+        let include_usage = whole
+            || stream
+                && req
+                    .get("stream_options")
+                    .and_then(|o| o.get("include_usage"))
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
         let max_tokens = ["max_completion_tokens", "max_tokens", "n_predict"]
             .iter()
             .find_map(|k| req.get(*k).and_then(Value::as_i64))
@@ -89,8 +105,16 @@ impl Plan {
         // Token ids come only with log-probabilities; only streams need them
         // (an answer read whole is sent again whole).
         let ids_asked = stream && method == Method::Tokens;
-        let first = ids_asked.then(|| with_logprobs(api, body));
-        Ok(Some(Planned { plan: Plan { api, method, stream, include_usage, max_tokens, ids_asked, model }, first }))
+        let first = if whole {
+            req.insert("stream".into(), Value::Bool(true));
+            req.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
+            let streamed = serde_json::to_vec(&req).expect("a JSON object serializes");
+            Some(if ids_asked { with_logprobs(api, &streamed) } else { streamed })
+        } else {
+            ids_asked.then(|| with_logprobs(api, body))
+        };
+        let plan = Plan { api, method, stream, include_usage, max_tokens, ids_asked, model, whole };
+        Ok(Some(Planned { plan, first }))
     }
 }
 
@@ -159,7 +183,35 @@ mod tests {
     type Got = Result<Option<(Plan, Option<Vec<u8>>)>, NotResumable>;
 
     fn plan(path: &str, body: &str, method: Method) -> Got {
-        Plan::of(path, body.as_bytes(), method).map(|p| p.map(|p| (p.plan, p.first)))
+        Plan::of(path, body.as_bytes(), method, false).map(|p| p.map(|p| (p.plan, p.first)))
+    }
+
+    /// Issue #44: a request for a whole answer that may have to yield its
+    /// slot is streamed from the engine, with its usage (and token ids by
+    /// the tokens method); a streamed one is followed as it is.
+    #[test]
+    fn a_whole_answer_is_streamed_from_the_engine_when_it_may_yield() {
+        let body = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":7,"model":"m"}"#;
+        let planned =
+            |method, whole| Plan::of("/v1/chat/completions", body.as_bytes(), method, whole).unwrap().unwrap();
+        let p = planned(Method::Tokens, true);
+        assert_eq!((p.plan.whole, p.plan.stream, p.plan.include_usage, p.plan.ids_asked), (true, true, true, true));
+        let first: Value = serde_json::from_slice(&p.first.unwrap()).unwrap();
+        assert_eq!(
+            (first["stream"].clone(), first["stream_options"]["include_usage"].clone()),
+            (true.into(), true.into())
+        );
+        assert_eq!((first["logprobs"].clone(), first["messages"][0]["content"].clone()), (true.into(), "hi".into()));
+        let p = planned(Method::Text, true);
+        let first: Value = serde_json::from_slice(&p.first.unwrap()).unwrap();
+        assert!(first.get("logprobs").is_none() && first["stream"] == true);
+        // Not asked to: a whole answer is read whole, as before.
+        let p = planned(Method::Tokens, false);
+        assert_eq!((p.plan.whole, p.plan.stream, p.plan.include_usage, p.first), (false, false, false, None));
+        // A stream stays the client's stream.
+        let streamed = r#"{"messages":[],"stream":true}"#;
+        let p = Plan::of("/v1/chat/completions", streamed.as_bytes(), Method::Text, true).unwrap().unwrap();
+        assert_eq!((p.plan.whole, p.plan.include_usage, p.first), (false, false, None));
     }
 
     #[test]

@@ -199,6 +199,7 @@ mod tests {
             max_tokens: Some(9),
             ids_asked: false,
             model: "m".into(),
+            whole: false,
         }
     }
 

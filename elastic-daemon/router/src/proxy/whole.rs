@@ -1,0 +1,174 @@
+//! Whole answers read as streams (issue #44): a request of a class below
+//! the endpoint's own that asked for its answer whole is streamed from the
+//! engine, so that it can give its slot to a higher class's request and
+//! continue later from where it was, like a stream. Its client still gets
+//! one answer at the end, in the shape the API gives a whole answer; a
+//! stream that could not be continued is its error, with a status.
+
+use bytes::{Bytes, BytesMut};
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Map, Value};
+
+use super::answers::openai_error;
+use super::body::{BodyKind, ProxyBody};
+use crate::resume::events::{data_of, Data, Splitter};
+use crate::resume::plan::Api;
+
+/// The most of a stream read to make one whole answer: the router keeps at
+/// most 1 MiB of an answer's text to continue it, and its events carry
+/// their text several times over.
+const MOST: usize = 64 << 20;
+
+/// The streamed answer `resp` (the router following it), read to its end
+/// and given as the whole answer the client asked for. Other answers (a
+/// replica's refusal, an answer not streamed) pass as they are.
+pub(super) async fn whole_answer(resp: Response<ProxyBody>, api: Api) -> Response<ProxyBody> {
+    if !matches!(resp.body().kind, BodyKind::Resumable(_)) {
+        return resp;
+    }
+    let (mut parts, mut body) = resp.into_parts();
+    let mut read = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(f) => {
+                if let Some(d) = f.data_ref() {
+                    if read.len() + d.len() > MOST {
+                        return openai_error(
+                            StatusCode::BAD_GATEWAY,
+                            "the answer is larger than the router reads whole",
+                        );
+                    }
+                    read.extend_from_slice(d);
+                }
+            }
+            Err(e) => {
+                return openai_error(StatusCode::BAD_GATEWAY, &format!("the answer could not be read whole: {e}"));
+            }
+        }
+    }
+    let (status, json) = match whole_of(read.freeze(), api) {
+        Ok(answer) => (StatusCode::OK, answer),
+        Err(error) => (StatusCode::BAD_GATEWAY, error),
+    };
+    parts.status = status;
+    parts.headers.remove(header::TRANSFER_ENCODING);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let mut r = super::answers::json_response(status, json);
+    *r.headers_mut() = parts.headers;
+    *r.extensions_mut() = parts.extensions;
+    r
+}
+
+/// One whole answer out of the events of a stream of one choice: the
+/// first event's id, creation time and model, the text in order, the last
+/// finish reason and usage. `Err`: the stream's error event (it was not
+/// continued), or why no answer could be made of it.
+fn whole_of(stream: Bytes, api: Api) -> Result<Value, Value> {
+    let mut splitter = Splitter::default();
+    splitter.push(stream);
+    let (mut head, mut text, mut finish, mut usage) = (Map::new(), String::new(), Value::Null, None);
+    let mut done = false;
+    while let Some(event) = splitter.next_event() {
+        let Data::One(data) = data_of(&event) else { continue };
+        if data == b"[DONE]" {
+            done = true;
+            continue;
+        }
+        let Ok(Value::Object(mut e)) = serde_json::from_slice::<Value>(data) else { continue };
+        if let Some(error) = e.remove("error") {
+            return Err(json!({ "error": error }));
+        }
+        for key in ["id", "created", "model", "system_fingerprint"] {
+            if let (false, Some(v)) = (head.contains_key(key), e.get(key)) {
+                head.insert(key.to_string(), v.clone());
+            }
+        }
+        if let Some(u) = e.remove("usage").filter(|u| !u.is_null()) {
+            usage = Some(u);
+        }
+        let Some(choice) = e.get("choices").and_then(|c| c.get(0)) else { continue };
+        let piece = match api {
+            Api::Chat => choice.get("delta").and_then(|d| d.get("content")),
+            Api::Completion => choice.get("text"),
+        };
+        text.push_str(piece.and_then(Value::as_str).unwrap_or_default());
+        if let Some(f) = choice.get("finish_reason").filter(|f| !f.is_null()) {
+            finish = f.clone();
+        }
+    }
+    if !done && finish.is_null() {
+        return Err(json!({"error": {
+            "message": "the answer ended before its end; retry the request",
+            "type": "server_error",
+            "code": "answer_not_whole",
+        }}));
+    }
+    let (object, choice) = match api {
+        Api::Chat => (
+            "chat.completion",
+            json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}),
+        ),
+        Api::Completion => ("text_completion", json!({"index": 0, "text": text, "finish_reason": finish})),
+    };
+    head.insert("object".into(), object.into());
+    head.insert("choices".into(), json!([choice]));
+    if let Some(u) = usage {
+        head.insert("usage".into(), u);
+    }
+    Ok(Value::Object(head))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(lines: &[&str]) -> Bytes {
+        Bytes::from(lines.iter().map(|l| format!("data: {l}\n\n")).collect::<String>())
+    }
+
+    #[test]
+    fn a_chat_stream_becomes_one_chat_completion_with_its_usage() {
+        let stream = events(&[
+            r#"{"id":"c1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"role":"assistant"},"finish_reason":null}]}"#,
+            r#"{"id":"c1","created":7,"model":"m","choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}]}"#,
+            r#"{"id":"c1","created":7,"model":"m","choices":[{"index":0,"delta":{"content":"lo é"},"finish_reason":null}]}"#,
+            r#"{"id":"c1","created":7,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}"#,
+            r#"{"id":"c1","created":7,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}"#,
+            "[DONE]",
+        ]);
+        let v = whole_of(stream, Api::Chat).unwrap();
+        assert_eq!(
+            v,
+            json!({"id": "c1", "created": 7, "model": "m", "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello é"}, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}})
+        );
+    }
+
+    #[test]
+    fn a_completion_stream_becomes_one_text_completion() {
+        let stream = events(&[
+            r#"{"id":"t","created":1,"model":"m","choices":[{"index":0,"text":"a b","finish_reason":null}]}"#,
+            r#"{"id":"t","created":1,"model":"m","choices":[{"index":0,"text":" c","finish_reason":"stop"}]}"#,
+            "[DONE]",
+        ]);
+        let v = whole_of(stream, Api::Completion).unwrap();
+        assert_eq!((v["object"].clone(), v["choices"][0]["text"].clone()), ("text_completion".into(), "a b c".into()));
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        assert!(v.get("usage").is_none());
+    }
+
+    #[test]
+    fn a_stream_not_continued_or_cut_is_an_error() {
+        let failed = events(&[
+            r#"{"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}"#,
+            r#"{"error":{"message":"could not continue","type":"server_error","code":"stream_not_continued"}}"#,
+        ]);
+        let e = whole_of(failed, Api::Chat).unwrap_err();
+        assert_eq!(e["error"]["code"], "stream_not_continued");
+        let cut = events(&[r#"{"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}"#]);
+        assert_eq!(whole_of(cut, Api::Chat).unwrap_err()["error"]["code"], "answer_not_whole");
+    }
+}
