@@ -98,7 +98,8 @@ fn reclaims_agree_everywhere(poll: Duration) {
     assert_eq!(reclaims_counted(&immediate_metrics, "immediate"), 1, "{immediate_metrics}");
 
     // onepool report over the period: the same reclaims.
-    let report = report(c, &from, &config);
+    let jobs: Vec<u32> = seen.iter().flat_map(|(v, _, t)| [*v, *t]).collect();
+    let report = report(c, &from, &config, &jobs);
     let got: Vec<(u32, String, Option<u32>)> = report["reclaims"]
         .as_array()
         .unwrap()
@@ -314,9 +315,18 @@ fn reclaims_counted(metrics: &str, mode: &str) -> u64 {
 /// job's end (a job whose comment was updated reads `Eligible=Unknown` in
 /// sacct for a few seconds after it ends, and a windowed query leaves it
 /// out until then).
-fn report(c: &TestCluster, from: &str, daemon_config: &Path) -> Value {
+fn report(c: &TestCluster, from: &str, daemon_config: &Path, jobs: &[u32]) -> Value {
     c.wait_until("accounting's eligible times", Duration::from_secs(60), || {
         !c.ok("sacct", &["-X", "-P", "-n", "-S", from, "--format=Eligible"]).contains("Unknown")
+    });
+    // The victims' ends and the takers' starts reach slurmdbd a moment
+    // after slurmctld has them (measured: a taker cancelled at once was
+    // missing from a report run at once, 2 runs in 3).
+    let ids = jobs.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    c.wait_until("accounting's record of every victim and taker", Duration::from_secs(60), || {
+        let out = c.ok("sacct", &["-X", "-P", "-n", "-j", &ids, "--format=JobID,Start,End"]);
+        let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
+        lines.len() == jobs.len() && !out.contains("Unknown")
     });
     let onepool = build_dir().join("onepool");
     let out = c
