@@ -302,4 +302,15 @@ async fn an_agents_whole_answer_yields_its_slot_and_still_comes_whole() {
     assert_eq!(v["usage"]["completion_tokens"], LONG, "{v}");
     let classes = h.snapshot().classes;
     assert_eq!(classes.iter().find(|c| c.name == "agents").map(|c| c.yielded), Some(1));
+    // Each class's answer tokens, as the router followed them.
+    let text = h.daemon.metrics.encode();
+    let tokens = |class: &str| -> f64 {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("onepool_router_class_tokens_total{") && l.contains(&format!("class=\"{class}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!((tokens("agents"), tokens("inference")), (LONG as f64, TOKENS as f64), "{text}");
 }

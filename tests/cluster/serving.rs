@@ -370,6 +370,13 @@ fn an_agents_key_flood_scales_in_the_agents_class_and_protected_training_takes_t
     let moved = moved_streams(&d);
     eprintln!("{:>5.1}s streams moved: {moved:?}", secs());
     assert!(moved.values().sum::<u64>() >= 1, "the reclaimed replica's agents' streams moved: {moved:?}");
+    let text = d.metrics.encode();
+    let agents_moved: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("onepool_router_class_moved_total{") && l.contains("class=\"agents\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(agents_moved >= 1.0, "counted as the agents' moves: {text}");
     assert_eq!(moves_failed(&d), 0);
     protected_ran_then_clean_up(c, training, foreign, &rt, d, &dir);
 }

@@ -96,11 +96,15 @@ fn exercised() -> Metrics {
     m.count_move_failed(endpoint, "max_moves");
     m.observe_move_pause(endpoint, 0.2);
     m.resume_kept_bytes.set(4096);
-    for what in
-        [crate::metrics::ClassEvent::Request, crate::metrics::ClassEvent::Shed, crate::metrics::ClassEvent::Yielded]
-    {
+    for what in [
+        crate::metrics::ClassEvent::Request,
+        crate::metrics::ClassEvent::Shed,
+        crate::metrics::ClassEvent::Yielded,
+        crate::metrics::ClassEvent::Moved,
+    ] {
         m.count_class(endpoint, "agents", what);
     }
+    m.count_class_tokens(endpoint, "agents", 32);
     m.observe_class_wait(endpoint, "agents", 0.1);
     let instance = crate::metrics::InstanceLabels { instance: "svc-a".into() };
     m.ha_acting.get_or_create(&instance).set(1);

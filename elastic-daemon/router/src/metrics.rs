@@ -105,6 +105,9 @@ pub enum ClassEvent {
     Shed,
     /// Its stream gave its slot to a higher class's request.
     Yielded,
+    /// Its answer moved to another replica, its own having failed or been
+    /// reclaimed (a yield is not a move).
+    Moved,
 }
 
 /// Why a request was sent to another replica after an attempt
@@ -265,6 +268,8 @@ pub struct Metrics {
     pub class_requests: Family<ClassLabels, Counter>,
     pub class_shed: Family<ClassLabels, Counter>,
     pub class_yielded: Family<ClassLabels, Counter>,
+    pub class_moved: Family<ClassLabels, Counter>,
+    pub class_tokens: Family<ClassLabels, Counter>,
     pub class_queue_seconds: HistogramFamily<ClassLabels>,
     /// Access log lines dropped because its writer fell behind.
     pub access_log_dropped: Counter,
@@ -324,6 +329,8 @@ impl Metrics {
             class_requests: Family::default(),
             class_shed: Family::default(),
             class_yielded: Family::default(),
+            class_moved: Family::default(),
+            class_tokens: Family::default(),
             class_queue_seconds: Family::new_with_constructor(latency_histogram),
             access_log_dropped: Counter::default(),
             prefix_routed: Family::default(),
@@ -375,6 +382,16 @@ impl Metrics {
             "class_yielded",
             "Streams that gave their replica slot to a request of a higher class and continued later",
             self.class_yielded.clone(),
+        );
+        r.register(
+            "class_moved",
+            "Answers that moved to another replica because theirs failed or was reclaimed, by request class",
+            self.class_moved.clone(),
+        );
+        r.register(
+            "class_tokens",
+            "Answer tokens of the answers the router follows, by request class (token ids, or text events)",
+            self.class_tokens.clone(),
         );
         r.register(
             "class_queue_seconds",
@@ -582,8 +599,15 @@ impl Metrics {
             ClassEvent::Request => &self.class_requests,
             ClassEvent::Shed => &self.class_shed,
             ClassEvent::Yielded => &self.class_yielded,
+            ClassEvent::Moved => &self.class_moved,
         };
         family.get_or_create(&labels).inc();
+    }
+
+    /// An answer of `class` ended with `tokens` answer tokens.
+    pub fn count_class_tokens(&self, endpoint: &str, class: &str, tokens: u64) {
+        let labels = ClassLabels { endpoint: endpoint.to_string(), class: class.to_string() };
+        self.class_tokens.get_or_create(&labels).inc_by(tokens);
     }
 
     /// A class's requests, shed and yielded so far (for `onepool status`).

@@ -279,6 +279,10 @@ impl ResumableBody {
     }
 
     fn end(&mut self) {
+        if let (false, Some(c)) = (matches!(self.state, State::Done), &self.class) {
+            let (name, tokens) = (self.ctx.endpoint.name(), self.progress.completion_tokens());
+            self.metrics().count_class_tokens(name, &c.name, tokens);
+        }
         self.state = State::Done;
         self.lost = None;
         (self.ticket, self.asked_to_yield) = (None, None);
@@ -330,8 +334,9 @@ impl ResumableBody {
             self.moves += 1;
         }
         self.ctx.endpoint.note_move(Ok(why));
-        if let (true, Some(c)) = (yielded, &self.class) {
-            self.metrics().count_class(&name, &c.name, crate::metrics::ClassEvent::Yielded);
+        if let Some(c) = &self.class {
+            let event = if yielded { crate::metrics::ClassEvent::Yielded } else { crate::metrics::ClassEvent::Moved };
+            self.metrics().count_class(&name, &c.name, event);
         }
         if self.progress.meta.is_none() {
             self.progress.meta = Some(Meta::made_up(&self.plan));
