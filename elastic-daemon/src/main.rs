@@ -252,9 +252,19 @@ fn check_only(path: &std::path::Path, config: &mut config::Config, user: Option<
     if let Err(e) = onepool_elastic_daemon::policy_check::resolve_from_policy_as(config, uid) {
         errors.push(e);
     }
-    // How each endpoint's answers continue elsewhere (issue #43).
+    // How each endpoint's answers continue elsewhere (issue #43), and its
+    // request classes (issue #44).
     for e in &config.endpoints {
         println!("resume: {}", onepool_elastic_daemon::config::resume_summary(&e.name, e.proxy.resume));
+        if let Some(c) = &e.proxy.classes {
+            let lower = e.replicas.as_ref().and_then(|r| r.lower_workload.as_deref());
+            println!(
+                "classes: endpoint {:?}: a request whose key names no class is {}; replicas only lower classes ask for: {}",
+                e.name,
+                c.own(),
+                lower.map_or_else(|| "none".to_string(), |w| format!("class {w}"))
+            );
+        }
     }
     for w in &findings.warnings {
         println!("warning: {w}");

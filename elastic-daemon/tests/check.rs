@@ -91,3 +91,32 @@ fn check_refuses_the_secret_files_the_start_would_refuse() {
     assert!(out.contains("ca_file") && out.contains("holds no PEM certificate"), "{out}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Issue #44: `--check` says each endpoint's request classes and the class
+/// of the replicas only lower classes ask for, and refuses a key naming a
+/// class the policy lacks, at its line.
+#[test]
+fn check_says_the_request_classes_and_refuses_a_key_s_unknown_class_at_its_line() {
+    let d = dir("classes");
+    let policy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../etc/onepool.toml");
+    let config = format!(
+        "control_socket = \"{0}/onepoold.sock\"\nreplica_key_file = \"{0}/replica.key\"\npolicy = \"{1}\"\n\n\
+         [[endpoint]]\nname = \"chat\"\nlisten = \"127.0.0.1:8000\"\n\n[endpoint.auth]\nbearer_tokens_file = \"{0}/keys\"\n\n\
+         [endpoint.replicas]\ncommand = \"llama-server\"\n",
+        d.display(),
+        policy.display()
+    );
+    file(&d.join("onepoold.toml"), &config, 0o644);
+    file(&d.join("keys"), "live-key-0123456789abcdef\nagents-key-0123456789abcdef agents\n", 0o600);
+    let (code, out) = check(&d, &me());
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("classes: endpoint \"chat\": a request whose key names no class is inference; replicas only lower classes ask for: class agents"),
+        "{out}"
+    );
+    file(&d.join("keys"), "live-key-0123456789abcdef\nagents-key-0123456789abcdef gold\n", 0o600);
+    let (code, out) = check(&d, &me());
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("keys:2: request class \"gold\" is not a class of the policy"), "{out}");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -388,8 +388,12 @@ pub fn daemon(config: Option<&str>, result: Option<Result<String, String>>) -> C
         ),
         (Some(path), Some(Ok(out))) => {
             let verdict = format!("{path}: {}", out.lines().last().unwrap_or("fits").trim());
-            // How each endpoint's answers continue elsewhere (issue #43).
-            let resume: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("resume: ")).collect();
+            // How each endpoint's answers continue elsewhere (issue #43),
+            // and its request classes (issue #44).
+            let resume: Vec<&str> = out
+                .lines()
+                .filter_map(|l| l.strip_prefix("resume: ").or_else(|| l.strip_prefix("classes: ")))
+                .collect();
             let verdict = match resume.is_empty() {
                 true => verdict,
                 false => format!("{verdict}; {}", resume.join("; ")),

@@ -68,7 +68,7 @@ impl Cluster {
                 (PathBuf::from("/opt/onepool/lib/job_submit_onepool.so"), Ok(Some(BUILT_22_05_8))),
                 (PathBuf::from("/opt/onepool/lib/spank_onepool.so"), Ok(Some(BUILT_22_05_8))),
             ]),
-            daemon: Ok("resume: endpoint llm: answers continue on another replica by token ids (llama-server's /completion: exact), at most 3 move(s) each\n/etc/slurm/onepoold.toml: fits (1 endpoint(s), 0 warning(s))\n".into()),
+            daemon: Ok("resume: endpoint llm: answers continue on another replica by token ids (llama-server's /completion: exact), at most 3 move(s) each\nclasses: endpoint \"llm\": a request whose key names no class is inference; replicas only lower classes ask for: class agents\n/etc/slurm/onepoold.toml: fits (1 endpoint(s), 0 warning(s))\n".into()),
             daemon_named: false,
             policy: sample(),
         }
@@ -151,7 +151,10 @@ fn a_cluster_that_matches_the_policy_passes_every_check() {
     assert!(find(&checks, "plugstack spank_onepool.so").detail.starts_with("required at /etc/slurm/plugstack.conf:2"));
     let daemon = &find(&checks, "onepoold config").detail;
     assert!(daemon.contains("fits (1 endpoint(s), 0 warning(s)); endpoint llm: answers continue"), "{daemon}");
-    assert!(daemon.ends_with("by token ids (llama-server's /completion: exact), at most 3 move(s) each"), "{daemon}");
+    assert!(
+        daemon.ends_with("at most 3 move(s) each; endpoint \"llm\": a request whose key names no class is inference; replicas only lower classes ask for: class agents"),
+        "{daemon}"
+    );
     let text = checks::text(&checks);
     assert!(text.ends_with(&format!("{} passed, 1 warning(s), 0 failed\n", checks.len() - 1)), "{text}");
 }
