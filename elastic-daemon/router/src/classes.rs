@@ -3,8 +3,9 @@
 //! endpoint's `bearer_tokens_file` may name one), else it is the
 //! endpoint's own; a client may lower it (`x-request-class`), never raise
 //! it. The queue serves protected classes first, then flexible ones by
-//! rank, first come first served within a class; each class has its own
-//! bound, and a class below the endpoint's own is shed with 429 past it.
+//! rank, the keys of a class in turns ([`crate::fair`]); each class has
+//! its own bound, and a class below the endpoint's own is shed with 429
+//! past it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -55,6 +55,9 @@ pub struct Want<'a> {
     pub ahead: bool,
     /// Its longest wait; the queue timeout when none.
     pub wait: Option<Duration>,
+    /// Its API key (the tokens file's line; 0: none): keys of one class
+    /// take turns in the queue ([`crate::fair`]).
+    pub key: u32,
 }
 
 pub use onepool_control::api::DrainOutcome;
@@ -71,13 +74,17 @@ struct Waiter {
     /// An answer that moved here from another replica (served first within
     /// its rank).
     ahead: bool,
+    /// Its API key, and its turn among its class's keys (0 for a moved
+    /// answer: those go first).
+    key: u32,
+    tag: u64,
 }
 
 impl Waiter {
-    /// Its place: by rank, moved answers first within a rank, then by
-    /// arrival (the queue keeps this order).
-    fn key(&self) -> (Rank, bool) {
-        (self.rank, !self.ahead)
+    /// Its place: by rank, moved answers first within a rank, then by its
+    /// key's turn, then by arrival (the queue keeps this order).
+    fn place(&self) -> (Rank, bool, u64) {
+        (self.rank, !self.ahead, self.tag)
     }
 }
 
@@ -119,6 +126,8 @@ struct Inner {
     /// Requests on replicas now, by rank (what each class's demand is
     /// beside its queue, for the replica controller: issue #44).
     in_flight_by_rank: BTreeMap<Rank, u32>,
+    /// The turns of the keys waiting in each class.
+    fair: crate::fair::FairTags,
 }
 
 /// A stream in flight that may give its slot to a higher class's request.
@@ -169,6 +178,15 @@ impl Drop for YieldTicket {
 impl Inner {
     fn shared(&self, id: ReplicaId) -> Option<&Arc<ReplicaShared>> {
         self.shared.iter().find(|(i, _)| *i == id).map(|(_, s)| s)
+    }
+
+    /// Takes the `i`th waiter out of the queue (`served`: handed a slot).
+    fn take_waiter(&mut self, i: usize, served: bool) -> Option<Waiter> {
+        let w = self.waiters.remove(i)?;
+        if !w.ahead {
+            self.fair.leave(w.rank, w.key, w.tag, served);
+        }
+        Some(w)
     }
 }
 
@@ -246,6 +264,7 @@ impl Endpoint {
                 yieldable: BTreeMap::new(),
                 next_yieldable: 0,
                 in_flight_by_rank: BTreeMap::new(),
+                fair: crate::fair::FairTags::default(),
             }),
             queue_depth: metrics.queue_depth(name),
             requests: metrics.request_counters(name, ""),
@@ -615,6 +634,7 @@ impl Endpoint {
             let wid = g.next_waiter;
             g.next_waiter += 1;
             let prefix = if g.affinity.is_some() { want.prefix.to_vec() } else { Vec::new() };
+            let tag = if want.ahead { 0 } else { g.fair.join(want.rank, want.key) };
             let w = Waiter {
                 id: wid,
                 exclude: want.exclude.to_vec(),
@@ -623,9 +643,11 @@ impl Endpoint {
                 rank: want.rank,
                 lower: want.lower,
                 ahead: want.ahead,
+                key: want.key,
+                tag,
             };
-            let key = w.key();
-            let at = g.waiters.iter().position(|o| o.key() > key).unwrap_or(g.waiters.len());
+            let place = w.place();
+            let at = g.waiters.iter().position(|o| o.place() > place).unwrap_or(g.waiters.len());
             g.waiters.insert(at, w);
             Self::ask_to_yield(&mut g, want.rank, want.exclude);
             if !g.pool.replicas().iter().any(|r| r.state == ReplicaState::Ready) {
@@ -674,7 +696,7 @@ impl Endpoint {
                 let mut rx = guard.rx.take().expect("set above");
                 let mut g = self.lock();
                 if let Some(i) = g.waiters.iter().position(|w| w.id == waiter_id) {
-                    g.waiters.remove(i);
+                    g.take_waiter(i, false);
                     self.set_queue_gauge(&g);
                     return Err(AcquireError::TimedOut);
                 }
@@ -793,7 +815,7 @@ impl Endpoint {
                 i += 1;
                 continue;
             };
-            let w = g.waiters.remove(i).expect("index checked above");
+            let w = g.take_waiter(i, true).expect("index checked above");
             let shared = self.shared_of(g, id);
             if w.tx.send((id, shared)).is_err() {
                 // The waiter is gone (its guard removes it under this lock, so
@@ -901,7 +923,7 @@ impl Drop for WaiterGuard<'_> {
         let Some(mut rx) = self.rx.take() else { return };
         let mut g = self.endpoint.lock();
         if let Some(i) = g.waiters.iter().position(|w| w.id == self.id) {
-            g.waiters.remove(i);
+            g.take_waiter(i, false);
             self.endpoint.set_queue_gauge(&g);
         } else if let Ok((id, shared)) = rx.try_recv() {
             self.endpoint.release_locked(&mut g, id, &shared);

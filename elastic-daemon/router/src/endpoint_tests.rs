@@ -290,3 +290,34 @@ async fn in_flight_is_counted_by_class_and_lower_requests_take_lent_replicas() {
     assert_eq!(counts(&e), [(0, false), (0, true)]);
     assert!(e.snapshot().replicas.iter().any(|r| r.lent && r.address == addr(2)));
 }
+
+/// Issue #44: within a class, API keys take turns: a key that queued
+/// first and most does not keep another key of its class behind all of it.
+#[tokio::test]
+async fn keys_of_one_class_take_turns_in_the_queue() {
+    let e = endpoint(1, 100, 5_000);
+    e.add(addr(1), None, true).unwrap();
+    let held = e.acquire(&[]).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (key, name) in [(1, "a1"), (1, "a2"), (1, "a3"), (2, "b1"), (2, "b2")] {
+        let (ep, order) = (e.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = ep.acquire_want(Want { rank: Rank(3), lower: true, key, ..Want::default() }).await;
+            order.lock().unwrap().push(name);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            lease.map(|_| ())
+        }));
+        // Queued in this order.
+        let n = tasks.len();
+        while e.snapshot().queued < n {
+            tokio::task::yield_now().await;
+        }
+    }
+    drop(held);
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), Ok(()));
+    }
+    assert_eq!(*order.lock().unwrap(), ["a1", "b1", "a2", "b2", "a3"]);
+    assert_eq!(e.lock().fair.tracked(), 0, "nothing kept of keys no longer waiting");
+}

@@ -21,6 +21,7 @@ mod affine_choice;
 pub mod backend_pool;
 pub mod classes;
 pub mod endpoint;
+mod fair;
 pub mod health;
 pub mod line_log;
 pub mod metrics;

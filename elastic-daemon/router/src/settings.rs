@@ -90,7 +90,14 @@ impl BearerTokens {
     /// The class the request's token names: `None` when no token matches,
     /// `Some(None)` for a token without a class.
     pub fn class_of(&self, headers: &HeaderMap) -> Option<Option<&Arc<str>>> {
-        self.find(headers.get(AUTHORIZATION).map(|v| v.as_bytes())).map(|i| self.0[i].1.as_ref())
+        self.key_of(headers).map(|(_, class)| class)
+    }
+
+    /// The request's token (its place in the file, from 1) and the class
+    /// it names; `None` when no token matches.
+    pub fn key_of(&self, headers: &HeaderMap) -> Option<(u32, Option<&Arc<str>>)> {
+        let i = self.find(headers.get(AUTHORIZATION).map(|v| v.as_bytes()))?;
+        Some((u32::try_from(i + 1).unwrap_or(u32::MAX), self.0[i].1.as_ref()))
     }
 
     /// The index of the token `given` names. Every token is compared in

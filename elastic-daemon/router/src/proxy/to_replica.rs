@@ -212,6 +212,9 @@ pub(super) struct Prepared {
     /// Its request class (issue #44), on an endpoint that has classes; or
     /// why the class it asked for was refused.
     pub(super) class: Option<Box<Result<crate::classes::Class, String>>>,
+    /// Its API key's line in the tokens file, with classes (0: none): the
+    /// keys of a class take turns in the queue.
+    pub(super) key: u32,
 }
 
 impl Prepared {
@@ -233,9 +236,11 @@ impl Prepared {
         let mut out = Forwarded::new(parts, body, client);
         out.replica_key = ctx.endpoint.replica_key().cloned();
         out.drop_authorization = !ctx.settings.client_authorization_passes();
+        let mut key = 0;
         let class = ctx.settings.classes.as_ref().map(|c| {
-            let keyed = ctx.settings.auth.as_ref().and_then(|a| a.class_of(&out.headers)).flatten();
-            Box::new(c.of(keyed, &out.headers))
+            let keyed = ctx.settings.auth.as_ref().and_then(|a| a.key_of(&out.headers));
+            key = keyed.map_or(0, |(k, _)| k);
+            Box::new(c.of(keyed.and_then(|(_, class)| class), &out.headers))
         });
         // A lower class's whole answers are streamed from the engine, so
         // that they too can yield their slot (issue #44).
@@ -268,6 +273,7 @@ impl Prepared {
             start_is_now: false,
             resumable,
             class,
+            key,
         }
     }
 }
@@ -317,6 +323,7 @@ impl Prepared {
             start_is_now: true,
             resumable,
             class,
+            key: 0,
         }
     }
 }
@@ -371,7 +378,8 @@ fn failed(ctx: &Target, f: Failure) -> Response<ProxyBody> {
 /// A slot for the request, at its class's place in the queue (issue #44).
 async fn acquire(ctx: &Target, p: &Prepared, tried: &[ReplicaId], prefix: &[u64]) -> Result<Lease, AcquireError> {
     let (rank, lower) = p.class().map_or((Rank::default(), false), |c| (c.rank, c.lower));
-    let lease = ctx.endpoint.acquire_want(Want { exclude: tried, prefix, rank, lower, ..Want::default() }).await?;
+    let want = Want { exclude: tried, prefix, rank, lower, key: p.key, ..Want::default() };
+    let lease = ctx.endpoint.acquire_want(want).await?;
     if let Some(c) = p.class() {
         ctx.metrics.observe_class_wait(ctx.endpoint.name(), &c.name, lease.queued().as_secs_f64());
     }
