@@ -1334,3 +1334,24 @@ fn a_job_held_by_its_singleton_dependency_is_no_failed_start_and_no_start_timeou
         assert!(scancels(&slurm).is_empty(), "{:?}", slurm.calls.lock().unwrap());
     });
 }
+
+/// Issue #44: the lower request classes' part of the load is theirs by
+/// the router's counts, the same share of a load the replicas reported.
+#[test]
+fn the_lower_classes_part_of_the_load_is_their_share_of_the_router_s_counts() {
+    use onepool_control::api::ClassState;
+    let class = |name: &str, lower, queued, in_flight| ClassState {
+        name: name.into(),
+        lower,
+        queued,
+        in_flight,
+        ..ClassState::default()
+    };
+    let classes = [class("inference", false, 0, 4), class("agents", true, 8, 4)];
+    // The router's own count: 12 of 16.
+    assert_eq!(super::act::lower_part(&classes, 16.0), 12.0);
+    // The replicas reported 8 (their engines batch): the same 3/4.
+    assert_eq!(super::act::lower_part(&classes, 8.0), 6.0);
+    assert_eq!(super::act::lower_part(&[class("inference", false, 0, 0)], 5.0), 0.0);
+    assert_eq!(super::act::lower_part(&[], 5.0), 0.0);
+}

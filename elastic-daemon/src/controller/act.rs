@@ -123,11 +123,7 @@ impl Controller {
     /// each by the same rule and windows. 0 without a `lower_workload`.
     fn lower_share(&mut self, snap: &EndpointSnapshot, load: f64, secs: f64, ready: u32, desired: u32) -> u32 {
         let Some(own) = self.own_autoscaler.as_mut() else { return 0 };
-        // The router's counts of the lower classes (a replica's own load
-        // metrics, when scraped, count every class alike).
-        let lower_load: f64 =
-            snap.classes.iter().filter(|c| c.lower).map(|c| c.queued as f64 + f64::from(c.in_flight)).sum();
-        own.record(secs, (load - lower_load).max(0.0));
+        own.record(secs, (load - lower_part(&snap.classes, load)).max(0.0));
         let own_desired = own.recommend(secs, ready).replicas;
         let (min, max) = (self.settings.min, self.settings.max.max(self.settings.min));
         let desired = desired.clamp(min, max);
@@ -529,5 +525,21 @@ impl Controller {
             }
             Err(e) => Err(e.during(format!("cancelling replica job {job}"))),
         }
+    }
+}
+
+/// The lower request classes' part of `load`, by the router's counts of
+/// each class waiting and in flight. The replicas' own load metrics, when
+/// scraped, count every class alike: their load is split in the same
+/// proportion.
+pub(super) fn lower_part(classes: &[onepool_control::api::ClassState], load: f64) -> f64 {
+    let of = |lower: bool| -> f64 {
+        classes.iter().filter(|c| c.lower == lower).map(|c| c.queued as f64 + f64::from(c.in_flight)).sum()
+    };
+    let (lower, all) = (of(true), of(true) + of(false));
+    if all > 0.0 {
+        load * lower / all
+    } else {
+        0.0
     }
 }
