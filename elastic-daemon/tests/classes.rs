@@ -314,3 +314,53 @@ async fn an_agents_whole_answer_yields_its_slot_and_still_comes_whole() {
     };
     assert_eq!((tokens("agents"), tokens("inference")), (LONG as f64, TOKENS as f64), "{text}");
 }
+
+/// A lower class's whole answer whose model server dies mid-answer: it
+/// continues on the other replica, its client gets it whole and exact,
+/// and its access log line says what the client asked (not streamed), its
+/// class, the move and the tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answer_moves_when_its_server_dies_and_its_access_line_says_so() {
+    const LONG: u64 = 40;
+    let (dies, lives) = (engine_paced(Cut::Close(10), PACE).await, engine_paced(Cut::Never, PACE).await);
+    let mut cfg = endpoint_config(1, 100, Duration::from_secs(30));
+    cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3 });
+    cfg.proxy.auth = Some(BearerTokens::with_classes([(AGENTS_KEY.to_string(), Some("agents".to_string()))]));
+    let ranks = [("inference", 2), ("agents", 3)];
+    cfg.proxy.classes = RequestClasses::new("inference", ranks.map(|(n, r)| (n.to_string(), r))).map(Arc::new);
+    let dir = std::env::temp_dir().join(format!("onepool-classes-whole-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("access.jsonl");
+    let mut config = common::config(cfg, 256 << 20);
+    config.access_log = Some(onepool_router::access_log::AccessLogSettings {
+        path: path.clone(),
+        max_file_bytes: 1 << 20,
+        keep_files: 1,
+    });
+    let daemon = onepool_elastic_daemon::daemon::Daemon::start(config).await.unwrap();
+    let ep = daemon.endpoint("chat").unwrap();
+    // The one that dies first: the least served goes first, ties by order.
+    ep.endpoint.add(dies.addr, None, true).unwrap();
+    ep.endpoint.add(lives.addr, None, true).unwrap();
+    let body =
+        serde_json::json!({"model": "fake", "messages": [{"role": "user", "content": "go"}], "max_tokens": LONG});
+    let req = Request::post(format!("http://{}/v1/chat/completions", ep.listen.unwrap()))
+        .header("authorization", format!("Bearer {AGENTS_KEY}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], common::engine::answer(0, LONG), "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], LONG, "{v}");
+    let lines = || std::fs::read_to_string(&path).unwrap_or_default();
+    let t0 = Instant::now();
+    while lines().lines().count() < 1 && t0.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let e: onepool_decisions::trace::AccessEntry = serde_json::from_str(lines().lines().next().unwrap()).unwrap();
+    assert_eq!((e.status, e.stream, e.moved, e.class.as_deref()), (200, false, 1, Some("agents")), "{e:?}");
+    assert_eq!(e.completion_tokens, Some(LONG), "{e:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

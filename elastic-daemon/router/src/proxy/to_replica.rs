@@ -354,6 +354,9 @@ pub(super) async fn forward(p: Prepared, ctx: &Target) -> Response<ProxyBody> {
     let replica = r.extensions().get::<ServedBy>().map(|s| s.0);
     let mut tap = Tap::new(log.clone(), ctx.endpoint.name(), facts, start, r.status().as_u16(), replica);
     tap.class = class.map(|c| c.to_string());
+    if let Some(m) = r.extensions().get::<super::whole::Moves>() {
+        tap.moved = m.0;
+    }
     if r.body().is_end_stream() {
         // No frame will pass (an empty answer): whole as it is.
         tap.end(true);

@@ -15,6 +15,11 @@ use super::body::{BodyKind, ProxyBody};
 use crate::resume::events::{data_of, Data, Splitter};
 use crate::resume::plan::Api;
 
+/// Times a whole answer moved to another replica, for its access log line
+/// (its body, made here, is not the one that moved).
+#[derive(Clone, Copy)]
+pub(super) struct Moves(pub u32);
+
 /// The most of a stream read to make one whole answer: the router keeps at
 /// most 1 MiB of an answer's text to continue it, and its events carry
 /// their text several times over.
@@ -47,6 +52,10 @@ pub(super) async fn whole_answer(resp: Response<ProxyBody>, api: Api) -> Respons
             }
         }
     }
+    let moves = match &body.kind {
+        BodyKind::Resumable(b) => b.moves(),
+        _ => 0,
+    };
     let (status, json) = match whole_of(read.freeze(), api) {
         Ok(answer) => (StatusCode::OK, answer),
         Err(error) => (StatusCode::BAD_GATEWAY, error),
@@ -58,6 +67,7 @@ pub(super) async fn whole_answer(resp: Response<ProxyBody>, api: Api) -> Respons
     let mut r = super::answers::json_response(status, json);
     *r.headers_mut() = parts.headers;
     *r.extensions_mut() = parts.extensions;
+    r.extensions_mut().insert(Moves(moves));
     r
 }
 
