@@ -234,7 +234,10 @@ fn pick_class<'p>(policy: &'p Policy, job: &JobRequest) -> Result<&'p Class, Ref
         .ok_or_else(|| refusal(Rule::UnknownClass, "the policy's default class is missing (policy error)".into()))
 }
 
-fn entitled(e: &Entitlement, dir: &dyn Directory, who: Submitter, account: Option<&str>) -> bool {
+/// Whether `who` (with the job's `account`) is entitled by `e`: an
+/// administrator, a user named, the account named, or a member of a group
+/// named. onepoold asks it of its own user too (issue #44).
+pub fn entitled(e: &Entitlement, dir: &dyn Directory, who: Submitter, account: Option<&str>) -> bool {
     dir.is_admin(who.uid)
         || dir.user_name(who.uid).is_some_and(|u| e.users.iter().any(|x| x == u))
         || account.is_some_and(|a| e.accounts.iter().any(|x| x == a))

@@ -230,7 +230,8 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
     // Scale down: release pending surplus first, then drain the cheapest.
     // A pinned replica's GPUs come back only with its whole job: last.
     // Surplus that already holds GPUs nobody waits for stays, as headroom.
-    let (mut kept_supp, mut supp_leaving) = (0, 0);
+    // Supplemental and lower-class replicas alike.
+    let (mut kept_idle, mut above_leaving) = (0, 0);
     let idle_room = max.saturating_sub(base_lasting.max(target.min) + want_supp + want_lower);
     let above = |lasting, want, adding, kind| AboveMin { lasting, want, adding, serving: serving_lasting(kind) };
     let all = base_lasting.max(target.min) + supp_lasting + lower_lasting + supp_to_add + lower_to_add;
@@ -240,18 +241,17 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
         all > max,
     );
     for r in leaving {
-        if r.phase != Phase::Pending && keep_idle && !gpus_wanted && kept_supp < idle_room {
-            kept_supp += 1;
+        if r.phase != Phase::Pending && keep_idle && !gpus_wanted && kept_idle < idle_room {
+            kept_idle += 1;
             continue;
         }
-        supp_leaving += 1;
+        above_leaving += 1;
         actions.push(let_go(r));
     }
     // Warm replicas: within max with the rest; while a job waits for GPUs,
     // only those the headroom or the load (at max) asks for, and none
     // pending (Slurm takes the running ones when it needs them).
-    let others =
-        base_lasting.max(target.min) + supp_lasting + lower_lasting + supp_to_add + lower_to_add - supp_leaving;
+    let others = all - above_leaving;
     let mut keep_warm = warm_lasting.min(max.saturating_sub(others));
     let warm = cheapest_first(warm);
     let mut leaving = warm_lasting - keep_warm;
@@ -266,7 +266,7 @@ pub fn reconcile(target: &EndpointTarget, replicas: &[Replica]) -> Vec<Action> {
     }
     if !gpus_wanted {
         let room = max.saturating_sub(others + warm_lasting);
-        let n = want_warm.saturating_sub(warm_lasting + kept_supp).min(room);
+        let n = want_warm.saturating_sub(warm_lasting + kept_idle).min(room);
         actions.extend((0..n).map(|_| Action::Submit(Kind::Warm)));
     }
     actions

@@ -76,9 +76,11 @@ pub fn parse_azure_row(line: &str) -> Result<AzureRow, String> {
 }
 
 /// Seconds since the Unix epoch from a plain number of seconds or a
-/// `YYYY-MM-DD[T ]HH:MM:SS[.fraction]` time (taken as UTC).
+/// `YYYY-MM-DD[T ]HH:MM:SS[.fraction][Z]` time (taken as UTC; the `Z` of
+/// [`format_time_ms`] says so).
 pub fn parse_time(s: &str) -> Option<f64> {
     let s = s.trim();
+    let s = s.strip_suffix('Z').unwrap_or(s);
     if let Ok(v) = s.parse::<f64>() {
         return v.is_finite().then_some(v);
     }
@@ -159,7 +161,7 @@ impl AccessEntry {
     /// The request as an inference trace row: its arrival and the tokens
     /// the server counted.
     pub fn as_request(&self) -> Result<AzureRow, String> {
-        let t = parse_time(self.time.strip_suffix('Z').unwrap_or(&self.time))
+        let t = parse_time(&self.time)
             .ok_or_else(|| format!("time {:?} is not a time (YYYY-MM-DDTHH:MM:SS[.fraction]Z)", self.time))?;
         let (Some(p), Some(c)) = (self.prompt_tokens, self.completion_tokens) else {
             return Err(format!(
@@ -204,6 +206,7 @@ mod tests {
     #[test]
     fn an_access_line_is_a_trace_row_when_the_server_counted_tokens() {
         assert_eq!(format_time_ms(1_700_158_546.25), "2023-11-16T18:15:46.250Z");
+        assert_eq!(parse_time("2023-11-16T18:15:46.250Z"), Some(1_700_158_546.25));
         let line = r#"{"time":"2023-11-16T18:15:46.250Z","endpoint":"chat","model":"m","status":200,"stream":true,"prompt_tokens":374,"completion_tokens":44,"ttfb_s":0.1,"latency_s":0.9,"replica":"127.0.0.1:4000","complete":true}"#;
         let e: AccessEntry = serde_json::from_str(line).unwrap();
         let r = e.as_request().unwrap();

@@ -223,17 +223,8 @@ fn resolve_classes(
     path: &std::path::Path,
     uid: u32,
 ) -> Result<(), String> {
-    let ranks: Vec<(String, u32)> = policy
-        .classes
-        .iter()
-        .map(|c| {
-            let rank = match c.tier {
-                Tier::Protected { .. } => 0,
-                Tier::Flexible { rank, .. } => rank,
-            };
-            (c.name.clone(), rank)
-        })
-        .collect();
+    // Protected classes rank 0: ahead of every flexible one.
+    let ranks: Vec<(String, u32)> = policy.classes.iter().map(|c| (c.name.clone(), c.rank().unwrap_or(0))).collect();
     let names = || ranks.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ");
     for e in config.endpoints.iter_mut().filter(|e| wants_classes(e)) {
         for (class, at) in &e.keyed_classes {
@@ -325,17 +316,33 @@ fn lower_workload(
     Ok(Some(class.name.clone()))
 }
 
-/// Whether onepoold's user (`uid`) may have work in `class`, as
-/// job_submit/onepool decides it: root always; else a user or group the
-/// class entitles. An entitlement by account alone cannot be told here
-/// (the account is the job's, in Slurm's records): said in the log.
-fn entitled(class: &onepool_decisions::policy::Class, uid: u32, what: &str) -> Result<(), String> {
-    let Some(e) = &class.entitled else { return Ok(()) };
-    if uid == 0 {
-        return Ok(());
+/// onepoold's own user, as job_submit/onepool's entitlement rule reads
+/// users and groups (by NSS here: onepoold is no Slurm daemon).
+struct OwnUser {
+    uid: u32,
+    name: String,
+}
+
+impl onepool_decisions::classify::Directory for OwnUser {
+    fn user_name(&self, uid: u32) -> Option<&str> {
+        (uid == self.uid).then_some(self.name.as_str())
     }
-    let (user, gids) = onepool_os::user_groups(uid).unwrap_or_else(|| (format!("uid {uid}"), Vec::new()));
-    if e.users.contains(&user) || e.groups.iter().any(|g| onepool_os::group(g).is_some_and(|g| gids.contains(&g.gid))) {
+
+    fn in_group(&self, _uid: u32, gid: u32, group: &str) -> bool {
+        onepool_os::group(group).is_some_and(|g| g.gid == gid || g.members.contains(&self.name))
+    }
+}
+
+/// Whether onepoold's user (`uid`) may have work in `class`, by
+/// job_submit/onepool's own rule ([`onepool_decisions::classify::entitled`]).
+/// An entitlement by account alone cannot be told here (the account is
+/// the job's, in Slurm's records): said in the log.
+fn entitled(class: &onepool_decisions::policy::Class, uid: u32, what: &str) -> Result<(), String> {
+    use onepool_decisions::classify::{self, Submitter};
+    let Some(e) = &class.entitled else { return Ok(()) };
+    let (user, gid) = onepool_os::user(uid).unwrap_or_else(|| (format!("uid {uid}"), u32::MAX));
+    let own = OwnUser { uid, name: user.clone() };
+    if classify::entitled(e, &own, Submitter { uid, gid }, None) {
         return Ok(());
     }
     if !e.accounts.is_empty() {

@@ -48,6 +48,17 @@ async fn router(classes: bool) -> Harness {
     Harness::new(cfg, &[e.addr]).await
 }
 
+/// The endpoint's own class (inference) and the agents' below it: the
+/// live key names none, the agents' key its class.
+fn with_two_classes(cfg: &mut onepool_elastic_daemon::config::EndpointConfig) {
+    cfg.proxy.auth = Some(BearerTokens::with_classes([
+        (LIVE_KEY.to_string(), None),
+        (AGENTS_KEY.to_string(), Some("agents".to_string())),
+    ]));
+    let ranks = [("inference", 2), ("agents", 3)];
+    cfg.proxy.classes = RequestClasses::new("inference", ranks.map(|(n, r)| (n.to_string(), r))).map(Arc::new);
+}
+
 /// What a stream's client saw: its status, the time to its first body
 /// byte, and whether it ended whole.
 struct Seen {
@@ -206,12 +217,7 @@ async fn live_requests_wait_for_nothing_agents_hold_and_agents_get_what_live_lea
 async fn a_lower_class_past_its_bound_is_shed_with_429_and_a_higher_one_is_not() {
     let e = engine_paced(Cut::Never, Duration::from_millis(50)).await;
     let mut cfg = endpoint_config(1, 2, Duration::from_secs(10));
-    cfg.proxy.auth = Some(BearerTokens::with_classes([
-        (LIVE_KEY.to_string(), None),
-        (AGENTS_KEY.to_string(), Some("agents".to_string())),
-    ]));
-    let ranks = [("inference", 2), ("agents", 3)];
-    cfg.proxy.classes = RequestClasses::new("inference", ranks.map(|(n, r)| (n.to_string(), r))).map(Arc::new);
+    with_two_classes(&mut cfg);
     let h = Harness::new(cfg, &[e.addr]).await;
     // One slot, held; two agents wait (their class's bound); the next is shed.
     let mut held = Vec::new();
@@ -268,12 +274,7 @@ async fn an_agents_whole_answer_yields_its_slot_and_still_comes_whole() {
     let mut cfg = endpoint_config(1, 100, Duration::from_secs(30));
     cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3 });
     cfg.proxy.request_timeout = Duration::from_secs(60);
-    cfg.proxy.auth = Some(BearerTokens::with_classes([
-        (LIVE_KEY.to_string(), None),
-        (AGENTS_KEY.to_string(), Some("agents".to_string())),
-    ]));
-    let ranks = [("inference", 2), ("agents", 3)];
-    cfg.proxy.classes = RequestClasses::new("inference", ranks.map(|(n, r)| (n.to_string(), r))).map(Arc::new);
+    with_two_classes(&mut cfg);
     let h = Harness::new(cfg, &[e.addr]).await;
     let url = h.url.clone();
     let agents = tokio::spawn(async move {
@@ -325,9 +326,7 @@ async fn a_whole_answer_moves_when_its_server_dies_and_its_access_line_says_so()
     let (dies, lives) = (engine_paced(Cut::Close(10), PACE).await, engine_paced(Cut::Never, PACE).await);
     let mut cfg = endpoint_config(1, 100, Duration::from_secs(30));
     cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3 });
-    cfg.proxy.auth = Some(BearerTokens::with_classes([(AGENTS_KEY.to_string(), Some("agents".to_string()))]));
-    let ranks = [("inference", 2), ("agents", 3)];
-    cfg.proxy.classes = RequestClasses::new("inference", ranks.map(|(n, r)| (n.to_string(), r))).map(Arc::new);
+    with_two_classes(&mut cfg);
     let dir = std::env::temp_dir().join(format!("onepool-classes-whole-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();

@@ -15,4 +15,4 @@ pub use fds::{take_listen_fds, Handed};
 pub use files::{make_char_device, Locked};
 pub use process::{close_inherited_on_exec, new_session_on_exec, pass_as_first_listen_fd, with_umask, FIRST_LISTEN_FD};
 pub use signals::{pidfd_open, pidfd_send_signal, raise, signal, signal_group, SIGKILL, SIGTERM, SIGUSR1};
-pub use users::{geteuid, getuid, group, user_groups, user_id, Group, NSS_FIRST, NSS_MAX};
+pub use users::{geteuid, getuid, group, user, user_id, Group, NSS_FIRST, NSS_MAX};

@@ -82,31 +82,11 @@ fn group_with(name: &str, first: usize, max: usize) -> Result<Option<Group>, c_i
     })
 }
 
-/// User `uid`'s name and every group it is in (its primary group and
-/// those NSS lists it in); `None` when there is no such user or a lookup
-/// fails. May block (NSS), so never on a Slurm daemon's hot path.
-pub fn user_groups(uid: u32) -> Option<(String, Vec<u32>)> {
-    let (name, gid) = user_with(uid, NSS_FIRST, NSS_MAX).ok().flatten()?;
-    let c = CString::new(name.as_str()).ok()?;
-    let mut n: c_int = 64;
-    loop {
-        let mut groups: Vec<libc::gid_t> = vec![0; usize::try_from(n).ok()?];
-        let asked = n;
-        // SAFETY: `groups` holds `n` entries; getgrouplist writes at most
-        // that many and sets `n` to the count it has (or needs).
-        let rc = unsafe { libc::getgrouplist(c.as_ptr(), gid, groups.as_mut_ptr(), &mut n) };
-        if rc >= 0 {
-            groups.truncate(usize::try_from(n).ok()?);
-            return Some((name, groups));
-        }
-        // Too few entries: `n` says how many; grow within a bound.
-        if n <= asked {
-            n = asked.checked_mul(2)?;
-        }
-        if n > 1 << 20 {
-            return None;
-        }
-    }
+/// User `uid`'s name and primary group; `None` when there is no such user
+/// or the lookup fails. May block (NSS), so never on a Slurm daemon's hot
+/// path.
+pub fn user(uid: u32) -> Option<(String, u32)> {
+    user_with(uid, NSS_FIRST, NSS_MAX).ok().flatten()
 }
 
 /// `getpwuid_r` with a buffer of `first` bytes grown up to `max`: the
@@ -178,13 +158,11 @@ mod tests {
     }
 
     #[test]
-    fn a_user_s_groups_include_its_primary_one() {
-        let (name, groups) = user_groups(0).unwrap();
-        assert_eq!(name, "root");
-        assert!(groups.contains(&0), "{groups:?}");
+    fn a_user_s_name_and_primary_group_resolve() {
+        assert_eq!(user(0), Some(("root".into(), 0)));
         // From a one-byte buffer too.
         assert_eq!(user_with(0, 1, NSS_MAX), Ok(Some(("root".into(), 0))));
-        assert_eq!(user_groups(u32::MAX - 7), None);
+        assert_eq!(user(u32::MAX - 7), None);
     }
 
     #[test]

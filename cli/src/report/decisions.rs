@@ -51,7 +51,7 @@ fn within(text: &str, from: f64, to: f64, utc_offset_s: f64, file: &str) -> Vec<
                 continue;
             }
         };
-        let Some(utc) = onepool_decisions::trace::parse_time(e.time.strip_suffix('Z').unwrap_or(&e.time)) else {
+        let Some(utc) = onepool_decisions::trace::parse_time(&e.time) else {
             eprintln!("onepool report: {file}:{}: time {:?} is not a time", i + 1, e.time);
             continue;
         };

@@ -316,7 +316,7 @@ fn modelled(inp: &Inputs, assumptions: &mut Vec<String>) -> (Vec<EndpointSetting
         let mut requests = Vec::new();
         let mut router_answers = 0;
         for a in entries.iter().filter(|a| a.endpoint == e.name) {
-            let Some(t) = parse_time(a.time.strip_suffix('Z').unwrap_or(&a.time)) else { continue };
+            let Some(t) = parse_time(&a.time) else { continue };
             // In the records' clock from here on, the scenario's too.
             let t = t + inp.utc_offset_s;
             if t < inp.from || t > inp.to {
@@ -470,9 +470,7 @@ fn startup(runs: &[Run], replicas: &ReplicaJobs, endpoint: &str, reqs: &[AccessE
         let first = reqs
             .iter()
             .filter(|a| a.replica.as_deref().is_some_and(|x| ports.iter().any(|p| x.ends_with(p.as_str()))))
-            .filter_map(|a| {
-                Some(parse_time(a.time.strip_suffix('Z').unwrap_or(&a.time))? + a.ttfb_s.unwrap_or(a.latency_s))
-            })
+            .filter_map(|a| Some(parse_time(&a.time)? + a.ttfb_s.unwrap_or(a.latency_s)))
             .filter(|&t| t >= r.start && t <= r.end)
             .fold(f64::INFINITY, f64::min);
         if first.is_finite() {

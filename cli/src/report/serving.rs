@@ -39,7 +39,7 @@ pub struct ServingClass {
 pub fn compute(entries: &[AccessEntry], from: f64, to: f64, utc_offset_s: f64) -> Vec<ServingClass> {
     let mut by: BTreeMap<(String, Option<String>), (ServingClass, Vec<f64>)> = BTreeMap::new();
     for a in entries {
-        let Some(t) = parse_time(a.time.strip_suffix('Z').unwrap_or(&a.time)) else { continue };
+        let Some(t) = parse_time(&a.time) else { continue };
         let t = t + utc_offset_s;
         if t < from || t > to {
             continue;

@@ -124,7 +124,8 @@ struct Inner {
     yieldable: BTreeMap<u64, Yieldable>,
     next_yieldable: u64,
     /// Requests on replicas now, by rank (what each class's demand is
-    /// beside its queue, for the replica controller: issue #44).
+    /// beside its queue, for the replica controller: issue #44); one entry
+    /// per rank ever seen, the policy's classes at most.
     in_flight_by_rank: BTreeMap<Rank, u32>,
     /// The turns of the keys waiting in each class.
     fair: crate::fair::FairTags,
@@ -742,8 +743,6 @@ impl Endpoint {
     }
 
     /// The replica for a request: by prefix when the endpoint routes so,
-    /// counted by how it was routed.
-    /// The replica for a request: by prefix when the endpoint routes so,
     /// counted by how it was routed; else on the request's side of the
     /// lent replicas first (`lower`: of a class below the endpoint's own).
     /// Prefix routing keeps its own choice: the replica holding a prompt's
@@ -829,11 +828,10 @@ impl Endpoint {
     /// A lease ended: its slot and its class's count go back.
     fn release_lease(&self, id: ReplicaId, shared: &ReplicaShared, rank: Rank) {
         let mut g = self.lock();
-        if let std::collections::btree_map::Entry::Occupied(mut n) = g.in_flight_by_rank.entry(rank) {
-            *n.get_mut() -= 1;
-            if *n.get() == 0 {
-                n.remove();
-            }
+        // Kept at zero: a rank's entry comes and goes with every request
+        // otherwise (an allocation each time), and ranks are few.
+        if let Some(n) = g.in_flight_by_rank.get_mut(&rank) {
+            *n = n.saturating_sub(1);
         }
         self.release_locked(&mut g, id, shared);
     }

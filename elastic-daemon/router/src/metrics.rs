@@ -95,6 +95,12 @@ pub struct ClassLabels {
     pub class: String,
 }
 
+impl ClassLabels {
+    fn of(endpoint: &str, class: &str) -> ClassLabels {
+        ClassLabels { endpoint: endpoint.to_string(), class: class.to_string() }
+    }
+}
+
 /// What happened to a request of a class.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClassEvent {
@@ -594,7 +600,7 @@ impl Metrics {
 
     /// A request of `class` (issue #44).
     pub fn count_class(&self, endpoint: &str, class: &str, what: ClassEvent) {
-        let labels = ClassLabels { endpoint: endpoint.to_string(), class: class.to_string() };
+        let labels = ClassLabels::of(endpoint, class);
         let family = match what {
             ClassEvent::Request => &self.class_requests,
             ClassEvent::Shed => &self.class_shed,
@@ -606,19 +612,17 @@ impl Metrics {
 
     /// An answer of `class` ended with `tokens` answer tokens.
     pub fn count_class_tokens(&self, endpoint: &str, class: &str, tokens: u64) {
-        let labels = ClassLabels { endpoint: endpoint.to_string(), class: class.to_string() };
-        self.class_tokens.get_or_create(&labels).inc_by(tokens);
+        self.class_tokens.get_or_create(&ClassLabels::of(endpoint, class)).inc_by(tokens);
     }
 
     /// A class's requests, shed and yielded so far (for `onepool status`).
     pub fn class_counts(&self, endpoint: &str, class: &str) -> [u64; 3] {
-        let labels = ClassLabels { endpoint: endpoint.to_string(), class: class.to_string() };
+        let labels = ClassLabels::of(endpoint, class);
         [&self.class_requests, &self.class_shed, &self.class_yielded].map(|f| f.get_or_create(&labels).get())
     }
 
     pub fn observe_class_wait(&self, endpoint: &str, class: &str, seconds: f64) {
-        let labels = ClassLabels { endpoint: endpoint.to_string(), class: class.to_string() };
-        self.class_queue_seconds.get_or_create(&labels).observe(seconds);
+        self.class_queue_seconds.get_or_create(&ClassLabels::of(endpoint, class)).observe(seconds);
     }
 
     /// An answer moved to another replica (issue #43).

@@ -97,18 +97,19 @@ impl Controller {
         if restarted {
             desired = desired.max(self.adopted.unwrap_or(0));
         }
-        let mut lower = self.lower_share(snap, load, secs, ready, desired);
+        let (min, max) = (self.settings.min, self.settings.max.max(self.settings.min));
+        let clamped = desired.clamp(min, max);
+        let mut lower = self.lower_share(snap, load, secs, ready, clamped);
         if restarted {
             // The adopted lower-class replicas keep their kind while the
             // restart holds the count: else each would be drained for an
             // own-class one to replace it.
-            let (min, max) = (self.settings.min, self.settings.max.max(self.settings.min));
             let live = replicas.iter().filter(|r| r.kind == Kind::Lower && r.phase != Phase::Draining).count() as u32;
-            lower = lower.max(live).min(desired.clamp(min, max) - min);
+            lower = lower.max(live).min(clamped - min);
         }
         self.seen = decisions::Seen { desired, lower, serving: ready, load };
         let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
-        v.desired = desired.clamp(self.settings.min, self.settings.max.max(self.settings.min));
+        v.desired = clamped;
         v.lower = lower;
         v.load = load;
         v.rate = rate;
@@ -117,17 +118,16 @@ impl Controller {
         desired
     }
 
-    /// Of `desired`, the replicas only the request classes below the
-    /// endpoint's own ask for (issue #44): what the whole load wants beyond
-    /// what the load of the endpoint's own class and those above it wants,
-    /// each by the same rule and windows. 0 without a `lower_workload`.
+    /// Of `desired` (within [min, max]), the replicas only the request
+    /// classes below the endpoint's own ask for (issue #44): what the whole
+    /// load wants beyond what the load of the endpoint's own class and
+    /// those above it wants, each by the same rule and windows. 0 without a
+    /// `lower_workload`.
     fn lower_share(&mut self, snap: &EndpointSnapshot, load: f64, secs: f64, ready: u32, desired: u32) -> u32 {
         let Some(own) = self.own_autoscaler.as_mut() else { return 0 };
         own.record(secs, (load - lower_part(&snap.classes, load)).max(0.0));
         let own_desired = own.recommend(secs, ready).replicas;
-        let (min, max) = (self.settings.min, self.settings.max.max(self.settings.min));
-        let desired = desired.clamp(min, max);
-        desired - own_desired.clamp(min, desired)
+        desired - own_desired.clamp(self.settings.min, desired)
     }
 
     /// Drains, releases and submits what reconcile asks for `desired`.

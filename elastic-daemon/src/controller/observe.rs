@@ -289,13 +289,12 @@ impl Controller {
                     tracing::info!(endpoint = %self.name, job = id, %address, "replica running; in the router");
                     // Warm headroom stays idle until the others are full:
                     // Slurm then takes it back without a drain to wait for.
-                    if self.tracked.get(&id).is_some_and(|t| t.kind == Kind::Warm) {
-                        let _ = self.endpoint.set_spill(address, true);
-                    }
                     // Lower classes' replicas take their requests first
                     // (issue #44): reclaiming them moves little live traffic.
-                    if self.tracked.get(&id).is_some_and(|t| t.kind == Kind::Lower) {
-                        let _ = self.endpoint.set_lent(address, true);
+                    match self.tracked.get(&id).map(|t| t.kind) {
+                        Some(Kind::Warm) => _ = self.endpoint.set_spill(address, true),
+                        Some(Kind::Lower) => _ = self.endpoint.set_lent(address, true),
+                        _ => {}
                     }
                     if let Some(m) = self.tracked.get_mut(&id).and_then(|t| t.members.get_mut(&slot)) {
                         m.address = Some(address);

@@ -242,13 +242,7 @@ impl Prepared {
             key = keyed.map_or(0, |(k, _)| k);
             Box::new(c.of(keyed.and_then(|(_, class)| class), &out.headers))
         });
-        // A lower class's whole answers are streamed from the engine, so
-        // that they too can yield their slot (issue #44).
-        let lower = class.as_deref().is_some_and(|c| c.as_ref().is_ok_and(|c| c.lower));
-        let mut resumable = resumable(ctx, &mut out, lower);
-        if let (Some(r), Some(Ok(c))) = (resumable.as_mut(), class.as_deref()) {
-            r.class = Some(c.clone());
-        }
+        let resumable = resumable(ctx, &mut out, class.as_deref().and_then(|c| c.as_ref().ok()));
         if resumable.is_some() {
             // A generation that never reached its client goes to another
             // replica whatever failed: nothing of it was seen.
@@ -280,11 +274,14 @@ impl Prepared {
 
 /// Whether the router can continue the request's answer elsewhere
 /// ([`crate::resume`]); if so, its first attempt asks for what that takes.
-fn resumable(ctx: &Target, out: &mut Forwarded, whole_as_stream: bool) -> Option<Box<Resumable>> {
+/// A lower class's whole answers are streamed from the engine, so that
+/// they too can yield their slot (issue #44).
+fn resumable(ctx: &Target, out: &mut Forwarded, class: Option<&crate::classes::Class>) -> Option<Box<Resumable>> {
     let settings = ctx.settings.resume?;
     if out.method != Method::POST {
         return None;
     }
+    let whole_as_stream = class.is_some_and(|c| c.lower);
     match crate::resume::plan::Plan::of(out.uri.path(), &out.body, settings.method, whole_as_stream) {
         Ok(Some(crate::resume::plan::Planned { plan, first })) => {
             let client = out.body.clone();
@@ -296,7 +293,7 @@ fn resumable(ctx: &Target, out: &mut Forwarded, whole_as_stream: bool) -> Option
                 true => None,
                 false => out.headers.get(header::AUTHORIZATION).cloned(),
             };
-            Some(Box::new(Resumable { plan, client, authorization, class: None }))
+            Some(Box::new(Resumable { plan, client, authorization, class: class.cloned() }))
         }
         Ok(None) => None,
         Err(why) => {
@@ -376,8 +373,6 @@ fn failed(ctx: &Target, f: Failure) -> Response<ProxyBody> {
     }
 }
 
-/// The answer when no replica could be had: why the last attempt failed,
-/// else why none was free.
 /// A slot for the request, at its class's place in the queue (issue #44).
 async fn acquire(ctx: &Target, p: &Prepared, tried: &[ReplicaId], prefix: &[u64]) -> Result<Lease, AcquireError> {
     let (rank, lower) = p.class().map_or((Rank::default(), false), |c| (c.rank, c.lower));
@@ -389,6 +384,8 @@ async fn acquire(ctx: &Target, p: &Prepared, tried: &[ReplicaId], prefix: &[u64]
     Ok(lease)
 }
 
+/// The answer when no replica could be had: why the last attempt failed,
+/// else why none was free.
 fn no_replica(ctx: &Target, last_failure: Option<Failure>, e: AcquireError, p: &Prepared) -> Response<ProxyBody> {
     if let (AcquireError::ClassFull | AcquireError::QueueFull, Some(c)) = (e, p.class()) {
         ctx.metrics.count_class(ctx.endpoint.name(), &c.name, ClassEvent::Shed);

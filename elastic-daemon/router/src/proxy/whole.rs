@@ -5,9 +5,9 @@
 //! one answer at the end, in the shape the API gives a whole answer; a
 //! stream that could not be continued is its error, with a status.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Limited};
 use serde_json::{json, Map, Value};
 
 use super::answers::openai_error;
@@ -33,34 +33,19 @@ pub(super) async fn whole_answer(resp: Response<ProxyBody>, api: Api) -> Respons
         return resp;
     }
     let (mut parts, mut body) = resp.into_parts();
-    let mut read = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        match frame {
-            Ok(f) => {
-                if let Some(d) = f.data_ref() {
-                    if read.len() + d.len() > MOST {
-                        return openai_error(
-                            StatusCode::BAD_GATEWAY,
-                            "the answer is larger than the router reads whole",
-                        );
-                    }
-                    read.extend_from_slice(d);
-                }
-            }
-            Err(e) => {
-                return openai_error(StatusCode::BAD_GATEWAY, &format!("the answer could not be read whole: {e}"));
-            }
-        }
-    }
+    let read = match Limited::new(&mut body, MOST).collect().await {
+        Ok(read) => read.to_bytes(),
+        Err(e) => return openai_error(StatusCode::BAD_GATEWAY, &format!("the answer could not be read whole: {e}")),
+    };
     let moves = match &body.kind {
         BodyKind::Resumable(b) => b.moves(),
         _ => 0,
     };
-    let (status, json) = match whole_of(read.freeze(), api) {
+    let (status, json) = match whole_of(read, api) {
         Ok(answer) => (StatusCode::OK, answer),
         Err(error) => (StatusCode::BAD_GATEWAY, error),
     };
-    parts.status = status;
+    // The engine's stream's framing and type are not the answer's.
     parts.headers.remove(header::TRANSFER_ENCODING);
     parts.headers.remove(header::CONTENT_LENGTH);
     parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
