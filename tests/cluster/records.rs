@@ -99,7 +99,7 @@ fn reclaims_agree_everywhere(poll: Duration) {
 
     // onepool report over the period: the same reclaims.
     let jobs: Vec<u32> = seen.iter().flat_map(|(v, _, t)| [*v, *t]).collect();
-    let report = report(c, &from, &config, &jobs);
+    let (report, records) = report(c, &from, &config, &jobs);
     let got: Vec<(u32, String, Option<u32>)> = report["reclaims"]
         .as_array()
         .unwrap()
@@ -112,7 +112,7 @@ fn reclaims_agree_everywhere(poll: Duration) {
             )
         })
         .collect();
-    assert_eq!(got, want, "onepool report, poll {poll:?}: {}", report["reclaims"]);
+    assert_eq!(got, want, "onepool report, poll {poll:?}: {}\naccounting then:\n{records}", report["reclaims"]);
     let drained: Vec<Option<u64>> =
         report["reclaims"].as_array().unwrap().iter().map(|r| r["drained"].as_u64()).collect();
     assert_eq!(drained[0], Some(0), "the idle victim drained nothing: {}", report["reclaims"]);
@@ -312,22 +312,13 @@ fn reclaims_counted(metrics: &str, mode: &str) -> u64 {
 }
 
 /// `onepool report --json` from `from` to now, once accounting has every
-/// job's end (a job whose comment was updated reads `Eligible=Unknown` in
-/// sacct for a few seconds after it ends, and a windowed query leaves it
-/// out until then).
-fn report(c: &TestCluster, from: &str, daemon_config: &Path, jobs: &[u32]) -> Value {
-    c.wait_until("accounting's eligible times", Duration::from_secs(60), || {
-        !c.ok("sacct", &["-X", "-P", "-n", "-S", from, "--format=Eligible"]).contains("Unknown")
-    });
-    // The victims' ends and the takers' starts reach slurmdbd a moment
-    // after slurmctld has them (measured: a taker cancelled at once was
-    // missing from a report run at once, 2 runs in 3).
+/// victim's and taker's times ([`TestCluster::wait_for_accounting`]); and
+/// what accounting said of them then, for a failure's message.
+fn report(c: &TestCluster, from: &str, daemon_config: &Path, jobs: &[u32]) -> (Value, String) {
+    c.wait_for_accounting(jobs);
     let ids = jobs.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-    c.wait_until("accounting's record of every victim and taker", Duration::from_secs(60), || {
-        let out = c.ok("sacct", &["-X", "-P", "-n", "-j", &ids, "--format=JobID,Start,End"]);
-        let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
-        lines.len() == jobs.len() && !out.contains("Unknown")
-    });
+    let format = "--format=JobID,State,QOS,Eligible,Submit,Start,End,AllocTRES,NodeList";
+    let seen = c.ok("sacct", &["-X", "-P", "-n", "-j", &ids, format]);
     let onepool = build_dir().join("onepool");
     let out = c
         .cmd(onepool.to_str().unwrap())
@@ -337,5 +328,5 @@ fn report(c: &TestCluster, from: &str, daemon_config: &Path, jobs: &[u32]) -> Va
         .output()
         .unwrap();
     assert!(out.status.success(), "onepool report: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
+    (serde_json::from_slice(&out.stdout).unwrap(), seen)
 }

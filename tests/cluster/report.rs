@@ -162,25 +162,6 @@ fn within_accounting_s_second(report: f64, seen: &Seen) {
     );
 }
 
-/// A job whose comment was updated reads `Eligible=Unknown` in sacct for
-/// a few seconds after it ends (measured on 22.05: 3.6 s), and sacct's
-/// time window leaves such jobs out until then: a report over a period
-/// that ends this very second would miss them.
-///
-/// Every job passed must have run: its start must be in accounting too. A
-/// taker cancelled a moment after it started (the test's own clean-up) was
-/// still without one when the report read it once (22.05: allocated at
-/// :07.270, cancelled at :07.360), and the reclaim lost its taker.
-fn wait_for_accounting(c: &TestCluster, jobs: &[u32]) {
-    for j in jobs {
-        c.final_state(*j);
-    }
-    let ids: Vec<String> = jobs.iter().map(u32::to_string).collect();
-    c.wait_until("accounting's eligible and start times", Duration::from_secs(60), || {
-        !c.ok("sacct", &["-X", "-P", "-n", "-j", &ids.join(","), "--format=Eligible,Start"]).contains("Unknown")
-    });
-}
-
 /// `onepool report --json ARGS POLICY`.
 fn report(c: &TestCluster, onepool: &Path, args: &[&str]) -> Value {
     let out = c
@@ -245,7 +226,7 @@ fn the_report_lists_each_reclaim_as_it_happened_and_failed_replicas_as_failures(
         c.final_state(*j);
     }
     let takers = [graceful.taker, immediate.taker, requeue.taker];
-    wait_for_accounting(c, &[&crashed[..], &takers[..]].concat());
+    c.wait_for_accounting(&[&crashed[..], &takers[..]].concat());
     let saved_dir = dir.join("saved");
     let saved_arg = saved_dir.display().to_string();
     // Without onepoold.toml: any endpoint the service user's recorded jobs name.
@@ -523,7 +504,7 @@ fn the_report_counts_only_what_users_cannot_write() {
         c.final_state(j);
     }
     let ran = [named, cancelled, immediate.victim, immediate.taker, graceful.victim, graceful.taker];
-    wait_for_accounting(c, &ran);
+    c.wait_for_accounting(&ran);
 
     let to = c.ok("date", &["+%Y-%m-%dT%H:%M:%S"]).trim().to_string();
     let config_arg = config.display().to_string();
