@@ -119,12 +119,12 @@ async fn flood(t: Arc<Target>, key: String, clients: usize, stop: Arc<AtomicBool
     v
 }
 
+/// The nearest-rank quantile; NaN (printed so) for no values.
 fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
-    v.sort_by(f64::total_cmp);
-    v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
+    onepool_simulator::engine::quantile(&mut v, q)
 }
 
 fn line(phase: &str, who: &str, seen: &[Seen], secs: f64) -> String {

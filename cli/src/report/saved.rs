@@ -353,10 +353,8 @@ fn modelled(inp: &Inputs, assumptions: &mut Vec<String>) -> (Vec<EndpointSetting
             }
         };
         let (requests, lower) = split_lower_classes(inp.policy, &e, requests);
-        let parent = e.clone();
-        out.0.push(e);
+        out.0.push(e.clone());
         out.1.push(Model { requests, prefill, decode, startup_s });
-        let e = parent;
         for (class, reqs) in lower {
             let name = format!("{}:{class}", e.name);
             assumptions.push(format!(

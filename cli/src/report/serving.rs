@@ -8,10 +8,11 @@
 use std::collections::BTreeMap;
 
 use onepool_decisions::trace::{parse_time, AccessEntry};
+use onepool_simulator::engine::quantile;
 use serde::Serialize;
 
 /// One endpoint's requests of one class in the period.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ServingClass {
     pub endpoint: String,
     /// The request class; `None`: the endpoint has no classes.
@@ -46,19 +47,7 @@ pub fn compute(entries: &[AccessEntry], from: f64, to: f64, utc_offset_s: f64) -
         }
         let key = (a.endpoint.clone(), a.class.clone());
         let (row, ttfb) = by.entry(key).or_insert_with(|| {
-            let row = ServingClass {
-                endpoint: a.endpoint.clone(),
-                class: a.class.clone(),
-                requests: 0,
-                answered: 0,
-                shed: 0,
-                failed: 0,
-                cut: 0,
-                moved: 0,
-                completion_tokens: 0,
-                ttfb_p50_s: None,
-                ttfb_p99_s: None,
-            };
+            let row = ServingClass { endpoint: a.endpoint.clone(), class: a.class.clone(), ..ServingClass::default() };
             (row, Vec::new())
         });
         row.requests += 1;
@@ -76,21 +65,13 @@ pub fn compute(entries: &[AccessEntry], from: f64, to: f64, utc_offset_s: f64) -
     }
     by.into_values()
         .map(|(mut row, mut ttfb)| {
-            ttfb.sort_by(f64::total_cmp);
-            row.ttfb_p50_s = quantile(&ttfb, 0.5);
-            row.ttfb_p99_s = quantile(&ttfb, 0.99);
+            if !ttfb.is_empty() {
+                row.ttfb_p50_s = Some(quantile(&mut ttfb, 0.5));
+                row.ttfb_p99_s = Some(quantile(&mut ttfb, 0.99));
+            }
             row
         })
         .collect()
-}
-
-/// The nearest-rank quantile of sorted values.
-fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
 /// The report's lines: one per endpoint and class.

@@ -63,11 +63,6 @@ pub struct RequestFacts {
 }
 
 impl RequestFacts {
-    /// The client asked for its answer whole, though the router streamed it.
-    pub fn whole(&mut self) {
-        self.stream = false;
-    }
-
     pub fn of(body: &[u8]) -> RequestFacts {
         #[derive(serde::Deserialize)]
         struct Fields {

@@ -87,12 +87,6 @@ impl BearerTokens {
         self.find(given).is_some()
     }
 
-    /// The class the request's token names: `None` when no token matches,
-    /// `Some(None)` for a token without a class.
-    pub fn class_of(&self, headers: &HeaderMap) -> Option<Option<&Arc<str>>> {
-        self.key_of(headers).map(|(_, class)| class)
-    }
-
     /// The request's token (its place in the file, from 1) and the class
     /// it names; `None` when no token matches.
     pub fn key_of(&self, headers: &HeaderMap) -> Option<(u32, Option<&Arc<str>>)> {

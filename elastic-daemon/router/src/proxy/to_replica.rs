@@ -339,12 +339,9 @@ pub(super) async fn forward(p: Prepared, ctx: &Target) -> Response<ProxyBody> {
         ctx.metrics.count_class(ctx.endpoint.name(), c, ClassEvent::Request);
     }
     let Some(log) = &ctx.access else { return forward_to(p, ctx).await };
-    let mut facts = RequestFacts::of(&p.body);
-    if p.resumable.as_ref().is_some_and(|r| r.plan.whole) {
-        // Its client asked for the answer whole (it is streamed from the
-        // engine only).
-        facts.whole();
-    }
+    // What the client asked for: a followed answer's body to the engine
+    // is rewritten (streamed, with token ids).
+    let facts = RequestFacts::of(p.resumable.as_ref().map_or(&p.body, |r| &r.client));
     let start = p.start;
     // Boxed: the log's state would otherwise grow every request's future.
     let mut r = Box::pin(forward_to(p, ctx)).await;

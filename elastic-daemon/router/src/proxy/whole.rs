@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use serde_json::{json, Map, Value};
 
 use super::answers::openai_error;
@@ -20,9 +20,8 @@ use crate::resume::plan::Api;
 #[derive(Clone, Copy)]
 pub(super) struct Moves(pub u32);
 
-/// The most of a stream read to make one whole answer: the router keeps at
-/// most 1 MiB of an answer's text to continue it, and its events carry
-/// their text several times over.
+/// The most answer text kept to make one whole answer (the router keeps
+/// at most 1 MiB of an answer's text to continue it).
 const MOST: usize = 64 << 20;
 
 /// The streamed answer `resp` (the router following it), read to its end
@@ -33,15 +32,22 @@ pub(super) async fn whole_answer(resp: Response<ProxyBody>, api: Api) -> Respons
         return resp;
     }
     let (mut parts, mut body) = resp.into_parts();
-    let read = match Limited::new(&mut body, MOST).collect().await {
-        Ok(read) => read.to_bytes(),
-        Err(e) => return openai_error(StatusCode::BAD_GATEWAY, &format!("the answer could not be read whole: {e}")),
-    };
+    // Folded as it comes: only the answer's text is kept, not its events.
+    let mut whole = Whole::new(api);
+    while let Some(frame) = body.frame().await {
+        let read = frame.map_err(|e| e.to_string()).and_then(|f| match f.into_data() {
+            Ok(data) => whole.push(data),
+            Err(_) => Ok(()),
+        });
+        if let Err(e) = read {
+            return openai_error(StatusCode::BAD_GATEWAY, &format!("the answer could not be read whole: {e}"));
+        }
+    }
     let moves = match &body.kind {
         BodyKind::Resumable(b) => b.moves(),
         _ => 0,
     };
-    let (status, json) = match whole_of(read, api) {
+    let (status, json) = match whole.answer() {
         Ok(answer) => (StatusCode::OK, answer),
         Err(error) => (StatusCode::BAD_GATEWAY, error),
     };
@@ -56,68 +62,121 @@ pub(super) async fn whole_answer(resp: Response<ProxyBody>, api: Api) -> Respons
     r
 }
 
-/// One whole answer out of the events of a stream of one choice: the
-/// first event's id, creation time and model, the text in order, the last
-/// finish reason and usage. `Err`: the stream's error event (it was not
-/// continued), or why no answer could be made of it.
-fn whole_of(stream: Bytes, api: Api) -> Result<Value, Value> {
-    let mut splitter = Splitter::default();
-    splitter.push(stream);
-    let (mut head, mut text, mut finish, mut usage) = (Map::new(), String::new(), Value::Null, None);
-    let mut done = false;
-    while let Some(event) = splitter.next_event() {
-        let Data::One(data) = data_of(&event) else { continue };
-        if data == b"[DONE]" {
-            done = true;
-            continue;
+/// One whole answer out of the events of a stream of one choice, as they
+/// come: the first event's id, creation time and model, the text in
+/// order, the last finish reason and usage; or the stream's error event
+/// (it was not continued).
+struct Whole {
+    api: Api,
+    splitter: Splitter,
+    head: Map<String, Value>,
+    text: String,
+    finish: Value,
+    usage: Option<Value>,
+    done: bool,
+    error: Option<Value>,
+}
+
+impl Whole {
+    fn new(api: Api) -> Whole {
+        Whole {
+            api,
+            splitter: Splitter::default(),
+            head: Map::new(),
+            text: String::new(),
+            finish: Value::Null,
+            usage: None,
+            done: false,
+            error: None,
         }
-        let Ok(Value::Object(mut e)) = serde_json::from_slice::<Value>(data) else { continue };
+    }
+
+    /// The stream's next bytes; `Err` once the text passes [`MOST`].
+    fn push(&mut self, data: Bytes) -> Result<(), String> {
+        self.splitter.push(data);
+        while let Some(event) = self.splitter.next_event() {
+            self.event(&event);
+        }
+        match self.text.len() > MOST {
+            true => Err(format!("its text passed {} MiB", MOST >> 20)),
+            false => Ok(()),
+        }
+    }
+
+    fn event(&mut self, event: &[u8]) {
+        let Data::One(data) = data_of(event) else { return };
+        // The first error ends the answer: what follows it is not read.
+        if self.error.is_some() {
+            return;
+        }
+        if data == b"[DONE]" {
+            self.done = true;
+            return;
+        }
+        let Ok(Value::Object(mut e)) = serde_json::from_slice::<Value>(data) else { return };
         if let Some(error) = e.remove("error") {
-            return Err(json!({ "error": error }));
+            self.error = Some(json!({ "error": error }));
+            return;
         }
         for key in ["id", "created", "model", "system_fingerprint"] {
-            if let (false, Some(v)) = (head.contains_key(key), e.get(key)) {
-                head.insert(key.to_string(), v.clone());
+            if let (false, Some(v)) = (self.head.contains_key(key), e.get(key)) {
+                self.head.insert(key.to_string(), v.clone());
             }
         }
         if let Some(u) = e.remove("usage").filter(|u| !u.is_null()) {
-            usage = Some(u);
+            self.usage = Some(u);
         }
-        let Some(choice) = e.get("choices").and_then(|c| c.get(0)) else { continue };
-        let piece = match api {
+        let Some(choice) = e.get("choices").and_then(|c| c.get(0)) else { return };
+        let piece = match self.api {
             Api::Chat => choice.get("delta").and_then(|d| d.get("content")),
             Api::Completion => choice.get("text"),
         };
-        text.push_str(piece.and_then(Value::as_str).unwrap_or_default());
+        self.text.push_str(piece.and_then(Value::as_str).unwrap_or_default());
         if let Some(f) = choice.get("finish_reason").filter(|f| !f.is_null()) {
-            finish = f.clone();
+            self.finish = f.clone();
         }
     }
-    if !done && finish.is_null() {
-        return Err(json!({"error": {
-            "message": "the answer ended before its end; retry the request",
-            "type": "server_error",
-            "code": "answer_not_whole",
-        }}));
+
+    /// The whole answer, or why there is none.
+    fn answer(self) -> Result<Value, Value> {
+        if let Some(error) = self.error {
+            return Err(error);
+        }
+        if !self.done && self.finish.is_null() {
+            return Err(json!({"error": {
+                "message": "the answer ended before its end; retry the request",
+                "type": "server_error",
+                "code": "answer_not_whole",
+            }}));
+        }
+        let (object, choice) = match self.api {
+            Api::Chat => (
+                "chat.completion",
+                json!({"index": 0, "message": {"role": "assistant", "content": self.text}, "finish_reason": self.finish}),
+            ),
+            Api::Completion => {
+                ("text_completion", json!({"index": 0, "text": self.text, "finish_reason": self.finish}))
+            }
+        };
+        let mut head = self.head;
+        head.insert("object".into(), object.into());
+        head.insert("choices".into(), json!([choice]));
+        if let Some(u) = self.usage {
+            head.insert("usage".into(), u);
+        }
+        Ok(Value::Object(head))
     }
-    let (object, choice) = match api {
-        Api::Chat => (
-            "chat.completion",
-            json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}),
-        ),
-        Api::Completion => ("text_completion", json!({"index": 0, "text": text, "finish_reason": finish})),
-    };
-    head.insert("object".into(), object.into());
-    head.insert("choices".into(), json!([choice]));
-    if let Some(u) = usage {
-        head.insert("usage".into(), u);
-    }
-    Ok(Value::Object(head))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn whole_of(stream: Bytes, api: Api) -> Result<Value, Value> {
+        let mut whole = Whole::new(api);
+        whole.push(stream).unwrap();
+        whole.answer()
+    }
 
     fn events(lines: &[&str]) -> Bytes {
         Bytes::from(lines.iter().map(|l| format!("data: {l}\n\n")).collect::<String>())
