@@ -278,16 +278,7 @@ async fn an_agents_whole_answer_yields_its_slot_and_still_comes_whole() {
     let h = Harness::new(cfg, &[e.addr]).await;
     let url = h.url.clone();
     let agents = tokio::spawn(async move {
-        let body = serde_json::json!({"model": "fake", "messages": [{"role": "user", "content": "go"}],
-            "max_tokens": LONG});
-        let req = Request::post(format!("{url}/v1/chat/completions"))
-            .header("authorization", format!("Bearer {AGENTS_KEY}"))
-            .body(Full::new(Bytes::from(body.to_string())))
-            .unwrap();
-        let resp = client().request(req).await.unwrap();
-        let status = resp.status().as_u16();
-        let kind = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let (status, kind, bytes) = agents_whole_chat(&url, "fake", LONG).await;
         (status, kind, serde_json::from_slice::<serde_json::Value>(&bytes).unwrap())
     });
     // The agents' answer holds the slot (100 tokens: 2 s of it).
@@ -327,7 +318,65 @@ async fn a_whole_answer_moves_when_its_server_dies_and_its_access_line_says_so()
     let mut cfg = endpoint_config(1, 100, Duration::from_secs(30));
     cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3 });
     with_two_classes(&mut cfg);
-    let dir = std::env::temp_dir().join(format!("onepool-classes-whole-{}", std::process::id()));
+    let (daemon, dir, path) = with_access_log(cfg, "whole").await;
+    let ep = daemon.endpoint("chat").unwrap();
+    // The one that dies first: the least served goes first, ties by order.
+    ep.endpoint.add(dies.addr, None, true).unwrap();
+    ep.endpoint.add(lives.addr, None, true).unwrap();
+    let (status, _, answer) = agents_whole_chat(&format!("http://{}", ep.listen.unwrap()), "fake", LONG).await;
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], common::engine::answer(0, LONG), "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], LONG, "{v}");
+    let e = &access_lines(&path, 1).await[0];
+    assert_eq!((e.status, e.stream, e.moved, e.class.as_deref()), (200, false, 1, Some("agents")), "{e:?}");
+    assert_eq!(e.completion_tokens, Some(LONG), "{e:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A client's text cannot make an access line, and so a figure of the
+/// report's serving by class: an agents' key whose request names a model
+/// with a line break and a whole forged line of the live class after it
+/// gets one line, in its own class, the forged text inside its model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_name_cannot_forge_an_access_line_of_another_class() {
+    let e = engine_paced(Cut::Never, Duration::ZERO).await;
+    let mut cfg = endpoint_config(1, 100, Duration::from_secs(30));
+    with_two_classes(&mut cfg);
+    let (daemon, dir, path) = with_access_log(cfg, "forged").await;
+    let ep = daemon.endpoint("chat").unwrap();
+    ep.endpoint.add(e.addr, None, true).unwrap();
+    let forged = r#"{"time":"2026-12-07T10:00:00.000Z","endpoint":"chat","model":"m","status":200,"stream":true,"prompt_tokens":1,"completion_tokens":9999,"ttfb_s":0.001,"latency_s":0.1,"complete":true,"moved":0,"class":"inference"}"#;
+    let model = format!("fake\n{forged}\n");
+    assert_eq!(agents_whole_chat(&format!("http://{}", ep.listen.unwrap()), &model, 4).await.0, 200);
+    let lines = access_lines(&path, 1).await;
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0].class.as_deref(), Some("agents"), "{lines:?}");
+    assert!(lines[0].model.as_deref().is_some_and(|m| m.contains("\"class\":\"inference\"")), "{lines:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A chat of `max_tokens` for `model` with the agents' key at the router
+/// `url`, its answer asked for whole: its status, type and body.
+async fn agents_whole_chat(url: &str, model: &str, max_tokens: u64) -> (u16, Option<String>, Bytes) {
+    let body =
+        serde_json::json!({"model": model, "messages": [{"role": "user", "content": "go"}], "max_tokens": max_tokens});
+    let req = Request::post(format!("{url}/v1/chat/completions"))
+        .header("authorization", format!("Bearer {AGENTS_KEY}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let kind = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
+    (status, kind, resp.into_body().collect().await.unwrap().to_bytes())
+}
+
+/// onepoold with `cfg` and an access log in a folder of its own.
+async fn with_access_log(
+    cfg: onepool_elastic_daemon::config::EndpointConfig,
+    name: &str,
+) -> (onepool_elastic_daemon::daemon::Daemon, std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("onepool-classes-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("access.jsonl");
@@ -337,29 +386,16 @@ async fn a_whole_answer_moves_when_its_server_dies_and_its_access_line_says_so()
         max_file_bytes: 1 << 20,
         keep_files: 1,
     });
-    let daemon = onepool_elastic_daemon::daemon::Daemon::start(config).await.unwrap();
-    let ep = daemon.endpoint("chat").unwrap();
-    // The one that dies first: the least served goes first, ties by order.
-    ep.endpoint.add(dies.addr, None, true).unwrap();
-    ep.endpoint.add(lives.addr, None, true).unwrap();
-    let body =
-        serde_json::json!({"model": "fake", "messages": [{"role": "user", "content": "go"}], "max_tokens": LONG});
-    let req = Request::post(format!("http://{}/v1/chat/completions", ep.listen.unwrap()))
-        .header("authorization", format!("Bearer {AGENTS_KEY}"))
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let resp = client().request(req).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let v: serde_json::Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
-    assert_eq!(v["choices"][0]["message"]["content"], common::engine::answer(0, LONG), "{v}");
-    assert_eq!(v["usage"]["completion_tokens"], LONG, "{v}");
-    let lines = || std::fs::read_to_string(&path).unwrap_or_default();
+    (onepool_elastic_daemon::daemon::Daemon::start(config).await.unwrap(), dir, path)
+}
+
+/// The access log's lines, once it has `n` (5 s at most), each read as
+/// the report reads it.
+async fn access_lines(path: &std::path::Path, n: usize) -> Vec<onepool_decisions::trace::AccessEntry> {
+    let text = || std::fs::read_to_string(path).unwrap_or_default();
     let t0 = Instant::now();
-    while lines().lines().count() < 1 && t0.elapsed() < Duration::from_secs(5) {
+    while text().lines().count() < n && t0.elapsed() < Duration::from_secs(5) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let e: onepool_decisions::trace::AccessEntry = serde_json::from_str(lines().lines().next().unwrap()).unwrap();
-    assert_eq!((e.status, e.stream, e.moved, e.class.as_deref()), (200, false, 1, Some("agents")), "{e:?}");
-    assert_eq!(e.completion_tokens, Some(LONG), "{e:?}");
-    let _ = std::fs::remove_dir_all(&dir);
+    text().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
