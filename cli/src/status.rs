@@ -185,7 +185,7 @@ pub fn resume_lines(state: &State) -> String {
         let line = match &ep.resume {
             Some(r) => {
                 let how = match r.method.as_str() {
-                    "tokens" => "by token ids (llama-server: exact)",
+                    "tokens" => "by token ids (llama-server: exact to the junction, recomputed after it)",
                     "text" => "by text (may differ at the junction)",
                     other => other,
                 };
@@ -473,7 +473,7 @@ mod tests {
         let lines = resume_lines(&state);
         assert_eq!(
             lines,
-            "\nchat: answers continue on another replica by token ids (llama-server: exact), at most 3 move(s) each; 4 moved, 1 could not be\n\
+            "\nchat: answers continue on another replica by token ids (llama-server: exact to the junction, recomputed after it), at most 3 move(s) each; 4 moved, 1 could not be\n\
              chat: class inference (rank 2): 0 waiting, 0 in flight, 40 requests, 0 shed, 0 yielded their slot\n\
              chat: class agents (rank 3, below the endpoint's own): 3 waiting, 8 in flight, 900 requests, 12 shed, 17 yielded their slot\n\
              embed: answers are not continued on another replica ([endpoint.resume] method = \"off\")\n"

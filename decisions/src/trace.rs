@@ -151,6 +151,13 @@ pub struct AccessEntry {
     /// The request's class (issue #44), on an endpoint with classes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class: Option<String>,
+    /// Why the router answered the request itself (issue #50): a refusal
+    /// (`unauthorized`, `class_refused`, `class_full`, `queue_full`,
+    /// `queue_timeout`, `body_too_large`, `body_timeout`, `body_budget`) or
+    /// no replica's answer (`draining`, `replica_failed`,
+    /// `replica_timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -353,6 +353,21 @@ async fn a_model_name_cannot_forge_an_access_line_of_another_class() {
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0].class.as_deref(), Some("agents"), "{lines:?}");
     assert!(lines[0].model.as_deref().is_some_and(|m| m.contains("\"class\":\"inference\"")), "{lines:?}");
+    // Refusals leave their lines, with why (issue #50): no key, and a
+    // class raised above the key's.
+    let url = format!("http://{}/v1/chat/completions", ep.listen.unwrap());
+    let body = || Full::new(Bytes::from_static(br#"{"model":"m","messages":[]}"#));
+    let no_key = client().request(Request::post(&url).body(body()).unwrap()).await.unwrap();
+    assert_eq!(no_key.status(), 401);
+    let raise = Request::post(&url)
+        .header("authorization", format!("Bearer {AGENTS_KEY}"))
+        .header("x-request-class", "inference")
+        .body(body())
+        .unwrap();
+    assert_eq!(client().request(raise).await.unwrap().status(), 400);
+    let lines = access_lines(&path, 3).await;
+    let why: Vec<_> = lines.iter().map(|l| (l.status, l.reason.as_deref())).collect();
+    assert_eq!(why, [(200, None), (401, Some("unauthorized")), (400, Some("class_refused"))], "{lines:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

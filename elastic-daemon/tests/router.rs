@@ -284,8 +284,18 @@ async fn every_request_leaves_an_access_line() {
     until("the replica is busy", || a.stats.in_flight.load(Ordering::SeqCst) == 1).await;
     assert_eq!(post("/ok", r#"{"model":"m"}"#).await, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(busy.await.unwrap(), StatusCode::OK);
+    // A class asked of an endpoint without classes is refused, and the
+    // refusal has its line too (issue #50).
+    let classed = Request::post(format!("{url}/v1/chat/completions"))
+        .header("x-request-class", "inference-baseline")
+        .body(Full::new(Bytes::from_static(br#"{"model":"m","messages":[]}"#)))
+        .unwrap();
+    let r = c.request(classed).await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let why = String::from_utf8(r.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(why.contains("serves its requests in one class"), "{why}");
     let lines = || std::fs::read_to_string(&path).unwrap_or_default();
-    until("three access lines", || lines().lines().count() == 3).await;
+    until("four access lines", || lines().lines().count() == 4).await;
     let entries: Vec<onepool_decisions::trace::AccessEntry> =
         lines().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let e = &entries[0];
@@ -295,6 +305,10 @@ async fn every_request_leaves_an_access_line() {
     assert!(e.ttfb_s.is_some_and(|t| t <= e.latency_s), "{e:?}");
     let refused = entries.iter().find(|e| e.status == 503).expect("the router's 503 is logged");
     assert_eq!((refused.replica.as_deref(), refused.prompt_tokens), (None, None));
+    assert_eq!(refused.reason.as_deref(), Some("queue_full"));
+    let class = entries.iter().find(|e| e.status == 400).expect("the refused class is logged");
+    assert_eq!((class.reason.as_deref(), class.model.as_deref()), (Some("class_refused"), Some("m")));
+    assert_eq!(e.reason, None, "a replica's answer");
     let slept = entries.iter().find(|e| e.status == 200 && e.model.is_none()).unwrap();
     assert!(slept.latency_s >= 0.5, "{slept:?}");
     assert_eq!(daemon.metrics.access_log_dropped.get(), 0);

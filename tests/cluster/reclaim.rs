@@ -160,9 +160,10 @@ fn reclaimed_flexible_training_checkpoints_on_the_notice_is_requeued_and_resumes
 /// streams had 20 s or more left. Every answer ends whole.
 #[test]
 fn a_graceful_reclaim_moves_long_streams_and_the_protected_job_runs_within_two_seconds() {
+    use onepool_tests::answers::long_chat;
     use onepool_tests::elastic::{
-        daemon_config, foreign_job, llama_replicas, long_chat, moved_streams, moves_failed, protected_training,
-        runtime, scratch, serving, start_daemon, wait, Load,
+        daemon_config, foreign_job, llama_replicas, moved_streams, moves_failed, protected_training, runtime, scratch,
+        serving, start_daemon, wait, Load,
     };
     const LONG_TOKENS: u64 = 600;
     let c = cluster();

@@ -236,7 +236,7 @@ const ANSWER_LIMIT: usize = 16 << 20;
 /// One request on a connection of its own (`connection: close`, as clients
 /// that come and go would): a test that restarts or reclaims must not
 /// depend on a connection kept from before.
-fn send(
+pub(crate) fn send(
     address: SocketAddr,
     method: &str,
     path: &str,
@@ -249,7 +249,7 @@ fn send(
     CLIENT.with(|c| c.request(method, &format!("http://{address}{path}"), body, &headers, ANSWER_LIMIT))
 }
 
-fn local(port: u16) -> SocketAddr {
+pub(crate) fn local(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
@@ -275,115 +275,6 @@ pub fn chat(port: u16, prompt: &str, max_tokens: u32, stream: bool) -> Chat {
         }
         status => Chat::Status(status, body),
     }
-}
-
-/// An answer of the real model as its client read it (issue #43): its
-/// text, its ends and its usage, streamed or not.
-#[derive(Debug, Clone)]
-pub struct Answer {
-    pub status: u16,
-    pub stream: bool,
-    pub text: String,
-    pub finish_reasons: Vec<String>,
-    /// (prompt, completion) tokens of the last usage seen.
-    pub usage: Option<(u64, u64)>,
-    /// `data: [DONE]` lines.
-    pub done: usize,
-    /// Error events (or the connection's error).
-    pub errors: Vec<String>,
-    /// The answer's ids (one for one answer).
-    pub ids: BTreeSet<String>,
-    /// When it ended.
-    pub ended: Instant,
-}
-
-impl Answer {
-    /// Why it is not one whole answer of `max_tokens` (as with
-    /// `ignore_eos`): `None` when it is.
-    pub fn flaw(&self, max_tokens: u64) -> Option<String> {
-        let want_done = usize::from(self.stream);
-        let ok = self.status == 200
-            && self.errors.is_empty()
-            && self.done == want_done
-            && self.finish_reasons == ["length"]
-            && self.usage.is_some_and(|(_, c)| c == max_tokens)
-            && self.ids.len() == 1;
-        (!ok).then(|| format!("{self:?}"))
-    }
-}
-
-/// A chat completion of the real model at temperature 0 that generates
-/// exactly `max_tokens` (`ignore_eos`), read whole by [`Answer`].
-pub fn long_chat(port: u16, prompt: &str, max_tokens: u64, stream: bool) -> Answer {
-    let body = serde_json::json!({
-        "model": onepool_dev_cluster::model_server::MODEL_NAME,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": true,
-        "stream": stream,
-        "stream_options": if stream { serde_json::json!({"include_usage": true}) } else { serde_json::Value::Null },
-    })
-    .to_string();
-    let mut a = Answer {
-        status: 0,
-        stream,
-        text: String::new(),
-        finish_reasons: Vec::new(),
-        usage: None,
-        done: 0,
-        errors: Vec::new(),
-        ids: BTreeSet::new(),
-        ended: Instant::now(),
-    };
-    let answer = match send(local(port), "POST", "/v1/chat/completions", Some(&body), &[]) {
-        Ok(answer) => answer,
-        Err(e) => {
-            a.errors.push(e.to_string());
-            a.ended = Instant::now();
-            return a;
-        }
-    };
-    a.status = answer.status.as_u16();
-    let text = answer.text();
-    let read = |a: &mut Answer, v: &serde_json::Value| {
-        if let Some(e) = v.get("error") {
-            a.errors.push(e.to_string());
-            return;
-        }
-        if let Some(id) = v["id"].as_str() {
-            a.ids.insert(id.to_string());
-        }
-        let choice = &v["choices"][0];
-        if let Some(t) = choice["delta"]["content"].as_str().or(choice["message"]["content"].as_str()) {
-            a.text.push_str(t);
-        }
-        if let Some(f) = choice["finish_reason"].as_str() {
-            a.finish_reasons.push(f.to_string());
-        }
-        if let (Some(p), Some(c)) = (v["usage"]["prompt_tokens"].as_u64(), v["usage"]["completion_tokens"].as_u64()) {
-            a.usage = Some((p, c));
-        }
-    };
-    if stream {
-        for event in text.split("\n\n").filter(|e| !e.trim().is_empty()) {
-            match event.strip_prefix("data: ") {
-                Some("[DONE]") => a.done += 1,
-                Some(data) => match serde_json::from_str::<serde_json::Value>(data) {
-                    Ok(v) => read(&mut a, &v),
-                    Err(_) => a.errors.push(format!("unreadable event {data:?}")),
-                },
-                None => a.errors.push(format!("not an event: {event:?}")),
-            }
-        }
-    } else {
-        match serde_json::from_str::<serde_json::Value>(&text) {
-            Ok(v) => read(&mut a, &v),
-            Err(_) => a.errors.push(format!("unreadable answer {text:?}")),
-        }
-    }
-    a.ended = Instant::now();
-    a
 }
 
 /// SIGKILLs the model server of the replica the router reaches at

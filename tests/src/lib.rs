@@ -18,6 +18,7 @@
 
 /// The hosts mode's packet capture (moved to the dev cluster: the demo uses it too).
 pub use onepool_dev_cluster::capture;
+pub mod answers;
 pub mod elastic;
 pub mod libslurm;
 pub mod replica_records;

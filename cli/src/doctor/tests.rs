@@ -68,7 +68,7 @@ impl Cluster {
                 (PathBuf::from("/opt/onepool/lib/job_submit_onepool.so"), Ok(Some(BUILT_22_05_8))),
                 (PathBuf::from("/opt/onepool/lib/spank_onepool.so"), Ok(Some(BUILT_22_05_8))),
             ]),
-            daemon: Ok("resume: endpoint llm: answers continue on another replica by token ids (llama-server's /completion: exact), at most 3 move(s) each\nclasses: endpoint \"llm\": a request whose key names no class is inference; replicas only lower classes ask for: class agents\n/etc/slurm/onepoold.toml: fits (1 endpoint(s), 0 warning(s))\n".into()),
+            daemon: Ok("resume: endpoint llm: answers continue on another replica by token ids (llama-server's /completion: the client's tokens exactly, the rest recomputed from them), at most 3 move(s) each\nclasses: endpoint \"llm\": a request whose key names no class is inference; replicas only lower classes ask for: class agents\n/etc/slurm/onepoold.toml: fits (1 endpoint(s), 0 warning(s))\n".into()),
             daemon_named: false,
             policy: sample(),
         }

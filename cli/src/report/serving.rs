@@ -113,6 +113,7 @@ mod tests {
             complete,
             moved,
             class: class.map(str::to_string),
+            reason: None,
         }
     }
 

@@ -540,6 +540,7 @@ fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
                 complete: true,
                 moved: 0,
                 class: None,
+                reason: None,
             }
         })
         .collect();
@@ -665,6 +666,7 @@ fn requests_of_a_lower_class_are_served_as_that_class_s_work() {
                 1 => Some("a".into()),
                 _ => None,
             },
+            reason: None,
         })
         .collect();
     let chat = saved::EndpointSettings { class: "a".into(), ..chat_endpoint(3, 4, 3.0) };
@@ -721,6 +723,7 @@ fn targets_from_the_pool_s_own_service_give_a_number_where_the_default_target_is
             complete: true,
             moved: 0,
             class: None,
+            reason: None,
         })
         .collect();
     let chat = chat_endpoint(1, 1, 1.0);

@@ -9,6 +9,13 @@
 /// to "1". The request was not processed, so it is always retried.
 pub const DRAINING_HEADER: &str = "x-onepool-draining";
 
+/// The launcher's answer when its model server failed a request before
+/// answering it (the connection reset, the process died): 502 with this
+/// header set to "1". Nothing of an answer was sent, so the router sends
+/// the request whole to another replica rather than pass the 502 on
+/// (issue #50); a 502 without it is the model server's own answer.
+pub const SERVER_FAILED_HEADER: &str = "x-onepool-server-failed";
+
 /// The header that carries onepoold's replica key on every request the
 /// router, its health checks and its metrics reads send to a launcher. The
 /// launcher answers nothing without it (issue #25: the launcher's port is

@@ -23,7 +23,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::access::{Access, Refused};
-use crate::conventions::{DRAINING_HEADER, MOVABLE_HEADER, REPLICA_KEY_HEADER};
+use crate::conventions::{DRAINING_HEADER, MOVABLE_HEADER, REPLICA_KEY_HEADER, SERVER_FAILED_HEADER};
 
 /// The front's limits, the router's defaults (onepoold.toml's
 /// `header_read_timeout`, `max_header_bytes`, `max_request_body`,
@@ -326,7 +326,9 @@ async fn front(
         }
         Err(e) => {
             tracing::warn!("the model server failed a request: {e:?}");
-            plain(StatusCode::BAD_GATEWAY, &format!("model server failed: {e}\n"), false)
+            let mut r = plain(StatusCode::BAD_GATEWAY, &format!("model server failed: {e}\n"), false);
+            r.headers_mut().insert(SERVER_FAILED_HEADER, http::HeaderValue::from_static("1"));
+            r
         }
     }
 }

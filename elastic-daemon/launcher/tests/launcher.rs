@@ -215,6 +215,41 @@ async fn a_request_the_dead_server_never_got_is_answered_draining() {
     task.abort();
 }
 
+/// A server that takes the request and dies before answering (the
+/// connection closed unanswered) gets it answered 502 with the mark the
+/// router reads as "nothing was answered" (issue #50): the router sends
+/// the request whole to another replica instead of passing the 502 on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_server_died_on_before_answering_is_marked_for_the_router_to_retry() {
+    use tokio::io::AsyncReadExt;
+    let _turn = NOTICE.lock().await;
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = server.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = server.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            drop(s);
+        }
+    });
+    let listen = free_addr();
+    let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
+    let cfg = FrontConfig {
+        backend,
+        access: Access::new(Some(KEY.as_bytes().to_vec()), Vec::new()),
+        backend_auth: None,
+        bounds: FrontBounds::default(),
+        tls: None,
+    };
+    let task =
+        tokio::spawn(onepool_launcher::launcher::serve_front(listener, Arc::new(cfg), Arc::new(Front::default())));
+    let answer = post(listen, r#"{"model":"m","messages":[]}"#).await.to_ascii_lowercase();
+    assert!(answer.starts_with("http/1.1 502"), "{answer}");
+    assert!(answer.contains("x-onepool-server-failed: 1"), "{answer}");
+    assert!(!answer.contains("x-onepool-draining"), "{answer}");
+    task.abort();
+}
+
 /// At the drain timeout, a stream still in flight ends with an OpenAI-style
 /// error event that says why (and a well-formed end of the response, not a
 /// cut connection), and a request still waiting for the server's answer

@@ -102,7 +102,14 @@ pub struct Tap {
     pub moved: u32,
     /// The request's class (issue #44), on an endpoint with classes.
     pub class: Option<String>,
+    /// Why the router answered it itself ([`Refused`]).
+    pub reason: Option<&'static str>,
 }
+
+/// Why the router answered a request itself (a refusal, or no replica's
+/// answer), put in the response's extensions for its access line.
+#[derive(Clone, Copy, Debug)]
+pub struct Refused(pub &'static str);
 
 impl Tap {
     pub fn new(
@@ -127,6 +134,7 @@ impl Tap {
             written: false,
             moved: 0,
             class: None,
+            reason: None,
         }
     }
 
@@ -164,6 +172,7 @@ impl Tap {
             complete,
             moved: self.moved,
             class: self.class.take(),
+            reason: self.reason.map(str::to_string),
         };
         if let Ok(line) = serde_json::to_string(&entry) {
             self.log.send(line);

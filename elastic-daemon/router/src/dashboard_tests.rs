@@ -94,6 +94,7 @@ fn exercised() -> Metrics {
     m.count_retry(endpoint, crate::metrics::Retry::Lost);
     m.count_moved(endpoint, crate::resume::Why::Reclaimed);
     m.count_move_failed(endpoint, "max_moves");
+    m.count_stream_cut(endpoint, "replica_failed");
     m.observe_move_pause(endpoint, 0.2);
     m.resume_kept_bytes.set(4096);
     for what in [

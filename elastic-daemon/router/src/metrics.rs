@@ -267,6 +267,10 @@ pub struct Metrics {
     /// the pause their clients saw; what the router keeps to move them.
     pub streams_moved: Family<UnavailableLabels, Counter>,
     pub stream_moves_failed: Family<UnavailableLabels, Counter>,
+    /// Streams passed as they came (not followed) whose replica ended them
+    /// before their answer did: the router ended them with the error event
+    /// (issue #50).
+    pub streams_cut: Family<UnavailableLabels, Counter>,
     pub stream_move_pause_seconds: HistogramFamily<EndpointLabels>,
     pub resume_kept_bytes: Gauge,
     /// Requests by class (issue #44): arrived, shed, yielded; and their
@@ -330,6 +334,7 @@ impl Metrics {
             retries: Family::default(),
             streams_moved: Family::default(),
             stream_moves_failed: Family::default(),
+            streams_cut: Family::default(),
             stream_move_pause_seconds: Family::new_with_constructor(latency_histogram),
             resume_kept_bytes: Gauge::default(),
             class_requests: Family::default(),
@@ -367,6 +372,11 @@ impl Metrics {
             "stream_moves_failed",
             "Answers that could not be continued and ended with an error event, by reason: max_moves, too_long (past what the router keeps), queue_full, queue_timeout, replica_failed (the replicas tried refused the continuation)",
             self.stream_moves_failed.clone(),
+        );
+        r.register(
+            "streams_cut",
+            "Streams the router passes without following them (tools, several choices, ...) that their replica ended before the answer's end; each ended with an error event, by reason: replica_failed (the connection failed or the body ended early), replica_silent (nothing for response_idle_timeout), replica_lost",
+            self.streams_cut.clone(),
         );
         r.register(
             "stream_move_pause_seconds",
@@ -636,6 +646,13 @@ impl Metrics {
     pub fn count_move_failed(&self, endpoint: &str, why: &str) {
         let labels = UnavailableLabels { endpoint: endpoint.to_string(), reason: why.to_string() };
         self.stream_moves_failed.get_or_create(&labels).inc();
+    }
+
+    /// A stream the router passed without following it ended with the
+    /// error event (issue #50).
+    pub fn count_stream_cut(&self, endpoint: &str, why: &str) {
+        let labels = UnavailableLabels { endpoint: endpoint.to_string(), reason: why.to_string() };
+        self.streams_cut.get_or_create(&labels).inc();
     }
 
     pub fn observe_move_pause(&self, endpoint: &str, seconds: f64) {

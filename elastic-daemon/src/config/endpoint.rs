@@ -138,7 +138,7 @@ fn resume(c: &mut Checker, r: Option<&ResumeFile<Raw>>, command: Option<&str>) -
 pub fn resume_summary(endpoint: &str, r: Option<ResumeSettings>) -> String {
     match r {
         Some(ResumeSettings { method: Method::Tokens, max_moves }) => format!(
-            "endpoint {endpoint}: answers continue on another replica by token ids (llama-server's /completion: exact), at most {max_moves} move(s) each"
+            "endpoint {endpoint}: answers continue on another replica by token ids (llama-server's /completion: the client's tokens exactly, the rest recomputed from them), at most {max_moves} move(s) each"
         ),
         Some(ResumeSettings { method: Method::Text, max_moves }) => format!(
             "endpoint {endpoint}: answers continue on another replica by text (the assistant's message continued: may differ at the junction), at most {max_moves} move(s) each"

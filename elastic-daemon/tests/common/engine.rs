@@ -35,6 +35,13 @@ pub enum Cut {
     /// After N tokens: a tool call the router cannot continue, then the
     /// reclaim event.
     ToolThenReclaim(u32),
+    /// After N tokens: the body's clean end, without the answer's (a
+    /// server whose answer ends without `[DONE]`).
+    EndEarly(u32),
+    /// The first connection is closed with its request read and nothing
+    /// answered, after this many milliseconds (a model server killed while
+    /// it computes the answer).
+    CloseBeforeHead(u64),
 }
 
 /// The answer's token `i`: its bytes. Every seventh token pair is one
@@ -75,8 +82,14 @@ pub async fn engine_paced(cut: Cut, pace: Duration) -> Engine {
     let generations = Arc::new(AtomicU64::new(0));
     let served = generations.clone();
     tokio::spawn(async move {
+        let mut first = true;
         loop {
             let Ok((stream, _)) = listener.accept().await else { return };
+            if let (Cut::CloseBeforeHead(ms), true) = (cut, std::mem::take(&mut first)) {
+                served.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(close_before_head(stream, Duration::from_millis(ms)));
+                continue;
+            }
             let served = served.clone();
             tokio::spawn(async move {
                 let svc = service_fn(move |req: Request<Incoming>| {
@@ -88,6 +101,15 @@ pub async fn engine_paced(cut: Cut, pace: Duration) -> Engine {
         }
     });
     Engine { addr, generations }
+}
+
+/// Reads a request's head, waits, and closes the connection unanswered.
+async fn close_before_head(mut stream: tokio::net::TcpStream, wait: Duration) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 1 << 16];
+    let _ = stream.read(&mut buf).await;
+    tokio::time::sleep(wait).await;
+    drop(stream);
 }
 
 type EngineBody = UnsyncBoxBody<Bytes, std::io::Error>;
@@ -133,6 +155,9 @@ async fn serve(req: Request<Incoming>, cut: Cut, served: Arc<AtomicU64>, pace: D
         id: format!("chatcmpl-{}", nth + 1),
         pace,
     };
+    if body["stream"] != json!(true) && !native {
+        return gen.whole().await;
+    }
     let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(64);
     tokio::spawn(gen.run(tx));
     let mut r = Response::new(Frames(rx).boxed_unsync());
@@ -194,8 +219,10 @@ impl Generation {
     /// goes on.
     async fn cut_at(&self, k: u64, tx: &Sender) -> bool {
         let at = match self.cut {
-            Cut::Reclaim(at) | Cut::Close(at) | Cut::Silent(at) | Cut::ToolThenReclaim(at) => at as u64,
-            Cut::Never => return false,
+            Cut::Reclaim(at) | Cut::Close(at) | Cut::Silent(at) | Cut::ToolThenReclaim(at) | Cut::EndEarly(at) => {
+                at as u64
+            }
+            Cut::Never | Cut::CloseBeforeHead(_) => return false,
         };
         if k != at {
             return false;
@@ -212,7 +239,8 @@ impl Generation {
                 let _ = tx.send(Err(std::io::Error::other("killed"))).await;
             }
             Cut::Silent(_) => tokio::time::sleep(Duration::from_secs(3600)).await,
-            Cut::Never => unreachable!(),
+            Cut::EndEarly(_) => {}
+            Cut::Never | Cut::CloseBeforeHead(_) => unreachable!(),
         }
         true
     }
@@ -240,6 +268,27 @@ impl Generation {
             choice["logprobs"] = json!({"content": tok});
         }
         self.event(choice)
+    }
+
+    /// The answer whole (`stream` not asked for), once all of it is made.
+    async fn whole(self) -> Response<EngineBody> {
+        tokio::time::sleep(self.pace * self.n as u32).await;
+        // A character cut at the last token is left out, as a server does.
+        let text = String::from_utf8_lossy(&answer_bytes(self.from, self.n)).trim_end_matches('\u{FFFD}').to_string();
+        let (p, n) = (self.prompt_tokens, self.n);
+        let usage = json!({"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n});
+        let (object, choice) = match self.chat {
+            true => (
+                "chat.completion",
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}),
+            ),
+            false => ("text_completion", json!({"index": 0, "text": text, "finish_reason": "length"})),
+        };
+        let mut r = json_answer(
+            json!({"id": self.id, "object": object, "created": 7, "model": "fake", "choices": [choice], "usage": usage}),
+        );
+        r.headers_mut().insert("content-type", "application/json".parse().unwrap());
+        r
     }
 
     async fn run(self, tx: Sender) {

@@ -35,7 +35,7 @@ pub(super) fn unauthorized(t: &Target, headers: &HeaderMap) -> Option<Response<P
         "this endpoint needs an API key: send Authorization: Bearer <key> with one of its keys",
     );
     r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    Some(r)
+    Some(logged(t, Instant::now(), RequestFacts::default(), "unauthorized", r))
 }
 
 /// `GET /v1/models`, which the endpoint answers itself from all its
@@ -73,4 +73,21 @@ pub(super) fn json_response(status: StatusCode, body: serde_json::Value) -> Resp
 pub(super) fn openai_error(status: StatusCode, message: &str) -> Response<ProxyBody> {
     let kind = if status.is_server_error() { "server_error" } else { "invalid_request_error" };
     json_response(status, serde_json::json!({ "error": { "message": message, "type": kind, "code": status.as_u16() } }))
+}
+
+/// The router's own answer `r` to a request that never reached the
+/// forward (refused as it came), with its access-log line (issue #50:
+/// every refusal leaves a trace, with `why`).
+pub(super) fn logged(
+    t: &Target,
+    start: Instant,
+    facts: RequestFacts,
+    why: &'static str,
+    mut r: Response<ProxyBody>,
+) -> Response<ProxyBody> {
+    let Some(log) = &t.access else { return r };
+    let mut tap = Tap::new(log.clone(), t.endpoint.name(), facts, start, r.status().as_u16(), None);
+    tap.reason = Some(why);
+    r.body_mut().tap = Some(Box::new(tap));
+    r
 }

@@ -191,7 +191,13 @@ pub(super) async fn route(req: Request<Incoming>, client: Arc<ClientConn>) -> Re
             Err(e) => {
                 let r = e.answer(&t.budget, s.max_request_body, "", error_response);
                 t.endpoint.count_answer(r.status().as_u16());
-                return r;
+                let why = match r.status() {
+                    StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
+                    StatusCode::REQUEST_TIMEOUT => "body_timeout",
+                    StatusCode::SERVICE_UNAVAILABLE => "body_budget",
+                    _ => "body_unread",
+                };
+                return logged(t, start, RequestFacts::default(), why, r);
             }
         }
     };
@@ -331,7 +337,8 @@ pub(super) async fn route_by_model(
     if body.len() > t.settings.max_request_body {
         let msg = format!("request body larger than {} bytes", t.settings.max_request_body);
         t.endpoint.count_answer(413);
-        return Routing::Endpoint(error_response(StatusCode::PAYLOAD_TOO_LARGE, &msg));
+        let r = error_response(StatusCode::PAYLOAD_TOO_LARGE, &msg);
+        return Routing::Endpoint(logged(t, Instant::now(), RequestFacts::of(&body), "body_too_large", r));
     }
     Routing::Endpoint(forward(Prepared::new(parts, body, t, client, Instant::now()), t).await)
 }

@@ -18,7 +18,7 @@
 //! bodies, `Expect`, `Connection` and the other hop-by-hop fields,
 //! HTTP/1.0, HTTP/2 prior knowledge, the models list) keeps one
 //! implementation. The lean path takes a request only when it is HTTP/1.1
-//! in origin form with one `Host`, no hop-by-hop or `Expect` field, at most
+//! in origin form with one `Host`, no hop-by-hop, `Expect` or `x-request-class` field, at most
 //! one valid `Content-Length` whose body (at most [`MAX_BODY`]) is already
 //! in the socket when its head is read and fits the body budget, and, on an
 //! endpoint with keys, an accepted key (which, as on hyper's path, does not
@@ -59,6 +59,7 @@ struct Taken {
     body_len: usize,
     head_request: bool,
     retry_any: bool,
+    generation: bool,
 }
 
 enum Parsed {
@@ -126,7 +127,13 @@ pub(super) async fn serve(
         let hold = RequestHold::new(client.clone(), Version::HTTP_11);
         buf.advance(taken.head_len);
         let body = buf.split_to(taken.body_len).freeze();
-        let p = Prepared::lean(head, body, std::mem::take(&mut spare), taken.head_request, taken.retry_any);
+        let p = Prepared::lean(
+            head,
+            body,
+            std::mem::take(&mut spare),
+            taken.head_request,
+            (taken.retry_any, taken.generation),
+        );
         let Some(mut response) = forward_unless_gone(forward(p, &t), &mut io, &mut buf, max_head).await else {
             // The client left while its request waited (queued, or for
             // its replica's answer): the request is dropped with it, so it
@@ -220,7 +227,7 @@ fn parse(buf: &[u8], t: &Target, client: &ClientConn, max_head: usize, head: &mu
             forwarded = forwarded.or(Some(f.value));
         } else if name.eq_ignore_ascii_case(b"authorization") {
             authorization = authorization.or(Some(f.value));
-        } else if name.eq_ignore_ascii_case(b"expect") || is_hop_by_hop_name(name) {
+        } else if is_declined_field(name) {
             return Parsed::Decline;
         }
     }
@@ -260,8 +267,9 @@ fn parse(buf: &[u8], t: &Target, client: &ClientConn, max_head: usize, head: &mu
     }
     w.end();
     let head_request = method == "HEAD";
-    let retry_any = t.settings.idempotent || matches!(method, "GET" | "HEAD" | "OPTIONS");
-    Parsed::Take(Taken { head_len, body_len, head_request, retry_any })
+    let generation = method == "POST" && MODEL_PATHS.contains(&target.split('?').next().unwrap_or(target));
+    let retry_any = t.settings.idempotent || generation || matches!(method, "GET" | "HEAD" | "OPTIONS");
+    Parsed::Take(Taken { head_len, body_len, head_request, retry_any, generation })
 }
 
 /// A Content-Length value: digits only (no sign, no list), as RFC 9110
@@ -271,6 +279,14 @@ fn content_length(v: &[u8]) -> Option<usize> {
         return None;
     }
     std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+/// A field whose request is hyper's path's: `Expect`, hop-by-hop fields
+/// and a request class (refused or read there).
+fn is_declined_field(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"expect")
+        || name.eq_ignore_ascii_case(CLASS_HEADER.as_bytes())
+        || is_hop_by_hop_name(name)
 }
 
 fn is_hop_by_hop_name(name: &[u8]) -> bool {

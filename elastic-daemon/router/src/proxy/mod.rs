@@ -12,14 +12,17 @@ mod connections;
 mod dispatch;
 mod graceful;
 mod lean;
+mod leased;
 mod resumable;
 mod serve;
 mod to_replica;
+mod watched;
 mod whole;
 
 pub use body::ProxyBody;
 pub use body_budget::BodyBudget;
 pub use dispatch::{Dispatch, Routed};
+use leased::LeasedBody;
 pub use serve::serve;
 #[allow(unused_imports)]
 use {
@@ -47,14 +50,15 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use onepool_launcher::conventions::{DRAINING_HEADER, MOVABLE_HEADER};
+use onepool_launcher::conventions::{DRAINING_HEADER, MOVABLE_HEADER, SERVER_FAILED_HEADER};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::access_log::{AccessLog, RequestFacts, ServedBy, Tap};
+use crate::access_log::{AccessLog, Refused, RequestFacts, ServedBy, Tap};
 use crate::backend_pool::{self, BackendBody, SendError, HOP_BY_HOP, IDLE_TIMEOUT};
+use crate::classes::CLASS_HEADER;
 use crate::endpoint::{AcquireError, Endpoint, Lease, Rank, Want};
 use crate::metrics::{ClassEvent, ListenerLabels, Metrics, RefusedLabels, RequestCounters, Unavailable};
 use crate::prefix::prefix_key;

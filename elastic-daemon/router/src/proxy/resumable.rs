@@ -13,6 +13,8 @@ use crate::resume::progress::{Event, Meta, Progress, Usage, RECLAIMED};
 use crate::resume::splice::{error_event, DONE};
 use crate::resume::{Method, Why};
 
+use super::watched::{cut_event, cut_reason, EventTail, ENDED, LOST};
+
 /// Bytes of one event at most; a longer one is passed on as it is and the
 /// stream no longer followed.
 const MAX_EVENT: usize = 1 << 20;
@@ -79,6 +81,12 @@ pub(super) struct ResumableBody {
     moving_since: Instant,
     /// Heap bytes counted in `onepool_router_resume_kept_bytes`.
     counted: usize,
+    /// How far the stream got as the client has it, once it is passed
+    /// without being followed (issue #50: its early end gets the error
+    /// event too).
+    tail: EventTail,
+    /// Ended with an error event, not whole.
+    failed: bool,
 }
 
 impl ResumableBody {
@@ -109,6 +117,8 @@ impl ResumableBody {
             tokens_before: 0,
             moving_since: Instant::now(),
             counted: 0,
+            tail: EventTail::default(),
+            failed: false,
         };
         body.register_yieldable();
         body
@@ -133,12 +143,18 @@ impl ResumableBody {
         self.current.finish()
     }
 
+    /// Ended by the router's error event rather than whole.
+    pub(super) fn ended_by_error(&self) -> bool {
+        self.failed
+    }
+
     fn metrics(&self) -> &Metrics {
         self.ctx.endpoint.metrics()
     }
 
     fn read(&mut self, data: Bytes) {
         if matches!(self.state, State::Passing) {
+            self.tail.push(&data);
             self.out.push_back(data);
             return;
         }
@@ -157,10 +173,12 @@ impl ResumableBody {
     /// The router stops following: what it holds goes as it is.
     fn unfollow(&mut self, event: Bytes) {
         if self.source == Source::First {
+            self.tail.push(&event);
             self.out.push_back(event);
             self.state = State::Passing;
             let rest = self.splitter.take_rest();
             if !rest.is_empty() {
+                self.tail.push(&rest);
                 self.out.push_back(rest);
             }
         } else {
@@ -291,6 +309,7 @@ impl ResumableBody {
 
     /// Ends the answer with the error event: it could not be continued.
     fn fail(&mut self, why: &str) {
+        self.failed = true;
         self.out.push_back(error_event(&format!(
             "the replica serving this answer could not finish it and onepool could not continue it elsewhere ({why}); retry the request"
         )));
@@ -378,6 +397,17 @@ impl ResumableBody {
         self.state = State::Moving(Box::pin(continue_elsewhere(ask)));
     }
 
+    /// A stream passed without being followed ended before its answer:
+    /// the error event, unless its last event already ended it.
+    fn passing_ended(&mut self, code: &str, why: &str) {
+        if !self.tail.ended() {
+            self.failed = true;
+            let event = cut_event(&self.tail, &self.ctx.endpoint, &self.current, code, why);
+            self.out.push_back(event);
+        }
+        self.end();
+    }
+
     fn moved(&mut self, r: Result<Continuation, Failed>) {
         let pause = self.moving_since.elapsed().as_secs_f64();
         self.metrics().observe_move_pause(self.ctx.endpoint.name(), pause);
@@ -450,9 +480,12 @@ impl Body for ResumableBody {
                     let polled = Pin::new(&mut this.current).poll_frame(cx);
                     // Looked at only while the replica sends nothing: one
                     // that sends is not lost (and a frame costs no poll).
-                    if let (Poll::Pending, true, Some(lost)) = (&polled, following, &mut this.lost) {
+                    if let (Poll::Pending, Some(lost)) = (&polled, &mut this.lost) {
                         if lost.as_mut().poll(cx).is_ready() {
-                            this.cut(Why::Lost);
+                            match following {
+                                true => this.cut(Why::Lost),
+                                false => this.passing_ended(LOST.0, LOST.1),
+                            }
                             continue;
                         }
                     }
@@ -469,14 +502,14 @@ impl Body for ResumableBody {
                             }
                         }
                         Some(Err(e)) if !following => {
-                            this.end();
-                            return Poll::Ready(Some(Err(e)));
+                            let (code, why) = cut_reason(&e);
+                            this.passing_ended(code, &why);
                         }
                         Some(Err(e)) => this.cut(match e.kind() {
                             std::io::ErrorKind::TimedOut => Why::Silent,
                             _ => Why::Failed,
                         }),
-                        None if !following => this.end(),
+                        None if !following => this.passing_ended(ENDED.0, ENDED.1),
                         None if this.progress.done && this.source == Source::First => this.end(),
                         None => this.cut(Why::Ended),
                     }

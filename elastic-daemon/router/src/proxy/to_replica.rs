@@ -201,6 +201,10 @@ pub(super) struct Prepared {
     pub(super) per_replica: Option<Box<Forwarded>>,
     pub(super) head_request: bool,
     pub(super) retry_any: bool,
+    /// A generation request of the OpenAI API ([`is_generation`]): its
+    /// event stream, when the router does not follow it, is watched for
+    /// an early end ([`super::watched`]).
+    pub(super) generation: bool,
     /// When the request came (its latency counts from there).
     pub(super) start: Instant,
     /// `start` is as good as now for the first attempt's deadline (one
@@ -232,16 +236,23 @@ impl Prepared {
         client: &ClientConn,
         start: Instant,
     ) -> Prepared {
-        let mut retry_any = ctx.settings.idempotent || is_safe(&parts.method);
+        let generation = is_generation(&parts.method, parts.uri.path());
+        let mut retry_any = ctx.settings.idempotent || is_safe(&parts.method) || generation;
         let mut out = Forwarded::new(parts, body, client);
         out.replica_key = ctx.endpoint.replica_key().cloned();
         out.drop_authorization = !ctx.settings.client_authorization_passes();
         let mut key = 0;
-        let class = ctx.settings.classes.as_ref().map(|c| {
-            let keyed = ctx.settings.auth.as_ref().and_then(|a| a.key_of(&out.headers));
-            key = keyed.map_or(0, |(k, _)| k);
-            Box::new(c.of(keyed.and_then(|(_, class)| class), &out.headers))
-        });
+        let class = match ctx.settings.classes.as_ref() {
+            Some(c) => {
+                let keyed = ctx.settings.auth.as_ref().and_then(|a| a.key_of(&out.headers));
+                key = keyed.map_or(0, |(k, _)| k);
+                Some(Box::new(c.of(keyed.and_then(|(_, class)| class), &out.headers)))
+            }
+            // A class asked of an endpoint that has none is refused, not
+            // ignored: the client would believe it was served in it (and
+            // one naming a higher class would leave no trace, issue #50).
+            None => out.headers.get(CLASS_HEADER).map(|_| Box::new(Err(no_classes()))),
+        };
         let resumable = resumable(ctx, &mut out, class.as_deref().and_then(|c| c.as_ref().ok()));
         if resumable.is_some() {
             // A generation that never reached its client goes to another
@@ -263,6 +274,7 @@ impl Prepared {
             per_replica,
             head_request,
             retry_any,
+            generation,
             start,
             start_is_now: false,
             resumable,
@@ -270,6 +282,12 @@ impl Prepared {
             key,
         }
     }
+}
+
+fn no_classes() -> String {
+    format!(
+        "{CLASS_HEADER}: this endpoint serves its requests in one class (none of its API keys names a class and it sets no request_class), so it takes no class from a request"
+    )
 }
 
 /// Whether the router can continue the request's answer elsewhere
@@ -306,7 +324,13 @@ fn resumable(ctx: &Target, out: &mut Forwarded, class: Option<&crate::classes::C
 impl Prepared {
     /// A request read by the lean HTTP/1.1 path, its replica's head
     /// already written; its clock starts now (its head was just parsed).
-    pub(super) fn lean(head: Vec<u8>, body: Bytes, spare: HeaderMap, head_request: bool, retry_any: bool) -> Prepared {
+    pub(super) fn lean(
+        head: Vec<u8>,
+        body: Bytes,
+        spare: HeaderMap,
+        head_request: bool,
+        (retry_any, generation): (bool, bool),
+    ) -> Prepared {
         let start = Instant::now();
         let (resumable, class) = (None, None);
         Prepared {
@@ -316,6 +340,7 @@ impl Prepared {
             per_replica: None,
             head_request,
             retry_any,
+            generation,
             start,
             start_is_now: true,
             resumable,
@@ -330,7 +355,8 @@ pub(super) async fn forward(p: Prepared, ctx: &Target) -> Response<ProxyBody> {
     let class = match p.class.as_deref() {
         Some(Err(why)) => {
             ctx.endpoint.count_answer(400);
-            return openai_error(StatusCode::BAD_REQUEST, why);
+            let facts = RequestFacts::of(p.resumable.as_ref().map_or(&p.body, |r| &r.client));
+            return logged(ctx, p.start, facts, "class_refused", openai_error(StatusCode::BAD_REQUEST, why));
         }
         Some(Ok(c)) => Some(c.name.clone()),
         None => None,
@@ -348,6 +374,7 @@ pub(super) async fn forward(p: Prepared, ctx: &Target) -> Response<ProxyBody> {
     let replica = r.extensions().get::<ServedBy>().map(|s| s.0);
     let mut tap = Tap::new(log.clone(), ctx.endpoint.name(), facts, start, r.status().as_u16(), replica);
     tap.class = class.map(|c| c.to_string());
+    tap.reason = r.extensions().get::<Refused>().map(|w| w.0);
     if let Some(m) = r.extensions().get::<super::whole::Moves>() {
         tap.moved = m.0;
     }
@@ -362,12 +389,21 @@ pub(super) async fn forward(p: Prepared, ctx: &Target) -> Response<ProxyBody> {
 /// The answer when no attempt is left after `f`.
 fn failed(ctx: &Target, f: Failure) -> Response<ProxyBody> {
     match f {
-        Failure::Replica => openai_error(StatusCode::BAD_GATEWAY, "the replica failed before answering"),
+        Failure::Replica => {
+            refused(openai_error(StatusCode::BAD_GATEWAY, "the replica failed before answering"), "replica_failed")
+        }
         Failure::Draining => {
             ctx.endpoint.count_unavailable(Unavailable::Draining);
-            unavailable(ctx, "the replica is draining and no other one could take the request")
+            let r = unavailable(ctx, "the replica is draining and no other one could take the request");
+            refused(r, "draining")
         }
     }
+}
+
+/// `r`, marked for the access log as the router's own answer, for `why`.
+fn refused(mut r: Response<ProxyBody>, why: &'static str) -> Response<ProxyBody> {
+    r.extensions_mut().insert(Refused(why));
+    r
 }
 
 /// A slot for the request, at its class's place in the queue (issue #44).
@@ -391,11 +427,11 @@ fn no_replica(ctx: &Target, last_failure: Option<Failure>, e: AcquireError, p: &
         (Some(f), _) => failed(ctx, f),
         (None, AcquireError::QueueFull) => {
             ctx.endpoint.count_unavailable(Unavailable::QueueFull);
-            unavailable(ctx, "every replica is busy and the queue is full; retry later")
+            refused(unavailable(ctx, "every replica is busy and the queue is full; retry later"), "queue_full")
         }
         (None, AcquireError::TimedOut) => {
             ctx.endpoint.count_unavailable(Unavailable::QueueTimeout);
-            unavailable(ctx, "no replica became free in time; retry later")
+            refused(unavailable(ctx, "no replica became free in time; retry later"), "queue_timeout")
         }
         (None, AcquireError::ClassFull) => {
             let mut r = openai_error(
@@ -404,7 +440,7 @@ fn no_replica(ctx: &Target, last_failure: Option<Failure>, e: AcquireError, p: &
             );
             let secs = ctx.endpoint.queue_settings().timeout.as_secs().max(1);
             r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
-            r
+            refused(r, "class_full")
         }
     };
     ctx.endpoint.count_answer(r.status().as_u16());
@@ -422,10 +458,18 @@ async fn send_unless_lost(
     request: backend_pool::Outgoing<'_>,
 ) -> Result<Response<backend_pool::BackendBody>, SendError> {
     let send = backend_pool::send(&replica.conns, replica.address, connect_timeout, deadline, request);
-    tokio::select! {
+    let sent = tokio::select! {
         biased;
         sent = send => sent,
         () = replica.reach.lost() => Err(SendError::Lost),
+    };
+    match sent {
+        // The launcher's model server failed it before any answer: no
+        // answer of the server's, a failed exchange like a reset one.
+        Ok(resp) if server_failed(&resp) => {
+            Err(SendError::Failed("the model server failed the request before answering it".into()))
+        }
+        sent => sent,
     }
 }
 
@@ -483,7 +527,8 @@ pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyB
                 // Not retried: the replica may still be working on it, and a
                 // second attempt would double the wait.
                 counted(504);
-                return openai_error(StatusCode::GATEWAY_TIMEOUT, "the replica did not answer in time");
+                let r = openai_error(StatusCode::GATEWAY_TIMEOUT, "the replica did not answer in time");
+                return refused(r, "replica_timeout");
             }
             Err(e) => {
                 let replica = replica.address;
@@ -521,6 +566,20 @@ pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyB
     let r = failed(ctx, last_failure.unwrap_or(Failure::Replica));
     ctx.endpoint.count_answer(r.status().as_u16());
     r
+}
+
+/// A generation (or embedding) request of the OpenAI API: nothing but
+/// compute happens on its way, so one that got no answer head may go whole
+/// to another replica whatever failed (issue #50), as a safe method does.
+pub(super) fn is_generation(method: &Method, path: &str) -> bool {
+    *method == Method::POST && MODEL_PATHS.contains(&path)
+}
+
+/// The launcher's mark of a request its model server failed before
+/// answering ([`SERVER_FAILED_HEADER`]).
+fn server_failed(resp: &Response<BackendBody>) -> bool {
+    resp.status() == StatusCode::BAD_GATEWAY
+        && resp.headers().get(SERVER_FAILED_HEADER).is_some_and(|v| v.as_bytes() == b"1")
 }
 
 pub(super) fn is_hop_by_hop(name: &HeaderName) -> bool {
@@ -572,7 +631,27 @@ fn answer(resp: Response<BackendBody>, lease: Lease, p: &mut Prepared, ctx: &Tar
             return resumable_response(resp, lease, p.start, ctx.access.is_some(), moves.clone(), *r);
         }
     }
+    if p.generation && is_event_stream(resp.headers()) {
+        return watched_response(resp, lease, p.start, ctx);
+    }
     client_response(resp, lease, p.start, ctx.access.is_some())
+}
+
+/// [`client_response`] for an event stream the router passes without
+/// following it: watched for an early end (issue #50).
+fn watched_response(resp: Response<BackendBody>, lease: Lease, start: Instant, ctx: &Target) -> Response<ProxyBody> {
+    let (mut parts, body) = resp.into_parts();
+    if body.hop_by_hop() {
+        strip_hop_by_hop(&mut parts.headers);
+    }
+    // The router may add an event: the length is its own to say (chunked).
+    parts.headers.remove(header::CONTENT_LENGTH);
+    if ctx.access.is_some() {
+        parts.extensions.insert(ServedBy(lease.replica().address));
+    }
+    let leased = LeasedBody { inner: body, lease: Some(lease), start, first_byte: false };
+    let body = Box::new(super::watched::WatchedStream::new(leased, ctx.endpoint.clone()));
+    Response::from_parts(parts, ProxyBody { kind: BodyKind::Watched(body), hold: None, tap: None })
 }
 
 fn is_event_stream(headers: &HeaderMap) -> bool {

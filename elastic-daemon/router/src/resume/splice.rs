@@ -178,7 +178,13 @@ impl Meta {
 /// launcher's reclaim event's shape (OpenAI's error in a stream), saying
 /// why.
 pub fn error_event(message: &str) -> Bytes {
-    let e = json!({"error": {"message": message, "type": "server_error", "code": "stream_not_continued"}});
+    coded_error_event("stream_not_continued", message)
+}
+
+/// An OpenAI error in a stream, with `code` (no `[DONE]` follows it, so a
+/// client raises it rather than take the answer as whole).
+pub fn coded_error_event(code: &str, message: &str) -> Bytes {
+    let e = json!({"error": {"message": message, "type": "server_error", "code": code}});
     let mut out = b"data: ".to_vec();
     out.extend(to_body(e));
     out.extend_from_slice(b"\n\n");

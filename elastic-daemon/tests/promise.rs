@@ -1,0 +1,175 @@
+//! A request in flight is a promise for every request (issue #50), against
+//! the in-process engine: one whose model server dies before its answer's
+//! head goes whole to another replica, whatever its shape, streamed or
+//! not; a stream the router does not follow (log-probabilities the client
+//! asked for, several choices, tools) and whose server ends it early ends
+//! with the error event, never with a clean close a client would take for
+//! the whole answer.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::engine::{answer, engine, Cut, Engine};
+use common::{client, endpoint_config, until, Harness};
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use onepool_router::resume::{Method, ResumeSettings};
+use serde_json::{json, Value};
+
+/// The request shapes clients really send, each as its own body.
+fn shapes(stream: bool) -> Vec<(&'static str, Value)> {
+    let base = || {
+        json!({"model": "fake", "messages": [{"role": "user", "content": "Tell me a story"}],
+               "max_tokens": 30, "temperature": 0, "stream": stream})
+    };
+    let with = |k: &str, v: Value| {
+        let mut b = base();
+        b[k] = v;
+        b
+    };
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let schema = json!({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}});
+    let mut logprobs = with("logprobs", json!(true));
+    logprobs["top_logprobs"] = json!(1);
+    vec![
+        ("plain", base()),
+        ("logprobs", logprobs),
+        ("n_probs", with("n_probs", json!(1))),
+        ("n: 2", with("n", json!(2))),
+        ("tools", with("tools", tools)),
+        ("json_schema", with("response_format", schema)),
+    ]
+}
+
+/// A router in front of both engines (the first one chosen first), with
+/// resumption on or off.
+async fn setup(resume: bool, first: Cut) -> (Harness, Engine, Engine) {
+    let mut cfg = endpoint_config(8, 16, Duration::from_secs(2));
+    cfg.proxy.resume = resume.then_some(ResumeSettings { method: Method::Tokens, max_moves: 3 });
+    cfg.proxy.response_idle_timeout = Duration::from_millis(400);
+    let (a, b) = (engine(first).await, engine(Cut::Never).await);
+    let h = Harness::new(cfg, &[a.addr, b.addr]).await;
+    (h, a, b)
+}
+
+async fn post(h: &Harness, body: &Value) -> (u16, Result<String, String>) {
+    let req = Request::post(format!("{}/v1/chat/completions", h.url))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned());
+    (status, body.map_err(|e| e.to_string()))
+}
+
+fn metric(h: &Harness, name: &str, reason: &str) -> u64 {
+    let text = h.daemon.metrics.encode();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(&format!("reason=\"{reason}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// The events of a stream, `[DONE]` as the string.
+fn events(raw: &str) -> Vec<Value> {
+    raw.split("\n\n")
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let data = e.rsplit("data: ").next().unwrap();
+            serde_json::from_str(data).unwrap_or_else(|_| json!(data))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_server_dies_before_its_head_goes_whole_to_another_replica_whatever_its_shape() {
+    for resume in [false, true] {
+        for stream in [true, false] {
+            for (shape, body) in shapes(stream) {
+                let (h, dies, lives) = setup(resume, Cut::CloseBeforeHead(150)).await;
+                let (status, got) = post(&h, &body).await;
+                let what = format!("{shape}, stream {stream}, resume {resume}");
+                let got = got.unwrap_or_else(|e| panic!("{what}: the answer was cut: {e}"));
+                assert_eq!(status, 200, "{what}: {got}");
+                assert_eq!(dies.generations.load(Ordering::SeqCst), 1, "{what}: the first replica took it");
+                assert_eq!(lives.generations.load(Ordering::SeqCst), 1, "{what}: the other one answered");
+                match stream {
+                    true => {
+                        let text: String = events(&got)
+                            .iter()
+                            .filter_map(|e| e["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+                            .collect();
+                        assert_eq!(text, answer(0, 30), "{what}");
+                        assert!(got.trim_end().ends_with("data: [DONE]"), "{what}: {got}");
+                    }
+                    false => {
+                        let v: Value = serde_json::from_str(&got).unwrap();
+                        assert_eq!(v["choices"][0]["message"]["content"], answer(0, 30), "{what}");
+                    }
+                }
+                assert_eq!(metric(&h, "onepool_router_retries_total", "failed"), 1, "{what}");
+                h.daemon.shutdown().await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_the_router_does_not_follow_ends_with_the_error_event_when_its_server_ends_it_early() {
+    let cuts =
+        [(Cut::Close(6), "replica_failed"), (Cut::EndEarly(6), "replica_failed"), (Cut::Silent(6), "replica_silent")];
+    for (cut, code) in cuts {
+        for resume in [false, true] {
+            for (shape, body) in shapes(true) {
+                // A plain stream with resumption on moves instead (tests/resume.rs).
+                if resume && shape == "plain" {
+                    continue;
+                }
+                let (h, _, _) = setup(resume, cut).await;
+                let (status, got) = post(&h, &body).await;
+                let what = format!("{shape}, {cut:?}, resume {resume}");
+                let got = got.unwrap_or_else(|e| panic!("{what}: the stream was cut, not ended: {e}"));
+                assert_eq!(status, 200, "{what}");
+                let events = events(&got);
+                let last = events.last().unwrap();
+                assert_eq!(last["error"]["code"], code, "{what}: {got}");
+                assert!(!got.contains("[DONE]"), "{what}: no [DONE] after an error: {got}");
+                let text: String = events
+                    .iter()
+                    .filter_map(|e| e["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+                    .collect();
+                // What came before the cut passed as it was (a killed
+                // server's last bytes may never leave it).
+                assert!(!text.is_empty() && answer(0, 6).starts_with(&text), "{what}: {text:?}");
+                until("the cut counted", || metric(&h, "onepool_router_streams_cut_total", code) == 1).await;
+                h.daemon.shutdown().await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_ended_whole_or_with_the_launcher_s_event_gets_nothing_more() {
+    for resume in [false, true] {
+        let (h, _, _) = setup(resume, Cut::Never).await;
+        let (_, got) = post(&h, &shapes(true)[1].1).await;
+        let got = got.unwrap();
+        assert!(got.trim_end().ends_with("data: [DONE]"), "{got}");
+        assert!(!got.contains("\"error\""), "{got}");
+        // The launcher's reclaim event already ends it: no second error.
+        let (h2, _, _) = setup(resume, Cut::Reclaim(4)).await;
+        let (_, got) = post(&h2, &shapes(true)[1].1).await;
+        let got = got.unwrap();
+        assert_eq!(got.matches("\"error\"").count(), 1, "{got}");
+        assert_eq!(events(&got).last().unwrap()["error"]["code"], "replica_reclaimed");
+        assert_eq!(metric(&h2, "onepool_router_streams_cut_total", "replica_failed"), 0);
+        h.daemon.shutdown().await;
+        h2.daemon.shutdown().await;
+    }
+}
