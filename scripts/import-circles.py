@@ -19,6 +19,9 @@ import re
 import sys
 
 # `$crate::` in a macro's body is its caller's path, not its file's.
+# Not yet on by default (issue #53): the circles it shows are being cut.
+PARENT_EDGES = "--parent-edges" in sys.argv
+VISIBILITY = re.compile(r"\bpub\s*\(\s*(?:in\s+[^)]*|crate|super|self)\s*\)")
 PATH = re.compile(r"(?<!\$)\b(crate|super|self)((?:::(?:super|self|[A-Za-z_][A-Za-z0-9_]*))*)(::\{)?")
 
 
@@ -119,6 +122,9 @@ def edges_of(mods):
     edges = {}
     for f, here in files.items():
         code = strip(open(f, encoding="utf-8").read())
+        # A visibility (`pub(super)`, `pub(in crate::x)`) names who may see
+        # an item, not what the file uses.
+        code = VISIBILITY.sub(lambda m: " " * len(m.group(0)), code)
         lines = code.split("\n")
         found = {}
         for m in re.finditer(r"\buse\s+([^;]*);", code):
@@ -128,6 +134,17 @@ def edges_of(mods):
         for m in PATH.finditer(code):
             line = code.count("\n", 0, m.start()) + 1
             found.setdefault(m.group(0).rstrip("{").rstrip(":"), line)
+        # A path that starts with a module this file declares (`mod state;`
+        # then `use state::Sim;` or `state::Sim::new()`) is an edge to it.
+        for child in [] if not PARENT_EDGES else re.findall(r"^\s*(?:pub\s*(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", code, re.M):
+            for m in re.finditer(r"(?<![:\w])" + child + r"((?:::[A-Za-z_]\w*)+)", code):
+                line = code.count("\n", 0, m.start()) + 1
+                found.setdefault("self::" + child + m.group(1), line)
+            for m in re.finditer(r"(?<!pub )\buse\s+([^;]*);", code):
+                line = code.count("\n", 0, m.start()) + 1
+                for p in expand(m.group(1)):
+                    if p.split("::")[0] == child:
+                        found.setdefault("self::" + p, line)
         for path, line in found.items():
             segs = [s for s in path.split("::") if s]
             if not segs or segs[0] not in ("crate", "super", "self"):
@@ -199,7 +216,8 @@ def circles(edges):
 
 
 def main():
-    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    root = os.path.abspath(args[0] if args else os.path.join(os.path.dirname(__file__), ".."))
     found = 0
     for dirpath, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if d not in ("target", ".git", "node_modules") and not d.startswith(".")]

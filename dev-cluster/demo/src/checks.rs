@@ -2,8 +2,12 @@
 //! report agrees with what the demo measured, and the saved figure is the
 //! simulator's.
 
-#[allow(unused_imports)]
-use crate::*;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::demo::{Demo, Paths};
 
 /// onepoold's status must name the training job as the taker of the
 /// replica it reclaimed, with the time to capacity the demo measured (to
@@ -32,7 +36,7 @@ pub(crate) fn the_report_agrees(
     from: &str,
     training: u32,
     time_to_capacity: f64,
-    victim: crate::scenario::Victim,
+    victim: crate::settings::Victim,
 ) -> anyhow::Result<()> {
     let onepool = paths.bin.join("onepool");
     let policy = cluster.layout.policy();
@@ -85,7 +89,7 @@ pub(crate) fn the_report_agrees(
                 "the report's time to capacity {ttc:.2} s is not the demo's {time_to_capacity:.2} s within accounting's second"
             );
             victim_as_asked(victim, r)?;
-            if victim == crate::scenario::Victim::Busy {
+            if victim == crate::settings::Victim::Busy {
                 // Its streams moved: the GPUs did not wait for them.
                 anyhow::ensure!(
                     time_to_capacity < 2.0 && ttc <= 2.0,
@@ -103,8 +107,8 @@ pub(crate) fn the_report_agrees(
 
 /// The victim's drain as its launcher noted it (the report's `drained` and
 /// `cut`) must be what `--victim` asked for: nothing in flight, or some.
-fn victim_as_asked(victim: crate::scenario::Victim, r: &serde_json::Value) -> anyhow::Result<()> {
-    use crate::scenario::Victim;
+fn victim_as_asked(victim: crate::settings::Victim, r: &serde_json::Value) -> anyhow::Result<()> {
+    use crate::settings::Victim;
     let moved = r["moved"].as_u64().unwrap_or(0);
     let in_flight = match (r["drained"].as_u64(), r["cut"].as_u64()) {
         (Some(d), Some(c)) => d + c + moved,

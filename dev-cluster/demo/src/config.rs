@@ -1,7 +1,13 @@
 //! onepoold's configuration for the demo.
 
-#[allow(unused_imports)]
-use crate::*;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use onepool_dev_cluster::model_server::ModelServer;
+use onepool_elastic_daemon::config::{AccessLogFile, ConfigFile, EndpointFile, ReplicasFile, RetryFile};
+
+use crate::demo::Paths;
+use crate::settings::{ENDPOINT, GPUS, SCALE_DOWN_DELAY_SECS, SLOTS};
 
 pub(crate) fn config(p: &Paths, listen: SocketAddr, slurm_conf: &str, server: &ModelServer) -> ConfigFile {
     let command = server.replica_command(SLOTS);

@@ -2,8 +2,24 @@
 //! the watcher, and what it asks of Slurm and onepoold along the way;
 //! everything it started is stopped on every way out.
 
-#[allow(unused_imports)]
-use crate::*;
+use std::fs;
+use std::io::{IsTerminal, Write};
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use onepool_dev_cluster::process::Tracked;
+use onepool_loadgen::Load;
+
+use super::watch::Watch;
+use crate::commands::slurm;
+use crate::settings::ABORT;
+use crate::users::cancel_demo_jobs;
 
 pub(crate) fn step(text: &str) {
     if std::io::stdout().is_terminal() {
@@ -12,31 +28,6 @@ pub(crate) fn step(text: &str) {
         println!("\n== {text}");
     }
     let _ = std::io::stdout().flush();
-}
-
-/// A Slurm client command (SLURM_CONF is in this process's environment).
-pub(crate) fn slurm(program: &str, args: &[&str]) -> anyhow::Result<String> {
-    onepool_slurm_commands::run(Command::new(program).args(args), Duration::from_secs(30))
-        .with_context(|| format!("{program} {}", args.join(" ")))
-}
-
-pub(crate) fn uid_of(user: &str) -> Option<u32> {
-    id_of(user, "-u")
-}
-
-pub(crate) fn gid_of(user: &str) -> Option<u32> {
-    id_of(user, "-g")
-}
-
-pub(crate) fn id_of(user: &str, which: &str) -> Option<u32> {
-    let out = Command::new("id").args([which, user]).stderr(Stdio::null()).output().ok()?;
-    String::from_utf8_lossy(&out.stdout).trim().parse().ok().filter(|_| out.status.success())
-}
-
-/// `squeue -h -j JOB -o %T`: the job's state, `None` once it left the queue.
-pub(crate) fn job_state(job: u32) -> Option<String> {
-    let out = slurm("squeue", &["-h", "-j", &job.to_string(), "-o", "%T"]).ok()?;
-    Some(out.trim().to_string()).filter(|s| !s.is_empty())
 }
 
 pub(crate) fn free_port() -> anyhow::Result<u16> {

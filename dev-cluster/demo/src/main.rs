@@ -13,27 +13,31 @@
 // No FFI here: the libc calls it needs are onepool-os's safe functions (issue #27).
 #![forbid(unsafe_code)]
 
-use std::fs;
-use std::io::{IsTerminal, Write};
-use std::net::{SocketAddr, TcpListener};
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Parser;
-use onepool_dev_cluster::model_server::{ModelServer, Slots, MODEL_NAME};
-use onepool_dev_cluster::process::Tracked;
-use onepool_dev_cluster::Cluster;
-use onepool_elastic_daemon::config::{AccessLogFile, ConfigFile, EndpointFile, ReplicasFile, RetryFile};
+
+use crate::checks::{onepoold_names_the_taker, the_report_agrees};
+use crate::commands::job_state;
+use crate::demo::{step, Demo};
+use crate::scenario::{
+    load_ends, load_light_then_heavy, onepoold_starts, protected_training_arrives, someone_elses_job, trace_name,
+    training_ends,
+};
+use crate::settings::{Args, ABORT, ENDPOINT, OTHER_USER};
+use crate::setup::{clear_the_pool, setup, show_the_pool, Setup};
+use crate::summary::summary;
 
 mod checks;
+mod commands;
 mod config;
 mod demo;
 mod scenario;
+mod settings;
 mod setup;
 mod summary;
 #[cfg(test)]
@@ -42,55 +46,7 @@ mod users;
 mod watch;
 mod wire;
 
-#[allow(unused_imports)]
-use {checks::*, config::*, demo::*, scenario::*, setup::*, summary::*, users::*};
-
-use onepool_loadgen::{ChatShape, Load, Trace};
-use watch::{Kind, Target, Timeline, Watch};
-
-const ENDPOINT: &str = "chat";
-/// GPUs per replica (one node of the dev cluster).
-const GPUS: u32 = 4;
-/// Trace seconds per wall second in the light and the heavy phase.
-const LIGHT: f64 = 0.4;
-const HEAVY: f64 = 1.0;
-const LIGHT_SECS: u64 = 15;
-/// The demo policy's min_runtime_before_reclaim (PreemptExemptTime).
-const MIN_RUNTIME_SECS: f64 = 10.0;
-const TRAINING_SECS: u64 = 20;
-const SCALE_DOWN_DELAY_SECS: u64 = 20;
-/// One replica's llama-server: one CPU thread (the machine has few), as
-/// many requests at once as the endpoint sends it.
-const SLOTS: Slots = Slots { parallel: 4, context: 256, threads: 1 };
-/// The other user's job, which onepoold must leave alone.
-const OTHER_USER: &str = "op-ana";
-const OTHER_ACCOUNT: &str = "research";
-const OTHER_JOB: &str = "research-finetune";
-const TRAINING_JOB: &str = "critical-training";
-
-static ABORT: AtomicBool = AtomicBool::new(false);
-
-#[derive(Parser)]
-#[command(name = "onepool-demo", about = "onepoold autoscaling and graceful reclaim on a dev cluster that is up")]
-struct Args {
-    /// The dev cluster's state folder (`onepool-devcluster --dir`).
-    #[arg(long, env = "ONEPOOL_DEVCLUSTER_DIR", default_value = ".devcluster")]
-    dir: PathBuf,
-    /// Folder with onepoold and onepool (default: beside this binary).
-    #[arg(long)]
-    bin_dir: Option<PathBuf>,
-    /// The Azure LLM inference trace to replay.
-    #[arg(long, default_value = "data/azure-llm-inference-2023-conv.csv")]
-    trace: PathBuf,
-    /// The model server and model (scripts/model-server.sh makes them).
-    #[arg(long, env = "ONEPOOL_MODEL_SERVER_DIR", default_value = "/var/cache/onepool/model-server")]
-    model_server: PathBuf,
-    /// The reclaim's victim at Slurm's pick: idle (the load pauses until
-    /// nothing is in flight), busy (the training is submitted while every
-    /// supplemental replica has requests in flight), or as the trace makes it
-    #[arg(long, env = "ONEPOOL_DEMO_VICTIM", value_enum, default_value = "any")]
-    victim: Victim,
-}
+use watch::{Target, Timeline, Watch};
 
 fn main() -> ExitCode {
     let args = Args::parse();

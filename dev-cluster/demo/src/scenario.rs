@@ -1,8 +1,25 @@
 //! The story's steps: someone else's job, onepoold starting, load light
 //! then heavy, protected training arriving and ending, the load ending.
 
-#[allow(unused_imports)]
-use crate::*;
+use std::fs;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use onepool_dev_cluster::model_server::{ModelServer, MODEL_NAME};
+use onepool_loadgen::{ChatShape, Load, Trace};
+
+use super::watch::{Kind, Timeline};
+use crate::commands::{job_state, slurm};
+use crate::config::config;
+use crate::demo::{free_port, step, Demo};
+use crate::settings::{
+    Victim, ENDPOINT, GPUS, HEAVY, LIGHT, LIGHT_SECS, MIN_RUNTIME_SECS, OTHER_ACCOUNT, OTHER_JOB, OTHER_USER,
+    SCALE_DOWN_DELAY_SECS, TRAINING_JOB, TRAINING_SECS,
+};
+use crate::users::{ensure_other_user, submit_as_other_user};
 
 /// Phase 2: Someone else's job, which onepoold must leave alone.
 pub(crate) fn someone_elses_job(d: &mut Demo, tl: &Timeline, slurm_conf: &str) -> anyhow::Result<u32> {
@@ -160,19 +177,6 @@ pub(crate) fn load_light_then_heavy(
     d.show_status();
 
     Ok(load)
-}
-
-/// What the reclaim's victim is doing when Slurm picks it (issue #35: every
-/// check of the demo must hold for an idle victim, which drains in no
-/// time, as for a busy one).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum Victim {
-    /// Whatever the trace's load makes it.
-    Any,
-    /// Nothing in flight: the load pauses until every request is answered.
-    Idle,
-    /// Requests in flight on every supplemental replica.
-    Busy,
 }
 
 /// Shapes the victim's load before the training is submitted; returns the

@@ -1,8 +1,21 @@
 //! Before the story: the cluster and the build checked, the pool cleared
 //! and shown.
 
-#[allow(unused_imports)]
-use crate::*;
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use onepool_dev_cluster::model_server::ModelServer;
+use onepool_dev_cluster::process::Tracked;
+use onepool_dev_cluster::Cluster;
+use onepool_loadgen::Trace;
+
+use crate::commands::{gid_of, slurm, uid_of};
+use crate::demo::{step, Paths};
+use crate::scenario::Pace;
+use crate::settings::{Args, GPUS};
+use crate::users::cancel_demo_jobs;
 
 /// What the demo found and prepared before its scenario starts.
 pub(crate) struct Setup {

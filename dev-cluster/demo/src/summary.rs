@@ -1,7 +1,10 @@
 //! The summary printed at the end.
 
-#[allow(unused_imports)]
-use crate::*;
+use onepool_loadgen::Load;
+
+use super::watch::{Kind, Timeline};
+use crate::demo::{step, Demo};
+use crate::settings::OTHER_USER;
 
 /// Phase 8: Summary: the timeline, the replica jobs, the requests.
 pub(crate) fn summary(

@@ -1,4 +1,17 @@
-use crate::*;
+use std::fs;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use onepool_dev_cluster::model_server::ModelServer;
+use onepool_loadgen::Trace;
+
+use crate::checks::saved_lines;
+use crate::config::config;
+use crate::demo::Paths;
+use crate::scenario::{taken_back, trace_name, Pace, HEAVY_RATE};
+use crate::settings::{ENDPOINT, GPUS, HEAVY, LIGHT, LIGHT_SECS, SCALE_DOWN_DELAY_SECS, SLOTS};
+use crate::summary::phase_row;
 
 #[test]
 fn the_story_of_the_gpus_taken_back_is_checked_not_told() {

@@ -1,8 +1,14 @@
 //! The other user of the pool (an ordinary cluster user whose job the
 //! demo shows onepoold leaving alone) and the demo's own jobs.
 
-#[allow(unused_imports)]
-use crate::*;
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::commands::{slurm, uid_of};
+use crate::settings::{ABORT, ENDPOINT, OTHER_ACCOUNT, OTHER_JOB, OTHER_USER, TRAINING_JOB};
 
 /// The demo's jobs still in the queue: onepoold's replicas of the demo
 /// endpoint (the service user's), the training job (ours), the other

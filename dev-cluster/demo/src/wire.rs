@@ -4,10 +4,13 @@
 //! nor a prompt in clear, while it does show Slurm's own RPCs (which are
 //! not encrypted: the proof that the capture sees clear text at all).
 
-#[allow(unused_imports)]
-use crate::*;
+use std::fs;
+use std::path::{Path, PathBuf};
 
+use anyhow::Context;
 use onepool_dev_cluster::capture::{Capture, Flows};
+
+use crate::demo::{step, Paths};
 
 /// Texts of every prompt the load sends: the JSON field of a chat request,
 /// and words that most of the demo's prompts hold

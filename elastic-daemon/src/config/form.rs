@@ -100,7 +100,9 @@ pub trait AsText: Sized {
 
 /// `#[serde(with = "as_text")]` for the keys of an [`AsText`] kind.
 pub(super) mod as_text {
-    use super::*;
+    use serde::{Deserializer, Serializer};
+
+    use super::AsText;
 
     pub fn serialize<T: AsText, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
         v.write(s)

@@ -1,9 +1,22 @@
 //! Deciding and acting: the autoscaler's count, then submissions, drains, node
 //! releases and cancellations.
 
-use onepool_decisions::decision_log::DecisionMode;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
-use super::*;
+use onepool_decisions::backoff::Allowance;
+use onepool_decisions::decision_log::DecisionMode;
+use onepool_decisions::replicas::{
+    pack_submissions, plan_releases, reconcile, Action, EndpointTarget, Headroom, JobLayout, Kind, Phase, Release,
+    Replica,
+};
+use onepool_router::endpoint::EndpointSnapshot;
+use onepool_router::registry::ReplicaState;
+use onepool_slurm_commands::state::JobInfo;
+
+use super::sbatch::sbatch_args;
+use crate::controller::{blocking, decisions, unix_now, Controller, Live, Member, TrackedJob};
+use crate::round_error::RoundError;
 
 impl Controller {
     /// Every replica still holding GPUs, as reconcile sees it.

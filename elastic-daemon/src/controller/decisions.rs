@@ -4,12 +4,18 @@
 //! decisions of a round are logged once each while they stay wanted
 //! ([`Advice`]) and nothing is submitted, drained or released.
 
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use onepool_decisions::decision_log::{explain, kind_str, DecisionAction, DecisionEntry, DecisionMode};
 use onepool_decisions::latency::LatencyVerdict;
+use onepool_decisions::replicas::{Action, EndpointTarget, Kind, Phase, Replica};
 use onepool_decisions::trace::format_time_ms;
+use onepool_router::endpoint::EndpointSnapshot;
 use onepool_router::metrics::{AdvisedLabels, DecisionLabels, LatencyLabels};
+use onepool_router::registry::ReplicaState;
 
-use super::*;
+use crate::controller::Controller;
 
 /// What a decision saw, for its log line.
 #[derive(Clone, Copy, Default)]

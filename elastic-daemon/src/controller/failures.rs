@@ -1,7 +1,17 @@
 //! Failed starts (issue #24): why a replica job ended before serving, and the
 //! back-off it causes.
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use onepool_decisions::backoff::FailedStart;
+use onepool_launcher::conventions::ReplicaNote;
+use onepool_router::metrics::EndpointLabels;
+use onepool_slurm_commands::state::JobDetails;
+
+use super::sbatch::launcher_end;
+use super::view::{FailedStartView, StartFailures};
+use crate::controller::{blocking, Controller, TrackedJob};
+use crate::round_error::RoundError;
 
 /// A replica job that ends this soon after it first served counts as a
 /// failed start too: a server that crashes under its first requests loops

@@ -15,23 +15,19 @@
 //! duplicating or orphaning them.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use onepool_decisions::autoscale::{Autoscaler, ScalingPolicy};
-use onepool_decisions::backoff::{Allowance, BackoffPolicy, FailedStart, StartBackoff};
-use onepool_decisions::replicas::{
-    pack_submissions, plan_releases, reconcile, Action, EndpointTarget, Headroom, JobLayout, Kind, Phase, Release,
-    Replica,
-};
-use onepool_launcher::conventions::{job_name, port_from_name, ReplicaNote};
-use onepool_launcher::replica_group::port_from_step_name;
+use onepool_decisions::backoff::{BackoffPolicy, StartBackoff};
+use onepool_decisions::replicas::Kind;
+use onepool_launcher::conventions::{port_from_name, ReplicaNote};
 use onepool_router::endpoint::{Endpoint, EndpointSnapshot};
-use onepool_router::metrics::{EndpointLabels, Metrics, ReclaimLabels, ReplicaJobLabels};
-use onepool_router::registry::{RegistryError, ReplicaState};
+use onepool_router::metrics::Metrics;
+use onepool_router::registry::ReplicaState;
 use onepool_slurm_commands::adapter::{Slurm, SlurmError};
-use onepool_slurm_commands::state::{JobDetails, JobInfo};
+use onepool_slurm_commands::state::JobInfo;
 use tokio::sync::watch;
 
 use crate::config::ReplicaSettings;

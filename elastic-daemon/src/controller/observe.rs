@@ -1,9 +1,23 @@
 //! Reading Slurm: the endpoint's replica jobs, their records and notes, and
 //! the router kept in step with them.
 
-use super::*;
-use crate::config::ReplicaTransport;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Instant;
+
+use onepool_decisions::replicas::Kind;
+use onepool_launcher::conventions::{port_from_name, ReplicaNote};
+use onepool_launcher::replica_group::port_from_step_name;
 use onepool_router::backend_pool::Transport;
+use onepool_router::endpoint::Endpoint;
+use onepool_router::registry::RegistryError;
+use onepool_slurm_commands::state::JobInfo;
+
+use super::reclaims::EndedJob;
+use super::sbatch::owned;
+use crate::config::ReplicaTransport;
+use crate::controller::{blocking, job_nodes, live, member_ports, unix_now, Controller, Live, Member, TrackedJob};
+use crate::round_error::RoundError;
 
 impl Controller {
     pub(super) fn unroute(endpoint: &Endpoint, m: &mut Member) {

@@ -3,8 +3,13 @@
 //! (issue #35): the victim's `PreemptTime`, `EndTime` and nodes, the
 //! taker's submission and start.
 
+use std::time::{Duration, Instant};
+
+use onepool_router::metrics::{EndpointLabels, ReclaimLabels};
+
 use super::ending::{reclaim_of, RecordedReclaim};
-use super::*;
+use super::view::{ReclaimMode, ReclaimView, RECENT_RECLAIMS};
+use crate::controller::{blocking, kind_name, Controller, TrackedJob};
 
 /// A replica job that left the queue, its record still to be read.
 pub(super) struct EndedJob {

@@ -1,8 +1,13 @@
 //! Which Slurm jobs are this endpoint's replicas, and the sbatch line that
 //! submits one.
 
-use super::*;
-use crate::config::ReplicaTransport;
+use std::time::Duration;
+
+use onepool_decisions::replicas::Kind;
+use onepool_launcher::conventions::{job_name, port_from_name, ReplicaNote};
+use onepool_slurm_commands::state::JobInfo;
+
+use crate::config::{ReplicaSettings, ReplicaTransport};
 
 /// The job's port and kind when the job is one of this endpoint's replicas
 /// submitted by `uid`; `None` for every job onepoold must leave alone.

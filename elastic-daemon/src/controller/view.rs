@@ -1,14 +1,17 @@
 //! What the controller shows: its replica jobs, reclaims and failed starts for
 //! `onepool status`, and the gauges it exports.
 
-use super::*;
-
 // The view's types are the control API's: what status reads is what is
 // sent.
+use crate::controller::{kind_name, unix_now, Controller};
+
 pub use onepool_control::api::{
     ControllerView, FailedStartView, JobPhase, ReclaimMode, ReclaimView, ReplicaJob, ReplicaKind, StartFailures,
     RECENT_RECLAIMS,
 };
+use onepool_router::metrics::EndpointLabels;
+use onepool_router::metrics::ReplicaJobLabels;
+use onepool_router::registry::ReplicaState;
 
 impl Controller {
     /// `onepool_replica_jobs` and `onepool_replica_desired` from the view

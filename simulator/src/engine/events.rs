@@ -1,8 +1,11 @@
 //! The event loop: time advancing, jobs submitted and released, and each
 //! event handled in the order the queue gives.
 
-#[allow(unused_imports)]
-use super::*;
+use onepool_decisions::annotation::ReclaimMode;
+
+use crate::engine::model::{Cancelled, JobLogEntry};
+use crate::engine::state::{Ev, Item, Kind, Live, Sim, St};
+use crate::slurm::{REQUEUE_HOLD_S, SCHED_INTERVAL_S};
 
 impl Sim<'_> {
     pub(super) fn type_of(&self, t: Option<&str>) -> Option<usize> {

@@ -1,8 +1,10 @@
 //! Slurm's side: placing jobs on nodes within QOS limits, the scheduling
 //! pass, and preemption (victims picked, reclaimed as their class says).
 
-#[allow(unused_imports)]
-use super::*;
+use onepool_decisions::annotation::ReclaimMode;
+
+use crate::engine::state::{Ev, Kind, Sim, St};
+use crate::slurm::{pick_victims, Holder, IMMEDIATE_FREE_S};
 
 impl Sim<'_> {
     pub(super) fn allowed_nodes(&self, id: usize) -> std::ops::Range<usize> {

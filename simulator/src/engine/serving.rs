@@ -1,8 +1,13 @@
 //! Inference endpoints: the router handing requests to replicas, and
 //! onepoold's autoscaler and reconciler deciding replicas, as onepoold does.
 
-#[allow(unused_imports)]
-use super::*;
+use std::collections::VecDeque;
+
+use onepool_decisions::autoscale::Autoscaler;
+use onepool_decisions::replicas::{self, reconcile, Action, EndpointTarget, Headroom, Phase, WarmSpec};
+
+use crate::engine::model::Endpoint;
+use crate::engine::state::{EpState, Ev, Item, Kind, Sim, St};
 
 impl Sim<'_> {
     /// An endpoint before its first request: its autoscaler's bounds cut to

@@ -1,8 +1,14 @@
 //! The simulation's own state: jobs as they live, the event queue and its
 //! order, each endpoint's router and autoscaler, and the run itself.
 
-#[allow(unused_imports)]
-use super::*;
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+
+use onepool_decisions::annotation::ReclaimMode;
+use onepool_decisions::autoscale::Autoscaler;
+
+use crate::engine::model::{ClassStats, Config, JobLogEntry, Workload};
+use crate::slurm::SlurmModel;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum St {

@@ -1,8 +1,18 @@
 //! The router's own answers: OpenAI-style errors, 503 with retry-after,
 //! 401 for a missing or wrong bearer token.
 
-#[allow(unused_imports)]
-use super::*;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+
+use super::body::ProxyBody;
+use crate::access_log::{RequestFacts, Tap};
+use crate::proxy::body::BodyKind;
+use crate::proxy::Target;
 
 pub(super) fn full(body: impl Into<Bytes>) -> ProxyBody {
     ProxyBody { kind: BodyKind::Own(Full::new(body.into())), hold: None, tap: None }

@@ -3,10 +3,18 @@
 //! as the response does (the client's request count, the access log's
 //! tap, the replica's lease).
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+
 use super::leased::LeasedBody;
 use super::watched::WatchedStream;
-#[allow(unused_imports)]
-use super::*;
+use crate::access_log::Tap;
+use crate::proxy::connections::RequestHold;
+use crate::proxy::resumable::ResumableBody;
 
 /// A response body: the router's own answer, or a replica's passing
 /// through (no box per response).

@@ -1,8 +1,20 @@
 //! The daemon-wide bound on request body bytes held for retries, and
 //! reading a request body whole within it and within its deadline.
 
-#[allow(unused_imports)]
-use super::*;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderValue};
+use http::{Response, StatusCode};
+use http_body::Body;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+
+use crate::metrics::Metrics;
 
 /// The request body bytes all requests in flight may hold, daemon-wide:
 /// bodies are kept whole until their last attempt (for retries), so
@@ -110,13 +122,13 @@ pub(super) async fn read_whole(
 impl BodyError {
     /// The answer to the client, made by `make`; `what` names the limit
     /// passed.
-    pub(super) fn answer(
+    pub(super) fn answer<B>(
         self,
         budget: &BodyBudget,
         max: usize,
         what: &str,
-        make: fn(StatusCode, &str) -> Response<ProxyBody>,
-    ) -> Response<ProxyBody> {
+        make: fn(StatusCode, &str) -> Response<B>,
+    ) -> Response<B> {
         match self {
             BodyError::TooLarge => {
                 make(StatusCode::PAYLOAD_TOO_LARGE, &format!("request body larger than {max} bytes{what}"))

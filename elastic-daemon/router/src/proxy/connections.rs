@@ -1,8 +1,21 @@
 //! The client connections of a listener: their per-IP and total caps,
 //! the requests in flight on each, and the count graceful stop waits on.
 
-#[allow(unused_imports)]
-use super::*;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Waker;
+use std::time::{Duration, Instant};
+
+use http::header::HeaderValue;
+use http::Version;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+
+use super::routes::Dispatch;
+use crate::metrics::{ListenerLabels, Metrics, RefusedLabels};
+use crate::settings::ConnSettings;
 
 /// A client connection as requests on it see it.
 pub(super) struct ClientConn {

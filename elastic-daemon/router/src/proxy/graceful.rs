@@ -1,8 +1,21 @@
 //! A client connection guarded by its head timeout (slowloris) and by the
 //! listener's graceful stop, without a timer made per request.
 
-#[allow(unused_imports)]
-use super::*;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::server::conn::auto;
+
+use super::body::ProxyBody;
+use crate::proxy::connections::{ClientConn, Connections};
+use crate::settings::ConnSettings;
 
 /// A client connection's future, with the two things it needs from
 /// outside hyper's own state machine: the graceful stop, and the request

@@ -24,15 +24,31 @@
 //! endpoint with keys, an accepted key (which, as on hyper's path, does not
 //! go on to the replica). TLS and shared listeners are hyper's throughout.
 
-#[allow(unused_imports)]
-use super::*;
-
+use std::future::Future;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 
-use bytes::Buf;
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap};
+use http::{Response, StatusCode, Version};
+use http_body::{Body, Frame};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+
+use super::body::ProxyBody;
+use crate::backend_pool::HOP_BY_HOP;
+use crate::classes::CLASS_HEADER;
+use crate::proxy::body_budget::BodyShare;
+use crate::proxy::client_stream::ClientStream;
+use crate::proxy::connections::{ClientConn, RequestHold};
+use crate::proxy::graceful::GracefulStop;
+use crate::proxy::to_replica::{forward, is_onepool_field, HeadWriter, Prepared};
+use crate::proxy::Target;
+use crate::settings::MODEL_PATHS;
 
 /// Most header fields in a request head (hyper's default limit too).
 const MAX_FIELDS: usize = 100;

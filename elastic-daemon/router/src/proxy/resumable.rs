@@ -3,8 +3,20 @@
 //! them), and when its replica cannot finish it the answer moves to
 //! another one, the client none the wiser but for a pause.
 
-#[allow(unused_imports)]
-use super::*;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::HeaderValue;
+use http_body::{Body, Frame};
+
+use super::leased::LeasedBody;
+use super::watched::{cut_event, cut_reason, EventTail, ENDED, LOST};
+use crate::endpoint::{Endpoint, Lease};
+use crate::metrics::Metrics;
 use crate::registry::ReplicaId;
 use crate::resume::events::{data_of, without_key, Data, Splitter, LOGPROBS};
 use crate::resume::moving::{continue_elsewhere, Ask, Continuation, Failed, Source};
@@ -12,8 +24,7 @@ use crate::resume::plan::Plan;
 use crate::resume::progress::{Event, Meta, Progress, Usage, RECLAIMED};
 use crate::resume::splice::{error_event, DONE};
 use crate::resume::{Method, Why};
-
-use super::watched::{cut_event, cut_reason, EventTail, ENDED, LOST};
+use crate::settings::ProxySettings;
 
 /// Bytes of one event at most; a longer one is passed on as it is and the
 /// stream no longer followed.

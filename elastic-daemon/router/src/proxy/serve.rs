@@ -1,8 +1,28 @@
 //! The accept loop of a listener: connection caps, TLS, HTTP/1.1 and
 //! HTTP/2, and the graceful stop.
 
-#[allow(unused_imports)]
-use super::*;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use super::routes::Dispatch;
+use crate::metrics::Metrics;
+use crate::proxy::client_stream::{ClientStream, REFUSED};
+use crate::proxy::connections::{ClientConn, Connections, RequestHold};
+use crate::proxy::dispatch::{plan, Plan};
+use crate::proxy::graceful::{Guarded, HeadTimeout};
+use crate::proxy::lean;
+use crate::proxy::to_replica::forward;
+use crate::settings::ConnSettings;
 
 /// Serves `dispatch` on `listener` until `shutdown` turns true, then
 /// stops accepting and lets open requests finish for up to `grace`.
@@ -119,62 +139,3 @@ async fn handshake(
         }
     }
 }
-
-/// A client's connection, in clear or TLS (`[endpoint.tls]`).
-pub(super) enum ClientStream {
-    Plain(tokio::net::TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>),
-}
-
-impl tokio::io::AsyncRead for ClientStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl tokio::io::AsyncWrite for ClientStream {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            ClientStream::Plain(s) => s.is_write_vectored(),
-            ClientStream::Tls(s) => s.is_write_vectored(),
-        }
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_flush(cx),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
-
-/// The answer on a connection refused for the connection caps.
-pub(super) const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\nconnection: close\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 34\r\n\r\ntoo many connections; retry later\n";

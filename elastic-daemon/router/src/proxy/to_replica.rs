@@ -2,9 +2,32 @@
 //! every attempt, a replica per attempt (by prefix when the endpoint routes
 //! so), retries on another replica, hop-by-hop headers kept off both ways.
 
-#[allow(unused_imports)]
-use super::*;
-use crate::metrics::Retry;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Response, StatusCode, Uri};
+use http_body::Body;
+use onepool_launcher::conventions::{DRAINING_HEADER, MOVABLE_HEADER, SERVER_FAILED_HEADER};
+
+use super::body::ProxyBody;
+use super::leased::LeasedBody;
+use crate::access_log::{Refused, RequestFacts, ServedBy, Tap};
+use crate::backend_pool::{self, BackendBody, SendError, HOP_BY_HOP};
+use crate::classes::CLASS_HEADER;
+use crate::endpoint::{AcquireError, Lease, Rank, Want};
+use crate::metrics::{ClassEvent, Retry, Unavailable};
+use crate::prefix::prefix_key;
+use crate::proxy::answers::{is_safe, logged, openai_error, unavailable};
+use crate::proxy::body::BodyKind;
+use crate::proxy::connections::ClientConn;
+use crate::proxy::resumable::{MoveContext, Resumable, ResumableBody};
+use crate::proxy::target::Target;
+use crate::registry::ReplicaId;
+use crate::settings::MODEL_PATHS;
+
+pub(super) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// The request as it goes to a replica: origin-form target, HTTP/1.1,
 /// hop-by-hop headers left out, `X-Forwarded-For` extended, the body whole
