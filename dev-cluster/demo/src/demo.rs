@@ -16,10 +16,10 @@ use anyhow::{bail, Context};
 use onepool_dev_cluster::process::Tracked;
 use onepool_loadgen::Load;
 
-use super::watch::Watch;
 use crate::commands::slurm;
 use crate::settings::ABORT;
 use crate::users::cancel_demo_jobs;
+use crate::watch::Watch;
 
 pub(crate) fn step(text: &str) {
     if std::io::stdout().is_terminal() {

@@ -11,7 +11,6 @@ use anyhow::{bail, Context};
 use onepool_dev_cluster::model_server::{ModelServer, MODEL_NAME};
 use onepool_loadgen::{ChatShape, Load, Trace};
 
-use super::watch::{Kind, Timeline};
 use crate::commands::{job_state, slurm};
 use crate::config::config;
 use crate::demo::{free_port, step, Demo};
@@ -20,6 +19,7 @@ use crate::settings::{
     SCALE_DOWN_DELAY_SECS, TRAINING_JOB, TRAINING_SECS,
 };
 use crate::users::{ensure_other_user, submit_as_other_user};
+use crate::watch::{Kind, Timeline};
 
 /// Phase 2: Someone else's job, which onepoold must leave alone.
 pub(crate) fn someone_elses_job(d: &mut Demo, tl: &Timeline, slurm_conf: &str) -> anyhow::Result<u32> {

@@ -2,9 +2,9 @@
 
 use onepool_loadgen::Load;
 
-use super::watch::{Kind, Timeline};
 use crate::demo::{step, Demo};
 use crate::settings::OTHER_USER;
+use crate::watch::{Kind, Timeline};
 
 /// Phase 8: Summary: the timeline, the replica jobs, the requests.
 pub(crate) fn summary(

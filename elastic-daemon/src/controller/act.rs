@@ -14,7 +14,7 @@ use onepool_router::endpoint::EndpointSnapshot;
 use onepool_router::registry::ReplicaState;
 use onepool_slurm_commands::state::JobInfo;
 
-use super::sbatch::sbatch_args;
+use crate::controller::sbatch::sbatch_args;
 use crate::controller::{blocking, decisions, unix_now, Controller, Live, Member, TrackedJob};
 use crate::round_error::RoundError;
 

@@ -9,7 +9,7 @@ use onepool_decisions::record::JobRecord;
 use onepool_launcher::conventions::ReplicaNote;
 use onepool_slurm_commands::state::JobDetails;
 
-use super::ReclaimMode;
+use crate::controller::ReclaimMode;
 
 /// A reclaim as the victim's record tells it.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,8 +8,8 @@ use onepool_launcher::conventions::ReplicaNote;
 use onepool_router::metrics::EndpointLabels;
 use onepool_slurm_commands::state::JobDetails;
 
-use super::sbatch::launcher_end;
-use super::view::{FailedStartView, StartFailures};
+use crate::controller::sbatch::launcher_end;
+use crate::controller::view::{FailedStartView, StartFailures};
 use crate::controller::{blocking, Controller, TrackedJob};
 use crate::round_error::RoundError;
 

@@ -13,9 +13,9 @@ use onepool_router::endpoint::Endpoint;
 use onepool_router::registry::RegistryError;
 use onepool_slurm_commands::state::JobInfo;
 
-use super::reclaims::EndedJob;
-use super::sbatch::owned;
 use crate::config::ReplicaTransport;
+use crate::controller::reclaims::EndedJob;
+use crate::controller::sbatch::owned;
 use crate::controller::{blocking, job_nodes, live, member_ports, unix_now, Controller, Live, Member, TrackedJob};
 use crate::round_error::RoundError;
 

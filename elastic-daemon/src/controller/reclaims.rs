@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use onepool_router::metrics::{EndpointLabels, ReclaimLabels};
 
-use super::ending::{reclaim_of, RecordedReclaim};
-use super::view::{ReclaimMode, ReclaimView, RECENT_RECLAIMS};
+use crate::controller::ending::{reclaim_of, RecordedReclaim};
+use crate::controller::view::{ReclaimMode, ReclaimView, RECENT_RECLAIMS};
 use crate::controller::{blocking, kind_name, Controller, TrackedJob};
 
 /// A replica job that left the queue, its record still to be read.

@@ -9,9 +9,8 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
-use super::body::ProxyBody;
 use crate::access_log::{RequestFacts, Tap};
-use crate::proxy::body::BodyKind;
+use crate::proxy::body::{BodyKind, ProxyBody};
 use crate::proxy::Target;
 
 pub(super) fn full(body: impl Into<Bytes>) -> ProxyBody {

@@ -10,11 +10,11 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 
-use super::leased::LeasedBody;
-use super::watched::WatchedStream;
 use crate::access_log::Tap;
 use crate::proxy::connections::RequestHold;
+use crate::proxy::leased::LeasedBody;
 use crate::proxy::resumable::ResumableBody;
+use crate::proxy::watched::WatchedStream;
 
 /// A response body: the router's own answer, or a replica's passing
 /// through (no box per response).

@@ -13,8 +13,8 @@ use http::Version;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
-use super::routes::Dispatch;
 use crate::metrics::{ListenerLabels, Metrics, RefusedLabels};
+use crate::proxy::routes::Dispatch;
 use crate::settings::ConnSettings;
 
 /// A client connection as requests on it see it.

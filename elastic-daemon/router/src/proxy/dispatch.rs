@@ -14,16 +14,14 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use hyper::body::Incoming;
 
-use super::body::ProxyBody;
-use super::body_budget::BodyBudget;
-use super::routes::{Dispatch, Routed};
 use crate::access_log::RequestFacts;
 use crate::proxy::answers::{
     error_response, is_models_list, json_response, list_models, logged, openai_error, unauthorized,
 };
-use crate::proxy::body_budget::read_whole;
+use crate::proxy::body::ProxyBody;
+use crate::proxy::body_budget::{read_whole, BodyBudget};
 use crate::proxy::connections::ClientConn;
-use crate::proxy::routes::By;
+use crate::proxy::routes::{By, Dispatch, Routed};
 use crate::proxy::to_replica::{forward, Prepared};
 use crate::proxy::Target;
 use crate::settings::MODEL_PATHS;

@@ -13,7 +13,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::server::conn::auto;
 
-use super::body::ProxyBody;
+use crate::proxy::body::ProxyBody;
 use crate::proxy::connections::{ClientConn, Connections};
 use crate::settings::ConnSettings;
 

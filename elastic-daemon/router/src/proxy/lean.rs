@@ -39,9 +39,9 @@ use http_body::{Body, Frame};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::body::ProxyBody;
 use crate::backend_pool::HOP_BY_HOP;
 use crate::classes::CLASS_HEADER;
+use crate::proxy::body::ProxyBody;
 use crate::proxy::body_budget::BodyShare;
 use crate::proxy::client_stream::ClientStream;
 use crate::proxy::connections::{ClientConn, RequestHold};

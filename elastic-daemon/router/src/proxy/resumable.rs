@@ -13,10 +13,10 @@ use bytes::Bytes;
 use http::header::HeaderValue;
 use http_body::{Body, Frame};
 
-use super::leased::LeasedBody;
-use super::watched::{cut_event, cut_reason, EventTail, ENDED, LOST};
 use crate::endpoint::{Endpoint, Lease};
 use crate::metrics::Metrics;
+use crate::proxy::leased::LeasedBody;
+use crate::proxy::watched::{cut_event, cut_reason, EventTail, ENDED, LOST};
 use crate::registry::ReplicaId;
 use crate::resume::events::{data_of, without_key, Data, Splitter, LOGPROBS};
 use crate::resume::moving::{continue_elsewhere, Ask, Continuation, Failed, Source};

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use http::Response;
 
-use super::body_budget::BodyBudget;
-use super::target::Target;
 use crate::metrics::RequestCounters;
+use crate::proxy::body_budget::BodyBudget;
+use crate::proxy::target::Target;
 use crate::settings::Routes;
 
 /// How a listener picks the endpoint for a request.

@@ -14,13 +14,13 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use super::routes::Dispatch;
 use crate::metrics::Metrics;
 use crate::proxy::client_stream::{ClientStream, REFUSED};
 use crate::proxy::connections::{ClientConn, Connections, RequestHold};
 use crate::proxy::dispatch::{plan, Plan};
 use crate::proxy::graceful::{Guarded, HeadTimeout};
 use crate::proxy::lean;
+use crate::proxy::routes::Dispatch;
 use crate::proxy::to_replica::forward;
 use crate::settings::ConnSettings;
 

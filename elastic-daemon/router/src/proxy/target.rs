@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use super::body_budget::BodyBudget;
 use crate::access_log::AccessLog;
 use crate::backend_pool::IDLE_TIMEOUT;
 use crate::endpoint::Endpoint;
 use crate::metrics::Metrics;
+use crate::proxy::body_budget::BodyBudget;
 use crate::proxy::resumable::MoveContext;
 use crate::settings::ProxySettings;
 

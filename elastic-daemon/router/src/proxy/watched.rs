@@ -13,8 +13,8 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame};
 
-use super::leased::LeasedBody;
 use crate::endpoint::Endpoint;
+use crate::proxy::leased::LeasedBody;
 use crate::resume::splice::coded_error_event;
 
 /// Bytes of the last line's start that tell how a stream ended.

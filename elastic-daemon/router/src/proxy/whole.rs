@@ -10,8 +10,8 @@ use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Map, Value};
 
-use super::answers::openai_error;
-use super::body::{BodyKind, ProxyBody};
+use crate::proxy::answers::openai_error;
+use crate::proxy::body::{BodyKind, ProxyBody};
 use crate::resume::events::{data_of, Data, Splitter};
 use crate::resume::plan::Api;
 

@@ -1,4 +1,7 @@
 use super::*;
+use std::net::SocketAddr;
+
+use crate::registry::ReplicaState;
 
 fn addr(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
