@@ -53,7 +53,7 @@ use crate::settings::MODEL_PATHS;
 /// Most header fields in a request head (hyper's default limit too).
 const MAX_FIELDS: usize = 100;
 /// Read buffer growth.
-const READ_CHUNK: usize = 8192;
+pub(super) const READ_CHUNK: usize = 8192;
 /// Largest request body the lean path takes. Its bytes are read before
 /// the body budget is asked (a larger body goes to hyper's path, which
 /// asks it frame by frame), so this bounds what a connection holds outside
