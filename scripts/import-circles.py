@@ -136,8 +136,10 @@ def edges_of(mods):
             found.setdefault(m.group(0).rstrip("{").rstrip(":"), line)
         # A path that starts with a module this file declares (`mod state;`
         # then `use state::Sim;` or `state::Sim::new()`) is an edge to it.
+        # A re-export (`pub use child::Item;`) publishes, it does not use.
+        used = re.sub(r"\bpub\s+use\s+[^;]*;", lambda m: re.sub(r"[^\n]", " ", m.group(0)), code)
         for child in [] if not PARENT_EDGES else re.findall(r"^\s*(?:pub\s*(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", code, re.M):
-            for m in re.finditer(r"(?<![:\w])" + child + r"((?:::[A-Za-z_]\w*)+)", code):
+            for m in re.finditer(r"(?<![:\w])" + child + r"((?:::[A-Za-z_]\w*)+)", used):
                 line = code.count("\n", 0, m.start()) + 1
                 found.setdefault("self::" + child + m.group(1), line)
             for m in re.finditer(r"(?<!pub )\buse\s+([^;]*);", code):
