@@ -414,3 +414,81 @@ async fn access_lines(path: &std::path::Path, n: usize) -> Vec<onepool_decisions
     }
     text().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
+
+/// Issue #51: an agents key flooding from 50 clients keeps its class's
+/// queue (bound 20) full, and a second agents key sending a request every
+/// 0.3 s is still admitted and served every time, in turn; the flood's
+/// excess gets 429 with a `Retry-After` of the wait its key's turns would
+/// take (the queue timeout, 60 s here, only before the class has a pace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_flooding_its_class_does_not_shut_another_key_of_the_class_out() {
+    const SECOND_KEY: &str = "agents-key-2-0123456789abcdef";
+    let e = engine_paced(Cut::Never, PACE).await;
+    let mut cfg = endpoint_config(SLOTS, 20, Duration::from_secs(60));
+    cfg.proxy.request_timeout = Duration::from_secs(60);
+    let agents = || Some("agents".to_string());
+    cfg.proxy.auth = Some(BearerTokens::with_classes([
+        (LIVE_KEY.to_string(), None),
+        (AGENTS_KEY.to_string(), agents()),
+        (SECOND_KEY.to_string(), agents()),
+    ]));
+    let ranks = [("inference", 2), ("agents", 3)];
+    cfg.proxy.classes = RequestClasses::new("inference", ranks.map(|(n, r)| (n.to_string(), r))).map(Arc::new);
+    let h = Harness::new(cfg, &[e.addr]).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let shed = Arc::new(Mutex::new(Vec::new()));
+    let flood: Vec<_> = (0..50)
+        .map(|_| {
+            let (url, stop, shed) = (h.url.clone(), stop.clone(), shed.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let (status, retry_after) = status_of(&url, AGENTS_KEY).await;
+                    if status == 429 {
+                        shed.lock().unwrap().push(retry_after);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut second = Vec::new();
+    for _ in 0..10 {
+        let url = h.url.clone();
+        second.push(tokio::spawn(async move { status_of(&url, SECOND_KEY).await.0 }));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let mut statuses = Vec::new();
+    for t in second {
+        statuses.push(t.await.unwrap());
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in flood {
+        t.await.unwrap();
+    }
+    let shed = shed.lock().unwrap().clone();
+    let last = &shed[shed.len().saturating_sub(8)..];
+    eprintln!("second key: {statuses:?}; the flood shed {} times, the last with Retry-After {last:?}", shed.len());
+    assert_eq!(statuses, [200; 10], "the second key is served every time");
+    assert!(!shed.is_empty(), "the flood was shed");
+    // The queue timeout only until the class has been served from its
+    // queue twice (no pace yet); from then on, the wait its turns take.
+    assert!(shed.iter().all(|s| s.is_some_and(|s| (1..=60).contains(&s))), "{shed:?}");
+    assert!(last.iter().all(|s| s.is_some_and(|s| s < 60)), "the expected wait, not the queue timeout: {last:?}");
+}
+
+/// A streamed chat of `TOKENS` tokens with `key`, read to its end: its
+/// status and `Retry-After`.
+async fn status_of(url: &str, key: &str) -> (u16, Option<u64>) {
+    let body = serde_json::json!({"model": "fake", "messages": [{"role": "user", "content": "go"}],
+        "max_tokens": TOKENS, "stream": true});
+    let req = Request::post(format!("{url}/v1/chat/completions"))
+        .header("authorization", format!("Bearer {key}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let Ok(resp) = client().request(req).await else { return (0, None) };
+    let status = resp.status().as_u16();
+    let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()?.parse().ok());
+    let _ = resp.into_body().collect().await;
+    (status, retry_after)
+}

@@ -32,6 +32,10 @@ pub enum AcquireError {
     /// A class below the endpoint's own is past its own bound (429).
     #[error("this request class's share of the queue is full")]
     ClassFull,
+    /// The class is at its bound and the request's API key holds its
+    /// share of it already (429, issue #51).
+    #[error("this API key holds its share of its class's queue")]
+    KeyFull,
 }
 
 /// What a request asks of the endpoint for a slot.
@@ -125,10 +129,7 @@ impl Endpoint {
                 return Ok(self.lease_chosen(&mut g, id, want.rank));
             }
             if !want.ahead {
-                let of_rank = g.waiters.iter().filter(|w| w.rank == want.rank && !w.ahead).count();
-                if of_rank >= self.queue.size {
-                    return Err(if want.lower { AcquireError::ClassFull } else { AcquireError::QueueFull });
-                }
+                self.admit(&g, &want)?;
             }
             let (tx, rx) = oneshot::channel();
             let wid = g.next_waiter;
@@ -209,6 +210,36 @@ impl Endpoint {
         }
     }
 
+    /// Whether a new request may wait in its class's queue: while the
+    /// class is under its bound, yes; at it, only a key under its share
+    /// (issue #51: a key flooding its class does not shut another key of
+    /// the class out), up to twice the bound in all.
+    fn admit(&self, g: &Inner, want: &Want<'_>) -> Result<(), AcquireError> {
+        let size = self.queue.size;
+        let of_rank = g.waiters.iter().filter(|w| w.rank == want.rank && !w.ahead).count();
+        if of_rank < size {
+            return Ok(());
+        }
+        let keyed = want.key != 0 && size > 0 && of_rank < 2 * size;
+        if !keyed {
+            return Err(if want.lower { AcquireError::ClassFull } else { AcquireError::QueueFull });
+        }
+        let mine = g.fair.waiting(want.rank, want.key) as usize;
+        match mine < g.fair.share(want.rank, want.key, size) {
+            true => Ok(()),
+            false => Err(AcquireError::KeyFull),
+        }
+    }
+
+    /// How long a request of `key` refused a place in `rank`'s queue would
+    /// wait if it came back now (its `Retry-After`): its key's turns at
+    /// the pace the class is served; the queue timeout before there is a
+    /// pace to go by. One second at least.
+    pub fn expected_wait(&self, rank: Rank, key: u32) -> Duration {
+        let g = self.lock();
+        g.fair.expected_wait(rank, key).unwrap_or(self.queue.timeout).max(Duration::from_secs(1))
+    }
+
     /// A request of `rank` waits: the newest stream of the lowest class
     /// below it, on a replica the request may use, is asked to give its
     /// slot up (issue #44); the router continues that stream later, from
@@ -261,6 +292,8 @@ impl Endpoint {
                 continue;
             };
             let w = g.take_waiter(i, true).expect("index checked above");
+            // Read only when a queued request is served: the class's pace.
+            g.fair.served(w.rank, Instant::now());
             let shared = self.shared_of(g, id);
             if w.tx.send((id, shared)).is_err() {
                 // The waiter is gone (its guard removes it under this lock, so

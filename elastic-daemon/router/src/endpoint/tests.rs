@@ -324,3 +324,56 @@ async fn keys_of_one_class_take_turns_in_the_queue() {
     assert_eq!(*order.lock().unwrap(), ["a1", "b1", "a2", "b2", "a3"]);
     assert_eq!(e.lock().fair.tracked(), 0, "nothing kept of keys no longer waiting");
 }
+
+/// Issue #51: a key that fills its class's queue gets no more places
+/// while another key of the class waits, and the other key is still
+/// admitted (up to its share, past the class's bound) and served in turn;
+/// requests without a key keep the class's bound as it is.
+#[tokio::test]
+async fn a_key_that_fills_its_class_s_queue_does_not_shut_another_key_out() {
+    let e = endpoint(1, 4, 5_000);
+    e.add(addr(1), None, true).unwrap();
+    let held = e.acquire(&[]).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let want = |key| Want { rank: Rank(3), lower: true, key, ..Want::default() };
+    let mut tasks = Vec::new();
+    let queue = |key: u32, name: &'static str, tasks: &mut Vec<_>| {
+        let (ep, order) = (e.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = ep.acquire_want(want(key)).await;
+            order.lock().unwrap().push(name);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            lease.map(|_| ())
+        }));
+    };
+    for name in ["a1", "a2", "a3", "a4"] {
+        queue(1, name, &mut tasks);
+        let n = tasks.len();
+        while e.snapshot().queued < n {
+            tokio::task::yield_now().await;
+        }
+    }
+    // Key 1 alone holds the whole bound; its next is refused, as one
+    // without a key would be.
+    assert_eq!(e.acquire_want(want(1)).await.err(), Some(AcquireError::KeyFull));
+    assert_eq!(e.acquire_want(want(0)).await.err(), Some(AcquireError::ClassFull));
+    // Key 2 is admitted past the bound, to its share (4 / 2 keys)...
+    for name in ["b1", "b2"] {
+        queue(2, name, &mut tasks);
+        let n = tasks.len();
+        while e.snapshot().queued < n {
+            tokio::task::yield_now().await;
+        }
+    }
+    assert_eq!(e.acquire_want(want(2)).await.err(), Some(AcquireError::KeyFull));
+    assert_eq!(e.acquire_want(want(1)).await.err(), Some(AcquireError::KeyFull));
+    assert!(e.expected_wait(Rank(3), 1) >= Duration::from_secs(1));
+    // ...and served in turn.
+    drop(held);
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), Ok(()));
+    }
+    assert_eq!(*order.lock().unwrap(), ["a1", "b1", "a2", "b2", "a3", "a4"]);
+    // The class's pace is known now: a refusal's wait is its key's turns.
+    assert!(e.lock().fair.expected_wait(Rank(3), 1).is_some());
+}

@@ -442,7 +442,7 @@ async fn acquire(ctx: &Target, p: &Prepared, tried: &[ReplicaId], prefix: &[u64]
 /// The answer when no replica could be had: why the last attempt failed,
 /// else why none was free.
 fn no_replica(ctx: &Target, last_failure: Option<Failure>, e: AcquireError, p: &Prepared) -> Response<ProxyBody> {
-    if let (AcquireError::ClassFull | AcquireError::QueueFull, Some(c)) = (e, p.class()) {
+    if let (AcquireError::ClassFull | AcquireError::QueueFull | AcquireError::KeyFull, Some(c)) = (e, p.class()) {
         ctx.metrics.count_class(ctx.endpoint.name(), &c.name, ClassEvent::Shed);
     }
     let r = match (last_failure, e) {
@@ -455,18 +455,34 @@ fn no_replica(ctx: &Target, last_failure: Option<Failure>, e: AcquireError, p: &
             ctx.endpoint.count_unavailable(Unavailable::QueueTimeout);
             refused(unavailable(ctx, "no replica became free in time; retry later"), "queue_timeout")
         }
-        (None, AcquireError::ClassFull) => {
-            let mut r = openai_error(
-                StatusCode::TOO_MANY_REQUESTS,
-                "this request class's share of the endpoint's queue is full; requests of higher classes go first, retry later",
-            );
-            let secs = ctx.endpoint.queue_settings().timeout.as_secs().max(1);
-            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
-            refused(r, "class_full")
-        }
+        (None, AcquireError::ClassFull) => shed(
+            ctx,
+            p,
+            "this request class's share of the endpoint's queue is full; requests of higher classes go first, retry later",
+            "class_full",
+        ),
+        (None, AcquireError::KeyFull) => shed(
+            ctx,
+            p,
+            "this API key holds its share of its request class's queue while other keys of the class wait; retry after the time Retry-After says",
+            "key_full",
+        ),
     };
     ctx.endpoint.count_answer(r.status().as_u16());
     r
+}
+
+/// 429 for a request its class's queue has no place for: `Retry-After` is
+/// how long the request would wait if it came back now (its key's turns
+/// at the pace its class is served, issue #51).
+fn shed(ctx: &Target, p: &Prepared, message: &str, why: &'static str) -> Response<ProxyBody> {
+    let mut r = openai_error(StatusCode::TOO_MANY_REQUESTS, message);
+    let rank = p.class().map(|c| c.rank).unwrap_or_default();
+    let wait = ctx.endpoint.expected_wait(rank, p.key);
+    // Whole seconds, rounded up: a client never comes back too early.
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    refused(r, why)
 }
 
 /// One attempt's exchange up to the response head. A lost replica's

@@ -96,6 +96,7 @@ impl Failed {
             Failed::NoReplica(AcquireError::QueueFull) => "queue_full",
             Failed::NoReplica(AcquireError::TimedOut) => "queue_timeout",
             Failed::NoReplica(AcquireError::ClassFull) => "class_full",
+            Failed::NoReplica(AcquireError::KeyFull) => "key_full",
             Failed::Replica(_) => "replica_failed",
         }
     }
