@@ -70,14 +70,8 @@ struct Seen {
 /// One streamed chat of `TOKENS` tokens with `key`; `tokens` counts its
 /// text events as they arrive while `counting` is set.
 async fn stream(url: &str, key: &str, tokens: Option<(&AtomicU64, &AtomicBool)>) -> Seen {
-    let body = serde_json::json!({"model": "fake", "messages": [{"role": "user", "content": "go"}],
-        "max_tokens": TOKENS, "stream": true});
-    let req = Request::post(format!("{url}/v1/chat/completions"))
-        .header("authorization", format!("Bearer {key}"))
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
     let t0 = Instant::now();
-    let Ok(resp) = client().request(req).await else {
+    let Ok(resp) = client().request(streamed_chat(url, key)).await else {
         return Seen { status: 0, ttfb: t0.elapsed(), whole: false };
     };
     let status = resp.status().as_u16();
@@ -480,15 +474,19 @@ async fn a_key_flooding_its_class_does_not_shut_another_key_of_the_class_out() {
 /// A streamed chat of `TOKENS` tokens with `key`, read to its end: its
 /// status and `Retry-After`.
 async fn status_of(url: &str, key: &str) -> (u16, Option<u64>) {
-    let body = serde_json::json!({"model": "fake", "messages": [{"role": "user", "content": "go"}],
-        "max_tokens": TOKENS, "stream": true});
-    let req = Request::post(format!("{url}/v1/chat/completions"))
-        .header("authorization", format!("Bearer {key}"))
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let Ok(resp) = client().request(req).await else { return (0, None) };
+    let Ok(resp) = client().request(streamed_chat(url, key)).await else { return (0, None) };
     let status = resp.status().as_u16();
     let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()?.parse().ok());
     let _ = resp.into_body().collect().await;
     (status, retry_after)
+}
+
+/// A streamed chat of `TOKENS` tokens at the router `url`, with `key`.
+fn streamed_chat(url: &str, key: &str) -> Request<Full<Bytes>> {
+    let body = serde_json::json!({"model": "fake", "messages": [{"role": "user", "content": "go"}],
+        "max_tokens": TOKENS, "stream": true});
+    Request::post(format!("{url}/v1/chat/completions"))
+        .header("authorization", format!("Bearer {key}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
 }

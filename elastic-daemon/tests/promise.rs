@@ -173,3 +173,32 @@ async fn a_stream_that_ended_whole_or_with_the_launcher_s_event_gets_nothing_mor
         h2.daemon.shutdown().await;
     }
 }
+
+/// A stream the router does not follow whose replica is lost (its node cut
+/// off: no byte more, health checks unanswered) ends with `replica_lost`
+/// once the health checks say so, well before `response_idle_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_the_router_does_not_follow_ends_with_replica_lost_when_its_replica_is_lost() {
+    for resume in [false, true] {
+        let mut cfg = endpoint_config(8, 16, Duration::from_secs(2));
+        cfg.proxy.resume = resume.then_some(ResumeSettings { method: Method::Tokens, max_moves: 3 });
+        cfg.proxy.response_idle_timeout = Duration::from_secs(30);
+        cfg.health = Some(onepool_router::settings::HealthCheck {
+            path: "/health".into(),
+            interval: Duration::from_millis(100),
+            timeout: Duration::from_millis(200),
+        });
+        let e = engine(Cut::Lost(6)).await;
+        let h = Harness::new(cfg, &[e.addr]).await;
+        let t0 = std::time::Instant::now();
+        let (status, got) = post(&h, &shapes(true)[1].1).await;
+        let took = t0.elapsed();
+        let got = got.unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(events(&got).last().unwrap()["error"]["code"], "replica_lost", "resume {resume}: {got}");
+        assert!(!got.contains("[DONE]"), "{got}");
+        assert!(took < Duration::from_secs(10), "ended after {took:?}, not at the idle timeout");
+        assert_eq!(metric(&h, "onepool_router_streams_cut_total", "replica_lost"), 1);
+        h.daemon.shutdown().await;
+    }
+}

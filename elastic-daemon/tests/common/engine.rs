@@ -42,6 +42,9 @@ pub enum Cut {
     /// answered, after this many milliseconds (a model server killed while
     /// it computes the answer).
     CloseBeforeHead(u64),
+    /// After N tokens: nothing more on any connection, health checks
+    /// included (a node cut off the network).
+    Lost(u32),
 }
 
 /// The answer's token `i`: its bytes. Every seventh token pair is one
@@ -81,6 +84,7 @@ pub async fn engine_paced(cut: Cut, pace: Duration) -> Engine {
     let addr = listener.local_addr().unwrap();
     let generations = Arc::new(AtomicU64::new(0));
     let served = generations.clone();
+    let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
     tokio::spawn(async move {
         let mut first = true;
         loop {
@@ -90,11 +94,17 @@ pub async fn engine_paced(cut: Cut, pace: Duration) -> Engine {
                 tokio::spawn(close_before_head(stream, Duration::from_millis(ms)));
                 continue;
             }
-            let served = served.clone();
+            let (served, lost) = (served.clone(), lost.clone());
             tokio::spawn(async move {
                 let svc = service_fn(move |req: Request<Incoming>| {
-                    let served = served.clone();
-                    async move { Ok::<_, Infallible>(serve(req, cut, served, pace).await) }
+                    let (served, lost) = (served.clone(), lost.clone());
+                    async move {
+                        if lost.load(Ordering::SeqCst) {
+                            // Cut off: no answer ever comes.
+                            std::future::pending::<()>().await;
+                        }
+                        Ok::<_, Infallible>(serve(req, cut, served, pace, lost).await)
+                    }
                 });
                 let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
             });
@@ -131,8 +141,17 @@ pub fn tokenize(text: &str) -> Vec<u32> {
     text.chars().map(|c| c as u32 % 900 + 1).collect()
 }
 
-async fn serve(req: Request<Incoming>, cut: Cut, served: Arc<AtomicU64>, pace: Duration) -> Response<EngineBody> {
+async fn serve(
+    req: Request<Incoming>,
+    cut: Cut,
+    served: Arc<AtomicU64>,
+    pace: Duration,
+    lost: Arc<std::sync::atomic::AtomicBool>,
+) -> Response<EngineBody> {
     let path = req.uri().path().to_string();
+    if path == "/health" {
+        return json_answer(json!({"status": "ok"}));
+    }
     let body: Value = serde_json::from_slice(&req.into_body().collect().await.unwrap().to_bytes()).unwrap_or(json!({}));
     match path.as_str() {
         "/apply-template" => return json_answer(json!({"prompt": templated(&body["messages"])})),
@@ -154,6 +173,7 @@ async fn serve(req: Request<Incoming>, cut: Cut, served: Arc<AtomicU64>, pace: D
         include_usage: body["stream_options"]["include_usage"] == json!(true),
         id: format!("chatcmpl-{}", nth + 1),
         pace,
+        lost,
     };
     if body["stream"] != json!(true) && !native {
         return gen.whole().await;
@@ -199,6 +219,8 @@ struct Generation {
     include_usage: bool,
     id: String,
     pace: Duration,
+    /// Set at a [`Cut::Lost`]: the engine answers nothing more.
+    lost: Arc<std::sync::atomic::AtomicBool>,
 }
 
 type Sender = mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
@@ -219,9 +241,12 @@ impl Generation {
     /// goes on.
     async fn cut_at(&self, k: u64, tx: &Sender) -> bool {
         let at = match self.cut {
-            Cut::Reclaim(at) | Cut::Close(at) | Cut::Silent(at) | Cut::ToolThenReclaim(at) | Cut::EndEarly(at) => {
-                at as u64
-            }
+            Cut::Reclaim(at)
+            | Cut::Close(at)
+            | Cut::Silent(at)
+            | Cut::ToolThenReclaim(at)
+            | Cut::EndEarly(at)
+            | Cut::Lost(at) => at as u64,
             Cut::Never | Cut::CloseBeforeHead(_) => return false,
         };
         if k != at {
@@ -240,6 +265,10 @@ impl Generation {
             }
             Cut::Silent(_) => tokio::time::sleep(Duration::from_secs(3600)).await,
             Cut::EndEarly(_) => {}
+            Cut::Lost(_) => {
+                self.lost.store(true, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            }
             Cut::Never | Cut::CloseBeforeHead(_) => unreachable!(),
         }
         true
