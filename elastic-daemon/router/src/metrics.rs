@@ -126,8 +126,10 @@ pub enum Retry {
     Lost,
     /// The replica answered that it drains.
     Draining,
-    /// The exchange failed after the request was written, on an endpoint
-    /// whose requests may be sent twice (`retry.idempotent`).
+    /// The exchange failed after the request was written (or the model
+    /// server failed it before answering), on a request that may be sent
+    /// twice: a safe method, an OpenAI generation POST, or any on an
+    /// endpoint with `retry.idempotent`.
     Failed,
 }
 
@@ -449,7 +451,7 @@ impl Metrics {
         r.register("unavailable", "Requests answered 503, by reason: queue_full, queue_timeout, draining (no other replica took it), replica (its own 503)", self.unavailable.clone());
         r.register(
             "retries",
-            "Requests sent to another replica after an attempt, by reason: not_sent (no connection), replica_lost (its health checks got no answer), draining, failed (retry.idempotent)",
+            "Requests sent to another replica after an attempt, by reason: not_sent (no connection), replica_lost (its health checks got no answer), draining, failed (the exchange failed, or the model server failed it before answering, on a request that may be sent twice: safe methods, OpenAI generation POSTs, retry.idempotent)",
             self.retries.clone(),
         );
         r.register(
