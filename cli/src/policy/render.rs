@@ -7,10 +7,10 @@ use onepool_decisions::policy::load;
 use onepool_decisions::render::live::Changes;
 use onepool_decisions::render::{render, Rendered};
 
+use super::args::{Format, RenderArgs};
 use super::check::summary;
 use super::json::{self, Parts};
 use super::source::Source;
-use super::{Format, RenderArgs};
 use onepool_slurm_commands::{live, Runner, SystemRunner};
 
 /// How long one Slurm command may take: slurmctld or slurmdbd not

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::conf::slurm_time;
 use super::live::LiveQos;
 use crate::annotation::ReclaimMode;
 use crate::duration;
@@ -221,7 +222,7 @@ impl QosSetting {
             QosSetting::GraceTime(d) => format!("GraceTime={}", d.as_secs()),
             QosSetting::GrpGpus(n) => format!("GrpTRES={}", gpus(n)),
             QosSetting::MaxGpusPerJob(n) => format!("MaxTRESPerJob={}", gpus(n)),
-            QosSetting::MaxWall(Some(d)) => format!("MaxWall={}", super::slurm_time(*d)),
+            QosSetting::MaxWall(Some(d)) => format!("MaxWall={}", slurm_time(*d)),
             QosSetting::MaxWall(None) => "MaxWall=-1".to_string(),
             QosSetting::DenyOnLimit(true) if adding => format!("Flags={DENY_ON_LIMIT}"),
             QosSetting::DenyOnLimit(true) => format!("Flags+={DENY_ON_LIMIT}"),

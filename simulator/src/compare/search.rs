@@ -20,12 +20,12 @@
 //! one GPU (then no service figure of any class gets worse with more
 //! GPUs; lost GPU-hours and requests cut off by reclaims still may).
 
-use serde::Serialize;
+use onepool_decisions::policy::Policy;
 
-use super::{figures, run_separate, run_shared, ClassFigures, ClassMisses, Missed, Settings, Unmet};
+use crate::compare::figures::{figures, run_separate, run_shared, ClassFigures, Settings};
+use crate::compare::why::{ClassMisses, Missed, SearchEstimate, SharedSearch, Unmet};
 use crate::engine::Workload;
 use crate::fleet::Fleet;
-use onepool_decisions::policy::Policy;
 
 /// A node count `n` in `1..=max` for which `ok(n)` holds and `ok(n - 1)`
 /// does not (or `n == 1`), found by doubling then bisection, with the
@@ -69,49 +69,6 @@ pub enum Search {
     Always,
     /// Not at all (`--no-search`).
     Never,
-}
-
-/// Simulated items (jobs, requests, autoscaler ticks), summed over the
-/// shared-pool search's runs, that a search may cost without `--search`.
-/// The simulation handles about 4 M requests a second in a release build
-/// on the 2-core machine of bench/RESULTS.md, so this is about half a
-/// minute: a 10-day, 3.3 M-request trace on 125 nodes is searched by
-/// default, a 30-day one is not.
-pub const SEARCH_BUDGET: u64 = 100_000_000;
-
-/// What a shared-pool search was expected to cost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct SearchEstimate {
-    /// Simulations: what the bisection takes to find a pool as large as the
-    /// larger of the simulated fleet and the separate islands.
-    pub runs: u32,
-    /// Simulated items in one run (jobs + requests + autoscaler ticks).
-    pub run_size: u64,
-    /// `runs * run_size`, against `budget`.
-    pub work: u64,
-    pub budget: u64,
-}
-
-/// Why the smallest shared pool was or was not searched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "decision")]
-pub enum SharedSearch {
-    /// `--search`.
-    Asked,
-    /// By default: the estimate was within the budget.
-    Cheap { estimate: SearchEstimate },
-    /// By default, not run: the estimate was over the budget.
-    TooCostly { estimate: SearchEstimate },
-    /// By default, not run: `--shared-only` times the one shared run.
-    SharedOnly,
-    /// `--no-search`.
-    Declined,
-}
-
-impl SharedSearch {
-    pub fn ran(&self) -> bool {
-        matches!(self, SharedSearch::Asked | SharedSearch::Cheap { .. })
-    }
 }
 
 /// Simulated items in one run of `w`: each job and request is at least one
@@ -274,7 +231,9 @@ pub(super) fn search_shared(w: &Workload, policy: &Policy, fleet: &Fleet, s: &Se
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::compare::figures::Settings;
+    use crate::compare::why::SharedSearch;
+    use crate::compare::*;
     use crate::engine::{Job, VictimModel};
 
     #[test]

@@ -5,49 +5,10 @@
 //! internal state ("unmet or not searched"). [`crate::report::reasons`]
 //! puts it into the words every output uses.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use super::{ClassFigures, SharedSearch};
+use crate::compare::figures::{ClassFigures, Miss};
 use crate::engine::ClassStats;
-
-/// A target a class missed in one run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "target", rename_all = "snake_case")]
-pub enum Miss {
-    /// Its requests' p99 queueing delay was over the tightest SLO of its
-    /// endpoints.
-    P99QueueDelay { p99_s: f64, slo_s: f64 },
-    /// Its batch jobs' p95 wait was over `max_p95_wait`.
-    P95Wait { p95_s: f64, max_s: f64 },
-    /// Requests were still unserved at the cut-off.
-    Unserved { requests: u64 },
-    /// Jobs had not started by the cut-off.
-    Unstarted { jobs: u64 },
-}
-
-/// The targets `f` missed (none: [`ClassFigures::meets_target`]).
-pub(super) fn misses(f: &ClassFigures, has_batch: bool, max_p95_wait_s: f64) -> Vec<Miss> {
-    let mut out = Vec::new();
-    if has_batch && over(f.wait_p95_s, max_p95_wait_s) {
-        out.push(Miss::P95Wait { p95_s: f.wait_p95_s, max_s: max_p95_wait_s });
-    }
-    if let Some(slo) = f.slo_p99_s.filter(|slo| over(f.p99_queue_delay_s, *slo)) {
-        out.push(Miss::P99QueueDelay { p99_s: f.p99_queue_delay_s, slo_s: slo });
-    }
-    if f.unserved > 0 {
-        out.push(Miss::Unserved { requests: f.unserved });
-    }
-    if f.unstarted_jobs > 0 {
-        out.push(Miss::Unstarted { jobs: f.unstarted_jobs });
-    }
-    out
-}
-
-/// Over the limit, or not a number: a figure that cannot be compared
-/// does not meet its target.
-fn over(v: f64, limit: f64) -> bool {
-    !matches!(v.partial_cmp(&limit), Some(std::cmp::Ordering::Less | std::cmp::Ordering::Equal))
-}
 
 /// One class's misses at one size.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -99,7 +60,7 @@ pub struct NoSaving {
     /// Every island is the smallest size searched: its GPUs.
     pub smallest_island_gpus: Option<u64>,
     /// The size below `shared_gpus` the search tried, and who missed there.
-    pub below: Option<super::Missed>,
+    pub below: Option<Missed>,
     pub because: Because,
 }
 
@@ -120,36 +81,47 @@ pub enum Because {
     SmallerPoolMissed,
 }
 
-impl NoSaving {
-    /// `None` unless both figures are numbers and the islands' is no
-    /// larger than the pool's.
-    pub(super) fn find(c: &super::Comparison, together_peak_gpus: Option<u32>, smallest: u64) -> Option<NoSaving> {
-        let (separate_gpus, shared_gpus) = (c.separate_gpus?, c.shared_gpus_needed?);
-        if separate_gpus > shared_gpus || !c.separate_sized {
-            return None;
-        }
-        let own: Vec<&super::ClassRow> = c.classes.iter().filter(|r| r.own_island).collect();
-        let together_peak_gpus = together_peak_gpus?;
-        let apart_peak_gpus = own.iter().filter_map(|r| r.separate.as_ref()).map(|f| f.peak_gpus).sum();
-        let smallest_island_gpus = own.iter().all(|r| r.separate_gpus_needed == Some(smallest)).then_some(smallest);
-        let because = if own.len() <= 1 {
-            Because::OneClass
-        } else if together_peak_gpus >= apart_peak_gpus {
-            Because::PeaksTogether
-        } else if smallest_island_gpus.is_some() {
-            Because::SmallestIslands
-        } else {
-            Because::SmallerPoolMissed
-        };
-        Some(NoSaving {
-            separate_gpus,
-            shared_gpus,
-            islands: own.iter().map(|r| r.shared.class.clone()).collect(),
-            together_peak_gpus,
-            apart_peak_gpus,
-            smallest_island_gpus,
-            below: c.shared_smaller_missed.clone(),
-            because,
-        })
+/// Why the smallest shared pool was or was not searched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "decision")]
+pub enum SharedSearch {
+    /// `--search`.
+    Asked,
+    /// By default: the estimate was within the budget.
+    Cheap { estimate: SearchEstimate },
+    /// By default, not run: the estimate was over the budget.
+    TooCostly { estimate: SearchEstimate },
+    /// By default, not run: `--shared-only` times the one shared run.
+    SharedOnly,
+    /// `--no-search`.
+    Declined,
+}
+
+impl SharedSearch {
+    pub fn ran(&self) -> bool {
+        matches!(self, SharedSearch::Asked | SharedSearch::Cheap { .. })
     }
+}
+
+/// What a shared-pool search was expected to cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SearchEstimate {
+    /// Simulations: what the bisection takes to find a pool as large as the
+    /// larger of the simulated fleet and the separate islands.
+    pub runs: u32,
+    /// Simulated items in one run (jobs + requests + autoscaler ticks).
+    pub run_size: u64,
+    /// `runs * run_size`, against `budget`.
+    pub work: u64,
+    pub budget: u64,
+}
+
+/// The shared pool one size below the one found: the size tried and the
+/// classes that missed their target there (what made the search go up).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Missed {
+    pub gpus: u64,
+    pub classes: Vec<String>,
+    /// What each of `classes` missed.
+    pub targets: Vec<ClassMisses>,
 }
