@@ -45,7 +45,7 @@ fn opt_gpus(g: Option<u64>) -> String {
 }
 
 /// A number with thousands separators (search costs run to millions).
-fn count(n: u64) -> String {
+pub(super) fn count(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, ch) in digits.chars().enumerate() {

@@ -14,14 +14,14 @@ use onepool_decisions::policy::Policy;
 use onepool_decisions::replicas::WarmSpec;
 use serde::Deserialize;
 
-use super::{read, read_raw, take, Nobody, Placed, DAEMON};
 use crate::engine::{Endpoint, Req};
 use crate::input::{azure, BadRow, OnBadRow};
+use crate::scenario::reading::{read, take, Nobody, Placed, DAEMON};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawEndpoint {
-    name: String,
+    pub(super) name: String,
     trace: PathBuf,
     trace_endpoint: Option<String>,
     class: String,
@@ -29,8 +29,8 @@ pub(super) struct RawEndpoint {
     gpu_type: Option<String>,
     max_concurrent: u32,
     prefill_tokens_per_s: f64,
-    decode_tokens_per_s: f64,
-    startup: String,
+    pub(super) decode_tokens_per_s: f64,
+    pub(super) startup: String,
     slo_p99: String,
     min_replicas: Option<u32>,
     max_replicas: Option<u32>,
@@ -61,18 +61,6 @@ pub struct EndpointModel {
     /// As written (`"4s"`): the validation quotes it.
     pub startup: String,
     pub decode_tokens_per_s: f64,
-}
-
-/// The scenario's `[[endpoints]]` as written, without reading the traces
-/// or the policy they name (bench/validate-simulator.sh sets the real
-/// endpoint's numbers beside them).
-pub fn endpoint_models(path: &Path) -> Result<Vec<EndpointModel>, String> {
-    let (raw, _) = read_raw(path)?;
-    Ok(raw
-        .endpoints
-        .into_iter()
-        .map(|e| EndpointModel { name: e.name, startup: e.startup, decode_tokens_per_s: e.decode_tokens_per_s })
-        .collect())
 }
 
 /// One `[[endpoints]]`: its trace as requests with service times, its

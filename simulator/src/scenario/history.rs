@@ -10,9 +10,9 @@ use onepool_decisions::classify::{classify, JobRequest, Verdict};
 use onepool_decisions::policy::{Policy, Tier};
 use serde::Deserialize;
 
-use super::{count, read, take, Nobody, Placed, USER};
 use crate::engine::Job;
 use crate::input::{jobs, BadRow, OnBadRow};
+use crate::scenario::reading::{count, read, take, Nobody, Placed, USER};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -76,24 +76,24 @@
 
 mod endpoint;
 mod history;
+mod reading;
 mod victims;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use onepool_decisions::annotation::ReclaimMode;
-use onepool_decisions::classify::{Directory, Submitter};
 use onepool_decisions::duration::parse_seconds;
 use onepool_decisions::policy::{self, Policy};
 use serde::Deserialize;
 
 use crate::engine::{Endpoint, Job, VictimModel, Workload};
 use crate::fleet::{Fleet, NodeGroup};
-use crate::input::{BadRow, OnBadRow, Rows};
-use endpoint::{endpoint, RawEndpoint};
-pub use endpoint::{endpoint_models, EndpointModel};
-use history::{classify_jobs, job_rows, RawJobs};
-use victims::{victims, RawVictims};
+use crate::input::{BadRow, OnBadRow};
+use crate::scenario::endpoint::{endpoint, RawEndpoint};
+use crate::scenario::history::{classify_jobs, job_rows, RawJobs};
+use crate::scenario::reading::{at, read};
+use crate::scenario::victims::{victims, RawVictims};
+
+pub use endpoint::EndpointModel;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -136,60 +136,6 @@ pub struct Scenario {
     pub bad_rows: Vec<BadRow>,
     /// Rows not simulated, by reason (`refused: ...`, `outside the pool`, `job steps`, ...).
     pub ignored: Vec<(String, usize)>,
-}
-
-/// The classifier's users and groups: none. Job records name accounts,
-/// not people, so a batch job is classified as an unprivileged user with
-/// its account ([`USER`]) and a replica as root, as onepoold submits it
-/// ([`DAEMON`]).
-struct Nobody;
-impl Directory for Nobody {
-    fn user_name(&self, _: u32) -> Option<&str> {
-        None
-    }
-    fn in_group(&self, _: u32, _: u32, _: &str) -> bool {
-        false
-    }
-}
-const USER: Submitter = Submitter { uid: 65_534, gid: 65_534 };
-const DAEMON: Submitter = Submitter { uid: 0, gid: 0 };
-
-/// Where the policy put a job or replica: its class, and how that class
-/// is reclaimed (flexible classes) with its drain timeout.
-type Placed = (usize, Option<ReclaimMode>, Option<Duration>);
-
-fn count(ignored: &mut Vec<(String, usize)>, why: String, n: usize) {
-    match ignored.iter_mut().find(|(w, _)| *w == why) {
-        Some((_, k)) => *k += n,
-        None => ignored.push((why, n)),
-    }
-}
-
-fn take<T>(
-    r: Result<Rows<T>, BadRow>,
-    bad_rows: &mut Vec<BadRow>,
-    ignored: &mut Vec<(String, usize)>,
-) -> Result<Vec<T>, String> {
-    let r = r.map_err(|b| format!("{b} (stopping: --on-bad-row=abort)"))?;
-    bad_rows.extend(r.skipped);
-    for (w, n) in r.ignored {
-        count(ignored, w, n);
-    }
-    Ok(r.rows)
-}
-
-fn read(base: &Path, p: &Path) -> Result<(String, String), String> {
-    let path = base.join(p);
-    let shown = path.display().to_string();
-    std::fs::read_to_string(&path).map(|t| (shown.clone(), t)).map_err(|e| format!("{shown}: {e}"))
-}
-
-/// `file:line` of a span of the scenario's text (the file alone without one).
-fn at(path: &Path, text: &str, span: Option<std::ops::Range<usize>>) -> String {
-    match span {
-        Some(r) => format!("{}:{}", path.display(), text[..r.start.min(text.len())].matches('\n').count() + 1),
-        None => path.display().to_string(),
-    }
 }
 
 /// The scenario file's own tables, not yet what they name.
@@ -261,4 +207,16 @@ pub fn build_workload(policy: &Policy, jobs: Vec<Job>, endpoints: Vec<Endpoint>)
     }
     let victims = vec![VictimModel::default(); classes.len()];
     Workload { islands: classes.clone(), classes, jobs, endpoints, victims, t0, t1 }
+}
+
+/// The scenario's `[[endpoints]]` as written, without reading the traces
+/// or the policy they name (bench/validate-simulator.sh sets the real
+/// endpoint's numbers beside them).
+pub fn endpoint_models(path: &Path) -> Result<Vec<EndpointModel>, String> {
+    let (raw, _) = read_raw(path)?;
+    Ok(raw
+        .endpoints
+        .into_iter()
+        .map(|e| EndpointModel { name: e.name, startup: e.startup, decode_tokens_per_s: e.decode_tokens_per_s })
+        .collect())
 }
