@@ -14,7 +14,7 @@ mod status;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "onepool", version, about = "One prioritized GPU pool on Slurm: policy, GPU and simulation tools")]
@@ -49,10 +49,6 @@ enum Command {
     Man { dir: std::path::PathBuf },
 }
 
-/// Exit status when the command could not do its work at all (unreadable
-/// file, Slurm command failing), as opposed to finding problems (1).
-pub const EXIT_TROUBLE: u8 = 2;
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -64,13 +60,13 @@ fn main() -> ExitCode {
         Command::Replica(args) => replica::run_replica(&args),
         Command::Doctor(args) => doctor::run(&args),
         Command::Report(args) => report::run(&args),
-        Command::Man { dir } => manpages::write_all(&dir).map(|()| ExitCode::SUCCESS),
+        Command::Man { dir } => manpages::write_all(&dir, Cli::command()).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("onepool: {e:#}");
-            ExitCode::from(EXIT_TROUBLE)
+            ExitCode::from(status::EXIT_TROUBLE)
         }
     }
 }

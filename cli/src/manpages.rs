@@ -8,18 +8,18 @@
 use std::path::Path;
 
 use anyhow::Context;
-use clap::CommandFactory;
 
 /// The sample policy, the reference the page quotes.
 const SAMPLE_POLICY: &str = include_str!("../../etc/onepool.toml");
 
-pub fn write_all(dir: &Path) -> anyhow::Result<()> {
+/// `cmd`: the `onepool` command line, whose pages these are.
+pub fn write_all(dir: &Path, cmd: clap::Command) -> anyhow::Result<()> {
     let man1 = dir.join("man1");
     let man5 = dir.join("man5");
     for d in [&man1, &man5] {
         std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
-    let cmd = crate::Cli::command().version(env!("CARGO_PKG_VERSION"));
+    let cmd = cmd.version(env!("CARGO_PKG_VERSION"));
     clap_mangen::generate_to(cmd, &man1).with_context(|| format!("writing the pages in {}", man1.display()))?;
     let page = onepool_decisions::manpage::config_page(
         "onepool.toml",
@@ -42,11 +42,12 @@ pub fn write_all(dir: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
 
     #[test]
     fn every_page_is_written_and_names_its_command() {
         let dir = std::env::temp_dir().join(format!("onepool-man-{}", std::process::id()));
-        write_all(&dir).unwrap();
+        write_all(&dir, crate::Cli::command()).unwrap();
         let read = |p: &str| std::fs::read_to_string(dir.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
         let top = read("man1/onepool.1");
         assert!(

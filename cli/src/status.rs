@@ -16,6 +16,10 @@ use onepool_slurm_commands::state::JobInfo;
 use onepool_slurm_commands::SystemRunner;
 use serde_json::json;
 
+/// Exit status when a command could not do its work at all (unreadable
+/// file, Slurm command failing), as opposed to finding problems (1).
+pub const EXIT_TROUBLE: u8 = 2;
+
 #[derive(clap::Args)]
 pub struct StatusArgs {
     /// onepoold's control socket.
@@ -418,7 +422,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     }
-    Ok(if failed { ExitCode::from(crate::EXIT_TROUBLE) } else { ExitCode::SUCCESS })
+    Ok(if failed { ExitCode::from(EXIT_TROUBLE) } else { ExitCode::SUCCESS })
 }
 
 fn load_policy(path: &Path) -> anyhow::Result<Policy> {

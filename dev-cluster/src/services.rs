@@ -87,7 +87,7 @@ pub(crate) fn write_configs(
     l: &Layout,
     spec: &Spec,
     policy: &onepool_decisions::policy::Policy,
-    opts: &crate::UpOptions,
+    opts: &crate::options::UpOptions,
 ) -> Result<bool> {
     let dir = display(&l.root);
     let nodes: String = spec

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, IoContext, Result};
 use crate::hosts::HostsNet;
 use crate::layout::Layout;
-use crate::UpOptions;
+use crate::options::UpOptions;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Spec {
