@@ -1,6 +1,6 @@
 use super::*;
 use onepool_router::backend_pool::Transport;
-use onepool_slurm_commands::state::StepInfo;
+use onepool_slurm_commands::state::{JobInfo, StepInfo};
 
 fn settings() -> ReplicaSettings {
     let c = crate::config::parse(

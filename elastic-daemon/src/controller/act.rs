@@ -15,7 +15,8 @@ use onepool_router::registry::ReplicaState;
 use onepool_slurm_commands::state::JobInfo;
 
 use crate::controller::sbatch::sbatch_args;
-use crate::controller::{blocking, decisions, unix_now, Controller, Live, Member, TrackedJob};
+use crate::controller::tracked::{Live, Member, Seen, TrackedJob};
+use crate::controller::{blocking, unix_now, Controller};
 use crate::round_error::RoundError;
 
 impl Controller {
@@ -120,7 +121,7 @@ impl Controller {
             let live = replicas.iter().filter(|r| r.kind == Kind::Lower && r.phase != Phase::Draining).count() as u32;
             lower = lower.max(live).min(clamped - min);
         }
-        self.seen = decisions::Seen { desired, lower, serving: ready, load };
+        self.seen = Seen { desired, lower, serving: ready, load };
         let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
         v.desired = clamped;
         v.lower = lower;

@@ -17,16 +17,6 @@ use onepool_router::registry::ReplicaState;
 
 use crate::controller::Controller;
 
-/// What a decision saw, for its log line.
-#[derive(Clone, Copy, Default)]
-pub(super) struct Seen {
-    pub desired: u32,
-    /// Of `desired`, for request classes below the endpoint's own only.
-    pub lower: u32,
-    pub serving: u32,
-    pub load: f64,
-}
-
 impl Controller {
     /// Says one decision: log line, counter, decision log.
     pub(super) fn decided(&self, mode: DecisionMode, action: &Action, replicas: &[Replica], target: &EndpointTarget) {

@@ -9,8 +9,9 @@ use onepool_router::metrics::EndpointLabels;
 use onepool_slurm_commands::state::JobDetails;
 
 use crate::controller::sbatch::launcher_end;
+use crate::controller::tracked::TrackedJob;
 use crate::controller::view::{FailedStartView, StartFailures};
-use crate::controller::{blocking, Controller, TrackedJob};
+use crate::controller::{blocking, Controller};
 use crate::round_error::RoundError;
 
 /// A replica job that ends this soon after it first served counts as a

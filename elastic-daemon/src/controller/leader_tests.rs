@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use onepool_slurm_commands::state::{NodeInfo, StepInfo};
+use onepool_slurm_commands::state::{JobInfo, NodeInfo, StepInfo};
 
 use super::*;
 use crate::leader::Leadership;

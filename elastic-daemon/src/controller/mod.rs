@@ -22,15 +22,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use onepool_decisions::autoscale::{Autoscaler, ScalingPolicy};
 use onepool_decisions::backoff::{BackoffPolicy, StartBackoff};
 use onepool_decisions::replicas::Kind;
-use onepool_launcher::conventions::{port_from_name, ReplicaNote};
+use onepool_launcher::conventions::port_from_name;
 use onepool_router::endpoint::{Endpoint, EndpointSnapshot};
 use onepool_router::metrics::Metrics;
 use onepool_router::registry::ReplicaState;
 use onepool_slurm_commands::adapter::{Slurm, SlurmError};
-use onepool_slurm_commands::state::JobInfo;
 use tokio::sync::watch;
 
 use crate::config::ReplicaSettings;
+use crate::controller::tracked::{EndedJob, Seen, TakerSearch, TrackedJob};
 use crate::round_error::RoundError;
 
 mod act;
@@ -40,9 +40,9 @@ mod failures;
 mod observe;
 mod reclaims;
 mod sbatch;
+mod tracked;
 mod view;
 
-use reclaims::{EndedJob, TakerSearch};
 pub use sbatch::{launcher_end, owned, sbatch_args};
 pub use view::{
     ControllerView, FailedStartView, JobPhase, ReclaimMode, ReclaimView, ReplicaJob, ReplicaKind, StartFailures,
@@ -51,84 +51,6 @@ pub use view::{
 
 /// The Slurm adapter the controllers share (called on blocking threads).
 pub type SharedSlurm = Arc<dyn Slurm + Send + Sync>;
-
-/// One replica: a job's only one, or one of a job's per-node ones.
-#[derive(Default)]
-struct Member {
-    /// Where it runs; `None` while its job is pending.
-    node: Option<String>,
-    /// In the router at this address.
-    address: Option<SocketAddr>,
-    drain_started: Option<Instant>,
-    /// The same moment in Unix seconds, for status.
-    drain_started_unix: Option<u64>,
-    /// scancel or a shrink was sent for it: never back into the router.
-    released: bool,
-    /// Its srun step was seen (per-node jobs): once gone, the replica ended.
-    step_seen: bool,
-    /// Its step ended while the node stayed in the job.
-    ended: bool,
-}
-
-impl Member {
-    fn draining(&self) -> bool {
-        self.drain_started.is_some() || self.ended
-    }
-}
-
-struct TrackedJob {
-    /// The port in its name; its replicas use `base_port + 2i`.
-    base_port: u16,
-    kind: Kind,
-    /// Replicas it was seen to host at most (ports reserved for it).
-    width: u16,
-    running: bool,
-    /// When this controller first saw the job running: a replica adopted
-    /// after a restart has its model loaded long ago, but its health is
-    /// being checked anew, and its startup time counts from here.
-    seen_running: Option<Instant>,
-    batch_host: Option<String>,
-    /// Slurm's preemption deadline (Unix seconds) while a poll sees it
-    /// picked: shown in status, never counted (a reclaim is counted from
-    /// the job's record when it ends: [`ending::reclaim_of`]).
-    preempt_end: Option<u64>,
-    /// By slot.
-    members: BTreeMap<u16, Member>,
-    /// Where its replicas listen, from the job's comment.
-    note: Option<ReplicaNote>,
-    /// When one of its replicas first served.
-    served_at: Option<Instant>,
-    /// onepoold counted it as a failed start already (it gave up on it).
-    failure_counted: bool,
-    /// Its nodes (a host list), once it ran.
-    nodes: String,
-}
-
-impl TrackedJob {
-    fn new(base_port: u16, kind: Kind, width: u16) -> TrackedJob {
-        TrackedJob {
-            base_port,
-            kind,
-            width: width.max(1),
-            running: false,
-            seen_running: None,
-            batch_host: None,
-            preempt_end: None,
-            members: BTreeMap::new(),
-            note: None,
-            served_at: None,
-            failure_counted: false,
-            nodes: String::new(),
-        }
-    }
-
-    /// Ports this job holds or may hold (each replica takes a pair).
-    fn uses(&self, port: u16) -> bool {
-        let top = u32::from(self.base_port) + 2 * u32::from(self.width);
-        (u32::from(port) >= u32::from(self.base_port) && u32::from(port) < top)
-            || self.members.keys().any(|p| port == *p || port == p + 1)
-    }
-}
 
 pub struct Controller {
     name: String,
@@ -181,7 +103,7 @@ pub struct Controller {
     /// Advisory mode: what was wanted at the last poll.
     advice: onepool_decisions::decision_log::Advice,
     /// What the last decision saw.
-    seen: decisions::Seen,
+    seen: Seen,
     /// The count change the latency rule last asked for (ready, want), as
     /// logged.
     said_latency: Option<(u32, u32)>,
@@ -229,32 +151,6 @@ fn kind_name(k: Kind) -> ReplicaKind {
         Kind::Supplemental => ReplicaKind::Supplemental,
         Kind::Warm => ReplicaKind::Warm,
         Kind::Lower => ReplicaKind::Lower,
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Live {
-    Pending,
-    Running,
-}
-
-fn live(job: &JobInfo) -> Option<Live> {
-    match job.job_state.as_str() {
-        "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" => Some(Live::Pending),
-        "RUNNING" | "SUSPENDED" => Some(Live::Running),
-        // Completing, completed, cancelled, failed, preempted...: gone.
-        _ => None,
-    }
-}
-
-/// The nodes a running job holds, in Slurm's order (the order in which
-/// `onepool replica --per-node` numbered its replicas at the start; a
-/// shrink or a failed node takes nodes out of it, so positions after one
-/// are only a guess).
-fn job_nodes(job: &JobInfo) -> Vec<String> {
-    match onepool_decisions::hostlist::expand(&job.nodes) {
-        Ok(nodes) if !nodes.is_empty() => nodes,
-        _ => Some(job.batch_host.clone()).filter(|b| !b.is_empty()).into_iter().collect(),
     }
 }
 
@@ -341,7 +237,7 @@ impl Controller {
             step_ends: Vec::new(),
             decision_log: None,
             advice: Default::default(),
-            seen: decisions::Seen::default(),
+            seen: Seen::default(),
             untracked: Vec::new(),
             said_latency: None,
             leadership: crate::leader::Leadership::single(name, None),

@@ -14,9 +14,9 @@ use onepool_router::registry::RegistryError;
 use onepool_slurm_commands::state::JobInfo;
 
 use crate::config::ReplicaTransport;
-use crate::controller::reclaims::EndedJob;
 use crate::controller::sbatch::owned;
-use crate::controller::{blocking, job_nodes, live, member_ports, unix_now, Controller, Live, Member, TrackedJob};
+use crate::controller::tracked::{job_nodes, live, EndedJob, Live, Member, TrackedJob};
+use crate::controller::{blocking, member_ports, unix_now, Controller};
 use crate::round_error::RoundError;
 
 impl Controller {

@@ -8,34 +8,14 @@ use std::time::{Duration, Instant};
 use onepool_router::metrics::{EndpointLabels, ReclaimLabels};
 
 use crate::controller::ending::{reclaim_of, RecordedReclaim};
-use crate::controller::view::{ReclaimMode, ReclaimView, RECENT_RECLAIMS};
-use crate::controller::{blocking, kind_name, Controller, TrackedJob};
-
-/// A replica job that left the queue, its record still to be read.
-pub(super) struct EndedJob {
-    pub job: u32,
-    pub tracked: TrackedJob,
-    /// Reads of its record that failed so far.
-    pub reads: u32,
-}
+use crate::controller::tracked::{TakerSearch, TrackedJob};
+use crate::controller::view::{ReclaimView, RECENT_RECLAIMS};
+use crate::controller::{blocking, kind_name, Controller};
 
 /// Failed reads of an ended job's record before onepoold settles it with
 /// what it saw itself (a slurmctld that does not answer for this long has
 /// other problems, and the record may be gone by then: `MinJobAge`).
 const RECORD_READS: u32 = 10;
-
-/// A reclaimed replica whose taker is still to be found.
-#[derive(Clone, Debug)]
-pub(super) struct TakerSearch {
-    job: u32,
-    nodes: String,
-    mode: ReclaimMode,
-    /// Unix seconds of Slurm's pick (the victim's PreemptTime): the taker
-    /// starts after.
-    picked_at: u64,
-    /// Given up (no other job started on its nodes) after this.
-    until: Instant,
-}
 
 /// How long after a release onepoold looks for the job that took the GPUs.
 pub(super) const TAKER_SEARCH: Duration = Duration::from_secs(30);
