@@ -4,14 +4,16 @@
 An edge A -> B: a path in A's code (a `use` line, braces expanded, or a
 path anywhere in its code outside comments and strings) that starts with
 `crate::`, `super::` or `self::` and names B's module or an item B
-defines. `mod x;` declarations are the tree, not imports, and are not
-edges; nor are `$crate::` paths in a macro's body (they are its caller's)
-or paths inside a `#[cfg(test)] mod` block of a file. Circles are
+defines, or (a parent's edge) a path in A that starts with a module A
+declares (`mod x;` then `x::Y`; issue #53). `mod x;` declarations
+themselves, `pub use` re-exports and visibilities (`pub(super)`) are not
+edges; nor are `$crate::` paths in a macro's body (they are its
+caller's) or paths inside a `#[cfg(test)] mod` block of a file. Circles are
 the strongly connected components of more than one file. Prints each with
 the lines that make its edges; exits 1 when there is one (issue #45: a
 reader must see each room's ground floor from its file names).
 
-    python3 scripts/import-circles.py [ROOT]
+    python3 scripts/import-circles.py [ROOT] [--no-parent-edges]
 """
 
 import os
@@ -19,8 +21,9 @@ import re
 import sys
 
 # `$crate::` in a macro's body is its caller's path, not its file's.
-# Not yet on by default (issue #53): the circles it shows are being cut.
-PARENT_EDGES = "--parent-edges" in sys.argv
+# A parent's edges to the children it declares count (issue #53);
+# `--no-parent-edges` leaves them out, as the check did before.
+PARENT_EDGES = "--no-parent-edges" not in sys.argv
 VISIBILITY = re.compile(r"\bpub\s*\(\s*(?:in\s+[^)]*|crate|super|self)\s*\)")
 PATH = re.compile(r"(?<!\$)\b(crate|super|self)((?:::(?:super|self|[A-Za-z_][A-Za-z0-9_]*))*)(::\{)?")
 

@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
+use onepool_router::settings::ConnSettings;
+use toml::Spanned;
+
 use super::check::Checker;
 use super::file::TlsFile;
 use super::form::Raw;
-use super::ConnSettings;
-use toml::Spanned;
 
 /// A listener's connection limits, from an `[[endpoint]]` (its own
 /// listener) or a `[[listener]]`: `[header_read_timeout,

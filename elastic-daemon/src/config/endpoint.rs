@@ -11,16 +11,15 @@ use onepool_router::prefix::PrefixSettings;
 use onepool_router::registry::HealthThresholds;
 use onepool_router::resume::{Method, ResumeSettings};
 use onepool_router::settings::{HealthCheck, ProxySettings};
+use toml::Spanned;
 
-use super::check::positive;
-use super::check::Checker;
+use super::check::{positive, Checker};
 use super::conn::conn_settings;
 use super::file::{EndpointFile, HealthFile, RawFile, ResumeFile, RoutingFile};
 use super::form::Raw;
 use super::replicas::{replica_settings, serve_paths};
 use super::tokens::bearer_tokens;
-use super::{EndpointConfig, ListenerConfig};
-use toml::Spanned;
+use crate::config::settings::{EndpointConfig, ListenerConfig};
 
 /// One `[[endpoint]]`; `names` and `listens` collect what the endpoints
 /// before it took, so that a second use is an error at its key.

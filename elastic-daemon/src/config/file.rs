@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::form::{as_text, Form, Raw, Typed};
-use super::{parse, Config, ConfigError};
 
 /// onepoold's configuration file: `ConfigFile` as a program builds it,
 /// `ConfigFile<Raw>` as onepoold reads it.
@@ -365,11 +364,6 @@ impl ConfigFile {
             text.push('\n');
         }
         text + &toml::to_string(self).unwrap_or_else(|e| panic!("onepoold.toml cannot hold a value: {e}"))
-    }
-
-    /// What onepoold makes of the file: [`parse`] of [`ConfigFile::to_toml`].
-    pub fn build(&self) -> Result<Config, ConfigError> {
-        parse("onepoold.toml (built)", &self.to_toml())
     }
 
     /// Writes the file at `path`.

@@ -11,9 +11,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use onepool_decisions::duration;
-use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use toml::Spanned;
+
+use serde::de::{DeserializeOwned, Error as _};
 
 /// What a file type holds in each key, by the key's kind.
 pub trait Form: Clone + Debug + PartialEq {
@@ -102,7 +103,7 @@ pub trait AsText: Sized {
 pub(super) mod as_text {
     use serde::{Deserializer, Serializer};
 
-    use super::AsText;
+    use crate::config::form::AsText;
 
     pub fn serialize<T: AsText, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
         v.write(s)

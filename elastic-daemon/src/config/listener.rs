@@ -7,13 +7,14 @@ use std::ops::Range;
 use std::time::Duration;
 
 use onepool_decisions::policy::Diagnostic;
+use onepool_router::settings::{PathRoute, Routes};
+use toml::Spanned;
 
 use super::check::Checker;
 use super::conn::conn_settings;
 use super::file::ListenerFile;
 use super::form::Raw;
-use super::{ListenerConfig, PathRoute, Routes};
-use toml::Spanned;
+use crate::config::settings::ListenerConfig;
 
 /// Checks `[[listener]]` tables; endpoint names must be known already.
 pub(super) fn listeners(

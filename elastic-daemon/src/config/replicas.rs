@@ -3,12 +3,13 @@
 
 use std::time::Duration;
 
+use onepool_decisions::latency::LatencyTargets;
+use toml::Spanned;
+
 use super::check::{positive, workload, Checker};
 use super::file::{LatencyFile, ReplicasFile, WarmFile};
 use super::form::{self, Raw};
-use super::{PoolScope, ReplicaSettings, ReplicaTransport, WarmSettings};
-use onepool_decisions::latency::LatencyTargets;
-use toml::Spanned;
+use crate::config::settings::{PoolScope, ReplicaSettings, ReplicaTransport, WarmSettings};
 
 /// The paths a replica's launcher passes on: the OpenAI-compatible API and
 /// what onepoold reads (its health checks, its metrics reads); every other
