@@ -403,12 +403,16 @@ throttled() {
     rm -rf "$tdir"
     # shellcheck disable=SC2064 # the values of now
     trap "'$dc' --dir '$tdir' down >/dev/null 2>&1" EXIT
+    local ran=0
     for exe in $(test_executables); do
         if capped_program "$exe"; then
             (cd tests && ONEPOOL_NODE_CPU_PERCENT=$percent ONEPOOL_TEST_CLUSTER_DIR=$tdir \
                 "$exe" --test-threads=1 --include-ignored)
+            ran=$((ran + 1))
         fi
     done
+    # None would pass silently (a test build that failed lists none).
+    [ "$ran" -gt 0 ] || { echo "test.sh: the timing variant found no program to run" >&2; exit 1; }
     "$dc" --dir "$tdir" down
     trap - EXIT
     echo "== Slurm $rel: timing variant passed in $((SECONDS - t0)) s"
@@ -425,12 +429,16 @@ hosts_mode() {
     echo "== Slurm $rel: the hosts mode (network namespaces), on its own cluster in $hdir"
     # shellcheck disable=SC2064 # the values of now
     trap "'$dc' --dir '$hdir' down >/dev/null 2>&1" EXIT
+    local ran=0
     for exe in $(test_executables); do
         hosts_program "$exe" || continue
         local t1=$SECONDS
         (cd tests && ONEPOOL_TEST_HOSTS=1 ONEPOOL_TEST_CLUSTER_DIR=$hdir "$exe" --test-threads=1)
         echo "== Slurm $rel: $(basename "${exe%-*}") (hosts mode) passed in $((SECONDS - t1)) s"
+        ran=$((ran + 1))
     done
+    # None would pass silently (a test build that failed lists none).
+    [ "$ran" -gt 0 ] || { echo "test.sh: the hosts mode found no program to run" >&2; exit 1; }
     "$dc" --dir "$hdir" down
     trap - EXIT
     echo "== Slurm $rel: the hosts mode passed in $((SECONDS - t0)) s"
