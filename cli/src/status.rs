@@ -218,6 +218,9 @@ pub fn resume_lines(state: &State) -> String {
                 c.shed,
                 c.yielded
             ));
+            if let Some(line) = followed_line(&c.followed) {
+                out.push_str(&format!("{}: class {}: {line}\n", ep.name, c.name));
+            }
         }
     }
     if !out.is_empty() {
@@ -434,6 +437,24 @@ fn load_policy(path: &Path) -> anyhow::Result<Policy> {
     }
 }
 
+/// How many of a class's generation requests the router followed (they
+/// can yield their slot and move) and why the others were not (issue #51
+/// item 6); `None` before any.
+fn followed_line(followed: &std::collections::BTreeMap<String, u64>) -> Option<String> {
+    if followed.is_empty() {
+        return None;
+    }
+    let yes = followed.get("yes").copied().unwrap_or(0);
+    let all: u64 = followed.values().sum();
+    let mut not: Vec<(&String, &u64)> = followed.iter().filter(|(k, _)| k.as_str() != "yes").collect();
+    not.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let why: Vec<String> = not.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    Some(match why.is_empty() {
+        true => format!("{yes} of {all} answers followed (can yield and move)"),
+        false => format!("{yes} of {all} answers followed (can yield and move); not followed: {}", why.join(", ")),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::{Read, Write};
@@ -470,7 +491,8 @@ mod tests {
              "resume": {"method": "tokens", "max_moves": 3, "moved": 4, "not_moved": 1},
              "classes": [
                 {"name": "inference", "rank": 2, "queued": 0, "requests": 40, "shed": 0, "yielded": 0},
-                {"name": "agents", "rank": 3, "queued": 3, "in_flight": 8, "lower": true, "requests": 900, "shed": 12, "yielded": 17}]},
+                {"name": "agents", "rank": 3, "queued": 3, "in_flight": 8, "lower": true, "requests": 900, "shed": 12, "yielded": 17,
+                 "followed": {"yes": 850, "tools": 30, "structured_output": 8, "whole": 12}}]},
             {"name": "embed", "queued": 0, "peak_queued": 0, "replicas": [], "served_total": 0}
         ]}))
         .unwrap();
@@ -480,6 +502,7 @@ mod tests {
             "\nchat: answers continue on another replica by token ids (llama-server: exact to the junction, recomputed after it), at most 3 move(s) each; 4 moved, 1 could not be\n\
              chat: class inference (rank 2): 0 waiting, 0 in flight, 40 requests, 0 shed, 0 yielded their slot\n\
              chat: class agents (rank 3, below the endpoint's own): 3 waiting, 8 in flight, 900 requests, 12 shed, 17 yielded their slot\n\
+             chat: class agents: 850 of 900 answers followed (can yield and move); not followed: tools 30, whole 12, structured_output 8\n\
              embed: answers are not continued on another replica ([endpoint.resume] method = \"off\")\n"
         );
     }

@@ -158,6 +158,12 @@ pub struct AccessEntry {
     /// `replica_timeout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// A generation request on an endpoint with resumption: `yes` when
+    /// the router followed its answer (it could yield and move), else why
+    /// not (`tools`, `structured_output`, `logprobs`, `several_choices`,
+    /// `whole`, ...: issue #51 item 6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub followed: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {

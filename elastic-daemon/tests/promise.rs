@@ -202,3 +202,50 @@ async fn a_stream_the_router_does_not_follow_ends_with_replica_lost_when_its_rep
         h.daemon.shutdown().await;
     }
 }
+
+/// Issue #51 item 6: each generation request says whether its answer was
+/// followed (it can yield and move) or why not, in the metrics and its
+/// access line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whether_an_answer_is_followed_and_why_not_is_counted_and_logged() {
+    let dir = std::env::temp_dir().join(format!("onepool-promise-followed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("access.jsonl");
+    let mut cfg = endpoint_config(8, 16, Duration::from_secs(2));
+    cfg.proxy.resume = Some(ResumeSettings { method: Method::Tokens, max_moves: 3 });
+    let mut config = common::config(cfg, 256 << 20);
+    config.access_log = Some(onepool_router::access_log::AccessLogSettings {
+        path: path.clone(),
+        max_file_bytes: 1 << 20,
+        keep_files: 1,
+    });
+    let daemon = onepool_elastic_daemon::daemon::Daemon::start(config).await.unwrap();
+    let e = engine(Cut::Never).await;
+    let url = {
+        let ep = daemon.endpoint("chat").unwrap();
+        ep.endpoint.add(e.addr, None, true).unwrap();
+        format!("http://{}", ep.listen.unwrap())
+    };
+    let h = Harness { daemon, url };
+    let bodies = [&shapes(true)[0].1, &shapes(true)[4].1, &shapes(true)[5].1, &shapes(false)[0].1];
+    for body in bodies {
+        assert_eq!(post(&h, body).await.0, 200);
+    }
+    let text = h.daemon.metrics.encode();
+    for why in ["yes", "tools", "structured_output", "whole"] {
+        let line =
+            format!("onepool_router_class_answers_followed_total{{endpoint=\"chat\",class=\"\",followed=\"{why}\"}} 1");
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
+    let lines = || std::fs::read_to_string(&path).unwrap_or_default();
+    until("four access lines", || lines().lines().count() == 4).await;
+    let followed: Vec<Option<String>> = lines()
+        .lines()
+        .map(|l| serde_json::from_str::<onepool_decisions::trace::AccessEntry>(l).unwrap().followed)
+        .collect();
+    let want = ["yes", "tools", "structured_output", "whole"].map(|s| Some(s.to_string()));
+    assert_eq!(followed, want);
+    h.daemon.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

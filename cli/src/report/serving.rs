@@ -3,7 +3,9 @@
 //! (shed with 429, or another error), what was cut, what moved to another
 //! replica mid-answer, the tokens it got, and its time to first byte. The
 //! router writes the class it served each request in, from the key's
-//! tokens-file line: a client cannot name one it was not given.
+//! tokens-file line: a client cannot name one it was not given. And how
+//! much of each class's traffic could yield and move: the answers the
+//! router followed, and why the others were not (issue #51 item 6).
 
 use std::collections::BTreeMap;
 
@@ -33,6 +35,12 @@ pub struct ServingClass {
     /// Time to the first body byte of the answered requests (seconds).
     pub ttfb_p50_s: Option<f64>,
     pub ttfb_p99_s: Option<f64>,
+    /// Generation requests whose answer the router followed (could yield
+    /// and move), on endpoints with resumption.
+    pub followed: u64,
+    /// The others, by why not (`tools`, `structured_output`, `whole`, ...).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub not_followed: BTreeMap<String, u64>,
 }
 
 /// The access log's entries inside `[from, to]` (the records' clock: the
@@ -53,6 +61,11 @@ pub fn compute(entries: &[AccessEntry], from: f64, to: f64, utc_offset_s: f64) -
         row.requests += 1;
         row.moved += u64::from(a.moved.min(1));
         row.completion_tokens += a.completion_tokens.unwrap_or(0);
+        match a.followed.as_deref() {
+            Some("yes") => row.followed += 1,
+            Some(why) => *row.not_followed.entry(why.to_string()).or_default() += 1,
+            None => {}
+        }
         match a.status {
             200..=299 if a.complete => {
                 row.answered += 1;
@@ -90,6 +103,11 @@ pub fn text(rows: &[ServingClass]) -> String {
             "  {} {class}: {} requests, {} answered, {} shed (429), {} failed, {} cut, {} moved; {} answer tokens{ttfb}\n",
             r.endpoint, r.requests, r.answered, r.shed, r.failed, r.cut, r.moved, r.completion_tokens
         ));
+        if r.followed > 0 || !r.not_followed.is_empty() {
+            let why: Vec<String> = r.not_followed.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            let not = if why.is_empty() { String::new() } else { format!("; not followed: {}", why.join(", ")) };
+            out.push_str(&format!("    {} answers followed (could yield and move){not}\n", r.followed));
+        }
     }
     out
 }
@@ -99,6 +117,11 @@ mod tests {
     use super::*;
 
     fn entry(time: &str, class: Option<&str>, status: u16, complete: bool, ttfb: f64, moved: u32) -> AccessEntry {
+        let followed = match (class, moved) {
+            (Some("agents"), _) if status == 200 && !complete => Some("tools".to_string()),
+            (Some(_), _) if status == 200 => Some("yes".to_string()),
+            _ => None,
+        };
         AccessEntry {
             time: time.into(),
             endpoint: "chat".into(),
@@ -114,6 +137,7 @@ mod tests {
             moved,
             class: class.map(str::to_string),
             reason: None,
+            followed,
         }
     }
 
@@ -141,6 +165,10 @@ mod tests {
         assert_eq!((live.ttfb_p50_s, live.ttfb_p99_s), (Some(0.05), Some(0.10)));
         let text = text(&rows);
         assert!(text.contains("chat class agents: 4 requests, 1 answered, 1 shed (429), 1 failed, 1 cut"), "{text}");
+        // What could yield and move, and why the rest could not.
+        assert_eq!((agents.followed, agents.not_followed.get("tools")), (1, Some(&1)));
+        assert_eq!((live.followed, live.not_followed.len()), (2, 0));
+        assert!(text.contains("    1 answers followed (could yield and move); not followed: tools 1"), "{text}");
         // The log's UTC shifted into the records' clock.
         let shifted = compute(&entries, t("2026-12-07T11:00:00"), t("2026-12-07T11:30:00"), 3600.0);
         assert_eq!(shifted.iter().map(|r| r.requests).sum::<u64>(), 6);

@@ -541,6 +541,7 @@ fn what_the_pool_saved_is_the_simulator_on_the_periods_records() {
                 moved: 0,
                 class: None,
                 reason: None,
+                followed: None,
             }
         })
         .collect();
@@ -667,6 +668,7 @@ fn requests_of_a_lower_class_are_served_as_that_class_s_work() {
                 _ => None,
             },
             reason: None,
+            followed: None,
         })
         .collect();
     let chat = saved::EndpointSettings { class: "a".into(), ..chat_endpoint(3, 4, 3.0) };
@@ -724,6 +726,7 @@ fn targets_from_the_pool_s_own_service_give_a_number_where_the_default_target_is
             moved: 0,
             class: None,
             reason: None,
+            followed: None,
         })
         .collect();
     let chat = chat_endpoint(1, 1, 1.0);

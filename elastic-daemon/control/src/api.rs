@@ -3,6 +3,7 @@
 //! renamed on one side fails to compile on the other, instead of reading
 //! as a silent zero.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
@@ -97,6 +98,12 @@ pub struct ClassState {
     pub shed: u64,
     /// Streams that gave their slot to a higher class.
     pub yielded: u64,
+    /// Its generation requests by whether the router follows their answer
+    /// (`yes`: it can yield its slot and move) or why not (`tools`,
+    /// `structured_output`, ...: issue #51 item 6); absent from older
+    /// daemons.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub followed: BTreeMap<String, u64>,
 }
 
 /// An endpoint's continued answers (issue #43).

@@ -104,6 +104,8 @@ pub struct Tap {
     pub class: Option<String>,
     /// Why the router answered it itself ([`Refused`]).
     pub reason: Option<&'static str>,
+    /// Whether its answer was followed, or why not (issue #51 item 6).
+    pub followed: Option<&'static str>,
 }
 
 /// Why the router answered a request itself (a refusal, or no replica's
@@ -135,6 +137,7 @@ impl Tap {
             moved: 0,
             class: None,
             reason: None,
+            followed: None,
         }
     }
 
@@ -173,6 +176,7 @@ impl Tap {
             moved: self.moved,
             class: self.class.take(),
             reason: self.reason.map(str::to_string),
+            followed: self.followed.map(str::to_string),
         };
         if let Ok(line) = serde_json::to_string(&entry) {
             self.log.send(line);

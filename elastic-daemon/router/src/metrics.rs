@@ -101,6 +101,16 @@ impl ClassLabels {
     }
 }
 
+/// A generation request's class and whether the router follows its
+/// answer (`yes`), or why not (issue #51 item 6).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FollowLabels {
+    pub endpoint: String,
+    /// Its class; empty on an endpoint without classes.
+    pub class: String,
+    pub followed: String,
+}
+
 /// What happened to a request of a class.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClassEvent {
@@ -282,6 +292,8 @@ pub struct Metrics {
     pub class_yielded: Family<ClassLabels, Counter>,
     pub class_moved: Family<ClassLabels, Counter>,
     pub class_tokens: Family<ClassLabels, Counter>,
+    /// Generation requests by class, followed or why not (issue #51).
+    pub class_followed: Family<FollowLabels, Counter>,
     pub class_queue_seconds: HistogramFamily<ClassLabels>,
     /// Access log lines dropped because its writer fell behind.
     pub access_log_dropped: Counter,
@@ -344,6 +356,7 @@ impl Metrics {
             class_yielded: Family::default(),
             class_moved: Family::default(),
             class_tokens: Family::default(),
+            class_followed: Family::default(),
             class_queue_seconds: Family::new_with_constructor(latency_histogram),
             access_log_dropped: Counter::default(),
             prefix_routed: Family::default(),
@@ -405,6 +418,11 @@ impl Metrics {
             "class_moved",
             "Answers that moved to another replica because theirs failed or was reclaimed, by request class",
             self.class_moved.clone(),
+        );
+        r.register(
+            "class_answers_followed",
+            "Generation requests by request class (empty: the endpoint has none), by whether the router follows the answer so that it can yield and move (yes) or why not: tools, several_choices, structured_output, logprobs, completion_shape, not_json, whole (an answer given whole, sent again whole if its replica fails before its head)",
+            self.class_followed.clone(),
         );
         r.register(
             "class_tokens",
@@ -625,6 +643,14 @@ impl Metrics {
     /// An answer of `class` ended with `tokens` answer tokens.
     pub fn count_class_tokens(&self, endpoint: &str, class: &str, tokens: u64) {
         self.class_tokens.get_or_create(&ClassLabels::of(endpoint, class)).inc_by(tokens);
+    }
+
+    /// A generation request of `class` whose answer is followed (`yes`)
+    /// or not, and why (issue #51).
+    pub fn count_followed(&self, endpoint: &str, class: &str, followed: &str) {
+        let labels =
+            FollowLabels { endpoint: endpoint.to_string(), class: class.to_string(), followed: followed.to_string() };
+        self.class_followed.get_or_create(&labels).inc();
     }
 
     /// A class's requests, shed and yielded so far (for `onepool status`).

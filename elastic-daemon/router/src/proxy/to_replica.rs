@@ -24,6 +24,7 @@ use crate::proxy::leased::LeasedBody;
 use crate::proxy::resumable::{MoveContext, Resumable, ResumableBody};
 use crate::proxy::target::Target;
 use crate::registry::ReplicaId;
+use crate::resume::plan::Followed;
 use crate::settings::MODEL_PATHS;
 
 pub(super) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -241,6 +242,9 @@ pub(super) struct Prepared {
     /// Its API key's line in the tokens file, with classes (0: none): the
     /// keys of a class take turns in the queue.
     pub(super) key: u32,
+    /// A generation request on an endpoint with resumption: whether its
+    /// answer is followed (`yes`) or why not (issue #51 item 6).
+    pub(super) followed: Option<Followed>,
 }
 
 impl Prepared {
@@ -275,7 +279,7 @@ impl Prepared {
             // one naming a higher class would leave no trace, issue #50).
             None => out.headers.get(CLASS_HEADER).map(|_| Box::new(Err(no_classes()))),
         };
-        let resumable = resumable(ctx, &mut out, class.as_deref().and_then(|c| c.as_ref().ok()));
+        let (resumable, followed) = resumable(ctx, &mut out, class.as_deref().and_then(|c| c.as_ref().ok()));
         if resumable.is_some() {
             // A generation that never reached its client goes to another
             // replica whatever failed: nothing of it was seen.
@@ -302,6 +306,7 @@ impl Prepared {
             resumable,
             class,
             key,
+            followed,
         }
     }
 }
@@ -316,14 +321,21 @@ fn no_classes() -> String {
 /// ([`crate::resume`]); if so, its first attempt asks for what that takes.
 /// A lower class's whole answers are streamed from the engine, so that
 /// they too can yield their slot (issue #44).
-fn resumable(ctx: &Target, out: &mut Forwarded, class: Option<&crate::classes::Class>) -> Option<Box<Resumable>> {
-    let settings = ctx.settings.resume?;
+/// Also whether its answer is followed (`yes`) or why not, for a
+/// generation request on an endpoint with resumption (issue #51 item 6).
+fn resumable(
+    ctx: &Target,
+    out: &mut Forwarded,
+    class: Option<&crate::classes::Class>,
+) -> (Option<Box<Resumable>>, Option<Followed>) {
+    let Some(settings) = ctx.settings.resume else { return (None, None) };
     if out.method != Method::POST {
-        return None;
+        return (None, None);
     }
     let whole_as_stream = class.is_some_and(|c| c.lower);
     match crate::resume::plan::Plan::of(out.uri.path(), &out.body, settings.method, whole_as_stream) {
         Ok(Some(crate::resume::plan::Planned { plan, first })) => {
+            let followed = if plan.stream { Followed::Yes } else { Followed::Whole };
             let client = out.body.clone();
             if let Some(first) = first {
                 out.body = Bytes::from(first);
@@ -333,12 +345,12 @@ fn resumable(ctx: &Target, out: &mut Forwarded, class: Option<&crate::classes::C
                 true => None,
                 false => out.headers.get(header::AUTHORIZATION).cloned(),
             };
-            Some(Box::new(Resumable { plan, client, authorization, class: class.cloned() }))
+            (Some(Box::new(Resumable { plan, client, authorization, class: class.cloned() })), Some(followed))
         }
-        Ok(None) => None,
+        Ok(None) => (None, None),
         Err(why) => {
             tracing::debug!(endpoint = %ctx.endpoint.name(), ?why, "this answer cannot be continued elsewhere");
-            None
+            (None, Some(Followed::Not(why)))
         }
     }
 }
@@ -354,7 +366,7 @@ impl Prepared {
         (retry_any, generation): (bool, bool),
     ) -> Prepared {
         let start = Instant::now();
-        let (resumable, class) = (None, None);
+        let (resumable, class, followed) = (None, None, None);
         Prepared {
             head,
             body,
@@ -368,6 +380,7 @@ impl Prepared {
             resumable,
             class,
             key: 0,
+            followed,
         }
     }
 }
@@ -386,17 +399,21 @@ pub(super) async fn forward(p: Prepared, ctx: &Target) -> Response<ProxyBody> {
     if let Some(c) = &class {
         ctx.metrics.count_class(ctx.endpoint.name(), c, ClassEvent::Request);
     }
+    if let Some(f) = p.followed {
+        ctx.endpoint.note_followed(class.as_deref().unwrap_or(""), f.as_str());
+    }
     let Some(log) = &ctx.access else { return forward_to(p, ctx).await };
     // What the client asked for: a followed answer's body to the engine
     // is rewritten (streamed, with token ids).
     let facts = RequestFacts::of(p.resumable.as_ref().map_or(&p.body, |r| &r.client));
-    let start = p.start;
+    let (start, followed) = (p.start, p.followed);
     // Boxed: the log's state would otherwise grow every request's future.
     let mut r = Box::pin(forward_to(p, ctx)).await;
     let replica = r.extensions().get::<ServedBy>().map(|s| s.0);
     let mut tap = Tap::new(log.clone(), ctx.endpoint.name(), facts, start, r.status().as_u16(), replica);
     tap.class = class.map(|c| c.to_string());
     tap.reason = r.extensions().get::<Refused>().map(|w| w.0);
+    tap.followed = followed.map(Followed::as_str);
     if let Some(m) = r.extensions().get::<super::whole::Moves>() {
         tap.moved = m.0;
     }

@@ -67,6 +67,41 @@ pub enum NotResumable {
     CompletionShape,
 }
 
+impl NotResumable {
+    /// Its name in metrics, the access log and `onepool status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotResumable::NotJson => "not_json",
+            NotResumable::SeveralChoices => "several_choices",
+            NotResumable::Tools => "tools",
+            NotResumable::Constrained => "structured_output",
+            NotResumable::Logprobs => "logprobs",
+            NotResumable::CompletionShape => "completion_shape",
+        }
+    }
+}
+
+/// Whether a generation request's answer is followed (issue #51 item 6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Followed {
+    /// Followed: it can yield its slot and move.
+    Yes,
+    /// Asked for whole (not by a lower class): sent again whole if its
+    /// replica fails before its head, passed as it comes after.
+    Whole,
+    Not(NotResumable),
+}
+
+impl Followed {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Followed::Yes => "yes",
+            Followed::Whole => "whole",
+            Followed::Not(why) => why.as_str(),
+        }
+    }
+}
+
 /// A plan, and the body its first attempt sends when that differs from
 /// the client's.
 #[derive(Debug, PartialEq)]
