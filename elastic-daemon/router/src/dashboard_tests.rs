@@ -95,7 +95,7 @@ fn exercised() -> Metrics {
     m.count_moved(endpoint, crate::resume::Why::Reclaimed);
     m.count_move_failed(endpoint, "max_moves");
     m.count_stream_cut(endpoint, "replica_failed");
-    m.count_followed(endpoint, "agents", "tools");
+    m.followed_counter(endpoint, "agents", "tools").inc();
     m.observe_move_pause(endpoint, 0.2);
     m.resume_kept_bytes.set(4096);
     for what in [

@@ -645,12 +645,14 @@ impl Metrics {
         self.class_tokens.get_or_create(&ClassLabels::of(endpoint, class)).inc_by(tokens);
     }
 
-    /// A generation request of `class` whose answer is followed (`yes`)
-    /// or not, and why (issue #51).
-    pub fn count_followed(&self, endpoint: &str, class: &str, followed: &str) {
+    /// The counter of generation requests of `class` whose answer is
+    /// followed (`yes`) or not, and why (issue #51).
+    /// Its counter, looked up once per (class, followed) and kept by the
+    /// endpoint: no label strings are made per request.
+    pub fn followed_counter(&self, endpoint: &str, class: &str, followed: &str) -> Counter {
         let labels =
             FollowLabels { endpoint: endpoint.to_string(), class: class.to_string(), followed: followed.to_string() };
-        self.class_followed.get_or_create(&labels).inc();
+        self.class_followed.get_or_create(&labels).clone()
     }
 
     /// A class's requests, shed and yielded so far (for `onepool status`).

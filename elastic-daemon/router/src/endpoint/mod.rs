@@ -89,7 +89,7 @@ pub struct Endpoint {
     classes: std::sync::OnceLock<Arc<crate::classes::RequestClasses>>,
     /// Generation requests by class and whether their answer is followed
     /// (`yes`) or why not (issue #51 item 6), for `onepool status`.
-    followed: Mutex<BTreeMap<(Arc<str>, &'static str), u64>>,
+    followed: Mutex<Vec<(Arc<str>, &'static str, Counter)>>,
 }
 
 /// One answered request: when its first byte came, after how long, and
@@ -150,7 +150,7 @@ impl Endpoint {
             moved: std::sync::atomic::AtomicU64::new(0),
             not_moved: std::sync::atomic::AtomicU64::new(0),
             classes: std::sync::OnceLock::new(),
-            followed: Mutex::new(BTreeMap::new()),
+            followed: Mutex::new(Vec::new()),
         })
     }
 
@@ -249,12 +249,15 @@ impl Endpoint {
     /// A generation request of `class` (empty without classes) whose
     /// answer is followed (`yes`) or not, and why (issue #51 item 6).
     pub fn note_followed(&self, class: &str, followed: &'static str) {
-        self.metrics.count_followed(&self.name, class, followed);
         let mut tally = self.followed.lock().unwrap_or_else(|e| e.into_inner());
-        match tally.iter_mut().find(|((c, f), _)| &**c == class && *f == followed) {
-            Some((_, n)) => *n += 1,
+        match tally.iter().find(|(c, f, _)| &**c == class && *f == followed) {
+            Some((_, _, n)) => {
+                n.inc();
+            }
             None => {
-                tally.insert((Arc::from(class), followed), 1);
+                let n = self.metrics.followed_counter(&self.name, class, followed);
+                n.inc();
+                tally.push((Arc::from(class), followed, n));
             }
         }
     }
@@ -262,7 +265,7 @@ impl Endpoint {
     /// A class's generation requests by whether their answer was followed.
     fn followed_of(&self, class: &str) -> BTreeMap<String, u64> {
         let tally = self.followed.lock().unwrap_or_else(|e| e.into_inner());
-        tally.iter().filter(|((c, _), _)| &**c == class).map(|((_, f), n)| (f.to_string(), *n)).collect()
+        tally.iter().filter(|(c, _, _)| &**c == class).map(|(_, f, n)| (f.to_string(), n.get())).collect()
     }
 
     /// How the endpoint's answers continue on another replica (once, from
