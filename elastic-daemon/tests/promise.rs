@@ -249,3 +249,21 @@ async fn whether_an_answer_is_followed_and_why_not_is_counted_and_logged() {
     h.daemon.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A whole answer whose server dies while writing it (its head and half
+/// its body sent) reached no client: the router reads a whole answer to
+/// its end before passing its head, so it goes whole to another replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answer_cut_inside_its_body_goes_whole_to_another_replica() {
+    for resume in [false, true] {
+        let (h, dies, lives) = setup(resume, Cut::Close(3)).await;
+        let (status, got) = post(&h, &shapes(false)[0].1).await;
+        let got = got.unwrap();
+        assert_eq!(status, 200, "{got}");
+        let v: Value = serde_json::from_str(&got).unwrap_or_else(|e| panic!("not whole JSON ({e}): {got}"));
+        assert_eq!(v["choices"][0]["message"]["content"], answer(0, 30));
+        assert_eq!((dies.generations.load(Ordering::SeqCst), lives.generations.load(Ordering::SeqCst)), (1, 1));
+        assert_eq!(metric(&h, "onepool_router_retries_total", "failed"), 1, "resume {resume}");
+        h.daemon.shutdown().await;
+    }
+}

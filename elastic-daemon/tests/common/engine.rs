@@ -313,9 +313,24 @@ impl Generation {
             ),
             false => ("text_completion", json!({"index": 0, "text": text, "finish_reason": "length"})),
         };
-        let mut r = json_answer(
-            json!({"id": self.id, "object": object, "created": 7, "model": "fake", "choices": [choice], "usage": usage}),
-        );
+        let whole = json!({"id": self.id, "object": object, "created": 7, "model": "fake", "choices": [choice], "usage": usage});
+        let mut r = match self.cut {
+            // Killed while writing it: its length said, half of it sent.
+            Cut::Close(_) => {
+                let bytes = Bytes::from(whole.to_string());
+                let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
+                let half = bytes.slice(..bytes.len() / 2);
+                tokio::spawn(async move {
+                    let _ = tx.send(Ok(Frame::data(half))).await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let _ = tx.send(Err(std::io::Error::other("killed"))).await;
+                });
+                let mut r = Response::new(Frames(rx).boxed_unsync());
+                r.headers_mut().insert("content-length", bytes.len().into());
+                r
+            }
+            _ => json_answer(whole),
+        };
         r.headers_mut().insert("content-type", "application/json".parse().unwrap());
         r
     }

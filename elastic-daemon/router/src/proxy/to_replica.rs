@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, Uri};
 use http_body::Body;
+use http_body_util::{BodyExt, Full};
 use onepool_launcher::conventions::{DRAINING_HEADER, MOVABLE_HEADER, SERVER_FAILED_HEADER};
 
 use crate::access_log::{Refused, RequestFacts, ServedBy, Tap};
@@ -600,27 +601,58 @@ pub(super) async fn forward_to(mut p: Prepared, ctx: &Target) -> Response<ProxyB
                 return failed(ctx, Failure::Replica);
             }
             Ok(resp) => {
-                if resp.status() == StatusCode::SERVICE_UNAVAILABLE
-                    && resp.headers().get(DRAINING_HEADER).is_some_and(|v| v.as_bytes() == b"1")
-                {
-                    ctx.endpoint.backend_draining(lease.id());
-                    retry = Some(Retry::Draining);
-                    tried.push(lease.id());
-                    counted(503);
-                    last_failure = Some(Failure::Draining);
-                    continue;
+                let id = lease.id();
+                match on_head(resp, lease, &mut p, ctx).await {
+                    Ok(r) => return r,
+                    Err((why, failure)) => {
+                        retry = Some(why);
+                        tried.push(id);
+                        last_failure = Some(failure);
+                    }
                 }
-                if resp.status() == StatusCode::SERVICE_UNAVAILABLE {
-                    ctx.endpoint.count_unavailable(Unavailable::Replica);
-                }
-                counted(resp.status().as_u16());
-                return answered(resp, lease, &mut p, ctx).await;
             }
         }
     }
     let r = failed(ctx, last_failure.unwrap_or(Failure::Replica));
     ctx.endpoint.count_answer(r.status().as_u16());
     r
+}
+
+/// An attempt's answer head: a draining replica's is tried elsewhere; a
+/// whole answer is read to its end before its head goes out (issue #50),
+/// and one its replica cuts short reached no client, so it goes whole to
+/// another replica; any other passes on. `Err`: nothing reached the
+/// client, try another replica for this reason.
+async fn on_head(
+    resp: Response<BackendBody>,
+    lease: Lease,
+    p: &mut Prepared,
+    ctx: &Target,
+) -> Result<Response<ProxyBody>, (Retry, Failure)> {
+    let counted = |status: u16| lease.replica().metrics.requests.count(status);
+    if resp.status() == StatusCode::SERVICE_UNAVAILABLE
+        && resp.headers().get(DRAINING_HEADER).is_some_and(|v| v.as_bytes() == b"1")
+    {
+        ctx.endpoint.backend_draining(lease.id());
+        counted(503);
+        return Err((Retry::Draining, Failure::Draining));
+    }
+    if resp.status() == StatusCode::SERVICE_UNAVAILABLE {
+        ctx.endpoint.count_unavailable(Unavailable::Replica);
+    }
+    counted(resp.status().as_u16());
+    if !whole_before_head(p, &resp) {
+        return Ok(answered(resp, lease, p, ctx).await);
+    }
+    match read_whole_answer(resp).await {
+        Ok(whole) => Ok(whole_response(whole, lease, p.start, ctx)),
+        Err(e) => {
+            let (endpoint, replica) = (ctx.endpoint.name(), lease.address());
+            tracing::info!(%endpoint, %replica, "a whole answer was cut short: {e}");
+            ctx.endpoint.exchange_failed(lease.id());
+            Err((Retry::Failed, Failure::Replica))
+        }
+    }
 }
 
 /// A generation (or embedding) request of the OpenAI API: nothing but
@@ -665,6 +697,53 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for n in &HOP_BY_HOP {
         headers.remove(n);
     }
+}
+
+/// Largest whole answer read to its end before its head goes out; a
+/// larger one passes as it comes.
+const MAX_WHOLE_BEFORE_HEAD: u64 = 16 << 20;
+
+/// Whether `resp` is a whole (not streamed) answer to a generation request
+/// the router does not follow, of a known length it reads before passing
+/// the head: a replica that dies writing it then leaves no client with a
+/// part of it (issue #50).
+fn whole_before_head(p: &Prepared, resp: &Response<BackendBody>) -> bool {
+    let followed = p.resumable.as_ref().is_some_and(|r| r.plan.stream);
+    let length = resp.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    p.generation
+        && !followed
+        && resp.status().is_success()
+        && !is_event_stream(resp.headers())
+        && length.is_some_and(|n| n <= MAX_WHOLE_BEFORE_HEAD)
+}
+
+/// The answer's body, read whole (its length is bounded by the caller).
+async fn read_whole_answer(resp: Response<BackendBody>) -> Result<(Response<Bytes>, bool), String> {
+    let (parts, body) = resp.into_parts();
+    let hop_by_hop = body.hop_by_hop();
+    let whole = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok((Response::from_parts(parts, whole), hop_by_hop))
+}
+
+/// A whole answer read before its head: its replica's part is over (the
+/// lease goes with this call, its latency counted).
+fn whole_response(
+    (resp, hop_by_hop): (Response<Bytes>, bool),
+    lease: Lease,
+    start: Instant,
+    ctx: &Target,
+) -> Response<ProxyBody> {
+    let (mut parts, body) = resp.into_parts();
+    if hop_by_hop {
+        strip_hop_by_hop(&mut parts.headers);
+    }
+    if ctx.access.is_some() {
+        parts.extensions.insert(ServedBy(lease.replica().address));
+    }
+    let took = start.elapsed();
+    lease.first_byte(took);
+    lease.replica().metrics.latency.observe(took.as_secs_f64());
+    Response::from_parts(parts, ProxyBody { kind: BodyKind::Own(Full::new(body)), hold: None, tap: None })
 }
 
 /// [`answer`], read to its end first when its client asked for it whole
