@@ -231,9 +231,8 @@ pub(super) fn search_shared(w: &Workload, policy: &Policy, fleet: &Fleet, s: &Se
 
 #[cfg(test)]
 mod tests {
-    use crate::compare::figures::Settings;
+    use super::*;
     use crate::compare::why::SharedSearch;
-    use crate::compare::*;
     use crate::engine::{Job, VictimModel};
 
     #[test]

@@ -304,18 +304,7 @@ async fn keys_of_one_class_take_turns_in_the_queue() {
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for (key, name) in [(1, "a1"), (1, "a2"), (1, "a3"), (2, "b1"), (2, "b2")] {
-        let (ep, order) = (e.clone(), order.clone());
-        tasks.push(tokio::spawn(async move {
-            let lease = ep.acquire_want(Want { rank: Rank(3), lower: true, key, ..Want::default() }).await;
-            order.lock().unwrap().push(name);
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            lease.map(|_| ())
-        }));
-        // Queued in this order.
-        let n = tasks.len();
-        while e.snapshot().queued < n {
-            tokio::task::yield_now().await;
-        }
+        queue_in_order(&e, &order, &mut tasks, key, name).await;
     }
     drop(held);
     for t in tasks {
@@ -337,21 +326,8 @@ async fn a_key_that_fills_its_class_s_queue_does_not_shut_another_key_out() {
     let order = Arc::new(Mutex::new(Vec::new()));
     let want = |key| Want { rank: Rank(3), lower: true, key, ..Want::default() };
     let mut tasks = Vec::new();
-    let queue = |key: u32, name: &'static str, tasks: &mut Vec<_>| {
-        let (ep, order) = (e.clone(), order.clone());
-        tasks.push(tokio::spawn(async move {
-            let lease = ep.acquire_want(want(key)).await;
-            order.lock().unwrap().push(name);
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            lease.map(|_| ())
-        }));
-    };
     for name in ["a1", "a2", "a3", "a4"] {
-        queue(1, name, &mut tasks);
-        let n = tasks.len();
-        while e.snapshot().queued < n {
-            tokio::task::yield_now().await;
-        }
+        queue_in_order(&e, &order, &mut tasks, 1, name).await;
     }
     // Key 1 alone holds the whole bound; its next is refused, as one
     // without a key would be.
@@ -359,11 +335,7 @@ async fn a_key_that_fills_its_class_s_queue_does_not_shut_another_key_out() {
     assert_eq!(e.acquire_want(want(0)).await.err(), Some(AcquireError::ClassFull));
     // Key 2 is admitted past the bound, to its share (4 / 2 keys)...
     for name in ["b1", "b2"] {
-        queue(2, name, &mut tasks);
-        let n = tasks.len();
-        while e.snapshot().queued < n {
-            tokio::task::yield_now().await;
-        }
+        queue_in_order(&e, &order, &mut tasks, 2, name).await;
     }
     assert_eq!(e.acquire_want(want(2)).await.err(), Some(AcquireError::KeyFull));
     assert_eq!(e.acquire_want(want(1)).await.err(), Some(AcquireError::KeyFull));
@@ -376,4 +348,26 @@ async fn a_key_that_fills_its_class_s_queue_does_not_shut_another_key_out() {
     assert_eq!(*order.lock().unwrap(), ["a1", "b1", "a2", "b2", "a3", "a4"]);
     // The class's pace is known now: a refusal's wait is its key's turns.
     assert!(e.lock().fair.expected_wait(Rank(3), 1).is_some());
+}
+
+/// Queues a lower class's request of `key`, which notes `name` in `order`
+/// once served, and waits until it is in the queue (queued in this order).
+async fn queue_in_order(
+    e: &Arc<Endpoint>,
+    order: &Arc<Mutex<Vec<&'static str>>>,
+    tasks: &mut Vec<tokio::task::JoinHandle<Result<(), AcquireError>>>,
+    key: u32,
+    name: &'static str,
+) {
+    let (ep, order) = (e.clone(), order.clone());
+    tasks.push(tokio::spawn(async move {
+        let lease = ep.acquire_want(Want { rank: Rank(3), lower: true, key, ..Want::default() }).await;
+        order.lock().unwrap().push(name);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        lease.map(|_| ())
+    }));
+    let n = tasks.len();
+    while e.snapshot().queued < n {
+        tokio::task::yield_now().await;
+    }
 }

@@ -46,9 +46,8 @@ use crate::proxy::body_budget::BodyShare;
 use crate::proxy::client_stream::ClientStream;
 use crate::proxy::connections::{ClientConn, RequestHold};
 use crate::proxy::graceful::GracefulStop;
-use crate::proxy::to_replica::{forward, is_onepool_field, HeadWriter, Prepared};
+use crate::proxy::to_replica::{forward, is_generation_path, is_onepool_field, HeadWriter, Prepared};
 use crate::proxy::Target;
-use crate::settings::MODEL_PATHS;
 
 /// Most header fields in a request head (hyper's default limit too).
 const MAX_FIELDS: usize = 100;
@@ -283,7 +282,7 @@ fn parse(buf: &[u8], t: &Target, client: &ClientConn, max_head: usize, head: &mu
     }
     w.end();
     let head_request = method == "HEAD";
-    let generation = method == "POST" && MODEL_PATHS.contains(&target.split('?').next().unwrap_or(target));
+    let generation = method == "POST" && is_generation_path(target);
     let retry_any = t.settings.idempotent || generation || matches!(method, "GET" | "HEAD" | "OPTIONS");
     Parsed::Take(Taken { head_len, body_len, head_request, retry_any, generation })
 }

@@ -79,3 +79,13 @@ impl Body for LeasedBody {
         self.inner.size_hint()
     }
 }
+
+/// What resolves once a replica is lost ([`lost_of`]).
+pub(super) type Lost = Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Resolves once the replica of `lease` is lost (its health checks get no
+/// answer: [`crate::reach`]).
+pub(super) fn lost_of(lease: &Lease) -> Lost {
+    let replica = lease.replica().clone();
+    Box::pin(async move { replica.reach.lost().await })
+}

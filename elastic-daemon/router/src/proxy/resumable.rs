@@ -13,9 +13,9 @@ use bytes::Bytes;
 use http::header::HeaderValue;
 use http_body::{Body, Frame};
 
-use crate::endpoint::{Endpoint, Lease};
+use crate::endpoint::Endpoint;
 use crate::metrics::Metrics;
-use crate::proxy::leased::LeasedBody;
+use crate::proxy::leased::{lost_of, LeasedBody};
 use crate::proxy::watched::{cut_event, cut_reason, EventTail, ENDED, LOST};
 use crate::registry::ReplicaId;
 use crate::resume::events::{data_of, without_key, Data, Splitter, LOGPROBS};
@@ -462,12 +462,6 @@ impl Drop for ResumableBody {
             self.metrics().resume_kept_bytes.dec_by(self.counted as i64);
         }
     }
-}
-
-/// Resolves once the replica of `lease` is lost.
-fn lost_of(lease: &Lease) -> Pending<()> {
-    let replica = lease.replica().clone();
-    Box::pin(async move { replica.reach.lost().await })
 }
 
 impl Body for ResumableBody {

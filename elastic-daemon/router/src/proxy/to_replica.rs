@@ -264,7 +264,7 @@ impl Prepared {
         start: Instant,
     ) -> Prepared {
         let generation = is_generation(&parts.method, parts.uri.path());
-        let mut retry_any = ctx.settings.idempotent || is_safe(&parts.method) || generation;
+        let retry_any = ctx.settings.idempotent || is_safe(&parts.method) || generation;
         let mut out = Forwarded::new(parts, body, client);
         out.replica_key = ctx.endpoint.replica_key().cloned();
         out.drop_authorization = !ctx.settings.client_authorization_passes();
@@ -280,12 +280,8 @@ impl Prepared {
             // one naming a higher class would leave no trace, issue #50).
             None => out.headers.get(CLASS_HEADER).map(|_| Box::new(Err(no_classes()))),
         };
+        // A followed answer is a generation's: retried before its head.
         let (resumable, followed) = resumable(ctx, &mut out, class.as_deref().and_then(|c| c.as_ref().ok()));
-        if resumable.is_some() {
-            // A generation that never reached its client goes to another
-            // replica whatever failed: nothing of it was seen.
-            retry_any = true;
-        }
         let head_request = out.method == Method::HEAD;
         let head = if out.host_from_replica { Vec::new() } else { out.head(None, out.body.len()) };
         // Serialized, the client's header map takes the response's fields:
@@ -659,7 +655,13 @@ async fn on_head(
 /// compute happens on its way, so one that got no answer head may go whole
 /// to another replica whatever failed (issue #50), as a safe method does.
 pub(super) fn is_generation(method: &Method, path: &str) -> bool {
-    *method == Method::POST && MODEL_PATHS.contains(&path)
+    *method == Method::POST && is_generation_path(path)
+}
+
+/// A path of the OpenAI API's generation (and embedding) requests; a
+/// request target's query is not part of it.
+pub(super) fn is_generation_path(target: &str) -> bool {
+    MODEL_PATHS.contains(&target.split('?').next().unwrap_or(target))
 }
 
 /// The launcher's mark of a request its model server failed before

@@ -6,7 +6,6 @@
 //! router writes, never a clean close a client would read as a whole
 //! answer.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -14,7 +13,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame};
 
 use crate::endpoint::Endpoint;
-use crate::proxy::leased::LeasedBody;
+use crate::proxy::leased::{lost_of, LeasedBody, Lost};
 use crate::resume::splice::coded_error_event;
 
 /// Bytes of the last line's start that tell how a stream ended.
@@ -86,33 +85,23 @@ impl EventTail {
     }
 }
 
-type Pending = Pin<Box<dyn Future<Output = ()> + Send>>;
-
-enum State {
-    Passing,
-    /// The error event is out: the stream ends.
-    Done,
-}
-
 /// An unfollowed event stream of a generation request.
 pub(super) struct WatchedStream {
     current: LeasedBody,
     tail: EventTail,
     /// Resolves when the replica is lost (its health checks get no answer).
-    lost: Option<Pending>,
+    lost: Option<Lost>,
     endpoint: std::sync::Arc<Endpoint>,
-    state: State,
+    /// Its end has passed (its own, or the router's error event).
+    done: bool,
     /// Ended by the router's error event (not whole).
     pub(super) cut: bool,
 }
 
 impl WatchedStream {
     pub(super) fn new(current: LeasedBody, endpoint: std::sync::Arc<Endpoint>) -> WatchedStream {
-        let lost = current.lease.as_ref().map(|l| {
-            let replica = l.replica().clone();
-            Box::pin(async move { replica.reach.lost().await }) as Pending
-        });
-        WatchedStream { current, tail: EventTail::default(), lost, endpoint, state: State::Passing, cut: false }
+        let lost = current.lease.as_ref().map(lost_of);
+        WatchedStream { current, tail: EventTail::default(), lost, endpoint, done: false, cut: false }
     }
 
     pub(super) fn finish(&mut self) -> Option<std::time::Instant> {
@@ -120,8 +109,7 @@ impl WatchedStream {
     }
 
     fn cut_short(&mut self, code: &str, why: &str) -> Bytes {
-        self.state = State::Done;
-        self.cut = true;
+        (self.done, self.cut) = (true, true);
         self.lost = None;
         let event = cut_event(&self.tail, &self.endpoint, &self.current, code, why);
         let _ = self.current.finish();
@@ -165,7 +153,7 @@ impl Body for WatchedStream {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         let this = self.get_mut();
-        if matches!(this.state, State::Done) {
+        if this.done {
             return Poll::Ready(None);
         }
         let polled = Pin::new(&mut this.current).poll_frame(cx);
@@ -183,7 +171,7 @@ impl Body for WatchedStream {
                 return Poll::Ready(Some(Ok(frame)));
             }
             None | Some(Err(_)) if this.tail.ended() => {
-                this.state = State::Done;
+                this.done = true;
                 let _ = this.current.finish();
                 return Poll::Ready(None);
             }
@@ -197,7 +185,7 @@ impl Body for WatchedStream {
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self.state, State::Done)
+        self.done
     }
 }
 
