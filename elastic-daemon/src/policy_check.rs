@@ -6,13 +6,17 @@
 //! wrong tier gets every submission refused or unprotected. These are
 //! checked at start-up, all at once.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use onepool_decisions::annotation::ReclaimMode;
 use onepool_decisions::duration;
 use onepool_decisions::policy::{self, Policy, Tier};
 
-use crate::config::{Config, PoolScope, ReplicaSettings};
+use onepool_router::classes::{Rank, RequestClasses};
+use onepool_router::headroom::Headroom;
+
+use crate::config::{Config, HeadroomConfig, PoolScope, ReplicaSettings};
 
 /// Where the policy is: the configured path, else `$ONEPOOL_POLICY`, else
 /// `onepool.toml` beside `slurm_conf`, else the default path.
@@ -256,12 +260,54 @@ fn resolve_classes(
             entitled(c, uid, &format!("endpoint {:?}: its own request class {own:?}", e.name))?;
         }
         let own_rank = classes.rank(&own).unwrap_or_default().0;
-        e.proxy.classes = Some(std::sync::Arc::new(classes));
+        let headroom = headroom(&e.headroom, &classes, policy)?;
+        e.proxy.classes = Some(std::sync::Arc::new(classes.with_headroom(headroom)));
         if let Some(r) = e.replicas.as_mut() {
             r.lower_workload = lower_workload(&e.name, r, policy, own_rank, uid)?;
         }
     }
     Ok(())
+}
+
+/// An endpoint's ceilings by rank (issue #51): `share` for each class
+/// below its own, a class's own where one is written. A protected class
+/// has none (no class ranks above it), nor one outside the policy.
+fn headroom(h: &HeadroomConfig, classes: &RequestClasses, policy: &Policy) -> Result<Headroom, String> {
+    let mut ceilings: BTreeMap<Rank, f64> =
+        classes.all().filter(|(_, rank)| classes.lower(*rank)).map(|(_, rank)| (rank, h.share)).collect();
+    for (class, share, at) in &h.classes {
+        let Some(rank) = classes.rank(class) else {
+            return Err(format!(
+                "{at}: {class:?} is not a class of the policy (classes: {})",
+                policy.class_names().join(", ")
+            ));
+        };
+        if policy.class(class).is_some_and(|c| c.is_protected()) {
+            return Err(format!(
+                "{at}: {class:?} is a protected class; nothing ranks above it, so it has no ceiling to leave headroom under"
+            ));
+        }
+        ceilings.insert(rank, *share);
+    }
+    Ok(Headroom::new(ceilings, h.quiet))
+}
+
+/// An endpoint's ceilings, in a line for `onepoold --check`.
+pub fn headroom_summary(endpoint: &str, classes: &RequestClasses) -> String {
+    let Some(h) = classes.headroom() else {
+        return format!("endpoint {endpoint:?}: none (every class may hold every slot)");
+    };
+    let name = |rank: Rank| classes.all().filter(|(_, r)| *r == rank).map(|(n, _)| n).collect::<Vec<_>>().join("/");
+    let each: Vec<String> = h
+        .ceilings()
+        .iter()
+        .map(|(rank, share)| format!("{} and below hold at most {:.0}%", name(*rank), share * 100.0))
+        .collect();
+    format!(
+        "endpoint {endpoint:?}: of its own replicas' slots, while a class above has had requests within {:?}: {}",
+        h.quiet(),
+        each.join("; ")
+    )
 }
 
 /// The class of the replicas for demand only request classes below the
@@ -474,6 +520,52 @@ mod tests {
         c.endpoints[0].request_class = None;
         let e = resolve_from_policy(&mut c).unwrap_err();
         assert!(e.contains("say the class of requests whose key names none"), "{e}");
+    }
+
+    /// Issue #51: each class below the endpoint's own gets the headroom
+    /// share, a class named gets its own; a share outside 0 to 1 is an
+    /// error at its value, a class the policy lacks or a protected one is
+    /// refused.
+    #[test]
+    fn headroom_ceilings_resolve_by_rank_and_bad_ones_are_refused_where_written() {
+        use onepool_router::classes::Rank;
+        let policy = std::env::current_dir().unwrap().join("../etc/onepool.toml");
+        let config = |headroom: &str| {
+            crate::config::parse(
+                "t.toml",
+                &format!(
+                    "control_socket = \"/tmp/x.sock\"\npolicy = \"{}\"\n[[endpoint]]\nname = \"llm\"\nlisten = \"127.0.0.1:0\"\nrequest_class = \"inference\"\n{headroom}",
+                    policy.display()
+                ),
+            )
+        };
+        let ceilings = |c: &Config| {
+            let h = c.endpoints[0].proxy.classes.as_ref().unwrap().headroom().cloned();
+            h.map(|h| (h.ceilings().to_vec(), h.quiet()))
+        };
+        let mut c = config("").unwrap();
+        resolve_from_policy(&mut c).unwrap();
+        let ten = std::time::Duration::from_secs(10);
+        assert_eq!(ceilings(&c), Some((vec![(Rank(3), 0.5)], ten)), "agents, below inference, at the default");
+        let mut c =
+            config("[endpoint.headroom]\nshare = 0.25\nquiet = \"30s\"\nclasses = { training = 0.75, agents = 1.0 }\n")
+                .unwrap();
+        resolve_from_policy(&mut c).unwrap();
+        let want = (vec![(Rank(1), 0.75)], std::time::Duration::from_secs(30));
+        assert_eq!(ceilings(&c), Some(want), "agents' 1.0 is no ceiling; training's own");
+        let mut c = config("[endpoint.headroom]\nshare = 1\n").unwrap();
+        resolve_from_policy(&mut c).unwrap();
+        assert_eq!(ceilings(&c), None, "1 everywhere: no headroom kept");
+        let e = config("[endpoint.headroom]\nshare = 1.5\n").unwrap_err().to_string();
+        assert!(e.contains("t.toml:8:9: error: headroom.share = 1.5 is not a share of the slots"), "{e}");
+        let e = config("[endpoint.headroom]\nclasses = { agents = -0.5 }\n").unwrap_err().to_string();
+        assert!(e.contains("headroom.classes.agents = -0.5 is not a share"), "{e}");
+        let mut c = config("[endpoint.headroom]\nclasses = { gold = 0.5 }\n").unwrap();
+        let e = resolve_from_policy(&mut c).unwrap_err();
+        assert!(e.contains("endpoint \"llm\" headroom.classes.gold: \"gold\" is not a class of the policy"), "{e}");
+        let mut c = config("[endpoint.headroom]\nclasses = { inference-baseline = 0.5 }\n").unwrap();
+        let e = resolve_from_policy(&mut c).unwrap_err();
+        assert!(e.contains("is a protected class; nothing ranks above it"), "{e}");
     }
 
     /// Issue #44: replicas for the lower classes' demand go in the class

@@ -15,7 +15,8 @@ use common::engine::{engine_paced, Cut};
 use common::*;
 use http::Request;
 use http_body_util::{BodyExt, Full};
-use onepool_router::classes::RequestClasses;
+use onepool_router::classes::{Rank, RequestClasses};
+use onepool_router::headroom::Headroom;
 use onepool_router::resume::{Method, ResumeSettings};
 use onepool_router::settings::BearerTokens;
 
@@ -110,9 +111,13 @@ async fn stream(url: &str, key: &str, tokens: Option<(&AtomicU64, &AtomicBool)>)
 
 /// Live requests every `LIVE_EVERY` for `LIVE_FOR`, each on its own.
 async fn live(url: &str) -> Vec<Seen> {
+    live_for(url, LIVE_FOR).await
+}
+
+async fn live_for(url: &str, time: Duration) -> Vec<Seen> {
     let mut tasks = Vec::new();
     let start = Instant::now();
-    while start.elapsed() < LIVE_FOR {
+    while start.elapsed() < time {
         let url = url.to_string();
         tasks.push(tokio::spawn(async move { stream(&url, LIVE_KEY, None).await }));
         tokio::time::sleep(LIVE_EVERY).await;
@@ -489,4 +494,114 @@ fn streamed_chat(url: &str, key: &str) -> Request<Full<Bytes>> {
         .header("authorization", format!("Bearer {key}"))
         .body(Full::new(Bytes::from(body.to_string())))
         .unwrap()
+}
+
+/// Agents' requests as frameworks send them: a tool list on every call,
+/// half streamed, half whole, 2 s each. The router does not follow such
+/// answers, so none can yield its slot: only headroom keeps a slot free
+/// for live requests (issue #51 item 2).
+const AGENTS_WITH_TOOLS: usize = 24;
+const AGENT_TOKENS: u64 = 100;
+
+/// Live p99 first byte alone and beside the agents, and the agents' tokens
+/// in the window live ran `live_time` beside them.
+async fn agents_with_tools_beside_live(share: Option<f64>, live_time: Duration) -> (Duration, Duration, u64, Duration) {
+    let e = engine_paced(Cut::Never, PACE).await;
+    let mut cfg = endpoint_config(SLOTS, 1000, Duration::from_secs(60));
+    cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3 });
+    cfg.proxy.request_timeout = Duration::from_secs(60);
+    with_two_classes(&mut cfg);
+    if let (Some(share), Some(c)) = (share, cfg.proxy.classes.take()) {
+        let headroom = Headroom::new([(Rank(3), share)], Duration::from_secs(2));
+        cfg.proxy.classes = Some(Arc::new((*c).clone().with_headroom(headroom)));
+    }
+    let h = Harness::new(cfg, &[e.addr]).await;
+    let alone = live_for(&h.url, live_time).await;
+    assert!(alone.iter().all(|s| s.status == 200 && s.whole));
+    let (stop, counting) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let (tokens, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(Vec::new())));
+    let flood: Vec<_> = (0..AGENTS_WITH_TOOLS)
+        .map(|i| {
+            let (url, stop, counting, tokens, failed) =
+                (h.url.clone(), stop.clone(), counting.clone(), tokens.clone(), failed.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let (status, text) = agents_call(&url, i % 2 == 0).await;
+                    if status != 200 || text != common::engine::answer(0, AGENT_TOKENS) {
+                        failed.lock().unwrap().push(status);
+                    } else if counting.load(Ordering::Relaxed) {
+                        tokens.fetch_add(AGENT_TOKENS, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    counting.store(true, Ordering::Relaxed);
+    let t0 = Instant::now();
+    let beside = live_for(&h.url, live_time).await;
+    let window = t0.elapsed();
+    counting.store(false, Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    // Those still waiting would take many seconds more: the calls that
+    // ended are the ones checked.
+    for f in flood {
+        f.abort();
+    }
+    let failed = failed.lock().unwrap().clone();
+    assert!(failed.is_empty(), "agents' calls that did not end whole (statuses): {failed:?}");
+    let bad: Vec<u16> = beside.iter().filter(|s| !(s.status == 200 && s.whole)).map(|s| s.status).collect();
+    assert!(bad.is_empty(), "live requests shed or failed beside the agents: {bad:?}");
+    (p99(&alone), p99(&beside), tokens.load(Ordering::Relaxed), window)
+}
+
+/// One agents' call with a tool list, read to its end: its status and
+/// the text of its answer.
+async fn agents_call(url: &str, streamed: bool) -> (u16, String) {
+    let body = serde_json::json!({"model": "fake", "messages": [{"role": "user", "content": "go"}],
+        "max_tokens": AGENT_TOKENS, "stream": streamed, "tool_choice": "auto",
+        "tools": [{"type": "function", "function": {"name": "search", "description": "Search the web",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}]});
+    let req = Request::post(format!("{url}/v1/chat/completions"))
+        .header("authorization", format!("Bearer {AGENTS_KEY}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let Ok(resp) = client().request(req).await else { return (0, String::new()) };
+    let status = resp.status().as_u16();
+    let Ok(raw) = resp.into_body().collect().await.map(|b| b.to_bytes()) else { return (status, String::new()) };
+    let raw = String::from_utf8_lossy(&raw);
+    if !streamed {
+        let v: serde_json::Value = serde_json::from_str(&raw).unwrap_or_default();
+        return (status, v["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string());
+    }
+    let mut text = String::new();
+    for event in raw.split("\n\n").filter_map(|e| e.strip_prefix("data: ")) {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(event) {
+            text.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or_default());
+        }
+    }
+    (status, text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_requests_find_headroom_beside_agents_whose_answers_cannot_yield() {
+    let (alone, beside, tokens, window) = agents_with_tools_beside_live(Some(0.25), LIVE_FOR).await;
+    // Without: a few live requests show the wait (each waits for the
+    // agents' queue, ten seconds and more).
+    let (off_alone, off_beside, off_tokens, off_window) =
+        agents_with_tools_beside_live(None, Duration::from_secs(1)).await;
+    let rate = |t: u64, w: Duration| t as f64 / w.as_secs_f64();
+    eprintln!(
+        "headroom 0.25: live p99 first byte {alone:.3?} alone, {beside:.3?} beside {AGENTS_WITH_TOOLS} agents with tools \
+         (agents {:.0} tokens/s); without: {off_alone:.3?} alone, {off_beside:.3?} beside (agents {:.0} tokens/s)",
+        rate(tokens, window),
+        rate(off_tokens, off_window)
+    );
+    assert!(beside <= alone + Duration::from_millis(150), "with headroom: live p99 {beside:?} against {alone:?} alone");
+    assert!(off_beside > off_alone + Duration::from_millis(150), "without, live waits for the agents' answers");
+    // Live at half the replica peaks at three slots (answers of 0.52 s
+    // every 0.25 s): the agents keep their one slot of four busy while
+    // live has requests.
+    let one_slot = 1.0 / PACE.as_secs_f64();
+    assert!(rate(tokens, window) >= 0.8 * one_slot, "agents served {:.0} tokens/s", rate(tokens, window));
 }

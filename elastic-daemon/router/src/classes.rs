@@ -12,6 +12,8 @@ use std::sync::Arc;
 
 use http::HeaderMap;
 
+use crate::headroom::Headroom;
+
 /// A request's place in the queue: lower ranks are served first; requests
 /// without a class all have the default, first come first served.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -20,14 +22,16 @@ pub struct Rank(pub u32);
 /// The header a client lowers its request's class with.
 pub const CLASS_HEADER: &str = "x-request-class";
 
-/// An endpoint's classes: each one's place in the queue.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// An endpoint's classes: each one's place in the queue, and the slots
+/// the lower ones leave to those above ([`Headroom`]).
+#[derive(Debug, Clone, PartialEq)]
 pub struct RequestClasses {
     /// The endpoint's own class (requests without a class of their key).
     own: Arc<str>,
     /// Each class's rank: 0 for protected classes, the policy's rank for
     /// flexible ones (lower is served first).
     ranks: BTreeMap<Arc<str>, Rank>,
+    headroom: Option<Headroom>,
 }
 
 /// A request's class and its place in the queue.
@@ -45,7 +49,17 @@ impl RequestClasses {
     pub fn new(own: &str, ranks: impl IntoIterator<Item = (String, u32)>) -> Option<RequestClasses> {
         let ranks: BTreeMap<Arc<str>, Rank> = ranks.into_iter().map(|(n, r)| (Arc::from(n), Rank(r))).collect();
         let own = ranks.keys().find(|k| &***k == own)?.clone();
-        Some(RequestClasses { own, ranks })
+        Some(RequestClasses { own, ranks, headroom: None })
+    }
+
+    /// With ceilings for the classes below others ([`crate::headroom`]).
+    pub fn with_headroom(mut self, headroom: Headroom) -> RequestClasses {
+        self.headroom = Some(headroom).filter(|h| !h.ceilings().is_empty());
+        self
+    }
+
+    pub fn headroom(&self) -> Option<&Headroom> {
+        self.headroom.as_ref()
     }
 
     pub fn own(&self) -> &str {

@@ -22,6 +22,7 @@ pub mod backend_pool;
 pub mod classes;
 pub mod endpoint;
 mod fair;
+pub mod headroom;
 pub mod health;
 pub mod line_log;
 pub mod metrics;

@@ -216,6 +216,18 @@ impl Pool {
         Some(self.take_at(i))
     }
 
+    /// [`Pool::choose_as`] a lower class's request among the replicas lent
+    /// to the lower classes only.
+    pub fn choose_lent(&mut self, exclude: &[ReplicaId]) -> Option<ReplicaId> {
+        let (i, _) = self
+            .replicas
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.lent && r.has_room() && !exclude.contains(&r.id))
+            .min_by_key(|(_, r)| (r.spill, r.in_flight, r.served))?;
+        Some(self.take_at(i))
+    }
+
     /// Counts a request on the `i`th replica, which has room.
     pub(crate) fn take_at(&mut self, i: usize) -> ReplicaId {
         let r = &mut self.replicas[i];

@@ -15,11 +15,11 @@ use toml::Spanned;
 
 use super::check::{positive, Checker};
 use super::conn::conn_settings;
-use super::file::{EndpointFile, HealthFile, RawFile, ResumeFile, RoutingFile};
+use super::file::{EndpointFile, HeadroomFile, HealthFile, RawFile, ResumeFile, RoutingFile};
 use super::form::Raw;
 use super::replicas::{replica_settings, serve_paths};
 use super::tokens::bearer_tokens;
-use crate::config::settings::{EndpointConfig, ListenerConfig};
+use crate::config::settings::{EndpointConfig, HeadroomConfig, ListenerConfig};
 
 /// One `[[endpoint]]`; `names` and `listens` collect what the endpoints
 /// before it took, so that a second use is an error at its key.
@@ -63,6 +63,7 @@ pub(super) fn endpoint(
         listen,
         request_class: e.request_class.as_ref().map(|r| r.get_ref().clone()),
         keyed_classes,
+        headroom: headroom(c, e.headroom.as_deref(), e.name.get_ref()),
         replica_concurrency: c.number(&e.replica_concurrency, "replica_concurrency", 1, 100_000, 8) as u32,
         queue_size: c.number(&e.queue_size, "queue_size", 0, 1_000_000, 256) as usize,
         queue_timeout: c.duration(&e.queue_timeout, "queue_timeout", Duration::from_secs(10)),
@@ -182,6 +183,33 @@ fn routing(c: &mut Checker, r: &RoutingFile<Raw>) -> Option<PrefixSettings> {
             None
         }
     }
+}
+
+/// `[endpoint.headroom]`: each share from 0 to 1 (the defaults without
+/// the table).
+fn headroom(c: &mut Checker, h: Option<&HeadroomFile<Raw>>, endpoint: &str) -> HeadroomConfig {
+    let d = HeadroomConfig::default();
+    let Some(h) = h else { return d };
+    let share = |c: &mut Checker, v: &Spanned<f64>, key: &str| {
+        let s = *v.get_ref();
+        if !(0.0..=1.0).contains(&s) {
+            c.error(v.span(), format!("{key} = {s} is not a share of the slots; use 0 (none while a class above has requests) to 1 (no ceiling)"));
+            return None;
+        }
+        Some(s)
+    };
+    let all = h.share.as_ref().and_then(|v| share(c, v, "headroom.share")).unwrap_or(d.share);
+    let classes = h
+        .classes
+        .iter()
+        .flatten()
+        .filter_map(|(class, v)| {
+            let key = format!("headroom.classes.{class}");
+            let s = share(c, v, &key)?;
+            Some((class.clone(), s, format!("endpoint {endpoint:?} {key}")))
+        })
+        .collect();
+    HeadroomConfig { share: all, quiet: c.duration(&h.quiet, "headroom.quiet", d.quiet), classes }
 }
 
 /// `[endpoint.health]`: the check and how many results in a row move a

@@ -108,6 +108,7 @@ pub struct EndpointFile<F: Form = Typed> {
     pub auth: Option<AuthFile<F>>,
     pub tls: Option<TlsFile<F>>,
     pub resume: Option<Box<ResumeFile<F>>>,
+    pub headroom: Option<Box<HeadroomFile<F>>>,
     /// The class of requests whose API key names none (issue #44).
     pub request_class: Option<F::Text>,
     pub replicas: Option<F::Table<ReplicasFile<F>>>,
@@ -121,6 +122,21 @@ pub struct ResumeFile<F: Form = Typed> {
     /// "auto" (the default), "tokens", "text" or "off".
     pub method: Option<F::Text>,
     pub max_moves: Option<F::U32>,
+}
+
+/// `[endpoint.headroom]`: the share of the endpoint's own replicas' slots
+/// a class, with those below it, may hold while a class above it has
+/// requests (issue #51).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, bound = "")]
+pub struct HeadroomFile<F: Form = Typed> {
+    /// Each class below the endpoint's own, 0 to 1 (1: no ceiling).
+    pub share: Option<F::Float>,
+    /// How long a class counts as having requests after its last one.
+    #[serde(default, with = "as_text")]
+    pub quiet: Option<F::Duration>,
+    /// A class's own share, in place of `share`.
+    pub classes: Option<std::collections::BTreeMap<String, F::Float>>,
 }
 
 /// `[endpoint.retry]`.
@@ -333,6 +349,7 @@ impl Default for EndpointFile {
             auth: None,
             tls: None,
             resume: None,
+            headroom: None,
             request_class: None,
             replicas: None,
         }

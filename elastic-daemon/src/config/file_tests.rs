@@ -451,6 +451,13 @@ prop_compose! {
                 let method = ["auto", "tokens", "text", "off"][chosen % 4];
                 Box::new(ResumeFile { method: Some(method.to_string()), max_moves: Some(chosen as u32 % 100 + 1) })
             }),
+            headroom: (chosen % 3 == 0).then(|| {
+                Box::new(HeadroomFile {
+                    share: Some((chosen % 5) as f64 / 4.0),
+                    quiet: Some(Duration::from_secs(chosen as u64 % 60 + 1)),
+                    classes: Some([("agents".to_string(), 0.25)].into()),
+                })
+            }),
             request_class: None,
             replicas,
         }

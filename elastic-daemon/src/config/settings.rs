@@ -90,7 +90,32 @@ pub struct EndpointConfig {
     /// `proxy.classes` ([`crate::policy_check::resolve_from_policy`]).
     pub request_class: Option<String>,
     pub keyed_classes: Vec<(String, String)>,
+    /// `[endpoint.headroom]`, by class name: resolved with the classes.
+    pub headroom: HeadroomConfig,
 }
+
+/// `[endpoint.headroom]` as written: ceilings by class name (issue #51).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HeadroomConfig {
+    /// Each class below the endpoint's own.
+    pub share: f64,
+    pub quiet: Duration,
+    /// Classes with their own share, each with where it is written.
+    pub classes: Vec<(String, f64, String)>,
+}
+
+impl Default for HeadroomConfig {
+    fn default() -> HeadroomConfig {
+        HeadroomConfig { share: DEFAULT_SHARE, quiet: Duration::from_secs(10), classes: Vec::new() }
+    }
+}
+
+/// The classes below the endpoint's own hold at most half its own
+/// replicas' slots while a class above has requests: those classes find
+/// the other half free, the classes below keep half and every replica lent
+/// to them. A site whose live traffic peaks above half its replicas sets
+/// a lower share.
+pub const DEFAULT_SHARE: f64 = 0.5;
 
 /// `[endpoint.replicas]`: how onepoold submits, scales and drains the
 /// endpoint's replica jobs.

@@ -242,6 +242,7 @@ pub fn endpoint_config(limit: u32, queue: usize, queue_timeout: Duration) -> End
         replicas: None,
         request_class: None,
         keyed_classes: Vec::new(),
+        headroom: Default::default(),
     }
 }
 

@@ -19,6 +19,7 @@ use crate::metrics::{Metrics, RequestCounters};
 use crate::prefix::Affinity;
 use crate::registry::{HealthThresholds, Pool, Replica, ReplicaId};
 
+mod held;
 mod lease;
 mod pool;
 mod queue;
@@ -56,6 +57,14 @@ struct Inner {
     in_flight_by_rank: BTreeMap<Rank, u32>,
     /// The turns of the keys waiting in each class.
     fair: crate::fair::FairTags,
+    /// With ceilings ([`crate::headroom`]): requests on the endpoint's own
+    /// (not lent) replicas by rank, when the ranks a ceiling looks above
+    /// last had a request arrive or end, whether the last dispatch held a
+    /// waiter back, and whether a timer will dispatch when their quiet ends.
+    own_by_rank: BTreeMap<Rank, u32>,
+    seen: BTreeMap<Rank, Instant>,
+    held: bool,
+    quiet_timer: bool,
 }
 
 pub struct Endpoint {
@@ -136,6 +145,10 @@ impl Endpoint {
                 next_yieldable: 0,
                 in_flight_by_rank: BTreeMap::new(),
                 fair: crate::fair::FairTags::default(),
+                own_by_rank: BTreeMap::new(),
+                seen: BTreeMap::new(),
+                held: false,
+                quiet_timer: false,
             }),
             queue_depth: metrics.queue_depth(name),
             requests: metrics.request_counters(name, ""),

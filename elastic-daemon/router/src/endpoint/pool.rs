@@ -212,8 +212,19 @@ impl Endpoint {
     /// lent replicas first (`lower`: of a class below the endpoint's own).
     /// Prefix routing keeps its own choice: the replica holding a prompt's
     /// prefix saves more than the side it is on.
-    pub(super) fn choose(g: &mut Inner, exclude: &[ReplicaId], prefix: &[u64], lower: bool) -> Option<ReplicaId> {
+    /// `held`: a ceiling holds the request back ([`crate::headroom`]):
+    /// a lent replica only.
+    pub(super) fn choose(
+        g: &mut Inner,
+        exclude: &[ReplicaId],
+        prefix: &[u64],
+        lower: bool,
+        held: bool,
+    ) -> Option<ReplicaId> {
         let Inner { pool, affinity, affine_counts, .. } = g;
+        if held {
+            return pool.choose_lent(exclude);
+        }
         let Some(affinity) = affinity.as_mut() else { return pool.choose_as(exclude, lower) };
         let (id, how) = pool.choose_for(exclude, prefix, affinity)?;
         if let Some(c) = affine_counts {

@@ -10,8 +10,7 @@ use tokio::sync::oneshot;
 
 use crate::classes::Rank;
 use crate::endpoint::lease::Lease;
-use crate::endpoint::shared::ReplicaShared;
-use crate::endpoint::waiting::{Waiter, YieldSignal, Yieldable};
+use crate::endpoint::waiting::{Handed, Waiter, YieldSignal, Yieldable};
 use crate::endpoint::{Endpoint, Inner};
 use crate::registry::{ReplicaId, ReplicaState};
 
@@ -88,7 +87,7 @@ impl Inner {
 pub(super) struct WaiterGuard<'a> {
     pub(super) endpoint: &'a Endpoint,
     pub(super) id: u64,
-    pub(super) rx: Option<oneshot::Receiver<(ReplicaId, Arc<ReplicaShared>)>>,
+    pub(super) rx: Option<oneshot::Receiver<Handed>>,
 }
 
 impl Drop for WaiterGuard<'_> {
@@ -98,8 +97,9 @@ impl Drop for WaiterGuard<'_> {
         if let Some(i) = g.waiters.iter().position(|w| w.id == self.id) {
             g.take_waiter(i, false);
             self.endpoint.set_queue_gauge(&g);
-        } else if let Ok((id, shared)) = rx.try_recv() {
-            self.endpoint.release_locked(&mut g, id, &shared);
+        } else if let Ok(h) = rx.try_recv() {
+            self.endpoint.uncount_own(&mut g, h.own, h.rank);
+            self.endpoint.release_locked(&mut g, h.id, &h.shared);
         }
     }
 }
@@ -125,7 +125,18 @@ impl Endpoint {
     pub async fn acquire_want(self: &Arc<Self>, want: Want<'_>) -> Result<Lease, AcquireError> {
         let (waiter_id, rx) = {
             let mut g = self.lock();
-            if let Some(id) = Self::choose(&mut g, want.exclude, want.prefix, want.lower) {
+            // Ceilings ([`crate::headroom`]) hold new requests of the
+            // classes below; a moved or yielded answer was admitted under
+            // them already and goes on.
+            let held = match self.headroom().is_some() && !want.ahead {
+                true => {
+                    let now = Instant::now();
+                    self.seen(&mut g, want.rank, now);
+                    self.holds(&g, want.rank, now)
+                }
+                false => false,
+            };
+            if let Some(id) = Self::choose(&mut g, want.exclude, want.prefix, want.lower, held) {
                 return Ok(self.lease_chosen(&mut g, id, want.rank));
             }
             if !want.ahead {
@@ -156,23 +167,26 @@ impl Endpoint {
             }
             g.peak_queue = g.peak_queue.max(g.waiters.len());
             self.set_queue_gauge(&g);
+            if held {
+                g.held = true;
+                self.keep_quiet_timer(&mut g);
+            }
             (wid, rx)
         };
         // Boxed: most requests find a replica free above and so never carry
         // the waiting's state along.
         let since = Instant::now();
         let wait = want.wait.unwrap_or(self.queue.timeout);
-        let mut lease = Box::pin(self.wait_in_queue(waiter_id, rx, wait, want.rank)).await?;
-        lease.queued_us = u32::try_from(since.elapsed().as_micros()).unwrap_or(u32::MAX);
+        let mut lease = Box::pin(self.wait_in_queue(waiter_id, rx, wait)).await?;
+        lease.queued.set_wait(since.elapsed());
         Ok(lease)
     }
 
     async fn wait_in_queue(
         self: &Arc<Self>,
         waiter_id: u64,
-        rx: oneshot::Receiver<(ReplicaId, Arc<ReplicaShared>)>,
+        rx: oneshot::Receiver<Handed>,
         wait: Duration,
-        rank: Rank,
     ) -> Result<Lease, AcquireError> {
         // The guard owns the receiver so that a request dropped mid-wait
         // (client gone) leaves the queue, or gives back a slot it was handed.
@@ -182,10 +196,10 @@ impl Endpoint {
             tokio::time::timeout(wait, rx).await
         };
         match granted {
-            Ok(Ok((id, shared))) => {
+            Ok(Ok(handed)) => {
                 guard.rx = None;
                 let mut g = self.lock();
-                Ok(self.lease(&mut g, id, shared, rank))
+                Ok(self.lease(&mut g, handed))
             }
             // The sender is dropped only after a send or with its queue
             // entry; neither leaves a slot behind.
@@ -203,7 +217,7 @@ impl Endpoint {
                 }
                 // Handed a slot just as the timeout fired: use it.
                 match rx.try_recv() {
-                    Ok((id, shared)) => Ok(self.lease(&mut g, id, shared, rank)),
+                    Ok(handed) => Ok(self.lease(&mut g, handed)),
                     Err(_) => Err(AcquireError::TimedOut),
                 }
             }
@@ -280,14 +294,21 @@ impl Endpoint {
     /// replicas are the only free ones lets the next one go ahead.
     pub(super) fn dispatch(&self, g: &mut Inner) {
         let mut i = 0;
+        let now = self.headroom().map(|_| Instant::now());
+        g.held = false;
         while i < g.waiters.len() {
+            let held = match now {
+                Some(now) if !g.waiters[i].ahead => self.holds(g, g.waiters[i].rank, now),
+                _ => false,
+            };
             let Some(id) = ({
                 let exclude = std::mem::take(&mut g.waiters[i].exclude);
                 let prefix = std::mem::take(&mut g.waiters[i].prefix);
-                let id = Self::choose(g, &exclude, &prefix, g.waiters[i].lower);
+                let id = Self::choose(g, &exclude, &prefix, g.waiters[i].lower, held);
                 (g.waiters[i].exclude, g.waiters[i].prefix) = (exclude, prefix);
                 id
             }) else {
+                g.held |= held;
                 i += 1;
                 continue;
             };
@@ -295,9 +316,11 @@ impl Endpoint {
             // Read only when a queued request is served: the class's pace.
             g.fair.served(w.rank, Instant::now());
             let shared = self.shared_of(g, id);
-            if w.tx.send((id, shared)).is_err() {
+            let own = self.count_own(g, id, w.rank);
+            if let Err(h) = w.tx.send(Handed { id, shared, rank: w.rank, own }) {
                 // The waiter is gone (its guard removes it under this lock, so
                 // this is rare); give the slot back and try the next one.
+                self.uncount_own(g, h.own, h.rank);
                 g.pool.release(id);
             }
         }

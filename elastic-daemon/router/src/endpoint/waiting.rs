@@ -8,6 +8,8 @@ use tokio::sync::{oneshot, Notify};
 
 use crate::classes::Rank;
 use crate::endpoint::shared::ReplicaShared;
+#[cfg(doc)]
+use crate::endpoint::Endpoint;
 use crate::registry::ReplicaId;
 
 pub(super) struct Waiter {
@@ -15,7 +17,7 @@ pub(super) struct Waiter {
     pub(super) exclude: Vec<ReplicaId>,
     /// Its prompt's prefix, when the endpoint routes by prefix.
     pub(super) prefix: crate::prefix::PrefixKey,
-    pub(super) tx: oneshot::Sender<(ReplicaId, Arc<ReplicaShared>)>,
+    pub(super) tx: oneshot::Sender<Handed>,
     pub(super) rank: Rank,
     /// Of a class below the endpoint's own: lent replicas first.
     pub(super) lower: bool,
@@ -34,6 +36,17 @@ impl Waiter {
     pub(super) fn place(&self) -> (Rank, bool, u64) {
         (self.rank, !self.ahead, self.tag)
     }
+}
+
+/// A slot handed to a waiter. Counted against the ceilings when handed,
+/// not when its waiter wakes: the next waiter of the same dispatch must
+/// see it.
+pub(super) struct Handed {
+    pub(super) id: ReplicaId,
+    pub(super) shared: Arc<ReplicaShared>,
+    pub(super) rank: Rank,
+    /// Counted against the ceilings ([`Endpoint::count_own`]).
+    pub(super) own: bool,
 }
 
 /// A stream in flight that may give its slot to a higher class's request.
