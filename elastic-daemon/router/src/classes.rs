@@ -14,10 +14,7 @@ use http::HeaderMap;
 
 use crate::headroom::Headroom;
 
-/// A request's place in the queue: lower ranks are served first; requests
-/// without a class all have the default, first come first served.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Rank(pub u32);
+pub use crate::rank::Rank;
 
 /// The header a client lowers its request's class with.
 pub const CLASS_HEADER: &str = "x-request-class";

@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::classes::Rank;
+use crate::rank::Rank;
 
 /// An endpoint's ceilings, from its settings.
 #[derive(Debug, Clone, PartialEq)]

@@ -30,6 +30,7 @@ mod models;
 pub mod prefix;
 mod prompt_scan;
 pub mod proxy;
+mod rank;
 pub mod reach;
 pub mod registry;
 pub mod replica_client;

@@ -8,8 +8,6 @@ use tokio::sync::{oneshot, Notify};
 
 use crate::classes::Rank;
 use crate::endpoint::shared::ReplicaShared;
-#[cfg(doc)]
-use crate::endpoint::Endpoint;
 use crate::registry::ReplicaId;
 
 pub(super) struct Waiter {
@@ -45,7 +43,7 @@ pub(super) struct Handed {
     pub(super) id: ReplicaId,
     pub(super) shared: Arc<ReplicaShared>,
     pub(super) rank: Rank,
-    /// Counted against the ceilings ([`Endpoint::count_own`]).
+    /// Counted against the ceilings (`count_own`).
     pub(super) own: bool,
 }
 
