@@ -853,9 +853,15 @@ fn a_reclaim_no_poll_saw_is_counted_from_the_victim_s_record_with_its_taker() {
         slurm.ended.lock().unwrap().insert(7, record);
         slurm.ended.lock().unwrap().insert(8, ended(&other, "CANCELLED", now));
         let mut taker = running(10, "training", "node2", 1);
-        (taker.user_id, taker.submit_time, taker.start_time, taker.job_state) =
-            (idle.user_id + 1, now - 3, now, "COMPLETED".into());
-        *slurm.jobs.lock().unwrap() = vec![taker];
+        (taker.user_id, taker.submit_time, taker.eligible_time, taker.start_time, taker.job_state) =
+            (idle.user_id + 1, now - 3, now - 3, now, "COMPLETED".into());
+        // Issue #52: another user's job that depends on the replica job,
+        // on its node, starts in the same second: released by the victim's
+        // end, it became eligible only then, after the taker.
+        let mut dependent = running(9, "timed", "node2", 1);
+        (dependent.user_id, dependent.submit_time, dependent.eligible_time, dependent.start_time) =
+            (idle.user_id + 2, now - 100, now, now);
+        *slurm.jobs.lock().unwrap() = vec![dependent, taker];
         c.round().await.unwrap();
         c.round().await.unwrap();
         let v = view.lock().unwrap();

@@ -110,6 +110,10 @@ pub struct JobInfo {
     pub comment: String,
     #[serde(default, deserialize_with = "number")]
     pub submit_time: u64,
+    /// When Slurm let it start: its submission, or later when a
+    /// dependency, begin time or hold kept it (0 where not given).
+    #[serde(default, deserialize_with = "number")]
+    pub eligible_time: u64,
     #[serde(default, deserialize_with = "number")]
     pub start_time: u64,
     #[serde(default, deserialize_with = "number")]
@@ -364,14 +368,15 @@ pub fn parse_user_jobs(out: &str) -> Result<Vec<JobInfo>, StateError> {
 
 /// `squeue -O` fields of [`parse_started_on`], under
 /// `SLURM_TIME_FORMAT=%s` (times as Unix seconds).
-pub const STARTED_ON_FIELDS: &str = "JobID:|,UserID:|,State:|,SubmitTime:|,StartTime:|,NodeList:|";
+pub const STARTED_ON_FIELDS: &str = "JobID:|,UserID:|,State:|,SubmitTime:|,EligibleTime:|,StartTime:|,NodeList:|";
 
 /// Reads `squeue -h -t all -w NODES -O STARTED_ON_FIELDS`: the jobs that
 /// started on some nodes (running, or ended and still held by slurmctld)
-/// with when each was submitted and started. A job that has not started
+/// with when each was submitted, became eligible (its submission where
+/// Slurm prints none) and started. A job that has not started
 /// (squeue prints an expected start, or none) is left out.
 pub fn parse_started_on(out: &str) -> Result<Vec<JobInfo>, StateError> {
-    const FIELDS: usize = 6;
+    const FIELDS: usize = 7;
     let bad = |line: usize, why: String| StateError { what: "squeue -w -O", detail: format!("line {line}: {why}") };
     let mut jobs = Vec::new();
     for (i, l) in out.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
@@ -391,7 +396,7 @@ pub fn parse_started_on(out: &str) -> Result<Vec<JobInfo>, StateError> {
             v.parse().map_err(|_| bad(line, format!("{what} {v:?} is not a number")))
         };
         // Slurm prints N/A or Unknown for a start it has not made.
-        let Ok(start_time) = f[4].parse::<u64>() else { continue };
+        let Ok(start_time) = f[5].parse::<u64>() else { continue };
         jobs.push(JobInfo {
             job_id: u32::try_from(number(id, "the job id")?)
                 .map_err(|_| bad(line, format!("job id {id:?} is too large")))?,
@@ -399,8 +404,9 @@ pub fn parse_started_on(out: &str) -> Result<Vec<JobInfo>, StateError> {
                 .map_err(|_| bad(line, format!("user id {:?} is too large", f[1])))?,
             job_state: f[2].to_string(),
             submit_time: number(f[3], "the submission time")?,
+            eligible_time: f[4].parse().or_else(|_| number(f[3], "the submission time"))?,
             start_time,
-            nodes: f[5].to_string(),
+            nodes: f[6].to_string(),
             ..JobInfo::default()
         });
     }
@@ -527,16 +533,17 @@ mod started_on_tests {
     #[test]
     fn jobs_that_started_on_nodes_with_their_times_ended_ones_too() {
         let out =
-            "41|1001|RUNNING|1796464800|1796464803|node[1-2]|\n42_3|1002|COMPLETED|1796464801|1796464802|node3|\n\
-                   43|1003|PENDING|1796464801|1796464900|node3|\n44|1004|CANCELLED|1796464801|N/A|node3|\n";
+            "41|1001|RUNNING|1796464800|1796464801|1796464803|node[1-2]|\n42_3|1002|COMPLETED|1796464801|Unknown|1796464802|node3|\n\
+                   43|1003|PENDING|1796464801|1796464801|1796464900|node3|\n44|1004|CANCELLED|1796464801|1796464801|N/A|node3|\n";
         let j = parse_started_on(out).unwrap();
         assert_eq!(j.len(), 2, "not started: left out: {j:?}");
         assert_eq!(
-            (j[0].job_id, j[0].user_id, j[0].submit_time, j[0].start_time),
-            (41, 1001, 1_796_464_800, 1_796_464_803)
+            (j[0].job_id, j[0].user_id, j[0].submit_time, j[0].eligible_time, j[0].start_time),
+            (41, 1001, 1_796_464_800, 1_796_464_801, 1_796_464_803)
         );
+        assert_eq!(j[1].eligible_time, 1_796_464_801, "Unknown: its submission");
         assert_eq!((j[0].nodes.as_str(), j[1].job_id, j[1].job_state.as_str()), ("node[1-2]", 42, "COMPLETED"));
-        let e = parse_started_on("41|1001|RUNNING|soon|1796464803|node1|\n").unwrap_err();
+        let e = parse_started_on("41|1001|RUNNING|soon|1796464801|1796464803|node1|\n").unwrap_err();
         assert!(e.to_string().contains("line 1: the submission time \"soon\" is not a number"), "{e}");
         assert!(parse_started_on("41|1001|\n").is_err());
     }

@@ -137,11 +137,12 @@ pub fn gather(
         &format_time(to + 1.0),
         &format!("--format={}", records::SACCT_FORMAT),
     ])?;
-    let records = records::parse_sacct(&out, &delim).map_err(|e| anyhow::anyhow!(e))?;
+    let mut records = records::parse_sacct(&out, &delim).map_err(|e| anyhow::anyhow!(e))?;
     for u in &records.unreadable {
         eprintln!("onepool report: sacct's record of job {:?} cannot be read ({}): no figure counts it", u.id, u.why);
     }
     let config = parse_scontrol_config(&cmd(live::SHOW_CONFIG)?);
+    records.requeues = records::Requeues::of_release(config.get("SLURM_VERSION"));
     if !config.get("AccountingStoreFlags").is_some_and(|f| f.to_ascii_lowercase().contains("job_comment")) {
         eprintln!(
             "onepool report: AccountingStoreFlags has no job_comment: slurmdbd keeps no job comments, so drained \

@@ -10,21 +10,34 @@
 //! so:
 //! - a run Slurm ended as `PREEMPTED` (cancelled for another job, at once
 //!   or when its grace time ran out);
-//! - a run of a requeue class that Slurm requeued (`REQUEUED`) while a
-//!   job that may reclaim it was waiting for its nodes (below);
+//! - before Slurm 24.05, a run of a requeue class that was requeued
+//!   (`REQUEUED`: the victim requeues itself on Slurm's notice) while a job
+//!   that may reclaim it was waiting for its nodes (below); from 24.05
+//!   Slurm records such a victim `PREEMPTED` itself, and `REQUEUED` is
+//!   only a user's own requeue ([`Requeues`]);
 //! - a replica whose launcher noted a drain on Slurm's notice (a graceful
 //!   victim that drained in its grace time ends `COMPLETED`).
 //!
-//! Slurm keeps no record of which job a victim yielded to, so the taker is
-//! derived: the first job to start on one of the victim's nodes within
-//! [`LINK_S`] of its end, submitted before that end, whose class the policy
-//! lets reclaim the victim's. Times are accounting's whole seconds.
+//! Slurm keeps no record of which job a victim yielded to (it names the
+//! preemptor only in its log, and not at all when a grace time ran out),
+//! so the taker is derived from what accounting keeps and no ordinary user
+//! sets: among the jobs that started on one of the victim's nodes within
+//! [`LINK_S`] of its end, in a class the policy lets reclaim the victim's,
+//! and eligible to start (`Eligible`) by that end, the one whose class
+//! comes first (protected, then flexible by rank), then the one eligible
+//! first. A job released by the victim's end (a dependency on it) is
+//! eligible only at that end, after the job Slurm preempted for, which
+//! waited for the victim's GPUs; a user can time when their job becomes
+//! eligible, not the class it runs in (issue #52). Times are accounting's
+//! whole seconds.
+
+use std::cmp::Ordering;
 
 use onepool_decisions::annotation::ReclaimMode;
 use onepool_decisions::policy::Policy;
 use serde::Serialize;
 
-use super::records::Run;
+use super::records::{Requeues, Run};
 
 /// A run Slurm stopped to give its GPUs to other work.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -68,12 +81,14 @@ pub struct Reclaim {
 /// How soon after a reclaimed run ends the job that got its GPUs starts.
 pub const LINK_S: f64 = 10.0;
 
-pub fn find(runs: &[Run], policy: &Policy, from: f64, to: f64) -> Vec<Reclaim> {
+pub fn find(runs: &[Run], policy: &Policy, from: f64, to: f64, requeues: Requeues) -> Vec<Reclaim> {
     let mut out = Vec::new();
     for v in runs.iter().filter(|r| r.end >= from && r.end <= to) {
         let class = policy.class_by_qos(&v.qos).and_then(|c| c.reclaim());
         let (mode, source) = match v.state.as_str() {
-            "REQUEUED" if class == Some(ReclaimMode::Requeue) => (ReclaimMode::Requeue, "accounting"),
+            "REQUEUED" if class == Some(ReclaimMode::Requeue) && requeues == Requeues::ByTheVictim => {
+                (ReclaimMode::Requeue, "accounting")
+            }
             "PREEMPTED" if v.drain().is_some() => (ReclaimMode::Graceful, "accounting"),
             "PREEMPTED" => (class.unwrap_or(ReclaimMode::Immediate), "accounting"),
             "TIMEOUT" => continue,
@@ -94,14 +109,25 @@ pub fn find(runs: &[Run], policy: &Policy, from: f64, to: f64) -> Vec<Reclaim> {
     out
 }
 
-/// The job that got `v`'s GPUs, from accounting: the first to start on one
-/// of its nodes within [`LINK_S`] of its end, waiting when it ended, in a
-/// class that may reclaim `v`'s.
+/// The job that got `v`'s GPUs, from accounting: of those that started on
+/// one of its nodes within [`LINK_S`] of its end, eligible by that end, in
+/// a class that may reclaim `v`'s, the first by [`first_to_take`].
 fn taker<'a>(runs: &'a [Run], policy: &Policy, v: &Run) -> Option<&'a Run> {
     runs.iter()
         .filter(|p| p.id != v.id && p.start >= v.end && p.start <= v.end + LINK_S)
-        .filter(|p| p.submit <= v.end && shares_a_node(p, v) && may_reclaim(policy, &p.qos, &v.qos))
-        .min_by(|a, b| a.start.total_cmp(&b.start).then_with(|| a.submit.total_cmp(&b.submit)))
+        .filter(|p| p.eligible <= v.end && shares_a_node(p, v) && may_reclaim(policy, &p.qos, &v.qos))
+        .min_by(|a, b| first_to_take(policy, a).partial_cmp(&first_to_take(policy, b)).unwrap_or(Ordering::Equal))
+}
+
+/// The order in which candidates are the taker: the class that preempts
+/// first (protected, then flexible by rank, then any other), then the job
+/// eligible first, then the one that started first, then submitted first.
+fn first_to_take(policy: &Policy, p: &Run) -> (u64, f64, f64, f64) {
+    let class = match policy.class_by_qos(&p.qos) {
+        Some(c) => c.rank().map_or(0, |r| u64::from(r) + 1),
+        None => u64::MAX,
+    };
+    (class, p.eligible, p.start, p.submit)
 }
 
 /// Whether the QOS `onepool policy render` gives the taker's class may

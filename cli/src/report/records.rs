@@ -24,6 +24,10 @@ pub struct Run {
     /// Slurm's state word (`COMPLETED`, `PREEMPTED`, `REQUEUED`, ...).
     pub state: String,
     pub submit: f64,
+    /// When Slurm let it start (`Eligible`): its submission, or later when
+    /// a dependency, begin time or hold kept it. Its submission where
+    /// accounting has none.
+    pub eligible: f64,
     pub start: f64,
     pub end: f64,
     pub gpus: u32,
@@ -64,17 +68,47 @@ pub struct Records {
     /// job run, whether or not it held GPUs or started.
     pub audit: Vec<(String, AuditRecord)>,
     pub unreadable: Vec<Unreadable>,
+    /// What a `REQUEUED` run says on this Slurm release.
+    pub requeues: Requeues,
+}
+
+/// What accounting's `REQUEUED` means on a Slurm release (issue #52).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Requeues {
+    /// Before 24.05 a victim that ends itself in its grace time is recorded
+    /// `COMPLETED` and not requeued, so a requeue class's victim requeues
+    /// itself on the notice (etc/examples/requeue-training.sbatch): its run
+    /// is `REQUEUED`, as is any user's own `scontrol requeue`. Such a run
+    /// counts where a job that may reclaim it took its GPUs.
+    #[default]
+    ByTheVictim,
+    /// From 24.05 Slurm records a victim that ends itself in its grace time
+    /// `PREEMPTED`, and requeues it: `REQUEUED` is only ever a user's own
+    /// requeue, never a reclaim.
+    BySlurm,
+}
+
+impl Requeues {
+    /// From `scontrol show config`'s `SLURM_VERSION` (e.g. `24.11.5`);
+    /// before 24.05 where it cannot be read.
+    pub fn of_release(version: Option<&str>) -> Requeues {
+        let mut parts = version.unwrap_or_default().trim().split('.').map(|p| p.parse::<u32>().ok());
+        match (parts.next().flatten(), parts.next().flatten()) {
+            (Some(major), Some(minor)) if (major, minor) >= (24, 5) => Requeues::BySlurm,
+            _ => Requeues::ByTheVictim,
+        }
+    }
 }
 
 /// The fields the report asks sacct for.
 pub const SACCT_FORMAT: &str =
-    "JobIDRaw,JobName,QOS,State,Submit,Start,End,AllocTRES,NodeList,User,AdminComment,Comment";
-const FIELDS: usize = 12;
+    "JobIDRaw,JobName,QOS,State,Submit,Eligible,Start,End,AllocTRES,NodeList,User,AdminComment,Comment";
+const FIELDS: usize = 13;
 
 /// `sacct -P -n --delimiter=DELIM` output in [`SACCT_FORMAT`] order.
 ///
 /// Each record ends with a line break and its fields are joined by
-/// `delim`, so the output split by `delim` is, after the first field, 11
+/// `delim`, so the output split by `delim` is, after the first field, 12
 /// pieces per record, the last of which also holds the next record's first
 /// field after its last line break (a JobIDRaw has none). Any text in any
 /// field stays in its field. `Err` only when the pieces do not come out as
@@ -130,7 +164,7 @@ fn read_record(f: &[String], out: &mut Records) {
         unreadable(out, "its JobIDRaw is not a job id".into());
         return;
     }
-    if let Some(a) = AuditRecord::decode(&f[10]) {
+    if let Some(a) = AuditRecord::decode(&f[11]) {
         out.audit.push((id.to_string(), a));
     }
     let t = |s: &str| onepool_decisions::trace::parse_time(s.trim());
@@ -139,17 +173,17 @@ fn read_record(f: &[String], out: &mut Records) {
         return;
     };
     // Never started (cancelled while pending): held nothing.
-    let Some(start) = t(&f[5]) else { return };
+    let Some(start) = t(&f[6]) else { return };
     // Still running: it holds its GPUs up to now (the caller clips).
-    let end = t(&f[6]).unwrap_or(f64::INFINITY);
-    let gpus = match onepool_simulator::input::jobs::gpus_from_tres(&f[7]) {
+    let end = t(&f[7]).unwrap_or(f64::INFINITY);
+    let gpus = match onepool_simulator::input::jobs::gpus_from_tres(&f[8]) {
         Ok((g, _)) => g,
         Err(e) => return unreadable(out, format!("AllocTRES: {e}")),
     };
     if gpus == 0 {
         return;
     }
-    let nodes = match f[8].trim() {
+    let nodes = match f[9].trim() {
         "None assigned" | "" => Vec::new(),
         list => match onepool_decisions::hostlist::expand(list) {
             Ok(n) => n,
@@ -162,13 +196,14 @@ fn read_record(f: &[String], out: &mut Records) {
         qos: f[2].trim().to_string(),
         state: f[3].split_whitespace().next().unwrap_or("").to_string(),
         submit,
+        eligible: t(&f[5]).unwrap_or(submit),
         start,
         end,
         gpus,
         nodes,
-        user: f[9].trim().to_string(),
-        record: JobRecord::decode(&f[10]),
-        note: ReplicaNote::decode(&f[11]),
+        user: f[10].trim().to_string(),
+        record: JobRecord::decode(&f[11]),
+        note: ReplicaNote::decode(&f[12]),
     });
 }
 
@@ -192,6 +227,7 @@ mod tests {
             name,
             "op-b",
             state,
+            "2026-12-01T10:00:00",
             "2026-12-01T10:00:00",
             "2026-12-01T10:00:01",
             "2026-12-01T10:10:00",

@@ -127,6 +127,7 @@ mod tests {
             qos: "op-b".into(),
             state: "COMPLETED".into(),
             submit: 0.0,
+            eligible: 0.0,
             start: 0.0,
             end: 1.0,
             gpus: 1,

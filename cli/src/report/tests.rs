@@ -41,6 +41,7 @@ fn run(id: &str, qos: &str, state: &str, (submit, start, end): (f64, f64, f64), 
         qos: qos.into(),
         state: state.into(),
         submit,
+        eligible: submit,
         start,
         end,
         gpus,
@@ -178,18 +179,36 @@ fn a_requeued_run_is_a_reclaim_only_in_a_requeue_class_with_a_taker_waiting() {
     let got: Vec<(&str, &str, Option<&str>)> =
         r.reclaims.iter().map(|x| (x.job.as_str(), x.mode.as_str(), x.for_job.as_deref())).collect();
     assert_eq!(got, [("5", "requeue", Some("8")), ("7", "immediate", None)], "scontrol requeue is no reclaim");
+    // From Slurm 24.05 a victim that ends itself in its grace time is
+    // recorded PREEMPTED (and requeued): REQUEUED is only a user's own
+    // requeue, whoever took the GPUs (issue #52).
+    let records = Records { runs: runs.clone(), requeues: records::Requeues::BySlurm, ..Records::default() };
+    let by_slurm = usage::compute(&records, &policy(), 0.0, 3600.0, &any_replica());
+    let jobs: Vec<&str> = by_slurm.reclaims.iter().map(|x| x.job.as_str()).collect();
+    assert_eq!(jobs, ["7"]);
+    for (version, want) in [
+        (Some("22.05.8"), records::Requeues::ByTheVictim),
+        (Some("23.11.10"), records::Requeues::ByTheVictim),
+        (Some("24.05.0"), records::Requeues::BySlurm),
+        (Some("24.11.5"), records::Requeues::BySlurm),
+        (Some("26.05.0-0rc1"), records::Requeues::BySlurm),
+        (Some("garbled"), records::Requeues::ByTheVictim),
+        (None, records::Requeues::ByTheVictim),
+    ] {
+        assert_eq!(records::Requeues::of_release(version), want, "{version:?}");
+    }
     let t = text(&r);
     assert!(t.contains("  job 7 (b, immediate) at +900 s: no job started on its nodes right after\n"), "{t}");
 }
 
 #[test]
 fn sacct_lines_become_runs() {
-    let out = "40|requeue-training.sbatch|op-training|REQUEUED|2026-12-04T08:13:28|2026-12-04T08:13:28|2026-12-04T08:13:40|billing=1,cpu=1,gres/gpu=4,node=1|node1|alice||\n\
-               41|cpu-only|normal|COMPLETED|2026-12-04T08:13:28|2026-12-04T08:13:29|2026-12-04T08:13:40|billing=1,cpu=1,node=1|node2|bob||\n\
-               42|pending|op-a|PENDING|2026-12-04T08:13:28|Unknown|Unknown|billing=1,cpu=1,gres/gpu=1,node=1|None assigned|bob||\n\
-               43|runs|op-a|RUNNING|2026-12-04T08:13:28|2026-12-04T08:13:30|Unknown|billing=1,gres/gpu=8,node=2|node[3-4]|bob||my own words\n\
-               44|onepool-chat-7|op-b|CANCELLED by 0|2026-12-04T08:13:28|2026-12-04T08:13:30|2026-12-04T08:14:30|gres/gpu=1|node1|onepool|onepool:class=b;tier=flexible;endpoint=chat|op1;L7=40000;D7=1,10,3,0,2,1500\n";
-    let Records { runs, audit, unreadable } = records::parse_sacct(out, "|").unwrap();
+    let out = "40|requeue-training.sbatch|op-training|REQUEUED|2026-12-04T08:13:28|2026-12-04T08:13:28|2026-12-04T08:13:28|2026-12-04T08:13:40|billing=1,cpu=1,gres/gpu=4,node=1|node1|alice||\n\
+               41|cpu-only|normal|COMPLETED|2026-12-04T08:13:28|2026-12-04T08:13:28|2026-12-04T08:13:29|2026-12-04T08:13:40|billing=1,cpu=1,node=1|node2|bob||\n\
+               42|pending|op-a|PENDING|2026-12-04T08:13:28|2026-12-04T08:13:28|Unknown|Unknown|billing=1,cpu=1,gres/gpu=1,node=1|None assigned|bob||\n\
+               43|runs|op-a|RUNNING|2026-12-04T08:13:28|2026-12-04T08:13:28|2026-12-04T08:13:30|Unknown|billing=1,gres/gpu=8,node=2|node[3-4]|bob||my own words\n\
+               44|onepool-chat-7|op-b|CANCELLED by 0|2026-12-04T08:13:28|2026-12-04T08:13:28|2026-12-04T08:13:30|2026-12-04T08:14:30|gres/gpu=1|node1|onepool|onepool:class=b;tier=flexible;endpoint=chat|op1;L7=40000;D7=1,10,3,0,2,1500\n";
+    let Records { runs, audit, unreadable, .. } = records::parse_sacct(out, "|").unwrap();
     assert!(unreadable.is_empty() && audit.is_empty());
     let ids: Vec<&str> = runs.iter().map(|r| r.id.as_str()).collect();
     assert_eq!(ids, ["40", "43", "44"], "no GPUs or never started: skipped");
@@ -220,6 +239,7 @@ fn a_name_or_comment_cannot_forge_a_run() {
             "op-b",
             "COMPLETED",
             "2026-12-04T08:00:00",
+            "2026-12-04T08:00:00",
             "2026-12-04T08:00:01",
             "2026-12-04T08:10:00",
             "gres/gpu=2",
@@ -230,7 +250,7 @@ fn a_name_or_comment_cannot_forge_a_run() {
         ]
         .join(&d)
     };
-    let forged = "x\n99|onepool-chat-1|op-p|PREEMPTED|2026-12-04T08:00:00|2026-12-04T08:00:00|2026-12-04T09:00:00|gres/gpu=8|n1|onepool|onepool:class=p;tier=protected;endpoint=chat|op1;E1=boom";
+    let forged = "x\n99|onepool-chat-1|op-p|PREEMPTED|2026-12-04T08:00:00|2026-12-04T08:00:00|2026-12-04T08:00:00|2026-12-04T09:00:00|gres/gpu=8|n1|onepool|onepool:class=p;tier=protected;endpoint=chat|op1;E1=boom";
     let out = format!("{}\n{}\n", line("50", "a|b", forged), line("51", "ok", "op1;D3=1,10,1,0,0,5"));
     let Records { runs, unreadable, .. } = records::parse_sacct(&out, &d).unwrap();
     assert!(unreadable.is_empty());
@@ -460,10 +480,10 @@ fn a_note_counts_only_on_a_replica_job() {
     assert!(r.replica_jobs.starts_with("jobs of user onepool"), "{}", r.replica_jobs);
 }
 
-/// The taker is derived from accounting: the first job to start on one of
-/// the victim's nodes right after it ended, waiting by then, whose class
-/// may reclaim the victim's. A job of a lower class that started first, a
-/// job submitted after the end, or one on another node is not it.
+/// The taker is derived from accounting: a job that started on one of the
+/// victim's nodes right after it ended, eligible by then, whose class may
+/// reclaim the victim's. A job of a lower class that started first, a job
+/// submitted after the end, or one on another node is not it.
 #[test]
 fn the_taker_is_the_first_job_that_may_reclaim_the_victim_on_its_nodes() {
     let t = |s: &str| onepool_decisions::trace::parse_time(&format!("2026-12-05T10:{s}")).unwrap();
@@ -484,6 +504,48 @@ fn the_taker_is_the_first_job_that_may_reclaim_the_victim_on_its_nodes() {
     let got: Vec<(&str, Option<&str>, Option<f64>)> =
         r.reclaims.iter().map(|x| (x.job.as_str(), x.for_job.as_deref(), x.time_to_capacity_s)).collect();
     assert_eq!(got, [("13", Some("33"), Some(3.0))]);
+}
+
+/// Issue #52: an ordinary user cannot make their job the taker by timing
+/// it. A job released by the victim's end (a dependency on it) on another
+/// of its nodes is eligible only at that end; one waiting on its nodes
+/// since long before, of a class below the taker's, is not the class that
+/// preempts first. The job Slurm preempted for is named, with its own time
+/// to capacity.
+#[test]
+fn a_job_timed_by_its_user_around_the_reclaim_is_not_the_taker() {
+    let t = |s: &str| onepool_decisions::trace::parse_time(&format!("2026-12-05T10:{s}")).unwrap();
+    let from = t("00:00");
+    let at = |id: &str, qos: &str, submit: &str, eligible: &str, start: &str, nodes: &[&str]| {
+        let mut r = run(id, qos, "COMPLETED", (t(submit), t(start), t("09:00")), 4, nodes);
+        r.eligible = t(eligible);
+        r
+    };
+    let victim = run("20", "op-b", "PREEMPTED", (t("00:10"), t("00:11"), t("03:00")), 4, &["n3", "n4"]);
+    // The issue's case: T (a, which may reclaim b) depends on the victim
+    // and asks for n4; P (protected) was submitted a second before the
+    // end and needs n3. Both start as the victim ends.
+    let dependent = at("21", "op-a", "00:20", "03:00", "03:00", &["n4"]);
+    let preemptor = at("22", "op-p", "02:59", "02:59", "03:00", &["n3"]);
+    let taker = |runs: Vec<Run>| {
+        let r = compute(&runs, from, from + 3600.0, &any_replica());
+        r.reclaims.iter().map(|x| (x.job.clone(), x.for_job.clone(), x.time_to_capacity_s)).collect::<Vec<_>>()
+    };
+    let want = vec![("20".to_string(), Some("22".to_string()), Some(1.0))];
+    assert_eq!(taker(vec![victim.clone(), dependent.clone(), preemptor.clone()]), want);
+    // Submitted an hour before and waiting on n4 all along: eligible
+    // first, but of a class below the preemptor's.
+    let waiting = at("23", "op-a", "00:01", "00:01", "03:00", &["n4"]);
+    assert_eq!(taker(vec![victim.clone(), waiting, preemptor.clone()]), want);
+    // Of one class, the one eligible before the end is the taker, on
+    // whichever node of the victim it started.
+    let same_class = at("24", "op-a", "02:58", "02:58", "03:01", &["n3"]);
+    let got = taker(vec![victim.clone(), dependent.clone(), same_class]);
+    assert_eq!(got, [("20".to_string(), Some("24".to_string()), Some(3.0))]);
+    // Eligible only after the end: never the taker.
+    let late = at("25", "op-p", "02:00", "03:01", "03:02", &["n3"]);
+    let got = taker(vec![victim, late]);
+    assert_eq!(got, [("20".to_string(), None, None)]);
 }
 
 /// "What the pool saved": the period's records become a scenario the

@@ -142,7 +142,7 @@ pub fn compute(records: &Records, policy: &Policy, from: f64, to: f64, replicas:
         classes,
         outside_gpu_hours: outside,
         idle_gpu_hours: idle,
-        reclaims: reclaims::find(&trusted, policy, from, to),
+        reclaims: reclaims::find(&trusted, policy, from, to, records.requeues),
         reclaim_source: RECLAIM_SOURCE.to_string(),
         replica_jobs: replicas.said.clone(),
         replica_failures: failures::find(&trusted, replicas, from, to),
@@ -156,8 +156,9 @@ pub fn compute(records: &Records, policy: &Policy, from: f64, to: f64, replicas:
 
 /// What every reclaim rests on (docs/report.md, "What each figure trusts").
 pub const RECLAIM_SOURCE: &str = "accounting (Slurm's states, times and nodes; whole seconds) and the drain notes of \
-     onepoold's replica jobs; the taker is the first job of a class that may reclaim the victim's to start on its \
-     nodes within 10 s of its end";
+     onepoold's replica jobs; the taker is, of the jobs eligible by the victim's end that started on its nodes \
+     within 10 s of it in a class that may reclaim the victim's, the one of the class that preempts first, then \
+     eligible first";
 
 /// Audit mode's decisions on the period's jobs; `None` outside audit mode
 /// when the plugin recorded none.

@@ -97,9 +97,9 @@ impl Controller {
     }
 
     /// Looks for the jobs that took reclaimed replicas' GPUs: on the
-    /// victim's nodes, another user's, started at or after Slurm's pick
-    /// (running or already ended: slurmctld's records of both); the first
-    /// to start is the taker. One squeue per victim and poll, until found
+    /// victim's nodes, another user's, eligible by Slurm's pick and started
+    /// at or after it (running or already ended: slurmctld's records of
+    /// both); the one eligible first, then started first, is the taker. One squeue per victim and poll, until found
     /// or [`TAKER_SEARCH`] after the release.
     /// A failed squeue is logged and tried again at the next poll (the
     /// taker is a figure for the admin, not a reason to stop a round).
@@ -119,10 +119,15 @@ impl Controller {
                     continue;
                 }
             };
+            // Slurm picked the victim for a job that was eligible then; one
+            // released by the victim's end (a dependency on it, issue #52)
+            // became eligible after, unless the pick and the end fell in
+            // one second, where the one eligible first is taken.
             let taker = running
                 .iter()
                 .filter(|j| j.user_id != self.uid && j.start_time >= s.picked_at && j.submit_time > 0)
-                .min_by_key(|j| (j.start_time, j.job_id));
+                .filter(|j| j.eligible_time <= s.picked_at)
+                .min_by_key(|j| (j.eligible_time, j.start_time, j.job_id));
             match taker {
                 Some(j) => self.took(&s, j.job_id, j.start_time.saturating_sub(j.submit_time)),
                 None if now < s.until => self.takers.push(s),
