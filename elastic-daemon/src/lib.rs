@@ -18,6 +18,7 @@ pub mod config;
 pub mod control;
 pub mod controller;
 pub mod daemon;
+pub mod engine_priority;
 pub mod inherited;
 pub mod leader;
 pub mod policy_check;

@@ -265,6 +265,7 @@ fn check_only(path: &std::path::Path, config: &mut config::Config, user: Option<
                 lower.map_or_else(|| "none".to_string(), |w| format!("class {w}"))
             );
             println!("headroom: {}", onepool_elastic_daemon::policy_check::headroom_summary(&e.name, c));
+            println!("priority: {}", onepool_elastic_daemon::engine_priority::summary(e, c));
         }
     }
     for w in &findings.warnings {

@@ -230,6 +230,9 @@ fn resolve_classes(
     // Protected classes rank 0: ahead of every flexible one.
     let ranks: Vec<(String, u32)> = policy.classes.iter().map(|c| (c.name.clone(), c.rank().unwrap_or(0))).collect();
     let names = || ranks.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ");
+    for e in config.endpoints.iter().filter(|e| !wants_classes(e)) {
+        crate::engine_priority::resolve(e, None)?;
+    }
     for e in config.endpoints.iter_mut().filter(|e| wants_classes(e)) {
         for (class, at) in &e.keyed_classes {
             let Some(c) = policy.class(class) else {
@@ -261,7 +264,11 @@ fn resolve_classes(
         }
         let own_rank = classes.rank(&own).unwrap_or_default().0;
         let headroom = headroom(&e.headroom, &classes, policy)?;
-        e.proxy.classes = Some(std::sync::Arc::new(classes.with_headroom(headroom)));
+        let mut classes = classes.with_headroom(headroom);
+        if let Some(p) = crate::engine_priority::resolve(e, Some(&classes))? {
+            classes = classes.with_engine_priority(p);
+        }
+        e.proxy.classes = Some(std::sync::Arc::new(classes));
         if let Some(r) = e.replicas.as_mut() {
             r.lower_workload = lower_workload(&e.name, r, policy, own_rank, uid)?;
         }
@@ -429,6 +436,9 @@ fn check_size(f: &mut Findings, at: &str, kind: &str, max: Option<u32>, s: &Repl
 pub fn check(config: &Config) -> Findings {
     let mut all = Findings::default();
     all.warnings.extend(crate::leader::warnings(config));
+    for e in &config.endpoints {
+        all.warnings.extend(crate::engine_priority::warnings(e));
+    }
     let with_replicas: Vec<_> =
         config.endpoints.iter().filter_map(|e| e.replicas.as_ref().map(|r| (e.name.as_str(), r))).collect();
     if with_replicas.is_empty() {

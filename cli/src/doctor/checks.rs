@@ -389,10 +389,13 @@ pub fn daemon(config: Option<&str>, result: Option<Result<String, String>>) -> C
         (Some(path), Some(Ok(out))) => {
             let verdict = format!("{path}: {}", out.lines().last().unwrap_or("fits").trim());
             // How each endpoint's answers continue elsewhere (issue #43),
-            // and its request classes (issue #44).
+            // its request classes (issue #44), their headroom and what the
+            // engine is told of them (issue #51).
             let resume: Vec<&str> = out
                 .lines()
-                .filter_map(|l| l.strip_prefix("resume: ").or_else(|| l.strip_prefix("classes: ")))
+                .filter_map(|l| {
+                    ["resume: ", "classes: ", "headroom: ", "priority: "].iter().find_map(|p| l.strip_prefix(p))
+                })
                 .collect();
             let verdict = match resume.is_empty() {
                 true => verdict,

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use http::HeaderMap;
 
+use crate::engine_priority::EnginePriority;
 use crate::headroom::Headroom;
 
 pub use crate::rank::Rank;
@@ -19,8 +20,9 @@ pub use crate::rank::Rank;
 /// The header a client lowers its request's class with.
 pub const CLASS_HEADER: &str = "x-request-class";
 
-/// An endpoint's classes: each one's place in the queue, and the slots
-/// the lower ones leave to those above ([`Headroom`]).
+/// An endpoint's classes: each one's place in the queue, the slots the
+/// lower ones leave to those above ([`Headroom`]), and what the engine is
+/// told of each ([`EnginePriority`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestClasses {
     /// The endpoint's own class (requests without a class of their key).
@@ -29,6 +31,7 @@ pub struct RequestClasses {
     /// flexible ones (lower is served first).
     ranks: BTreeMap<Arc<str>, Rank>,
     headroom: Option<Headroom>,
+    engine_priority: Option<EnginePriority>,
 }
 
 /// A request's class and its place in the queue.
@@ -46,7 +49,7 @@ impl RequestClasses {
     pub fn new(own: &str, ranks: impl IntoIterator<Item = (String, u32)>) -> Option<RequestClasses> {
         let ranks: BTreeMap<Arc<str>, Rank> = ranks.into_iter().map(|(n, r)| (Arc::from(n), Rank(r))).collect();
         let own = ranks.keys().find(|k| &***k == own)?.clone();
-        Some(RequestClasses { own, ranks, headroom: None })
+        Some(RequestClasses { own, ranks, headroom: None, engine_priority: None })
     }
 
     /// With ceilings for the classes below others ([`crate::headroom`]).
@@ -57,6 +60,17 @@ impl RequestClasses {
 
     pub fn headroom(&self) -> Option<&Headroom> {
         self.headroom.as_ref()
+    }
+
+    /// With each class's value of the engine's own priority
+    /// ([`crate::engine_priority`]).
+    pub fn with_engine_priority(mut self, p: EnginePriority) -> RequestClasses {
+        self.engine_priority = Some(p);
+        self
+    }
+
+    pub fn engine_priority(&self) -> Option<&EnginePriority> {
+        self.engine_priority.as_ref()
     }
 
     pub fn own(&self) -> &str {

@@ -21,6 +21,7 @@ mod affine_choice;
 pub mod backend_pool;
 pub mod classes;
 pub mod endpoint;
+pub mod engine_priority;
 mod fair;
 pub mod headroom;
 pub mod health;

@@ -230,6 +230,60 @@ impl<'a> Scanner<'a> {
     }
 }
 
+/// `body`, a JSON object, with its top-level member `name` (however its
+/// key is escaped) left out and `"name":value` (`value`: JSON) as its last
+/// member; `None` when the body is no JSON object. A server whose parser
+/// takes the last of two members of one name would take ours anyway; one
+/// that takes the first, or refuses both, gets only ours.
+pub fn set_member(body: &[u8], name: &[u8], value: &[u8]) -> Option<Vec<u8>> {
+    let mut s = Scanner { b: body, i: 0 };
+    s.eat(b'{')?;
+    let mut kept: Vec<std::ops::Range<usize>> = Vec::new();
+    if s.peek()? != b'}' {
+        loop {
+            s.peek()?;
+            let start = s.i;
+            let key = s.string()?;
+            s.eat(b':')?;
+            s.skip(1)?;
+            if !decodes_to(key, name)? {
+                kept.push(start..s.i);
+            }
+            match s.peek()? {
+                b',' => s.i += 1,
+                b'}' => break,
+                _ => return None,
+            }
+        }
+    }
+    s.eat(b'}')?;
+    if s.peek().is_some() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(body.len() + name.len() + value.len() + 5);
+    out.push(b'{');
+    for m in kept {
+        out.extend_from_slice(&body[m]);
+        out.push(b',');
+    }
+    out.push(b'"');
+    out.extend_from_slice(name);
+    out.extend_from_slice(b"\":");
+    out.extend_from_slice(value);
+    out.push(b'}');
+    Some(out)
+}
+
+/// Whether a raw JSON string (escapes as written) is `text`.
+fn decodes_to(raw: &[u8], text: &[u8]) -> Option<bool> {
+    if memchr::memchr(b'\\', raw).is_none() {
+        return Some(raw == text);
+    }
+    let mut decoded = Vec::with_capacity(raw.len());
+    unescape(raw, |b| decoded.extend_from_slice(b))?;
+    Some(decoded == text)
+}
+
 /// Feeds a raw JSON string's text to `out`, its escapes decoded: runs
 /// without escapes pass as they are, each escape as the UTF-8 of its
 /// character. `None` on an escape JSON does not have.
@@ -279,6 +333,20 @@ fn hex4(h: &[u8]) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_member_is_set_last_and_a_client_s_own_of_that_name_goes_whatever_its_escapes() {
+        let set = |b: &str| set_member(b.as_bytes(), b"priority", b"7").map(|o| String::from_utf8(o).unwrap());
+        assert_eq!(set(r#"{"model":"m","stream":true}"#).unwrap(), r#"{"model":"m","stream":true,"priority":7}"#);
+        assert_eq!(set(" { } ").unwrap(), r#"{"priority":7}"#);
+        let own = set(r#"{"priority": 1000, "messages":[{"priority":1}], "\u0070riority":5, "n":2}"#).unwrap();
+        assert_eq!(own, r#"{"messages":[{"priority":1}],"n":2,"priority":7}"#);
+        let v: serde_json::Value = serde_json::from_str(&own).unwrap();
+        assert_eq!(v["priority"], 7);
+        for bad in ["", "[1]", r#"{"a":1"#, r#"{"a":1} x"#, r#"{"a" 1}"#, "\"x\""] {
+            assert_eq!(set(bad), None, "{bad:?}");
+        }
+    }
+
     use super::*;
 
     fn text(raw: &[u8]) -> String {

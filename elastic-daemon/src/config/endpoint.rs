@@ -15,11 +15,11 @@ use toml::Spanned;
 
 use super::check::{positive, Checker};
 use super::conn::conn_settings;
-use super::file::{EndpointFile, HeadroomFile, HealthFile, RawFile, ResumeFile, RoutingFile};
+use super::file::{EndpointFile, HeadroomFile, HealthFile, PriorityFile, RawFile, ResumeFile, RoutingFile};
 use super::form::Raw;
 use super::replicas::{replica_settings, serve_paths};
 use super::tokens::bearer_tokens;
-use crate::config::settings::{EndpointConfig, HeadroomConfig, ListenerConfig};
+use crate::config::settings::{EndpointConfig, EngineChoice, EnginePriorityConfig, HeadroomConfig, ListenerConfig};
 
 /// One `[[endpoint]]`; `names` and `listens` collect what the endpoints
 /// before it took, so that a second use is an error at its key.
@@ -64,6 +64,7 @@ pub(super) fn endpoint(
         request_class: e.request_class.as_ref().map(|r| r.get_ref().clone()),
         keyed_classes,
         headroom: headroom(c, e.headroom.as_deref(), e.name.get_ref()),
+        engine_priority: engine_priority(c, e.priority.as_deref(), e.name.get_ref()),
         replica_concurrency: c.number(&e.replica_concurrency, "replica_concurrency", 1, 100_000, 8) as u32,
         queue_size: c.number(&e.queue_size, "queue_size", 0, 1_000_000, 256) as usize,
         queue_timeout: c.duration(&e.queue_timeout, "queue_timeout", Duration::from_secs(10)),
@@ -210,6 +211,33 @@ fn headroom(c: &mut Checker, h: Option<&HeadroomFile<Raw>>, endpoint: &str) -> H
         })
         .collect();
     HeadroomConfig { share: all, quiet: c.duration(&h.quiet, "headroom.quiet", d.quiet), classes }
+}
+
+/// `[endpoint.priority]`: the engine named, and values from 0 to a
+/// million.
+fn engine_priority(c: &mut Checker, p: Option<&PriorityFile<Raw>>, endpoint: &str) -> EnginePriorityConfig {
+    let Some(p) = p else { return EnginePriorityConfig::default() };
+    let engine = match p.engine.as_ref().map(|e| (e.get_ref().as_str(), e.span())) {
+        None | Some(("auto", _)) => EngineChoice::Auto,
+        Some(("sglang", _)) => EngineChoice::Sglang,
+        Some(("vllm", _)) => EngineChoice::Vllm,
+        Some(("off", _)) => EngineChoice::Off,
+        Some((other, span)) => {
+            c.error(span, format!("priority.engine = {other:?} is not an engine onepool tells a priority; use \"auto\" (from the replicas' command), \"sglang\", \"vllm\" or \"off\""));
+            EngineChoice::Off
+        }
+    };
+    let values = p
+        .values
+        .iter()
+        .flatten()
+        .map(|(class, v)| {
+            let key = format!("priority.values.{class}");
+            let n = c.number(&Some(v.clone()), &key, 0, 1_000_000, 0) as u32;
+            (class.clone(), n, format!("endpoint {endpoint:?} {key}"))
+        })
+        .collect();
+    EnginePriorityConfig { engine, values }
 }
 
 /// `[endpoint.health]`: the check and how many results in a row move a

@@ -109,6 +109,7 @@ pub struct EndpointFile<F: Form = Typed> {
     pub tls: Option<TlsFile<F>>,
     pub resume: Option<Box<ResumeFile<F>>>,
     pub headroom: Option<Box<HeadroomFile<F>>>,
+    pub priority: Option<Box<PriorityFile<F>>>,
     /// The class of requests whose API key names none (issue #44).
     pub request_class: Option<F::Text>,
     pub replicas: Option<F::Table<ReplicasFile<F>>>,
@@ -137,6 +138,18 @@ pub struct HeadroomFile<F: Form = Typed> {
     pub quiet: Option<F::Duration>,
     /// A class's own share, in place of `share`.
     pub classes: Option<std::collections::BTreeMap<String, F::Float>>,
+}
+
+/// `[endpoint.priority]`: each request's class sent as the engine's own
+/// `priority` (issue #51).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, bound = "")]
+pub struct PriorityFile<F: Form = Typed> {
+    /// "auto" (the default: from the replicas' command), "sglang", "vllm"
+    /// or "off".
+    pub engine: Option<F::Text>,
+    /// A class's own value, in place of the one from its rank.
+    pub values: Option<std::collections::BTreeMap<String, F::U32>>,
 }
 
 /// `[endpoint.retry]`.
@@ -350,6 +363,7 @@ impl Default for EndpointFile {
             tls: None,
             resume: None,
             headroom: None,
+            priority: None,
             request_class: None,
             replicas: None,
         }

@@ -458,6 +458,12 @@ prop_compose! {
                     classes: Some([("agents".to_string(), 0.25)].into()),
                 })
             }),
+            priority: (chosen % 4 == 1).then(|| {
+                Box::new(PriorityFile {
+                    engine: Some(["auto", "sglang", "vllm", "off"][chosen % 4].to_string()),
+                    values: Some([("agents".to_string(), chosen as u32 % 1000)].into()),
+                })
+            }),
             request_class: None,
             replicas,
         }

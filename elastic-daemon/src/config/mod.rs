@@ -33,13 +33,13 @@ use tokens::bearer_tokens;
 
 pub use file::{
     AccessLogFile, AuthFile, ConfigFile, EndpointFile, HaFile, HeadroomFile, HealthFile, LatencyFile, ListenerFile,
-    ReplicasFile, ResumeFile, RetryFile, RouteFile, RoutingFile, TlsFile, WarmFile,
+    PriorityFile, ReplicasFile, ResumeFile, RetryFile, RouteFile, RoutingFile, TlsFile, WarmFile,
 };
 pub use form::{AsText, Form, FormValue, Mode, Raw, Typed};
 pub use ha::{host_name, HaSettings, LockSettings};
 pub use settings::{
-    Config, ConfigError, EndpointConfig, HeadroomConfig, ListenerConfig, PoolScope, ReplicaSettings, ReplicaTransport,
-    WarmSettings, DEFAULT_REPLICA_KEY_FILE,
+    Config, ConfigError, EndpointConfig, EngineChoice, EnginePriorityConfig, HeadroomConfig, ListenerConfig, PoolScope,
+    ReplicaSettings, ReplicaTransport, WarmSettings, DEFAULT_REPLICA_KEY_FILE,
 };
 
 /// The listener settings the router reads, defined with its other settings.

@@ -92,6 +92,29 @@ pub struct EndpointConfig {
     pub keyed_classes: Vec<(String, String)>,
     /// `[endpoint.headroom]`, by class name: resolved with the classes.
     pub headroom: HeadroomConfig,
+    /// `[endpoint.priority]`, by class name: resolved with the classes
+    /// ([`crate::engine_priority`]).
+    pub engine_priority: EnginePriorityConfig,
+}
+
+/// `[endpoint.priority]` as written (issue #51).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EnginePriorityConfig {
+    pub engine: EngineChoice,
+    /// Classes with their own value, each with where it is written.
+    pub values: Vec<(String, u32, String)>,
+}
+
+/// Which engine's priority the requests carry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EngineChoice {
+    /// The engine the replicas' command runs, when it runs it with its
+    /// priority scheduling on.
+    #[default]
+    Auto,
+    Sglang,
+    Vllm,
+    Off,
 }
 
 /// `[endpoint.headroom]` as written: ceilings by class name (issue #51).

@@ -72,7 +72,11 @@ pub struct Engine {
     pub addr: SocketAddr,
     /// Generation requests served (the stream's or a continuation's).
     pub generations: Arc<AtomicU64>,
+    /// Every request but health checks: its path and body, as received.
+    pub received: Received,
 }
+
+pub type Received = Arc<std::sync::Mutex<Vec<(String, Bytes)>>>;
 
 pub async fn engine(cut: Cut) -> Engine {
     engine_paced(cut, Duration::from_millis(2)).await
@@ -84,6 +88,8 @@ pub async fn engine_paced(cut: Cut, pace: Duration) -> Engine {
     let addr = listener.local_addr().unwrap();
     let generations = Arc::new(AtomicU64::new(0));
     let served = generations.clone();
+    let received = Received::default();
+    let record = received.clone();
     let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
     tokio::spawn(async move {
         let mut first = true;
@@ -94,23 +100,23 @@ pub async fn engine_paced(cut: Cut, pace: Duration) -> Engine {
                 tokio::spawn(close_before_head(stream, Duration::from_millis(ms)));
                 continue;
             }
-            let (served, lost) = (served.clone(), lost.clone());
+            let (served, lost, record) = (served.clone(), lost.clone(), record.clone());
             tokio::spawn(async move {
                 let svc = service_fn(move |req: Request<Incoming>| {
-                    let (served, lost) = (served.clone(), lost.clone());
+                    let (served, lost, record) = (served.clone(), lost.clone(), record.clone());
                     async move {
                         if lost.load(Ordering::SeqCst) {
                             // Cut off: no answer ever comes.
                             std::future::pending::<()>().await;
                         }
-                        Ok::<_, Infallible>(serve(req, cut, served, pace, lost).await)
+                        Ok::<_, Infallible>(serve(req, cut, served, pace, lost, record).await)
                     }
                 });
                 let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
             });
         }
     });
-    Engine { addr, generations }
+    Engine { addr, generations, received }
 }
 
 /// Reads a request's head, waits, and closes the connection unanswered.
@@ -147,12 +153,15 @@ async fn serve(
     served: Arc<AtomicU64>,
     pace: Duration,
     lost: Arc<std::sync::atomic::AtomicBool>,
+    record: Received,
 ) -> Response<EngineBody> {
     let path = req.uri().path().to_string();
     if path == "/health" {
         return json_answer(json!({"status": "ok"}));
     }
-    let body: Value = serde_json::from_slice(&req.into_body().collect().await.unwrap().to_bytes()).unwrap_or(json!({}));
+    let raw = req.into_body().collect().await.unwrap().to_bytes();
+    record.lock().unwrap().push((path.clone(), raw.clone()));
+    let body: Value = serde_json::from_slice(&raw).unwrap_or(json!({}));
     match path.as_str() {
         "/apply-template" => return json_answer(json!({"prompt": templated(&body["messages"])})),
         "/tokenize" => return json_answer(json!({"tokens": tokenize(body["content"].as_str().unwrap())})),

@@ -243,6 +243,7 @@ pub fn endpoint_config(limit: u32, queue: usize, queue_timeout: Duration) -> End
         request_class: None,
         keyed_classes: Vec::new(),
         headroom: Default::default(),
+        engine_priority: Default::default(),
     }
 }
 

@@ -280,6 +280,9 @@ impl Prepared {
             // one naming a higher class would leave no trace, issue #50).
             None => out.headers.get(CLASS_HEADER).map(|_| Box::new(Err(no_classes()))),
         };
+        if generation && out.method == Method::POST {
+            engine_priority(ctx, &mut out, class.as_deref().and_then(|c| c.as_ref().ok()));
+        }
         // A followed answer is a generation's: retried before its head.
         let (resumable, followed) = resumable(ctx, &mut out, class.as_deref().and_then(|c| c.as_ref().ok()));
         let head_request = out.method == Method::HEAD;
@@ -305,6 +308,19 @@ impl Prepared {
             key,
             followed,
         }
+    }
+}
+
+/// The request's `priority` set to its class's value on an endpoint that
+/// tells its engine (issue #51 item 3), before anything else reads the
+/// body: a continued answer keeps it. A body that is no JSON object goes
+/// as it came (the engine refuses it).
+fn engine_priority(ctx: &Target, out: &mut Forwarded, class: Option<&crate::classes::Class>) {
+    let Some(class) = class else { return };
+    let Some(p) = ctx.settings.classes.as_ref().and_then(|c| c.engine_priority()) else { return };
+    let Some(value) = p.value(class.rank) else { return };
+    if let Some(body) = crate::prompt_scan::set_member(&out.body, b"priority", value.as_bytes()) {
+        out.body = Bytes::from(body);
     }
 }
 
