@@ -496,16 +496,20 @@ fn streamed_chat(url: &str, key: &str) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-/// Agents' requests as frameworks send them: a tool list on every call,
+/// Agents' requests for structured output (a JSON schema on every call),
 /// half streamed, half whole, 2 s each. The router does not follow such
-/// answers, so none can yield its slot: only headroom keeps a slot free
-/// for live requests (issue #51 item 2).
-const AGENTS_WITH_TOOLS: usize = 24;
+/// answers (a grammar would start over at the junction), so none can yield
+/// its slot: only headroom keeps a slot free for live requests (issue #51
+/// item 2).
+const AGENTS_WITH_SCHEMAS: usize = 24;
 const AGENT_TOKENS: u64 = 100;
 
 /// Live p99 first byte alone and beside the agents, and the agents' tokens
 /// in the window live ran `live_time` beside them.
-async fn agents_with_tools_beside_live(share: Option<f64>, live_time: Duration) -> (Duration, Duration, u64, Duration) {
+async fn agents_with_schemas_beside_live(
+    share: Option<f64>,
+    live_time: Duration,
+) -> (Duration, Duration, u64, Duration) {
     let e = engine_paced(Cut::Never, PACE).await;
     let mut cfg = endpoint_config(SLOTS, 1000, Duration::from_secs(60));
     cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3 });
@@ -520,7 +524,7 @@ async fn agents_with_tools_beside_live(share: Option<f64>, live_time: Duration) 
     assert!(alone.iter().all(|s| s.status == 200 && s.whole));
     let (stop, counting) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
     let (tokens, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(Vec::new())));
-    let flood: Vec<_> = (0..AGENTS_WITH_TOOLS)
+    let flood: Vec<_> = (0..AGENTS_WITH_SCHEMAS)
         .map(|i| {
             let (url, stop, counting, tokens, failed) =
                 (h.url.clone(), stop.clone(), counting.clone(), tokens.clone(), failed.clone());
@@ -555,13 +559,13 @@ async fn agents_with_tools_beside_live(share: Option<f64>, live_time: Duration) 
     (p99(&alone), p99(&beside), tokens.load(Ordering::Relaxed), window)
 }
 
-/// One agents' call with a tool list, read to its end: its status and
+/// One agents' call with a JSON schema, read to its end: its status and
 /// the text of its answer.
 async fn agents_call(url: &str, streamed: bool) -> (u16, String) {
     let body = serde_json::json!({"model": "fake", "messages": [{"role": "user", "content": "go"}],
-        "max_tokens": AGENT_TOKENS, "stream": streamed, "tool_choice": "auto",
-        "tools": [{"type": "function", "function": {"name": "search", "description": "Search the web",
-            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}]});
+        "max_tokens": AGENT_TOKENS, "stream": streamed,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "answer",
+            "schema": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}});
     let req = Request::post(format!("{url}/v1/chat/completions"))
         .header("authorization", format!("Bearer {AGENTS_KEY}"))
         .body(Full::new(Bytes::from(body.to_string())))
@@ -585,14 +589,14 @@ async fn agents_call(url: &str, streamed: bool) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_requests_find_headroom_beside_agents_whose_answers_cannot_yield() {
-    let (alone, beside, tokens, window) = agents_with_tools_beside_live(Some(0.25), LIVE_FOR).await;
+    let (alone, beside, tokens, window) = agents_with_schemas_beside_live(Some(0.25), LIVE_FOR).await;
     // Without: a few live requests show the wait (each waits for the
     // agents' queue, ten seconds and more).
     let (off_alone, off_beside, off_tokens, off_window) =
-        agents_with_tools_beside_live(None, Duration::from_secs(1)).await;
+        agents_with_schemas_beside_live(None, Duration::from_secs(1)).await;
     let rate = |t: u64, w: Duration| t as f64 / w.as_secs_f64();
     eprintln!(
-        "headroom 0.25: live p99 first byte {alone:.3?} alone, {beside:.3?} beside {AGENTS_WITH_TOOLS} agents with tools \
+        "headroom 0.25: live p99 first byte {alone:.3?} alone, {beside:.3?} beside {AGENTS_WITH_SCHEMAS} agents with schemas \
          (agents {:.0} tokens/s); without: {off_alone:.3?} alone, {off_beside:.3?} beside (agents {:.0} tokens/s)",
         rate(tokens, window),
         rate(off_tokens, off_window)

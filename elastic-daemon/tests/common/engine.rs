@@ -183,6 +183,7 @@ async fn serve(
         id: format!("chatcmpl-{}", nth + 1),
         pace,
         lost,
+        tools: chat && body["tools"].as_array().is_some_and(|t| !t.is_empty()) && body["tool_choice"] != json!("none"),
     };
     if body["stream"] != json!(true) && !native {
         return gen.whole().await;
@@ -230,6 +231,29 @@ struct Generation {
     pace: Duration,
     /// Set at a [`Cut::Lost`]: the engine answers nothing more.
     lost: Arc<std::sync::atomic::AtomicBool>,
+    /// Tools offered: the answer is [`TOOL_AFTER`] tokens of text, then a
+    /// tool call ([`tool_call`]), as a model with a tool format answers.
+    tools: bool,
+}
+
+/// With tools, the text tokens before the tool call.
+pub const TOOL_AFTER: u64 = 8;
+
+/// The tool call of an answer with tools, as its three deltas stream it
+/// (positions `TOOL_AFTER` to `TOOL_AFTER + 2`): its head, then its
+/// arguments in two parts.
+pub fn tool_call_delta(part: u64) -> Value {
+    match part {
+        0 => json!([{"index": 0, "id": "call_0", "type": "function",
+                     "function": {"name": "get_weather", "arguments": ""}}]),
+        1 => json!([{"index": 0, "function": {"arguments": "{\"city\":"}}]),
+        _ => json!([{"index": 0, "function": {"arguments": "\"Paris\"}"}}]),
+    }
+}
+
+/// The whole answer's tool call.
+pub fn tool_call() -> Value {
+    json!({"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}})
 }
 
 type Sender = mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
@@ -270,6 +294,9 @@ impl Generation {
                 send(tx, RECLAIM_EVENT.into()).await;
             }
             Cut::Close(_) => {
+                // What was sent reaches the router first (as it would from a
+                // server killed between two tokens).
+                tokio::time::sleep(self.pace).await;
                 let _ = tx.send(Err(std::io::Error::other("killed"))).await;
             }
             Cut::Silent(_) => tokio::time::sleep(Duration::from_secs(3600)).await,
@@ -311,11 +338,19 @@ impl Generation {
     /// The answer whole (`stream` not asked for), once all of it is made.
     async fn whole(self) -> Response<EngineBody> {
         tokio::time::sleep(self.pace * self.n as u32).await;
+        let n = if self.tools { TOOL_AFTER.saturating_sub(self.from) + 3 } else { self.n };
+        let text_tokens = if self.tools { n - 3 } else { n };
         // A character cut at the last token is left out, as a server does.
-        let text = String::from_utf8_lossy(&answer_bytes(self.from, self.n)).trim_end_matches('\u{FFFD}').to_string();
-        let (p, n) = (self.prompt_tokens, self.n);
+        let text =
+            String::from_utf8_lossy(&answer_bytes(self.from, text_tokens)).trim_end_matches('\u{FFFD}').to_string();
+        let p = self.prompt_tokens;
         let usage = json!({"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n});
         let (object, choice) = match self.chat {
+            true if self.tools => (
+                "chat.completion",
+                json!({"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": [tool_call()]},
+                       "finish_reason": "tool_calls"}),
+            ),
             true => (
                 "chat.completion",
                 json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}),
@@ -350,15 +385,29 @@ impl Generation {
             send(&tx, self.event(role).to_string()).await;
         }
         let mut held = Vec::new();
+        let mut generated = 0;
         for k in 0..self.n {
             if self.cut_at(k, &tx).await {
                 return;
             }
             tokio::time::sleep(self.pace).await;
-            if !send(&tx, self.token_event(self.from + k, &mut held).to_string()).await {
+            let at = self.from + k;
+            generated += 1;
+            let event = match self.tools && at >= TOOL_AFTER {
+                true => {
+                    let delta = json!({"tool_calls": tool_call_delta(at - TOOL_AFTER)});
+                    self.event(json!({"index": 0, "delta": delta, "finish_reason": null}))
+                }
+                false => self.token_event(at, &mut held),
+            };
+            if !send(&tx, event.to_string()).await {
                 return;
             }
+            if self.tools && at == TOOL_AFTER + 2 {
+                break;
+            }
         }
+        let finish_reason = if self.tools && self.from + generated > TOOL_AFTER { "tool_calls" } else { "length" };
         if self.native {
             let end =
                 json!({"index": 0, "content": "", "stop": true, "stop_type": "limit", "tokens_predicted": self.n});
@@ -366,14 +415,14 @@ impl Generation {
             return;
         }
         let finish = match self.chat {
-            true => json!({"index": 0, "delta": {}, "finish_reason": "length"}),
-            false => json!({"index": 0, "text": "", "finish_reason": "length"}),
+            true => json!({"index": 0, "delta": {}, "finish_reason": finish_reason}),
+            false => json!({"index": 0, "text": "", "finish_reason": finish_reason}),
         };
         send(&tx, self.event(finish).to_string()).await;
         if self.include_usage {
             let mut u = self.event(json!(null));
             u["choices"] = json!([]);
-            let (p, n) = (self.prompt_tokens, self.n);
+            let (p, n) = (self.prompt_tokens, generated);
             u["usage"] = json!({"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n});
             send(&tx, u.to_string()).await;
         }

@@ -98,6 +98,15 @@ pub(super) struct ResumableBody {
     tail: EventTail,
     /// Ended with an error event, not whole.
     failed: bool,
+    /// A continuation began a tool call (or reasoning): passed as the
+    /// engine parsed it, and not continued again (issue #51).
+    unmovable: bool,
+    /// The client has had an event of the answer (a continuation's role
+    /// is then not repeated).
+    answered: bool,
+    /// Log-probabilities of tokens a continuation generates again that the
+    /// client has already (by text, issue #51).
+    regenerated: usize,
 }
 
 impl ResumableBody {
@@ -130,6 +139,9 @@ impl ResumableBody {
             counted: 0,
             tail: EventTail::default(),
             failed: false,
+            unmovable: false,
+            answered: false,
+            regenerated: 0,
         };
         body.register_yieldable();
         body
@@ -225,7 +237,12 @@ impl ResumableBody {
             return self.unfollow(event.clone());
         }
         if e.unfollowable() {
-            return self.unfollow(event.clone());
+            if self.source == Source::First {
+                return self.unfollow(event.clone());
+            }
+            // A tool call (or reasoning) the continuation began: passed as
+            // the engine parsed it; the answer cannot move from here.
+            self.unmovable = true;
         }
         if self.progress.meta.is_none() {
             self.progress.meta = Meta::of(&e);
@@ -237,43 +254,44 @@ impl ResumableBody {
         if e.usage.is_some() {
             self.progress.usage_seen = true;
         }
+        if said.is_some() {
+            self.progress.note_text(text);
+        }
+        if let (Some(u), false) = (e.usage, self.source == Source::First) {
+            self.continued_usage = Some(u);
+        }
         match self.source {
             Source::First => {
-                if said.is_some() {
-                    self.progress.note_text(text);
-                }
                 let stripped = self.plan.ids_asked.then(|| without_key(&event, &LOGPROBS)).flatten();
                 self.out.push_back(stripped.unwrap_or_else(|| event.clone()));
-                if let Some(f) = finish {
-                    self.progress.finish = Some(f.into_owned());
+                self.answered = true;
+            }
+            Source::OpenAi => {
+                let meta = self.progress.meta.as_ref().expect("set before a move");
+                if let Some(passed) = meta.restamp(data, !self.answered, &mut self.regenerated) {
+                    self.out.push_back(passed);
+                    self.answered = true;
                 }
             }
-            Source::Native | Source::OpenAi => {
+            Source::Native => {
                 let skipped = self.skip.min(text.len());
                 self.skip -= skipped;
                 let visible = text.get(skipped..).unwrap_or_default();
-                match (self.source, said) {
-                    (_, None) => {}
-                    (Source::Native, _) => self.progress.note_text(text),
-                    _ => self.progress.note_text(visible),
-                }
+                let meta = self.progress.meta.as_ref().expect("set before a move");
                 if !visible.is_empty() {
-                    let meta = self.progress.meta.as_ref().expect("set before a move");
                     self.out.push_back(meta.text_event(self.plan.api, visible));
                 }
-                if let Some(u) = e.usage {
-                    self.continued_usage = Some(u);
+                if let Some(f) = &finish {
+                    self.out.push_back(meta.finish_event(self.plan.api, f));
                 }
-                if let Some(f) = finish {
-                    let meta = self.progress.meta.as_ref().expect("set before a move");
-                    self.out.push_back(meta.finish_event(self.plan.api, &f));
-                    self.progress.finish = Some(f.into_owned());
-                    // llama.cpp's stream ends with its last event; an OpenAI
-                    // one still sends usage and [DONE].
-                    if self.source == Source::Native {
-                        self.complete();
-                    }
-                }
+            }
+        }
+        if let Some(f) = finish {
+            self.progress.finish = Some(f.into_owned());
+            // llama.cpp's stream ends with its last event; an OpenAI one
+            // still sends usage and [DONE].
+            if self.source == Source::Native {
+                self.complete();
             }
         }
     }
@@ -339,6 +357,10 @@ impl ResumableBody {
             self.ctx.endpoint.note_move(Err("too_long"));
             return self.fail("the answer is longer than the router keeps to continue one");
         }
+        if self.unmovable {
+            self.ctx.endpoint.note_move(Err("tool_call_cut"));
+            return self.fail("a tool call it had begun cannot be continued elsewhere");
+        }
         let yielded = why == Why::Yielded;
         // A yield is no failure: it is bounded by the classes above it, not
         // by max_moves, and the replica may take the answer back later.
@@ -371,6 +393,7 @@ impl ResumableBody {
         if self.progress.meta.is_none() {
             self.progress.meta = Some(Meta::made_up(&self.plan));
         }
+        self.regenerated = self.progress.regenerated();
         let (ids, skip) = self.progress.resume_point();
         let ids = ids.to_vec();
         self.skip = skip;

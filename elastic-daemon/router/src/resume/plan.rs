@@ -55,14 +55,9 @@ pub enum NotResumable {
     NotJson,
     /// `n` or `best_of` above 1: several answers in one stream.
     SeveralChoices,
-    /// Tools or functions: a call cut half-way cannot be continued as text.
-    Tools,
     /// A grammar, JSON schema or structured response format: its state
     /// would start over at the junction.
     Constrained,
-    /// The client asked for log-probabilities (the continuation's would
-    /// differ in form).
-    Logprobs,
     /// `echo`, `suffix` or a prompt that is not one string.
     CompletionShape,
 }
@@ -73,9 +68,7 @@ impl NotResumable {
         match self {
             NotResumable::NotJson => "not_json",
             NotResumable::SeveralChoices => "several_choices",
-            NotResumable::Tools => "tools",
             NotResumable::Constrained => "structured_output",
-            NotResumable::Logprobs => "logprobs",
             NotResumable::CompletionShape => "completion_shape",
         }
     }
@@ -120,9 +113,13 @@ impl Plan {
         let Ok(Value::Object(mut req)) = serde_json::from_slice::<Value>(body) else {
             return Err(NotResumable::NotJson);
         };
-        check(api, &req)?;
+        // Tools and the client's log-probabilities: continued by the
+        // engine's own chat (its parser, its log-probabilities), and a
+        // whole answer is read whole (the router assembles text only).
+        let engine_s_own = check(api, &req)?;
+        let method = if engine_s_own { Method::Text } else { method };
         let asked_stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
-        let whole = whole_as_stream && !asked_stream;
+        let whole = whole_as_stream && !asked_stream && !engine_s_own;
         let stream = asked_stream || whole;
         // A whole answer has its usage, so the stream it is read from must.
         let include_usage = whole
@@ -153,7 +150,12 @@ impl Plan {
     }
 }
 
-fn check(api: Api, req: &Map<String, Value>) -> Result<(), NotResumable> {
+/// `Ok(true)`: the request is continued only through the engine's own
+/// chat (by text, whatever the endpoint's method): tools (the engine parses
+/// a tool call that begins after the junction; one cut half-way is not
+/// continued, issue #51) or the client's own log-probabilities (the
+/// continuation's are the engine's, in its form).
+fn check(api: Api, req: &Map<String, Value>) -> Result<bool, NotResumable> {
     let above_one = |k: &str| req.get(k).and_then(Value::as_u64).is_some_and(|n| n > 1);
     if above_one("n") || above_one("best_of") {
         return Err(NotResumable::SeveralChoices);
@@ -161,9 +163,6 @@ fn check(api: Api, req: &Map<String, Value>) -> Result<(), NotResumable> {
     let present = |k: &str| req.get(k).is_some_and(|v| !v.is_null());
     let tool_choice_none = req.get("tool_choice").and_then(Value::as_str) == Some("none");
     let tools = req.get("tools").or(req.get("functions")).is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty()));
-    if tools && !tool_choice_none {
-        return Err(NotResumable::Tools);
-    }
     let format_is_text = req
         .get("response_format")
         .is_none_or(|f| f.is_null() || f.get("type").and_then(Value::as_str).is_some_and(|t| t == "text"));
@@ -175,9 +174,7 @@ fn check(api: Api, req: &Map<String, Value>) -> Result<(), NotResumable> {
         Some(Value::Number(n)) => n.as_u64().is_some_and(|n| n > 0),
         _ => false,
     };
-    if asks_logprobs || present("top_logprobs") || present("n_probs") {
-        return Err(NotResumable::Logprobs);
-    }
+    let engine_s_own = (tools && !tool_choice_none) || asks_logprobs || present("top_logprobs") || present("n_probs");
     if api == Api::Completion {
         let echo = req.get("echo").and_then(Value::as_bool).unwrap_or(false);
         if echo || present("suffix") || !req.get("prompt").is_some_and(Value::is_string) {
@@ -187,7 +184,7 @@ fn check(api: Api, req: &Map<String, Value>) -> Result<(), NotResumable> {
     if api == Api::Chat && !req.get("messages").is_some_and(Value::is_array) {
         return Err(NotResumable::NotJson);
     }
-    Ok(())
+    Ok(engine_s_own)
 }
 
 /// The client's body with the log-probability fields that bring token ids
@@ -279,10 +276,8 @@ mod tests {
         let m = r#""messages":[]"#;
         let cases = [
             (format!(r#"{{{m},"n":2}}"#), NotResumable::SeveralChoices),
-            (format!(r#"{{{m},"tools":[{{"type":"function"}}]}}"#), NotResumable::Tools),
             (format!(r#"{{{m},"response_format":{{"type":"json_object"}}}}"#), NotResumable::Constrained),
             (format!(r#"{{{m},"grammar":"root ::= x"}}"#), NotResumable::Constrained),
-            (format!(r#"{{{m},"logprobs":true}}"#), NotResumable::Logprobs),
             ("[1]".to_string(), NotResumable::NotJson),
             ("{\"stream\":true}".to_string(), NotResumable::NotJson),
         ];
@@ -290,6 +285,16 @@ mod tests {
             assert_eq!(plan(chat, &body, Method::Tokens), Err(why), "{body}");
         }
         assert!(plan(chat, &format!(r#"{{{m},"tools":[],"n":1}}"#), Method::Tokens).unwrap().is_some());
+        // Tools and the client's log-probabilities: by the engine's own
+        // chat, whatever the endpoint's method; asked whole, read whole.
+        for extra in [r#""tools":[{"type":"function"}]"#, r#""logprobs":true,"top_logprobs":2"#, r#""n_probs":1"#] {
+            let streamed = format!(r#"{{{m},{extra},"stream":true}}"#);
+            let (p, first) = plan(chat, &streamed, Method::Tokens).unwrap().unwrap();
+            assert_eq!((p.method, p.ids_asked, first), (Method::Text, false, None), "{extra}");
+            let whole = format!(r#"{{{m},{extra}}}"#);
+            let p = Plan::of(chat, whole.as_bytes(), Method::Tokens, true).unwrap().unwrap();
+            assert_eq!((p.plan.whole, p.plan.stream, p.first), (false, false, None), "{extra}");
+        }
         assert!(plan(chat, &format!(r#"{{{m},"tools":[{{}}],"tool_choice":"none"}}"#), Method::Text)
             .unwrap()
             .is_some());

@@ -82,6 +82,9 @@ pub struct Logprobs {
 /// A generated token: its id and how many bytes of text it is.
 #[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Token {
+    /// llama-server's; vLLM's log-probabilities have none (0 here: only
+    /// the tokens method, llama-server's, reads ids).
+    #[serde(default)]
     pub id: u32,
     #[serde(default)]
     pub bytes: ByteCount,
@@ -328,6 +331,13 @@ impl Progress {
                 }
             }
         }
+    }
+
+    /// By text, the tokens at the end whose character the client does not
+    /// have whole: a continuation generates them again, and the client has
+    /// their log-probabilities already.
+    pub fn regenerated(&self) -> usize {
+        self.trailing_empty as usize
     }
 
     /// Where a continuation starts: the ids whose text the client has

@@ -166,6 +166,59 @@ impl Meta {
         self.event(api, Self::choice(api, "", Some(reason)), None)
     }
 
+    /// A continuation's event from the engine's own chat, as its client
+    /// reads it: the answer's id, creation time, model and fingerprint in
+    /// place of the continuation's, without the role its first delta
+    /// repeats (unless `first`: the client has had no event yet) or the
+    /// usage the router counts itself (issue #51: tool calls,
+    /// log-probabilities and any other field the engine writes go as they
+    /// came). The first `regenerated` log-probabilities are left out: the
+    /// client has them from the tokens the continuation generates again.
+    /// `None` when nothing is left for the client.
+    pub fn restamp(&self, data: &[u8], first: bool, regenerated: &mut usize) -> Option<Bytes> {
+        let mut e = object(data)?;
+        e.remove("usage");
+        let choices = e.get_mut("choices").and_then(Value::as_array_mut)?;
+        for c in choices.iter_mut() {
+            if let Some(list) = c.get_mut("logprobs").and_then(|l| l.get_mut("content")).and_then(Value::as_array_mut) {
+                let had = (*regenerated).min(list.len());
+                list.drain(..had);
+                *regenerated -= had;
+                if list.is_empty() && had > 0 {
+                    c["logprobs"] = Value::Null;
+                }
+            }
+            if let Some(d) = c.get_mut("delta").and_then(Value::as_object_mut) {
+                if !first {
+                    d.remove("role");
+                }
+                if d.get("content").is_some_and(Value::is_null) {
+                    d.remove("content");
+                }
+            }
+        }
+        let carries = choices.iter().any(|c| {
+            c.get("delta").and_then(Value::as_object).is_some_and(|d| !d.is_empty())
+                || c.get("text").and_then(Value::as_str).is_some_and(|t| !t.is_empty())
+                || c.get("finish_reason").is_some_and(|f| !f.is_null())
+                || c.get("logprobs").is_some_and(|l| !l.is_null())
+        });
+        if !carries {
+            return None;
+        }
+        e.insert("id".into(), json!(self.id));
+        e.insert("created".into(), json!(self.created));
+        e.insert("model".into(), json!(self.model));
+        match &self.fingerprint {
+            Some(f) => e.insert("system_fingerprint".into(), json!(f)),
+            None => e.remove("system_fingerprint"),
+        };
+        let mut out = b"data: ".to_vec();
+        out.extend(to_body(Value::Object(e)));
+        out.extend_from_slice(b"\n\n");
+        Some(Bytes::from(out))
+    }
+
     /// The last event before `[DONE]` when the client asked for usage.
     pub fn usage_event(&self, api: Api, prompt: u64, completion: u64) -> Bytes {
         let usage =
