@@ -230,6 +230,31 @@ impl<'a> Scanner<'a> {
     }
 }
 
+/// The raw value of `body`'s top-level member `name` (the last of that
+/// name, however its key is escaped), `Ok(None)` without one; `Err(())`
+/// when the body is no JSON object. A look at the keys only: the values
+/// are skipped as [`scan`] skips them.
+#[allow(clippy::result_unit_err, reason = "no JSON object is the one error, and its callers need no more")]
+pub fn member<'a>(body: &'a [u8], name: &[u8]) -> Result<Option<&'a [u8]>, ()> {
+    let mut s = Scanner { b: body, i: 0 };
+    let mut found = None;
+    let complete = s
+        .object(0, |s, key| {
+            s.peek()?;
+            let start = s.i;
+            s.skip(1)?;
+            if decodes_to(key, name)? {
+                found = Some(&s.b[start..s.i]);
+            }
+            Some(())
+        })
+        .is_some();
+    match complete && s.peek().is_none() {
+        true => Ok(found),
+        false => Err(()),
+    }
+}
+
 /// `body`, a JSON object, with its top-level member `name` (however its
 /// key is escaped) left out and `"name":value` (`value`: JSON) as its last
 /// member; `None` when the body is no JSON object. A server whose parser
@@ -333,6 +358,18 @@ fn hex4(h: &[u8]) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_top_level_member_is_found_by_its_key_and_nested_ones_are_not() {
+        let body = br#"{"messages":[{"stream":true}],"stre\u0061m" : true , "n":2}"#;
+        assert_eq!(member(body, b"stream"), Ok(Some(&b"true"[..])));
+        assert_eq!(member(body, b"n"), Ok(Some(&b"2"[..])));
+        assert_eq!(member(body, b"tools"), Ok(None));
+        assert_eq!(member(br#"{"stream":false,"stream":true}"#, b"stream"), Ok(Some(&b"true"[..])), "the last");
+        for bad in ["", "[1]", r#"{"a":1"#, r#"{"a":1} x"#] {
+            assert_eq!(member(bad.as_bytes(), b"stream"), Err(()), "{bad:?}");
+        }
+    }
+
     #[test]
     fn a_member_is_set_last_and_a_client_s_own_of_that_name_goes_whatever_its_escapes() {
         let set = |b: &str| set_member(b.as_bytes(), b"priority", b"7").map(|o| String::from_utf8(o).unwrap());

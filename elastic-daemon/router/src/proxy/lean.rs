@@ -20,9 +20,12 @@
 //! implementation. The lean path takes a request only when it is HTTP/1.1
 //! in origin form with one `Host`, no hop-by-hop, `Expect` or `x-request-class` field, at most
 //! one valid `Content-Length` whose body (at most [`MAX_BODY`]) is already
-//! in the socket when its head is read and fits the body budget, and, on an
-//! endpoint with keys, an accepted key (which, as on hyper's path, does not
-//! go on to the replica). TLS and shared listeners are hyper's throughout.
+//! in the socket when its head is read and fits the body budget, on an
+//! endpoint with keys an accepted key (which, as on hyper's path, does not
+//! go on to the replica), and on an endpoint that continues answers no
+//! generation that asks for a stream (hyper's path follows those; a whole
+//! answer is only sent again whole, marked movable here as there). TLS and
+//! shared listeners are hyper's throughout.
 
 use std::future::Future;
 use std::io::{self, IoSlice};
@@ -36,6 +39,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap};
 use http::{Response, StatusCode, Version};
 use http_body::{Body, Frame};
+use onepool_launcher::conventions::MOVABLE_HEADER;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -48,6 +52,7 @@ use crate::proxy::connections::{ClientConn, RequestHold};
 use crate::proxy::graceful::GracefulStop;
 use crate::proxy::to_replica::{forward, is_generation_path, is_onepool_field, HeadWriter, Prepared};
 use crate::proxy::Target;
+use crate::resume::plan::Api;
 
 /// Most header fields in a request head (hyper's default limit too).
 const MAX_FIELDS: usize = 100;
@@ -75,6 +80,9 @@ struct Taken {
     head_request: bool,
     retry_any: bool,
     generation: bool,
+    /// A generation whose answer is whole on an endpoint that continues
+    /// answers: movable, sent again whole (issue #51 item 5).
+    whole: bool,
 }
 
 enum Parsed {
@@ -147,7 +155,7 @@ pub(super) async fn serve(
             body,
             std::mem::take(&mut spare),
             taken.head_request,
-            (taken.retry_any, taken.generation),
+            (taken.retry_any, taken.generation, taken.whole),
         );
         let Some(mut response) = forward_unless_gone(forward(p, &t), &mut io, &mut buf, max_head).await else {
             // The client left while its request waited (queued, or for
@@ -219,11 +227,6 @@ fn parse(buf: &[u8], t: &Target, client: &ClientConn, max_head: usize, head: &mu
     if method == "GET" && target.split('?').next() == Some("/v1/models") {
         return Parsed::Decline;
     }
-    // A generation the router may continue elsewhere is read on the full
-    // path, which looks at its body (crate::resume).
-    if method == "POST" && t.settings.resume.is_some() {
-        return Parsed::Decline;
-    }
     // A request's class is read on the full path too (crate::classes).
     if t.settings.classes.is_some() {
         return Parsed::Decline;
@@ -253,6 +256,16 @@ fn parse(buf: &[u8], t: &Target, client: &ClientConn, max_head: usize, head: &mu
     if buf.len() - head_len < body_len {
         return Parsed::Body(head_len + body_len);
     }
+    // A stream the router may continue elsewhere is read on the full path,
+    // which follows it (crate::resume); a whole answer is only sent again
+    // whole, so it stays here, marked movable.
+    let whole = method == "POST" && t.settings.resume.is_some() && Api::of_path(target).is_some();
+    if whole {
+        let body = &buf[head_len..head_len + body_len];
+        if !matches!(crate::prompt_scan::member(body, b"stream"), Ok(s) if s != Some(b"true")) {
+            return Parsed::Decline;
+        }
+    }
     if t.settings.auth.as_ref().is_some_and(|a| !a.allows_value(authorization)) {
         return Parsed::Decline;
     }
@@ -277,6 +290,9 @@ fn parse(buf: &[u8], t: &Target, client: &ClientConn, max_head: usize, head: &mu
     if let Some(k) = t.endpoint.replica_key() {
         w.field(crate::REPLICA_KEY_HEADER.as_str().as_bytes(), k.as_bytes());
     }
+    if whole {
+        w.field(MOVABLE_HEADER.as_bytes(), b"1");
+    }
     if length.is_some() {
         w.field(b"content-length", body_len.to_string().as_bytes());
     }
@@ -284,7 +300,7 @@ fn parse(buf: &[u8], t: &Target, client: &ClientConn, max_head: usize, head: &mu
     let head_request = method == "HEAD";
     let generation = method == "POST" && is_generation_path(target);
     let retry_any = t.settings.idempotent || generation || matches!(method, "GET" | "HEAD" | "OPTIONS");
-    Parsed::Take(Taken { head_len, body_len, head_request, retry_any, generation })
+    Parsed::Take(Taken { head_len, body_len, head_request, retry_any, generation, whole })
 }
 
 /// A Content-Length value: digits only (no sign, no list), as RFC 9110

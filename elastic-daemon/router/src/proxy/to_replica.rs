@@ -346,6 +346,18 @@ fn resumable(
         return (None, None);
     }
     let whole_as_stream = class.is_some_and(|c| c.lower);
+    // A whole answer is sent again whole, whatever its shape: what it asks
+    // for needs no reading (issue #51 item 5: the chat POST paid a parse
+    // of its whole body for nothing). It is movable: a draining replica
+    // answers it "draining" before it starts, and it goes elsewhere.
+    if !whole_as_stream && crate::resume::plan::Api::of_path(out.uri.path()).is_some() {
+        if let Ok(stream) = crate::prompt_scan::member(&out.body, b"stream") {
+            if stream != Some(b"true") {
+                out.movable = true;
+                return (None, Some(Followed::Whole));
+            }
+        }
+    }
     match crate::resume::plan::Plan::of(out.uri.path(), &out.body, settings.method, whole_as_stream) {
         Ok(Some(crate::resume::plan::Planned { plan, first })) => {
             let followed = if plan.stream { Followed::Yes } else { Followed::Whole };
@@ -376,10 +388,11 @@ impl Prepared {
         body: Bytes,
         spare: HeaderMap,
         head_request: bool,
-        (retry_any, generation): (bool, bool),
+        (retry_any, generation, whole): (bool, bool, bool),
     ) -> Prepared {
         let start = Instant::now();
-        let (resumable, class, followed) = (None, None, None);
+        let (resumable, class) = (None, None);
+        let followed = whole.then_some(Followed::Whole);
         Prepared {
             head,
             body,
