@@ -221,10 +221,8 @@ fn parse(buf: &[u8], t: &Target, client: &ClientConn, max_head: usize, head: &mu
         _ => return Parsed::Decline,
     };
     let (Some(method), Some(target), Some(1)) = (req.method, req.path, req.version) else { return Parsed::Decline };
-    if !target.starts_with('/') || method == "CONNECT" {
-        return Parsed::Decline;
-    }
-    if method == "GET" && target.split('?').next() == Some("/v1/models") {
+    let models = method == "GET" && target.split('?').next() == Some("/v1/models");
+    if !target.starts_with('/') || method == "CONNECT" || models {
         return Parsed::Decline;
     }
     // A request's class is read on the full path too (crate::classes).
@@ -256,16 +254,9 @@ fn parse(buf: &[u8], t: &Target, client: &ClientConn, max_head: usize, head: &mu
     if buf.len() - head_len < body_len {
         return Parsed::Body(head_len + body_len);
     }
-    // A stream the router may continue elsewhere is read on the full path,
-    // which follows it (crate::resume); a whole answer is only sent again
-    // whole, so it stays here, marked movable.
-    let whole = method == "POST" && t.settings.resume.is_some() && Api::of_path(target).is_some();
-    if whole {
-        let body = &buf[head_len..head_len + body_len];
-        if !matches!(crate::prompt_scan::member(body, b"stream"), Ok(s) if s != Some(b"true")) {
-            return Parsed::Decline;
-        }
-    }
+    let Some(whole) = whole_answer(method, target, &buf[head_len..head_len + body_len], t) else {
+        return Parsed::Decline;
+    };
     if t.settings.auth.as_ref().is_some_and(|a| !a.allows_value(authorization)) {
         return Parsed::Decline;
     }
@@ -301,6 +292,17 @@ fn parse(buf: &[u8], t: &Target, client: &ClientConn, max_head: usize, head: &mu
     let generation = method == "POST" && is_generation_path(target);
     let retry_any = t.settings.idempotent || generation || matches!(method, "GET" | "HEAD" | "OPTIONS");
     Parsed::Take(Taken { head_len, body_len, head_request, retry_any, generation, whole })
+}
+
+/// On an endpoint that continues answers, whether a request is a
+/// generation asking for a whole answer: it is only sent again whole, so it
+/// stays here, marked movable. `None`: a stream the router may continue
+/// elsewhere, read on the full path, which follows it (crate::resume).
+fn whole_answer(method: &str, target: &str, body: &[u8], t: &Target) -> Option<bool> {
+    if method != "POST" || t.settings.resume.is_none() || Api::of_path(target).is_none() {
+        return Some(false);
+    }
+    matches!(crate::prompt_scan::member(body, b"stream"), Ok(s) if s != Some(b"true")).then_some(true)
 }
 
 /// A Content-Length value: digits only (no sign, no list), as RFC 9110
