@@ -116,7 +116,12 @@ fn reclaims_agree_everywhere(poll: Duration) {
     let drained: Vec<Option<u64>> =
         report["reclaims"].as_array().unwrap().iter().map(|r| r["drained"].as_u64()).collect();
     assert_eq!(drained[0], Some(0), "the idle victim drained nothing: {}", report["reclaims"]);
-    assert!(drained[1].is_some_and(|n| n > 0), "the busy victim drained its requests: {}", report["reclaims"]);
+    // The load's whole completions are movable (issue #51: a whole answer
+    // is sent again whole whatever its shape): the drain sends those still
+    // computing elsewhere at once, and finishes the rest.
+    let handled = |r: &Value| r["drained"].as_u64().unwrap_or(0) + r["moved"].as_u64().unwrap_or(0);
+    let busy = &report["reclaims"][1];
+    assert!(handled(busy) > 0, "the busy victim drained or moved its requests: {}", report["reclaims"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
