@@ -381,6 +381,15 @@ pub fn completion_with(port: u16, secs: f64, fields: &[(&str, &str)]) -> Option<
     request_with(port, "POST", "/v1/completions", &format!("{{\"model\": \"m\", \"max_tokens\": {tokens}}}"), fields)
 }
 
+/// [`completion`] streamed with two choices (`n: 2`): an answer the router
+/// does not follow, so a replica's drain waits for it rather than move it
+/// (a whole answer is movable: sent again whole elsewhere, issue #51).
+pub fn held_completion(port: u16, secs: f64) -> Option<u16> {
+    let tokens = (secs * 1000.0).round() as u64;
+    let body = format!("{{\"model\": \"m\", \"prompt\": \"x\", \"max_tokens\": {tokens}, \"n\": 2, \"stream\": true}}");
+    request_with(port, "POST", "/v1/completions", &body, &[])
+}
+
 /// Clients sending completions back to back until stopped; every answer
 /// is counted by status (0: the connection failed).
 pub struct Load {
@@ -394,6 +403,12 @@ impl Load {
     /// Completions of `secs` each on the stand-in server.
     pub fn start(port: u16, clients: usize, secs: f64) -> Load {
         Load::with(clients, move || completion(port, secs))
+    }
+
+    /// As [`Load::start`], each answer one a drain waits for
+    /// ([`held_completion`]).
+    pub fn held(port: u16, clients: usize, secs: f64) -> Load {
+        Load::with(clients, move || held_completion(port, secs))
     }
 
     /// As [`Load::start`], with clients that retry a request whose
