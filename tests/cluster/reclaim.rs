@@ -157,10 +157,11 @@ fn reclaimed_flexible_training_checkpoints_on_the_notice_is_requeued_and_resumes
 /// victim's launcher ends its streams at once (the router continues them
 /// on the other replicas) instead of waiting for them, and the protected
 /// job gets the GPUs within 2 s of its submission though the victim's
-/// streams had 20 s or more left. Every answer ends whole.
+/// streams had 20 s or more left. Every answer ends whole, agents' calls
+/// with a tool list among them (issue #51).
 #[test]
 fn a_graceful_reclaim_moves_long_streams_and_the_protected_job_runs_within_two_seconds() {
-    use onepool_tests::answers::long_chat;
+    use onepool_tests::answers::{long_chat_body, timed_chat, tool_list};
     use onepool_tests::elastic::{
         daemon_config, foreign_job, llama_replicas, moved_streams, moves_failed, protected_training, runtime, scratch,
         serving, start_daemon, wait, Load,
@@ -194,9 +195,17 @@ fn a_graceful_reclaim_moves_long_streams_and_the_protected_job_runs_within_two_s
     let supplemental = serving(&d, "chat", "supplemental");
     std::thread::sleep(Duration::from_secs(onepool_tests::TEST_MIN_RUNTIME_SECS + 1));
 
+    // The odd ones are agents' calls with a tool list (issue #51: followed,
+    // and moved like the others).
     let answers: Vec<_> = (0..8)
         .map(|i| {
-            std::thread::spawn(move || long_chat(port, &format!("Tell a long story, part {i}."), LONG_TOKENS, i != 3))
+            std::thread::spawn(move || {
+                let mut body = long_chat_body(&format!("Tell a long story, part {i}."), LONG_TOKENS, i != 3);
+                if i % 2 == 1 {
+                    (body["tools"], body["tool_choice"]) = (tool_list(), serde_json::json!("auto"));
+                }
+                timed_chat(port, &body).answer
+            })
         })
         .collect();
     wait("every replica serving answers", Duration::from_secs(60), || {

@@ -20,7 +20,7 @@ use onepool_dev_cluster::model_server::MODEL_NAME;
 use onepool_elastic_daemon::config::EndpointFile;
 use onepool_elastic_daemon::daemon::Daemon;
 use onepool_router::registry::ReplicaState;
-use onepool_tests::answers::{long_chat, long_chat_body, timed_chat, Timed};
+use onepool_tests::answers::{long_chat, long_chat_body, timed_chat, tool_list, Timed};
 use onepool_tests::elastic::{
     daemon_config, foreign_job, kill_model_server, llama_replicas, moved_streams, moves_failed,
     protected_ran_then_clean_up, protected_training, replica_metric, runtime, scratch, serving, start_daemon, wait,
@@ -372,13 +372,6 @@ fn shape_body(shape: &str, i: usize) -> serde_json::Value {
         _ => {}
     }
     b
-}
-
-/// The tool list an agent sends with its calls.
-fn tool_list() -> serde_json::Value {
-    serde_json::json!([{"type": "function", "function": {"name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])
 }
 
 /// What one answer of [`every_shape_outlives_a_killed_model_server`]

@@ -74,6 +74,14 @@ pub fn long_chat(port: u16, prompt: &str, max_tokens: u64, stream: bool) -> Answ
     a
 }
 
+/// The tool list an agent sends with each call (issue #51): one function.
+/// SmolLM2-135M answers such a call in text on this llama-server.
+pub fn tool_list() -> serde_json::Value {
+    serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])
+}
+
 /// [`long_chat`]'s request, for a test to add to.
 pub fn long_chat_body(prompt: &str, max_tokens: u64, stream: bool) -> serde_json::Value {
     serde_json::json!({
