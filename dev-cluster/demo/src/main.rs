@@ -103,7 +103,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
     let listen = onepoold_starts(&mut d, &tl, &slurm_conf, &server)?;
     let trace_name = trace_name(&args.trace);
     let load = load_light_then_heavy(&mut d, &tl, trace, &trace_name, listen)?;
-    let (training, time_to_capacity) = protected_training_arrives(&mut d, &tl, args.victim)?;
+    let (training, time_to_capacity) = protected_training_arrives(&mut d, &tl, args.victim, listen)?;
     training_ends(&mut d, &tl, training)?;
     load_ends(&mut d, &tl, &load)?;
     let other_state = job_state(other);

@@ -179,9 +179,14 @@ pub(crate) fn load_light_then_heavy(
     Ok(load)
 }
 
+/// Long answers (generated tokens) that keep a busy victim busy: the
+/// trace's are a second or two here, and one in flight at the look may end
+/// before Slurm's notice (seen on 22.05: the victim had nothing in flight).
+const BUSY_TOKENS: u32 = 150;
+
 /// Shapes the victim's load before the training is submitted; returns the
 /// load's speed to resume at once Slurm has picked its victim.
-fn prepare_victim(d: &mut Demo, tl: &Timeline, victim: Victim) -> anyhow::Result<Option<f64>> {
+fn prepare_victim(d: &mut Demo, tl: &Timeline, victim: Victim, listen: SocketAddr) -> anyhow::Result<Option<f64>> {
     match victim {
         Victim::Any => Ok(None),
         Victim::Idle => {
@@ -192,12 +197,23 @@ fn prepare_victim(d: &mut Demo, tl: &Timeline, victim: Victim) -> anyhow::Result
             Ok(Some(speed))
         }
         Victim::Busy => {
-            d.wait("requests in flight on every supplemental replica", Duration::from_secs(60), |d| {
+            // Two long streams for each replica beside the trace's load:
+            // least-outstanding routing spreads them over the replicas.
+            let body = serde_json::json!({"model": MODEL_NAME, "max_tokens": BUSY_TOKENS, "ignore_eos": true,
+                "stream": true, "messages": [{"role": "user", "content": "Tell a long story about a shared GPU pool."}]})
+            .to_string();
+            for _ in 0..6 {
+                let body = body.clone();
+                d.rt.spawn(async move { onepool_loadgen::chat_once(listen, &body, true).await });
+            }
+            d.wait("long requests in flight on every supplemental replica", Duration::from_secs(60), |d| {
                 let s = d.watch().seen();
                 let serving = s.serving(Kind::Supplemental);
-                !serving.is_empty() && serving.iter().all(|j| j.in_flight > 0)
+                !serving.is_empty() && serving.iter().all(|j| j.in_flight >= 2)
             })?;
-            tl.note("load: every supplemental replica has requests in flight");
+            tl.note(format!(
+                "load: every supplemental replica has requests in flight, answers of {BUSY_TOKENS} tokens among them"
+            ));
             Ok(None)
         }
     }
@@ -205,9 +221,14 @@ fn prepare_victim(d: &mut Demo, tl: &Timeline, victim: Victim) -> anyhow::Result
 
 /// Phase 5: Protected training arrives; Slurm preempts a supplemental replica,
 /// which drains. Returns the training job and its time to capacity.
-pub(crate) fn protected_training_arrives(d: &mut Demo, tl: &Timeline, victim: Victim) -> anyhow::Result<(u32, f64)> {
+pub(crate) fn protected_training_arrives(
+    d: &mut Demo,
+    tl: &Timeline,
+    victim: Victim,
+    listen: SocketAddr,
+) -> anyhow::Result<(u32, f64)> {
     step("Critical training (protected, 4 GPUs) arrives; every GPU is taken");
-    let resume = prepare_victim(d, tl, victim)?;
+    let resume = prepare_victim(d, tl, victim, listen)?;
     let t_submit = Instant::now();
     let training = slurm(
         "sbatch",
