@@ -236,23 +236,15 @@ impl<'a> Scanner<'a> {
 /// are skipped as [`scan`] skips them.
 #[allow(clippy::result_unit_err, reason = "no JSON object is the one error, and its callers need no more")]
 pub fn member<'a>(body: &'a [u8], name: &[u8]) -> Result<Option<&'a [u8]>, ()> {
-    let mut s = Scanner { b: body, i: 0 };
     let mut found = None;
-    let complete = s
-        .object(0, |s, key| {
-            s.peek()?;
-            let start = s.i;
-            s.skip(1)?;
-            if decodes_to(key, name)? {
-                found = Some(&s.b[start..s.i]);
-            }
-            Some(())
-        })
-        .is_some();
-    match complete && s.peek().is_none() {
-        true => Ok(found),
-        false => Err(()),
-    }
+    top_level(body, |key, _, value| {
+        if decodes_to(key, name)? {
+            found = Some(&body[value]);
+        }
+        Some(())
+    })
+    .map(|()| found)
+    .ok_or(())
 }
 
 /// `body`, a JSON object, with its top-level member `name` (however its
@@ -261,19 +253,43 @@ pub fn member<'a>(body: &'a [u8], name: &[u8]) -> Result<Option<&'a [u8]>, ()> {
 /// takes the last of two members of one name would take ours anyway; one
 /// that takes the first, or refuses both, gets only ours.
 pub fn set_member(body: &[u8], name: &[u8], value: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(body.len() + name.len() + value.len() + 5);
+    out.push(b'{');
+    top_level(body, |key, member, _| {
+        if !decodes_to(key, name)? {
+            out.extend_from_slice(&body[member]);
+            out.push(b',');
+        }
+        Some(())
+    })?;
+    out.push(b'"');
+    out.extend_from_slice(name);
+    out.extend_from_slice(b"\":");
+    out.extend_from_slice(value);
+    out.push(b'}');
+    Some(out)
+}
+
+/// Walks `body`'s top-level members, giving `each` a member's raw key and
+/// the byte ranges of the whole member (key to value) and of its value;
+/// `None` when the body is no JSON object (or something follows it), or
+/// `each` says so.
+fn top_level<'a>(
+    body: &'a [u8],
+    mut each: impl FnMut(&'a [u8], std::ops::Range<usize>, std::ops::Range<usize>) -> Option<()>,
+) -> Option<()> {
     let mut s = Scanner { b: body, i: 0 };
     s.eat(b'{')?;
-    let mut kept: Vec<std::ops::Range<usize>> = Vec::new();
     if s.peek()? != b'}' {
         loop {
             s.peek()?;
             let start = s.i;
             let key = s.string()?;
             s.eat(b':')?;
+            s.peek()?;
+            let value = s.i;
             s.skip(1)?;
-            if !decodes_to(key, name)? {
-                kept.push(start..s.i);
-            }
+            each(key, start..s.i, value..s.i)?;
             match s.peek()? {
                 b',' => s.i += 1,
                 b'}' => break,
@@ -282,21 +298,7 @@ pub fn set_member(body: &[u8], name: &[u8], value: &[u8]) -> Option<Vec<u8>> {
         }
     }
     s.eat(b'}')?;
-    if s.peek().is_some() {
-        return None;
-    }
-    let mut out = Vec::with_capacity(body.len() + name.len() + value.len() + 5);
-    out.push(b'{');
-    for m in kept {
-        out.extend_from_slice(&body[m]);
-        out.push(b',');
-    }
-    out.push(b'"');
-    out.extend_from_slice(name);
-    out.extend_from_slice(b"\":");
-    out.extend_from_slice(value);
-    out.push(b'}');
-    Some(out)
+    s.peek().is_none().then_some(())
 }
 
 /// Whether a raw JSON string (escapes as written) is `text`.

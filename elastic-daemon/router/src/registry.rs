@@ -207,24 +207,22 @@ impl Pool {
     /// (`lower`) or not: each side takes its own replicas ([`Replica::lent`]
     /// or not) before the other's.
     pub fn choose_as(&mut self, exclude: &[ReplicaId], lower: bool) -> Option<ReplicaId> {
-        let (i, _) = self
-            .replicas
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.has_room() && !exclude.contains(&r.id))
-            .min_by_key(|(_, r)| (r.spill, r.lent != lower, r.in_flight, r.served))?;
-        Some(self.take_at(i))
+        self.choose_among(exclude, lower, false)
     }
 
     /// [`Pool::choose_as`] a lower class's request among the replicas lent
     /// to the lower classes only.
     pub fn choose_lent(&mut self, exclude: &[ReplicaId]) -> Option<ReplicaId> {
+        self.choose_among(exclude, true, true)
+    }
+
+    fn choose_among(&mut self, exclude: &[ReplicaId], lower: bool, lent_only: bool) -> Option<ReplicaId> {
         let (i, _) = self
             .replicas
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.lent && r.has_room() && !exclude.contains(&r.id))
-            .min_by_key(|(_, r)| (r.spill, r.in_flight, r.served))?;
+            .filter(|(_, r)| r.has_room() && !exclude.contains(&r.id) && (r.lent || !lent_only))
+            .min_by_key(|(_, r)| (r.spill, r.lent != lower, r.in_flight, r.served))?;
         Some(self.take_at(i))
     }
 

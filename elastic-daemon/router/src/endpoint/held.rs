@@ -17,13 +17,17 @@ impl Endpoint {
     }
 
     /// Whether a request of `rank` must take a lent replica or wait.
-    pub(super) fn holds(&self, g: &Inner, rank: Rank, now: Instant) -> bool {
+    /// `slots`: the own replicas' slots, counted at the first call that
+    /// needs them (a dispatch asks once per waiter; they do not change
+    /// within it).
+    pub(super) fn holds(&self, g: &Inner, rank: Rank, now: Instant, slots: &mut Option<u32>) -> bool {
         let Some(h) = self.headroom() else { return false };
         if h.ceilings().first().is_none_or(|(c, _)| *c > rank) {
             return false;
         }
-        let slots =
-            g.pool.replicas().iter().filter(|r| !r.lent && r.state == ReplicaState::Ready).map(|r| r.limit).sum();
+        let slots = *slots.get_or_insert_with(|| {
+            g.pool.replicas().iter().filter(|r| !r.lent && r.state == ReplicaState::Ready).map(|r| r.limit).sum()
+        });
         h.holds(rank, &Load { slots, own: &g.own_by_rank, in_flight: &g.in_flight_by_rank, seen: &g.seen }, now)
     }
 

@@ -132,7 +132,7 @@ impl Endpoint {
                 true => {
                     let now = Instant::now();
                     self.seen(&mut g, want.rank, now);
-                    self.holds(&g, want.rank, now)
+                    self.holds(&g, want.rank, now, &mut None)
                 }
                 false => false,
             };
@@ -295,10 +295,11 @@ impl Endpoint {
     pub(super) fn dispatch(&self, g: &mut Inner) {
         let mut i = 0;
         let now = self.headroom().map(|_| Instant::now());
+        let mut slots = None;
         g.held = false;
         while i < g.waiters.len() {
             let held = match now {
-                Some(now) if !g.waiters[i].ahead => self.holds(g, g.waiters[i].rank, now),
+                Some(now) if !g.waiters[i].ahead => self.holds(g, g.waiters[i].rank, now, &mut slots),
                 _ => false,
             };
             let Some(id) = ({

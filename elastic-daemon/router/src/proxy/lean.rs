@@ -52,7 +52,7 @@ use crate::proxy::connections::{ClientConn, RequestHold};
 use crate::proxy::graceful::GracefulStop;
 use crate::proxy::to_replica::{forward, is_generation_path, is_onepool_field, HeadWriter, Prepared};
 use crate::proxy::Target;
-use crate::resume::plan::Api;
+use crate::resume::plan::{asks_whole, Api};
 
 /// Most header fields in a request head (hyper's default limit too).
 const MAX_FIELDS: usize = 100;
@@ -302,7 +302,7 @@ fn whole_answer(method: &str, target: &str, body: &[u8], t: &Target) -> Option<b
     if method != "POST" || t.settings.resume.is_none() || Api::of_path(target).is_none() {
         return Some(false);
     }
-    matches!(crate::prompt_scan::member(body, b"stream"), Ok(s) if s != Some(b"true")).then_some(true)
+    asks_whole(target, body).then_some(true)
 }
 
 /// A Content-Length value: digits only (no sign, no list), as RFC 9110

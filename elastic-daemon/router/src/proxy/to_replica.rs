@@ -350,13 +350,9 @@ fn resumable(
     // for needs no reading (issue #51 item 5: the chat POST paid a parse
     // of its whole body for nothing). It is movable: a draining replica
     // answers it "draining" before it starts, and it goes elsewhere.
-    if !whole_as_stream && crate::resume::plan::Api::of_path(out.uri.path()).is_some() {
-        if let Ok(stream) = crate::prompt_scan::member(&out.body, b"stream") {
-            if stream != Some(b"true") {
-                out.movable = true;
-                return (None, Some(Followed::Whole));
-            }
-        }
+    if !whole_as_stream && crate::resume::plan::asks_whole(out.uri.path(), &out.body) {
+        out.movable = true;
+        return (None, Some(Followed::Whole));
     }
     match crate::resume::plan::Plan::of(out.uri.path(), &out.body, settings.method, whole_as_stream) {
         Ok(Some(crate::resume::plan::Planned { plan, first })) => {

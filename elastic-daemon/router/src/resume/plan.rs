@@ -24,6 +24,15 @@ impl Api {
     }
 }
 
+/// Whether a generation request at `path` asks for its answer whole (its
+/// body's top-level `stream` is not `true`): such an answer is sent again
+/// whole whatever its shape, so it needs no plan and only a look at its
+/// keys (issue #51 item 5). `false` for another path or a body that is no
+/// JSON object.
+pub fn asks_whole(path: &str, body: &[u8]) -> bool {
+    Api::of_path(path).is_some() && matches!(crate::prompt_scan::member(body, b"stream"), Ok(s) if s != Some(b"true"))
+}
+
 /// A request the router can continue elsewhere, and what it asked for.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
