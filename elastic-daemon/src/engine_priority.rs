@@ -8,7 +8,7 @@
 use onepool_router::classes::{Rank, RequestClasses};
 use onepool_router::engine_priority::{Engine, EnginePriority};
 
-use crate::config::{EndpointConfig, EngineChoice};
+use crate::config::{command_words, EndpointConfig, EngineChoice};
 
 /// An engine that schedules by priority, as its command line shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,7 +22,7 @@ pub struct Seen {
 
 /// The engine a replica command runs (SGLang or vLLM), with its flags.
 pub fn seen_in(command: &str) -> Option<Seen> {
-    let words: Vec<&str> = command.split_whitespace().collect();
+    let words: Vec<&str> = command_words(command).collect();
     let has = |flag: &str| words.iter().any(|w| *w == flag || w.strip_prefix(flag).is_some_and(|r| r.starts_with('=')));
     let runs = |name: &str| words.iter().any(|w| w.split(['/', '.']).any(|part| part == name));
     if runs("sglang") {
@@ -138,6 +138,9 @@ mod tests {
         assert_eq!((s.name, s.on, s.scale), ("vLLM", true, Engine::LowerFirst));
         assert!(seen_in("/opt/venv/bin/vllm serve m --scheduling-policy=priority").unwrap().on);
         assert!(!seen_in("python -m vllm.entrypoints.openai.api_server --scheduling-policy fcfs").unwrap().on);
+        // Wrapped in a shell, as the replicas' commands often are.
+        let s = seen_in("sh -c 'exec python3 -m sglang.launch_server --enable-priority-scheduling'").unwrap();
+        assert_eq!((s.name, s.on), ("SGLang", true));
         assert_eq!(seen_in("llama-server -m model.gguf --port 8000"), None);
         assert_eq!(seen_in("my-vllm-wrapper --x"), None, "a word that only contains the name");
     }

@@ -152,14 +152,19 @@ pub fn resume_summary(endpoint: &str, r: Option<ResumeSettings>) -> String {
 /// takes and gives token ids), by text for any other server.
 pub fn auto_method(command: Option<&str>) -> Method {
     let runs_llama_server = command.is_some_and(|c| {
-        c.split_whitespace()
-            .map(|w| w.trim_matches(['\'', '"']))
-            .any(|w| std::path::Path::new(w).file_name().is_some_and(|f| f == "llama-server"))
+        command_words(c).any(|w| std::path::Path::new(w).file_name().is_some_and(|f| f == "llama-server"))
     });
     match runs_llama_server {
         true => Method::Tokens,
         false => Method::Text,
     }
+}
+
+/// A replicas' command line's words, without the quotes of a command
+/// wrapped in `sh -c '...'`: what onepool reads of which server it runs
+/// and with which flags.
+pub fn command_words(command: &str) -> impl Iterator<Item = &str> {
+    command.split_whitespace().map(|w| w.trim_matches(['\'', '"']))
 }
 
 /// `[endpoint.routing]`: prefix-aware routing's settings, or `None` for

@@ -25,7 +25,7 @@ use std::time::Duration;
 use check::Checker;
 use onepool_decisions::policy::Diagnostic;
 
-pub use endpoint::{auto_method, resume_summary};
+pub use endpoint::{auto_method, command_words, resume_summary};
 use endpoint::{check_reachable, endpoint};
 use file::RawFile;
 use listener::listeners;
