@@ -438,21 +438,28 @@ fn load_policy(path: &Path) -> anyhow::Result<Policy> {
 }
 
 /// How many of a class's generation requests the router followed (they
-/// can yield their slot and move) and why the others were not (issue #51
-/// item 6); `None` before any.
+/// can yield their slot and move), how many it moves only by generating
+/// them again (a grammar, several choices: they keep their slot), and why
+/// the others were not (issue #51 item 6); `None` before any.
 fn followed_line(followed: &std::collections::BTreeMap<String, u64>) -> Option<String> {
     if followed.is_empty() {
         return None;
     }
-    let yes = followed.get("yes").copied().unwrap_or(0);
+    let count = |k: &str| followed.get(k).copied().unwrap_or(0);
+    let (yes, replay) = (count("yes"), count("replay"));
     let all: u64 = followed.values().sum();
-    let mut not: Vec<(&String, &u64)> = followed.iter().filter(|(k, _)| k.as_str() != "yes").collect();
+    let mut not: Vec<(&String, &u64)> =
+        followed.iter().filter(|(k, _)| !matches!(k.as_str(), "yes" | "replay")).collect();
     not.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     let why: Vec<String> = not.iter().map(|(k, n)| format!("{k} {n}")).collect();
-    Some(match why.is_empty() {
-        true => format!("{yes} of {all} answers followed (can yield and move)"),
-        false => format!("{yes} of {all} answers followed (can yield and move); not followed: {}", why.join(", ")),
-    })
+    let mut line = format!("{yes} of {all} answers followed (can yield and move)");
+    if replay > 0 {
+        line.push_str(&format!("; {replay} move only by being generated again (keep their slot)"));
+    }
+    if !why.is_empty() {
+        line.push_str(&format!("; not followed: {}", why.join(", ")));
+    }
+    Some(line)
 }
 
 #[cfg(test)]
@@ -492,7 +499,7 @@ mod tests {
              "classes": [
                 {"name": "inference", "rank": 2, "queued": 0, "requests": 40, "shed": 0, "yielded": 0},
                 {"name": "agents", "rank": 3, "queued": 3, "in_flight": 8, "lower": true, "requests": 900, "shed": 12, "yielded": 17,
-                 "followed": {"yes": 850, "tools": 30, "structured_output": 8, "whole": 12}}]},
+                 "followed": {"yes": 850, "replay": 8, "several_choices": 30, "whole": 12}}]},
             {"name": "embed", "queued": 0, "peak_queued": 0, "replicas": [], "served_total": 0}
         ]}))
         .unwrap();
@@ -502,7 +509,7 @@ mod tests {
             "\nchat: answers continue on another replica by token ids (llama-server: exact to the junction, recomputed after it), at most 3 move(s) each; 4 moved, 1 could not be\n\
              chat: class inference (rank 2): 0 waiting, 0 in flight, 40 requests, 0 shed, 0 yielded their slot\n\
              chat: class agents (rank 3, below the endpoint's own): 3 waiting, 8 in flight, 900 requests, 12 shed, 17 yielded their slot\n\
-             chat: class agents: 850 of 900 answers followed (can yield and move); not followed: tools 30, whole 12, structured_output 8\n\
+             chat: class agents: 850 of 900 answers followed (can yield and move); 8 move only by being generated again (keep their slot); not followed: several_choices 30, whole 12\n\
              embed: answers are not continued on another replica ([endpoint.resume] method = \"off\")\n"
         );
     }

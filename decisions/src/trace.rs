@@ -159,9 +159,10 @@ pub struct AccessEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// A generation request on an endpoint with resumption: `yes` when
-    /// the router followed its answer (it could yield and move), else why
-    /// not (`tools`, `structured_output`, `logprobs`, `several_choices`,
-    /// `whole`, ...: issue #51 item 6).
+    /// the router followed its answer (it could yield and move), `replay`
+    /// when it moves only by being generated again (a grammar, several
+    /// choices), else why not (`several_choices` for `best_of`, `whole`,
+    /// ...: issue #51 item 6).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub followed: Option<String>,
 }

@@ -497,10 +497,10 @@ fn streamed_chat(url: &str, key: &str) -> Request<Full<Bytes>> {
 }
 
 /// Agents' requests for structured output (a JSON schema on every call),
-/// half streamed, half whole, 2 s each. The router does not follow such
-/// answers (a grammar would start over at the junction), so none can yield
-/// its slot: only headroom keeps a slot free for live requests (issue #51
-/// item 2).
+/// half streamed, half whole, 2 s each. The router continues such an
+/// answer only by generating it again (a grammar would start over at a
+/// prefill's junction), so none yields its slot: only headroom keeps a slot
+/// free for live requests (issue #51 item 2).
 const AGENTS_WITH_SCHEMAS: usize = 24;
 const AGENT_TOKENS: u64 = 100;
 
@@ -531,7 +531,7 @@ async fn agents_with_schemas_beside_live(
             tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let (status, text) = agents_call(&url, i % 2 == 0).await;
-                    if status != 200 || text != common::engine::answer(0, AGENT_TOKENS) {
+                    if status != 200 || text != common::engine::json_text(AGENT_TOKENS) {
                         failed.lock().unwrap().push(status);
                     } else if counting.load(Ordering::Relaxed) {
                         tokens.fetch_add(AGENT_TOKENS, Ordering::Relaxed);

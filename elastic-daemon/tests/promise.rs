@@ -1,10 +1,10 @@
 //! A request in flight is a promise for every request (issue #50), against
 //! the in-process engine: one whose model server dies before its answer's
 //! head goes whole to another replica, whatever its shape, streamed or
-//! not; a stream the router does not follow (log-probabilities the client
-//! asked for, several choices, tools) and whose server ends it early ends
-//! with the error event, never with a clean close a client would take for
-//! the whole answer.
+//! not; a stream the router does not follow (every shape with resumption
+//! off; `best_of` with it on) and whose server ends it early ends with the
+//! error event, never with a clean close a client would take for the
+//! whole answer.
 
 mod common;
 
@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::engine::{answer, engine, Cut, Engine, TOOL_AFTER};
+use common::engine::{answer, engine, json_text, Cut, Engine, TOOL_AFTER};
 use common::{client, endpoint_config, until, Harness};
 use http::Request;
 use http_body_util::{BodyExt, Full};
@@ -42,8 +42,31 @@ fn shapes(stream: bool) -> Vec<(&'static str, Value)> {
         ("n: 2", with("n", json!(2))),
         ("tools", with("tools", tools)),
         ("json_schema", with("response_format", schema)),
+        ("best_of", with("best_of", json!(2))),
     ]
 }
+
+/// The text of the first choice of a shape's whole answer (30 tokens).
+fn text_of(shape: &str) -> String {
+    match shape {
+        "tools" => answer(0, TOOL_AFTER),
+        "json_schema" => json_text(30),
+        "n: 2" => (0..30).map(|i| format!("w{i}c0 ")).collect(),
+        _ => answer(0, 30),
+    }
+}
+
+/// The first choice's text in a stream's events.
+fn streamed_text(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter(|e| e["choices"][0]["index"] == 0)
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Streams the router does not follow with resumption on.
+const NOT_FOLLOWED: usize = 6;
 
 /// A router in front of both engines (the first one chosen first), with
 /// resumption on or off.
@@ -65,14 +88,6 @@ async fn post(h: &Harness, body: &Value) -> (u16, Result<String, String>) {
     let status = resp.status().as_u16();
     let body = resp.into_body().collect().await.map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned());
     (status, body.map_err(|e| e.to_string()))
-}
-
-fn metric(h: &Harness, name: &str, reason: &str) -> u64 {
-    let text = h.daemon.metrics.encode();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(&format!("reason=\"{reason}\"")))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
 }
 
 /// The events of a stream, `[DONE]` as the string.
@@ -99,23 +114,17 @@ async fn a_request_whose_server_dies_before_its_head_goes_whole_to_another_repli
                 assert_eq!(status, 200, "{what}: {got}");
                 assert_eq!(dies.generations.load(Ordering::SeqCst), 1, "{what}: the first replica took it");
                 assert_eq!(lives.generations.load(Ordering::SeqCst), 1, "{what}: the other one answered");
-                // With tools the engine's answer is some text, then a tool call.
-                let text_tokens = if shape == "tools" { TOOL_AFTER } else { 30 };
                 match stream {
                     true => {
-                        let text: String = events(&got)
-                            .iter()
-                            .filter_map(|e| e["choices"][0]["delta"]["content"].as_str().map(str::to_string))
-                            .collect();
-                        assert_eq!(text, answer(0, text_tokens), "{what}");
+                        assert_eq!(streamed_text(&events(&got)), text_of(shape), "{what}");
                         assert!(got.trim_end().ends_with("data: [DONE]"), "{what}: {got}");
                     }
                     false => {
                         let v: Value = serde_json::from_str(&got).unwrap();
-                        assert_eq!(v["choices"][0]["message"]["content"], answer(0, text_tokens), "{what}");
+                        assert_eq!(v["choices"][0]["message"]["content"], text_of(shape), "{what}");
                     }
                 }
-                assert_eq!(metric(&h, "onepool_router_retries_total", "failed"), 1, "{what}");
+                assert_eq!(h.metric("onepool_router_retries_total", "failed"), 1, "{what}");
                 h.daemon.shutdown().await;
             }
         }
@@ -130,9 +139,9 @@ async fn a_stream_the_router_does_not_follow_ends_with_the_error_event_when_its_
         for resume in [false, true] {
             for (shape, body) in shapes(true) {
                 // What resumption follows moves instead (tests/resume.rs,
-                // tests/tools.rs): with it on, only several choices and
-                // structured output are passed unfollowed.
-                if resume && !["n: 2", "json_schema"].contains(&shape) {
+                // tests/tools.rs): with it on, only best_of is passed
+                // unfollowed.
+                if resume && shape != "best_of" {
                     continue;
                 }
                 let (h, _, _) = setup(resume, cut).await;
@@ -144,14 +153,11 @@ async fn a_stream_the_router_does_not_follow_ends_with_the_error_event_when_its_
                 let last = events.last().unwrap();
                 assert_eq!(last["error"]["code"], code, "{what}: {got}");
                 assert!(!got.contains("[DONE]"), "{what}: no [DONE] after an error: {got}");
-                let text: String = events
-                    .iter()
-                    .filter_map(|e| e["choices"][0]["delta"]["content"].as_str().map(str::to_string))
-                    .collect();
+                let text = streamed_text(&events);
                 // What came before the cut passed as it was (a killed
                 // server's last bytes may never leave it).
-                assert!(!text.is_empty() && answer(0, 6).starts_with(&text), "{what}: {text:?}");
-                until("the cut counted", || metric(&h, "onepool_router_streams_cut_total", code) == 1).await;
+                assert!(!text.is_empty() && text_of(shape).starts_with(&text), "{what}: {text:?}");
+                until("the cut counted", || h.metric("onepool_router_streams_cut_total", code) == 1).await;
                 h.daemon.shutdown().await;
             }
         }
@@ -162,17 +168,17 @@ async fn a_stream_the_router_does_not_follow_ends_with_the_error_event_when_its_
 async fn a_stream_that_ended_whole_or_with_the_launcher_s_event_gets_nothing_more() {
     for resume in [false, true] {
         let (h, _, _) = setup(resume, Cut::Never).await;
-        let (_, got) = post(&h, &shapes(true)[5].1).await;
+        let (_, got) = post(&h, &shapes(true)[NOT_FOLLOWED].1).await;
         let got = got.unwrap();
         assert!(got.trim_end().ends_with("data: [DONE]"), "{got}");
         assert!(!got.contains("\"error\""), "{got}");
         // The launcher's reclaim event already ends it: no second error.
         let (h2, _, _) = setup(resume, Cut::Reclaim(4)).await;
-        let (_, got) = post(&h2, &shapes(true)[5].1).await;
+        let (_, got) = post(&h2, &shapes(true)[NOT_FOLLOWED].1).await;
         let got = got.unwrap();
         assert_eq!(got.matches("\"error\"").count(), 1, "{got}");
         assert_eq!(events(&got).last().unwrap()["error"]["code"], "replica_reclaimed");
-        assert_eq!(metric(&h2, "onepool_router_streams_cut_total", "replica_failed"), 0);
+        assert_eq!(h2.metric("onepool_router_streams_cut_total", "replica_failed"), 0);
         h.daemon.shutdown().await;
         h2.daemon.shutdown().await;
     }
@@ -195,14 +201,14 @@ async fn a_stream_the_router_does_not_follow_ends_with_replica_lost_when_its_rep
         let e = engine(Cut::Lost(6)).await;
         let h = Harness::new(cfg, &[e.addr]).await;
         let t0 = std::time::Instant::now();
-        let (status, got) = post(&h, &shapes(true)[5].1).await;
+        let (status, got) = post(&h, &shapes(true)[NOT_FOLLOWED].1).await;
         let took = t0.elapsed();
         let got = got.unwrap();
         assert_eq!(status, 200);
         assert_eq!(events(&got).last().unwrap()["error"]["code"], "replica_lost", "resume {resume}: {got}");
         assert!(!got.contains("[DONE]"), "{got}");
         assert!(took < Duration::from_secs(10), "ended after {took:?}, not at the idle timeout");
-        assert_eq!(metric(&h, "onepool_router_streams_cut_total", "replica_lost"), 1);
+        assert_eq!(h.metric("onepool_router_streams_cut_total", "replica_lost"), 1);
         h.daemon.shutdown().await;
     }
 }
@@ -237,8 +243,9 @@ async fn whether_an_answer_is_followed_and_why_not_is_counted_and_logged() {
         assert_eq!(post(&h, body).await.0, 200);
     }
     let text = h.daemon.metrics.encode();
-    // Tools are followed (issue #51): "yes" twice.
-    for (why, n) in [("yes", 2), ("structured_output", 1), ("whole", 1)] {
+    // Tools are followed (issue #51): "yes" twice; a JSON schema only by
+    // generating it again.
+    for (why, n) in [("yes", 2), ("replay", 1), ("whole", 1)] {
         let line = format!(
             "onepool_router_class_answers_followed_total{{endpoint=\"chat\",class=\"\",followed=\"{why}\"}} {n}"
         );
@@ -250,7 +257,7 @@ async fn whether_an_answer_is_followed_and_why_not_is_counted_and_logged() {
         .lines()
         .map(|l| serde_json::from_str::<onepool_decisions::trace::AccessEntry>(l).unwrap().followed)
         .collect();
-    let want = ["yes", "yes", "structured_output", "whole"].map(|s| Some(s.to_string()));
+    let want = ["yes", "yes", "replay", "whole"].map(|s| Some(s.to_string()));
     assert_eq!(followed, want);
     h.daemon.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -269,7 +276,7 @@ async fn a_whole_answer_cut_inside_its_body_goes_whole_to_another_replica() {
         let v: Value = serde_json::from_str(&got).unwrap_or_else(|e| panic!("not whole JSON ({e}): {got}"));
         assert_eq!(v["choices"][0]["message"]["content"], answer(0, 30));
         assert_eq!((dies.generations.load(Ordering::SeqCst), lives.generations.load(Ordering::SeqCst)), (1, 1));
-        assert_eq!(metric(&h, "onepool_router_retries_total", "failed"), 1, "resume {resume}");
+        assert_eq!(h.metric("onepool_router_retries_total", "failed"), 1, "resume {resume}");
         h.daemon.shutdown().await;
     }
 }

@@ -381,12 +381,14 @@ pub fn completion_with(port: u16, secs: f64, fields: &[(&str, &str)]) -> Option<
     request_with(port, "POST", "/v1/completions", &format!("{{\"model\": \"m\", \"max_tokens\": {tokens}}}"), fields)
 }
 
-/// [`completion`] streamed with two choices (`n: 2`): an answer the router
-/// does not follow, so a replica's drain waits for it rather than move it
-/// (a whole answer is movable: sent again whole elsewhere, issue #51).
+/// [`completion`] streamed with `best_of: 2`: an answer the router does
+/// not follow, so a replica's drain waits for it rather than move it (a
+/// whole answer is movable: sent again whole elsewhere; several choices
+/// move by being generated again, issue #51).
 pub fn held_completion(port: u16, secs: f64) -> Option<u16> {
     let tokens = (secs * 1000.0).round() as u64;
-    let body = format!("{{\"model\": \"m\", \"prompt\": \"x\", \"max_tokens\": {tokens}, \"n\": 2, \"stream\": true}}");
+    let body =
+        format!("{{\"model\": \"m\", \"prompt\": \"x\", \"max_tokens\": {tokens}, \"best_of\": 2, \"stream\": true}}");
     request_with(port, "POST", "/v1/completions", &body, &[])
 }
 

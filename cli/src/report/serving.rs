@@ -38,7 +38,11 @@ pub struct ServingClass {
     /// Generation requests whose answer the router followed (could yield
     /// and move), on endpoints with resumption.
     pub followed: u64,
-    /// The others, by why not (`tools`, `structured_output`, `whole`, ...).
+    /// Moved only by being generated again (a grammar, several choices:
+    /// they keep their slot).
+    #[serde(default)]
+    pub replayed: u64,
+    /// The others, by why not (`several_choices`, `whole`, ...).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub not_followed: BTreeMap<String, u64>,
 }
@@ -63,6 +67,7 @@ pub fn compute(entries: &[AccessEntry], from: f64, to: f64, utc_offset_s: f64) -
         row.completion_tokens += a.completion_tokens.unwrap_or(0);
         match a.followed.as_deref() {
             Some("yes") => row.followed += 1,
+            Some("replay") => row.replayed += 1,
             Some(why) => *row.not_followed.entry(why.to_string()).or_default() += 1,
             None => {}
         }
@@ -103,10 +108,14 @@ pub fn text(rows: &[ServingClass]) -> String {
             "  {} {class}: {} requests, {} answered, {} shed (429), {} failed, {} cut, {} moved; {} answer tokens{ttfb}\n",
             r.endpoint, r.requests, r.answered, r.shed, r.failed, r.cut, r.moved, r.completion_tokens
         ));
-        if r.followed > 0 || !r.not_followed.is_empty() {
+        if r.followed > 0 || r.replayed > 0 || !r.not_followed.is_empty() {
             let why: Vec<String> = r.not_followed.iter().map(|(k, n)| format!("{k} {n}")).collect();
             let not = if why.is_empty() { String::new() } else { format!("; not followed: {}", why.join(", ")) };
-            out.push_str(&format!("    {} answers followed (could yield and move){not}\n", r.followed));
+            let replayed = match r.replayed {
+                0 => String::new(),
+                n => format!("; {n} moved only by being generated again (kept their slot)"),
+            };
+            out.push_str(&format!("    {} answers followed (could yield and move){replayed}{not}\n", r.followed));
         }
     }
     out

@@ -99,9 +99,9 @@ pub struct ClassState {
     /// Streams that gave their slot to a higher class.
     pub yielded: u64,
     /// Its generation requests by whether the router follows their answer
-    /// (`yes`: it can yield its slot and move) or why not (`tools`,
-    /// `structured_output`, ...: issue #51 item 6); absent from older
-    /// daemons.
+    /// (`yes`: it can yield its slot and move; `replay`: it moves only by
+    /// being generated again) or why not (`whole`, `several_choices`, ...:
+    /// issue #51 item 6); absent from older daemons.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub followed: BTreeMap<String, u64>,
 }

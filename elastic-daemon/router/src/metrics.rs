@@ -385,7 +385,7 @@ impl Metrics {
         );
         r.register(
             "stream_moves_failed",
-            "Answers that could not be continued and ended with an error event, by reason: max_moves, too_long (past what the router keeps), queue_full, queue_timeout, replica_failed (the replicas tried refused the continuation)",
+            "Answers that could not be continued and ended with an error event, by reason: max_moves, too_long (past what the router keeps), queue_full, queue_timeout, replica_failed (the replicas tried refused the continuation), diverged (generated again, it came out otherwise than what its client had), tool_call_cut (a tool call or reasoning begun after a continuation by text)",
             self.stream_moves_failed.clone(),
         );
         r.register(
@@ -421,7 +421,7 @@ impl Metrics {
         );
         r.register(
             "class_answers_followed",
-            "Generation requests by request class (empty: the endpoint has none), by whether the router follows the answer so that it can yield and move (yes) or why not: tools, several_choices, structured_output, logprobs, completion_shape, not_json, whole (an answer given whole, sent again whole if its replica fails before its head)",
+            "Generation requests by request class (empty: the endpoint has none), by whether the router follows the answer so that it can yield and move (yes), moves it only by generating it again from its start with its seed (replay: a grammar, a JSON schema, several choices; it keeps its slot), or why not: several_choices (best_of), completion_shape, not_json, whole (an answer given whole, sent again whole if its replica fails before its head)",
             self.class_followed.clone(),
         );
         r.register(

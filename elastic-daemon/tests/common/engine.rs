@@ -84,6 +84,14 @@ pub async fn engine(cut: Cut) -> Engine {
 
 /// [`engine`], a token every `pace`.
 pub async fn engine_paced(cut: Cut, pace: Duration) -> Engine {
+    engine_sampling(cut, pace, None).await
+}
+
+/// [`engine_paced`], its answers sampled (issue #51): with `Some(salt)`,
+/// every text of an answer depends on the request's `seed` (a random one
+/// without), and on `salt` (replicas of one model and build share it), and
+/// each tool call gets a new id, as engines make them.
+pub async fn engine_sampling(cut: Cut, pace: Duration, salt: Option<u64>) -> Engine {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let generations = Arc::new(AtomicU64::new(0));
@@ -109,7 +117,7 @@ pub async fn engine_paced(cut: Cut, pace: Duration) -> Engine {
                             // Cut off: no answer ever comes.
                             std::future::pending::<()>().await;
                         }
-                        Ok::<_, Infallible>(serve(req, cut, served, pace, lost, record).await)
+                        Ok::<_, Infallible>(serve(req, cut, served, pace, lost, record, salt).await)
                     }
                 });
                 let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
@@ -154,6 +162,7 @@ async fn serve(
     pace: Duration,
     lost: Arc<std::sync::atomic::AtomicBool>,
     record: Received,
+    salt: Option<u64>,
 ) -> Response<EngineBody> {
     let path = req.uri().path().to_string();
     if path == "/health" {
@@ -170,7 +179,14 @@ async fn serve(
     let nth = served.fetch_add(1, Ordering::SeqCst);
     let native = path == "/completion";
     let chat = path == "/v1/chat/completions";
-    let (from, prompt_tokens) = start_of(&body, native, chat);
+    let flavor = match salt {
+        None => String::new(),
+        Some(salt) => {
+            let seed = body["seed"].as_u64().unwrap_or_else(|| rand_seed(nth));
+            format!("~{:x}", (seed ^ salt.wrapping_mul(0x9E37_79B9)) & 0xffff_ffff)
+        }
+    };
+    let (from, prompt_tokens) = start_of(&body, native, chat, &flavor);
     let gen = Generation {
         cut: if nth == 0 { cut } else { Cut::Never },
         native,
@@ -184,7 +200,18 @@ async fn serve(
         pace,
         lost,
         tools: chat && body["tools"].as_array().is_some_and(|t| !t.is_empty()) && body["tool_choice"] != json!("none"),
+        thinking: chat && body["chat_template_kwargs"]["enable_thinking"] == json!(true),
+        json: body["response_format"]["type"].as_str().is_some_and(|t| t.starts_with("json")),
+        choices: body["n"].as_u64().unwrap_or(1),
+        flavor,
+        call_id: match salt {
+            None => "call_0".into(),
+            Some(_) => format!("call_{nth}"),
+        },
     };
+    if gen.thinking || gen.json || gen.choices > 1 {
+        assert!(body["continue_final_message"] != json!(true) && !native, "{path}: this answer has no prefill");
+    }
     if body["stream"] != json!(true) && !native {
         return gen.whole().await;
     }
@@ -195,9 +222,29 @@ async fn serve(
     r
 }
 
+/// The text of a plain token `i`, in an answer's flavor.
+fn flavored_token(i: u64, flavor: &str) -> Vec<u8> {
+    let mut b = token(i);
+    if !flavor.is_empty() && b.last() == Some(&b' ') {
+        b.pop();
+        b.extend_from_slice(format!("{flavor} ").as_bytes());
+    }
+    b
+}
+
+/// A seed of the engine's own for a request without one.
+fn rand_seed(nth: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(nth);
+    h.finish()
+}
+
 /// Where an answer starts (after the ids or the text it continues), and
 /// its prompt's tokens.
-fn start_of(body: &Value, native: bool, chat: bool) -> (u64, u64) {
+fn start_of(body: &Value, native: bool, chat: bool, flavor: &str) -> (u64, u64) {
+    let answer_bytes =
+        |from: u64, n: u64| -> Vec<u8> { (from..from + n).flat_map(|i| flavored_token(i, flavor)).collect() };
     if native {
         let ids: Vec<u32> = body["prompt"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
         let answered: Vec<u32> = ids.iter().copied().filter(|&i| i >= FIRST_ID).collect();
@@ -234,6 +281,44 @@ struct Generation {
     /// Tools offered: the answer is [`TOOL_AFTER`] tokens of text, then a
     /// tool call ([`tool_call`]), as a model with a tool format answers.
     tools: bool,
+    /// `enable_thinking`: [`REASONING`] tokens of reasoning kept apart
+    /// (`reasoning_content`) come first.
+    thinking: bool,
+    /// A JSON `response_format`: the answer is [`json_text`].
+    json: bool,
+    /// `n`: the answer's choices, their events one after the other.
+    choices: u64,
+    /// Added to every text (a sampling engine's, per seed).
+    flavor: String,
+    call_id: String,
+}
+
+/// With `enable_thinking`, the reasoning tokens before the answer.
+pub const REASONING: u64 = 5;
+
+/// A JSON answer (a JSON `response_format`) opens with this token, goes
+/// on with the plain tokens and closes with [`JSON_TAIL`] as its last
+/// token, as a grammar lets a model write it within its budget.
+pub const JSON_HEAD: &str = "{\"city\": \"Paris\", \"notes\": \"";
+pub const JSON_TAIL: &str = "\"}";
+
+/// The JSON answer of `n` tokens, unflavored.
+pub fn json_text(n: u64) -> String {
+    let notes: String = (0..n - 2).map(|i| format!("w{i} ")).collect();
+    format!("{JSON_HEAD}{notes}{JSON_TAIL}")
+}
+
+/// Reasoning token `i`.
+pub fn thought(i: u64, flavor: &str) -> String {
+    format!("think{i}{flavor} ")
+}
+
+/// What a piece of an answer is.
+enum Piece {
+    Reasoning(String),
+    Token(u64),
+    Tool(u64),
+    Json(String),
 }
 
 /// With tools, the text tokens before the tool call.
@@ -243,17 +328,26 @@ pub const TOOL_AFTER: u64 = 8;
 /// (positions `TOOL_AFTER` to `TOOL_AFTER + 2`): its head, then its
 /// arguments in two parts.
 pub fn tool_call_delta(part: u64) -> Value {
+    tool_call_delta_of(part, "call_0", "")
+}
+
+fn tool_call_delta_of(part: u64, id: &str, flavor: &str) -> Value {
     match part {
-        0 => json!([{"index": 0, "id": "call_0", "type": "function",
+        0 => json!([{"index": 0, "id": id, "type": "function",
                      "function": {"name": "get_weather", "arguments": ""}}]),
         1 => json!([{"index": 0, "function": {"arguments": "{\"city\":"}}]),
-        _ => json!([{"index": 0, "function": {"arguments": "\"Paris\"}"}}]),
+        _ => json!([{"index": 0, "function": {"arguments": format!("\"Paris{flavor}\"}}")}}]),
     }
 }
 
 /// The whole answer's tool call.
 pub fn tool_call() -> Value {
-    json!({"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}})
+    tool_call_of("call_0", "")
+}
+
+fn tool_call_of(id: &str, flavor: &str) -> Value {
+    let arguments = format!("{{\"city\":\"Paris{flavor}\"}}");
+    json!({"id": id, "type": "function", "function": {"name": "get_weather", "arguments": arguments}})
 }
 
 type Sender = mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
@@ -313,7 +407,7 @@ impl Generation {
     /// Token `i`'s event: its whole characters only (llama-server holds a
     /// character's first bytes back until it is whole).
     fn token_event(&self, i: u64, held: &mut Vec<u8>) -> Value {
-        let bytes = token(i);
+        let bytes = self.token_bytes(i);
         held.extend_from_slice(&bytes);
         let valid = match std::str::from_utf8(held) {
             Ok(_) => held.len(),
@@ -335,29 +429,89 @@ impl Generation {
         self.event(choice)
     }
 
+    /// The answer's pieces from its position `from` on, at most `n`.
+    fn pieces(&self) -> Vec<Piece> {
+        let reasoning = if self.thinking { REASONING } else { 0 };
+        let mut out = Vec::new();
+        for at in self.from..self.from + self.n {
+            if at < reasoning {
+                out.push(Piece::Reasoning(thought(at, &self.flavor)));
+                continue;
+            }
+            let p = at - reasoning;
+            if self.json && p == 0 {
+                out.push(Piece::Json(JSON_HEAD.into()));
+            } else if self.json && at + 1 == self.n {
+                out.push(Piece::Json(JSON_TAIL.into()));
+            } else if self.json {
+                out.push(Piece::Json(format!("w{}{} ", p - 1, self.flavor)));
+            } else if self.tools && p >= TOOL_AFTER {
+                out.push(Piece::Tool(p - TOOL_AFTER));
+                if p == TOOL_AFTER + 2 {
+                    break;
+                }
+            } else {
+                out.push(Piece::Token(p));
+            }
+        }
+        out
+    }
+
+    fn finish_reason(&self, pieces: &[Piece]) -> &'static str {
+        match pieces.last() {
+            Some(Piece::Tool(_)) => "tool_calls",
+            Some(Piece::Json(t)) if t == JSON_TAIL => "stop",
+            _ => "length",
+        }
+    }
+
+    fn token_bytes(&self, i: u64) -> Vec<u8> {
+        flavored_token(i, &self.flavor)
+    }
+
     /// The answer whole (`stream` not asked for), once all of it is made.
     async fn whole(self) -> Response<EngineBody> {
         tokio::time::sleep(self.pace * self.n as u32).await;
-        let n = if self.tools { TOOL_AFTER.saturating_sub(self.from) + 3 } else { self.n };
-        let text_tokens = if self.tools { n - 3 } else { n };
+        let pieces = self.pieces();
+        let n = pieces.len() as u64;
+        let (mut reasoning, mut text, mut called) = (String::new(), Vec::new(), false);
+        for piece in &pieces {
+            match piece {
+                Piece::Reasoning(r) => reasoning.push_str(r),
+                Piece::Token(i) => text.extend(self.token_bytes(*i)),
+                Piece::Json(t) => text.extend_from_slice(t.as_bytes()),
+                Piece::Tool(_) => called = true,
+            }
+        }
         // A character cut at the last token is left out, as a server does.
-        let text =
-            String::from_utf8_lossy(&answer_bytes(self.from, text_tokens)).trim_end_matches('\u{FFFD}').to_string();
+        let text = String::from_utf8_lossy(&text).trim_end_matches('\u{FFFD}').to_string();
         let p = self.prompt_tokens;
         let usage = json!({"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n});
+        let finish_reason = self.finish_reason(&pieces);
         let (object, choice) = match self.chat {
-            true if self.tools => (
-                "chat.completion",
-                json!({"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": [tool_call()]},
-                       "finish_reason": "tool_calls"}),
-            ),
-            true => (
-                "chat.completion",
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}),
-            ),
-            false => ("text_completion", json!({"index": 0, "text": text, "finish_reason": "length"})),
+            true => {
+                let mut message = json!({"role": "assistant", "content": text});
+                if called {
+                    message["tool_calls"] = json!([tool_call_of(&self.call_id, &self.flavor)]);
+                }
+                if !reasoning.is_empty() {
+                    message["reasoning_content"] = json!(reasoning);
+                }
+                ("chat.completion", json!({"index": 0, "message": message, "finish_reason": finish_reason}))
+            }
+            false => ("text_completion", json!({"index": 0, "text": text, "finish_reason": finish_reason})),
         };
-        let whole = json!({"id": self.id, "object": object, "created": 7, "model": "fake", "choices": [choice], "usage": usage});
+        let mut choices = vec![choice];
+        for c in 1..self.choices {
+            let text: String = (0..n).map(|i| format!("w{i}c{c}{} ", self.flavor)).collect();
+            choices[0]["message"]["content"] =
+                json!((0..n).map(|i| format!("w{i}c0{} ", self.flavor)).collect::<String>());
+            choices.push(
+                json!({"index": c, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}),
+            );
+        }
+        let whole =
+            json!({"id": self.id, "object": object, "created": 7, "model": "fake", "choices": choices, "usage": usage});
         let mut r = match self.cut {
             // Killed while writing it: its length said, half of it sent.
             Cut::Close(_) => {
@@ -381,48 +535,63 @@ impl Generation {
 
     async fn run(self, tx: Sender) {
         if !self.native && self.chat {
-            let role = json!({"index": 0, "delta": {"role": "assistant", "content": null}, "finish_reason": null});
-            send(&tx, self.event(role).to_string()).await;
+            for c in 0..self.choices {
+                let role = json!({"index": c, "delta": {"role": "assistant", "content": null}, "finish_reason": null});
+                send(&tx, self.event(role).to_string()).await;
+            }
         }
         let mut held = Vec::new();
-        let mut generated = 0;
-        for k in 0..self.n {
-            if self.cut_at(k, &tx).await {
+        let pieces = self.pieces();
+        for (k, piece) in pieces.iter().enumerate() {
+            if self.cut_at(k as u64, &tx).await {
                 return;
             }
             tokio::time::sleep(self.pace).await;
-            let at = self.from + k;
-            generated += 1;
-            let event = match self.tools && at >= TOOL_AFTER {
-                true => {
-                    let delta = json!({"tool_calls": tool_call_delta(at - TOOL_AFTER)});
-                    self.event(json!({"index": 0, "delta": delta, "finish_reason": null}))
+            let delta = match piece {
+                Piece::Reasoning(r) => Some(json!({"reasoning_content": r})),
+                Piece::Json(t) => Some(json!({"content": t})),
+                Piece::Tool(part) => {
+                    Some(json!({"tool_calls": tool_call_delta_of(*part, &self.call_id, &self.flavor)}))
                 }
-                false => self.token_event(at, &mut held),
+                Piece::Token(_) if self.choices > 1 => None,
+                Piece::Token(i) => {
+                    if !send(&tx, self.token_event(*i, &mut held).to_string()).await {
+                        return;
+                    }
+                    continue;
+                }
             };
-            if !send(&tx, event.to_string()).await {
-                return;
-            }
-            if self.tools && at == TOOL_AFTER + 2 {
-                break;
+            for c in 0..self.choices {
+                let delta = match (&delta, piece) {
+                    (Some(d), _) => d.clone(),
+                    (None, Piece::Token(i)) => json!({"content": format!("w{i}c{c}{} ", self.flavor)}),
+                    (None, _) => unreachable!(),
+                };
+                let e = self.event(json!({"index": c, "delta": delta, "finish_reason": null}));
+                if !send(&tx, e.to_string()).await {
+                    return;
+                }
             }
         }
-        let finish_reason = if self.tools && self.from + generated > TOOL_AFTER { "tool_calls" } else { "length" };
+        let generated = pieces.len() as u64;
+        let finish_reason = self.finish_reason(&pieces);
         if self.native {
             let end =
                 json!({"index": 0, "content": "", "stop": true, "stop_type": "limit", "tokens_predicted": self.n});
             send(&tx, end.to_string()).await;
             return;
         }
-        let finish = match self.chat {
-            true => json!({"index": 0, "delta": {}, "finish_reason": finish_reason}),
-            false => json!({"index": 0, "text": "", "finish_reason": finish_reason}),
-        };
-        send(&tx, self.event(finish).to_string()).await;
+        for c in 0..self.choices {
+            let finish = match self.chat {
+                true => json!({"index": c, "delta": {}, "finish_reason": finish_reason}),
+                false => json!({"index": c, "text": "", "finish_reason": finish_reason}),
+            };
+            send(&tx, self.event(finish).to_string()).await;
+        }
         if self.include_usage {
             let mut u = self.event(json!(null));
             u["choices"] = json!([]);
-            let (p, n) = (self.prompt_tokens, generated);
+            let (p, n) = (self.prompt_tokens, generated * self.choices);
             u["usage"] = json!({"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n});
             send(&tx, u.to_string()).await;
         }

@@ -299,6 +299,15 @@ impl Harness {
         Harness { daemon, url }
     }
 
+    /// The sum of the metric `name`'s series with `reason="{reason}"`.
+    pub fn metric(&self, name: &str, reason: &str) -> u64 {
+        let text = self.daemon.metrics.encode();
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains(&format!("reason=\"{reason}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
     pub fn snapshot(&self) -> onepool_router::endpoint::EndpointSnapshot {
         self.daemon.endpoint("chat").unwrap().endpoint.snapshot()
     }

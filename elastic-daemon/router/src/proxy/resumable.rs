@@ -3,6 +3,7 @@
 //! them), and when its replica cannot finish it the answer moves to
 //! another one, the client none the wiser but for a pause.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,11 +19,13 @@ use crate::metrics::Metrics;
 use crate::proxy::leased::{lost_of, LeasedBody};
 use crate::proxy::watched::{cut_event, cut_reason, EventTail, ENDED, LOST};
 use crate::registry::ReplicaId;
+use crate::resume::chunk::{Event, Usage, RECLAIMED};
 use crate::resume::events::{data_of, without_key, Data, Splitter, LOGPROBS};
 use crate::resume::moving::{continue_elsewhere, Ask, Continuation, Failed, Source};
 use crate::resume::plan::Plan;
-use crate::resume::progress::{Event, Meta, Progress, Usage, RECLAIMED};
-use crate::resume::splice::{error_event, DONE};
+use crate::resume::progress::{Meta, Progress};
+use crate::resume::replay::Replay;
+use crate::resume::splice::{error_event, object, DONE};
 use crate::resume::{Method, Why};
 use crate::settings::ProxySettings;
 
@@ -43,6 +46,8 @@ pub(super) struct MoveContext {
 pub(super) struct Resumable {
     pub(super) plan: Plan,
     pub(super) client: Bytes,
+    /// The body its first attempt sent (its seed set): what a replay sends.
+    pub(super) sent: Bytes,
     pub(super) authorization: Option<HeaderValue>,
     /// Its request class (issue #44): a stream of a lower class yields its
     /// slot to a higher one's request and continues later.
@@ -74,6 +79,8 @@ pub(super) struct ResumableBody {
     plan: Plan,
     /// The client's request body, as it came.
     client: Bytes,
+    /// Its first attempt's body.
+    first_body: Bytes,
     /// The client's `Authorization`, where the endpoint passes it on.
     authorization: Option<HeaderValue>,
     progress: Progress,
@@ -98,9 +105,12 @@ pub(super) struct ResumableBody {
     tail: EventTail,
     /// Ended with an error event, not whole.
     failed: bool,
-    /// A continuation began a tool call (or reasoning): passed as the
-    /// engine parsed it, and not continued again (issue #51).
-    unmovable: bool,
+    /// A continuation by a prefill went on with the answer: it can no
+    /// longer be generated again from its start (issue #51).
+    prefilled: bool,
+    /// Generating the answer again: how far it has come through what the
+    /// client has.
+    replay: Option<Replay>,
     /// The client has had an event of the answer (a continuation's role
     /// is then not repeated).
     answered: bool,
@@ -111,7 +121,7 @@ pub(super) struct ResumableBody {
 
 impl ResumableBody {
     pub(super) fn new(current: LeasedBody, ctx: Arc<MoveContext>, r: Resumable) -> ResumableBody {
-        let Resumable { plan, client, authorization, class } = r;
+        let Resumable { plan, client, sent, authorization, class } = r;
         let lost = current.lease.as_ref().map(lost_of);
         let progress = Progress::new(plan.method);
         let mut body = ResumableBody {
@@ -125,6 +135,7 @@ impl ResumableBody {
             ctx,
             plan,
             client,
+            first_body: sent,
             authorization,
             progress,
             splitter: Splitter::default(),
@@ -139,7 +150,8 @@ impl ResumableBody {
             counted: 0,
             tail: EventTail::default(),
             failed: false,
-            unmovable: false,
+            prefilled: false,
+            replay: None,
             answered: false,
             regenerated: 0,
         };
@@ -149,12 +161,23 @@ impl ResumableBody {
 
     /// On an endpoint with classes, the stream on its current replica may
     /// give its slot to a higher class's request.
+    /// One continued only by generating it again (a grammar, several
+    /// choices, a tool call or reasoning begun) keeps its slot: a yield
+    /// would make it again from its start.
     fn register_yieldable(&mut self) {
+        if self.only_replayed() {
+            return;
+        }
         let (Some(class), Some(lease)) = (&self.class, &self.current.lease) else { return };
         let ticket = self.ctx.endpoint.yieldable(lease, class.rank);
         let signal = ticket.signal.clone();
         self.asked_to_yield = Some(Box::pin(async move { signal.wait().await }));
         self.ticket = Some(ticket);
+    }
+
+    /// The answer can continue only by being generated again.
+    fn only_replayed(&self) -> bool {
+        self.plan.replay_only || self.progress.sent.beyond_text()
     }
 
     /// Times the answer moved to another replica.
@@ -236,37 +259,47 @@ impl ResumableBody {
             }
             return self.unfollow(event.clone());
         }
-        if e.unfollowable() {
-            if self.source == Source::First {
-                return self.unfollow(event.clone());
-            }
-            // A tool call (or reasoning) the continuation began: passed as
-            // the engine parsed it; the answer cannot move from here.
-            self.unmovable = true;
+        if e.legacy_function_call() {
+            return self.unfollow(event.clone());
         }
         if self.progress.meta.is_none() {
             self.progress.meta = Meta::of(&e);
         }
+        if let Some(u) = e.usage {
+            self.progress.usage_seen = true;
+            if self.source != Source::First {
+                self.continued_usage = Some(u);
+            }
+        }
+        match self.source {
+            Source::Replay => self.replayed(data),
+            _ => self.pass(&event, data, &e),
+        }
+    }
+
+    /// An event of the first replica or of a continuation by a prefill, to
+    /// the client.
+    fn pass(&mut self, event: &Bytes, data: &[u8], e: &Event<'_>) {
         self.progress.note_tokens(e.tokens());
         let said = e.text();
         let text = said.unwrap_or_default();
         let finish = e.finish_reason();
-        if e.usage.is_some() {
-            self.progress.usage_seen = true;
-        }
         if said.is_some() {
             self.progress.note_text(text);
         }
-        if let (Some(u), false) = (e.usage, self.source == Source::First) {
-            self.continued_usage = Some(u);
-        }
         match self.source {
             Source::First => {
-                let stripped = self.plan.ids_asked.then(|| without_key(&event, &LOGPROBS)).flatten();
+                self.progress.sent.record(e);
+                let stripped = self.plan.ids_asked.then(|| without_key(event, &LOGPROBS)).flatten();
                 self.out.push_back(stripped.unwrap_or_else(|| event.clone()));
                 self.answered = true;
+                if self.ticket.is_some() && self.only_replayed() {
+                    // A tool call or reasoning began: it no longer yields.
+                    (self.ticket, self.asked_to_yield) = (None, None);
+                }
             }
             Source::OpenAi => {
+                self.progress.sent.record(e);
                 let meta = self.progress.meta.as_ref().expect("set before a move");
                 if let Some(passed) = meta.restamp(data, !self.answered, &mut self.regenerated) {
                     self.out.push_back(passed);
@@ -284,16 +317,51 @@ impl ResumableBody {
                 if let Some(f) = &finish {
                     self.out.push_back(meta.finish_event(self.plan.api, f));
                 }
+                self.progress.sent.record_native(visible, e.tokens().len(), finish.is_some());
             }
+            Source::Replay => unreachable!("read by replayed"),
         }
-        if let Some(f) = finish {
-            self.progress.finish = Some(f.into_owned());
-            // llama.cpp's stream ends with its last event; an OpenAI one
-            // still sends usage and [DONE].
-            if self.source == Source::Native {
-                self.complete();
-            }
+        self.note_finish(finish.map(Cow::into_owned));
+    }
+
+    /// Once every choice has its finish reason the answer is over
+    /// (llama.cpp's stream ends with its last event; an OpenAI one still
+    /// sends usage and `[DONE]`).
+    fn note_finish(&mut self, finish: Option<String>) {
+        if self.progress.finish.is_some() || !self.progress.sent.finished(self.plan.choices) {
+            return;
         }
+        self.progress.finish = Some(finish.unwrap_or_else(|| "stop".into()));
+        if self.source == Source::Native {
+            self.complete();
+        }
+    }
+
+    /// An event of the answer generated again: what the client has of it
+    /// is left out (and checked), the rest passes as the first replica
+    /// would have written it.
+    fn replayed(&mut self, data: &[u8]) {
+        let Some(mut e) = object(data) else { return self.unfollow(Bytes::new()) };
+        let replay = self.replay.as_mut().expect("set by the move");
+        if let Err(why) = replay.skip(&self.progress.sent, &mut e) {
+            let name = self.ctx.endpoint.name();
+            tracing::info!(endpoint = %name, "an answer generated again came out otherwise than its client has it: {why}");
+            self.ctx.endpoint.note_move(Err("diverged"));
+            return self.fail(&format!("the answer generated again on another replica came out otherwise ({why})"));
+        }
+        let meta = self.progress.meta.as_ref().expect("set before a move");
+        let Some(out) = meta.restamp_map(e, !self.answered, &mut 0) else { return };
+        let Some(passed) = Event::parse(out.get(6..out.len() - 2).unwrap_or_default()) else { return };
+        self.progress.note_tokens(passed.tokens());
+        if let Some(t) = passed.text() {
+            self.progress.note_text(t);
+        }
+        self.progress.sent.record(&passed);
+        let finish = passed.finish_reason().map(Cow::into_owned);
+        let stripped = self.plan.ids_asked.then(|| without_key(&out, &LOGPROBS)).flatten();
+        self.out.push_back(stripped.unwrap_or(out));
+        self.answered = true;
+        self.note_finish(finish);
     }
 
     /// The answer is over: what the client still lacks of its end (usage
@@ -314,6 +382,10 @@ impl ResumableBody {
     /// The answer's usage as if it had not moved: the prompt once, the
     /// tokens the client got.
     fn usage(&self) -> Option<Usage> {
+        if self.source == Source::Replay {
+            // The answer generated again counted all of it.
+            return self.continued_usage;
+        }
         let completion_tokens = self.progress.completion_tokens();
         match (self.plan.method, self.continued_usage) {
             (Method::Tokens, _) => Some(Usage { prompt_tokens: self.prompt_tokens?, completion_tokens }),
@@ -353,20 +425,12 @@ impl ResumableBody {
             return self.complete();
         }
         let name = self.ctx.endpoint.name().to_string();
-        if self.progress.overflow {
-            self.ctx.endpoint.note_move(Err("too_long"));
-            return self.fail("the answer is longer than the router keeps to continue one");
-        }
-        if self.unmovable {
-            self.ctx.endpoint.note_move(Err("tool_call_cut"));
-            return self.fail("a tool call it had begun cannot be continued elsewhere");
-        }
+        // A stream cut before its client had any of it is sent again as it
+        // was: no prefill is needed (nor right for a model that reasons).
+        let replay = self.only_replayed() || self.progress.sent.is_empty();
         let yielded = why == Why::Yielded;
-        // A yield is no failure: it is bounded by the classes above it, not
-        // by max_moves, and the replica may take the answer back later.
-        if !yielded && self.moves >= self.ctx.max_moves {
-            self.ctx.endpoint.note_move(Err("max_moves"));
-            return self.fail("it moved as many times as the endpoint allows");
+        if self.cannot_move(replay, yielded) {
+            return;
         }
         if let Some(lease) = &self.current.lease {
             match why {
@@ -393,12 +457,20 @@ impl ResumableBody {
         if self.progress.meta.is_none() {
             self.progress.meta = Some(Meta::made_up(&self.plan));
         }
-        self.regenerated = self.progress.regenerated();
-        let (ids, skip) = self.progress.resume_point();
-        let ids = ids.to_vec();
-        self.skip = skip;
-        self.tokens_before = self.progress.completion_tokens();
-        let left = self.plan.max_tokens.map(|m| m.saturating_sub(self.tokens_before));
+        let (ids, left) = match replay {
+            true => {
+                (self.regenerated, self.skip, self.tokens_before) = (0, 0, 0);
+                (Vec::new(), self.plan.max_tokens)
+            }
+            false => {
+                self.regenerated = self.progress.regenerated();
+                let (ids, skip) = self.progress.resume_point();
+                let ids = ids.to_vec();
+                self.skip = skip;
+                self.tokens_before = self.progress.completion_tokens();
+                (ids, self.plan.max_tokens.map(|m| m.saturating_sub(self.tokens_before)))
+            }
+        };
         if left == Some(0) {
             // The budget is spent: the answer ends here, as it would have.
             let meta = self.progress.meta.as_ref().expect("set above");
@@ -419,6 +491,7 @@ impl ResumableBody {
             client: self.client.clone(),
             ids,
             text: self.progress.text().to_string(),
+            replay: replay.then(|| self.first_body.clone()),
             left,
             attempts: s.retries + 1,
             rank: self.class.as_ref().map(|c| c.rank).unwrap_or_default(),
@@ -429,6 +502,28 @@ impl ResumableBody {
         };
         self.moving_since = Instant::now();
         self.state = State::Moving(Box::pin(continue_elsewhere(ask)));
+    }
+
+    /// Ends the answer with the error event when it may not move (and
+    /// says so): `true` then.
+    fn cannot_move(&mut self, replay: bool, yielded: bool) -> bool {
+        let (label, why) = if self.progress.past_kept(replay) {
+            ("too_long", "the answer is longer than the router keeps to continue one")
+        } else if replay && self.prefilled {
+            (
+                "tool_call_cut",
+                "a tool call or reasoning began after a continuation by text, so the answer cannot be generated again",
+            )
+        } else if !yielded && self.moves >= self.ctx.max_moves {
+            // A yield is no failure: it is bounded by the classes above it,
+            // not by max_moves, and the replica may take the answer back.
+            ("max_moves", "it moved as many times as the endpoint allows")
+        } else {
+            return false;
+        };
+        self.ctx.endpoint.note_move(Err(label));
+        self.fail(why);
+        true
     }
 
     /// A stream passed without being followed ended before its answer:
@@ -452,6 +547,8 @@ impl ResumableBody {
                     LeasedBody { inner: c.body, lease: Some(c.lease), start: Instant::now(), first_byte: true };
                 self.register_yieldable();
                 self.source = c.source;
+                self.prefilled |= matches!(c.source, Source::Native | Source::OpenAi);
+                self.replay = (c.source == Source::Replay).then(Replay::default);
                 if c.prompt_tokens.is_some() {
                     self.prompt_tokens = c.prompt_tokens;
                 }

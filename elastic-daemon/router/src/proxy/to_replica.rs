@@ -356,7 +356,11 @@ fn resumable(
     }
     match crate::resume::plan::Plan::of(out.uri.path(), &out.body, settings.method, whole_as_stream) {
         Ok(Some(crate::resume::plan::Planned { plan, first })) => {
-            let followed = if plan.stream { Followed::Yes } else { Followed::Whole };
+            let followed = match (plan.stream, plan.replay_only) {
+                (false, _) => Followed::Whole,
+                (true, true) => Followed::Replay,
+                (true, false) => Followed::Yes,
+            };
             let client = out.body.clone();
             if let Some(first) = first {
                 out.body = Bytes::from(first);
@@ -366,7 +370,9 @@ fn resumable(
                 true => None,
                 false => out.headers.get(header::AUTHORIZATION).cloned(),
             };
-            (Some(Box::new(Resumable { plan, client, authorization, class: class.cloned() })), Some(followed))
+            let sent = out.body.clone();
+            let r = Resumable { plan, client, sent, authorization, class: class.cloned() };
+            (Some(Box::new(r)), Some(followed))
         }
         Ok(None) => (None, None),
         Err(why) => {

@@ -71,6 +71,8 @@ struct Whole {
     splitter: Splitter,
     head: Map<String, Value>,
     text: String,
+    /// Reasoning kept apart (a reasoning model's), its own field whole.
+    reasoning: String,
     finish: Value,
     usage: Option<Value>,
     done: bool,
@@ -84,6 +86,7 @@ impl Whole {
             splitter: Splitter::default(),
             head: Map::new(),
             text: String::new(),
+            reasoning: String::new(),
             finish: Value::Null,
             usage: None,
             done: false,
@@ -97,7 +100,7 @@ impl Whole {
         while let Some(event) = self.splitter.next_event() {
             self.event(&event);
         }
-        match self.text.len() > MOST {
+        match self.text.len() + self.reasoning.len() > MOST {
             true => Err(format!("its text passed {} MiB", MOST >> 20)),
             false => Ok(()),
         }
@@ -132,6 +135,9 @@ impl Whole {
             Api::Completion => choice.get("text"),
         };
         self.text.push_str(piece.and_then(Value::as_str).unwrap_or_default());
+        let delta = choice.get("delta");
+        let thought = delta.and_then(|d| d.get("reasoning_content").or(d.get("reasoning")));
+        self.reasoning.push_str(thought.and_then(Value::as_str).unwrap_or_default());
         if let Some(f) = choice.get("finish_reason").filter(|f| !f.is_null()) {
             self.finish = f.clone();
         }
@@ -150,10 +156,13 @@ impl Whole {
             }}));
         }
         let (object, choice) = match self.api {
-            Api::Chat => (
-                "chat.completion",
-                json!({"index": 0, "message": {"role": "assistant", "content": self.text}, "finish_reason": self.finish}),
-            ),
+            Api::Chat => {
+                let mut message = json!({"role": "assistant", "content": self.text});
+                if !self.reasoning.is_empty() {
+                    message["reasoning_content"] = self.reasoning.into();
+                }
+                ("chat.completion", json!({"index": 0, "message": message, "finish_reason": self.finish}))
+            }
             Api::Completion => {
                 ("text_completion", json!({"index": 0, "text": self.text, "finish_reason": self.finish}))
             }
@@ -186,6 +195,8 @@ mod tests {
     fn a_chat_stream_becomes_one_chat_completion_with_its_usage() {
         let stream = events(&[
             r#"{"id":"c1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"role":"assistant"},"finish_reason":null}]}"#,
+            r#"{"id":"c1","created":7,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":"Greet"},"finish_reason":null}]}"#,
+            r#"{"id":"c1","created":7,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":" them."},"finish_reason":null}]}"#,
             r#"{"id":"c1","created":7,"model":"m","choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}]}"#,
             r#"{"id":"c1","created":7,"model":"m","choices":[{"index":0,"delta":{"content":"lo é"},"finish_reason":null}]}"#,
             r#"{"id":"c1","created":7,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}"#,
@@ -196,7 +207,7 @@ mod tests {
         assert_eq!(
             v,
             json!({"id": "c1", "created": 7, "model": "m", "object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello é"}, "finish_reason": "length"}],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello é", "reasoning_content": "Greet them."}, "finish_reason": "length"}],
                 "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}})
         );
     }

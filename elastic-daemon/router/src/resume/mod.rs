@@ -10,11 +10,14 @@
 //! (`crate::proxy::resumable`), the requests that continue it are in
 //! [`moving`].
 
+pub mod chunk;
 pub mod events;
 pub mod moving;
 pub mod plan;
 pub mod progress;
+pub mod replay;
 pub mod splice;
+pub mod transcript;
 
 /// How an answer continues on another replica.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -34,6 +34,9 @@ pub enum Source {
     Native,
     /// The client's API from another replica (a continuation by text).
     OpenAi,
+    /// The answer generated again from its start on another replica
+    /// ([`super::replay`]).
+    Replay,
 }
 
 /// What a continuation needs, taken from the stream it continues.
@@ -53,6 +56,8 @@ pub struct Ask {
     pub ids: Vec<u32>,
     /// Continuing by text: the answer's text so far.
     pub text: String,
+    /// Generating it again: the body of its first attempt (its seed set).
+    pub replay: Option<Bytes>,
     /// Tokens left of the client's budget.
     pub left: Option<u64>,
     /// Replicas to try at most.
@@ -147,6 +152,14 @@ impl From<String> for Refusal {
 /// The continuation's stream from the replica of `lease`.
 async fn on(ask: &Ask, lease: &Lease) -> Result<(BackendBody, Source, Option<u64>), Refusal> {
     let bad = |what: &str| Refusal::from(format!("{what} could not be read"));
+    let api_path = match ask.plan.api {
+        Api::Chat => "/v1/chat/completions",
+        Api::Completion => "/v1/completions",
+    };
+    if let Some(first) = &ask.replay {
+        let resp = send(ask, lease, api_path, first.to_vec()).await?;
+        return Ok((resp.into_body(), Source::Replay, None));
+    }
     match ask.plan.method {
         Method::Tokens => {
             let prompt = match ask.plan.api {
@@ -165,11 +178,7 @@ async fn on(ask: &Ask, lease: &Lease) -> Result<(BackendBody, Source, Option<u64
         }
         Method::Text => {
             let req = text_request(&ask.plan, &ask.client, &ask.text, ask.left).ok_or_else(|| bad("the request"))?;
-            let path = match ask.plan.api {
-                Api::Chat => "/v1/chat/completions",
-                Api::Completion => "/v1/completions",
-            };
-            let resp = send(ask, lease, path, req).await?;
+            let resp = send(ask, lease, api_path, req).await?;
             Ok((resp.into_body(), Source::OpenAi, None))
         }
     }

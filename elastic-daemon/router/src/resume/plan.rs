@@ -55,6 +55,12 @@ pub struct Plan {
     /// and sends the client the whole answer at its end
     /// ([`crate::proxy`]'s whole answers). `stream` is then true.
     pub whole: bool,
+    /// A grammar, JSON schema or several choices: continued only by
+    /// generating it again ([`super::replay`]), never by a prefill (the
+    /// grammar would start over at the junction); it does not yield.
+    pub replay_only: bool,
+    /// Choices in the answer (`n`).
+    pub choices: u32,
 }
 
 /// Why a request is not continued (for the debug log; such requests pass
@@ -62,11 +68,8 @@ pub struct Plan {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NotResumable {
     NotJson,
-    /// `n` or `best_of` above 1: several answers in one stream.
+    /// `best_of` above 1: answers the engine chooses among.
     SeveralChoices,
-    /// A grammar, JSON schema or structured response format: its state
-    /// would start over at the junction.
-    Constrained,
     /// `echo`, `suffix` or a prompt that is not one string.
     CompletionShape,
 }
@@ -77,7 +80,6 @@ impl NotResumable {
         match self {
             NotResumable::NotJson => "not_json",
             NotResumable::SeveralChoices => "several_choices",
-            NotResumable::Constrained => "structured_output",
             NotResumable::CompletionShape => "completion_shape",
         }
     }
@@ -88,6 +90,8 @@ impl NotResumable {
 pub enum Followed {
     /// Followed: it can yield its slot and move.
     Yes,
+    /// Followed, moved by generating it again; it does not yield.
+    Replay,
     /// Asked for whole (not by a lower class): sent again whole if its
     /// replica fails before its head, passed as it comes after.
     Whole,
@@ -98,6 +102,7 @@ impl Followed {
     pub fn as_str(self) -> &'static str {
         match self {
             Followed::Yes => "yes",
+            Followed::Replay => "replay",
             Followed::Whole => "whole",
             Followed::Not(why) => why.as_str(),
         }
@@ -125,10 +130,10 @@ impl Plan {
         // Tools and the client's log-probabilities: continued by the
         // engine's own chat (its parser, its log-probabilities), and a
         // whole answer is read whole (the router assembles text only).
-        let engine_s_own = check(api, &req)?;
-        let method = if engine_s_own { Method::Text } else { method };
+        let Shape { engine_s_own, replay_only, choices } = check(api, &req)?;
+        let method = if engine_s_own || replay_only { Method::Text } else { method };
         let asked_stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
-        let whole = whole_as_stream && !asked_stream && !engine_s_own;
+        let whole = whole_as_stream && !asked_stream && !engine_s_own && !replay_only;
         let stream = asked_stream || whole;
         // A whole answer has its usage, so the stream it is read from must.
         let include_usage = whole
@@ -146,38 +151,87 @@ impl Plan {
         // Token ids come only with log-probabilities; only streams need them
         // (an answer read whole is sent again whole).
         let ids_asked = stream && method == Method::Tokens;
+        // A stream may have to be generated again elsewhere (a tool call
+        // cut half-way, reasoning, a grammar): with the same seed, a
+        // sampling engine makes the same answer.
+        let seed = (stream && !req.contains_key("seed")).then(fresh_seed);
+        let mut fields = Vec::new();
+        if ids_asked {
+            fields.extend_from_slice(logprob_fields(api));
+        }
+        if let Some(seed) = seed {
+            fields.extend_from_slice(if fields.is_empty() { b"" } else { b"," });
+            fields.extend_from_slice(format!("\"seed\":{seed}").as_bytes());
+        }
         let first = if whole {
             req.insert("stream".into(), Value::Bool(true));
             req.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
             let streamed = serde_json::to_vec(&req).expect("a JSON object serializes");
-            Some(if ids_asked { with_logprobs(api, &streamed) } else { streamed })
+            Some(with_fields(&streamed, &fields))
         } else {
-            ids_asked.then(|| with_logprobs(api, body))
+            (!fields.is_empty()).then(|| with_fields(body, &fields))
         };
-        let plan = Plan { api, method, stream, include_usage, max_tokens, ids_asked, model, whole };
+        let plan =
+            Plan { api, method, stream, include_usage, max_tokens, ids_asked, model, whole, replay_only, choices };
         Ok(Some(Planned { plan, first }))
     }
 }
 
-/// `Ok(true)`: the request is continued only through the engine's own
-/// chat (by text, whatever the endpoint's method): tools (the engine parses
-/// a tool call that begins after the junction; one cut half-way is not
-/// continued, issue #51) or the client's own log-probabilities (the
-/// continuation's are the engine's, in its form).
-fn check(api: Api, req: &Map<String, Value>) -> Result<bool, NotResumable> {
+/// How a followed request continues.
+struct Shape {
+    /// Only through the engine's own chat (by text, whatever the
+    /// endpoint's method): tools (the engine parses a tool call that
+    /// begins after the junction; one cut half-way is generated again) or
+    /// the client's own log-probabilities (the continuation's are the
+    /// engine's, in its form).
+    engine_s_own: bool,
+    /// Only by generating it again ([`Plan::replay_only`]).
+    replay_only: bool,
+    choices: u32,
+}
+
+/// A seed for a stream's sampling, fresh for each request (so that
+/// answers vary as they would without one), below 2^31 (every engine
+/// takes it).
+fn fresh_seed() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
+    (h.finish() >> 33) as u32
+}
+
+fn check(api: Api, req: &Map<String, Value>) -> Result<Shape, NotResumable> {
     let above_one = |k: &str| req.get(k).and_then(Value::as_u64).is_some_and(|n| n > 1);
-    if above_one("n") || above_one("best_of") {
+    if above_one("best_of") {
         return Err(NotResumable::SeveralChoices);
     }
+    let choices = match req.get("n").and_then(Value::as_u64) {
+        Some(n) if n > 128 => return Err(NotResumable::SeveralChoices),
+        Some(n) => n.max(1) as u32,
+        None => 1,
+    };
     let present = |k: &str| req.get(k).is_some_and(|v| !v.is_null());
     let tool_choice_none = req.get("tool_choice").and_then(Value::as_str) == Some("none");
     let tools = req.get("tools").or(req.get("functions")).is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty()));
     let format_is_text = req
         .get("response_format")
         .is_none_or(|f| f.is_null() || f.get("type").and_then(Value::as_str).is_some_and(|t| t == "text"));
-    if !format_is_text || present("grammar") || present("json_schema") || present("guided_json") {
-        return Err(NotResumable::Constrained);
-    }
+    let constrained = !format_is_text
+        || [
+            "grammar",
+            "json_schema",
+            "guided_json",
+            "guided_regex",
+            "guided_grammar",
+            "guided_choice",
+            "regex",
+            "ebnf",
+            "structured_outputs",
+        ]
+        .iter()
+        .any(|k| present(k));
     let asks_logprobs = match req.get("logprobs") {
         Some(Value::Bool(b)) => *b,
         Some(Value::Number(n)) => n.as_u64().is_some_and(|n| n > 0),
@@ -193,17 +247,25 @@ fn check(api: Api, req: &Map<String, Value>) -> Result<bool, NotResumable> {
     if api == Api::Chat && !req.get("messages").is_some_and(Value::is_array) {
         return Err(NotResumable::NotJson);
     }
-    Ok(engine_s_own)
+    let replay_only = constrained || choices > 1;
+    Ok(Shape { engine_s_own: engine_s_own && !replay_only, replay_only, choices })
 }
 
-/// The client's body with the log-probability fields that bring token ids
-/// (the top one only, the least the engines send), added right after its
-/// opening brace: the rest of the client's bytes go as they came.
-fn with_logprobs(api: Api, body: &[u8]) -> Vec<u8> {
-    let fields: &[u8] = match api {
+/// The log-probability fields that bring token ids (the top one only,
+/// the least the engines send).
+fn logprob_fields(api: Api) -> &'static [u8] {
+    match api {
         Api::Chat => b"\"logprobs\":true,\"top_logprobs\":1",
         Api::Completion => b"\"logprobs\":1",
-    };
+    }
+}
+
+/// The client's body with `fields` (members, comma-separated) added right
+/// after its opening brace: the rest of the client's bytes go as they came.
+fn with_fields(body: &[u8], fields: &[u8]) -> Vec<u8> {
+    if fields.is_empty() {
+        return body.to_vec();
+    }
     let open = body.iter().position(|&b| b == b'{').unwrap_or(0);
     let rest = &body[open + 1..];
     let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
@@ -252,7 +314,8 @@ mod tests {
         // A stream stays the client's stream.
         let streamed = r#"{"messages":[],"stream":true}"#;
         let p = Plan::of("/v1/chat/completions", streamed.as_bytes(), Method::Text, true).unwrap().unwrap();
-        assert_eq!((p.plan.whole, p.plan.include_usage, p.first), (false, false, None));
+        assert_eq!((p.plan.whole, p.plan.include_usage), (false, false));
+        assert!(p.first.unwrap().ends_with(&streamed.as_bytes()[1..]));
     }
 
     #[test]
@@ -264,19 +327,34 @@ mod tests {
             (Api::Chat, true, true, Some(7), true)
         );
         let first = String::from_utf8(first.unwrap()).unwrap();
-        assert_eq!(first, format!("{{\"logprobs\":true,\"top_logprobs\":1,{}", &body[1..]));
         let v: Value = serde_json::from_str(&first).unwrap();
+        let seed = v["seed"].as_u64().unwrap();
+        assert!(seed < 1 << 31);
+        assert_eq!(first, format!("{{\"logprobs\":true,\"top_logprobs\":1,\"seed\":{seed},{}", &body[1..]));
         assert_eq!(v["messages"][0]["content"], "hi");
-        // By text: the body goes as it came.
+        // By text: the body goes as it came, but for the seed; a client's
+        // own seed is kept.
         let (p, first) = plan("/v1/chat/completions", body, Method::Text).unwrap().unwrap();
-        assert!(!p.ids_asked && first.is_none());
+        let first = String::from_utf8(first.unwrap()).unwrap();
+        assert!(!p.ids_asked && first.starts_with("{\"seed\":") && first.ends_with(&body[1..]));
+        let seeded = r#"{"messages":[],"stream":true,"seed":7}"#;
+        assert_eq!(plan("/v1/chat/completions", seeded, Method::Text).unwrap().unwrap().1, None);
+        // Each stream its own seed.
+        let seeds: std::collections::HashSet<_> =
+            (0..20).map(|_| plan("/v1/chat/completions", body, Method::Text).unwrap().unwrap().1.unwrap()).collect();
+        assert_eq!(seeds.len(), 20);
     }
 
     #[test]
     fn completions_ask_for_logprobs_their_way_and_an_empty_object_stays_valid() {
-        let (_, first) = plan("/v1/completions", r#" {"prompt":"a","stream":true}"#, Method::Tokens).unwrap().unwrap();
-        assert_eq!(String::from_utf8(first.unwrap()).unwrap(), r#" {"logprobs":1,"prompt":"a","stream":true}"#);
-        assert_eq!(with_logprobs(Api::Chat, b"{ }"), b"{\"logprobs\":true,\"top_logprobs\":1 }".to_vec());
+        let body = r#" {"prompt":"a","stream":true,"seed":1}"#;
+        let (_, first) = plan("/v1/completions", body, Method::Tokens).unwrap().unwrap();
+        assert_eq!(
+            String::from_utf8(first.unwrap()).unwrap(),
+            r#" {"logprobs":1,"prompt":"a","stream":true,"seed":1}"#
+        );
+        let fields = logprob_fields(Api::Chat);
+        assert_eq!(with_fields(b"{ }", fields), b"{\"logprobs\":true,\"top_logprobs\":1 }".to_vec());
     }
 
     #[test]
@@ -284,9 +362,8 @@ mod tests {
         let chat = "/v1/chat/completions";
         let m = r#""messages":[]"#;
         let cases = [
-            (format!(r#"{{{m},"n":2}}"#), NotResumable::SeveralChoices),
-            (format!(r#"{{{m},"response_format":{{"type":"json_object"}}}}"#), NotResumable::Constrained),
-            (format!(r#"{{{m},"grammar":"root ::= x"}}"#), NotResumable::Constrained),
+            (format!(r#"{{{m},"best_of":2}}"#), NotResumable::SeveralChoices),
+            (format!(r#"{{{m},"n":1000}}"#), NotResumable::SeveralChoices),
             ("[1]".to_string(), NotResumable::NotJson),
             ("{\"stream\":true}".to_string(), NotResumable::NotJson),
         ];
@@ -294,12 +371,30 @@ mod tests {
             assert_eq!(plan(chat, &body, Method::Tokens), Err(why), "{body}");
         }
         assert!(plan(chat, &format!(r#"{{{m},"tools":[],"n":1}}"#), Method::Tokens).unwrap().is_some());
+        // A grammar, a JSON schema, several choices: only generated again,
+        // with tools or without, and never read as a stream when asked whole.
+        for extra in [
+            r#""n":2"#,
+            r#""response_format":{"type":"json_object"}"#,
+            r#""response_format":{"type":"json_schema","json_schema":{"schema":{}}}"#,
+            r#""grammar":"root ::= x""#,
+            r#""guided_json":{},"tools":[{"type":"function"}]"#,
+        ] {
+            let (p, first) = plan(chat, &format!(r#"{{{m},{extra},"stream":true}}"#), Method::Tokens).unwrap().unwrap();
+            assert_eq!((p.replay_only, p.method, p.ids_asked), (true, Method::Text, false), "{extra}");
+            assert!(first.is_some_and(|f| f.starts_with(b"{\"seed\":")), "{extra}");
+            let p = Plan::of(chat, format!(r#"{{{m},{extra}}}"#).as_bytes(), Method::Tokens, true).unwrap().unwrap();
+            assert_eq!((p.plan.whole, p.plan.stream, p.first), (false, false, None), "{extra}");
+        }
+        let (p, _) = plan(chat, &format!(r#"{{{m},"n":3,"stream":true}}"#), Method::Text).unwrap().unwrap();
+        assert_eq!(p.choices, 3);
         // Tools and the client's log-probabilities: by the engine's own
         // chat, whatever the endpoint's method; asked whole, read whole.
         for extra in [r#""tools":[{"type":"function"}]"#, r#""logprobs":true,"top_logprobs":2"#, r#""n_probs":1"#] {
             let streamed = format!(r#"{{{m},{extra},"stream":true}}"#);
             let (p, first) = plan(chat, &streamed, Method::Tokens).unwrap().unwrap();
-            assert_eq!((p.method, p.ids_asked, first), (Method::Text, false, None), "{extra}");
+            assert_eq!((p.method, p.ids_asked, p.replay_only), (Method::Text, false, false), "{extra}");
+            assert!(first.unwrap().ends_with(&streamed.as_bytes()[1..]), "{extra}");
             let whole = format!(r#"{{{m},{extra}}}"#);
             let p = Plan::of(chat, whole.as_bytes(), Method::Tokens, true).unwrap().unwrap();
             assert_eq!((p.plan.whole, p.plan.stream, p.first), (false, false, None), "{extra}");

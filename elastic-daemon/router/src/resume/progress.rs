@@ -1,194 +1,14 @@
-//! What a stream has given its client so far: the engine's events read
-//! (OpenAI's chunks, or llama.cpp's native ones from a continuation), and
-//! what is kept to continue the stream elsewhere and finish it as one
-//! answer.
+//! What a stream has given its client so far, and what is kept to
+//! continue the stream elsewhere and finish it as one answer.
 
-use std::borrow::Cow;
-
-use serde::de::{IgnoredAny, SeqAccess, Visitor};
-use serde::{Deserialize, Deserializer};
-
+use super::chunk::{Event, Token};
 use super::plan::Plan;
+use super::transcript::Transcript;
 use super::Method;
 
 /// Token ids kept per stream at most (4 bytes each); a longer answer is
 /// no longer continued (its client gets today's error event).
 pub const MAX_IDS: usize = 256 * 1024;
-/// Answer text kept per stream at most, continuing by text.
-pub const MAX_TEXT: usize = 1 << 20;
-
-/// One event of an engine's stream, OpenAI's or llama.cpp's native one:
-/// only what the router reads, borrowed where no escape forbids it.
-#[derive(Deserialize, Default)]
-pub struct Event<'a> {
-    #[serde(borrow, default)]
-    pub id: Option<Cow<'a, str>>,
-    #[serde(default)]
-    pub created: Option<u64>,
-    #[serde(borrow, default)]
-    pub model: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    pub system_fingerprint: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    pub choices: Option<Vec<Choice<'a>>>,
-    #[serde(default)]
-    pub usage: Option<Usage>,
-    #[serde(borrow, default)]
-    pub error: Option<ErrorField<'a>>,
-    /// llama.cpp's native stream: its text, whether it ended and how.
-    #[serde(borrow, default)]
-    pub content: Option<Cow<'a, str>>,
-    #[serde(default)]
-    pub stop: Option<bool>,
-    #[serde(borrow, default)]
-    pub stop_type: Option<Cow<'a, str>>,
-    #[serde(default)]
-    pub completion_probabilities: Option<Vec<Token>>,
-}
-
-#[derive(Deserialize, Default)]
-pub struct Choice<'a> {
-    #[serde(default)]
-    pub index: u32,
-    #[serde(borrow, default)]
-    pub delta: Option<Delta<'a>>,
-    /// `/v1/completions`' text.
-    #[serde(borrow, default)]
-    pub text: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    pub finish_reason: Option<Cow<'a, str>>,
-    #[serde(default)]
-    pub logprobs: Option<Logprobs>,
-}
-
-#[derive(Deserialize, Default)]
-pub struct Delta<'a> {
-    #[serde(borrow, default)]
-    pub content: Option<Cow<'a, str>>,
-    #[serde(default)]
-    pub tool_calls: Option<IgnoredAny>,
-    #[serde(default)]
-    pub function_call: Option<IgnoredAny>,
-    #[serde(borrow, default)]
-    pub reasoning_content: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize, Default)]
-pub struct Logprobs {
-    #[serde(default)]
-    pub content: Option<Vec<Token>>,
-}
-
-/// A generated token: its id and how many bytes of text it is.
-#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Token {
-    /// llama-server's; vLLM's log-probabilities have none (0 here: only
-    /// the tokens method, llama-server's, reads ids).
-    #[serde(default)]
-    pub id: u32,
-    #[serde(default)]
-    pub bytes: ByteCount,
-}
-
-/// The length of a token's `bytes` list, read without keeping the list.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ByteCount(pub usize);
-
-impl<'de> Deserialize<'de> for ByteCount {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ByteCount, D::Error> {
-        struct Count;
-        impl<'de> Visitor<'de> for Count {
-            type Value = ByteCount;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a list of bytes")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ByteCount, A::Error> {
-                let mut n = 0;
-                while seq.next_element::<IgnoredAny>()?.is_some() {
-                    n += 1;
-                }
-                Ok(ByteCount(n))
-            }
-            fn visit_unit<E>(self) -> Result<ByteCount, E> {
-                Ok(ByteCount(0))
-            }
-        }
-        d.deserialize_any(Count)
-    }
-}
-
-#[derive(Deserialize, Default, Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Usage {
-    #[serde(default)]
-    pub prompt_tokens: u64,
-    #[serde(default)]
-    pub completion_tokens: u64,
-}
-
-#[derive(Deserialize, Default)]
-pub struct ErrorField<'a> {
-    #[serde(borrow, default)]
-    pub code: Option<Cow<'a, str>>,
-}
-
-/// The code of the launcher's event for a stream it ends because its
-/// replica is reclaimed (`onepool_launcher::front`).
-pub const RECLAIMED: &str = "replica_reclaimed";
-
-impl<'a> Event<'a> {
-    pub fn parse(data: &'a [u8]) -> Option<Event<'a>> {
-        serde_json::from_slice(data).ok()
-    }
-
-    /// The first choice (the only one: a plan has one).
-    pub fn choice(&self) -> Option<&Choice<'a>> {
-        self.choices.as_ref()?.first()
-    }
-
-    /// The text this event adds, in either API or llama.cpp's own.
-    pub fn text(&self) -> Option<&str> {
-        match self.choice() {
-            Some(c) => c.delta.as_ref().and_then(|d| d.content.as_deref()).or(c.text.as_deref()),
-            None => self.content.as_deref(),
-        }
-    }
-
-    /// The token ids this event adds (with log-probabilities asked for).
-    pub fn tokens(&self) -> &[Token] {
-        match self.choice() {
-            Some(c) => c.logprobs.as_ref().and_then(|l| l.content.as_deref()).unwrap_or_default(),
-            None => self.completion_probabilities.as_deref().unwrap_or_default(),
-        }
-    }
-
-    /// The answer's end, as OpenAI names it.
-    pub fn finish_reason(&self) -> Option<Cow<'a, str>> {
-        if let Some(c) = self.choice() {
-            return c.finish_reason.clone();
-        }
-        if self.stop != Some(true) {
-            return None;
-        }
-        Some(Cow::Borrowed(match self.stop_type.as_deref() {
-            Some("limit") => "length",
-            _ => "stop",
-        }))
-    }
-
-    /// What the router cannot continue: tool calls, reasoning kept apart
-    /// from the answer, a choice other than the first.
-    pub fn unfollowable(&self) -> bool {
-        let Some(choices) = &self.choices else { return false };
-        choices.iter().any(|c| {
-            c.index != 0
-                || c.delta.as_ref().is_some_and(|d| {
-                    d.tool_calls.is_some()
-                        || d.function_call.is_some()
-                        || d.reasoning_content.as_deref().is_some_and(|r| !r.is_empty())
-                })
-        })
-    }
-}
 
 /// The answer's identity, as its client first saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -246,8 +66,8 @@ pub struct Progress {
     token_bytes: usize,
     /// Bytes of text the client got after the settled ids.
     text_bytes: usize,
-    /// The client's text (continuing by text).
-    text: String,
+    /// What the client has, field by field (its text continuing by text).
+    pub sent: Transcript,
     /// Text events counted (continuing by text, where ids are unknown),
     /// and how many of the last ones were empty: tokens whose character
     /// the engine holds back until it is whole, which a continuation by
@@ -270,7 +90,7 @@ impl Progress {
             settled: 0,
             token_bytes: 0,
             text_bytes: 0,
-            text: String::new(),
+            sent: Transcript::default(),
             text_events: 0,
             trailing_empty: 0,
             finish: None,
@@ -282,7 +102,7 @@ impl Progress {
 
     /// Heap bytes kept for the stream.
     pub fn kept_bytes(&self) -> usize {
-        self.ids.capacity() * 4 + self.text.capacity()
+        self.ids.capacity() * 4 + self.sent.kept_bytes()
     }
 
     /// Tokens of the answer the client has (or will have: ids not yet in
@@ -324,11 +144,6 @@ impl Progress {
             Method::Text => {
                 self.text_events += 1;
                 self.trailing_empty = if text.is_empty() { self.trailing_empty + 1 } else { 0 };
-                if self.text.len() + text.len() > MAX_TEXT {
-                    self.overflow = true;
-                } else {
-                    self.text.push_str(text);
-                }
             }
         }
     }
@@ -356,13 +171,22 @@ impl Progress {
 
     /// The client's text so far (continuing by text).
     pub fn text(&self) -> &str {
-        &self.text
+        self.sent.content()
+    }
+
+    /// Past what is kept for the way the answer would continue.
+    pub fn past_kept(&self, replay: bool) -> bool {
+        match (replay, self.method) {
+            (true, _) | (false, Method::Text) => self.sent.overflow,
+            (false, Method::Tokens) => self.overflow,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resume::chunk::{ByteCount, Usage, RECLAIMED};
 
     fn toks(list: &[(u32, usize)]) -> Vec<Token> {
         list.iter().map(|&(id, n)| Token { id, bytes: ByteCount(n) }).collect()
@@ -389,10 +213,9 @@ mod tests {
         let cut = br#"{"error":{"message":"m","type":"server_error","code":"replica_reclaimed"}}"#;
         assert_eq!(Event::parse(cut).unwrap().error.unwrap().code.as_deref(), Some(RECLAIMED));
         let tool = br#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0}]}}]}"#;
-        assert!(Event::parse(tool).unwrap().unfollowable());
-        let think = br#"{"choices":[{"index":0,"delta":{"reasoning_content":"hm"}}]}"#;
-        assert!(Event::parse(think).unwrap().unfollowable());
-        assert!(Event::parse(b"{\"choices\":[{\"index\":1}]}").unwrap().unfollowable());
+        assert!(!Event::parse(tool).unwrap().legacy_function_call());
+        let legacy = br#"{"choices":[{"index":0,"delta":{"function_call":{"name":"f"}}}]}"#;
+        assert!(Event::parse(legacy).unwrap().legacy_function_call());
         assert!(Event::parse(b"not json").is_none());
     }
 
@@ -421,19 +244,21 @@ mod tests {
     #[test]
     fn by_text_the_answer_is_kept_and_what_is_kept_is_bounded() {
         let mut p = Progress::new(Method::Text);
-        p.note_text("Bon");
-        p.note_text("jour");
-        p.note_text("");
+        for t in ["Bon", "jour", ""] {
+            let e = format!(r#"{{"choices":[{{"index":0,"delta":{{"content":"{t}"}}}}]}}"#);
+            p.sent.record(&Event::parse(e.as_bytes()).unwrap());
+            p.note_text(t);
+        }
         assert_eq!((p.text(), p.completion_tokens()), ("Bonjour", 3));
         // The empty event was a token whose character is not whole yet: a
         // continuation by text generates it again.
         assert_eq!(p.resume_point(), (&[][..], 0));
         assert_eq!(p.completion_tokens(), 2);
-        let big = "x".repeat(MAX_TEXT);
-        p.note_text(&big);
-        assert!(p.overflow);
+        let big = format!(r#"{{"content":"{}"}}"#, "x".repeat(crate::resume::transcript::MAX_SENT));
+        p.sent.record(&Event::parse(big.as_bytes()).unwrap());
+        assert!(p.past_kept(false) && p.past_kept(true));
         let mut p = Progress::new(Method::Tokens);
         p.note_tokens(&vec![Token { id: 1, bytes: ByteCount(1) }; MAX_IDS + 1]);
-        assert!(p.overflow && p.kept_bytes() == 0);
+        assert!(p.past_kept(false) && !p.past_kept(true) && p.kept_bytes() == 0);
     }
 }

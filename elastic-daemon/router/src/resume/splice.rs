@@ -36,7 +36,7 @@ const SET_BY_CONTINUATION: [&str; 13] = [
     "return_tokens",
 ];
 
-fn object(body: &[u8]) -> Option<Map<String, Value>> {
+pub fn object(body: &[u8]) -> Option<Map<String, Value>> {
     match serde_json::from_slice(body).ok()? {
         Value::Object(m) => Some(m),
         _ => None,
@@ -176,7 +176,11 @@ impl Meta {
     /// client has them from the tokens the continuation generates again.
     /// `None` when nothing is left for the client.
     pub fn restamp(&self, data: &[u8], first: bool, regenerated: &mut usize) -> Option<Bytes> {
-        let mut e = object(data)?;
+        self.restamp_map(object(data)?, first, regenerated)
+    }
+
+    /// [`Meta::restamp`] of an event already read.
+    pub fn restamp_map(&self, mut e: Map<String, Value>, first: bool, regenerated: &mut usize) -> Option<Bytes> {
         e.remove("usage");
         let choices = e.get_mut("choices").and_then(Value::as_array_mut)?;
         for c in choices.iter_mut() {
@@ -259,6 +263,8 @@ mod tests {
             ids_asked: false,
             model: "m".into(),
             whole: false,
+            replay_only: false,
+            choices: 1,
         }
     }
 
