@@ -20,13 +20,13 @@ use onepool_dev_cluster::model_server::MODEL_NAME;
 use onepool_elastic_daemon::config::EndpointFile;
 use onepool_elastic_daemon::daemon::Daemon;
 use onepool_router::registry::ReplicaState;
-use onepool_tests::answers::{long_chat, long_chat_body, timed_chat, tool_list, Timed};
+use onepool_tests::answers::{long_chat, long_chat_body, timed_chat, tool_list, Answer, Timed};
 use onepool_tests::elastic::{
     daemon_config, foreign_job, kill_model_server, llama_replicas, moved_streams, moves_failed,
     protected_ran_then_clean_up, protected_training, replica_metric, runtime, scratch, serving, start_daemon, wait,
     Load,
 };
-use onepool_tests::streams::{Clients, Ending};
+use onepool_tests::streams::{agents_call, request_once, Clients, Ending};
 use onepool_tests::{cluster, workspace_root, Cleanup, TEST_MIN_RUNTIME_SECS};
 
 const ENDPOINT: &str = "chat";
@@ -281,8 +281,57 @@ fn streams_outlive_an_immediate_reclaim_and_a_killed_model_server_and_one_alone_
     assert!(after.values().sum::<u64>() > moved.values().sum::<u64>());
     assert_eq!(moves_failed(&d), 0);
 
+    a_json_schema_answer_alone_is_generated_again_whole(&d, port, &secs);
     every_shape_outlives_a_killed_model_server(&d, port, &secs);
     protected_ran_then_clean_up(c, training, foreign, &rt, d, &dir);
+}
+
+/// Issue #51 on llama-server: a stream that asks for a JSON schema (the
+/// engine's grammar) at temperature 0.8 with the client's seed, its model
+/// server killed mid-answer, is generated again on another replica with
+/// that seed and the client's part left out: alone, it equals its
+/// uninterrupted answer and is the schema's JSON.
+fn a_json_schema_answer_alone_is_generated_again_whole(d: &Daemon, port: u16, secs: &dyn Fn() -> f64) {
+    wait("two replicas ready", Duration::from_secs(180), || {
+        let snap = d.endpoint(ENDPOINT).unwrap().endpoint.snapshot();
+        snap.replicas.iter().filter(|r| r.state == ReplicaState::Ready).count() >= 2
+    });
+    let mut body = long_chat_body("Describe a GPU cluster as JSON.", 300, true);
+    body["temperature"] = serde_json::json!(0.8);
+    body["seed"] = serde_json::json!(20261207);
+    body["ignore_eos"] = serde_json::json!(false);
+    body["response_format"] = serde_json::json!({"type": "json_schema", "json_schema": {"name": "cluster",
+        "schema": {"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 40},
+            "story": {"type": "string", "minLength": 300, "maxLength": 600}},
+        "required": ["name", "story"]}}});
+    let whole = |a: &Answer, what: &str| {
+        assert_eq!((a.status, a.done, a.errors.len(), a.ids.len()), (200, 1, 0, 1), "{what}: {a:?}");
+        assert_eq!(a.finish_reasons, ["stop"], "{what}: {a:?}");
+        let v: serde_json::Value = serde_json::from_str(&a.text).unwrap_or_else(|e| panic!("{what}: {e}: {}", a.text));
+        assert!(v["story"].as_str().is_some_and(|s| s.len() >= 300), "{what}: {v}");
+    };
+    let reference = timed_chat(port, &body).answer;
+    whole(&reference, "the uninterrupted answer");
+    let moves = moved_streams(d).values().sum::<u64>();
+    let handle = std::thread::spawn(move || timed_chat(port, &body));
+    let on = wait_for_one_in_flight(d);
+    // Early in the answer (a few seconds make all of it here).
+    std::thread::sleep(Duration::from_millis(600));
+    let killed_at = Instant::now();
+    let pid = kill_model_server(d, ENDPOINT, on);
+    let t = handle.join().unwrap();
+    let had = t.text_at(killed_at);
+    eprintln!(
+        "{:>5.1}s JSON schema: killed the model server (pid {pid}) of {on} with {had} of {} bytes sent",
+        secs(),
+        t.answer.text.len()
+    );
+    whole(&t.answer, "the answer generated again");
+    assert!(had > 0 && had < t.answer.text.len(), "killed mid-answer: {had} of {}", t.answer.text.len());
+    assert_eq!(t.answer.text, reference.text, "generated again with its seed, it is the uninterrupted answer");
+    assert!(moved_streams(d).values().sum::<u64>() > moves);
+    assert_eq!(moves_failed(d), 0);
 }
 
 /// Issues #50 and #51 on llama-server, under concurrency: on each replica
@@ -546,4 +595,121 @@ fn an_agents_key_flood_scales_in_the_agents_class_and_protected_training_takes_t
     assert!(agents_moved >= 1.0, "counted as the agents' moves: {text}");
     assert_eq!(moves_failed(&d), 0);
     protected_ran_then_clean_up(c, training, foreign, &rt, d, &dir);
+}
+
+/// Issue #51 on a real cluster (onepoold, Slurm, the launcher; the
+/// stand-in server for exact timing): one replica of 4 slots, live
+/// requests at half its capacity (0.5 s streams every 0.25 s). Beside 24
+/// agents' clients whose calls carry a tool list (2 s each, half streamed,
+/// half whole), headroom keeps live requests' first byte within 0.15 s of
+/// alone; beside one agents key's flood of 50 clients, another agents key
+/// is served at least 29 of 30 times at one request a second.
+#[test]
+fn agents_calls_with_tools_leave_live_requests_their_first_byte_and_another_agents_key_its_turn() {
+    const LIVE_KEY: &str = "live-key-0123456789abcdef";
+    const AGENTS_KEY: &str = "agents-key-0123456789abcdef";
+    const OTHER_AGENTS_KEY: &str = "agents-key-2-0123456789abcdef";
+    let c = cluster();
+    let _cleanup = Cleanup(c);
+    let dir = scratch("serving-agents-tools");
+    let config = dir.join("onepoold.toml");
+    let keys = dir.join("keys");
+    std::fs::write(&keys, format!("{LIVE_KEY}\n{AGENTS_KEY} agents\n{OTHER_AGENTS_KEY} agents\n")).unwrap();
+    std::fs::set_permissions(&keys, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let mut file = daemon_config(c, &dir, ENDPOINT, |r| {
+        r.command = format!(
+            "env ONEPOOL_SECONDS_PER_TOKEN=0.02 python3 {}",
+            onepool_tests::elastic::stand_in_server().display()
+        );
+        r.max = Some(1);
+        r.startup_timeout = Some(Duration::from_secs(30));
+    });
+    let e = &mut file.endpoints[0];
+    e.auth = Some(onepool_elastic_daemon::config::AuthFile { bearer_tokens_file: keys.clone() });
+    e.request_class = Some("inference".into());
+    e.replica_concurrency = Some(4);
+    e.request_timeout = Some(Duration::from_secs(90));
+    // Live peaks at three of the four slots: the agents keep one.
+    e.headroom =
+        Some(Box::new(onepool_elastic_daemon::config::HeadroomFile { share: Some(0.25), ..Default::default() }));
+    file.write(&config).unwrap();
+    let rt = runtime();
+    let d = start_daemon(&rt, &config);
+    let router = d.endpoint(ENDPOINT).unwrap().listen.unwrap();
+    let t0 = Instant::now();
+    let secs = || t0.elapsed().as_secs_f64();
+    wait("the baseline replica to serve", Duration::from_secs(60), || serving(&d, ENDPOINT, "baseline").len() == 1);
+
+    let alone = live_p99(router, LIVE_KEY);
+    let agents = Clients::with(24, move |i| agents_call(router, 100, i % 2 == 0, Some(AGENTS_KEY)));
+    std::thread::sleep(Duration::from_secs(3));
+    let beside = live_p99(router, LIVE_KEY);
+    let calls = agents.finish();
+    let bad: Vec<_> = calls.iter().filter(|s| s.ending != Ending::Done).collect();
+    eprintln!(
+        "{:>5.1}s live p99 first byte: {alone:.3} s alone, {beside:.3} s beside 24 agents' clients with tools ({} calls, {} not whole)",
+        secs(),
+        calls.len(),
+        bad.len()
+    );
+    assert!(bad.is_empty(), "agents' calls not whole: {bad:?}");
+    assert!(beside <= alone + 0.15, "live p99 first byte {beside:.3} s beside the agents, {alone:.3} s alone");
+
+    another_agents_key_is_served_beside_a_flood(router, AGENTS_KEY, OTHER_AGENTS_KEY, &secs);
+    rt.block_on(d.shutdown());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Live streams of 0.5 s, one every 0.25 s for 10 s, with `key`: every one
+/// whole, their p99 time to the answer's head (seconds).
+fn live_p99(router: std::net::SocketAddr, key: &'static str) -> f64 {
+    let sent: Vec<_> = (0..40)
+        .map(|_| {
+            let h = std::thread::spawn(move || request_once(router, 25, true, Some(key)));
+            std::thread::sleep(Duration::from_millis(250));
+            h
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    let bad: Vec<_> = sent.iter().filter(|s| s.ending != Ending::Done).collect();
+    assert!(bad.is_empty(), "live requests not whole: {bad:?}");
+    let mut first: Vec<f64> = sent.iter().map(|s| s.answered.unwrap().duration_since(s.start).as_secs_f64()).collect();
+    first.sort_by(f64::total_cmp);
+    first[(first.len() * 99).div_ceil(100) - 1]
+}
+
+/// Beside `flooding`'s 50 clients of agents' calls, `other` calls once a
+/// second, 30 times: served at least 29 times; the flood gets answers or
+/// 429 only.
+fn another_agents_key_is_served_beside_a_flood(
+    router: std::net::SocketAddr,
+    flooding: &'static str,
+    other: &'static str,
+    secs: &dyn Fn() -> f64,
+) {
+    let flood = Clients::with(50, move |i| agents_call(router, 25, i % 2 == 0, Some(flooding)));
+    std::thread::sleep(Duration::from_secs(3));
+    let calls: Vec<_> = (0..30)
+        .map(|_| {
+            let h = std::thread::spawn(move || agents_call(router, 25, true, Some(other)));
+            std::thread::sleep(Duration::from_secs(1));
+            h
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    let flooded = flood.finish();
+    let served = calls.iter().filter(|s| s.ending == Ending::Done).count();
+    let shed = flooded.iter().filter(|s| s.ending == Ending::Status(429)).count();
+    eprintln!(
+        "{:>5.1}s beside one agents key's flood ({} calls, {shed} shed): the other key served {served} of 30 (endings {:?})",
+        secs(),
+        flooded.len(),
+        calls.iter().map(|s| &s.ending).filter(|e| **e != Ending::Done).collect::<Vec<_>>()
+    );
+    assert!(served >= 29, "the other agents key was served {served} of 30 times");
+    assert!(flooded.iter().all(|s| matches!(s.ending, Ending::Done | Ending::Status(429))), "{flooded:?}");
 }

@@ -41,6 +41,22 @@ pub struct Sent {
 /// One completion through the router at `router`, streamed or not, read as
 /// it comes, on a connection of its own; with `key`, as that API key's.
 pub fn request_once(router: SocketAddr, max_tokens: u32, stream: bool, key: Option<&str>) -> Sent {
+    let body = format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"max_tokens":{max_tokens},"stream":{stream},"stream_options":{{"include_usage":{stream}}}}}"#
+    );
+    request_body(router, &body, stream, key)
+}
+
+/// [`request_once`] as an agent calls: with a tool list (issue #51).
+pub fn agents_call(router: SocketAddr, max_tokens: u32, stream: bool, key: Option<&str>) -> Sent {
+    let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "max_tokens": max_tokens, "stream": stream, "stream_options": {"include_usage": stream},
+        "tool_choice": "auto", "tools": crate::answers::tool_list()});
+    request_body(router, &body.to_string(), stream, key)
+}
+
+/// One chat completion of `body` (its `stream` said), as [`request_once`].
+pub fn request_body(router: SocketAddr, body: &str, stream: bool, key: Option<&str>) -> Sent {
     let start = Instant::now();
     let (mut tokens, mut finishes, mut usage) = (0, 0, None);
     let done = |answered, ending, tokens| Sent { start, answered, end: Instant::now(), ending, tokens };
@@ -48,9 +64,6 @@ pub fn request_once(router: SocketAddr, max_tokens: u32, stream: bool, key: Opti
         return done(None, Ending::NoAnswer, 0);
     };
     s.set_read_timeout(Some(HUNG)).unwrap();
-    let body = format!(
-        r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"max_tokens":{max_tokens},"stream":{stream},"stream_options":{{"include_usage":{stream}}}}}"#
-    );
     let auth = key.map(|k| format!("authorization: Bearer {k}\r\n")).unwrap_or_default();
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: {router}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{auth}connection: close\r\n\r\n",
@@ -122,14 +135,20 @@ impl Clients {
     /// `clients` threads from now on; with `key`, as that API key's.
     pub fn start(router: SocketAddr, clients: usize, max_tokens: u32, stream: bool, key: Option<&str>) -> Clients {
         let key = key.map(str::to_string);
+        Clients::with(clients, move |_| request_once(router, max_tokens, stream, key.as_deref()))
+    }
+
+    /// `clients` threads from now on, client `i` sending `request(i)`.
+    pub fn with(clients: usize, request: impl Fn(usize) -> Sent + Send + Sync + 'static) -> Clients {
+        let request = Arc::new(request);
         let stop = Arc::new(AtomicBool::new(false));
         let sent = Arc::new(Mutex::new(Vec::new()));
         let threads = (0..clients)
-            .map(|_| {
-                let (stop, sent, key) = (stop.clone(), sent.clone(), key.clone());
+            .map(|i| {
+                let (stop, sent, request) = (stop.clone(), sent.clone(), request.clone());
                 std::thread::spawn(move || {
                     while !stop.load(Ordering::SeqCst) {
-                        let s = request_once(router, max_tokens, stream, key.as_deref());
+                        let s = request(i);
                         let failed = s.ending != Ending::Done;
                         sent.lock().unwrap().push(s);
                         if failed {
