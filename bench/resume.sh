@@ -10,6 +10,11 @@
 #
 #   bash bench/resume.sh                       # 10,000 streams of 100 tokens
 #   STREAMS=2000 TOKENS=100 bash bench/resume.sh
+#   SHAPE=json_schema BASELINE=/path/to/onepoold VARIANTS="text text@base" bash bench/resume.sh
+#
+# SHAPE (plain, tools, json_schema) is what every request asks for besides
+# its chat (issue #51); a variant named VARIANT@base runs BASELINE's
+# onepoold, side by side with this tree's.
 #
 # Each variant: a fresh onepoold (one tokio worker: pinned to PROXY_CPU),
 # the same backend and client (pinned to LOAD_CPU). The router's CPU is
@@ -30,6 +35,14 @@ LOAD_CPU=${LOAD_CPU:-0}
 BACKEND_PORT=${BACKEND_PORT:-18090}
 ROUTER_PORT=${ROUTER_PORT:-18091}
 VARIANTS=${VARIANTS:-"off tokens text"}
+SHAPE=${SHAPE:-plain}
+case $SHAPE in
+    plain) EXTRA_FIELDS= ;;
+    tools) EXTRA_FIELDS='"tool_choice":"auto","tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]' ;;
+    json_schema) EXTRA_FIELDS='"response_format":{"type":"json_schema","json_schema":{"name":"w","schema":{"type":"object","properties":{"city":{"type":"string"}}}}}' ;;
+    *) echo "bench/resume.sh: SHAPE is plain, tools or json_schema, not $SHAPE" >&2; exit 2 ;;
+esac
+export EXTRA_FIELDS
 
 # Every stream holds a descriptor in the client, two in the router and one
 # in the backend: the router needs 2 x STREAMS and a few more.
@@ -68,13 +81,17 @@ taskset -c "$LOAD_CPU" "$BACKEND" "127.0.0.1:$BACKEND_PORT" "$INTERVAL_MS" 2>"$T
 PIDS+=($!)
 wait_port "$BACKEND_PORT"
 
-echo "== $STREAMS streams of $TOKENS tokens, a token every $INTERVAL_MS ms; router on CPU $PROXY_CPU, backend and clients on CPU $LOAD_CPU"
+echo "== $STREAMS streams of $TOKENS tokens ($SHAPE), a token every $INTERVAL_MS ms; router on CPU $PROXY_CPU, backend and clients on CPU $LOAD_CPU"
 printf '%-8s %8s %10s %10s %12s %14s %14s %12s\n' VARIANT WHOLE TOKENS SECONDS CPU_S US_PER_TOKEN IDLE_RSS_MIB KIB_PER_STREAM
 for variant in $VARIANTS; do
-    resume=$'\n[endpoint.resume]\nmethod = "'$variant$'"'
+    binary=$ONEPOOLD
+    if [[ $variant == *@base ]]; then
+        binary=${BASELINE:?"bench/resume.sh: $variant needs BASELINE, an onepoold to compare with"}
+    fi
+    resume=$'\n[endpoint.resume]\nmethod = "'${variant%@base}$'"'
     printf 'control_socket = "%s"\nshutdown_grace = "1s"\n\n[[endpoint]]\nname = "bench"\nlisten = "127.0.0.1:%s"\nreplica_concurrency = 100000\nqueue_size = 100000\nmax_connections = 60000\nmax_connections_per_ip = 60000\nheader_read_timeout = "60s"\n%s\n' \
         "$TMP/$variant.sock" "$ROUTER_PORT" "$resume" >"$TMP/$variant.toml"
-    ONEPOOLD_LOG=warn taskset -c "$PROXY_CPU" "$ONEPOOLD" --config "$TMP/$variant.toml" 2>"$TMP/$variant.log" &
+    ONEPOOLD_LOG=warn taskset -c "$PROXY_CPU" "$binary" --config "$TMP/$variant.toml" 2>"$TMP/$variant.log" &
     pid=$!
     PIDS+=("$pid")
     wait_port "$ROUTER_PORT"

@@ -37,7 +37,7 @@ const AGENTS: usize = 40;
 async fn router(classes: bool) -> Harness {
     let e = engine_paced(Cut::Never, PACE).await;
     let mut cfg = endpoint_config(SLOTS, 1000, Duration::from_secs(60));
-    cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3 });
+    cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3, seed: true });
     cfg.proxy.request_timeout = Duration::from_secs(60);
     let agents_class = classes.then(|| "agents".to_string());
     cfg.proxy.auth =
@@ -271,7 +271,7 @@ async fn an_agents_whole_answer_yields_its_slot_and_still_comes_whole() {
     const LONG: u64 = 100;
     let e = engine_paced(Cut::Never, PACE).await;
     let mut cfg = endpoint_config(1, 100, Duration::from_secs(30));
-    cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3 });
+    cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3, seed: true });
     cfg.proxy.request_timeout = Duration::from_secs(60);
     with_two_classes(&mut cfg);
     let h = Harness::new(cfg, &[e.addr]).await;
@@ -315,7 +315,7 @@ async fn a_whole_answer_moves_when_its_server_dies_and_its_access_line_says_so()
     const LONG: u64 = 40;
     let (dies, lives) = (engine_paced(Cut::Close(10), PACE).await, engine_paced(Cut::Never, PACE).await);
     let mut cfg = endpoint_config(1, 100, Duration::from_secs(30));
-    cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3 });
+    cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3, seed: true });
     with_two_classes(&mut cfg);
     let (daemon, dir, path) = with_access_log(cfg, "whole").await;
     let ep = daemon.endpoint("chat").unwrap();
@@ -512,7 +512,7 @@ async fn agents_with_schemas_beside_live(
 ) -> (Duration, Duration, u64, Duration) {
     let e = engine_paced(Cut::Never, PACE).await;
     let mut cfg = endpoint_config(SLOTS, 1000, Duration::from_secs(60));
-    cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3 });
+    cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3, seed: true });
     cfg.proxy.request_timeout = Duration::from_secs(60);
     with_two_classes(&mut cfg);
     if let (Some(share), Some(c)) = (share, cfg.proxy.classes.take()) {

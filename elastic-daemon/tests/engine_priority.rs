@@ -60,7 +60,7 @@ async fn each_request_carries_its_class_s_priority_and_a_client_cannot_set_its_o
     let first = engine_paced(Cut::Close(5), Duration::from_millis(20)).await;
     let second = engine(Cut::Never).await;
     let mut cfg = endpoint_config(4, 100, Duration::from_secs(10));
-    cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3 });
+    cfg.proxy.resume = Some(ResumeSettings { method: Method::Text, max_moves: 3, seed: true });
     cfg.proxy.auth = Some(BearerTokens::with_classes([
         (LIVE_KEY.to_string(), None),
         (AGENTS_KEY.to_string(), Some("agents".to_string())),

@@ -72,7 +72,7 @@ const NOT_FOLLOWED: usize = 6;
 /// resumption on or off.
 async fn setup(resume: bool, first: Cut) -> (Harness, Engine, Engine) {
     let mut cfg = endpoint_config(8, 16, Duration::from_secs(2));
-    cfg.proxy.resume = resume.then_some(ResumeSettings { method: Method::Tokens, max_moves: 3 });
+    cfg.proxy.resume = resume.then_some(ResumeSettings { method: Method::Tokens, max_moves: 3, seed: true });
     cfg.proxy.response_idle_timeout = Duration::from_millis(400);
     let (a, b) = (engine(first).await, engine(Cut::Never).await);
     let h = Harness::new(cfg, &[a.addr, b.addr]).await;
@@ -191,7 +191,7 @@ async fn a_stream_that_ended_whole_or_with_the_launcher_s_event_gets_nothing_mor
 async fn a_stream_the_router_does_not_follow_ends_with_replica_lost_when_its_replica_is_lost() {
     for resume in [false, true] {
         let mut cfg = endpoint_config(8, 16, Duration::from_secs(2));
-        cfg.proxy.resume = resume.then_some(ResumeSettings { method: Method::Tokens, max_moves: 3 });
+        cfg.proxy.resume = resume.then_some(ResumeSettings { method: Method::Tokens, max_moves: 3, seed: true });
         cfg.proxy.response_idle_timeout = Duration::from_secs(30);
         cfg.health = Some(onepool_router::settings::HealthCheck {
             path: "/health".into(),
@@ -223,7 +223,7 @@ async fn whether_an_answer_is_followed_and_why_not_is_counted_and_logged() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("access.jsonl");
     let mut cfg = endpoint_config(8, 16, Duration::from_secs(2));
-    cfg.proxy.resume = Some(ResumeSettings { method: Method::Tokens, max_moves: 3 });
+    cfg.proxy.resume = Some(ResumeSettings { method: Method::Tokens, max_moves: 3, seed: true });
     let mut config = common::config(cfg, 256 << 20);
     config.access_log = Some(onepool_router::access_log::AccessLogSettings {
         path: path.clone(),

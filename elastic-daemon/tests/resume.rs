@@ -28,7 +28,7 @@ struct Setup {
 /// others join once the first stream has begun on it.
 async fn setup(method: Method, max_moves: u32, cuts: &[Cut]) -> Setup {
     let mut cfg = endpoint_config(8, 16, Duration::from_secs(2));
-    cfg.proxy.resume = Some(ResumeSettings { method, max_moves });
+    cfg.proxy.resume = Some(ResumeSettings { method, max_moves, seed: true });
     cfg.proxy.response_idle_timeout = Duration::from_millis(400);
     let mut engines = Vec::new();
     for c in cuts {

@@ -100,8 +100,13 @@ fn read(raw: &str) -> Read {
 /// cut as `cut` (its first answer only), continuing by tokens
 /// (llama-server's method: the shapes here go another way whatever it is).
 async fn router(cut: Cut, salts: [u64; 2]) -> (Harness, Engine, Engine) {
+    router_seeding(cut, salts, true).await
+}
+
+/// [`router`], `[endpoint.resume] seed` as given.
+async fn router_seeding(cut: Cut, salts: [u64; 2], seed: bool) -> (Harness, Engine, Engine) {
     let mut cfg = endpoint_config(8, 16, Duration::from_secs(5));
-    cfg.proxy.resume = Some(ResumeSettings { method: Method::Tokens, max_moves: 3 });
+    cfg.proxy.resume = Some(ResumeSettings { method: Method::Tokens, max_moves: 3, seed });
     let first = engine_sampling(cut, Duration::from_millis(5), Some(salts[0])).await;
     let second = engine_sampling(Cut::Never, Duration::from_millis(2), Some(salts[1])).await;
     let h = Harness::new(cfg, &[first.addr, second.addr]).await;
@@ -242,6 +247,13 @@ async fn an_answer_generated_again_gets_its_first_attempt_s_seed() {
     assert_eq!(args, format!("{{\"city\":\"Paris{flavor}\"}}"));
     assert_eq!(got.finish, ["0:tool_calls"]);
     assert_eq!(h.metric("onepool_router_streams_moved_total", "failed"), 1);
+    // With resume.seed = false the engine picks a seed each time: the
+    // answer generated again is another, which is said.
+    let (unseeded, first, _) = router_seeding(Cut::Close(cut), [42, 42], false).await;
+    let (status, raw) = post(&unseeded, &body).await;
+    assert_eq!((status, read(&raw).error.as_deref()), (200, Some("stream_not_continued")), "{raw}");
+    assert_eq!(seeds(&first.received), [None]);
+    unseeded.daemon.shutdown().await;
     // Two streams, two seeds.
     let (h2, first, second) = router(Cut::Never, [42, 42]).await;
     for _ in 0..2 {

@@ -2,7 +2,9 @@
 //! completions of TOKENS tokens at once through the router at ADDRESS, each
 //! on its connection, opened RAMP per 10 ms so that the listener's backlog
 //! holds them; each read to its `[DONE]`. Prints one line of JSON: streams
-//! whole, tokens read, seconds, the most open at once.
+//! whole, tokens read, seconds, the most open at once. `EXTRA_FIELDS`, a
+//! JSON object's members, go into every request (issue #51: a tool list,
+//! a JSON schema).
 //!
 //! Usage: stream_clients ADDRESS STREAMS TOKENS [RAMP]
 
@@ -28,6 +30,8 @@ struct Counts {
     tokens: AtomicU64,
     open: AtomicU64,
     most_open: AtomicU64,
+    /// `,` and `EXTRA_FIELDS`, or nothing.
+    extra_fields: String,
 }
 
 async fn one(address: SocketAddr, tokens: u64, counts: Arc<Counts>) {
@@ -35,8 +39,9 @@ async fn one(address: SocketAddr, tokens: u64, counts: Arc<Counts>) {
         counts.unsent.fetch_add(1, Ordering::Relaxed);
         return;
     };
+    let extra = &counts.extra_fields;
     let body = format!(
-        r#"{{"model":"bench","messages":[{{"role":"user","content":"Tell me a story."}}],"max_tokens":{tokens},"stream":true,"temperature":0}}"#
+        r#"{{"model":"bench","messages":[{{"role":"user","content":"Tell me a story."}}],"max_tokens":{tokens},"stream":true,"temperature":0{extra}}}"#
     );
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
@@ -92,7 +97,11 @@ fn main() {
     let tokens: u64 = args[3].parse().expect("TOKENS");
     let ramp: u64 = args.get(4).and_then(|r| r.parse().ok()).unwrap_or(250);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let counts = Arc::new(Counts::default());
+    let extra_fields = match std::env::var("EXTRA_FIELDS") {
+        Ok(f) if !f.trim().is_empty() => format!(",{f}"),
+        _ => String::new(),
+    };
+    let counts = Arc::new(Counts { extra_fields, ..Counts::default() });
     let t0 = Instant::now();
     rt.block_on(async {
         let mut tasks = Vec::new();

@@ -131,20 +131,32 @@ fn resume(c: &mut Checker, r: Option<&ResumeFile<Raw>>, command: Option<&str>) -
             return None;
         }
     };
-    Some(ResumeSettings { method, max_moves })
+    let seed = r.and_then(|r| r.seed.as_ref()).is_none_or(|s| *s.get_ref());
+    Some(ResumeSettings { method, max_moves, seed })
 }
 
 /// How an endpoint's answers continue on another replica, in a line for
 /// `onepoold --check` and `onepool doctor`.
 pub fn resume_summary(endpoint: &str, r: Option<ResumeSettings>) -> String {
     match r {
-        Some(ResumeSettings { method: Method::Tokens, max_moves }) => format!(
-            "endpoint {endpoint}: answers continue on another replica by token ids (llama-server's /completion: the client's tokens exactly, the rest recomputed from them), at most {max_moves} move(s) each"
+        Some(ResumeSettings { method: Method::Tokens, max_moves, seed }) => format!(
+            "endpoint {endpoint}: answers continue on another replica by token ids (llama-server's /completion: the client's tokens exactly, the rest recomputed from them), at most {max_moves} move(s) each; {}",
+            replay_summary(seed)
         ),
-        Some(ResumeSettings { method: Method::Text, max_moves }) => format!(
-            "endpoint {endpoint}: answers continue on another replica by text (the assistant's message continued: may differ at the junction), at most {max_moves} move(s) each"
+        Some(ResumeSettings { method: Method::Text, max_moves, seed }) => format!(
+            "endpoint {endpoint}: answers continue on another replica by text (the assistant's message continued: may differ at the junction), at most {max_moves} move(s) each; {}",
+            replay_summary(seed)
         ),
         None => format!("endpoint {endpoint}: answers are not continued on another replica ([endpoint.resume] method = \"off\")"),
+    }
+}
+
+/// What a prefill cannot continue (a tool call cut half-way, reasoning, a
+/// grammar, several choices), in [`resume_summary`]'s words.
+fn replay_summary(seed: bool) -> &'static str {
+    match seed {
+        true => "what a prefill cannot continue (a tool call begun, reasoning, a grammar or JSON schema, several choices) is generated again with the seed the router gives each stream without the client's",
+        false => "what a prefill cannot continue is generated again with the client's seed only (resume.seed = false): without one, and above temperature 0, such an answer ends with the error event",
     }
 }
 

@@ -123,6 +123,9 @@ pub struct ResumeFile<F: Form = Typed> {
     /// "auto" (the default), "tokens", "text" or "off".
     pub method: Option<F::Text>,
     pub max_moves: Option<F::U32>,
+    /// A seed of the router's for streams without the client's (default
+    /// true).
+    pub seed: Option<F::Bool>,
 }
 
 /// `[endpoint.headroom]`: the share of the endpoint's own replicas' slots

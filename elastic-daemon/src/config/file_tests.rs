@@ -82,7 +82,7 @@ fn everything() -> ConfigFile {
                     unhealthy_after: Some(4),
                     ..HealthFile::new("/health")
                 }),
-                resume: Some(Box::new(ResumeFile { method: Some("text".into()), max_moves: Some(5) })),
+                resume: Some(Box::new(every_resume_key())),
                 request_class: Some("inference".into()),
                 replicas: Some(every_replicas_key()),
                 ..EndpointFile::new("chat")
@@ -109,6 +109,10 @@ fn everything() -> ConfigFile {
             lost_after: Some(secs(4)),
         }),
     }
+}
+
+fn every_resume_key() -> ResumeFile {
+    ResumeFile { method: Some("text".into()), max_moves: Some(5), seed: Some(false) }
 }
 
 fn every_replicas_key() -> ReplicasFile {
@@ -449,7 +453,7 @@ prop_compose! {
             // tree of strategies.
             resume: (chosen % 5 != 0).then(|| {
                 let method = ["auto", "tokens", "text", "off"][chosen % 4];
-                Box::new(ResumeFile { method: Some(method.to_string()), max_moves: Some(chosen as u32 % 100 + 1) })
+                Box::new(ResumeFile { method: Some(method.to_string()), max_moves: Some(chosen as u32 % 100 + 1), seed: Some(chosen % 2 == 0) })
             }),
             headroom: (chosen % 3 == 0).then(|| {
                 Box::new(HeadroomFile {

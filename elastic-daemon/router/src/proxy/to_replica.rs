@@ -354,7 +354,7 @@ fn resumable(
         out.movable = true;
         return (None, Some(Followed::Whole));
     }
-    match crate::resume::plan::Plan::of(out.uri.path(), &out.body, settings.method, whole_as_stream) {
+    match crate::resume::plan::Plan::of(out.uri.path(), &out.body, settings.method, whole_as_stream, settings.seed) {
         Ok(Some(crate::resume::plan::Planned { plan, first })) => {
             let followed = match (plan.stream, plan.replay_only) {
                 (false, _) => Followed::Whole,

@@ -47,6 +47,11 @@ pub struct ResumeSettings {
     /// Moves of one answer at most; past them its client gets the error
     /// event as before resumption.
     pub max_moves: u32,
+    /// A followed stream without the client's `seed` gets one of the
+    /// router's, so that what a prefill cannot continue is generated again
+    /// the same ([`replay`]). Off: such an answer is the same again only at
+    /// temperature 0, and the error event ends it otherwise.
+    pub seed: bool,
 }
 
 /// Why a stream left its replica (`onepool_router_streams_moved_total`'s

@@ -122,7 +122,14 @@ impl Plan {
     /// cannot be continued; `Ok(None)` when it is no generation request at
     /// all. `whole_as_stream`: a request for a whole answer is streamed
     /// from the engine ([`Plan::whole`]), else it is followed as it is.
-    pub fn of(path: &str, body: &[u8], method: Method, whole_as_stream: bool) -> Result<Option<Planned>, NotResumable> {
+    /// `pin_seed`: a stream without the client's seed gets one.
+    pub fn of(
+        path: &str,
+        body: &[u8],
+        method: Method,
+        whole_as_stream: bool,
+        pin_seed: bool,
+    ) -> Result<Option<Planned>, NotResumable> {
         let Some(api) = Api::of_path(path) else { return Ok(None) };
         let Ok(Value::Object(mut req)) = serde_json::from_slice::<Value>(body) else {
             return Err(NotResumable::NotJson);
@@ -154,7 +161,7 @@ impl Plan {
         // A stream may have to be generated again elsewhere (a tool call
         // cut half-way, reasoning, a grammar): with the same seed, a
         // sampling engine makes the same answer.
-        let seed = (stream && !req.contains_key("seed")).then(fresh_seed);
+        let seed = (pin_seed && stream && !req.contains_key("seed")).then(fresh_seed);
         let mut fields = Vec::new();
         if ids_asked {
             fields.extend_from_slice(logprob_fields(api));
@@ -286,7 +293,7 @@ mod tests {
     type Got = Result<Option<(Plan, Option<Vec<u8>>)>, NotResumable>;
 
     fn plan(path: &str, body: &str, method: Method) -> Got {
-        Plan::of(path, body.as_bytes(), method, false).map(|p| p.map(|p| (p.plan, p.first)))
+        Plan::of(path, body.as_bytes(), method, false, true).map(|p| p.map(|p| (p.plan, p.first)))
     }
 
     /// Issue #44: a request for a whole answer that may have to yield its
@@ -296,7 +303,7 @@ mod tests {
     fn a_whole_answer_is_streamed_from_the_engine_when_it_may_yield() {
         let body = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":7,"model":"m"}"#;
         let planned =
-            |method, whole| Plan::of("/v1/chat/completions", body.as_bytes(), method, whole).unwrap().unwrap();
+            |method, whole| Plan::of("/v1/chat/completions", body.as_bytes(), method, whole, true).unwrap().unwrap();
         let p = planned(Method::Tokens, true);
         assert_eq!((p.plan.whole, p.plan.stream, p.plan.include_usage, p.plan.ids_asked), (true, true, true, true));
         let first: Value = serde_json::from_slice(&p.first.unwrap()).unwrap();
@@ -313,7 +320,7 @@ mod tests {
         assert_eq!((p.plan.whole, p.plan.stream, p.plan.include_usage, p.first), (false, false, false, None));
         // A stream stays the client's stream.
         let streamed = r#"{"messages":[],"stream":true}"#;
-        let p = Plan::of("/v1/chat/completions", streamed.as_bytes(), Method::Text, true).unwrap().unwrap();
+        let p = Plan::of("/v1/chat/completions", streamed.as_bytes(), Method::Text, true, true).unwrap().unwrap();
         assert_eq!((p.plan.whole, p.plan.include_usage), (false, false));
         assert!(p.first.unwrap().ends_with(&streamed.as_bytes()[1..]));
     }
@@ -337,6 +344,9 @@ mod tests {
         let (p, first) = plan("/v1/chat/completions", body, Method::Text).unwrap().unwrap();
         let first = String::from_utf8(first.unwrap()).unwrap();
         assert!(!p.ids_asked && first.starts_with("{\"seed\":") && first.ends_with(&body[1..]));
+        // resume.seed = false: by text, the body goes as it came.
+        let p = Plan::of("/v1/chat/completions", body.as_bytes(), Method::Text, false, false).unwrap().unwrap();
+        assert_eq!(p.first, None);
         let seeded = r#"{"messages":[],"stream":true,"seed":7}"#;
         assert_eq!(plan("/v1/chat/completions", seeded, Method::Text).unwrap().unwrap().1, None);
         // Each stream its own seed.
@@ -383,7 +393,8 @@ mod tests {
             let (p, first) = plan(chat, &format!(r#"{{{m},{extra},"stream":true}}"#), Method::Tokens).unwrap().unwrap();
             assert_eq!((p.replay_only, p.method, p.ids_asked), (true, Method::Text, false), "{extra}");
             assert!(first.is_some_and(|f| f.starts_with(b"{\"seed\":")), "{extra}");
-            let p = Plan::of(chat, format!(r#"{{{m},{extra}}}"#).as_bytes(), Method::Tokens, true).unwrap().unwrap();
+            let p =
+                Plan::of(chat, format!(r#"{{{m},{extra}}}"#).as_bytes(), Method::Tokens, true, true).unwrap().unwrap();
             assert_eq!((p.plan.whole, p.plan.stream, p.first), (false, false, None), "{extra}");
         }
         let (p, _) = plan(chat, &format!(r#"{{{m},"n":3,"stream":true}}"#), Method::Text).unwrap().unwrap();
@@ -396,7 +407,7 @@ mod tests {
             assert_eq!((p.method, p.ids_asked, p.replay_only), (Method::Text, false, false), "{extra}");
             assert!(first.unwrap().ends_with(&streamed.as_bytes()[1..]), "{extra}");
             let whole = format!(r#"{{{m},{extra}}}"#);
-            let p = Plan::of(chat, whole.as_bytes(), Method::Tokens, true).unwrap().unwrap();
+            let p = Plan::of(chat, whole.as_bytes(), Method::Tokens, true, true).unwrap().unwrap();
             assert_eq!((p.plan.whole, p.plan.stream, p.first), (false, false, None), "{extra}");
         }
         assert!(plan(chat, &format!(r#"{{{m},"tools":[{{}}],"tool_choice":"none"}}"#), Method::Text)
