@@ -26,7 +26,7 @@ use onepool_tests::elastic::{
     protected_ran_then_clean_up, protected_training, replica_metric, runtime, scratch, serving, start_daemon, wait,
     Load,
 };
-use onepool_tests::streams::{agents_call, request_once, Clients, Ending};
+use onepool_tests::streams::{agents_call, paced, request_once, Clients, Ending};
 use onepool_tests::{cluster, workspace_root, Cleanup, TEST_MIN_RUNTIME_SECS};
 
 const ENDPOINT: &str = "chat";
@@ -514,23 +514,13 @@ fn an_agents_key_flood_scales_in_the_agents_class_and_protected_training_takes_t
     let _cleanup = Cleanup(c);
     let dir = scratch("serving-classes");
     let config = dir.join("onepoold.toml");
-    let keys = dir.join("keys");
-    std::fs::write(&keys, format!("{LIVE_KEY}\n{AGENTS_KEY} agents\n")).unwrap();
-    std::fs::set_permissions(&keys, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let mut file = daemon_config(c, &dir, ENDPOINT, |r| {
-        r.command = format!(
-            "env ONEPOOL_SECONDS_PER_TOKEN=0.05 python3 {}",
-            onepool_tests::elastic::stand_in_server().display()
-        );
+    let mut file = stand_in_with_keys(c, &dir, &format!("{LIVE_KEY}\n{AGENTS_KEY} agents\n"), "0.05", |r| {
         r.max = Some(3);
         r.target_per_replica = Some(2.0);
-        r.startup_timeout = Some(Duration::from_secs(30));
         // What a flood asked for stays while the test looks at it.
         r.scale_down_delay = Some(Duration::from_secs(600));
     });
     let e = &mut file.endpoints[0];
-    e.auth = Some(onepool_elastic_daemon::config::AuthFile { bearer_tokens_file: keys.clone() });
-    e.request_class = Some("inference".into());
     e.request_timeout = Some(Duration::from_secs(90));
     file.write(&config).unwrap();
     let foreign = foreign_job(c);
@@ -613,20 +603,9 @@ fn agents_calls_with_tools_leave_live_requests_their_first_byte_and_another_agen
     let _cleanup = Cleanup(c);
     let dir = scratch("serving-agents-tools");
     let config = dir.join("onepoold.toml");
-    let keys = dir.join("keys");
-    std::fs::write(&keys, format!("{LIVE_KEY}\n{AGENTS_KEY} agents\n{OTHER_AGENTS_KEY} agents\n")).unwrap();
-    std::fs::set_permissions(&keys, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let mut file = daemon_config(c, &dir, ENDPOINT, |r| {
-        r.command = format!(
-            "env ONEPOOL_SECONDS_PER_TOKEN=0.02 python3 {}",
-            onepool_tests::elastic::stand_in_server().display()
-        );
-        r.max = Some(1);
-        r.startup_timeout = Some(Duration::from_secs(30));
-    });
+    let keys = format!("{LIVE_KEY}\n{AGENTS_KEY} agents\n{OTHER_AGENTS_KEY} agents\n");
+    let mut file = stand_in_with_keys(c, &dir, &keys, "0.02", |r| r.max = Some(1));
     let e = &mut file.endpoints[0];
-    e.auth = Some(onepool_elastic_daemon::config::AuthFile { bearer_tokens_file: keys.clone() });
-    e.request_class = Some("inference".into());
     e.replica_concurrency = Some(4);
     e.request_timeout = Some(Duration::from_secs(90));
     // Live peaks at three of the four slots: the agents keep one.
@@ -663,16 +642,7 @@ fn agents_calls_with_tools_leave_live_requests_their_first_byte_and_another_agen
 /// Live streams of 0.5 s, one every 0.25 s for 10 s, with `key`: every one
 /// whole, their p99 time to the answer's head (seconds).
 fn live_p99(router: std::net::SocketAddr, key: &'static str) -> f64 {
-    let sent: Vec<_> = (0..40)
-        .map(|_| {
-            let h = std::thread::spawn(move || request_once(router, 25, true, Some(key)));
-            std::thread::sleep(Duration::from_millis(250));
-            h
-        })
-        .collect::<Vec<_>>()
-        .into_iter()
-        .map(|h| h.join().unwrap())
-        .collect();
+    let sent = paced(40, Duration::from_millis(250), move || request_once(router, 25, true, Some(key)));
     let bad: Vec<_> = sent.iter().filter(|s| s.ending != Ending::Done).collect();
     assert!(bad.is_empty(), "live requests not whole: {bad:?}");
     let mut first: Vec<f64> = sent.iter().map(|s| s.answered.unwrap().duration_since(s.start).as_secs_f64()).collect();
@@ -691,16 +661,7 @@ fn another_agents_key_is_served_beside_a_flood(
 ) {
     let flood = Clients::with(50, move |i| agents_call(router, 25, i % 2 == 0, Some(flooding)));
     std::thread::sleep(Duration::from_secs(3));
-    let calls: Vec<_> = (0..30)
-        .map(|_| {
-            let h = std::thread::spawn(move || agents_call(router, 25, true, Some(other)));
-            std::thread::sleep(Duration::from_secs(1));
-            h
-        })
-        .collect::<Vec<_>>()
-        .into_iter()
-        .map(|h| h.join().unwrap())
-        .collect();
+    let calls = paced(30, Duration::from_secs(1), move || agents_call(router, 25, true, Some(other)));
     let flooded = flood.finish();
     let served = calls.iter().filter(|s| s.ending == Ending::Done).count();
     let shed = flooded.iter().filter(|s| s.ending == Ending::Status(429)).count();
@@ -712,4 +673,29 @@ fn another_agents_key_is_served_beside_a_flood(
     );
     assert!(served >= 29, "the other agents key was served {served} of 30 times");
     assert!(flooded.iter().all(|s| matches!(s.ending, Ending::Done | Ending::Status(429))), "{flooded:?}");
+}
+
+/// onepoold's configuration for an endpoint of the stand-in server
+/// (`per_token` seconds a token) in the inference class, whose API keys
+/// are `keys` (a keys file's lines), its replicas as `replicas` sets them.
+fn stand_in_with_keys(
+    c: &onepool_tests::TestCluster,
+    dir: &std::path::Path,
+    keys: &str,
+    per_token: &str,
+    replicas: impl FnOnce(&mut onepool_elastic_daemon::config::ReplicasFile),
+) -> onepool_elastic_daemon::config::ConfigFile {
+    let path = dir.join("keys");
+    std::fs::write(&path, keys).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let mut file = daemon_config(c, dir, ENDPOINT, |r| {
+        let server = onepool_tests::elastic::stand_in_server();
+        r.command = format!("env ONEPOOL_SECONDS_PER_TOKEN={per_token} python3 {}", server.display());
+        r.startup_timeout = Some(Duration::from_secs(30));
+        replicas(r);
+    });
+    let e = &mut file.endpoints[0];
+    e.auth = Some(onepool_elastic_daemon::config::AuthFile { bearer_tokens_file: path });
+    e.request_class = Some("inference".into());
+    file
 }

@@ -124,6 +124,19 @@ fn is_timeout(e: &std::io::Error) -> bool {
     matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
 }
 
+/// `n` requests, each on its own thread, started `every` apart (an open
+/// loop: one that waits does not hold the next back); their endings.
+pub fn paced(n: usize, every: Duration, request: impl Fn() -> Sent + Send + Clone + 'static) -> Vec<Sent> {
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let h = std::thread::spawn(request.clone());
+            std::thread::sleep(every);
+            h
+        })
+        .collect();
+    threads.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 /// `clients` threads sending completions back to back until stopped.
 pub struct Clients {
     stop: Arc<AtomicBool>,
