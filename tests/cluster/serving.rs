@@ -508,8 +508,6 @@ fn wait_for_one_in_flight(d: &onepool_elastic_daemon::daemon::Daemon) -> std::ne
 /// classes ends whole.
 #[test]
 fn an_agents_key_flood_scales_in_the_agents_class_and_protected_training_takes_those_replicas_first() {
-    const LIVE_KEY: &str = "live-key-0123456789abcdef";
-    const AGENTS_KEY: &str = "agents-key-0123456789abcdef";
     let c = cluster();
     let _cleanup = Cleanup(c);
     let dir = scratch("serving-classes");
@@ -596,8 +594,6 @@ fn an_agents_key_flood_scales_in_the_agents_class_and_protected_training_takes_t
 /// is served at least 29 of 30 times at one request a second.
 #[test]
 fn agents_calls_with_tools_leave_live_requests_their_first_byte_and_another_agents_key_its_turn() {
-    const LIVE_KEY: &str = "live-key-0123456789abcdef";
-    const AGENTS_KEY: &str = "agents-key-0123456789abcdef";
     const OTHER_AGENTS_KEY: &str = "agents-key-2-0123456789abcdef";
     let c = cluster();
     let _cleanup = Cleanup(c);
@@ -674,6 +670,11 @@ fn another_agents_key_is_served_beside_a_flood(
     assert!(served >= 29, "the other agents key was served {served} of 30 times");
     assert!(flooded.iter().all(|s| matches!(s.ending, Ending::Done | Ending::Status(429))), "{flooded:?}");
 }
+
+/// The request classes' tests' keys: one of the endpoint's own class, one
+/// of the agents'.
+const LIVE_KEY: &str = "live-key-0123456789abcdef";
+const AGENTS_KEY: &str = "agents-key-0123456789abcdef";
 
 /// onepoold's configuration for an endpoint of the stand-in server
 /// (`per_token` seconds a token) in the inference class, whose API keys
