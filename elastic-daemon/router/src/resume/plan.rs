@@ -27,10 +27,23 @@ impl Api {
 /// Whether a generation request at `path` asks for its answer whole (its
 /// body's top-level `stream` is not `true`): such an answer is sent again
 /// whole whatever its shape, so it needs no plan and only a look at its
-/// keys (issue #51 item 5). `false` for another path or a body that is no
-/// JSON object.
+/// keys (issue #51 item 5). `false` for another path, or a body that names
+/// `stream` (however escaped) and is no JSON object.
 pub fn asks_whole(path: &str, body: &[u8]) -> bool {
-    Api::of_path(path).is_some() && matches!(crate::prompt_scan::member(body, b"stream"), Ok(s) if s != Some(b"true"))
+    use memchr::memmem::Finder;
+    use std::sync::LazyLock;
+    // A key that decodes to `stream` is written with these letters, or
+    // with a `\u` escape: a body with neither has no such key, and needs
+    // no walk through its members (most whole requests).
+    static STREAM: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"stream"));
+    static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
+    if Api::of_path(path).is_none() {
+        return false;
+    }
+    if STREAM.find(body).is_none() && ESCAPE.find(body).is_none() {
+        return true;
+    }
+    matches!(crate::prompt_scan::member(body, b"stream"), Ok(s) if s != Some(b"true"))
 }
 
 /// A request the router can continue elsewhere, and what it asked for.
@@ -353,6 +366,24 @@ mod tests {
         let seeds: std::collections::HashSet<_> =
             (0..20).map(|_| plan("/v1/chat/completions", body, Method::Text).unwrap().unwrap().1.unwrap()).collect();
         assert_eq!(seeds.len(), 20);
+    }
+
+    #[test]
+    fn a_whole_answer_is_told_from_a_stream_however_its_key_is_written() {
+        let chat = "/v1/chat/completions";
+        for (body, whole) in [
+            (r#"{"messages":[]}"#, true),
+            (r#"{"messages":[],"stream":false}"#, true),
+            (r#"{"messages":[{"role":"user","content":"stream it"}]}"#, true),
+            (r#"{"messages":[],"stream":true}"#, false),
+            (r#"{"messages":[],"\u0073tream":true}"#, false),
+            (r#"{"messages":[],"stre\u0061m":true}"#, false),
+            (r#"{"messages":[{"content":"caf\u00e9"}]}"#, true),
+            (r#"{"stream":true"#, false),
+        ] {
+            assert_eq!(asks_whole(chat, body.as_bytes()), whole, "{body}");
+        }
+        assert!(!asks_whole("/v1/embeddings", b"{}"));
     }
 
     #[test]
