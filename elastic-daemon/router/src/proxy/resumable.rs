@@ -160,10 +160,9 @@ impl ResumableBody {
     }
 
     /// On an endpoint with classes, the stream on its current replica may
-    /// give its slot to a higher class's request.
-    /// One continued only by generating it again (a grammar, several
-    /// choices, a tool call or reasoning begun) keeps its slot: a yield
-    /// would make it again from its start.
+    /// give its slot to a higher class's request, unless it continues only
+    /// by being generated again (a grammar, several choices, a tool call or
+    /// reasoning begun): a yield would make it again from its start.
     fn register_yieldable(&mut self) {
         if self.only_replayed() {
             return;

@@ -3,6 +3,7 @@
 
 use serde_json::{Map, Value};
 
+use super::transcript::MAX_INDEX;
 use super::Method;
 
 /// The OpenAI API a request uses.
@@ -228,7 +229,7 @@ fn check(api: Api, req: &Map<String, Value>) -> Result<Shape, NotResumable> {
         return Err(NotResumable::SeveralChoices);
     }
     let choices = match req.get("n").and_then(Value::as_u64) {
-        Some(n) if n > 128 => return Err(NotResumable::SeveralChoices),
+        Some(n) if n > MAX_INDEX as u64 => return Err(NotResumable::SeveralChoices),
         Some(n) => n.max(1) as u32,
         None => 1,
     };

@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value};
 
-use super::transcript::{Sent, Transcript};
+use super::transcript::{Sent, Transcript, MAX_INDEX};
 
 /// How far the answer generated again has come through what the client
 /// has, per choice.
@@ -91,7 +91,7 @@ impl Replay {
             let i = c.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
             let have = sent.choices.get(i).unwrap_or(&EMPTY);
             if self.at.len() <= i {
-                if i >= 128 {
+                if i >= MAX_INDEX {
                     return Err(format!("choice {i} is no answer's"));
                 }
                 self.at.resize(i + 1, Cursor::default());
@@ -143,7 +143,7 @@ fn tool_calls(d: &mut Map<String, Value>, have: &Sent, at: &mut Cursor) -> Resul
     for tc in calls.iter_mut().filter_map(Value::as_object_mut) {
         let j = tc.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
         if at.tools.len() <= j {
-            if j >= 128 {
+            if j >= MAX_INDEX {
                 return Err(format!("tool call {j} is no answer's"));
             }
             at.tools.resize(j + 1, (0, 0));

@@ -9,6 +9,11 @@ use super::chunk::Event;
 /// answer is no longer continued.
 pub const MAX_SENT: usize = 1 << 20;
 
+/// Choices of an answer, and tool calls of a choice, at most: an index
+/// past them is no answer's (and would make the router keep a list as
+/// long as the engine says).
+pub const MAX_INDEX: usize = 128;
+
 /// One choice as its client has it.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Sent {
@@ -43,7 +48,7 @@ pub struct Transcript {
 impl Transcript {
     fn choice(&mut self, index: usize) -> Option<&mut Sent> {
         // Choices come in order; an index far past them is no answer's.
-        if index > self.choices.len() || index >= 128 {
+        if index > self.choices.len() || index >= MAX_INDEX {
             self.overflow = true;
             return None;
         }
@@ -85,7 +90,7 @@ impl Transcript {
                 }
                 for tc in d.tool_calls.iter().flatten() {
                     let Some(sent) = self.choice(i) else { return };
-                    if tc.index > sent.tools.len() || tc.index >= 128 {
+                    if tc.index > sent.tools.len() || tc.index >= MAX_INDEX {
                         self.overflow = true;
                         return;
                     }
